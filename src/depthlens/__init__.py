@@ -1,0 +1,33 @@
+"""depthlens: how deeply and how stably a causal language model thinks.
+
+>>> import depthlens
+>>> lm = depthlens.load("smollm2-135m-instruct")                         # doctest: +SKIP
+>>> depthlens.score(lm, [{"id": "a", "prompt": "2+3=", "completion": "5"}])  # doctest: +SKIP
+
+Heavy modules (torch, transformers) load on first use of a name below, so importing depthlens is instant.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "load": "depthlens.models.load",
+    "wrap": "depthlens.models.load",
+    "LoadedModel": "depthlens.models.load",
+    "score": "depthlens.studies.score",
+    "score_file": "depthlens.studies.score",
+    "ReadoutConfig": "depthlens.config",
+    "DTRConfig": "depthlens.config",
+    "DepthlensError": "depthlens.errors",
+}
+__all__ = [*_LAZY, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'depthlens' has no attribute {name!r}")

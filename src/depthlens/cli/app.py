@@ -1,0 +1,34 @@
+"""``depthlens``: the typer app. Each verb lives in its own module; heavy imports happen inside commands."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from depthlens.errors import DepthlensError
+
+app = typer.Typer(
+    name="depthlens",
+    help="How deeply and how stably a causal language model thinks: logit-lens DTR and its baselines.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+err_console = Console(stderr=True)
+
+# Registration by import: each module adds its command to ``app``.
+from depthlens.cli import models_cmd, score_cmd  # noqa: E402, F401
+
+
+def main() -> None:
+    """Entry point: a DepthlensError becomes one line on stderr and exit code 2."""
+    try:
+        app()
+    except DepthlensError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("interrupted; finished records are kept — rerun with --resume to continue")
+        sys.exit(130)

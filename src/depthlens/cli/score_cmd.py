@@ -1,0 +1,60 @@
+"""``depthlens score``: DTR, settling depths and the baselines for every record of a JSONL file."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from depthlens.cli import options as opt
+from depthlens.cli.app import app, err_console
+from depthlens.cli.progress import make_progress
+
+D = opt.DEFAULTS
+
+
+@app.command("score")
+def score(
+    in_path: opt.InFile,
+    out_path: opt.OutFile,
+    model: opt.Model = D["model"],
+    tokens: Annotated[bool, typer.Option("--tokens", help="Also write per-token tokens, settling, deep flags, divergences.")] = False,
+    g: opt.G = D["g"],
+    rho: opt.Rho = D["rho"],
+    prefix: opt.Prefix = None,
+    divergence: opt.DivergenceOpt = D["divergence"],
+    deep_rule: opt.DeepRuleOpt = D["deep_rule"],
+    final_norm: opt.FinalNorm = True,
+    batch_size: opt.BatchSize = 1,
+    memory_mb: opt.MemoryMB = D["memory_mb"],
+    device: opt.Device = "auto",
+    dtype: opt.DType = "auto",
+    trust_remote_code: opt.TrustRemoteCode = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out.")] = False,
+    skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip malformed or unusable records and list them.")] = False,
+) -> None:
+    """Score responses: DTR, mean settling depth and six baselines per record (SPEC §1–3)."""
+    from depthlens.config import DTRConfig, ReadoutConfig
+    from depthlens.models.load import load
+    from depthlens.studies.score import score_file
+
+    readout = ReadoutConfig(divergence=divergence, final_norm=final_norm, memory_mb=memory_mb)  # type: ignore[arg-type]
+    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix)  # type: ignore[arg-type]
+    with err_console.status(f"loading {model}") as status:
+        lm = load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,  # type: ignore[arg-type]
+                  progress=status.update)  # fmt: skip
+    with make_progress(err_console) as progress:
+        task = progress.add_task("scoring", total=None)
+
+        def on_start(total: int, done: int) -> None:
+            progress.update(task, total=total, completed=done)
+
+        skipped = score_file(
+            lm, in_path, out_path, readout=readout, dtr=dtr, tokens=tokens, batch_size=batch_size,
+            resume=resume, overwrite=overwrite, skip_bad=skip_bad,
+            on_start=on_start, on_record=lambda _: progress.advance(task),
+        )  # fmt: skip
+    for bad in skipped:
+        err_console.print(f"skipped line {bad.line}: {bad.reason}", highlight=False, soft_wrap=True)
+    err_console.print(f"wrote {out_path}" + (f" ({len(skipped)} skipped)" if skipped else ""))

@@ -1,0 +1,35 @@
+"""Every error depthlens raises on purpose: what was received, what was expected, and the fix."""
+
+from __future__ import annotations
+
+
+class DepthlensError(Exception):
+    """Base class: the CLI turns any of these into a one-line message and exit code 2."""
+
+
+class ConfigError(DepthlensError, ValueError):
+    """A setting is out of range or unknown."""
+
+
+class UnsupportedArchitectureError(DepthlensError):
+    """The model's layers, final norm or unembedding could not be located."""
+
+
+class ModelNotFoundError(DepthlensError):
+    """A model name is neither a catalogue entry, a local path nor a reachable hub id."""
+
+
+class ModelInstallError(DepthlensError):
+    """Fetching or verifying a catalogue model failed."""
+
+
+class InputError(DepthlensError, ValueError):
+    """A record of the input is malformed, empty where it must not be, or too long for the model."""
+
+
+class NonFiniteError(DepthlensError, FloatingPointError):
+    """A hidden state or logit is NaN or infinite."""
+
+
+class StoreError(DepthlensError):
+    """An output file cannot be resumed: it belongs to another configuration or is corrupt."""

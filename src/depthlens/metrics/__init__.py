@@ -1,0 +1,1 @@
+"""Pure tensor functions: divergences, settling depth and DTR, baselines."""

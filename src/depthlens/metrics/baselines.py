@@ -1,0 +1,44 @@
+"""The deep-thinking paper's baselines (SPEC §3), from the final layer's distribution only. Pure functions.
+
+Per-token quantities are computed chunk by chunk (``token_baselines``); sequence scores from them
+(``sequence_baselines``). Self-certainty is KL(U ‖ p) with U uniform over the V tokens (Kang et al. 2025).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def token_baselines(final_logprobs: torch.Tensor, target_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token log p(y_t), entropy H(p_t) and self-certainty for a chunk; [c, V], [c] → each [c] (nats)."""
+    vocab = final_logprobs.shape[-1]
+    probs = final_logprobs.exp()
+    entropy = -torch.where(probs > 0, probs * final_logprobs, torch.zeros_like(probs)).sum(-1)
+    return {
+        "log_prob": final_logprobs.gather(-1, target_ids[:, None].to(final_logprobs.device)).squeeze(-1),
+        "entropy": entropy,
+        # KL(U ‖ p) = Σ_v (1/V)(log(1/V) − log p_v) = −log V − mean_v log p_v
+        "self_certainty": -math.log(vocab) - final_logprobs.mean(dim=-1),
+    }
+
+
+def sequence_baselines(log_prob: torch.Tensor, entropy: torch.Tensor, self_certainty: torch.Tensor) -> dict:
+    """The six baseline scores of one response from its per-token values (each [T]); None-valued when T = 0."""
+    n = int(log_prob.numel())
+    if n == 0:
+        return {
+            "token_count": 0, "reverse_token_count": 0, "log_prob": None, "log_prob_sum": None,
+            "neg_perplexity": None, "neg_entropy": None, "self_certainty": None,
+        }  # fmt: skip
+    mean_log_prob = float(log_prob.double().mean())
+    return {
+        "token_count": n,
+        "reverse_token_count": -n,
+        "log_prob": mean_log_prob,
+        "log_prob_sum": float(log_prob.double().sum()),
+        "neg_perplexity": -math.exp(-mean_log_prob),
+        "neg_entropy": -float(entropy.double().mean()),
+        "self_certainty": float(self_certainty.double().mean()),
+    }

@@ -1,0 +1,54 @@
+"""Settling depth and the deep-thinking ratio (SPEC §2). Pure functions of a [tokens, layers] divergence table.
+
+Layers are counted 1..L over transformer blocks; column l − 1 of ``divergence_tl`` holds D_{t,l}, and the last
+column is D_{t,L} = 0 by definition, so every token settles by layer L.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from depthlens.config import DeepRule
+
+
+def settling_depth(divergence_tl: torch.Tensor, g: float) -> torch.Tensor:
+    """c_t = min{ l : min_{j ≤ l} D_{t,j} ≤ g }, 1-based; [T, L] → [T] (long).
+
+    The cumulative minimum makes a token that dips below g once count as settled there, even if a later layer
+    diverges again (non-monotone trajectories).
+    """
+    if divergence_tl.ndim != 2:
+        raise ValueError(f"divergence_tl must be [tokens, layers], got shape {tuple(divergence_tl.shape)}")
+    running_min = torch.cummin(divergence_tl, dim=1).values
+    settled = running_min <= g
+    settled[:, -1] = True  # D_{t,L} = 0 ≤ g for any g ≥ 0
+    return settled.int().argmax(dim=1) + 1
+
+
+def deep_threshold(n_layers: int, rho: float, rule: DeepRule = "spec") -> int:
+    """The first layer of the deep regime: ⌈ρ·L⌉ (``spec``) or ⌈(1 − ρ)·L⌉ (``paper-literal``).
+
+    Rounded to 9 decimals before the ceiling so that 0.8 × 10 is layer 8, not 9 (8.000000000000002).
+    """
+    fraction = rho if rule == "spec" else 1.0 - rho
+    return max(1, math.ceil(round(fraction * n_layers, 9)))
+
+
+def deep_flags(settling: torch.Tensor, n_layers: int, rho: float, rule: DeepRule = "spec") -> torch.Tensor:
+    """Deep-thinking tokens: those that settle at or after the deep threshold; [T] → [T] bool."""
+    return settling >= deep_threshold(n_layers, rho, rule)
+
+
+def deep_thinking_ratio(deep: torch.Tensor, prefix: int | None = None) -> float | None:
+    """Share of deep-thinking tokens, over all tokens or the first ``prefix``; None for no tokens."""
+    window = deep if prefix is None else deep[:prefix]
+    if window.numel() == 0:
+        return None
+    return float(window.double().mean())
+
+
+def mean_settling_depth(settling: torch.Tensor) -> float | None:
+    """Average c_t (in layers); None for no tokens."""
+    return float(settling.double().mean()) if settling.numel() else None

@@ -1,0 +1,91 @@
+"""Reduce a readout stream to per-token tables and per-sequence scores. Pure: no I/O, no model calls.
+
+The only tensors kept per sequence are [T, L] divergences and a few [T] vectors; the vocab-sized log-probs of
+each chunk are consumed and dropped as the stream advances.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from depthlens.config import DTRConfig, Divergence
+from depthlens.metrics.baselines import sequence_baselines, token_baselines
+from depthlens.metrics.divergence import layer_divergence
+from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, mean_settling_depth, settling_depth
+from depthlens.readout.stream import ReadoutChunk
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenTable:
+    """Everything per completion token of one sequence."""
+
+    target_ids: torch.Tensor  # [T] long
+    divergence: torch.Tensor  # [T, L] float32; column L − 1 is 0
+    log_prob: torch.Tensor  # [T] log p_L(y_t), nats
+    entropy: torch.Tensor  # [T] H(p_L), nats
+    self_certainty: torch.Tensor  # [T] KL(U ‖ p_L), nats
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.target_ids.numel())
+
+    @staticmethod
+    def empty(n_layers: int) -> TokenTable:
+        zeros = torch.zeros(0)
+        return TokenTable(torch.zeros(0, dtype=torch.long), torch.zeros(0, n_layers), zeros, zeros, zeros)
+
+
+def chunk_divergences(chunk: ReadoutChunk, kind: Divergence) -> torch.Tensor:
+    """D_{t,l} for one chunk, [c, L], reading its layers one at a time."""
+    out = torch.zeros(len(chunk), chunk.n_layers)
+    for layer in chunk.layers():
+        out[:, layer.layer - 1] = layer_divergence(
+            kind, chunk.final.logprobs, layer.logprobs, chunk.final.normed, layer.normed
+        ).cpu()
+    return out
+
+
+def reduce_readout(chunks: Iterable[ReadoutChunk], n_sequences: int, n_layers: int, kind: Divergence) -> list[TokenTable]:
+    """Collect the chunks of ``n_sequences`` sequences into one TokenTable each (empty when no chunk came)."""
+    parts: list[list[tuple[torch.Tensor, ...]]] = [[] for _ in range(n_sequences)]
+    for chunk in chunks:
+        base = token_baselines(chunk.final.logprobs, chunk.target_ids)
+        parts[chunk.seq_index].append(
+            (
+                chunk.target_ids.cpu(),
+                chunk_divergences(chunk, kind),
+                base["log_prob"].cpu(),
+                base["entropy"].cpu(),
+                base["self_certainty"].cpu(),
+            )
+        )
+    tables = []
+    for seq_parts in parts:
+        if not seq_parts:
+            tables.append(TokenTable.empty(n_layers))
+            continue
+        columns = [torch.cat(col) for col in zip(*seq_parts, strict=True)]
+        tables.append(TokenTable(*columns))
+    return tables
+
+
+def sequence_scores(table: TokenTable, dtr: DTRConfig) -> dict[str, Any]:
+    """DTR, mean settling depth and the six baselines for one sequence, plus per-token settling and deep flags."""
+    n_layers = table.divergence.shape[1]
+    settling = settling_depth(table.divergence, dtr.g) if table.n_tokens else torch.zeros(0, dtype=torch.long)
+    deep = deep_flags(settling, n_layers, dtr.rho, dtr.deep_rule)
+    scores: dict[str, Any] = {
+        "n_tokens": table.n_tokens,
+        "dtr": deep_thinking_ratio(deep),
+        "mean_settling_depth": mean_settling_depth(settling),
+    }
+    if dtr.prefix is not None:
+        scores["dtr_prefix"] = deep_thinking_ratio(deep, dtr.prefix)
+    scores.update(sequence_baselines(table.log_prob, table.entropy, table.self_certainty))
+    scores["settling_depth"] = settling
+    scores["deep"] = deep
+    return scores

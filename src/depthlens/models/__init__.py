@@ -1,0 +1,1 @@
+"""Loading models and locating their parts (architecture knowledge lives in ``adapters``)."""

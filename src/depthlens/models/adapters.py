@@ -1,0 +1,170 @@
+"""Architecture knowledge, as data: one row per ``config.model_type``.
+
+A row says where a family keeps its transformer blocks, its final norm and its unembedding, and what it does to
+logits after the unembedding. Supporting a new family is one row here; the parametrized tiny-model test in
+``tests/test_adapters.py`` picks it up. Paths are dotted attribute paths from the ``*ForCausalLM`` object; a
+tuple lists alternatives tried in order (attribute names moved between transformers releases).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import nn
+
+from depthlens.errors import UnsupportedArchitectureError
+
+Path = str | tuple[str, ...]
+PostKind = Literal["softcap", "divide", "multiply"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitPost:
+    """Logit post-processing the model applies after ``lm_head``, read from a config attribute.
+
+    ``softcap``: z ← c·tanh(z / c) (Gemma 2/3); ``divide``: z ← z / s (Granite); ``multiply``: z ← z·s (Cohere).
+    A config value of None or 0 means the model skips it.
+    """
+
+    kind: PostKind
+    config_attr: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    """Where one architecture family keeps the parts the logit lens needs."""
+
+    blocks: Path
+    final_norm: Path
+    unembed: Path
+    logit_post: LogitPost | None = None
+    # Hugging Face appends the *normalised* last block output as hidden_states[-1] for every family here.
+    last_hidden_normed: bool = True
+
+
+_DECODER = Adapter(blocks="model.layers", final_norm="model.norm", unembed="lm_head")
+_SOFTCAP = LogitPost("softcap", "final_logit_softcapping")
+
+ADAPTERS: dict[str, Adapter] = {
+    "gpt2": Adapter(blocks="transformer.h", final_norm="transformer.ln_f", unembed="lm_head"),
+    "gpt_neox": Adapter(
+        blocks="gpt_neox.layers", final_norm="gpt_neox.final_layer_norm", unembed=("lm_head", "embed_out")
+    ),
+    "llama": _DECODER,
+    "mistral": _DECODER,
+    "mixtral": _DECODER,
+    "qwen2": _DECODER,
+    "qwen2_moe": _DECODER,
+    "qwen3": _DECODER,
+    "qwen3_moe": _DECODER,
+    "phi3": _DECODER,
+    "gpt_oss": _DECODER,
+    "olmo2": _DECODER,
+    "smollm3": _DECODER,
+    "gemma": _DECODER,
+    "gemma2": dataclasses.replace(_DECODER, logit_post=_SOFTCAP),
+    "gemma3_text": dataclasses.replace(_DECODER, logit_post=_SOFTCAP),
+    # The multimodal wrapper: its language model sits one level down, and its forward applies no soft-capping
+    # (transformers 5), so neither does the lens — p_L must be what the model itself outputs.
+    "gemma3": Adapter(
+        blocks="model.language_model.layers", final_norm="model.language_model.norm", unembed="lm_head"
+    ),
+    "phi": Adapter(blocks="model.layers", final_norm="model.final_layernorm", unembed="lm_head"),
+    "granite": dataclasses.replace(_DECODER, logit_post=LogitPost("divide", "logits_scaling")),
+    "cohere": dataclasses.replace(_DECODER, logit_post=LogitPost("multiply", "logit_scale")),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParts:
+    """The resolved modules of one loaded model."""
+
+    blocks: nn.ModuleList
+    final_norm: nn.Module
+    unembed: nn.Module
+    logit_post: Callable[[torch.Tensor], torch.Tensor] | None
+    last_hidden_normed: bool
+
+    @property
+    def n_layers(self) -> int:
+        """L, the number of transformer blocks (layers are counted 1..L)."""
+        return len(self.blocks)
+
+
+def _get_path(root: nn.Module, path: str) -> object | None:
+    obj: object = root
+    for name in path.split("."):
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _resolve(model: nn.Module, path: Path, what: str, model_type: str, flag: str) -> nn.Module:
+    candidates = (path,) if isinstance(path, str) else path
+    for candidate in candidates:
+        found = _get_path(model, candidate)
+        if isinstance(found, nn.Module):
+            return found
+    raise UnsupportedArchitectureError(
+        f"model_type {model_type!r}: could not find the {what} at {' or '.join(candidates)}; "
+        f"pass {flag}= with its dotted attribute path from {type(model).__name__}"
+    )
+
+
+def _make_post(post: LogitPost | None, config: object) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    if post is None:
+        return None
+    value = getattr(config, post.config_attr, None)
+    if not value:
+        return None
+    scale = float(value)
+    if post.kind == "softcap":
+        return lambda z: torch.tanh(z / scale) * scale
+    if post.kind == "divide":
+        return lambda z: z / scale
+    return lambda z: z * scale
+
+
+def adapter_for(model_type: str) -> Adapter:
+    """The table row for ``model_type``, or an error listing the known ones and the explicit way out."""
+    try:
+        return ADAPTERS[model_type]
+    except KeyError:
+        raise UnsupportedArchitectureError(
+            f"model_type {model_type!r} has no adapter (known: {', '.join(sorted(ADAPTERS))}); "
+            "pass blocks=, final_norm= and unembed= (dotted attribute paths, e.g. 'model.layers', "
+            "'model.norm', 'lm_head') or add a row in depthlens/models/adapters.py"
+        ) from None
+
+
+def resolve_parts(
+    model: nn.Module,
+    *,
+    blocks: str | None = None,
+    final_norm: str | None = None,
+    unembed: str | None = None,
+) -> ModelParts:
+    """Locate blocks, final norm, unembedding and logit post-processing of ``model``.
+
+    Explicit paths override the table; when all three are given an unknown architecture is accepted
+    (with no logit post-processing, which the last-layer check in ``readout`` would expose).
+    """
+    config = model.config
+    # Multimodal wrappers keep the language model's settings under text_config.
+    text_config = getattr(config, "text_config", None) or config
+    model_type = getattr(config, "model_type", "unknown")
+    if blocks and final_norm and unembed and model_type not in ADAPTERS:
+        row = Adapter(blocks=blocks, final_norm=final_norm, unembed=unembed)
+    else:
+        row = adapter_for(model_type)
+    return ModelParts(
+        blocks=_resolve(model, blocks or row.blocks, "transformer blocks", model_type, "blocks"),  # type: ignore[arg-type]
+        final_norm=_resolve(model, final_norm or row.final_norm, "final norm", model_type, "final_norm"),
+        unembed=_resolve(model, unembed or row.unembed, "unembedding", model_type, "unembed"),
+        logit_post=_make_post(row.logit_post, text_config),
+        last_hidden_normed=row.last_hidden_normed,
+    )

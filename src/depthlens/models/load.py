@@ -1,0 +1,146 @@
+"""Load a causal LM from a catalogue name, a local directory, a .gguf file or a Hugging Face id."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from depthlens.errors import ConfigError, ModelNotFoundError
+from depthlens.models import catalogue
+from depthlens.models.adapters import ModelParts, resolve_parts
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    """A model ready for readout: the module, its tokenizer (None for tokenizer-less test models) and parts."""
+
+    model: Any  # a transformers PreTrainedModel
+    tokenizer: Any | None
+    parts: ModelParts
+    name: str
+
+    @property
+    def n_layers(self) -> int:
+        """L, the number of transformer blocks."""
+        return self.parts.n_layers
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model accepts, where its config says."""
+        config = getattr(self.model.config, "text_config", None) or self.model.config
+        for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            value = getattr(config, attr, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` → CUDA when present, else CPU; anything else is passed to torch."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"device {device!r} is not a torch device; use auto, cpu, cuda or cuda:N") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for, but CUDA is not available here; use --device cpu")
+    return resolved
+
+
+def resolve_dtype(dtype: DType, device: torch.device) -> torch.dtype:
+    """``auto`` → float32 on CPU (bf16 matmuls are slow there), bfloat16 on accelerators."""
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise ConfigError(f"dtype {dtype!r} is not one of auto, {', '.join(_DTYPES)}") from None
+
+
+def wrap(
+    model: Any,
+    tokenizer: Any | None = None,
+    *,
+    name: str | None = None,
+    blocks: str | None = None,
+    final_norm: str | None = None,
+    unembed: str | None = None,
+) -> LoadedModel:
+    """Wrap an already-constructed model (e.g. one built from a config in a test) for readout."""
+    model.eval()
+    model.requires_grad_(False)  # readout never needs parameter gradients
+    parts = resolve_parts(model, blocks=blocks, final_norm=final_norm, unembed=unembed)
+    return LoadedModel(model=model, tokenizer=tokenizer, parts=parts, name=name or type(model).__name__)
+
+
+def load(
+    name: str = catalogue.DEFAULT_MODEL,
+    *,
+    device: str = "auto",
+    dtype: DType = "auto",
+    trust_remote_code: bool = False,
+    blocks: str | None = None,
+    final_norm: str | None = None,
+    unembed: str | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> LoadedModel:
+    """Load ``name`` for readout.
+
+    Args:
+        name: a catalogue name (``depthlens models``; installed on first use), a ``.gguf`` file, a local
+            model directory, or a Hugging Face hub id.
+        device: ``auto``, ``cpu``, ``cuda``, ``cuda:N``.
+        dtype: weights dtype; readout probabilities are float32 whatever this is.
+        trust_remote_code: allow the checkpoint's own Python code (off unless asked).
+        blocks: dotted path to the transformer blocks, for architectures without an adapter row.
+        final_norm: dotted path to the final norm, likewise.
+        unembed: dotted path to the unembedding, likewise.
+        progress: called with a line of text at each slow step.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
+    path = Path(name).expanduser()
+    if name in catalogue.CATALOGUE:
+        source, gguf_file = catalogue.install(name, progress), None
+    elif path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFoundError(f"GGUF file {str(path)!r} does not exist")
+        source, gguf_file = path.parent, path.name
+        kwargs["gguf_file"] = gguf_file
+    elif path.is_dir():
+        source = path
+    else:
+        source = None
+    progress(f"loading {name}")
+    try:
+        target = str(source) if source is not None else name
+        tok_kwargs = {"gguf_file": kwargs["gguf_file"]} if "gguf_file" in kwargs else {}
+        model = AutoModelForCausalLM.from_pretrained(target, **kwargs)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code, **tok_kwargs)
+        except (OSError, ValueError):
+            tokenizer = None
+    except OSError as exc:
+        raise ModelNotFoundError(
+            f"could not load model {name!r}: not a catalogue name ({', '.join(catalogue.CATALOGUE)}), "
+            f"not a local directory or .gguf file, and the hub said: {str(exc).splitlines()[0]}"
+        ) from exc
+    if getattr(model, "hf_quantizer", None) is not None and gguf_file:
+        model.hf_quantizer = None  # GGUF weights are dequantised on load; nothing quantised remains
+    model.to(torch_device)
+    return wrap(model, tokenizer, name=name, blocks=blocks, final_norm=final_norm, unembed=unembed)

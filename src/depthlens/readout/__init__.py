@@ -1,0 +1,1 @@
+"""Hidden states → per-layer distributions, streamed in bounded memory."""

@@ -1,0 +1,177 @@
+"""Stream per-layer distributions of completion tokens in bounded memory.
+
+The sequence is fed through the model in segments that reuse the KV cache, so hidden states exist for one
+segment at a time ([L+1, batch, segment, d]); each segment's completion positions are cut into token chunks and
+each chunk is read out one layer at a time ([chunk, V] float32). Nothing ever holds a [layers × tokens × vocab]
+tensor, and the working set is set by ``ReadoutConfig.memory_mb``, not by sequence length or depth.
+
+Position i's hidden state predicts token i + 1, so completion token k (at index P + k, P = prompt length) is read
+out at position P + k − 1. Batches are right-padded: with causal attention no real token sees a pad, so no
+attention mask is needed and position ids stay 0..n−1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from depthlens.config import ReadoutConfig
+from depthlens.errors import InputError, NonFiniteError
+from depthlens.models.load import LoadedModel
+from depthlens.readout.lens import LogitLens
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenSequence:
+    """One record's token ids: the prompt (context) and the completion (the tokens that are scored)."""
+
+    prompt_ids: Sequence[int]
+    completion_ids: Sequence[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerReadout:
+    """One layer's view of a chunk of completion tokens."""
+
+    layer: int  # 1..L
+    logprobs: torch.Tensor  # [c, V] float32, log p_{t,l}
+    normed: torch.Tensor  # [c, d] norm(h_{t,l}), for the cosine divergence
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadoutChunk:
+    """Consecutive completion tokens of one sequence with the final distribution and lazy earlier layers."""
+
+    seq_index: int  # index in the batch passed to ``iter_readout``
+    start: int  # completion index of the first token here
+    target_ids: torch.Tensor  # [c] the completion tokens these positions predict
+    final: LayerReadout  # layer L: the model's own output distribution
+    lens: LogitLens
+    _hidden: tuple[torch.Tensor, ...]  # L − 1 raw residual states, each [c, d]
+
+    @property
+    def n_layers(self) -> int:
+        return self.final.layer
+
+    def __len__(self) -> int:
+        return int(self.target_ids.shape[0])
+
+    @torch.inference_mode()
+    def layers(self, first: int = 1, last: int | None = None) -> Iterator[LayerReadout]:
+        """Layers ``first``..``last`` (default L − 1) read out one at a time; only one [c, V] lives per step."""
+        last = self.n_layers - 1 if last is None else last
+        for layer in range(first, last + 1):
+            hidden = self._hidden[layer - 1]
+            _check_finite(hidden, layer, self.start)
+            normed = self.lens.normed(hidden)
+            logits = self.lens.logits_from_normed(normed)
+            yield LayerReadout(layer, torch.log_softmax(logits, dim=-1), normed.float())
+
+
+def _check_finite(values: torch.Tensor, layer: int, start: int) -> None:
+    if not torch.isfinite(values).all():
+        bad = (~torch.isfinite(values.reshape(values.shape[0], -1))).any(dim=-1).nonzero()[0, 0].item()
+        raise NonFiniteError(
+            f"non-finite hidden state at layer {layer}, completion token {start + int(bad)}; the model "
+            "overflowed in this dtype — try --dtype float32"
+        )
+
+
+def chunk_sizes(config: ReadoutConfig, vocab: int, hidden: int, n_layers: int, batch: int) -> tuple[int, int]:
+    """(segment tokens per forward, tokens per readout chunk) that fit ``config.memory_mb``.
+
+    A readout chunk holds about six [c, V] float32 tensors at once (logits, log-probs of two layers and the
+    divergence's temporaries); a forward segment holds [batch, S, V] logits and L + 1 hidden states.
+    """
+    budget = config.memory_mb * 2**20
+    chunk = max(1, budget // (6 * 4 * vocab))
+    per_position = batch * (4 * vocab + 4 * (n_layers + 1) * hidden)
+    segment = max(1, budget // per_position)
+    return segment, chunk
+
+
+def _pad_batch(sequences: Sequence[TokenSequence], pad_id: int) -> torch.Tensor:
+    rows = [list(s.prompt_ids) + list(s.completion_ids) for s in sequences]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return ids
+
+
+def validate(lm: LoadedModel, seq: TokenSequence, what: str) -> None:
+    """Raise InputError if ``seq`` cannot be read out by ``lm`` (empty prompt, too long)."""
+    if not seq.prompt_ids:
+        raise InputError(
+            f"{what}: the prompt is empty, so no position predicts the first completion token; "
+            "give at least one prompt token (e.g. the tokenizer's BOS)"
+        )
+    total = len(seq.prompt_ids) + len(seq.completion_ids)
+    limit = lm.max_positions
+    if limit is not None and total > limit:
+        raise InputError(
+            f"{what}: {total} tokens (prompt {len(seq.prompt_ids)} + completion {len(seq.completion_ids)}) "
+            f"exceed {lm.name}'s context of {limit}; shorten the record or use a longer-context model"
+        )
+
+
+@torch.inference_mode()
+def iter_readout(
+    lm: LoadedModel, sequences: Sequence[TokenSequence], config: ReadoutConfig = ReadoutConfig()
+) -> Iterator[ReadoutChunk]:
+    """Yield the completion tokens of ``sequences`` (one forward pass for the batch) as readout chunks.
+
+    Chunks of one sequence come in order; sequences with an empty completion yield nothing.
+    """
+    if not sequences:
+        return
+    for i, seq in enumerate(sequences):
+        validate(lm, seq, f"sequence {i}")
+    model = lm.model
+    vocab = config.vocab_size or (len(lm.tokenizer) if lm.tokenizer is not None else None)
+    lens = LogitLens(lm.parts, vocab_size=vocab, final_norm=config.final_norm)
+    n_vocab = vocab or lm.parts.unembed.weight.shape[0]
+    d_model = lm.parts.unembed.weight.shape[1]
+    segment, chunk = chunk_sizes(config, n_vocab, d_model, lm.n_layers, len(sequences))
+    pad_id = 0
+    if lm.tokenizer is not None:
+        pad_id = lm.tokenizer.pad_token_id or lm.tokenizer.eos_token_id or 0
+    ids = _pad_batch(sequences, pad_id).to(lm.device)
+    # Readout positions of sequence b: [P_b − 1, P_b − 1 + C_b).
+    spans = [(len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + len(s.completion_ids)) for s in sequences]
+    n_positions = max(end for _, end in spans)  # the last completion token is never an input we need
+    cache = None
+    for seg_start in range(0, n_positions, segment):
+        seg_end = min(seg_start + segment, n_positions)
+        wanted = [(b, max(lo, seg_start), min(hi, seg_end)) for b, (lo, hi) in enumerate(spans)]
+        wanted = [(b, lo, hi) for b, lo, hi in wanted if lo < hi]
+        out = model(
+            input_ids=ids[:, seg_start:seg_end],
+            past_key_values=cache,
+            use_cache=seg_end < n_positions,
+            output_hidden_states=bool(wanted),
+        )
+        cache = out.past_key_values
+        if not wanted:
+            continue
+        hidden_states = out.hidden_states  # L + 1 tensors [B, S, d]; index 0 = embeddings, −1 = normed final
+        for b, lo, hi in wanted:
+            for c0 in range(lo, hi, chunk):
+                c1 = min(c0 + chunk, hi)
+                rows = slice(c0 - seg_start, c1 - seg_start)
+                start = c0 - spans[b][0]
+                final_logits = lens.final_logits(out.logits[b, rows])
+                _check_finite(final_logits, lm.n_layers, start)
+                last = hidden_states[-1][b, rows]
+                final_normed = last if lm.parts.last_hidden_normed else lens.normed(last)
+                yield ReadoutChunk(
+                    seq_index=b,
+                    start=start,
+                    target_ids=ids[b, c0 + 1 : c1 + 1],
+                    final=LayerReadout(lm.n_layers, torch.log_softmax(final_logits, -1), final_normed.float()),
+                    lens=lens,
+                    _hidden=tuple(h[b, rows] for h in hidden_states[1:-1]),
+                )
+        del out, hidden_states

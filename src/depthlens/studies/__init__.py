@@ -1,0 +1,1 @@
+"""Runs over many records: configuration in, tidy records and a manifest out."""

@@ -1,0 +1,186 @@
+"""Score responses: DTR, settling depths and the six baselines per record, from one forward pass each.
+
+``score`` works on records in memory and yields result dicts; ``score_file`` reads JSONL, writes JSONL as
+records finish, and resumes an interrupted run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from depthlens import __version__
+from depthlens.config import DTRConfig, ReadoutConfig
+from depthlens.errors import DepthlensError, InputError
+from depthlens.metrics.token_table import TokenTable, reduce_readout, sequence_scores
+from depthlens.models.load import LoadedModel
+from depthlens.readout.stream import TokenSequence, iter_readout, validate
+from depthlens.studies.records import BadLine, InputRecord, ResultWriter, check_record, read_records
+
+SUMMARY_FIELDS = (
+    "n_tokens", "dtr", "mean_settling_depth", "token_count", "reverse_token_count",
+    "log_prob", "log_prob_sum", "neg_perplexity", "neg_entropy", "self_certainty",
+)  # fmt: skip
+
+
+def _ids(value: Any) -> list[int]:
+    # apply_chat_template returns a list, or a BatchEncoding in recent transformers.
+    if hasattr(value, "keys") and "input_ids" in value:
+        value = value["input_ids"]
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if value and isinstance(value[0], list):
+        value = value[0]
+    return [int(i) for i in value]
+
+
+def tokenize(lm: LoadedModel, data: dict[str, Any], where: str) -> TokenSequence:
+    """Token ids of one input record: prompt (context) and completion (scored)."""
+    if "prompt_ids" in data:
+        return TokenSequence(list(data["prompt_ids"]), list(data["completion_ids"]))
+    tok = lm.tokenizer
+    if tok is None:
+        raise InputError(f"{where}: model {lm.name} has no tokenizer; give 'prompt_ids' and 'completion_ids'")
+    if "messages" in data:
+        if not getattr(tok, "chat_template", None):
+            raise InputError(f"{where}: model {lm.name} has no chat template; give a plain 'prompt' instead")
+        prompt = _ids(tok.apply_chat_template(data["messages"], add_generation_prompt=True, tokenize=True))
+    else:
+        prompt = _ids(tok(data["prompt"], add_special_tokens=True)["input_ids"])
+        if not prompt and tok.bos_token_id is not None:
+            prompt = [tok.bos_token_id]
+    # The completion is tokenised on its own, as generation appends tokens after the prompt's last one.
+    completion = _ids(tok(data["completion"], add_special_tokens=False)["input_ids"])
+    return TokenSequence(prompt, completion)
+
+
+def _result(
+    lm: LoadedModel, record: InputRecord, seq: TokenSequence, table: TokenTable, dtr: DTRConfig, tokens: bool
+) -> dict[str, Any]:
+    scores = sequence_scores(table, dtr)
+    result: dict[str, Any] = {"id": record.id}
+    result.update({k: scores[k] for k in SUMMARY_FIELDS})
+    if dtr.prefix is not None:
+        result["dtr_prefix"] = scores["dtr_prefix"]
+    if tokens:
+        ids = list(seq.completion_ids)
+        result["token_ids"] = ids
+        if lm.tokenizer is not None:
+            result["tokens"] = lm.tokenizer.convert_ids_to_tokens(ids)
+        result["settling_depth"] = scores["settling_depth"].tolist()
+        result["deep"] = scores["deep"].tolist()
+        result["divergence"] = [[round(v, 6) for v in row] for row in table.divergence.tolist()]
+    return result
+
+
+def score_records(
+    lm: LoadedModel,
+    records: Iterable[InputRecord],
+    *,
+    readout: ReadoutConfig = ReadoutConfig(),
+    dtr: DTRConfig = DTRConfig(),
+    tokens: bool = False,
+    batch_size: int = 1,
+    on_skip: Callable[[BadLine], None] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Yield one result per record, in input order, a batch at a time.
+
+    Records the model cannot take (too long, empty prompt) raise InputError, or go to ``on_skip`` when given.
+    """
+    if batch_size < 1:
+        raise InputError(f"batch_size = {batch_size}; use 1 or more")
+    batch: list[tuple[InputRecord, TokenSequence]] = []
+
+    def flush() -> Iterator[dict[str, Any]]:
+        seqs = [s for _, s in batch]
+        chunks = iter_readout(lm, [s for s in seqs if s.completion_ids], readout)
+        nonempty = [i for i, s in enumerate(seqs) if s.completion_ids]
+        reduced = reduce_readout(chunks, len(nonempty), lm.n_layers, readout.divergence)
+        tables = [TokenTable.empty(lm.n_layers)] * len(seqs)
+        for i, table in zip(nonempty, reduced, strict=True):
+            tables[i] = table
+        for (record, seq), table in zip(batch, tables, strict=True):
+            yield _result(lm, record, seq, table, dtr, tokens)
+        batch.clear()
+
+    for record in records:
+        where = f"line {record.line} (id {record.id!r})" if record.line else f"record {record.id!r}"
+        try:
+            seq = tokenize(lm, record.data, where)
+            validate(lm, seq, where)
+        except InputError as exc:
+            if on_skip is None:
+                raise
+            on_skip(BadLine(record.line, str(exc)))
+            continue
+        batch.append((record, seq))
+        if len(batch) >= batch_size:
+            yield from flush()
+    if batch:
+        yield from flush()
+
+
+def score(
+    lm: LoadedModel,
+    records: Iterable[dict[str, Any]],
+    *,
+    readout: ReadoutConfig = ReadoutConfig(),
+    dtr: DTRConfig = DTRConfig(),
+    tokens: bool = False,
+    batch_size: int = 1,
+) -> list[dict[str, Any]]:
+    """Score in-memory records (dicts shaped like the JSONL input) and return their results."""
+    inputs = []
+    for i, data in enumerate(records):
+        check_record(data, f"record {i}")
+        inputs.append(InputRecord(str(data.get("id", i)), 0, data))
+    return list(score_records(lm, inputs, readout=readout, dtr=dtr, tokens=tokens, batch_size=batch_size))
+
+
+def score_file(
+    lm: LoadedModel,
+    in_path: Path,
+    out_path: Path,
+    *,
+    readout: ReadoutConfig = ReadoutConfig(),
+    dtr: DTRConfig = DTRConfig(),
+    tokens: bool = False,
+    batch_size: int = 1,
+    resume: bool = False,
+    overwrite: bool = False,
+    skip_bad: bool = False,
+    on_start: Callable[[int, int], None] = lambda total, done: None,
+    on_record: Callable[[dict[str, Any]], None] = lambda result: None,
+) -> list[BadLine]:
+    """Score every record of ``in_path`` into ``out_path``; returns the lines skipped (with ``skip_bad``).
+
+    ``on_start(total, already_done)`` and ``on_record(result)`` drive a progress display.
+    """
+    records, skipped = read_records(in_path, skip_bad=skip_bad)
+    manifest = {
+        "depthlens_version": __version__,
+        "model": lm.name,
+        "n_layers": lm.n_layers,
+        "input": str(in_path),
+        "readout": readout.to_dict(),
+        "dtr": dtr.to_dict(),
+        "tokens": tokens,
+        "command": " ".join(sys.argv),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    with ResultWriter(out_path, manifest, resume=resume, overwrite=overwrite) as writer:
+        todo = [r for r in records if r.id not in writer.done]
+        on_start(len(records), len(records) - len(todo))
+        try:
+            for result in score_records(
+                lm, todo, readout=readout, dtr=dtr, tokens=tokens, batch_size=batch_size,
+                on_skip=skipped.append if skip_bad else None,
+            ):  # fmt: skip
+                writer.write(result)
+                on_record(result)
+        except DepthlensError as exc:
+            raise type(exc)(f"{exc} — results finished so far are kept in {out_path}; rerun with --resume") from exc
+    return skipped

@@ -1,0 +1,90 @@
+"""Tiny random-weight models, one per adapter row, built from configs: no test downloads anything."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+
+from depthlens.models import catalogue
+
+V = 101  # tiny vocabulary
+COMMON: dict[str, Any] = {
+    "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 64, "vocab_size": V, "max_position_embeddings": 256,
+    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
+}  # fmt: skip
+MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+
+# model_type → config overrides; every row of ADAPTERS must appear here (test_adapters checks).
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "gpt2": {"n_embd": 32, "n_layer": 3, "n_head": 4, "n_positions": 256, "vocab_size": V,
+             "bos_token_id": 1, "eos_token_id": 2},
+    "gpt_neox": {**COMMON, "num_key_value_heads": 4},
+    "llama": COMMON,
+    "mistral": {**COMMON, "sliding_window": 16},
+    "mixtral": {**COMMON, "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2": COMMON,
+    "qwen2_moe": {**COMMON, **MOE, "shared_expert_intermediate_size": 32},
+    "qwen3": {**COMMON, "head_dim": 8},
+    "qwen3_moe": {**COMMON, **MOE, "head_dim": 8},
+    "phi3": COMMON,
+    "gpt_oss": {**COMMON, "head_dim": 8, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 16},
+    "olmo2": COMMON,
+    "smollm3": COMMON,
+    "gemma": {**COMMON, "head_dim": 8},
+    "gemma2": {**COMMON, "head_dim": 8, "final_logit_softcapping": 2.0, "sliding_window": 16},
+    "gemma3_text": {**COMMON, "head_dim": 8, "final_logit_softcapping": 2.0, "sliding_window": 16},
+    "gemma3": {**COMMON, "head_dim": 8, "final_logit_softcapping": 2.0, "sliding_window": 16},  # text part
+    "phi": {**COMMON, "num_key_value_heads": 4},
+    "granite": {**COMMON, "logits_scaling": 4.0},
+    "cohere": {**COMMON, "logit_scale": 0.5},
+}  # fmt: skip
+
+
+@functools.cache
+def _build(model_type: str, seed: int = 0, **overrides: Any) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if model_type == "gemma3":
+        from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+        text = {**TINY_CONFIGS["gemma3"], **overrides}
+        vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                  "image_size": 28, "patch_size": 14}  # fmt: skip
+        config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=V - 1)
+        torch.manual_seed(seed)
+        return Gemma3ForConditionalGeneration(config).eval()
+    config = AutoConfig.for_model(model_type, **{**TINY_CONFIGS[model_type], **overrides})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    # Random init gives near-uniform logits; a wider spread makes the divergences non-trivial.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.mul_(4.0)
+    return model.eval()
+
+
+def tiny_model(model_type: str, **overrides: Any) -> Any:
+    """A fresh-weights tiny model of ``model_type`` (cached per arguments; do not mutate)."""
+    return _build(model_type, **overrides)
+
+
+@pytest.fixture
+def tiny_llama():
+    from depthlens.models.load import wrap
+
+    return wrap(tiny_model("llama"))
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """The real default model; integration tests skip where it is not installed (`make model` installs it)."""
+    if not catalogue.is_installed(catalogue.DEFAULT_MODEL):
+        pytest.skip(f"{catalogue.DEFAULT_MODEL} not installed; run `make model`")
+    from depthlens.models.load import load
+
+    return load(catalogue.DEFAULT_MODEL, device="cpu")
