@@ -54,7 +54,9 @@ def _build(model_type: str, seed: int = 0, **overrides: Any) -> Any:
         text = {**TINY_CONFIGS["gemma3"], **overrides}
         vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
                   "image_size": 28, "patch_size": 14}  # fmt: skip
-        config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=V - 1)
+        config = Gemma3Config(
+            text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=V - 1
+        )
         torch.manual_seed(seed)
         return Gemma3ForConditionalGeneration(config).eval()
     config = AutoConfig.for_model(model_type, **{**TINY_CONFIGS[model_type], **overrides})

@@ -57,7 +57,9 @@ def test_lens_at_earlier_layers_is_norm_then_unembedding(model_type):
         if parts.logit_post is not None:
             expected = parts.logit_post(expected)
         torch.testing.assert_close(lens.logits(h), expected)
-        torch.testing.assert_close(LogitLens(parts, final_norm=False).logits(h), _post(parts, parts.unembed(h)))
+        torch.testing.assert_close(
+            LogitLens(parts, final_norm=False).logits(h), _post(parts, parts.unembed(h))
+        )
 
 
 def _post(parts, z):
@@ -77,7 +79,9 @@ def test_unknown_architecture_names_known_ones_and_the_fix():
     model = tiny_model("llama")
     model.config.model_type = "falcon-x"
     try:
-        with pytest.raises(UnsupportedArchitectureError, match=r"model_type 'falcon-x' has no adapter \(known: .*llama"):
+        with pytest.raises(
+            UnsupportedArchitectureError, match=r"model_type 'falcon-x' has no adapter \(known: .*llama"
+        ):
             resolve_parts(model)
         with pytest.raises(UnsupportedArchitectureError, match="pass blocks=, final_norm= and unembed="):
             resolve_parts(model)
@@ -90,7 +94,7 @@ def test_unknown_architecture_names_known_ones_and_the_fix():
 
 def test_wrong_explicit_path_names_the_part():
     model = tiny_model("llama")
-    with pytest.raises(UnsupportedArchitectureError, match="could not find the final norm at model.ln_f"):
+    with pytest.raises(UnsupportedArchitectureError, match=r"could not find the final norm at model\.ln_f"):
         resolve_parts(model, final_norm="model.ln_f")
 
 

@@ -32,9 +32,7 @@ class _Config:
         known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(
-                f"{cls.__name__}: unknown key(s) {unknown}; known keys are {sorted(known)}"
-            )
+            raise ConfigError(f"{cls.__name__}: unknown key(s) {unknown}; known keys are {sorted(known)}")
         return cls(**data)
 
 
@@ -67,7 +65,9 @@ class ReadoutConfig(_Config):
         if self.memory_mb < 16:
             raise ConfigError(f"ReadoutConfig.memory_mb = {self.memory_mb} is too small; use at least 16")
         if self.vocab_size is not None and self.vocab_size < 2:
-            raise ConfigError(f"ReadoutConfig.vocab_size = {self.vocab_size}; a distribution needs ≥ 2 tokens")
+            raise ConfigError(
+                f"ReadoutConfig.vocab_size = {self.vocab_size}; a distribution needs ≥ 2 tokens"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

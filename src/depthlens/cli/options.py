@@ -15,24 +15,45 @@ _READOUT = ReadoutConfig()
 
 Model = Annotated[
     str,
-    typer.Option("--model", "-m", help="Catalogue name (see `depthlens models`), .gguf file, model directory or hub id."),
+    typer.Option(
+        "--model",
+        "-m",
+        help="Catalogue name (see `depthlens models`), .gguf file, model directory or hub id.",
+    ),
 ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
-DType = Annotated[str, typer.Option(help="Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16.")]
+DType = Annotated[
+    str,
+    typer.Option(help="Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16."),
+]
 TrustRemoteCode = Annotated[bool, typer.Option(help="Allow the checkpoint's own Python code to run.")]
 InFile = Annotated[
     Path,
-    typer.Option("--in", exists=True, dir_okay=False, readable=True, help="Input JSONL: prompt/messages/prompt_ids + completion."),
+    typer.Option(
+        "--in",
+        exists=True,
+        dir_okay=False,
+        readable=True,
+        help="Input JSONL: prompt/messages/prompt_ids + completion.",
+    ),
 ]
-OutFile = Annotated[Path, typer.Option("--out", dir_okay=False, help="Output JSONL, written as records finish.")]
-G = Annotated[float, typer.Option("--g", min=0.0, help="Settling threshold on the cumulative-minimum divergence.")]
+OutFile = Annotated[
+    Path, typer.Option("--out", dir_okay=False, help="Output JSONL, written as records finish.")
+]
+G = Annotated[
+    float, typer.Option("--g", min=0.0, help="Settling threshold on the cumulative-minimum divergence.")
+]
 Rho = Annotated[float, typer.Option("--rho", help="Deep-regime depth fraction, in (0, 1].")]
-Prefix = Annotated[int | None, typer.Option("--prefix", min=1, help="Also report dtr_prefix over the first N tokens.")]
+Prefix = Annotated[
+    int | None, typer.Option("--prefix", min=1, help="Also report dtr_prefix over the first N tokens.")
+]
 DivergenceOpt = Annotated[str, typer.Option("--divergence", help="jsd (bits), jsd-nat, kl or cosine.")]
 DeepRuleOpt = Annotated[str, typer.Option("--deep-rule", help="spec: c ≥ ⌈ρL⌉; paper-literal: c ≥ ⌈(1−ρ)L⌉.")]
 BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Records per forward pass.")]
 MemoryMB = Annotated[int, typer.Option("--memory-mb", min=16, help="Working-memory budget of the readout.")]
-FinalNorm = Annotated[bool, typer.Option("--final-norm/--no-final-norm", help="Apply the final norm before unembedding.")]
+FinalNorm = Annotated[
+    bool, typer.Option("--final-norm/--no-final-norm", help="Apply the final norm before unembedding.")
+]
 
 DEFAULTS = {
     "model": DEFAULT_MODEL,

@@ -18,7 +18,9 @@ def score(
     in_path: opt.InFile,
     out_path: opt.OutFile,
     model: opt.Model = D["model"],
-    tokens: Annotated[bool, typer.Option("--tokens", help="Also write per-token tokens, settling, deep flags, divergences.")] = False,
+    tokens: Annotated[
+        bool, typer.Option("--tokens", help="Also write per-token tokens, settling, deep flags, divergences.")
+    ] = False,
     g: opt.G = D["g"],
     rho: opt.Rho = D["rho"],
     prefix: opt.Prefix = None,
@@ -30,9 +32,13 @@ def score(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.")
+    ] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out.")] = False,
-    skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip malformed or unusable records and list them.")] = False,
+    skip_bad: Annotated[
+        bool, typer.Option("--skip-bad", help="Skip malformed or unusable records and list them.")
+    ] = False,
 ) -> None:
     """Score responses: DTR, mean settling depth and six baselines per record (SPEC §1–3)."""
     from depthlens.config import DTRConfig, ReadoutConfig

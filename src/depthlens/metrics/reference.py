@@ -35,7 +35,8 @@ def reference_divergences(
     logprobs = torch.log_softmax(logits, -1)
     last = out.hidden_states[-1][0, rows]
     columns = [
-        layer_divergence(kind, final, logprobs[i], last.float(), normed[i].float()) for i in range(len(normed))
+        layer_divergence(kind, final, logprobs[i], last.float(), normed[i].float())
+        for i in range(len(normed))
     ]
     columns.append(torch.zeros(len(final)))
     return torch.stack(columns, dim=1), final

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from depthlens.config import DTRConfig, Divergence
+from depthlens.config import Divergence, DTRConfig
 from depthlens.metrics.baselines import sequence_baselines, token_baselines
 from depthlens.metrics.divergence import layer_divergence
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, mean_settling_depth, settling_depth
@@ -49,7 +49,9 @@ def chunk_divergences(chunk: ReadoutChunk, kind: Divergence) -> torch.Tensor:
     return out
 
 
-def reduce_readout(chunks: Iterable[ReadoutChunk], n_sequences: int, n_layers: int, kind: Divergence) -> list[TokenTable]:
+def reduce_readout(
+    chunks: Iterable[ReadoutChunk], n_sequences: int, n_layers: int, kind: Divergence
+) -> list[TokenTable]:
     """Collect the chunks of ``n_sequences`` sequences into one TokenTable each (empty when no chunk came)."""
     parts: list[list[tuple[torch.Tensor, ...]]] = [[] for _ in range(n_sequences)]
     for chunk in chunks:

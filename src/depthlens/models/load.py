@@ -132,7 +132,9 @@ def load(
         tok_kwargs = {"gguf_file": kwargs["gguf_file"]} if "gguf_file" in kwargs else {}
         model = AutoModelForCausalLM.from_pretrained(target, **kwargs)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code, **tok_kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(
+                target, trust_remote_code=trust_remote_code, **tok_kwargs
+            )
         except (OSError, ValueError):
             tokenizer = None
     except OSError as exc:

@@ -64,19 +64,23 @@ class ReadoutChunk:
         last = self.n_layers - 1 if last is None else last
         for layer in range(first, last + 1):
             hidden = self._hidden[layer - 1]
-            _check_finite(hidden, layer, self.start)
             normed = self.lens.normed(hidden)
             logits = self.lens.logits_from_normed(normed)
             yield LayerReadout(layer, torch.log_softmax(logits, dim=-1), normed.float())
 
 
-def _check_finite(values: torch.Tensor, layer: int, start: int) -> None:
-    if not torch.isfinite(values).all():
-        bad = (~torch.isfinite(values.reshape(values.shape[0], -1))).any(dim=-1).nonzero()[0, 0].item()
-        raise NonFiniteError(
-            f"non-finite hidden state at layer {layer}, completion token {start + int(bad)}; the model "
-            "overflowed in this dtype — try --dtype float32"
-        )
+def _check_finite(layers: Sequence[torch.Tensor], start: int) -> None:
+    """Raise naming the first layer (1-based) and completion token whose state is NaN or infinite.
+
+    Layers are scanned in order because a NaN spreads to every later position and layer through attention.
+    """
+    for layer, values in enumerate(layers, start=1):
+        if not torch.isfinite(values).all():
+            bad = (~torch.isfinite(values)).any(dim=-1).nonzero()[0, 0].item()
+            raise NonFiniteError(
+                f"non-finite hidden state at layer {layer}, completion token {start + int(bad)}; the model "
+                "overflowed in this dtype — try --dtype float32"
+            )
 
 
 def chunk_sizes(config: ReadoutConfig, vocab: int, hidden: int, n_layers: int, batch: int) -> tuple[int, int]:
@@ -162,16 +166,19 @@ def iter_readout(
                 c1 = min(c0 + chunk, hi)
                 rows = slice(c0 - seg_start, c1 - seg_start)
                 start = c0 - spans[b][0]
+                hidden = tuple(h[b, rows] for h in hidden_states[1:-1])
                 final_logits = lens.final_logits(out.logits[b, rows])
-                _check_finite(final_logits, lm.n_layers, start)
+                _check_finite((*hidden, final_logits), start)
                 last = hidden_states[-1][b, rows]
                 final_normed = last if lm.parts.last_hidden_normed else lens.normed(last)
                 yield ReadoutChunk(
                     seq_index=b,
                     start=start,
                     target_ids=ids[b, c0 + 1 : c1 + 1],
-                    final=LayerReadout(lm.n_layers, torch.log_softmax(final_logits, -1), final_normed.float()),
+                    final=LayerReadout(
+                        lm.n_layers, torch.log_softmax(final_logits, -1), final_normed.float()
+                    ),
                     lens=lens,
-                    _hidden=tuple(h[b, rows] for h in hidden_states[1:-1]),
+                    _hidden=hidden,
                 )
         del out, hidden_states

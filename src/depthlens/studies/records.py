@@ -126,9 +126,13 @@ class ResultWriter:
         exists = out.exists() and out.stat().st_size > 0
         if exists and resume:
             if not meta.exists():
-                raise StoreError(f"{out} has no manifest ({meta.name}); it was not written by depthlens score")
+                raise StoreError(
+                    f"{out} has no manifest ({meta.name}); it was not written by depthlens score"
+                )
             previous = json.loads(meta.read_text())
-            mismatch = [k for k in manifest if k not in ("command", "started") and previous.get(k) != manifest[k]]
+            mismatch = [
+                k for k in manifest if k not in ("command", "started") and previous.get(k) != manifest[k]
+            ]
             if mismatch:
                 raise StoreError(
                     f"cannot resume {out}: its {', '.join(mismatch)} differ from this run's; "
@@ -136,7 +140,9 @@ class ResultWriter:
                 )
             self.done = _finished_ids(out)
         elif exists and not overwrite:
-            raise StoreError(f"{out} already exists; pass --resume to continue it or --overwrite to replace it")
+            raise StoreError(
+                f"{out} already exists; pass --resume to continue it or --overwrite to replace it"
+            )
         out.parent.mkdir(parents=True, exist_ok=True)
         if not (exists and resume):
             out.write_text("")

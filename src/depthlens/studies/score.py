@@ -182,5 +182,7 @@ def score_file(
                 writer.write(result)
                 on_record(result)
         except DepthlensError as exc:
-            raise type(exc)(f"{exc} — results finished so far are kept in {out_path}; rerun with --resume") from exc
+            raise type(exc)(
+                f"{exc} — results finished so far are kept in {out_path}; rerun with --resume"
+            ) from exc
     return skipped

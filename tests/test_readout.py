@@ -1,0 +1,141 @@
+"""The streaming readout equals the naive materialising one, in bounded memory, for every family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from depthlens.config import ReadoutConfig
+from depthlens.errors import InputError, NonFiniteError
+from depthlens.metrics.reference import reference_divergences
+from depthlens.metrics.token_table import reduce_readout
+from depthlens.models.adapters import ADAPTERS
+from depthlens.models.load import wrap
+from depthlens.readout.stream import TokenSequence, chunk_sizes, iter_readout
+from tests.conftest import tiny_model
+
+
+def _seq(prompt_len: int, completion_len: int, seed: int = 0, high: int = 90) -> TokenSequence:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, high, (prompt_len + completion_len,), generator=g).tolist()
+    return TokenSequence(ids[:prompt_len], ids[prompt_len:])
+
+
+def _stream(lm, seqs, config=ReadoutConfig()):
+    return reduce_readout(iter_readout(lm, seqs, config), len(seqs), lm.n_layers, config.divergence)
+
+
+@pytest.mark.parametrize("model_type", sorted(ADAPTERS))
+def test_streaming_equals_reference_for_every_family(model_type):
+    lm = wrap(tiny_model(model_type))
+    seq = _seq(5, 11)
+    (table,) = _stream(lm, [seq])
+    expected, final = reference_divergences(lm, seq)
+    torch.testing.assert_close(table.divergence, expected, atol=1e-5, rtol=1e-4)
+    assert table.target_ids.tolist() == list(seq.completion_ids)
+    torch.testing.assert_close(table.log_prob, final.gather(1, table.target_ids[:, None]).squeeze(1))
+    assert (table.divergence >= 0).all() and (table.divergence <= 1).all()
+    assert (table.divergence[:, -1] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["jsd", "jsd-nat", "kl", "cosine"])
+def test_every_divergence_matches_reference(kind):
+    lm = wrap(tiny_model("qwen3"))
+    seq = _seq(4, 9, seed=3)
+    (table,) = _stream(lm, [seq], ReadoutConfig(divergence=kind))
+    expected, _ = reference_divergences(lm, seq, kind=kind)
+    torch.testing.assert_close(table.divergence, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_no_final_norm_ablation_matches_reference():
+    lm = wrap(tiny_model("llama"))
+    seq = _seq(4, 9, seed=4)
+    (table,) = _stream(lm, [seq], ReadoutConfig(final_norm=False))
+    expected, _ = reference_divergences(lm, seq, final_norm=False)
+    torch.testing.assert_close(table.divergence, expected, atol=1e-5, rtol=1e-4)
+    (normed,) = _stream(lm, [seq])
+    assert not torch.allclose(table.divergence, normed.divergence)
+
+
+def _big_vocab_lm():
+    # V large enough that the 16 MB minimum budget forces many segments and chunks on a short text.
+    return wrap(tiny_model("llama", vocab_size=50_000))
+
+
+def test_segments_and_chunks_and_batches_change_nothing():
+    lm = _big_vocab_lm()
+    config = ReadoutConfig(memory_mb=16)
+    segment, chunk = chunk_sizes(config, 50_000, 32, lm.n_layers, 3)
+    seqs = [
+        _seq(7, 150, seed=5, high=49_000),
+        _seq(30, 40, seed=6, high=49_000),
+        _seq(2, 1, seed=7, high=49_000),
+    ]
+    assert segment < 150 and chunk < 40  # the text really is split
+    batched = _stream(lm, seqs, config)
+    for seq, table in zip(seqs, batched, strict=True):
+        expected, _ = reference_divergences(lm, seq)
+        torch.testing.assert_close(table.divergence, expected, atol=2e-5, rtol=1e-4)
+        (alone,) = _stream(lm, [seq], config)
+        torch.testing.assert_close(table.divergence, alone.divergence, atol=2e-5, rtol=1e-4)
+
+
+class _LargestVocabTensor(TorchDispatchMode):
+    """Records the largest tensor with a vocabulary-sized last axis created while active."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab, self.largest = vocab, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor) and t.ndim and t.shape[-1] == self.vocab:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("completion_len", [60, 240])
+def test_no_layer_by_vocab_tensor_and_memory_flat_in_length(completion_len):
+    lm = _big_vocab_lm()
+    config = ReadoutConfig(memory_mb=16)
+    segment, chunk = chunk_sizes(config, 50_000, 32, lm.n_layers, 1)
+    seq = _seq(4, completion_len, seed=8, high=49_000)
+    with _LargestVocabTensor(50_000) as probe:
+        _stream(lm, [seq], config)
+    # The biggest vocab-sized tensor is one forward segment's logits or one readout chunk — never
+    # layers × tokens × vocab, and the same bound for 60 and 240 tokens.
+    assert probe.largest <= max(segment, chunk) * 50_000
+    assert probe.largest < lm.n_layers * completion_len * 50_000
+
+
+def test_non_finite_hidden_state_names_layer_and_token():
+    lm = wrap(tiny_model("llama", seed=1))
+
+    def poison(_module, _args, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        hidden[0, 6] = float("nan")  # position 6 = completion token 2 when the prompt has 5 tokens
+
+    handle = lm.parts.blocks[1].register_forward_hook(poison)
+    try:
+        with pytest.raises(NonFiniteError, match="layer 2, completion token 2"):
+            _stream(lm, [_seq(5, 6)])
+    finally:
+        handle.remove()
+
+
+def test_too_long_and_empty_prompt_are_clear_errors():
+    lm = wrap(tiny_model("llama"))
+    with pytest.raises(InputError, match=r"300 tokens .* exceed .* context of 256"):
+        _stream(lm, [_seq(200, 100)])
+    with pytest.raises(InputError, match="the prompt is empty"):
+        _stream(lm, [TokenSequence([], [5, 6])])
+
+
+def test_dtype_bfloat16_keeps_float32_probabilities():
+    lm = wrap(tiny_model("llama", seed=2).to(torch.bfloat16))
+    chunk = next(iter_readout(lm, [_seq(3, 4)]))
+    assert chunk.final.logprobs.dtype == torch.float32
+    assert next(chunk.layers()).logprobs.dtype == torch.float32
+    lm.model.to(torch.float32)

@@ -1,0 +1,112 @@
+"""Scoring files: record shapes, bad input, crash-safe output and resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from depthlens.config import DTRConfig
+from depthlens.errors import InputError, StoreError
+from depthlens.studies.records import iter_jsonl, manifest_path
+from depthlens.studies.score import SUMMARY_FIELDS, score, score_file
+
+
+def _write(path, lines):
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return path
+
+
+def _records(n=5):
+    return [
+        {"id": f"r{i}", "prompt_ids": [3 + i, 7, 9], "completion_ids": [(11 * i + k) % 90 + 3 for k in range(4 + i)]}
+        for i in range(n)
+    ]
+
+
+def test_score_in_memory_fields(tiny_llama):
+    results = score(tiny_llama, _records(2), tokens=True, dtr=DTRConfig(prefix=2))
+    assert [r["id"] for r in results] == ["r0", "r1"]
+    for r, rec in zip(results, _records(2), strict=True):
+        assert set(SUMMARY_FIELDS) <= set(r)
+        assert r["n_tokens"] == len(rec["completion_ids"]) == len(r["settling_depth"]) == len(r["divergence"])
+        assert r["token_ids"] == rec["completion_ids"]
+        assert all(len(row) == tiny_llama.n_layers for row in r["divergence"])
+        assert 0 <= r["dtr"] <= 1 and 0 <= r["dtr_prefix"] <= 1
+        assert r["dtr"] == sum(r["deep"]) / r["n_tokens"]
+
+
+def test_empty_completion_gives_null_metrics(tiny_llama):
+    (r,) = score(tiny_llama, [{"id": "e", "prompt_ids": [5, 6], "completion_ids": []}])
+    assert r["n_tokens"] == 0 and r["token_count"] == 0
+    assert r["dtr"] is None and r["log_prob"] is None and r["self_certainty"] is None
+
+
+def test_batching_gives_the_same_scores(tiny_llama):
+    one = score(tiny_llama, _records(5), batch_size=1)
+    many = score(tiny_llama, _records(5), batch_size=3)
+    for a, b in zip(one, many, strict=True):
+        assert a.keys() == b.keys()
+        assert a["id"] == b["id"]
+        for key in SUMMARY_FIELDS:
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+
+
+def test_text_records_need_a_tokenizer(tiny_llama):
+    with pytest.raises(InputError, match="has no tokenizer; give 'prompt_ids' and 'completion_ids'"):
+        score(tiny_llama, [{"id": "t", "prompt": "hi", "completion": "there"}])
+
+
+def test_malformed_line_is_named_or_skipped(tiny_llama, tmp_path):
+    src = _write(tmp_path / "in.jsonl", [_records(1)[0], "{not json", {"id": "x", "prompt": "no completion"}])
+    with pytest.raises(InputError, match=r"in.jsonl:2: not valid JSON .* \(pass --skip-bad"):
+        score_file(tiny_llama, src, tmp_path / "out.jsonl")
+    skipped = score_file(tiny_llama, src, tmp_path / "out.jsonl", skip_bad=True, overwrite=True)
+    assert [b.line for b in skipped] == [2, 3]
+    assert "needs 'prompt' + 'completion'" in skipped[1].reason
+    assert [r["id"] for r in iter_jsonl(tmp_path / "out.jsonl")] == ["r0"]
+
+
+def test_duplicate_ids_and_too_long_records(tiny_llama, tmp_path):
+    src = _write(tmp_path / "dup.jsonl", [_records(1)[0], _records(1)[0]])
+    with pytest.raises(InputError, match="id 'r0' already used on line 1"):
+        score_file(tiny_llama, src, tmp_path / "o.jsonl")
+    long = {"id": "long", "prompt_ids": [5] * 250, "completion_ids": [6] * 10}
+    src = _write(tmp_path / "long.jsonl", [_records(1)[0], long])
+    with pytest.raises(InputError, match=r"line 2 \(id 'long'\): 260 tokens .* context of 256") as info:
+        score_file(tiny_llama, src, tmp_path / "o2.jsonl")
+    assert "kept in" in str(info.value)
+    assert [r["id"] for r in iter_jsonl(tmp_path / "o2.jsonl")] == ["r0"]  # finished work is kept
+    skipped = score_file(tiny_llama, src, tmp_path / "o3.jsonl", skip_bad=True)
+    assert [b.line for b in skipped] == [2]
+
+
+def test_interrupted_run_resumes_to_the_same_output(tiny_llama, tmp_path):
+    src = _write(tmp_path / "in.jsonl", _records(5))
+    full = tmp_path / "full.jsonl"
+    score_file(tiny_llama, src, full, tokens=True, batch_size=2)
+
+    out = tmp_path / "part.jsonl"
+    seen = []
+
+    def crash_after_two(result):
+        seen.append(result["id"])
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        score_file(tiny_llama, src, out, tokens=True, batch_size=2, on_record=crash_after_two)
+    assert len(list(iter_jsonl(out))) == 2
+    with out.open("a") as f:
+        f.write('{"id": "r2", "n_tok')  # a write torn by the crash
+    with pytest.raises(StoreError, match="already exists; pass --resume"):
+        score_file(tiny_llama, src, out, tokens=True, batch_size=2)
+    with pytest.raises(StoreError, match="its tokens differ"):
+        score_file(tiny_llama, src, out, tokens=False, batch_size=2, resume=True)
+    progress = []
+    score_file(tiny_llama, src, out, tokens=True, batch_size=2, resume=True,
+               on_start=lambda total, done: progress.append((total, done)))  # fmt: skip
+    assert progress == [(5, 2)]
+    assert list(iter_jsonl(out)) == list(iter_jsonl(full))
+    manifest = json.loads(manifest_path(out).read_text())
+    assert manifest["dtr"] == DTRConfig().to_dict() and manifest["tokens"] is True
