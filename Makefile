@@ -20,7 +20,8 @@ model: setup
 	$(BIN)/depthlens models --install $(MODEL)
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/lint-imports
 
 test: model lint
@@ -28,7 +29,7 @@ test: model lint
 
 demo: model
 	$(BIN)/depthlens score --model $(MODEL) --in examples/samples.jsonl --out runs/demo/scores.jsonl --tokens --overwrite
-	$(BIN)/python examples/show_scores.py runs/demo/scores.jsonl
+	$(BIN)/python examples/show_scores.py runs/demo/scores.jsonl --record apples --png runs/demo/heatmap.png
 
 bench: model
 	$(BIN)/python benchmarks/readout.py --out docs/benchmarks/readout.json

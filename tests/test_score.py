@@ -19,7 +19,11 @@ def _write(path, lines):
 
 def _records(n=5):
     return [
-        {"id": f"r{i}", "prompt_ids": [3 + i, 7, 9], "completion_ids": [(11 * i + k) % 90 + 3 for k in range(4 + i)]}
+        {
+            "id": f"r{i}",
+            "prompt_ids": [3 + i, 7, 9],
+            "completion_ids": [(11 * i + k) % 90 + 3 for k in range(4 + i)],
+        }
         for i in range(n)
     ]
 

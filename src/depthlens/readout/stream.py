@@ -22,6 +22,8 @@ from depthlens.errors import InputError, NonFiniteError
 from depthlens.models.load import LoadedModel
 from depthlens.readout.lens import LogitLens
 
+MAX_SEGMENT = 256  # positions per forward segment; large enough that the forward stays matmul-bound
+
 
 @dataclasses.dataclass(frozen=True)
 class TokenSequence:
@@ -86,13 +88,14 @@ def _check_finite(layers: Sequence[torch.Tensor], start: int) -> None:
 def chunk_sizes(config: ReadoutConfig, vocab: int, hidden: int, n_layers: int, batch: int) -> tuple[int, int]:
     """(segment tokens per forward, tokens per readout chunk) that fit ``config.memory_mb``.
 
-    A readout chunk holds about six [c, V] float32 tensors at once (logits, log-probs of two layers and the
-    divergence's temporaries); a forward segment holds [batch, S, V] logits and L + 1 hidden states.
+    A readout chunk has about twelve [c, V] float32 tensors alive at its peak (final and layer log-probs, the
+    divergence's temporaries); a forward segment holds [batch, S, V] logits and L + 1 hidden states. Segments are
+    capped at ``MAX_SEGMENT`` positions because attention's working set also grows with the segment length.
     """
     budget = config.memory_mb * 2**20
-    chunk = max(1, budget // (6 * 4 * vocab))
+    chunk = max(1, budget // (12 * 4 * vocab))
     per_position = batch * (4 * vocab + 4 * (n_layers + 1) * hidden)
-    segment = max(1, budget // per_position)
+    segment = max(1, min(MAX_SEGMENT, budget // per_position))
     return segment, chunk
 
 

@@ -1,0 +1,47 @@
+"""Print a scores file as a table and draw the first scored record's divergence heatmap.
+
+python examples/show_scores.py runs/demo/scores.jsonl [--png runs/demo/heatmap.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from depthlens.studies.records import iter_jsonl
+from depthlens.viz.heatmap import draw_divergence_heatmap
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scores", type=Path)
+    parser.add_argument("--png", type=Path, help="heatmap path (default: beside the scores)")
+    parser.add_argument("--record", help="id of the record to draw (default: the longest)")
+    args = parser.parse_args()
+    records = list(iter_jsonl(args.scores))
+    table = Table(title=f"{args.scores}")
+    for column in ("id", "tokens", "DTR", "mean settling", "mean log p", "self-certainty", "neg. entropy"):
+        table.add_column(column, justify="left" if column == "id" else "right")
+    for r in records:
+        table.add_row(r["id"], str(r["n_tokens"]), _fmt(r["dtr"]), _fmt(r["mean_settling_depth"], 1),
+                      _fmt(r["log_prob"]), _fmt(r["self_certainty"], 2), _fmt(r["neg_entropy"]))  # fmt: skip
+    console = Console()
+    console.print(table)
+    drawable = [r for r in records if r.get("divergence")]
+    if not drawable:
+        return
+    chosen = next((r for r in drawable if r["id"] == args.record), max(drawable, key=lambda r: r["n_tokens"]))
+    png = args.png or args.scores.with_name("heatmap.png")
+    draw_divergence_heatmap(chosen, png)
+    console.print(f"heatmap of {chosen['id']!r}: {png}")
+
+
+if __name__ == "__main__":
+    main()

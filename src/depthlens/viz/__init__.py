@@ -1,0 +1,1 @@
+"""Figures drawn from saved result records only (never from a model)."""
