@@ -42,6 +42,7 @@ def test_score_writes_records(monkeypatch, capsys, tmp_path, tiny_dir):
     assert code in (0, None), err
     (record,) = iter_jsonl(out)
     assert record["n_tokens"] == 4 and len(record["divergence"]) == 4 and "dtr_prefix" in record
+    assert len(record["tcb"]) == 4 and record["tcb_min"] == min(record["tcb"])
     assert f"wrote {out}" in err
 
 
@@ -49,6 +50,8 @@ def test_score_writes_records(monkeypatch, capsys, tmp_path, tiny_dir):
     ("args", "message"),
     [
         (["--rho", "1.5"], "error: DTRConfig.rho = 1.5 must lie in (0, 1] (default 0.85)"),
+        (["--epsilon", "0"], "error: TCBConfig.epsilon = 0.0 must be a finite number > 0 (default 1.0)"),
+        (["--v-eff", "x"], "error: TCBConfig.v_eff = 'x' is not one of ['ipr', 'exp-entropy']"),
         (["--g", "-1"], "Invalid value for '--g': Input should be greater than or equal to 0"),
         (
             ["--divergence", "js"],

@@ -94,3 +94,32 @@ class DTRConfig(_Config):
         _check_choice("DTRConfig", "deep_rule", self.deep_rule, DeepRule)
         if self.prefix is not None and self.prefix < 1:
             raise ConfigError(f"DTRConfig.prefix = {self.prefix} must be ≥ 1 token, or None for no prefix")
+
+
+VEff = Literal["ipr", "exp-entropy"]
+"""``ipr``: 1 / Σ o_i² (inverse participation ratio, SPEC §6 default); ``exp-entropy``: exp H(o)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TCBConfig(_Config):
+    """Token Constraint Bound settings (SPEC §6).
+
+    Attributes:
+        epsilon: the tolerated output change ε in δ_TCB = ε / ‖J‖_F.
+        v_eff: which effective-vocabulary size is reported as ``v_eff``.
+        spectral: also report ``tcb_spectral`` = ε / ‖J‖_2 (power iteration; costs ~2 unembedding products per
+            iteration).
+        power_iterations: the most power-iteration steps for the spectral norm.
+    """
+
+    epsilon: float = 1.0
+    v_eff: VEff = "ipr"
+    spectral: bool = False
+    power_iterations: int = 100
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ConfigError(f"TCBConfig.epsilon = {self.epsilon} must be a finite number > 0 (default 1.0)")
+        _check_choice("TCBConfig", "v_eff", self.v_eff, VEff)
+        if self.power_iterations < 1:
+            raise ConfigError(f"TCBConfig.power_iterations = {self.power_iterations} must be ≥ 1")

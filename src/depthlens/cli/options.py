@@ -7,11 +7,12 @@ from typing import Annotated
 
 import typer
 
-from depthlens.config import DTRConfig, ReadoutConfig
+from depthlens.config import DTRConfig, ReadoutConfig, TCBConfig
 from depthlens.models.catalogue import DEFAULT_MODEL
 
 _DTR = DTRConfig()
 _READOUT = ReadoutConfig()
+_TCB = TCBConfig()
 
 Model = Annotated[
     str,
@@ -55,6 +56,9 @@ FinalNorm = Annotated[
     bool, typer.Option("--final-norm/--no-final-norm", help="Apply the final norm before unembedding.")
 ]
 
+Epsilon = Annotated[float, typer.Option("--epsilon", help="ε in δ_TCB = ε / ‖J‖_F.")]
+VEffOpt = Annotated[str, typer.Option("--v-eff", help="ipr: 1/Σo²; exp-entropy: exp H(o).")]
+
 DEFAULTS = {
     "model": DEFAULT_MODEL,
     "g": _DTR.g,
@@ -62,4 +66,6 @@ DEFAULTS = {
     "deep_rule": _DTR.deep_rule,
     "divergence": _READOUT.divergence,
     "memory_mb": _READOUT.memory_mb,
+    "epsilon": _TCB.epsilon,
+    "v_eff": _TCB.v_eff,
 }

@@ -27,6 +27,14 @@ def score(
     divergence: opt.DivergenceOpt = D["divergence"],
     deep_rule: opt.DeepRuleOpt = D["deep_rule"],
     final_norm: opt.FinalNorm = True,
+    tcb: Annotated[
+        bool, typer.Option("--tcb/--no-tcb", help="Token Constraint Bound fields (SPEC §6).")
+    ] = True,
+    epsilon: opt.Epsilon = D["epsilon"],
+    v_eff: opt.VEffOpt = D["v_eff"],
+    spectral: Annotated[
+        bool, typer.Option("--spectral", help="Also the spectral-norm δ (power iteration).")
+    ] = False,
     batch_size: opt.BatchSize = 1,
     memory_mb: opt.MemoryMB = D["memory_mb"],
     device: opt.Device = "auto",
@@ -41,12 +49,13 @@ def score(
     ] = False,
 ) -> None:
     """Score responses: DTR, mean settling depth and six baselines per record (SPEC §1–3)."""
-    from depthlens.config import DTRConfig, ReadoutConfig
+    from depthlens.config import DTRConfig, ReadoutConfig, TCBConfig
     from depthlens.models.load import load
     from depthlens.studies.score import score_file
 
     readout = ReadoutConfig(divergence=divergence, final_norm=final_norm, memory_mb=memory_mb)  # type: ignore[arg-type]
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix)  # type: ignore[arg-type]
+    tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral) if tcb else None  # type: ignore[arg-type]
     with err_console.status(f"loading {model}") as status:
         lm = load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,  # type: ignore[arg-type]
                   progress=status.update)  # fmt: skip
@@ -57,7 +66,7 @@ def score(
             progress.update(task, total=total, completed=done)
 
         skipped = score_file(
-            lm, in_path, out_path, readout=readout, dtr=dtr, tokens=tokens, batch_size=batch_size,
+            lm, in_path, out_path, readout=readout, dtr=dtr, tcb=tcb_config, tokens=tokens, batch_size=batch_size,
             resume=resume, overwrite=overwrite, skip_bad=skip_bad,
             on_start=on_start, on_record=lambda _: progress.advance(task),
         )  # fmt: skip

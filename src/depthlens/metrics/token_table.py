@@ -7,16 +7,20 @@ each chunk are consumed and dropped as the stream advances.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from depthlens.config import Divergence, DTRConfig
+from depthlens.config import Divergence, DTRConfig, TCBConfig
 from depthlens.metrics.baselines import sequence_baselines, token_baselines
 from depthlens.metrics.divergence import layer_divergence
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, mean_settling_depth, settling_depth
+from depthlens.metrics.tcb import Unembedding, jacobian_spectral, token_constraint_terms
 from depthlens.readout.stream import ReadoutChunk
+
+TCB_FIELDS = ("tcb", "v_eff", "margin", "tcb_spectral")  # per-token TCB columns, when asked for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +32,7 @@ class TokenTable:
     log_prob: torch.Tensor  # [T] log p_L(y_t), nats
     entropy: torch.Tensor  # [T] H(p_L), nats
     self_certainty: torch.Tensor  # [T] KL(U ‖ p_L), nats
+    tcb: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # TCB_FIELDS present → [T] float64
 
     @property
     def n_tokens(self) -> int:
@@ -36,7 +41,7 @@ class TokenTable:
     @staticmethod
     def empty(n_layers: int) -> TokenTable:
         zeros = torch.zeros(0)
-        return TokenTable(torch.zeros(0, dtype=torch.long), torch.zeros(0, n_layers), zeros, zeros, zeros)
+        return TokenTable(torch.zeros(0, dtype=torch.long), torch.zeros(0, n_layers), zeros, zeros, zeros, {})
 
 
 def chunk_divergences(chunk: ReadoutChunk, kind: Divergence) -> torch.Tensor:
@@ -49,11 +54,28 @@ def chunk_divergences(chunk: ReadoutChunk, kind: Divergence) -> torch.Tensor:
     return out
 
 
+def chunk_tcb(chunk: ReadoutChunk, unembed: Unembedding, row_norms_sq: torch.Tensor, tcb: TCBConfig) -> dict:
+    """δ_TCB, V_eff, margin (and spectral δ) for one chunk's final states; each [c] float64 on the CPU."""
+    spectral = functools.partial(jacobian_spectral, iterations=tcb.power_iterations) if tcb.spectral else None
+    terms = token_constraint_terms(unembed, chunk.final.normed, row_norms_sq, tcb.epsilon, spectral)
+    v_eff = terms["v_eff"] if tcb.v_eff == "ipr" else terms["v_eff_exp_entropy"]
+    out = {"tcb": terms["tcb"], "v_eff": v_eff, "margin": terms["margin"]}
+    if "tcb_spectral" in terms:
+        out["tcb_spectral"] = terms["tcb_spectral"]
+    return {k: v.cpu() for k, v in out.items()}
+
+
 def reduce_readout(
-    chunks: Iterable[ReadoutChunk], n_sequences: int, n_layers: int, kind: Divergence
+    chunks: Iterable[ReadoutChunk],
+    n_sequences: int,
+    n_layers: int,
+    kind: Divergence,
+    tcb: TCBConfig | None = None,
 ) -> list[TokenTable]:
     """Collect the chunks of ``n_sequences`` sequences into one TokenTable each (empty when no chunk came)."""
     parts: list[list[tuple[torch.Tensor, ...]]] = [[] for _ in range(n_sequences)]
+    tcb_parts: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(n_sequences)]
+    unembed, row_norms_sq = None, None
     for chunk in chunks:
         base = token_baselines(chunk.final.logprobs, chunk.target_ids)
         parts[chunk.seq_index].append(
@@ -65,13 +87,19 @@ def reduce_readout(
                 base["self_certainty"].cpu(),
             )
         )
+        if tcb is not None:
+            if unembed is None:  # the same unembedding for every chunk: row norms once per call
+                unembed = Unembedding.from_lens(chunk.lens)
+                row_norms_sq = unembed.row_norms_sq()
+            tcb_parts[chunk.seq_index].append(chunk_tcb(chunk, unembed, row_norms_sq, tcb))
     tables = []
-    for seq_parts in parts:
+    for seq_parts, seq_tcb in zip(parts, tcb_parts, strict=True):
         if not seq_parts:
             tables.append(TokenTable.empty(n_layers))
             continue
         columns = [torch.cat(col) for col in zip(*seq_parts, strict=True)]
-        tables.append(TokenTable(*columns))
+        tcb_columns = {k: torch.cat([p[k] for p in seq_tcb]) for k in seq_tcb[0]} if seq_tcb else {}
+        tables.append(TokenTable(*columns, tcb_columns))
     return tables
 
 
@@ -91,3 +119,17 @@ def sequence_scores(table: TokenTable, dtr: DTRConfig) -> dict[str, Any]:
     scores["settling_depth"] = settling
     scores["deep"] = deep
     return scores
+
+
+def tcb_summary(tcb: dict[str, torch.Tensor]) -> dict[str, float | None]:
+    """Per-sequence TCB scores: mean and minimum δ_TCB, mean V_eff (None-valued for no tokens)."""
+    if not tcb or tcb["tcb"].numel() == 0:
+        return {"tcb_mean": None, "tcb_min": None, "v_eff_mean": None}
+    summary = {
+        "tcb_mean": float(tcb["tcb"].mean()),
+        "tcb_min": float(tcb["tcb"].min()),
+        "v_eff_mean": float(tcb["v_eff"].mean()),
+    }
+    if "tcb_spectral" in tcb:
+        summary["tcb_spectral_mean"] = float(tcb["tcb_spectral"].mean())
+    return summary

@@ -9,7 +9,6 @@ tuple lists alternatives tried in order (attribute names moved between transform
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -79,13 +78,32 @@ ADAPTERS: dict[str, Adapter] = {
 
 
 @dataclasses.dataclass(frozen=True)
+class LogitPostFn:
+    """A resolved logit post-processing z ↦ post(z), with its elementwise derivative for exact Jacobians."""
+
+    kind: PostKind
+    scale: float
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        if self.kind == "softcap":
+            return torch.tanh(z / self.scale) * self.scale
+        return z / self.scale if self.kind == "divide" else z * self.scale
+
+    def derivative(self, z: torch.Tensor) -> torch.Tensor:
+        """d post(z) / dz, elementwise, same shape as ``z``."""
+        if self.kind == "softcap":
+            return 1.0 - torch.tanh(z / self.scale) ** 2
+        return torch.full_like(z, 1.0 / self.scale if self.kind == "divide" else self.scale)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelParts:
     """The resolved modules of one loaded model."""
 
     blocks: nn.ModuleList
     final_norm: nn.Module
     unembed: nn.Module
-    logit_post: Callable[[torch.Tensor], torch.Tensor] | None
+    logit_post: LogitPostFn | None
     last_hidden_normed: bool
 
     @property
@@ -115,18 +133,11 @@ def _resolve(model: nn.Module, path: Path, what: str, model_type: str, flag: str
     )
 
 
-def _make_post(post: LogitPost | None, config: object) -> Callable[[torch.Tensor], torch.Tensor] | None:
+def _make_post(post: LogitPost | None, config: object) -> LogitPostFn | None:
     if post is None:
         return None
     value = getattr(config, post.config_attr, None)
-    if not value:
-        return None
-    scale = float(value)
-    if post.kind == "softcap":
-        return lambda z: torch.tanh(z / scale) * scale
-    if post.kind == "divide":
-        return lambda z: z / scale
-    return lambda z: z * scale
+    return LogitPostFn(post.kind, float(value)) if value else None
 
 
 def adapter_for(model_type: str) -> Adapter:

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from depthlens import __version__
-from depthlens.config import DTRConfig, ReadoutConfig
+from depthlens.config import DTRConfig, ReadoutConfig, TCBConfig
 from depthlens.errors import DepthlensError, InputError
-from depthlens.metrics.token_table import TokenTable, reduce_readout, sequence_scores
+from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout, sequence_scores, tcb_summary
 from depthlens.models.load import LoadedModel
 from depthlens.readout.stream import TokenSequence, iter_readout, validate
 from depthlens.studies.records import BadLine, InputRecord, ResultWriter, check_record, read_records
@@ -58,13 +58,21 @@ def tokenize(lm: LoadedModel, data: dict[str, Any], where: str) -> TokenSequence
 
 
 def _result(
-    lm: LoadedModel, record: InputRecord, seq: TokenSequence, table: TokenTable, dtr: DTRConfig, tokens: bool
+    lm: LoadedModel,
+    record: InputRecord,
+    seq: TokenSequence,
+    table: TokenTable,
+    dtr: DTRConfig,
+    tcb: TCBConfig | None,
+    tokens: bool,
 ) -> dict[str, Any]:
     scores = sequence_scores(table, dtr)
     result: dict[str, Any] = {"id": record.id}
     result.update({k: scores[k] for k in SUMMARY_FIELDS})
     if dtr.prefix is not None:
         result["dtr_prefix"] = scores["dtr_prefix"]
+    if tcb is not None:
+        result.update(tcb_summary(table.tcb))
     if tokens:
         ids = list(seq.completion_ids)
         result["token_ids"] = ids
@@ -73,6 +81,9 @@ def _result(
         result["settling_depth"] = scores["settling_depth"].tolist()
         result["deep"] = scores["deep"].tolist()
         result["divergence"] = [[round(v, 6) for v in row] for row in table.divergence.tolist()]
+        for key in TCB_FIELDS:
+            if key in table.tcb:
+                result[key] = table.tcb[key].tolist()
     return result
 
 
@@ -82,6 +93,7 @@ def score_records(
     *,
     readout: ReadoutConfig = ReadoutConfig(),
     dtr: DTRConfig = DTRConfig(),
+    tcb: TCBConfig | None = TCBConfig(),
     tokens: bool = False,
     batch_size: int = 1,
     on_skip: Callable[[BadLine], None] | None = None,
@@ -98,12 +110,12 @@ def score_records(
         seqs = [s for _, s in batch]
         chunks = iter_readout(lm, [s for s in seqs if s.completion_ids], readout)
         nonempty = [i for i, s in enumerate(seqs) if s.completion_ids]
-        reduced = reduce_readout(chunks, len(nonempty), lm.n_layers, readout.divergence)
+        reduced = reduce_readout(chunks, len(nonempty), lm.n_layers, readout.divergence, tcb)
         tables = [TokenTable.empty(lm.n_layers)] * len(seqs)
         for i, table in zip(nonempty, reduced, strict=True):
             tables[i] = table
         for (record, seq), table in zip(batch, tables, strict=True):
-            yield _result(lm, record, seq, table, dtr, tokens)
+            yield _result(lm, record, seq, table, dtr, tcb, tokens)
         batch.clear()
 
     for record in records:
@@ -129,6 +141,7 @@ def score(
     *,
     readout: ReadoutConfig = ReadoutConfig(),
     dtr: DTRConfig = DTRConfig(),
+    tcb: TCBConfig | None = TCBConfig(),
     tokens: bool = False,
     batch_size: int = 1,
 ) -> list[dict[str, Any]]:
@@ -137,7 +150,9 @@ def score(
     for i, data in enumerate(records):
         check_record(data, f"record {i}")
         inputs.append(InputRecord(str(data.get("id", i)), 0, data))
-    return list(score_records(lm, inputs, readout=readout, dtr=dtr, tokens=tokens, batch_size=batch_size))
+    return list(
+        score_records(lm, inputs, readout=readout, dtr=dtr, tcb=tcb, tokens=tokens, batch_size=batch_size)
+    )
 
 
 def score_file(
@@ -147,6 +162,7 @@ def score_file(
     *,
     readout: ReadoutConfig = ReadoutConfig(),
     dtr: DTRConfig = DTRConfig(),
+    tcb: TCBConfig | None = TCBConfig(),
     tokens: bool = False,
     batch_size: int = 1,
     resume: bool = False,
@@ -167,6 +183,7 @@ def score_file(
         "input": str(in_path),
         "readout": readout.to_dict(),
         "dtr": dtr.to_dict(),
+        "tcb": tcb.to_dict() if tcb is not None else None,
         "tokens": tokens,
         "command": " ".join(sys.argv),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -176,7 +193,7 @@ def score_file(
         on_start(len(records), len(records) - len(todo))
         try:
             for result in score_records(
-                lm, todo, readout=readout, dtr=dtr, tokens=tokens, batch_size=batch_size,
+                lm, todo, readout=readout, dtr=dtr, tcb=tcb, tokens=tokens, batch_size=batch_size,
                 on_skip=skipped.append if skip_bad else None,
             ):  # fmt: skip
                 writer.write(result)
