@@ -53,10 +53,7 @@ def test_lens_at_earlier_layers_is_norm_then_unembedding(model_type):
     parts, out, _ = _forward_with_last_block(model, ids)
     lens = LogitLens(parts)
     for h in out.hidden_states[1:-1]:
-        expected = parts.unembed(parts.final_norm(h)).float()
-        if parts.logit_post is not None:
-            expected = parts.logit_post(expected)
-        torch.testing.assert_close(lens.logits(h), expected)
+        torch.testing.assert_close(lens.logits(h), _post(parts, parts.unembed(parts.final_norm(h))))
         torch.testing.assert_close(
             LogitLens(parts, final_norm=False).logits(h), _post(parts, parts.unembed(h))
         )
