@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from depthlens.metrics.tcb import Unembedding, jacobian_frobenius, jacobian_spectral, token_constraint_terms
+from depthlens.metrics.tcb import (
+    Unembedding,
+    final_output,
+    jacobian_frobenius,
+    jacobian_spectral,
+    token_constraint_terms,
+)
 from depthlens.models.load import wrap
 from depthlens.readout.lens import LogitLens
 from tests.conftest import tiny_model
@@ -42,7 +48,7 @@ def _states(lm, scale):
 def test_closed_form_equals_autograd_frobenius(model_type, scale):
     lm, unembed = _unembedding(model_type)
     states = _states(lm, scale)
-    closed = jacobian_frobenius(unembed, states, unembed.row_norms_sq())
+    closed = jacobian_frobenius(unembed, final_output(unembed, states), unembed.row_norms_sq())
     for i, h in enumerate(states):
         jac = _autograd_jacobian(unembed, h)
         expected = torch.linalg.matrix_norm(jac, "fro")
@@ -53,12 +59,14 @@ def test_closed_form_equals_autograd_frobenius(model_type, scale):
 def test_spectral_norm_equals_linalg(model_type):
     lm, unembed = _unembedding(model_type)
     states = _states(lm, 3.0)
-    spectral = jacobian_spectral(unembed, states, iterations=500)
+    out = final_output(unembed, states)
+    spectral = jacobian_spectral(unembed, out, iterations=500)
     for i, h in enumerate(states):
         expected = torch.linalg.matrix_norm(_autograd_jacobian(unembed, h), 2)
         assert spectral[i].item() == pytest.approx(expected.item(), rel=1e-6)
-        # ‖J‖_2 ≤ ‖J‖_F always
-    assert (spectral <= jacobian_frobenius(unembed, states, unembed.row_norms_sq()) * (1 + 1e-9)).all()
+    assert (
+        spectral <= jacobian_frobenius(unembed, out, unembed.row_norms_sq()) * (1 + 1e-9)
+    ).all()  # ‖J‖_2 ≤ ‖J‖_F
 
 
 def test_terms_against_direct_formulas():
@@ -78,7 +86,9 @@ def test_one_hot_output_has_unbounded_tcb():
     # o = e_k exactly ⇒ J = 0: no finite move changes the prediction to first order.
     weight = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
     unembed = Unembedding(weight, None, None)
-    norm = jacobian_frobenius(unembed, torch.tensor([[2000.0, 0.0]]), unembed.row_norms_sq())
+    norm = jacobian_frobenius(
+        unembed, final_output(unembed, torch.tensor([[2000.0, 0.0]])), unembed.row_norms_sq()
+    )
     assert norm.item() == 0.0
 
 
@@ -112,7 +122,7 @@ def test_real_model_closed_form_equals_autograd(real_model):
     ids = real_model.tokenizer("The capital of France is Paris, and 2 + 2 = 4", return_tensors="pt").input_ids
     with torch.no_grad():
         final = real_model.model(input_ids=ids, output_hidden_states=True).hidden_states[-1][0, [1, 5, -1]]
-    closed = jacobian_frobenius(unembed, final, unembed.row_norms_sq())
+    closed = jacobian_frobenius(unembed, final_output(unembed, final), unembed.row_norms_sq())
     for i, h in enumerate(final):
         expected = torch.linalg.matrix_norm(_autograd_jacobian(unembed, h), "fro").item()
         assert closed[i].item() == pytest.approx(expected, rel=1e-5)

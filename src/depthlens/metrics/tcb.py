@@ -15,7 +15,6 @@ difference. W is upcast one vocabulary block at a time, so no float64 copy of W 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import torch
 
@@ -70,22 +69,27 @@ class Unembedding:
         return torch.cat([block.double().pow(2).sum(-1) for block in self.weight.split(_VOCAB_BLOCK)])
 
 
-def _output_and_slope(
-    unembed: Unembedding, normed: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(o, s, y): output distribution, post-processing slope s_i = post'(z_i), post-processed logits; [c, V]."""
+@dataclasses.dataclass(frozen=True)
+class FinalOutput:
+    """The final mapping evaluated at a chunk of states, computed once and shared by every TCB quantity."""
+
+    o: torch.Tensor  # [c, V] float64 output distribution softmax(post(z))
+    slope: torch.Tensor  # [c, V] float64 s_i = post'(z_i) (ones without post-processing)
+    logits: torch.Tensor  # [c, V] float64 post-processed logits y
+
+
+def final_output(unembed: Unembedding, normed: torch.Tensor) -> FinalOutput:
+    """Evaluate z = W h + b, y = post(z), o = softmax(y) and post'(z) in float64 for states [c, d]."""
     z = unembed.logits64(normed)
     if unembed.post is None:
-        return torch.softmax(z, -1), torch.ones_like(z), z
+        return FinalOutput(torch.softmax(z, -1), torch.ones_like(z), z)
     y = unembed.post(z)
-    return torch.softmax(y, -1), unembed.post.derivative(z), y
+    return FinalOutput(torch.softmax(y, -1), unembed.post.derivative(z), y)
 
 
-def jacobian_frobenius(
-    unembed: Unembedding, normed: torch.Tensor, row_norms_sq: torch.Tensor
-) -> torch.Tensor:
-    """‖J‖_F per token by the closed form, float64; [c, d] → [c]."""
-    o, s, _ = _output_and_slope(unembed, normed)
+def jacobian_frobenius(unembed: Unembedding, out: FinalOutput, row_norms_sq: torch.Tensor) -> torch.Tensor:
+    """‖J‖_F per token by the closed form, float64; → [c]."""
+    o, s = out.o, out.slope
     o_sq = o * o
     mu = unembed.times_w(o * s)  # [c, d]  Σ_j o_j s_j w_j
     nu = unembed.times_w(o_sq * s)  # [c, d]  Σ_i o_i² s_i w_i
@@ -95,21 +99,22 @@ def jacobian_frobenius(
 
 
 def jacobian_spectral(
-    unembed: Unembedding, normed: torch.Tensor, iterations: int = 100, tol: float = 1e-10
+    unembed: Unembedding, out: FinalOutput, iterations: int = 100, tol: float = 1e-10
 ) -> torch.Tensor:
-    """‖J‖_2 per token by power iteration on JᵀJ, never forming J; float64, [c, d] → [c].
+    """‖J‖_2 per token by power iteration on JᵀJ, never forming J; float64, → [c].
 
     With C = diag(o) − o oᵀ (symmetric): J v = C W̃v and Jᵀu = W̃ᵀ C u, where W̃v = s∘(Wv) and W̃ᵀx = Wᵀ(s∘x).
     """
-    o, s, _ = _output_and_slope(unembed, normed)
+    o, s = out.o, out.slope
 
     def centre(x: torch.Tensor) -> torch.Tensor:  # (diag(o) − o oᵀ) x, batched over tokens
         return o * x - o * (o * x).sum(-1, keepdim=True)
 
+    shape = (o.shape[0], unembed.weight.shape[1])
     generator = torch.Generator(device="cpu").manual_seed(0)
-    v = torch.randn(normed.shape, generator=generator, dtype=torch.float64).to(normed.device)
+    v = torch.randn(shape, generator=generator, dtype=torch.float64).to(o.device)
     v = v / v.norm(dim=-1, keepdim=True)
-    sigma_sq = torch.zeros(normed.shape[0], dtype=torch.float64, device=normed.device)
+    sigma_sq = torch.zeros(shape[0], dtype=torch.float64, device=o.device)
     for _ in range(iterations):
         w = unembed.times_w(s * centre(centre(s * unembed.w_times(v))))  # JᵀJ v = W̃ᵀ C² W̃ v, [c, d]
         new_sigma_sq = (v * w).sum(-1)  # Rayleigh quotient vᵀJᵀJv with ‖v‖ = 1
@@ -126,20 +131,23 @@ def token_constraint_terms(
     normed: torch.Tensor,
     row_norms_sq: torch.Tensor,
     epsilon: float = 1.0,
-    spectral: Callable[[Unembedding, torch.Tensor], torch.Tensor] | None = None,
+    spectral_iterations: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Per-token δ_TCB, V_eff (1/Σo² and exp H), top-2 margin, and optionally the spectral δ; each [c] float64."""
-    o, _, y = _output_and_slope(unembed, normed)
-    frobenius = jacobian_frobenius(unembed, normed, row_norms_sq)
-    top2 = y.topk(2, dim=-1).values
-    entropy = -(o * torch.log(o.clamp_min(1e-300))).sum(-1)
+    """Per-token δ_TCB, V_eff (1/Σo² and exp H), top-2 margin, and (with ``spectral_iterations``) the spectral δ.
+
+    States ``normed`` [c, d] → each term [c] float64; the final mapping is evaluated once for all of them.
+    """
+    out = final_output(unembed, normed)
+    frobenius = jacobian_frobenius(unembed, out, row_norms_sq)
+    top2 = out.logits.topk(2, dim=-1).values
+    entropy = -(out.o * torch.log(out.o.clamp_min(1e-300))).sum(-1)
     terms = {
         "tcb": epsilon / frobenius,
         "jacobian_frobenius": frobenius,
-        "v_eff": 1.0 / (o * o).sum(-1),
+        "v_eff": 1.0 / (out.o * out.o).sum(-1),
         "v_eff_exp_entropy": entropy.exp(),
         "margin": top2[:, 0] - top2[:, 1],
     }
-    if spectral is not None:
-        terms["tcb_spectral"] = epsilon / spectral(unembed, normed)
+    if spectral_iterations is not None:
+        terms["tcb_spectral"] = epsilon / jacobian_spectral(unembed, out, iterations=spectral_iterations)
     return terms

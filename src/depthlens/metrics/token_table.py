@@ -7,7 +7,6 @@ each chunk are consumed and dropped as the stream advances.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,7 +16,7 @@ from depthlens.config import Divergence, DTRConfig, TCBConfig
 from depthlens.metrics.baselines import sequence_baselines, token_baselines
 from depthlens.metrics.divergence import layer_divergence
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, mean_settling_depth, settling_depth
-from depthlens.metrics.tcb import Unembedding, jacobian_spectral, token_constraint_terms
+from depthlens.metrics.tcb import Unembedding, token_constraint_terms
 from depthlens.readout.stream import ReadoutChunk
 
 TCB_FIELDS = ("tcb", "v_eff", "margin", "tcb_spectral")  # per-token TCB columns, when asked for
@@ -56,8 +55,8 @@ def chunk_divergences(chunk: ReadoutChunk, kind: Divergence) -> torch.Tensor:
 
 def chunk_tcb(chunk: ReadoutChunk, unembed: Unembedding, row_norms_sq: torch.Tensor, tcb: TCBConfig) -> dict:
     """δ_TCB, V_eff, margin (and spectral δ) for one chunk's final states; each [c] float64 on the CPU."""
-    spectral = functools.partial(jacobian_spectral, iterations=tcb.power_iterations) if tcb.spectral else None
-    terms = token_constraint_terms(unembed, chunk.final.normed, row_norms_sq, tcb.epsilon, spectral)
+    iterations = tcb.power_iterations if tcb.spectral else None
+    terms = token_constraint_terms(unembed, chunk.final.normed, row_norms_sq, tcb.epsilon, iterations)
     v_eff = terms["v_eff"] if tcb.v_eff == "ipr" else terms["v_eff_exp_entropy"]
     out = {"tcb": terms["tcb"], "v_eff": v_eff, "margin": terms["margin"]}
     if "tcb_spectral" in terms:
