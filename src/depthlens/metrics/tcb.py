@@ -46,8 +46,7 @@ class Unembedding:
 
     def logits64(self, normed: torch.Tensor) -> torch.Tensor:
         """z = W h + b in float64, [c, d] → [c, V] (pre-post-processing)."""
-        h = normed.double()
-        z = torch.cat([h @ block.double().T for block in self.weight.split(_VOCAB_BLOCK)], dim=-1)
+        z = self.w_times(normed)
         return z + self.bias.double() if self.bias is not None else z
 
     def times_w(self, a: torch.Tensor) -> torch.Tensor:
