@@ -90,3 +90,42 @@ def real_model():
     from depthlens.models.load import load
 
     return load(catalogue.DEFAULT_MODEL, device="cpu")
+
+
+class CharTokenizer:
+    """A character tokenizer for tiny models: ids 0–2 are pad/bos/eos, the rest spell ``ALPHABET`` cyclically,
+    so random generations decode to digit strings that answer extraction and grading can work on."""
+
+    ALPHABET = "0123456789 .-"
+    pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
+    chat_template = None
+
+    def __len__(self) -> int:
+        return V
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        ids = [3 + self.ALPHABET.index(c) if c in self.ALPHABET else 3 + len(self.ALPHABET) for c in text]
+        return {"input_ids": ([self.bos_token_id] if add_special_tokens else []) + ids}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        special = {0: "<pad>", 1: "<s>", 2: "</s>"}
+        return "".join(
+            ("" if skip_special_tokens else special[i])
+            if i in special
+            else self.ALPHABET[(i - 3) % len(self.ALPHABET)]
+            for i in ids
+        )
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self.decode([i]) for i in ids]
+
+    def get_vocab(self) -> dict[str, int]:
+        return {"<pad>": 0, "<s>": 1, "</s>": 2}
+
+
+@pytest.fixture
+def tiny_chat():
+    """The tiny llama with a character tokenizer: enough for generation, grading and the sample store."""
+    from depthlens.models.load import wrap
+
+    return wrap(tiny_model("llama"), CharTokenizer(), name="tiny-llama")

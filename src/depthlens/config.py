@@ -123,3 +123,73 @@ class TCBConfig(_Config):
         _check_choice("TCBConfig", "v_eff", self.v_eff, VEff)
         if self.power_iterations < 1:
             raise ConfigError(f"TCBConfig.power_iterations = {self.power_iterations} must be ≥ 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig(_Config):
+    """How responses are sampled, and what is read out while they are (SPEC §5).
+
+    Attributes:
+        temperature: softmax temperature of the sampling distribution; 0 = greedy. The scores (log p, DTR, ...)
+            always use the model's own, untempered distribution.
+        top_p: nucleus sampling mass; 1 = off.
+        max_new_tokens: the most tokens generated per response (the end-of-turn token included).
+        readout_tokens: how many leading generated tokens get the all-layer logit-lens readout (divergences,
+            hence settling depth and DTR) from the generation pass itself; None = every token. The final-layer
+            scores (log p, entropy, self-certainty, confidence) are kept for every token whatever this is.
+        confidence_top_k: k of DeepConf's token confidence, −(1/k) Σ of the k largest log-probabilities.
+    """
+
+    temperature: float = 0.6
+    top_p: float = 0.95
+    max_new_tokens: int = 512
+    readout_tokens: int | None = 50
+    confidence_top_k: int = 20
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"SamplingConfig.temperature = {self.temperature} must be ≥ 0 (0 = greedy)")
+        if not (0 < self.top_p <= 1):
+            raise ConfigError(f"SamplingConfig.top_p = {self.top_p} must lie in (0, 1]")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"SamplingConfig.max_new_tokens = {self.max_new_tokens} must be ≥ 1")
+        if self.readout_tokens is not None and self.readout_tokens < 0:
+            raise ConfigError(
+                f"SamplingConfig.readout_tokens = {self.readout_tokens} must be ≥ 0, or None = all"
+            )
+        if self.confidence_top_k < 1:
+            raise ConfigError(f"SamplingConfig.confidence_top_k = {self.confidence_top_k} must be ≥ 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class VotingConfig(_Config):
+    """Think@n and its comparators over a pool of sampled responses (SPEC §5).
+
+    Attributes:
+        n: responses drawn per question per trial.
+        eta: the share of the n kept by Think@n, Short@n, Long@n, Self-Certainty@n and DeepConf (ceil(η·n)).
+        prefix: ℓ_prefix, the generated tokens whose DTR (or self-certainty) ranks the responses; None = all.
+        trials: resamplings of n from each question's pool; accuracy and cost are mean ± std over them.
+        seed: seeds the draws of the trials.
+        deepconf_window: DeepConf's group (sliding window) and tail length, in tokens (the paper's 2,048 is
+            longer than most responses of small models).
+    """
+
+    n: int = 16
+    eta: float = 0.5
+    prefix: int | None = 50
+    trials: int = 10
+    seed: int = 0
+    deepconf_window: int = 64
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ConfigError(f"VotingConfig.n = {self.n}; draw at least 1 response per question")
+        if not (0 < self.eta <= 1):
+            raise ConfigError(f"VotingConfig.eta = {self.eta} must lie in (0, 1] (the share of n kept)")
+        if self.prefix is not None and self.prefix < 1:
+            raise ConfigError(f"VotingConfig.prefix = {self.prefix} must be ≥ 1 token, or None for all")
+        if self.trials < 1:
+            raise ConfigError(f"VotingConfig.trials = {self.trials} must be ≥ 1")
+        if self.deepconf_window < 1:
+            raise ConfigError(f"VotingConfig.deepconf_window = {self.deepconf_window} must be ≥ 1")

@@ -17,13 +17,17 @@ app = typer.Typer(
     add_completion=False,
 )
 err_console = Console(stderr=True)
+console = Console()  # results (tables) go to stdout
 
 # Registration by import: each module adds its command to ``app``.
-from depthlens.cli import models_cmd, score_cmd  # noqa: E402, F401
+from depthlens.cli import models_cmd, score_cmd, thinkn_cmd  # noqa: E402, F401
 
 
 def main() -> None:
     """Entry point: a DepthlensError becomes one line on stderr and exit code 2."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own status line and progress bars say what is happening
     try:
         app()
     except DepthlensError as exc:

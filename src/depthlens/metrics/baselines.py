@@ -24,6 +24,15 @@ def token_baselines(final_logprobs: torch.Tensor, target_ids: torch.Tensor) -> d
     }
 
 
+def token_confidence(final_logprobs: torch.Tensor, k: int) -> torch.Tensor:
+    """DeepConf's token confidence, −(1/k) Σ of the k largest log p_t(v) (Fu et al. 2025); [c, V] → [c], nats.
+
+    High when the distribution is peaked (the top-k beyond the first carry tiny, very negative log-probs).
+    """
+    k = min(k, final_logprobs.shape[-1])
+    return -final_logprobs.topk(k, dim=-1).values.mean(dim=-1)
+
+
 def sequence_baselines(log_prob: torch.Tensor, entropy: torch.Tensor, self_certainty: torch.Tensor) -> dict:
     """The six baseline scores of one response from its per-token values (each [T]); None-valued when T = 0."""
     n = int(log_prob.numel())

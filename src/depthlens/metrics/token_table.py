@@ -43,13 +43,15 @@ class TokenTable:
         return TokenTable(torch.zeros(0, dtype=torch.long), torch.zeros(0, n_layers), zeros, zeros, zeros, {})
 
 
-def chunk_divergences(chunk: ReadoutChunk, kind: Divergence) -> torch.Tensor:
-    """D_{t,l} for one chunk, [c, L], reading its layers one at a time."""
+def chunk_divergences(chunk: ReadoutChunk, kind: Divergence, rows: int = 0) -> torch.Tensor:
+    """D_{t,l} for one chunk, [c, L], reading its layers in blocks of about ``rows`` token-layer rows
+    (0: one layer at a time)."""
     out = torch.zeros(len(chunk), chunk.n_layers)
-    for layer in chunk.layers():
-        out[:, layer.layer - 1] = layer_divergence(
-            kind, chunk.final.logprobs, layer.logprobs, chunk.final.normed, layer.normed
-        ).cpu()
+    final = chunk.final
+    for first, logprobs, normed in chunk.layer_blocks(rows):
+        for j in range(logprobs.shape[0]):  # layer by layer: each [c, V] slice stays in cache
+            d = layer_divergence(kind, final.logprobs, logprobs[j], final.normed, normed[j])
+            out[:, first - 1 + j] = d.cpu()
     return out
 
 

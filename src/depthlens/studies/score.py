@@ -26,7 +26,7 @@ SUMMARY_FIELDS = (
 )  # fmt: skip
 
 
-def _ids(value: Any) -> list[int]:
+def as_token_ids(value: Any) -> list[int]:
     # apply_chat_template returns a list, or a BatchEncoding in recent transformers.
     if hasattr(value, "keys") and "input_ids" in value:
         value = value["input_ids"]
@@ -47,13 +47,15 @@ def tokenize(lm: LoadedModel, data: dict[str, Any], where: str) -> TokenSequence
     if "messages" in data:
         if not getattr(tok, "chat_template", None):
             raise InputError(f"{where}: model {lm.name} has no chat template; give a plain 'prompt' instead")
-        prompt = _ids(tok.apply_chat_template(data["messages"], add_generation_prompt=True, tokenize=True))
+        prompt = as_token_ids(
+            tok.apply_chat_template(data["messages"], add_generation_prompt=True, tokenize=True)
+        )
     else:
-        prompt = _ids(tok(data["prompt"], add_special_tokens=True)["input_ids"])
+        prompt = as_token_ids(tok(data["prompt"], add_special_tokens=True)["input_ids"])
         if not prompt and tok.bos_token_id is not None:
             prompt = [tok.bos_token_id]
     # The completion is tokenised on its own, as generation appends tokens after the prompt's last one.
-    completion = _ids(tok(data["completion"], add_special_tokens=False)["input_ids"])
+    completion = as_token_ids(tok(data["completion"], add_special_tokens=False)["input_ids"])
     return TokenSequence(prompt, completion)
 
 

@@ -1,0 +1,369 @@
+"""``depthlens generate``, ``depthlens thinkn`` and ``depthlens tasks``: Think@n from sampling to the table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from depthlens.cli import options as opt
+from depthlens.cli.app import app, console, err_console
+from depthlens.cli.progress import make_progress
+from depthlens.config import SamplingConfig, VotingConfig
+from depthlens.errors import InputError
+
+if TYPE_CHECKING:
+    from depthlens.studies.thinkn import GenerationReport, ThinkReport
+
+D = opt.DEFAULTS
+_S = SamplingConfig()
+_V = VotingConfig()
+
+Task = Annotated[
+    str,
+    typer.Option(
+        "--task",
+        help="reasoning_gym:<dataset>, aime2024, aime2025, hmmt_feb2025, gpqa_diamond, or a .jsonl file.",
+    ),
+]
+Data = Annotated[
+    Path | None,
+    typer.Option("--data", dir_okay=False, help="Local JSONL for a hub task (same columns), offline."),
+]
+Questions = Annotated[int | None, typer.Option("--questions", min=1, help="How many questions (default 50).")]
+TaskSeed = Annotated[int, typer.Option("--task-seed", help="Seed of generated tasks (reasoning-gym).")]
+Pool = Annotated[
+    int | None, typer.Option("--pool", min=1, help="Responses sampled per question (default 2·n for thinkn).")
+]
+Seed = Annotated[int, typer.Option("--seed", help="Seeds every response's sampler and the trials' draws.")]
+Temperature = Annotated[
+    float, typer.Option("--temperature", min=0.0, help="Sampling temperature; 0 = greedy.")
+]
+TopP = Annotated[float, typer.Option("--top-p", help="Nucleus mass, in (0, 1].")]
+MaxNew = Annotated[int, typer.Option("--max-new-tokens", min=1, help="Most tokens generated per response.")]
+ReadoutTokens = Annotated[
+    str | None,
+    typer.Option(
+        "--readout-tokens",
+        help="Leading generated tokens read out at every layer in the generation pass: N or 'all' "
+        "(default: the prefix; 'all' with --ablation).",
+    ),
+]
+GenBatch = Annotated[int, typer.Option("--batch-size", min=1, help="Responses sampled together.")]
+OutDir = Annotated[Path, typer.Option("--out", file_okay=False, help="Store directory (created).")]
+Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted store.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing store.")]
+N = Annotated[int, typer.Option("--n", min=1, help="Responses drawn per question per trial.")]
+Eta = Annotated[float, typer.Option("--eta", help="Share of n kept by the selecting methods, in (0, 1].")]
+PrefixOpt = Annotated[str, typer.Option("--prefix", help="ℓ_prefix in tokens, or 'full'.")]
+Trials = Annotated[int, typer.Option("--trials", min=1, help="Resamplings of n from each pool.")]
+Methods = Annotated[str | None, typer.Option("--methods", help="Comma-separated subset (default: all).")]
+Ablation = Annotated[
+    bool, typer.Option("--ablation", help="Also Think@n over ℓ_prefix ∈ {50,100,500,full} × η.")
+]
+FromStore = Annotated[
+    Path | None, typer.Option("--from", file_okay=False, help="Re-summarise this store; generate nothing.")
+]
+
+
+def _readout_tokens(value: str | None, default: int | None) -> int | None:
+    if value is None:
+        return default
+    if value == "all":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"--readout-tokens {value!r}: give a number of tokens or 'all'") from None
+
+
+def _prefix(value: str) -> int | None:
+    if value == "full":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"--prefix {value!r}: give a number of tokens or 'full'") from None
+
+
+def _generate(
+    *,
+    model: str,
+    task: str,
+    data: Path | None,
+    questions: int | None,
+    task_seed: int,
+    pool: int,
+    seed: int,
+    sampling: SamplingConfig,
+    batch_size: int,
+    out: Path,
+    resume: bool,
+    overwrite: bool,
+    g: float,
+    rho: float,
+    deep_rule: str,
+    divergence: str,
+    device: str,
+    dtype: str,
+    trust_remote_code: bool,
+) -> GenerationReport:
+    from depthlens.config import DTRConfig, ReadoutConfig
+    from depthlens.models.load import load
+    from depthlens.studies.tasks import load_task
+    from depthlens.studies.thinkn import generate_store
+
+    readout = ReadoutConfig(divergence=divergence)  # type: ignore[arg-type]
+    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
+    qs = load_task(task, questions, task_seed, data)
+    with err_console.status(f"loading {model}") as status:
+        lm = load(
+            model,
+            device=device,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,  # type: ignore[arg-type]
+            progress=status.update,
+        )
+    task_info = {
+        "name": task,
+        "questions": questions,
+        "task_seed": task_seed,
+        "data": str(data) if data else None,
+    }
+    with make_progress(err_console) as progress:
+        responses = progress.add_task("responses", total=None)
+        tokens = progress.add_task("tokens", total=None)
+
+        def on_start(total: int, done: int) -> None:
+            progress.update(responses, total=total, completed=done)
+
+        report = generate_store(
+            lm,
+            out,
+            qs,
+            pool=pool,
+            seed=seed,
+            sampling=sampling,
+            readout=readout,
+            dtr=dtr,
+            batch_size=batch_size,
+            resume=resume,
+            overwrite=overwrite,
+            task=task_info,
+            on_start=on_start,
+            on_batch=lambda n: progress.advance(responses, n),
+            on_token=lambda n: progress.advance(tokens, n),
+        )
+    grades = ", ".join(f"{k} {v}" for k, v in sorted(report.grades.items()))
+    err_console.print(
+        f"wrote {report.written} responses ({report.tokens} tokens; {grades or 'none graded'}) to {out}"
+        + (f", {report.skipped} already there" if report.skipped else "")
+        + (f", [red]{report.failed} failed[/] (kept as status 'failed')" if report.failed else "")
+    )
+    if report.grades.get("unparsed"):
+        err_console.print(
+            f"{report.grades['unparsed']} answers Math-Verify could not parse were counted wrong"
+        )
+    return report
+
+
+@app.command("generate")
+def generate(
+    out: OutDir,
+    task: Task = "reasoning_gym:basic_arithmetic",
+    model: opt.Model = D["model"],
+    data: Data = None,
+    questions: Questions = None,
+    task_seed: TaskSeed = 0,
+    pool: Annotated[int, typer.Option("--pool", min=1, help="Responses sampled per question.")] = 8,
+    seed: Seed = 0,
+    temperature: Temperature = _S.temperature,
+    top_p: TopP = _S.top_p,
+    max_new_tokens: MaxNew = _S.max_new_tokens,
+    readout_tokens: ReadoutTokens = None,
+    batch_size: GenBatch = 16,
+    g: opt.G = D["g"],
+    rho: opt.Rho = D["rho"],
+    deep_rule: opt.DeepRuleOpt = D["deep_rule"],
+    divergence: opt.DivergenceOpt = D["divergence"],
+    device: opt.Device = "auto",
+    dtype: opt.DType = "auto",
+    trust_remote_code: opt.TrustRemoteCode = False,
+    resume: Resume = False,
+    overwrite: Overwrite = False,
+) -> None:
+    """Sample responses per question into a resumable store, with each token's layer readout (SPEC §5)."""
+    sampling = SamplingConfig(
+        temperature, top_p, max_new_tokens, _readout_tokens(readout_tokens, _S.readout_tokens)
+    )
+    _generate(
+        model=model,
+        task=task,
+        data=data,
+        questions=questions,
+        task_seed=task_seed,
+        pool=pool,
+        seed=seed,
+        sampling=sampling,
+        batch_size=batch_size,
+        out=out,
+        resume=resume,
+        overwrite=overwrite,
+        g=g,
+        rho=rho,
+        deep_rule=deep_rule,
+        divergence=divergence,
+        device=device,
+        dtype=dtype,
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def print_report(report: ThinkReport) -> None:
+    info = report.info
+    v = report.voting
+    prefix = "full" if v.prefix is None else v.prefix
+    table = Table(
+        title=f"{info.manifest['model']} · {(info.manifest.get('task') or {}).get('name', '?')} · n={v.n} "
+        f"η={v.eta} ℓ={prefix} · {v.trials} trials × {info.questions - len(info.excluded)} questions",
+        title_justify="left",
+    )
+    for column in ("method", "accuracy %", "tokens / question", "vs Cons@n", "paper formula"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    cons = next((s for s in report.summaries if s.method == "cons@n"), None)
+    for s in report.summaries:
+        ratio = f"{s.cost_mean / cons.cost_mean:.0%}" if cons and cons.cost_mean else "—"
+        table.add_row(
+            s.method,
+            f"{100 * s.accuracy_mean:.1f} ± {100 * s.accuracy_std:.1f}",
+            f"{s.cost_mean:,.0f} ± {s.cost_std:,.0f}",
+            ratio,
+            f"{s.cost_paper_mean:,.0f}",
+        )
+    console.print(table)
+    if info.excluded:
+        err_console.print(
+            f"[yellow]{len(info.excluded)} question(s) left out (fewer than n usable responses):[/] "
+            + ", ".join(info.excluded[:10])
+        )
+    if info.failed:
+        err_console.print(
+            f"[yellow]{len(info.failed)} response(s) failed to generate[/] (status 'failed' in the store)"
+        )
+    if report.ablation:
+        ab = Table(title="Think@n ablation (same pool)", title_justify="left")
+        for column in ("method", "ℓ_prefix", "η", "accuracy %", "cost vs Cons@n"):
+            ab.add_column(column, justify="right")
+        for row in report.ablation:
+            ratio = row["cost_vs_cons"]
+            ab.add_row(
+                row["method"],
+                str(row["prefix"]),
+                f"{row['eta']:g}",
+                f"{100 * row['accuracy_mean']:.1f} ± {100 * row['accuracy_std']:.1f}",
+                f"{ratio:.0%}" if ratio is not None else "—",
+            )
+        console.print(ab)
+
+
+@app.command("thinkn")
+def thinkn(
+    out: Annotated[
+        Path | None, typer.Option("--out", file_okay=False, help="Store directory (created).")
+    ] = None,
+    from_store: FromStore = None,
+    task: Task = "reasoning_gym:basic_arithmetic",
+    model: opt.Model = D["model"],
+    data: Data = None,
+    questions: Questions = None,
+    task_seed: TaskSeed = 0,
+    n: N = _V.n,
+    pool: Pool = None,
+    eta: Eta = _V.eta,
+    prefix: PrefixOpt = str(_V.prefix),
+    trials: Trials = _V.trials,
+    methods: Methods = None,
+    ablation: Ablation = False,
+    seed: Seed = 0,
+    temperature: Temperature = _S.temperature,
+    top_p: TopP = _S.top_p,
+    max_new_tokens: MaxNew = _S.max_new_tokens,
+    readout_tokens: ReadoutTokens = None,
+    batch_size: GenBatch = 16,
+    g: Annotated[
+        float | None, typer.Option("--g", min=0.0, help="Settling threshold (default: the store's).")
+    ] = None,
+    rho: Annotated[
+        float | None, typer.Option("--rho", help="Deep-regime fraction (default: the store's).")
+    ] = None,
+    deep_rule: Annotated[str | None, typer.Option("--deep-rule", help="spec or paper-literal.")] = None,
+    divergence: opt.DivergenceOpt = D["divergence"],
+    device: opt.Device = "auto",
+    dtype: opt.DType = "auto",
+    trust_remote_code: opt.TrustRemoteCode = False,
+    resume: Resume = False,
+    overwrite: Overwrite = False,
+) -> None:
+    """Think@n vs Cons@n, Mean@n, Long/Short@n, Self-Certainty@n and DeepConf: accuracy and exact cost (SPEC §5).
+
+    Generates a pool per question into --out (or reads --from), then votes over --trials draws of n.
+    """
+    from depthlens.config import DTRConfig
+    from depthlens.studies.thinkn import read_manifest, summarise
+
+    voting = VotingConfig(n=n, eta=eta, prefix=_prefix(prefix), trials=trials, seed=seed)
+    method_list = [m.strip() for m in methods.split(",")] if methods else None
+    if (out is None) == (from_store is None):
+        raise InputError("give --out DIR to generate and vote, or --from DIR to re-vote an existing store")
+    store = from_store or out
+    assert store is not None
+    if out is not None:
+        window = None if ablation else voting.prefix
+        sampling = SamplingConfig(temperature, top_p, max_new_tokens, _readout_tokens(readout_tokens, window))
+        pool_size = pool if pool is not None else 2 * n
+        _generate(
+            model=model,
+            task=task,
+            data=data,
+            questions=questions,
+            task_seed=task_seed,
+            pool=pool_size,
+            seed=seed,
+            sampling=sampling,
+            batch_size=batch_size,
+            out=out,
+            resume=resume,
+            overwrite=overwrite,
+            g=g if g is not None else DTRConfig().g,
+            rho=rho if rho is not None else DTRConfig().rho,
+            deep_rule=deep_rule or DTRConfig().deep_rule,
+            divergence=divergence,
+            device=device,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+        )
+    stored = DTRConfig.from_dict(read_manifest(store)["dtr"])
+    dtr = DTRConfig(
+        g=stored.g if g is None else g,
+        rho=stored.rho if rho is None else rho,
+        deep_rule=stored.deep_rule if deep_rule is None else deep_rule,  # type: ignore[arg-type]
+    )
+    with err_console.status("voting"):
+        report = summarise(store, voting, dtr, method_list, with_ablation=ablation)
+    print_report(report)
+    if report.voting.trials > 1 and report.info.manifest["pool"] == n:
+        err_console.print("note: pool = n, so every trial draws the same responses (std 0); use --pool > n")
+    err_console.print(f"summary: {store / 'thinkn.json'}, {store / 'thinkn.csv'}")
+
+
+@app.command("tasks")
+def tasks() -> None:
+    """List the task names --task accepts."""
+    from depthlens.studies.tasks import HUB_TASKS, reasoning_gym_names
+
+    console.print("[bold]hub benchmarks[/] (need the hub, or --data FILE.jsonl): " + ", ".join(HUB_TASKS))
+    console.print("[bold]reasoning-gym[/] (offline, generated; use reasoning_gym:<name>):")
+    console.print(", ".join(reasoning_gym_names()), soft_wrap=True)
+    console.print("[bold]local[/]: any .jsonl with question, answer and optional choices per line")

@@ -1,0 +1,261 @@
+"""Question sets with reference answers, the paper's prompts, and grading (SPEC §5).
+
+A task name is one of:
+- ``reasoning_gym:<dataset>`` — generated offline by reasoning-gym, seeded; graded by its own scorer;
+- ``aime2024``, ``aime2025``, ``hmmt_feb2025``, ``gpqa_diamond`` — Hugging Face datasets (need the hub and the
+  ``datasets`` package), or the same rows from a local JSONL given with ``data=``;
+- a path to a ``.jsonl`` file with ``question``, ``answer`` and optional ``choices`` (list of strings) per line.
+Adding a hub benchmark is one ``HUB_TASKS`` row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from depthlens.errors import InputError
+from depthlens.voting.answers import Answer, answers_equivalent, extract_answer, vote_key
+
+log = logging.getLogger("depthlens.tasks")
+
+MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+GPQA_INSTRUCTION = (
+    "You will be given a multiple choice question with different choices such as (A), (B), (C), (D). Think step "
+    "by step before giving a final answer to this question. Always finish your answer with 'The final answer is "
+    "\\boxed{(X)}.', where X is the correct answer choice. If none of the options match, choose the closest "
+    "option as the final answer."
+)
+LETTERS = "ABCDEFGHIJ"
+
+
+@dataclasses.dataclass(frozen=True)
+class Question:
+    id: str
+    question: str
+    answer: str  # the reference answer (a letter for multiple choice)
+    choices: tuple[str, ...] = ()
+    scorer: Callable[[str], float] | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def user_message(self) -> str:
+        """The paper's prompt (Appendix D): the question, then the instruction."""
+        if self.choices:
+            options = "\n".join(f"({LETTERS[i]}) {c}" for i, c in enumerate(self.choices))
+            return f"{GPQA_INSTRUCTION}\n\n{self.question}\n\n{options}"
+        return f"{self.question}\n\n{MATH_INSTRUCTION}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "question": self.question,
+            "answer": self.answer,
+            "choices": list(self.choices),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Grade:
+    answer: str | None
+    source: str | None
+    key: str | None  # vote key
+    status: str  # correct | wrong | no_answer | unparsed
+    task_score: float | None  # the task's own scorer, when it has one
+
+    @property
+    def correct(self) -> bool:
+        return self.status == "correct"
+
+
+def grade(question: Question, response: str, timeout_s: int = 5) -> Grade:
+    """Extract the final answer of ``response`` and grade it against ``question``.
+
+    Correct when the task's own scorer gives full credit, or Math-Verify finds the answer equivalent to the
+    reference (so "\\boxed{-4.0}" is right for "-4" even where a scorer gives partial credit). An answer
+    Math-Verify cannot parse is wrong, with status ``unparsed`` (and a log line).
+    """
+    found: Answer | None = extract_answer(response, choices=len(question.choices))
+    if found is None:
+        return Grade(None, None, None, "no_answer", 0.0 if question.scorer else None)
+    key = vote_key(found.text)
+    if question.choices:
+        status = "correct" if found.text == question.answer else "wrong"
+        return Grade(found.text, found.source, key, status, None)
+    score = None
+    if question.scorer is not None:
+        try:
+            score = float(question.scorer(found.text))
+        except Exception as exc:  # a third-party scorer: one bad answer must not stop the run
+            log.warning("%s: the task's scorer failed on %r: %s", question.id, found.text, exc)
+            score = 0.0
+        if score >= 1.0:
+            return Grade(found.text, found.source, key, "correct", score)
+    verdict = answers_equivalent(found.text, question.answer, timeout_s)
+    if verdict is None:
+        log.warning(
+            "%s: Math-Verify could not compare %r with %r; counted as wrong",
+            question.id,
+            found.text,
+            question.answer,
+        )
+        return Grade(found.text, found.source, key, "unparsed", score)
+    return Grade(found.text, found.source, key, "correct" if verdict else "wrong", score)
+
+
+@dataclasses.dataclass(frozen=True)
+class HubTask:
+    """A benchmark on the Hugging Face hub: where it is and which columns hold what."""
+
+    dataset: str
+    split: str
+    question: str
+    answer: str
+    config: str | None = None
+    incorrect: tuple[
+        str, ...
+    ] = ()  # multiple choice: the wrong options' columns (shuffled in with the answer)
+
+
+HUB_TASKS: dict[str, HubTask] = {
+    "aime2024": HubTask("HuggingFaceH4/aime_2024", "train", "problem", "answer"),
+    "aime2025": HubTask("MathArena/aime_2025", "train", "problem", "answer"),
+    "hmmt_feb2025": HubTask("MathArena/hmmt_feb_2025", "train", "problem", "answer"),
+    "gpqa_diamond": HubTask(
+        "Idavidrein/gpqa",
+        "train",
+        "Question",
+        "Correct Answer",
+        config="gpqa_diamond",
+        incorrect=("Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"),
+    ),
+}
+
+
+def reasoning_gym_names() -> list[str]:
+    import reasoning_gym
+
+    return sorted(reasoning_gym.factory.DATASETS)
+
+
+def known_tasks() -> list[str]:
+    return [f"reasoning_gym:{n}" for n in reasoning_gym_names()] + list(HUB_TASKS)
+
+
+def _reasoning_gym(name: str, count: int, seed: int) -> list[Question]:
+    import reasoning_gym
+
+    if name not in reasoning_gym.factory.DATASETS:
+        close = [n for n in reasoning_gym_names() if name.split("_")[0] in n][:8]
+        raise InputError(
+            f"unknown reasoning-gym dataset {name!r}"
+            + (f"; similar: {', '.join(close)}" if close else "")
+            + "; `depthlens tasks` lists all"
+        )
+    data = reasoning_gym.create_dataset(name, size=count, seed=seed)
+    questions = []
+    for i in range(count):
+        entry = data[i]
+        questions.append(
+            Question(
+                f"{name}-{i}",
+                entry["question"],
+                str(entry["answer"]),
+                scorer=lambda answer, entry=entry: data.score_answer(answer, entry),
+            )
+        )
+    return questions
+
+
+def _from_rows(name: str, rows: list[dict[str, Any]], spec: HubTask, seed: int) -> list[Question]:
+    questions = []
+    for i, row in enumerate(rows):
+        missing = [c for c in (spec.question, spec.answer, *spec.incorrect) if c not in row]
+        if missing:
+            raise InputError(
+                f"{name} row {i}: missing column(s) {missing}; expected {spec.question!r}, "
+                f"{spec.answer!r}" + (f" and {list(spec.incorrect)}" if spec.incorrect else "")
+            )
+        if spec.incorrect:  # shuffle the options once per question, reproducibly
+            options = [str(row[spec.answer])] + [str(row[c]) for c in spec.incorrect]
+            order = list(range(len(options)))
+            random.Random(f"{seed}:{i}").shuffle(order)
+            choices = tuple(options[j] for j in order)
+            answer = LETTERS[order.index(0)]
+            questions.append(Question(f"{name}-{i}", str(row[spec.question]).strip(), answer, choices))
+        else:
+            questions.append(Question(f"{name}-{i}", str(row[spec.question]).strip(), str(row[spec.answer])))
+    return questions
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise InputError(f"task data {str(path)!r} does not exist")
+    rows = []
+    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{number}: expected a JSON object")
+        rows.append(row)
+    return rows
+
+
+def _hub_rows(name: str, spec: HubTask) -> list[dict[str, Any]]:
+    try:
+        import datasets
+    except ImportError:
+        raise InputError(
+            f"task {name} reads {spec.dataset} from the Hugging Face hub, which needs `pip install datasets`; "
+            f"or pass --data FILE.jsonl with its columns ({spec.question}, {spec.answer})"
+        ) from None
+    try:
+        return list(datasets.load_dataset(spec.dataset, spec.config, split=spec.split))
+    except Exception as exc:
+        raise InputError(
+            f"task {name}: could not load {spec.dataset} from the hub ({type(exc).__name__}); offline, pass "
+            f"--data FILE.jsonl with the same columns ({spec.question}, {spec.answer})"
+        ) from None
+
+
+def load_task(name: str, count: int | None = None, seed: int = 0, data: Path | None = None) -> list[Question]:
+    """The first ``count`` questions (all when None) of task ``name``; reasoning-gym ones need ``count``."""
+    if count is not None and count < 1:
+        raise InputError(f"--questions = {count}; ask for at least 1")
+    if name.startswith("reasoning_gym:"):
+        return _reasoning_gym(name.split(":", 1)[1], count or 50, seed)
+    if name in HUB_TASKS:
+        spec = HUB_TASKS[name]
+        rows = _read_jsonl(data) if data is not None else _hub_rows(name, spec)
+        return _from_rows(name, rows, spec, seed)[:count]
+    if name.endswith(".jsonl") or data is not None:
+        path = Path(name) if data is None else data
+        rows = _read_jsonl(path)
+        questions = []
+        for i, row in enumerate(rows):
+            for col in ("question", "answer"):
+                if col not in row:
+                    raise InputError(f"{path}:{i + 1}: missing {col!r}; each line needs question, answer")
+            choices = tuple(str(c) for c in row.get("choices") or ())
+            answer = str(row["answer"])
+            if choices and answer not in LETTERS[: len(choices)]:
+                if answer not in choices:
+                    raise InputError(
+                        f"{path}:{i + 1}: answer {answer!r} is neither a letter nor one of the choices"
+                    )
+                answer = LETTERS[choices.index(answer)]
+            questions.append(
+                Question(str(row.get("id", f"{path.stem}-{i}")), str(row["question"]), answer, choices)
+            )
+        return questions[:count]
+    raise InputError(
+        f"unknown task {name!r}; use reasoning_gym:<dataset> (e.g. reasoning_gym:basic_arithmetic), "
+        f"{', '.join(HUB_TASKS)}, or a .jsonl file; `depthlens tasks` lists all"
+    )

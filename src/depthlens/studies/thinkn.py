@@ -1,0 +1,399 @@
+"""Think@n end to end: sample a pool of responses per question into a resumable store, then vote (SPEC §5).
+
+Store (a directory):
+- ``questions.jsonl`` — the questions, reference answers and choices, as generated;
+- ``samples.jsonl`` — one line per response, appended and fsynced when its batch completes (a kill loses at
+  most the batch in flight), see ``sample_record``; ``samples.jsonl.manifest.json`` — model, task, seeds,
+  sampling and readout settings, store version;
+- ``thinkn.json`` / ``thinkn.csv`` (and ``thinkn_ablation.csv``) — summaries, rewritten by each ``summarise``.
+
+Responses are generated a batch at a time per question; batch b of question q always holds the same pool
+indices and seeds, and a resumed run regenerates an unfinished batch whole, so the store — hence every
+summary — is the same as an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import hashlib
+import json
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from depthlens import __version__
+from depthlens.config import DTRConfig, ReadoutConfig, SamplingConfig, VotingConfig
+from depthlens.errors import DepthlensError, InputError, StoreError
+from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, settling_depth
+from depthlens.models.load import LoadedModel
+from depthlens.sampling.generate import GenerationBackend, HFGenerator, Trace
+from depthlens.studies.records import ResultWriter, iter_jsonl, manifest_path
+from depthlens.studies.score import as_token_ids
+from depthlens.studies.tasks import Question, grade
+from depthlens.voting.methods import Response, think_at_n
+from depthlens.voting.trials import MethodSummary, ablation, run_trials
+
+STORE_VERSION = 1
+SAMPLES = "samples.jsonl"
+QUESTIONS = "questions.jsonl"
+PER_TOKEN = ("log_prob", "entropy", "self_certainty", "confidence")
+REQUIRED = (
+    "id",
+    "question_id",
+    "sample",
+    "status",
+    "n_tokens",
+    "vote_key",
+    "correct",
+    *PER_TOKEN,
+    "divergence",
+)
+
+
+def sample_seed(seed: int, question_id: str, index: int) -> int:
+    """A response's own seed: stable across runs, batch sizes, pool sizes and Python versions."""
+    digest = hashlib.sha256(f"{seed}:{question_id}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def prompt_ids(lm: LoadedModel, question: Question) -> list[int]:
+    """The question as the model is prompted: its chat template when it has one, else the plain message."""
+    tok = lm.tokenizer
+    if tok is None:
+        raise InputError(f"model {lm.name} has no tokenizer; generation needs one")
+    if getattr(tok, "chat_template", None):
+        messages = [{"role": "user", "content": question.user_message}]
+        return as_token_ids(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    return as_token_ids(tok(question.user_message + "\n\n", add_special_tokens=True)["input_ids"])
+
+
+def _rounded(values: Sequence[float], digits: int = 5) -> list[float]:
+    return [round(v, digits) for v in values]
+
+
+def sample_record(
+    lm: LoadedModel, question: Question, index: int, trace: Trace, dtr: DTRConfig, timeout_s: int = 5
+) -> dict[str, Any]:
+    """One stored response: tokens, text, graded answer, and the per-token values voting and studies need.
+
+    Per-token floats are rounded to 5 decimals (divergences too: ~9 bytes each, L per read-out token).
+    """
+    text = lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True) if lm.tokenizer else ""
+    graded = grade(question, text, timeout_s)
+    divergence = torch.tensor(trace.divergence, dtype=torch.float32).reshape(-1, lm.n_layers)
+    deep = deep_flags(settling_depth(divergence, dtr.g), lm.n_layers, dtr.rho, dtr.deep_rule)
+    return {
+        "id": f"{question.id}#{index}",
+        "question_id": question.id,
+        "sample": index,
+        "seed": trace.seed,
+        "status": "ok",
+        "finish": trace.finish,
+        "n_tokens": len(trace),
+        "text": text,
+        "token_ids": trace.token_ids,
+        "answer": graded.answer,
+        "answer_source": graded.source,
+        "vote_key": graded.key,
+        "grade": graded.status,
+        "correct": graded.correct,
+        "task_score": graded.task_score,
+        "dtr_readout": deep_thinking_ratio(deep),
+        **{key: _rounded(getattr(trace, key)) for key in PER_TOKEN},
+        "divergence": [_rounded(row) for row in trace.divergence],
+    }
+
+
+def failed_record(question: Question, index: int, seed: int, error: str) -> dict[str, Any]:
+    """A response whose generation failed: kept in the store (and reported), never silently dropped."""
+    return {
+        "id": f"{question.id}#{index}",
+        "question_id": question.id,
+        "sample": index,
+        "seed": seed,
+        "status": "failed",
+        "error": error,
+    }
+
+
+@dataclasses.dataclass
+class GenerationReport:
+    written: int = 0
+    skipped: int = 0  # already in the store (resume)
+    failed: int = 0
+    grades: Counter[str] = dataclasses.field(default_factory=Counter)
+    tokens: int = 0
+
+
+def generate_store(
+    lm: LoadedModel,
+    out_dir: Path,
+    questions: Sequence[Question],
+    *,
+    pool: int,
+    seed: int = 0,
+    sampling: SamplingConfig = SamplingConfig(),
+    readout: ReadoutConfig = ReadoutConfig(),
+    dtr: DTRConfig = DTRConfig(),
+    batch_size: int = 16,
+    resume: bool = False,
+    overwrite: bool = False,
+    task: dict[str, Any] | None = None,
+    on_start: Callable[[int, int], None] = lambda total, done: None,
+    on_batch: Callable[[int], None] = lambda n: None,
+    on_token: Callable[[int], None] = lambda n: None,
+) -> GenerationReport:
+    """Sample ``pool`` responses per question into the store at ``out_dir``; resumable."""
+    if pool < 1:
+        raise InputError(f"--pool = {pool}; sample at least 1 response per question")
+    if batch_size < 1:
+        raise InputError(f"--batch-size = {batch_size}; use 1 or more")
+    manifest = {
+        "store_version": STORE_VERSION,
+        "depthlens_version": __version__,
+        "model": lm.name,
+        "n_layers": lm.n_layers,
+        "task": task or {},
+        "questions": [q.id for q in questions],
+        "pool": pool,
+        "seed": seed,
+        "batch_size": batch_size,
+        "sampling": sampling.to_dict(),
+        "readout": readout.to_dict(),
+        "dtr": dtr.to_dict(),
+        "command": " ".join(sys.argv),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    generator = HFGenerator(lm, sampling, readout, on_token=on_token)
+    report = GenerationReport()
+    with ResultWriter(out_dir / SAMPLES, manifest, resume=resume, overwrite=overwrite) as writer:
+        (out_dir / QUESTIONS).write_text(
+            "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n" for q in questions), encoding="utf-8"
+        )
+        total = len(questions) * pool
+        done = sum(1 for q in questions for i in range(pool) if f"{q.id}#{i}" in writer.done)
+        report.skipped = done
+        on_start(total, done)
+        try:
+            for question in questions:
+                _generate_question(
+                    lm, generator, writer, question, pool, seed, dtr, batch_size, report, on_batch
+                )
+        except DepthlensError as exc:
+            raise type(exc)(
+                f"{exc} — responses finished so far are kept in {out_dir}; rerun with --resume"
+            ) from exc
+    return report
+
+
+def _generate_question(
+    lm: LoadedModel,
+    generator: GenerationBackend,
+    writer: ResultWriter,
+    question: Question,
+    pool: int,
+    seed: int,
+    dtr: DTRConfig,
+    batch_size: int,
+    report: GenerationReport,
+    on_batch: Callable[[int], None],
+) -> None:
+    prompt: list[int] | None = None
+    for first in range(0, pool, batch_size):
+        indices = list(range(first, min(first + batch_size, pool)))
+        missing = [i for i in indices if f"{question.id}#{i}" not in writer.done]
+        if not missing:
+            continue
+        seeds = [sample_seed(seed, question.id, i) for i in indices]  # the whole batch: same layout as before
+        try:
+            prompt = prompt if prompt is not None else prompt_ids(lm, question)
+            traces = generator.start(prompt, seeds).traces
+        except (InputError, RuntimeError) as exc:  # too long for the context, out of memory, ...
+            for i in missing:
+                writer.write(failed_record(question, i, seeds[i - first], f"{type(exc).__name__}: {exc}"))
+            report.failed += len(missing)
+            on_batch(len(missing))
+            continue
+        for i in missing:
+            record = sample_record(lm, question, i, traces[i - first], dtr)
+            writer.write(record)
+            report.written += 1
+            report.tokens += record["n_tokens"]
+            report.grades[record["grade"]] += 1
+        on_batch(len(missing))
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreInfo:
+    manifest: dict[str, Any]
+    questions: int
+    responses: int
+    failed: list[str]  # ids of failed responses
+    excluded: list[str]  # questions left out of voting (fewer usable responses than n)
+    grades: dict[str, int]
+
+
+def read_manifest(out_dir: Path) -> dict[str, Any]:
+    samples = out_dir / SAMPLES
+    meta = manifest_path(samples)
+    if not samples.is_file() or not meta.is_file():
+        raise StoreError(
+            f"{out_dir} is not a depthlens sample store (no {SAMPLES} with its manifest); "
+            "create one with `depthlens generate`"
+        )
+    manifest = json.loads(meta.read_text())
+    version = manifest.get("store_version")
+    if version != STORE_VERSION:
+        raise StoreError(
+            f"{out_dir} is a version-{version} store; this depthlens ({__version__}) reads "
+            f"version {STORE_VERSION} — regenerate it, or use the depthlens that wrote it"
+        )
+    return manifest
+
+
+def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, list[Response]], StoreInfo]:
+    """Every question's usable responses as ``Response``s (deep flags from the stored divergences with ``dtr``).
+
+    Questions with fewer than ``n`` usable responses (because generation failed) are left out and listed.
+    """
+    manifest = read_manifest(out_dir)
+    n_layers = int(manifest["n_layers"])
+    pools: dict[str, list[Response]] = {q: [] for q in manifest["questions"]}
+    failed, grades = [], Counter()
+    for line, record in enumerate(iter_jsonl(out_dir / SAMPLES), start=1):
+        if record.get("status") == "failed":
+            failed.append(str(record.get("id")))
+            continue
+        missing = [k for k in REQUIRED if k not in record]
+        if missing:
+            raise StoreError(
+                f"{out_dir / SAMPLES}:{line}: missing field(s) {missing}; the store is damaged or "
+                "was not written by `depthlens generate`"
+            )
+        divergence = torch.tensor(record["divergence"], dtype=torch.float32).reshape(-1, n_layers)
+        deep = deep_flags(settling_depth(divergence, dtr.g), n_layers, dtr.rho, dtr.deep_rule)
+        grades[record.get("grade", "?")] += 1
+        pools.setdefault(record["question_id"], []).append(
+            Response(
+                key=record["vote_key"],
+                correct=bool(record["correct"]),
+                length=int(record["n_tokens"]),
+                deep=deep.numpy(),
+                self_certainty=np.asarray(record["self_certainty"], dtype=np.float64),
+                confidence=np.asarray(record["confidence"], dtype=np.float64),
+            )
+        )
+    excluded = sorted(q for q, p in pools.items() if len(p) < n)
+    usable = {q: p for q, p in pools.items() if len(p) >= n}
+    info = StoreInfo(
+        manifest, len(pools), sum(len(p) for p in pools.values()), failed, excluded, dict(grades)
+    )
+    return usable, info
+
+
+@dataclasses.dataclass(frozen=True)
+class ThinkReport:
+    summaries: list[MethodSummary]
+    info: StoreInfo
+    voting: VotingConfig
+    dtr: DTRConfig
+    ablation: list[dict[str, Any]] | None = None
+
+
+def summarise(
+    out_dir: Path,
+    voting: VotingConfig = VotingConfig(),
+    dtr: DTRConfig | None = None,
+    methods: Sequence[str] | None = None,
+    with_ablation: bool = False,
+) -> ThinkReport:
+    """Vote over the store's pools (``voting.trials`` draws of n) and write thinkn.json / thinkn.csv."""
+    manifest = read_manifest(out_dir)
+    dtr = dtr or DTRConfig.from_dict(manifest["dtr"])
+    pools, info = load_pools(out_dir, dtr, voting.n)
+    if not pools:
+        raise InputError(
+            f"{out_dir}: no question has {voting.n} usable responses (pool {manifest['pool']}, "
+            f"{len(info.failed)} failed); lower --n or generate more"
+        )
+    summaries = run_trials(pools, voting, methods)
+    table = ablation(pools, voting) if with_ablation else None
+    report = ThinkReport(summaries, info, voting, dtr, table)
+    _write_summary(out_dir, report)
+    return report
+
+
+def _write_summary(out_dir: Path, report: ThinkReport) -> None:
+    cons = next((s for s in report.summaries if s.method == "cons@n"), None)
+    rows = []
+    for s in report.summaries:
+        row = s.to_dict()
+        row["cost_vs_cons"] = s.cost_mean / cons.cost_mean if cons and cons.cost_mean else None
+        rows.append(row)
+    payload = {
+        "store": str(out_dir),
+        "model": report.info.manifest["model"],
+        "task": report.info.manifest.get("task"),
+        "voting": report.voting.to_dict(),
+        "dtr": report.dtr.to_dict(),
+        "questions_used": report.info.questions - len(report.info.excluded),
+        "questions_excluded": report.info.excluded,
+        "responses": report.info.responses,
+        "failed_responses": report.info.failed,
+        "grades": report.info.grades,
+        "methods": rows,
+        "ablation": report.ablation,
+        "command": " ".join(sys.argv),
+    }
+    (out_dir / "thinkn.json").write_text(json.dumps(payload, indent=2) + "\n")
+    _write_csv(out_dir / "thinkn.csv", rows)
+    if report.ablation:
+        _write_csv(out_dir / "thinkn_ablation.csv", report.ablation)
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def think_at_n_live(
+    backend: GenerationBackend,
+    prompt: Sequence[int],
+    seeds: Sequence[int],
+    voting: VotingConfig,
+    dtr: DTRConfig,
+    answer_key: Callable[[Trace], str | None],
+) -> tuple[str | None, list[Trace], int]:
+    """Think@n as deployed: prefixes for all n, keep the top η by prefix DTR, finish only those, vote.
+
+    Returns (the voted answer key, every trace — rejected ones stop at their prefix —, generated tokens).
+    """
+    if voting.prefix is None:
+        raise InputError(
+            "live Think@n needs a finite --prefix (the full-length ranking is an offline ablation)"
+        )
+    paused = backend.start(prompt, seeds, stop_after=voting.prefix)
+    responses = [_live_response(t, backend.n_layers, dtr) for t in paused.traces]
+    ranked = think_at_n(responses, voting)
+    traces = backend.resume(paused, list(ranked.kept))
+    final = [dataclasses.replace(_live_response(t, backend.n_layers, dtr), key=answer_key(t)) for t in traces]
+    outcome = think_at_n(final, dataclasses.replace(voting, eta=1.0))  # a plain vote among the kept
+    return outcome.answer, paused.traces, sum(len(t) for t in paused.traces)
+
+
+def _live_response(trace: Trace, n_layers: int, dtr: DTRConfig) -> Response:
+    divergence = torch.tensor(trace.divergence, dtype=torch.float32).reshape(-1, n_layers)
+    deep = deep_flags(settling_depth(divergence, dtr.g), n_layers, dtr.rho, dtr.deep_rule)
+    return Response(
+        None, False, len(trace), deep.numpy(), np.asarray(trace.self_certainty), np.asarray(trace.confidence)
+    )

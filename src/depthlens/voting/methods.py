@@ -1,0 +1,210 @@
+"""Think@n and its comparators over one draw of n scored responses (SPEC §5). Pure: no model, no I/O.
+
+Every method is a row of ``METHODS``: which responses it keeps (a ranking, or all), how their votes are
+weighted, and what the selection costs in generated tokens — the exact count, and the paper's printed formula
+beside it. Tie rule, for every vote: the answer with the highest summed prefix DTR among its voters wins; if
+that ties too, the answer first given (lowest response index). Responses with no extractable answer do not
+vote; if no kept response has one, the method answers nothing and is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from depthlens.config import VotingConfig
+from depthlens.errors import InputError
+
+
+@dataclasses.dataclass(frozen=True)
+class Response:
+    """What voting needs of one sampled response.
+
+    Attributes:
+        key: the vote key of its extracted answer (``answers.vote_key``); None when it gave none.
+        correct: whether that answer was graded right.
+        length: generated tokens, |S|.
+        deep: [R] deep-thinking flags of its first R generated tokens (R = the readout window, ≤ length).
+        self_certainty, confidence: [length] per-token self-certainty and DeepConf confidence.
+    """
+
+    key: str | None
+    correct: bool
+    length: int
+    deep: np.ndarray
+    self_certainty: np.ndarray
+    confidence: np.ndarray
+
+    def prefix_dtr(self, prefix: int | None) -> float:
+        """DTR over the first ``prefix`` generated tokens (all when None or longer than the response)."""
+        window = self.length if prefix is None else min(prefix, self.length)
+        if len(self.deep) < window:
+            raise InputError(
+                f"the DTR of a {window}-token prefix needs the readout of {window} tokens, but this store read "
+                f"out only {len(self.deep)}; regenerate with --readout-tokens {prefix or 'all'} or a shorter --prefix"
+            )
+        return float(self.deep[:window].mean()) if window else 0.0
+
+    def prefix_self_certainty(self, prefix: int | None) -> float:
+        window = self.self_certainty if prefix is None else self.self_certainty[:prefix]
+        return float(window.mean()) if len(window) else -math.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """One method on one draw: accuracy (1/0, or a fraction for Mean@n) and cost in generated tokens."""
+
+    accuracy: float
+    cost: int  # exact generated tokens
+    cost_paper: float  # the paper's printed formula
+    answer: str | None
+    kept: tuple[int, ...]  # indices of the responses the method kept
+
+
+def vote(
+    responses: Sequence[Response], kept: Sequence[int], weights: Sequence[float], tiebreak: Sequence[float]
+) -> tuple[str | None, int | None]:
+    """Weighted majority over the kept responses' answer keys → (winning key, index of its first voter)."""
+    score: dict[str, float] = {}
+    tie: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for i, w, t in zip(kept, weights, tiebreak, strict=True):
+        key = responses[i].key
+        if key is None:
+            continue
+        score[key] = score.get(key, 0.0) + w
+        tie[key] = tie.get(key, 0.0) + t
+        first.setdefault(key, i)
+    if not score:
+        return None, None
+    best = max(score, key=lambda k: (round(score[k], 12), round(tie[k], 12), -first[k]))
+    return best, first[best]
+
+
+def _top(values: Sequence[float], k: int) -> list[int]:
+    """Indices of the k largest values; equal values keep the earlier response."""
+    order = sorted(range(len(values)), key=lambda i: (-values[i], i))
+    return sorted(order[:k])
+
+
+def _outcome(
+    responses: Sequence[Response],
+    kept: list[int],
+    weights: Sequence[float],
+    cost: int,
+    cost_paper: float,
+    prefix: int | None,
+) -> Outcome:
+    # Tie-break on whatever prefix was read out (never an error: methods that do not rank by DTR need none).
+    tiebreak = [float(responses[i].deep[:prefix].mean()) if len(responses[i].deep) else 0.0 for i in kept]
+    key, rep = vote(responses, kept, weights, tiebreak)
+    accuracy = float(responses[rep].correct) if rep is not None else 0.0
+    return Outcome(accuracy, cost, cost_paper, key, tuple(kept))
+
+
+def _total(responses: Sequence[Response]) -> int:
+    return sum(r.length for r in responses)
+
+
+def _kept_count(n: int, eta: float) -> int:
+    return max(1, math.ceil(round(eta * n, 9)))
+
+
+def mean_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
+    """Mean@n = Pass@1: the mean accuracy of the n responses."""
+    return Outcome(
+        float(np.mean([r.correct for r in rs])), _total(rs), _total(rs), None, tuple(range(len(rs)))
+    )
+
+
+def cons_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
+    """Cons@n: plain majority over all n."""
+    kept = list(range(len(rs)))
+    return _outcome(rs, kept, [1.0] * len(rs), _total(rs), _total(rs), cfg.prefix)
+
+
+def _prefix_ranked(rs: Sequence[Response], cfg: VotingConfig, ranking: list[float]) -> Outcome:
+    """Keep the top η·n by a prefix score; the rest stop after ℓ_prefix tokens."""
+    k = _kept_count(len(rs), cfg.eta)
+    kept = _top(ranking, k)
+    rejected = [i for i in range(len(rs)) if i not in kept]
+    prefix = cfg.prefix
+    stop = (lambda r: r.length) if prefix is None else (lambda r: min(r.length, prefix))
+    cost = sum(rs[i].length for i in kept) + sum(stop(rs[i]) for i in rejected)
+    prefix_len = max(r.length for r in rs) if prefix is None else prefix
+    paper = sum(rs[i].length for i in kept) + prefix_len * cfg.eta * len(rs)
+    return _outcome(rs, kept, [1.0] * k, cost, paper, prefix)
+
+
+def think_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
+    """Think@n: keep the η·n highest prefix DTRs, vote among them."""
+    return _prefix_ranked(rs, cfg, [r.prefix_dtr(cfg.prefix) for r in rs])
+
+
+def self_certainty_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
+    """Self-Certainty@n: as Think@n, ranked by the prefix's mean self-certainty."""
+    return _prefix_ranked(rs, cfg, [r.prefix_self_certainty(cfg.prefix) for r in rs])
+
+
+def long_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
+    """Long@n: vote among the η·n longest (all n must finish to know which)."""
+    k = _kept_count(len(rs), cfg.eta)
+    kept = _top([float(r.length) for r in rs], k)
+    return _outcome(rs, kept, [1.0] * k, _total(rs), _total(rs), cfg.prefix)
+
+
+def short_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
+    """Short@n: vote among the η·n shortest; the others stop once the longest kept one has finished."""
+    k = _kept_count(len(rs), cfg.eta)
+    kept = _top([-float(r.length) for r in rs], k)
+    longest = max(rs[i].length for i in kept)
+    cost = sum(rs[i].length if i in kept else min(rs[i].length, longest) for i in range(len(rs)))
+    paper = sum(rs[i].length for i in kept) + longest * cfg.eta * len(rs)
+    return _outcome(rs, kept, [1.0] * k, cost, paper, cfg.prefix)
+
+
+def trace_confidence(confidence: np.ndarray, kind: str, window: int) -> float:
+    """DeepConf trace confidence from token confidences: ``mean``; ``tail`` (mean of the last ``window``);
+    ``bottom10`` (mean of the lowest 10 % of the sliding-window group confidences)."""
+    if len(confidence) == 0:
+        return -math.inf
+    if kind == "mean":
+        return float(confidence.mean())
+    if kind == "tail":
+        return float(confidence[-window:].mean())
+    if len(confidence) <= window:
+        return float(confidence.mean())
+    sums = np.cumsum(np.concatenate([[0.0], confidence]))
+    groups = (sums[window:] - sums[:-window]) / window
+    lowest = np.sort(groups)[: max(1, math.ceil(0.1 * len(groups)))]
+    return float(lowest.mean())
+
+
+def _deepconf(kind: str) -> Callable[[Sequence[Response], VotingConfig], Outcome]:
+    def method(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
+        conf = [trace_confidence(r.confidence, kind, cfg.deepconf_window) for r in rs]
+        k = _kept_count(len(rs), cfg.eta)
+        kept = _top(conf, k)
+        weights = [conf[i] if math.isfinite(conf[i]) else 0.0 for i in kept]
+        return _outcome(rs, kept, weights, _total(rs), _total(rs), cfg.prefix)
+
+    method.__doc__ = (
+        f"DeepConf-{kind} (offline): keep the η·n most confident traces, confidence-weighted vote."
+    )
+    return method
+
+
+METHODS: dict[str, Callable[[Sequence[Response], VotingConfig], Outcome]] = {
+    "mean@n": mean_at_n,
+    "cons@n": cons_at_n,
+    "think@n": think_at_n,
+    "self-certainty@n": self_certainty_at_n,
+    "long@n": long_at_n,
+    "short@n": short_at_n,
+    "deepconf-mean@n": _deepconf("mean"),
+    "deepconf-tail@n": _deepconf("tail"),
+    "deepconf-bottom10@n": _deepconf("bottom10"),
+}

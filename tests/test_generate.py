@@ -1,0 +1,109 @@
+"""Sampling with the same-pass readout: reproducibility, two phases, and agreement with the scoring path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from depthlens.config import ReadoutConfig, SamplingConfig
+from depthlens.errors import ConfigError, InputError
+from depthlens.metrics.token_table import reduce_readout
+from depthlens.readout.stream import TokenSequence, iter_readout
+from depthlens.sampling.generate import HFGenerator, next_token
+
+PROMPT = [1, 5, 9, 14, 20, 7]
+
+
+def test_next_token_greedy_and_nucleus():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.9], [5.0, 0.0, 0.0, 0.0]])
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    assert next_token(logits, 0.0, 1.0, gens).tolist() == [1, 0]
+    # top_p below the top token's mass keeps only it, whatever the draw
+    for seed in range(20):
+        gens = [torch.Generator().manual_seed(seed) for _ in range(2)]
+        assert next_token(logits, 1.0, 0.3, gens).tolist() == [1, 0]
+    # with top_p = 0.9 only the two leading tokens of row 0 (≈ 0.47 + 0.43) may be drawn
+    drawn = {int(next_token(logits[:1], 1.0, 0.9, [torch.Generator().manual_seed(s)])[0]) for s in range(200)}
+    assert drawn == {1, 3}
+
+
+def test_next_token_rows_use_their_own_generator():
+    logits = torch.zeros(3, 50)
+    a = next_token(logits, 1.0, 1.0, [torch.Generator().manual_seed(s) for s in (7, 8, 9)])
+    b = next_token(logits[:1], 1.0, 1.0, [torch.Generator().manual_seed(7)])
+    assert a[0] == b[0]
+
+
+def test_sampling_config_errors():
+    with pytest.raises(ConfigError, match="top_p"):
+        SamplingConfig(top_p=0)
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        SamplingConfig(max_new_tokens=0)
+
+
+def _generator(lm, **kw):
+    sampling = SamplingConfig(**{"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 12, **kw})
+    return HFGenerator(lm, sampling)
+
+
+def test_generation_is_reproducible_and_counts_tokens(tiny_chat):
+    gen = _generator(tiny_chat, readout_tokens=None)
+    first = gen.sample(PROMPT, [11, 12, 13])
+    again = gen.sample(PROMPT, [11, 12, 13])
+    assert [t.token_ids for t in first] == [t.token_ids for t in again]
+    assert len({tuple(t.token_ids) for t in first}) > 1  # different seeds, different samples
+    for t in first:
+        assert 1 <= len(t) <= 12
+        assert t.finish == ("eos" if t.token_ids[-1] == 2 else "length")
+        assert len(t.log_prob) == len(t.confidence) == len(t.divergence) == len(t)
+        assert all(len(row) == tiny_chat.n_layers and row[-1] == 0.0 for row in t.divergence)
+
+
+def test_a_sample_does_not_depend_on_its_batch(tiny_chat):
+    gen = _generator(tiny_chat)
+    alone = gen.sample(PROMPT, [12])[0]
+    together = gen.sample(PROMPT, [11, 12, 13])[1]
+    assert alone.token_ids == together.token_ids
+
+
+def test_readout_window_limits_the_divergence_rows(tiny_chat):
+    full = _generator(tiny_chat, readout_tokens=None).sample(PROMPT, [3])[0]
+    part = _generator(tiny_chat, readout_tokens=4).sample(PROMPT, [3])[0]
+    assert part.token_ids == full.token_ids  # the readout never changes what is sampled
+    assert len(part.divergence) == min(4, len(part))
+    assert torch.allclose(torch.tensor(part.divergence), torch.tensor(full.divergence[:4]))
+
+
+def test_same_pass_readout_equals_the_scoring_path(tiny_chat):
+    """The divergences and log-probs taken while generating equal a separate scoring pass over the same text."""
+    trace = _generator(tiny_chat, readout_tokens=None).sample(PROMPT, [5])[0]
+    seq = TokenSequence(PROMPT, trace.token_ids)
+    table = reduce_readout(iter_readout(tiny_chat, [seq], ReadoutConfig()), 1, tiny_chat.n_layers, "jsd")[0]
+    assert torch.allclose(torch.tensor(trace.divergence), table.divergence, atol=2e-5)
+    assert torch.allclose(torch.tensor(trace.log_prob, dtype=torch.float32), table.log_prob, atol=2e-5)
+    assert torch.allclose(
+        torch.tensor(trace.self_certainty, dtype=torch.float32), table.self_certainty, atol=2e-5
+    )
+
+
+def test_two_phases_continue_the_exact_prefixes(tiny_chat):
+    gen = _generator(tiny_chat, readout_tokens=None)
+    seeds = [21, 22, 23, 24]
+    whole = gen.sample(PROMPT, seeds)
+    paused = gen.start(PROMPT, seeds, stop_after=3)
+    assert all(len(t) <= 3 for t in paused.traces)
+    kept = gen.resume(paused, [1, 3])
+    for i, trace in zip([1, 3], kept, strict=True):
+        assert trace.token_ids == whole[i].token_ids
+        assert torch.allclose(torch.tensor(trace.divergence), torch.tensor(whole[i].divergence), atol=1e-5)
+    for i in (0, 2):  # rejected: stopped at the prefix (or finished before it)
+        assert paused.traces[i].token_ids == whole[i].token_ids[: len(paused.traces[i])]
+        assert paused.traces[i].finish in ("paused", "eos")
+
+
+def test_prompt_too_long_for_the_context(tiny_chat):
+    gen = _generator(tiny_chat, max_new_tokens=200)
+    with pytest.raises(InputError, match="exceed"):
+        gen.sample(list(range(3, 80)), [1])
+    with pytest.raises(InputError, match="seed"):
+        gen.sample(PROMPT, [])

@@ -1,0 +1,199 @@
+"""Tasks, grading, the resumable sample store, the Think@n summary and its CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from depthlens.config import DTRConfig, SamplingConfig, VotingConfig
+from depthlens.errors import InputError, StoreError
+from depthlens.studies.records import iter_jsonl
+from depthlens.studies.tasks import Question, grade, load_task
+from depthlens.studies.thinkn import SAMPLES, generate_store, load_pools, sample_seed, summarise
+from tests.test_cli import run
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_reasoning_gym_task_is_seeded_and_scored():
+    a = load_task("reasoning_gym:basic_arithmetic", 3, seed=4)
+    assert [q.question for q in a] == [
+        q.question for q in load_task("reasoning_gym:basic_arithmetic", 3, seed=4)
+    ]
+    q = a[0]
+    assert q.user_message.endswith(r"put your final answer within \boxed{}.")
+    assert grade(q, rf"... so \boxed{{{q.answer}}}").status == "correct"
+    assert grade(
+        q, rf"\boxed{{{q.answer}.0}}"
+    ).correct  # partial credit from the scorer, Math-Verify says equal
+    assert grade(q, "I do not know").status == "no_answer"
+
+
+def test_unknown_tasks_name_the_known_ones():
+    with pytest.raises(InputError, match=r"reasoning_gym:<dataset>.*aime2025"):
+        load_task("aime1999")
+    with pytest.raises(InputError, match=r"similar: .*basic_arithmetic"):
+        load_task("reasoning_gym:basic_arith", 2)
+
+
+def test_hub_tasks_read_local_rows_of_the_same_schema():
+    aime = load_task("aime2025", data=DATA / "aime2025_sample.jsonl")
+    assert [q.answer for q in aime] == ["42", "21", "99"]
+    gpqa = load_task("gpqa_diamond", data=DATA / "gpqa_diamond_sample.jsonl", seed=1)
+    q = gpqa[0]
+    assert len(q.choices) == 4 and q.choices["ABCD".index(q.answer)] == "neutron"
+    assert "(A) " in q.user_message and "The final answer is" in q.user_message
+    assert grade(q, rf"The final answer is \boxed{{({q.answer})}}.").correct
+    wrong = "ABCD"[("ABCD".index(q.answer) + 1) % 4]
+    assert grade(q, f"The answer is ({wrong})").status == "wrong"
+    with pytest.raises(InputError, match=r"row 0: missing column\(s\) \['Question'"):
+        load_task("gpqa_diamond", data=DATA / "aime2025_sample.jsonl")
+    with pytest.raises(InputError, match=r"--data FILE\.jsonl"):  # offline (or without `datasets`)
+        load_task("hmmt_feb2025")
+
+
+def test_local_jsonl_task(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(
+        '{"question": "2+2?", "answer": "4"}\n{"question": "pick", "answer": "b", "choices": ["a", "b"]}\n'
+    )
+    qs = load_task(str(path))
+    assert qs[0].answer == "4" and qs[1].answer == "B" and qs[1].choices == ("a", "b")
+    path.write_text('{"question": "no answer"}\n')
+    with pytest.raises(InputError, match="missing 'answer'"):
+        load_task(str(path))
+
+
+def test_unparsable_answer_is_wrong_and_marked():
+    q = Question("q", "?", "5")
+    assert grade(q, r"\boxed{\frac{}{}}").status == "unparsed"
+
+
+QUESTIONS = [Question("q0", "1 2", "3"), Question("q1", "4 5", "9"), Question("q2", "7 7", "14")]
+SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=10, readout_tokens=None)
+
+
+def _store(lm, out, **kw):
+    args = {"pool": 4, "seed": 3, "sampling": SAMPLING, "batch_size": 2, **kw}
+    return generate_store(lm, out, QUESTIONS, **args)
+
+
+def _records(out):
+    return sorted(iter_jsonl(out / SAMPLES), key=lambda r: r["id"])
+
+
+def test_store_records_every_response(tiny_chat, tmp_path):
+    report = _store(tiny_chat, tmp_path / "s")
+    records = _records(tmp_path / "s")
+    assert report.written == len(records) == 12 and report.failed == 0
+    r = records[0]
+    assert r["seed"] == sample_seed(3, "q0", 0) and r["n_tokens"] == len(r["token_ids"]) == len(r["log_prob"])
+    assert len(r["divergence"]) == r["n_tokens"] and len(r["divergence"][0]) == tiny_chat.n_layers
+    assert r["grade"] in {"correct", "wrong", "no_answer", "unparsed"}
+    assert sum(report.grades.values()) == 12
+    questions = [json.loads(line) for line in (tmp_path / "s" / "questions.jsonl").read_text().splitlines()]
+    assert [q["id"] for q in questions] == ["q0", "q1", "q2"]
+
+
+def test_killed_run_resumes_to_the_same_store_and_summary(tiny_chat, tmp_path):
+    whole = tmp_path / "whole"
+    _store(tiny_chat, whole)
+    cut = tmp_path / "cut"
+    batches = []
+
+    def die_after_three(n):
+        batches.append(n)
+        if len(batches) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _store(tiny_chat, cut, on_batch=die_after_three)
+    with (cut / SAMPLES).open("a") as f:
+        f.write('{"id": "q1#3", "question_id"')  # a line torn by the kill
+    assert len(list(iter_jsonl(whole / SAMPLES))) == 12
+    report = _store(tiny_chat, cut, resume=True)
+    assert report.skipped == 6 and report.written == 6
+    drop = ("text",)  # everything else must match exactly
+    assert [{k: v for k, v in r.items() if k not in drop} for r in _records(cut)] == [
+        {k: v for k, v in r.items() if k not in drop} for r in _records(whole)
+    ]
+    voting = VotingConfig(n=3, trials=4, prefix=4)
+    assert summarise(cut, voting).summaries == summarise(whole, voting).summaries
+    with pytest.raises(StoreError, match="differ"):
+        _store(tiny_chat, cut, resume=True, seed=4)
+
+
+def test_failed_generation_is_recorded_not_dropped(tiny_chat, tmp_path):
+    long = Question("long", "1 " * 200, "1")
+    report = generate_store(tiny_chat, tmp_path / "s", [QUESTIONS[0], long], pool=2, sampling=SAMPLING)
+    assert report.failed == 2
+    failed = [r for r in _records(tmp_path / "s") if r["status"] == "failed"]
+    assert [r["id"] for r in failed] == ["long#0", "long#1"] and "exceed" in failed[0]["error"]
+    pools, info = load_pools(tmp_path / "s", DTRConfig(), n=2)
+    assert list(pools) == ["q0"] and info.excluded == ["long"] and len(info.failed) == 2
+
+
+def test_bad_stores_say_what_is_wrong(tiny_chat, tmp_path):
+    with pytest.raises(StoreError, match="not a depthlens sample store"):
+        summarise(tmp_path)
+    _store(tiny_chat, tmp_path / "s", pool=2)
+    meta = tmp_path / "s" / f"{SAMPLES}.manifest.json"
+    manifest = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**manifest, "store_version": 99}))
+    with pytest.raises(StoreError, match="version-99 store"):
+        summarise(tmp_path / "s")
+    meta.write_text(json.dumps(manifest))
+    lines = (tmp_path / "s" / SAMPLES).read_text().splitlines()
+    broken = json.loads(lines[0])
+    del broken["divergence"]
+    (tmp_path / "s" / SAMPLES).write_text("\n".join([json.dumps(broken), *lines[1:]]) + "\n")
+    with pytest.raises(StoreError, match=r"missing field\(s\) \['divergence'\]"):
+        summarise(tmp_path / "s", VotingConfig(n=2))
+
+
+def test_summary_files_and_ablation(tiny_chat, tmp_path):
+    _store(tiny_chat, tmp_path / "s")
+    report = summarise(tmp_path / "s", VotingConfig(n=2, trials=3, prefix=4), with_ablation=True)
+    payload = json.loads((tmp_path / "s" / "thinkn.json").read_text())
+    assert [m["method"] for m in payload["methods"]] == [s.method for s in report.summaries]
+    assert (tmp_path / "s" / "thinkn.csv").read_text().startswith("method,accuracy_mean")
+    assert report.ablation and (tmp_path / "s" / "thinkn_ablation.csv").exists()
+    cons = next(s for s in report.summaries if s.method == "cons@n")
+    think = next(s for s in report.summaries if s.method == "think@n")
+    assert think.cost_mean <= cons.cost_mean
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--n", "4", "--eta", "0"], "VotingConfig.eta = 0.0 must lie in (0, 1]"),
+        (["--n", "4", "--prefix", "fifty"], "--prefix 'fifty': give a number of tokens or 'full'"),
+        (["--n", "4", "--task", "nope"], "unknown task 'nope'"),
+    ],
+)
+def test_thinkn_cli_errors(monkeypatch, capsys, tmp_path, args, message):
+    code, _, err = run(monkeypatch, capsys, "thinkn", "--out", tmp_path / "o", *args)
+    assert code == 2 and message in err
+
+
+def test_thinkn_needs_out_or_from(monkeypatch, capsys):
+    code, _, err = run(monkeypatch, capsys, "thinkn")
+    assert code == 2 and "give --out DIR" in err
+
+
+@pytest.mark.integration
+def test_real_model_thinkn_end_to_end(real_model, monkeypatch, capsys, tmp_path):
+    """Generate with the default model, then re-vote from the store through the CLI."""
+    qs = load_task("reasoning_gym:basic_arithmetic", 1, seed=0)
+    sampling = dataclasses.replace(SAMPLING, max_new_tokens=24, readout_tokens=8)
+    report = generate_store(real_model, tmp_path / "s", qs, pool=3, sampling=sampling, batch_size=3)
+    assert report.written == 3 and report.failed == 0
+    record = _records(tmp_path / "s")[0]
+    assert "<|im_end|>" not in record["text"] and len(record["divergence"]) == min(8, record["n_tokens"])
+    code, out, err = run(monkeypatch, capsys, "thinkn", "--from", tmp_path / "s", "--n", "2", "--prefix", "8",
+                         "--trials", "2")  # fmt: skip
+    assert code in (0, None), err
+    assert "think@n" in out and "cons@n" in out

@@ -1,0 +1,204 @@
+"""Answers, every voting method on hand-built pools, exact costs, tie rule and trials."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from depthlens.config import VotingConfig
+from depthlens.errors import ConfigError, InputError
+from depthlens.voting.answers import answers_equivalent, extract_answer, vote_key
+from depthlens.voting.methods import METHODS, Response, trace_confidence, vote
+from depthlens.voting.trials import ablation, draw, run_trials
+
+
+@pytest.mark.parametrize(
+    ("text", "choices", "expected"),
+    [
+        (r"so \boxed{3} then \boxed{\frac{1}{2}}.", 0, (r"\frac{1}{2}", "boxed")),
+        (r"\boxed{x^{2}+\{1\}}", 0, (r"x^{2}+\{1\}", "boxed")),
+        (r"the answer is \boxed{}-1.", 0, ("-1", "number")),  # an empty box falls back to the last number
+        (r"\boxed 7 done", 0, ("7", "boxed")),
+        ("we get 1,234 apples.", 0, ("1,234", "number")),
+        ("no digits here", 0, None),
+        (r"The final answer is \boxed{(C)}.", 4, ("C", "letter")),
+        (r"The final answer is \boxed{B}", 4, ("B", "letter")),
+        (r"\boxed{\text{(D)}}", 4, ("D", "letter")),
+        ("so the answer is (A), not 5", 4, ("A", "letter")),
+        ("I pick (B) ... then (C)", 4, ("C", "letter")),
+        (r"\boxed{(E)}", 4, None),  # not one of four choices
+    ],
+)
+def test_extract_answer(text, choices, expected):
+    found = extract_answer(text, choices)
+    assert (None if found is None else (found.text, found.source)) == expected
+
+
+def test_vote_keys_merge_equal_answers():
+    assert len({vote_key(a) for a in ["-4", "-4.0", "−4", "$-4$", "-4.", "x = -4"]}) == 1
+    assert vote_key(r"\frac{1}{2}") == vote_key("0.5") == vote_key("1/2")
+    assert vote_key("1,000") == vote_key("1000")
+    assert vote_key(r"\text{ yes }") == "yes"
+    assert vote_key("3") != vote_key("4")
+
+
+def test_answers_equivalent_on_and_off_the_main_thread():
+    assert answers_equivalent(r"\frac{1}{2}", "0.5") is True
+    assert answers_equivalent("3", "4") is False
+    results = {}
+
+    def worker():  # Math-Verify's SIGALRM timeout would raise here; the worker process must take over
+        results["v"] = (
+            answers_equivalent("2x", "x+x"),
+            answers_equivalent("7", "8"),
+            answers_equivalent("1/2", ".5"),
+        )
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert results["v"] == (True, False, True)
+
+
+def _r(key, correct, length, deep, sc=0.0, conf=1.0):
+    deep = np.asarray(deep, dtype=bool)
+    return Response(key, correct, length, deep, np.full(length, sc), np.full(length, conf))
+
+
+def test_vote_tie_rule_highest_summed_dtr_then_first():
+    pool = [
+        _r("1", False, 4, [0, 0]),
+        _r("2", True, 4, [1, 1]),
+        _r("1", False, 4, [0]),
+        _r("2", True, 4, [1]),
+    ]
+    # two votes each: "2" has the higher summed DTR
+    assert vote(pool, [0, 1, 2, 3], [1.0] * 4, [0.0, 1.0, 0.0, 1.0]) == ("2", 1)
+    # DTR tied too: the answer given first
+    assert vote(pool, [0, 1, 2, 3], [1.0] * 4, [0.5] * 4) == ("1", 0)
+    assert vote([_r(None, False, 3, [])], [0], [1.0], [0.0]) == (None, None)
+
+
+def test_every_method_on_a_hand_built_pool():
+    # lengths 10, 20, 30, 40; prefix DTR 1.0, 0.0, 0.5, 0.25 over ℓ = 4; answers a, b, b, a
+    pool = [
+        _r("a", True, 10, [1, 1, 1, 1], sc=0.1, conf=5.0),
+        _r("b", False, 20, [0, 0, 0, 0], sc=0.9, conf=1.0),
+        _r("b", False, 30, [1, 1, 0, 0], sc=0.8, conf=2.0),
+        _r("a", True, 40, [1, 0, 0, 0], sc=0.2, conf=4.0),
+    ]
+    cfg = VotingConfig(n=4, eta=0.5, prefix=4)
+    out = {name: method(pool, cfg) for name, method in METHODS.items()}
+    assert out["mean@n"].accuracy == 0.5 and out["mean@n"].cost == 100
+    # Cons@n: a (DTR 1.25) vs b (0.5), two votes each → a
+    assert out["cons@n"].answer == "a" and out["cons@n"].accuracy == 1.0 and out["cons@n"].cost == 100
+    # Think@n keeps DTR 1.0 and 0.5 (responses 0, 2); rejected stop at 4 tokens: 10 + 30 + 4 + 4
+    assert out["think@n"].kept == (0, 2) and out["think@n"].cost == 48
+    assert out["think@n"].cost_paper == 10 + 30 + 4 * 0.5 * 4
+    assert out["think@n"].answer == "a"  # one vote each; a has the higher prefix DTR
+    # Self-Certainty@n keeps 0.9 and 0.8 (responses 1, 2): both answer b
+    assert out["self-certainty@n"].kept == (1, 2) and out["self-certainty@n"].answer == "b"
+    assert out["self-certainty@n"].accuracy == 0.0
+    # Long@n keeps 40 and 30; Short@n keeps 10 and 20 and stops the rest at 20 tokens
+    assert out["long@n"].kept == (2, 3) and out["long@n"].cost == 100
+    assert out["short@n"].kept == (0, 1) and out["short@n"].cost == 10 + 20 + 20 + 20
+    assert out["short@n"].cost_paper == 10 + 20 + 20 * 0.5 * 4
+    # DeepConf keeps confidence 5 and 4 (responses 0, 3): both a
+    assert out["deepconf-mean@n"].kept == (0, 3) and out["deepconf-mean@n"].answer == "a"
+    assert out["deepconf-mean@n"].cost == 100
+
+
+def test_deepconf_weights_can_outvote_a_majority():
+    pool = [
+        _r("x", False, 5, [0], conf=1.0),
+        _r("x", False, 5, [0], conf=1.0),
+        _r("y", True, 5, [0], conf=3.0),
+    ]
+    assert METHODS["deepconf-mean@n"](pool, VotingConfig(n=3, eta=1.0)).answer == "y"
+    assert METHODS["cons@n"](pool, VotingConfig(n=3, eta=1.0)).answer == "x"
+
+
+def test_trace_confidence_variants():
+    conf = np.array([5.0, 5.0, 1.0, 1.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 3.0, 3.0])
+    assert trace_confidence(conf, "mean", 2) == pytest.approx(conf.mean())
+    assert trace_confidence(conf, "tail", 2) == pytest.approx(3.0)
+    # 11 windows of 2; the lowest 10 % rounds up to two groups: (1 + 1) / 2 and (5 + 1) / 2
+    assert trace_confidence(conf, "bottom10", 2) == pytest.approx(2.0)
+
+
+def test_no_answers_means_wrong():
+    pool = [_r(None, False, 3, [1, 1, 1]), _r(None, False, 3, [0, 0, 0])]
+    assert METHODS["cons@n"](pool, VotingConfig(n=2)).accuracy == 0.0
+
+
+def test_prefix_longer_than_the_readout_is_an_error():
+    pool = [_r("a", True, 100, [1] * 10), _r("b", False, 100, [0] * 10)]
+    with pytest.raises(InputError, match="readout-tokens"):
+        METHODS["think@n"](pool, VotingConfig(n=2, prefix=50))
+
+
+def test_voting_config_errors():
+    with pytest.raises(ConfigError, match="n = 0"):
+        VotingConfig(n=0)
+    for eta in (0.0, 1.5):
+        with pytest.raises(ConfigError, match="eta"):
+            VotingConfig(eta=eta)
+
+
+def test_draws_are_reproducible_and_without_replacement():
+    a = draw(10, 4, seed=0, trial=3, question=1)
+    assert a == draw(10, 4, seed=0, trial=3, question=1)
+    assert len(set(a)) == 4 and a != draw(10, 4, seed=0, trial=4, question=1)
+
+
+def _pools(rng, questions=5, size=8):
+    pools = {}
+    for q in range(questions):
+        pools[f"q{q}"] = [
+            _r(
+                str(rng.integers(3)),
+                bool(rng.integers(2)),
+                int(rng.integers(5, 40)),
+                rng.integers(0, 2, 50),
+                sc=float(rng.random()),
+                conf=float(rng.random()),
+            )
+            for _ in range(size)
+        ]
+    return pools
+
+
+def test_trials_mean_and_std(monkeypatch):
+    pools = _pools(np.random.default_rng(0))
+    cfg = VotingConfig(n=4, trials=6, prefix=5)  # responses are 5–40 tokens: rejected ones stop early
+    summary = {s.method: s for s in run_trials(pools, cfg)}
+    assert set(summary) == set(METHODS)
+    assert summary["think@n"].cost_mean < summary["cons@n"].cost_mean
+    assert summary["cons@n"].trials == 6 and summary["cons@n"].questions == 5
+    # std over trials, recomputed by hand for Mean@n
+    per_trial = []
+    for t in range(6):
+        acc = [
+            np.mean([pools[q][i].correct for i in draw(8, 4, 0, t, qi)]) for qi, q in enumerate(sorted(pools))
+        ]
+        per_trial.append(np.mean(acc))
+    assert summary["mean@n"].accuracy_mean == pytest.approx(np.mean(per_trial))
+    assert summary["mean@n"].accuracy_std == pytest.approx(np.std(per_trial, ddof=1))
+
+
+def test_trials_need_a_pool_of_n():
+    with pytest.raises(InputError, match="lower --n"):
+        run_trials(_pools(np.random.default_rng(1), size=3), VotingConfig(n=4))
+    with pytest.raises(InputError, match="unknown method"):
+        run_trials(_pools(np.random.default_rng(1)), VotingConfig(n=4), ["best@n"])
+
+
+def test_ablation_grid_reuses_the_pool():
+    rows = ablation(
+        _pools(np.random.default_rng(2)), VotingConfig(n=4, trials=2), prefixes=(10, None), etas=(0.5, 1.0)
+    )
+    assert len(rows) == 2 * 2 * 2
+    full_all = [r for r in rows if r["prefix"] == "full" and r["eta"] == 1.0 and r["method"] == "think@n"]
+    assert full_all[0]["cost_vs_cons"] == pytest.approx(1.0)  # keeping everything costs what Cons@n does
