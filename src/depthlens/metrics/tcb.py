@@ -150,3 +150,84 @@ def token_constraint_terms(
     if spectral_iterations is not None:
         terms["tcb_spectral"] = epsilon / jacobian_spectral(unembed, out, iterations=spectral_iterations)
     return terms
+
+
+def geometry_ablation(
+    unembed: Unembedding,
+    normed: torch.Tensor,
+    row_norms_sq: torch.Tensor,
+    top_k: int = 10,
+    scales: tuple[float, ...] = (0.5, 1.0, 1.5),
+) -> dict[str, torch.Tensor]:
+    """‖J‖_F with the output distribution o held fixed while the competing tokens' rows move (seed 004, §4.2).
+
+    The competitors are the ``top_k`` most probable tokens; each of their rows w̃_i moves to c + α (w̃_i − c), c
+    their probability-weighted centroid, for every α in ``scales`` (α < 1 clusters, α > 1 disperses; α = 1 is the
+    model as it is). o is not recomputed from the moved rows — the counterfactual isolates geometry. Only k rows
+    change, so the closed form is updated by their deltas: μ' = μ + Σ_C o_i Δw_i, ν' = ν + Σ_C o_i² Δw_i and
+    Σ o_i² ‖w̃_i‖² gains Σ_C o_i² (‖w̃_i'‖² − ‖w̃_i‖²). States [c, d] → {"v_eff", "frobenius_<α>"} each [c].
+    """
+    out = final_output(unembed, normed)
+    o, s = out.o, out.slope
+    o_sq = o * o
+    mu = unembed.times_w(o * s)
+    nu = unembed.times_w(o_sq * s)
+    first = (o_sq * s * s) @ row_norms_sq
+    total_o_sq = o_sq.sum(-1)
+    k = min(top_k, o.shape[-1])
+    top = o.topk(k, dim=-1).indices  # [c, k]
+    p = o.gather(-1, top)  # [c, k]
+    rows = unembed.weight[top].double() * s.gather(-1, top)[..., None]  # [c, k, d] scaled rows w̃_i
+    centroid = (p[..., None] * rows).sum(1) / p.sum(-1, keepdim=True)  # [c, d]
+    result = {"v_eff": 1.0 / total_o_sq}
+    for alpha in scales:
+        moved = centroid[:, None] + alpha * (rows - centroid[:, None])
+        delta = moved - rows
+        mu_a = mu + (p[..., None] * delta).sum(1)
+        nu_a = nu + (p[..., None] ** 2 * delta).sum(1)
+        first_a = first + (p**2 * (moved.pow(2).sum(-1) - rows.pow(2).sum(-1))).sum(-1)
+        norm_sq = first_a - 2 * (mu_a * nu_a).sum(-1) + (mu_a * mu_a).sum(-1) * total_o_sq
+        result[f"frobenius_{alpha:g}"] = norm_sq.clamp_min(0.0).sqrt()
+    return result
+
+
+V_EFF_BANDS = (
+    (0.0, 20.0, "<20"),
+    (20.0, 100.0, "20–100"),
+    (100.0, float("inf"), ">100"),
+)  # seed 004, Table 2
+
+
+def v_eff_band(v_eff: float) -> str:
+    """The paper's V_eff band of a token: "<20", "20–100" or ">100"."""
+    return next(label for lo, hi, label in V_EFF_BANDS if lo <= v_eff < hi)
+
+
+def sharp_drops(
+    tcb: torch.Tensor,
+    log_prob: torch.Tensor,
+    window: int = 8,
+    factor: float = 10.0,
+    max_perplexity: float = 2.0,
+) -> torch.Tensor:
+    """Flags tokens whose δ_TCB falls sharply while the model stays confident; [T], [T] → [T] bool.
+
+    Rule: δ_t ≤ median(δ_{t−window..t−1}) / ``factor`` (a tenfold drop below the recent typical level by
+    default) and the token's perplexity exp(−log p_t) ≤ ``max_perplexity``. The first token has no history and
+    is never flagged; shorter histories use what there is.
+    """
+    flags = torch.zeros(tcb.shape[0], dtype=torch.bool)
+    for t in range(1, tcb.shape[0]):
+        recent = tcb[max(0, t - window) : t]
+        flags[t] = bool(tcb[t] <= recent.median() / factor and torch.exp(-log_prob[t]) <= max_perplexity)
+    return flags
+
+
+def pearson(x: torch.Tensor, y: torch.Tensor) -> float | None:
+    """Pearson r of two 1-D samples; None when fewer than 3 points or either is constant."""
+    x, y = x.double().flatten(), y.double().flatten()
+    if x.numel() < 3:
+        return None
+    xc, yc = x - x.mean(), y - y.mean()
+    denom = xc.norm() * yc.norm()
+    return float((xc * yc).sum() / denom) if denom > 0 else None

@@ -14,7 +14,6 @@ summary — is the same as an uninterrupted run's.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import datetime
 import hashlib
@@ -36,6 +35,7 @@ from depthlens.models.load import LoadedModel
 from depthlens.sampling.generate import GenerationBackend, HFGenerator, Trace
 from depthlens.studies.records import ResultWriter, iter_jsonl, manifest_path
 from depthlens.studies.score import as_token_ids
+from depthlens.studies.tables import write_csv
 from depthlens.studies.tasks import Question, grade
 from depthlens.voting.methods import Response, think_at_n
 from depthlens.voting.trials import MethodSummary, ablation, run_trials
@@ -354,16 +354,9 @@ def _write_summary(out_dir: Path, report: ThinkReport) -> None:
         "command": " ".join(sys.argv),
     }
     (out_dir / "thinkn.json").write_text(json.dumps(payload, indent=2) + "\n")
-    _write_csv(out_dir / "thinkn.csv", rows)
+    write_csv(out_dir / "thinkn.csv", rows)
     if report.ablation:
-        _write_csv(out_dir / "thinkn_ablation.csv", report.ablation)
-
-
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+        write_csv(out_dir / "thinkn_ablation.csv", report.ablation)
 
 
 def think_at_n_live(

@@ -1,0 +1,164 @@
+"""``depthlens tcb …``: the Token Constraint Bound paper's four studies, each a table and a figure."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from depthlens.cli import options as opt
+from depthlens.cli.app import app, console, err_console
+
+tcb_app = typer.Typer(help="Token Constraint Bound studies (seed 004): regimes, geometry, prompts, trace.",
+                      no_args_is_help=True)  # fmt: skip
+app.add_typer(tcb_app, name="tcb")
+
+D = opt.DEFAULTS
+OutDir = Annotated[Path, typer.Option("--out", file_okay=False, help="Directory for the table and figure.")]
+
+
+def _load(model: str, device: str, dtype: str, trust_remote_code: bool) -> Any:
+    from depthlens.models.load import load
+
+    with err_console.status(f"loading {model}") as status:
+        return load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,  # type: ignore[arg-type]
+                    progress=status.update)  # fmt: skip
+
+
+def _finish(out: Path, name: str, result: dict[str, Any], figure: Path) -> None:
+    from depthlens.studies.tables import write_study
+
+    paths = write_study(out, name, result, " ".join(sys.argv))
+    summary = result["summary"]
+    rows = summary if isinstance(summary, list) else [{k: v for k, v in summary.items() if k != "text"}]
+    table = Table(title=name, title_justify="left")
+    for key in rows[0]:
+        table.add_column(key, justify="right")
+    for row in rows:
+        table.add_row(*[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()])
+    console.print(table)
+    err_console.print("wrote " + ", ".join(str(p) for p in [*paths, figure]))
+
+
+@tcb_app.command("regimes")
+def regimes(
+    out: OutDir,
+    model: opt.Model = D["model"],
+    epsilon: opt.Epsilon = D["epsilon"],
+    device: opt.Device = "auto",
+    dtype: opt.DType = "auto",
+    trust_remote_code: opt.TrustRemoteCode = False,
+) -> None:
+    """corr(δ, √V_eff) and corr(δ, margin) on the diverse vs the low-V_eff prompt set (paper Table 1)."""
+    from depthlens.config import TCBConfig
+    from depthlens.studies.tcb_studies import prompt_set
+    from depthlens.studies.tcb_studies import regimes as run
+    from depthlens.viz.tcb import draw_regimes
+
+    tcb = TCBConfig(epsilon=epsilon)
+    lm = _load(model, device, dtype, trust_remote_code)
+    with err_console.status("regimes"):
+        result = run(lm, {"diverse": prompt_set("diverse"), "low_veff": prompt_set("low_veff")}, tcb)
+    out.mkdir(parents=True, exist_ok=True)
+    _finish(out, "regimes", result, draw_regimes(result, out / "regimes.png"))
+
+
+@tcb_app.command("geometry")
+def geometry(
+    out: OutDir,
+    model: opt.Model = D["model"],
+    top_k: Annotated[
+        int, typer.Option("--top-k", min=2, help="Competing tokens moved (most probable).")
+    ] = 10,
+    cluster: Annotated[
+        float, typer.Option("--cluster", help="α < 1: rows pulled toward the centroid.")
+    ] = 0.5,
+    disperse: Annotated[float, typer.Option("--disperse", help="α > 1: rows pushed away.")] = 1.5,
+    device: opt.Device = "auto",
+    dtype: opt.DType = "auto",
+    trust_remote_code: opt.TrustRemoteCode = False,
+) -> None:
+    """How often δ_cluster > δ_orig > δ_disperse with o fixed, by V_eff band (paper Table 2)."""
+    from depthlens.studies.tcb_studies import geometry as run
+    from depthlens.studies.tcb_studies import prompt_set
+    from depthlens.viz.tcb import draw_geometry
+
+    lm = _load(model, device, dtype, trust_remote_code)
+    prompts = [p["prompt"] for p in prompt_set("diverse") + prompt_set("low_veff")]
+    with err_console.status("geometry"):
+        result = run(lm, prompts, top_k, cluster, disperse)
+    out.mkdir(parents=True, exist_ok=True)
+    _finish(out, "geometry", result, draw_geometry(result, out / "geometry.png"))
+
+
+@tcb_app.command("prompts")
+def prompts(
+    out: OutDir,
+    model: opt.Model = D["model"],
+    task: Annotated[
+        str, typer.Option("--task", help="An offline reasoning-gym task.")
+    ] = "reasoning_gym:chain_sum",
+    questions: Annotated[int, typer.Option("--questions", min=1)] = 10,
+    shots: Annotated[
+        str, typer.Option("--shots", help="Comma-separated numbers of worked examples.")
+    ] = "0,2",
+    templates: Annotated[
+        str | None, typer.Option("--templates", help="Subset of bare,paper,terse,expert.")
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 96,
+    device: opt.Device = "auto",
+    dtype: opt.DType = "auto",
+    trust_remote_code: opt.TrustRemoteCode = False,
+) -> None:
+    """Accuracy, answer perplexity and δ per prompt template × k-shot, greedy answers (paper §4.3–4.4)."""
+    from depthlens.errors import InputError
+    from depthlens.studies.tcb_studies import TEMPLATES, prompt_variants
+    from depthlens.viz.tcb import draw_prompt_variants
+
+    try:
+        shot_list = [int(s) for s in shots.split(",")]
+    except ValueError:
+        raise InputError(f"--shots {shots!r}: give comma-separated integers such as 0,2") from None
+    names = [t.strip() for t in templates.split(",")] if templates else list(TEMPLATES)
+    lm = _load(model, device, dtype, trust_remote_code)
+    with err_console.status(
+        f"{len(names)} templates × {len(shot_list)} shot settings × {questions} questions"
+    ):
+        result = prompt_variants(lm, task, questions, names, shot_list, max_new_tokens)
+    out.mkdir(parents=True, exist_ok=True)
+    _finish(out, "prompts", result, draw_prompt_variants(result, out / "prompts.png"))
+
+
+@tcb_app.command("trace")
+def trace(
+    out: OutDir,
+    prompt: Annotated[str, typer.Option("--prompt", help="The user message to answer.")] = (
+        "Explain in two sentences why the sky is blue."
+    ),
+    model: opt.Model = D["model"],
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 64,
+    window: Annotated[int, typer.Option("--window", min=1, help="Tokens of history for the median.")] = 8,
+    factor: Annotated[float, typer.Option("--factor", help="Drop: δ ≤ median / factor.")] = 10.0,
+    max_perplexity: Annotated[
+        float, typer.Option("--max-perplexity", help="...while perplexity ≤ this.")
+    ] = 2.0,
+    chat: Annotated[
+        bool, typer.Option("--chat/--plain", help="Use the chat template when there is one.")
+    ] = True,
+    device: opt.Device = "auto",
+    dtype: opt.DType = "auto",
+    trust_remote_code: opt.TrustRemoteCode = False,
+) -> None:
+    """δ and perplexity per generated token, sharp δ drops at low perplexity flagged (paper §4.5)."""
+    from depthlens.studies.tcb_studies import DropRule, generation_trace
+    from depthlens.viz.tcb import draw_generation_trace
+
+    lm = _load(model, device, dtype, trust_remote_code)
+    with err_console.status("generating"):
+        result = generation_trace(lm, prompt, max_new_tokens, DropRule(window, factor, max_perplexity), chat)
+    out.mkdir(parents=True, exist_ok=True)
+    _finish(out, "trace", result, draw_generation_trace(result, out / "trace.png"))
+    console.print(result["summary"]["text"], highlight=False)

@@ -1,0 +1,239 @@
+"""The Token Constraint Bound paper's four studies (seed 004; SPEC §6), each returning rows and a summary.
+
+- ``regimes``: δ vs √V_eff and vs the top-2 margin at the next-token position of two prompt sets;
+- ``geometry``: δ with the output distribution fixed while the competing tokens' unembedding rows cluster or
+  disperse, over every position of the prompts, by V_eff band;
+- ``prompt_variants``: accuracy, perplexity and mean δ of greedy answers per prompt template × number of shots;
+- ``generation_trace``: δ and perplexity per generated token, with sharp drops flagged.
+Figures and tables are drawn from these rows by ``viz.tcb`` and the CLI; nothing here writes files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import torch
+
+from depthlens.config import DTRConfig, ReadoutConfig, SamplingConfig, TCBConfig
+from depthlens.errors import InputError
+from depthlens.metrics.tcb import (
+    Unembedding,
+    geometry_ablation,
+    pearson,
+    sharp_drops,
+    token_constraint_terms,
+    v_eff_band,
+)
+from depthlens.models.load import LoadedModel
+from depthlens.readout.stream import lens_for
+from depthlens.sampling.generate import HFGenerator
+from depthlens.studies.score import as_token_ids, score
+from depthlens.studies.tasks import MATH_INSTRUCTION, Question, grade, load_task
+
+
+def prompt_set(name: str) -> list[dict[str, Any]]:
+    """A shipped prompt set (``diverse`` or ``low_veff``; see data/tcb/README.md) as id/category/prompt rows."""
+    files = {"diverse": "diverse.jsonl", "low_veff": "low_veff.jsonl"}
+    if name not in files:
+        raise InputError(f"unknown prompt set {name!r}; shipped sets: {', '.join(files)}")
+    text = resources.files("depthlens").joinpath("data", "tcb", files[name]).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _encode(lm: LoadedModel, prompt: str) -> list[int]:
+    if lm.tokenizer is None:
+        raise InputError(f"model {lm.name} has no tokenizer; the TCB studies work on text")
+    ids = as_token_ids(lm.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    if not ids:
+        raise InputError(f"prompt {prompt!r} tokenises to nothing")
+    return ids
+
+
+@torch.inference_mode()
+def final_states(lm: LoadedModel, ids: Sequence[int]) -> torch.Tensor:
+    """norm(h_L) at every position of ``ids``, [T, d] — the states whose next-token distribution TCB bounds."""
+    out = lm.model(input_ids=torch.tensor([list(ids)], device=lm.device), output_hidden_states=True)
+    last = out.hidden_states[-1][0]
+    lens = lens_for(lm, ReadoutConfig())
+    return last if lm.parts.last_hidden_normed else lens.normed(last)
+
+
+def _unembedding(lm: LoadedModel) -> tuple[Unembedding, torch.Tensor]:
+    unembed = Unembedding.from_lens(lens_for(lm, ReadoutConfig()))
+    return unembed, unembed.row_norms_sq()
+
+
+def regimes(lm: LoadedModel, sets: dict[str, list[dict[str, Any]]], tcb: TCBConfig = TCBConfig()) -> dict:
+    """Per prompt: δ, V_eff, margin at the next-token position; per set: corr(δ, √V_eff), corr(δ, margin)."""
+    unembed, norms = _unembedding(lm)
+    rows, summary = [], []
+    for set_name, prompts in sets.items():
+        states = torch.stack([final_states(lm, _encode(lm, p["prompt"]))[-1] for p in prompts])
+        terms = token_constraint_terms(unembed, states, norms, tcb.epsilon)
+        for i, p in enumerate(prompts):
+            rows.append({"set": set_name, "id": p["id"], "category": p.get("category"), "prompt": p["prompt"],
+                         "tcb": float(terms["tcb"][i]), "v_eff": float(terms["v_eff"][i]),
+                         "margin": float(terms["margin"][i])})  # fmt: skip
+        summary.append(
+            {
+                "set": set_name,
+                "prompts": len(prompts),
+                "median_v_eff": float(terms["v_eff"].median()),
+                "corr_tcb_sqrt_v_eff": pearson(terms["tcb"], terms["v_eff"].sqrt()),
+                "corr_tcb_margin": pearson(terms["tcb"], terms["margin"]),
+            }
+        )
+    return {"rows": rows, "summary": summary}
+
+
+def geometry(
+    lm: LoadedModel,
+    prompts: Sequence[str],
+    top_k: int = 10,
+    cluster: float = 0.5,
+    disperse: float = 1.5,
+) -> dict:
+    """Every position of ``prompts``: δ as the model is, with the top-k rows clustered (α = ``cluster``) and
+    dispersed (α = ``disperse``) around their weighted centroid, o fixed; per V_eff band the share ordered
+    δ_cluster > δ_orig > δ_disperse."""
+    if not (0 <= cluster < 1 < disperse):
+        raise InputError(f"need 0 ≤ cluster < 1 < disperse; got cluster {cluster}, disperse {disperse}")
+    unembed, norms = _unembedding(lm)
+    rows = []
+    for p_index, prompt in enumerate(prompts):
+        ids = _encode(lm, prompt)
+        terms = geometry_ablation(unembed, final_states(lm, ids), norms, top_k, (cluster, 1.0, disperse))
+        for t in range(len(ids)):
+            orig = 1.0 / float(terms["frobenius_1"][t])
+            clus = 1.0 / float(terms[f"frobenius_{cluster:g}"][t])
+            disp = 1.0 / float(terms[f"frobenius_{disperse:g}"][t])
+            v = float(terms["v_eff"][t])
+            rows.append({"prompt": p_index, "position": t, "v_eff": v, "band": v_eff_band(v), "tcb_orig": orig,
+                         "tcb_cluster": clus, "tcb_disperse": disp, "ordered": clus > orig > disp})  # fmt: skip
+    summary = []
+    for band in ("<20", "20–100", ">100", "all"):
+        members = [r for r in rows if band in ("all", r["band"])]
+        share = sum(r["ordered"] for r in members) / len(members) if members else None
+        summary.append({"band": band, "positions": len(members), "ordered_share": share})
+    return {"rows": rows, "summary": summary}
+
+
+TEMPLATES: dict[str, str] = {
+    "bare": "{question}",
+    "paper": "{question}\n\n" + MATH_INSTRUCTION,
+    "terse": "{question}\n\nGive only the final number, as \\boxed{{N}}.",
+    "expert": "You are a meticulous mathematician. Check every step.\n\n{question}\n\n" + MATH_INSTRUCTION,
+}
+
+
+def _messages(template: str, question: Question, shots: Sequence[Question]) -> list[dict[str, str]]:
+    messages = []
+    for shot in shots:  # worked examples as earlier turns, answered in the asked-for format
+        messages.append({"role": "user", "content": TEMPLATES[template].format(question=shot.question)})
+        messages.append({"role": "assistant", "content": f"The answer is \\boxed{{{shot.answer}}}."})
+    messages.append({"role": "user", "content": TEMPLATES[template].format(question=question.question)})
+    return messages
+
+
+def _prompt_ids(lm: LoadedModel, messages: list[dict[str, str]]) -> list[int]:
+    tok = lm.tokenizer
+    if tok is None:
+        raise InputError(f"model {lm.name} has no tokenizer")
+    if getattr(tok, "chat_template", None):
+        return as_token_ids(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    return _encode(lm, "".join(f"{m['content']}\n\n" for m in messages))  # base models: turns as paragraphs
+
+
+def prompt_variants(
+    lm: LoadedModel,
+    task: str = "reasoning_gym:chain_sum",
+    questions: int = 10,
+    templates: Sequence[str] = tuple(TEMPLATES),
+    shots: Sequence[int] = (0, 2),
+    max_new_tokens: int = 96,
+    seed: int = 0,
+) -> dict:
+    """Greedy answers per template × shots: accuracy, perplexity of the answer, and its mean / median δ."""
+    unknown = [t for t in templates if t not in TEMPLATES]
+    if unknown:
+        raise InputError(f"unknown template(s) {unknown}; known: {', '.join(TEMPLATES)}")
+    qs = load_task(task, questions, seed)
+    pool = load_task(task, max(shots, default=0) + 1, seed + 1)  # examples from a different seed
+    generator = HFGenerator(
+        lm, SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, readout_tokens=0)
+    )
+    rows, summary = [], []
+    for template in templates:
+        for k in shots:
+            records, graded = [], []
+            for q in qs:
+                ids = _prompt_ids(lm, _messages(template, q, pool[:k]))
+                trace = generator.sample(ids, [0])[0]
+                text = lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True)
+                graded.append(grade(q, text))
+                records.append({"id": q.id, "prompt_ids": ids, "completion_ids": trace.token_ids})
+            scored = score(lm, records, dtr=DTRConfig(), tcb=TCBConfig())
+            for q, g, s in zip(qs, graded, scored, strict=True):
+                rows.append({"template": template, "shots": k, "id": q.id, "correct": g.correct,
+                             "answer": g.answer, "perplexity": -s["neg_perplexity"], "tcb_mean": s["tcb_mean"],
+                             "n_tokens": s["n_tokens"]})  # fmt: skip
+            mine = [r for r in rows if r["template"] == template and r["shots"] == k]
+            tcbs = torch.tensor([r["tcb_mean"] for r in mine], dtype=torch.float64)
+            summary.append(
+                {
+                    "template": template,
+                    "shots": k,
+                    "accuracy": sum(r["correct"] for r in mine) / len(mine),
+                    "perplexity": sum(r["perplexity"] for r in mine) / len(mine),
+                    "tcb_mean": float(tcbs.mean()),
+                    "tcb_median": float(tcbs.median()),
+                }
+            )
+    return {"rows": rows, "summary": summary}
+
+
+@dataclasses.dataclass(frozen=True)
+class DropRule:
+    """The sharp-drop rule of the generation trace (see ``metrics.tcb.sharp_drops``)."""
+
+    window: int = 8
+    factor: float = 10.0
+    max_perplexity: float = 2.0
+
+
+def generation_trace(
+    lm: LoadedModel, prompt: str, max_new_tokens: int = 64, rule: DropRule = DropRule(), chat: bool = True
+) -> dict:
+    """A greedy generation's per-token δ, V_eff and perplexity, with sharp δ drops at low perplexity flagged."""
+    messages = [{"role": "user", "content": prompt}]
+    ids = _prompt_ids(lm, messages) if chat else _encode(lm, prompt)
+    generator = HFGenerator(
+        lm, SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, readout_tokens=0)
+    )
+    trace = generator.sample(ids, [0])[0]
+    scored = score(lm, [{"id": "trace", "prompt_ids": ids, "completion_ids": trace.token_ids}], tokens=True)[
+        0
+    ]
+    tcb = torch.tensor(scored["tcb"], dtype=torch.float64)
+    log_prob = torch.tensor(trace.log_prob, dtype=torch.float64)
+    drops = sharp_drops(tcb, log_prob, rule.window, rule.factor, rule.max_perplexity)
+    tokens = [lm.tokenizer.decode([t]) for t in trace.token_ids]
+    rows = [
+        {
+            "position": i,
+            "token": tok,
+            "tcb": float(tcb[i]),
+            "v_eff": scored["v_eff"][i],
+            "perplexity": math.exp(-float(log_prob[i])),
+            "sharp_drop": bool(drops[i]),
+        }
+        for i, tok in enumerate(tokens)
+    ]
+    summary = {"tokens": len(rows), "sharp_drops": int(drops.sum()), "rule": dataclasses.asdict(rule),
+               "text": lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True)}  # fmt: skip
+    return {"rows": rows, "summary": summary}
