@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.metrics.tcb import final_output, geometry_ablation, pearson, sharp_drops, v_eff_band
+from depthlens.metrics.tcb import final_output, geometry_ablation, pearson, sharp_drops, spearman, v_eff_band
 from depthlens.studies.tcb_studies import generation_trace, geometry, prompt_set, prompt_variants, regimes
 from tests.test_cli import run
 from tests.test_tcb import _states, _unembedding
@@ -50,6 +50,9 @@ def test_pearson_and_bands():
     assert pearson(torch.tensor(x), torch.tensor(y)) == pytest.approx(float(np.corrcoef(x, y)[0, 1]))
     assert pearson(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])) is None
     assert pearson(torch.ones(4), torch.arange(4.0)) is None
+    assert spearman(
+        torch.tensor([1.0, 2.0, 3.0, 100.0]), torch.tensor([1.0, 4.0, 9.0, 16.0])
+    ) == pytest.approx(1.0)
     assert [v_eff_band(v) for v in (1.0, 19.99, 20.0, 100.0, 5e4)] == ["<20", "<20", "20–100", ">100", ">100"]
 
 
@@ -89,3 +92,16 @@ def test_tcb_commands_write_table_and_figure(real_model, monkeypatch, capsys, tm
     for name in ("trace.csv", "trace.json", "trace.md", "trace.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert json.loads((tmp_path / "trace.json").read_text())["summary"]["tokens"] >= 1
+
+
+def test_every_template_renders_with_shots():
+    from depthlens.studies.tasks import Question
+    from depthlens.studies.tcb_studies import TEMPLATES, _messages
+
+    q, shot = Question("q", "1 + 2 =", "3"), Question("s", "4 + 4 =", "8")
+    for name in TEMPLATES:
+        messages = _messages(name, q, [shot])
+        assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+        assert "1 + 2 =" in messages[-1]["content"] and "{question}" not in messages[-1]["content"]
+        assert messages[1]["content"] == r"The answer is \boxed{8}."
+    assert r"\boxed{}" in _messages("paper", q, [])[0]["content"]

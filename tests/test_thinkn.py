@@ -197,3 +197,32 @@ def test_real_model_thinkn_end_to_end(real_model, monkeypatch, capsys, tmp_path)
                          "--trials", "2")  # fmt: skip
     assert code in (0, None), err
     assert "think@n" in out and "cons@n" in out
+
+
+def test_live_think_at_n_finishes_only_the_kept(tiny_chat):
+    """The deployed two-phase flow: same kept set and votes as ranking the full pool, at the exact cost."""
+    from depthlens.sampling.generate import HFGenerator
+    from depthlens.studies.thinkn import response_from_trace, think_at_n_live
+    from depthlens.voting.answers import extract_answer, vote_key
+    from depthlens.voting.methods import think_at_n
+
+    gen = HFGenerator(tiny_chat, SAMPLING)
+    prompt, seeds = [1, 5, 6, 7], [31, 32, 33, 34, 35, 36]
+    voting = VotingConfig(n=6, eta=0.5, prefix=3)
+
+    def key(trace):
+        found = extract_answer(tiny_chat.tokenizer.decode(trace.token_ids, skip_special_tokens=True))
+        return vote_key(found.text) if found else None
+
+    answer, traces, cost = think_at_n_live(gen, prompt, seeds, voting, DTRConfig(), key)
+    whole = gen.sample(prompt, seeds)
+    pool = [
+        dataclasses.replace(response_from_trace(t, tiny_chat.n_layers, DTRConfig()), key=key(t))
+        for t in whole
+    ]
+    offline = think_at_n(pool, voting)
+    assert answer == offline.answer
+    assert cost == offline.cost == sum(len(t) for t in traces)
+    for i, t in enumerate(traces):
+        expected = whole[i].token_ids if i in offline.kept else whole[i].token_ids[:3]
+        assert t.token_ids == expected

@@ -26,6 +26,7 @@ from depthlens.metrics.tcb import (
     geometry_ablation,
     pearson,
     sharp_drops,
+    spearman,
     token_constraint_terms,
     v_eff_band,
 )
@@ -86,6 +87,8 @@ def regimes(lm: LoadedModel, sets: dict[str, list[dict[str, Any]]], tcb: TCBConf
                 "median_v_eff": float(terms["v_eff"].median()),
                 "corr_tcb_sqrt_v_eff": pearson(terms["tcb"], terms["v_eff"].sqrt()),
                 "corr_tcb_margin": pearson(terms["tcb"], terms["margin"]),
+                "spearman_tcb_v_eff": spearman(terms["tcb"], terms["v_eff"]),
+                "spearman_tcb_margin": spearman(terms["tcb"], terms["margin"]),
             }
         )
     return {"rows": rows, "summary": summary}
@@ -104,15 +107,19 @@ def geometry(
     if not (0 <= cluster < 1 < disperse):
         raise InputError(f"need 0 ≤ cluster < 1 < disperse; got cluster {cluster}, disperse {disperse}")
     unembed, norms = _unembedding(lm)
+    where = [(p, t) for p, prompt in enumerate(prompts) for t in range(len(_encode(lm, prompt)))]
+    states = torch.cat([final_states(lm, _encode(lm, prompt)) for prompt in prompts])
     rows = []
-    for p_index, prompt in enumerate(prompts):
-        ids = _encode(lm, prompt)
-        terms = geometry_ablation(unembed, final_states(lm, ids), norms, top_k, (cluster, 1.0, disperse))
-        for t in range(len(ids)):
-            orig = 1.0 / float(terms["frobenius_1"][t])
-            clus = 1.0 / float(terms[f"frobenius_{cluster:g}"][t])
-            disp = 1.0 / float(terms[f"frobenius_{disperse:g}"][t])
-            v = float(terms["v_eff"][t])
+    for start in range(0, states.shape[0], _GEOMETRY_CHUNK):  # few float64 passes over W, bounded [chunk, V]
+        terms = geometry_ablation(
+            unembed, states[start : start + _GEOMETRY_CHUNK], norms, top_k, (cluster, 1.0, disperse)
+        )
+        for i in range(terms["v_eff"].shape[0]):
+            orig = 1.0 / float(terms["frobenius_1"][i])
+            clus = 1.0 / float(terms[f"frobenius_{cluster:g}"][i])
+            disp = 1.0 / float(terms[f"frobenius_{disperse:g}"][i])
+            v = float(terms["v_eff"][i])
+            p_index, t = where[start + i]
             rows.append({"prompt": p_index, "position": t, "v_eff": v, "band": v_eff_band(v), "tcb_orig": orig,
                          "tcb_cluster": clus, "tcb_disperse": disp, "ordered": clus > orig > disp})  # fmt: skip
     summary = []
@@ -123,20 +130,27 @@ def geometry(
     return {"rows": rows, "summary": summary}
 
 
+_GEOMETRY_CHUNK = 128  # positions per float64 pass: [128, V] float64 tensors (150 MB at V = 152k)
+
 TEMPLATES: dict[str, str] = {
     "bare": "{question}",
     "paper": "{question}\n\n" + MATH_INSTRUCTION,
-    "terse": "{question}\n\nGive only the final number, as \\boxed{{N}}.",
+    "terse": "{question}\n\nGive only the final number, as \\boxed{N}.",
     "expert": "You are a meticulous mathematician. Check every step.\n\n{question}\n\n" + MATH_INSTRUCTION,
 }
+
+
+def _fill(template: str, question: Question) -> str:
+    # Not str.format: the templates contain LaTeX braces (\boxed{}).
+    return TEMPLATES[template].replace("{question}", question.question)
 
 
 def _messages(template: str, question: Question, shots: Sequence[Question]) -> list[dict[str, str]]:
     messages = []
     for shot in shots:  # worked examples as earlier turns, answered in the asked-for format
-        messages.append({"role": "user", "content": TEMPLATES[template].format(question=shot.question)})
+        messages.append({"role": "user", "content": _fill(template, shot)})
         messages.append({"role": "assistant", "content": f"The answer is \\boxed{{{shot.answer}}}."})
-    messages.append({"role": "user", "content": TEMPLATES[template].format(question=question.question)})
+    messages.append({"role": "user", "content": _fill(template, question)})
     return messages
 
 

@@ -376,15 +376,18 @@ def think_at_n_live(
             "live Think@n needs a finite --prefix (the full-length ranking is an offline ablation)"
         )
     paused = backend.start(prompt, seeds, stop_after=voting.prefix)
-    responses = [_live_response(t, backend.n_layers, dtr) for t in paused.traces]
+    responses = [response_from_trace(t, backend.n_layers, dtr) for t in paused.traces]
     ranked = think_at_n(responses, voting)
     traces = backend.resume(paused, list(ranked.kept))
-    final = [dataclasses.replace(_live_response(t, backend.n_layers, dtr), key=answer_key(t)) for t in traces]
+    final = [
+        dataclasses.replace(response_from_trace(t, backend.n_layers, dtr), key=answer_key(t)) for t in traces
+    ]
     outcome = think_at_n(final, dataclasses.replace(voting, eta=1.0))  # a plain vote among the kept
     return outcome.answer, paused.traces, sum(len(t) for t in paused.traces)
 
 
-def _live_response(trace: Trace, n_layers: int, dtr: DTRConfig) -> Response:
+def response_from_trace(trace: Trace, n_layers: int, dtr: DTRConfig) -> Response:
+    """A trace as voting sees it (no answer key or grade yet): deep flags from its read-out divergences."""
     divergence = torch.tensor(trace.divergence, dtype=torch.float32).reshape(-1, n_layers)
     deep = deep_flags(settling_depth(divergence, dtr.g), n_layers, dtr.rho, dtr.deep_rule)
     return Response(
