@@ -65,7 +65,10 @@ def test_shipped_prompt_sets():
 def test_regimes_and_geometry_on_a_tiny_model(tiny_chat):
     sets = {"diverse": prompt_set("diverse")[:6], "low_veff": prompt_set("low_veff")[:5]}
     result = regimes(tiny_chat, sets)
-    assert [s["set"] for s in result["summary"]] == ["diverse", "low_veff"] and len(result["rows"]) == 11
+    assert [s["set"] for s in result["summary"]] == ["diverse", "low_veff", "V_eff ≥ 4", "V_eff < 4"]
+    assert (
+        len(result["rows"]) == 11 and result["summary"][2]["prompts"] + result["summary"][3]["prompts"] == 11
+    )
     assert all(r["tcb"] > 0 and r["v_eff"] >= 1 for r in result["rows"])
     geo = geometry(tiny_chat, ["1 2 3", "4 5"], top_k=4)
     assert len(geo["rows"]) == 6 + 4  # every position of the character-tokenised prompts, BOS included

@@ -226,3 +226,20 @@ def test_live_think_at_n_finishes_only_the_kept(tiny_chat):
     for i, t in enumerate(traces):
         expected = whole[i].token_ids if i in offline.kept else whole[i].token_ids[:3]
         assert t.token_ids == expected
+
+
+def test_task_config_sets_reasoning_gym_difficulty():
+    from depthlens.studies.tasks import parse_task_config
+
+    config = parse_task_config("min_terms=2,max_terms=2,max_digits=1, allow_negation=false")
+    assert config == {"min_terms": 2, "max_terms": 2, "max_digits": 1, "allow_negation": False}
+    qs = load_task(
+        "reasoning_gym:chain_sum", 5, seed=0, config={"min_terms": 2, "max_terms": 2, "max_digits": 1}
+    )
+    assert all(
+        len(q.question.split("problem:")[1].split()) == 4 for q in qs
+    )  # "a ± b =": two one-digit terms
+    with pytest.raises(InputError, match="rejects --task-config"):
+        load_task("reasoning_gym:chain_sum", 2, config={"no_such_setting": 1})
+    with pytest.raises(InputError, match="key=value"):
+        parse_task_config("max_terms")

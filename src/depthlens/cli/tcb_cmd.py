@@ -48,6 +48,9 @@ def regimes(
     out: OutDir,
     model: opt.Model = D["model"],
     epsilon: opt.Epsilon = D["epsilon"],
+    split: Annotated[
+        float, typer.Option("--split", help="Also pool all prompts split at this measured V_eff.")
+    ] = 4.0,
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
@@ -61,7 +64,7 @@ def regimes(
     tcb = TCBConfig(epsilon=epsilon)
     lm = _load(model, device, dtype, trust_remote_code)
     with err_console.status("regimes"):
-        result = run(lm, {"diverse": prompt_set("diverse"), "low_veff": prompt_set("low_veff")}, tcb)
+        result = run(lm, {"diverse": prompt_set("diverse"), "low_veff": prompt_set("low_veff")}, tcb, split)
     out.mkdir(parents=True, exist_ok=True)
     _finish(out, "regimes", result, draw_regimes(result, out / "regimes.png"))
 
@@ -102,6 +105,10 @@ def prompts(
         str, typer.Option("--task", help="An offline reasoning-gym task.")
     ] = "reasoning_gym:chain_sum",
     questions: Annotated[int, typer.Option("--questions", min=1)] = 10,
+    task_config: Annotated[
+        str | None,
+        typer.Option("--task-config", help="reasoning-gym settings, e.g. 'max_terms=3,max_digits=2'."),
+    ] = None,
     shots: Annotated[
         str, typer.Option("--shots", help="Comma-separated numbers of worked examples.")
     ] = "0,2",
@@ -115,6 +122,7 @@ def prompts(
 ) -> None:
     """Accuracy, answer perplexity and δ per prompt template × k-shot, greedy answers (paper §4.3–4.4)."""
     from depthlens.errors import InputError
+    from depthlens.studies.tasks import parse_task_config
     from depthlens.studies.tcb_studies import TEMPLATES, prompt_variants
     from depthlens.viz.tcb import draw_prompt_variants
 
@@ -127,7 +135,9 @@ def prompts(
     with err_console.status(
         f"{len(names)} templates × {len(shot_list)} shot settings × {questions} questions"
     ):
-        result = prompt_variants(lm, task, questions, names, shot_list, max_new_tokens)
+        result = prompt_variants(
+            lm, task, questions, names, shot_list, max_new_tokens, task_config=parse_task_config(task_config)
+        )
     out.mkdir(parents=True, exist_ok=True)
     _finish(out, "prompts", result, draw_prompt_variants(result, out / "prompts.png"))
 

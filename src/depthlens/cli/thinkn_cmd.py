@@ -34,6 +34,10 @@ Data = Annotated[
 ]
 Questions = Annotated[int | None, typer.Option("--questions", min=1, help="How many questions (default 50).")]
 TaskSeed = Annotated[int, typer.Option("--task-seed", help="Seed of generated tasks (reasoning-gym).")]
+TaskConfig = Annotated[
+    str | None,
+    typer.Option("--task-config", help="reasoning-gym generator settings, e.g. 'max_terms=3,max_digits=2'."),
+]
 Pool = Annotated[
     int | None, typer.Option("--pool", min=1, help="Responses sampled per question (default 2·n for thinkn).")
 ]
@@ -95,6 +99,7 @@ def _generate(
     data: Path | None,
     questions: int | None,
     task_seed: int,
+    task_config: str | None,
     pool: int,
     seed: int,
     sampling: SamplingConfig,
@@ -112,12 +117,12 @@ def _generate(
 ) -> GenerationReport:
     from depthlens.config import DTRConfig, ReadoutConfig
     from depthlens.models.load import load
-    from depthlens.studies.tasks import load_task
+    from depthlens.studies.tasks import load_task, parse_task_config
     from depthlens.studies.thinkn import generate_store
 
     readout = ReadoutConfig(divergence=divergence)  # type: ignore[arg-type]
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
-    qs = load_task(task, questions, task_seed, data)
+    qs = load_task(task, questions, task_seed, data, parse_task_config(task_config))
     with err_console.status(f"loading {model}") as status:
         lm = load(
             model,
@@ -130,6 +135,7 @@ def _generate(
         "name": task,
         "questions": questions,
         "task_seed": task_seed,
+        "task_config": task_config,
         "data": str(data) if data else None,
     }
     with make_progress(err_console) as progress:
@@ -177,6 +183,7 @@ def generate(
     data: Data = None,
     questions: Questions = None,
     task_seed: TaskSeed = 0,
+    task_config: TaskConfig = None,
     pool: Annotated[int, typer.Option("--pool", min=1, help="Responses sampled per question.")] = 8,
     seed: Seed = 0,
     temperature: Temperature = _S.temperature,
@@ -204,6 +211,7 @@ def generate(
         data=data,
         questions=questions,
         task_seed=task_seed,
+        task_config=task_config,
         pool=pool,
         seed=seed,
         sampling=sampling,
@@ -279,6 +287,7 @@ def thinkn(
     data: Data = None,
     questions: Questions = None,
     task_seed: TaskSeed = 0,
+    task_config: TaskConfig = None,
     n: N = _V.n,
     pool: Pool = None,
     eta: Eta = _V.eta,
@@ -329,6 +338,7 @@ def thinkn(
             data=data,
             questions=questions,
             task_seed=task_seed,
+            task_config=task_config,
             pool=pool_size,
             seed=seed,
             sampling=sampling,

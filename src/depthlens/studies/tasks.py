@@ -145,7 +145,23 @@ def known_tasks() -> list[str]:
     return [f"reasoning_gym:{n}" for n in reasoning_gym_names()] + list(HUB_TASKS)
 
 
-def _reasoning_gym(name: str, count: int, seed: int) -> list[Question]:
+def parse_task_config(text: str | None) -> dict[str, Any]:
+    """``"min_terms=2,max_digits=2"`` → {"min_terms": 2, "max_digits": 2}; values parsed as JSON when they can be."""
+    config: dict[str, Any] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--task-config {text!r}: expected key=value pairs separated by commas")
+        try:
+            config[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            config[key.strip()] = value.strip()
+    return config
+
+
+def _reasoning_gym(name: str, count: int, seed: int, config: dict[str, Any]) -> list[Question]:
     import reasoning_gym
 
     if name not in reasoning_gym.factory.DATASETS:
@@ -155,7 +171,10 @@ def _reasoning_gym(name: str, count: int, seed: int) -> list[Question]:
             + (f"; similar: {', '.join(close)}" if close else "")
             + "; `depthlens tasks` lists all"
         )
-    data = reasoning_gym.create_dataset(name, size=count, seed=seed)
+    try:
+        data = reasoning_gym.create_dataset(name, size=count, seed=seed, **config)
+    except TypeError as exc:
+        raise InputError(f"reasoning-gym dataset {name!r} rejects --task-config {config}: {exc}") from None
     questions = []
     for i in range(count):
         entry = data[i]
@@ -225,12 +244,23 @@ def _hub_rows(name: str, spec: HubTask) -> list[dict[str, Any]]:
         ) from None
 
 
-def load_task(name: str, count: int | None = None, seed: int = 0, data: Path | None = None) -> list[Question]:
-    """The first ``count`` questions (all when None) of task ``name``; reasoning-gym ones need ``count``."""
+def load_task(
+    name: str,
+    count: int | None = None,
+    seed: int = 0,
+    data: Path | None = None,
+    config: dict[str, Any] | None = None,
+) -> list[Question]:
+    """The first ``count`` questions (all when None) of task ``name``; reasoning-gym ones need ``count``.
+
+    ``config`` is passed to the reasoning-gym generator (difficulty: e.g. chain_sum's max_terms, max_digits).
+    """
     if count is not None and count < 1:
         raise InputError(f"--questions = {count}; ask for at least 1")
     if name.startswith("reasoning_gym:"):
-        return _reasoning_gym(name.split(":", 1)[1], count or 50, seed)
+        return _reasoning_gym(name.split(":", 1)[1], count or 50, seed, config or {})
+    if config:
+        raise InputError(f"--task-config applies to reasoning_gym tasks only, not {name!r}")
     if name in HUB_TASKS:
         spec = HUB_TASKS[name]
         rows = _read_jsonl(data) if data is not None else _hub_rows(name, spec)

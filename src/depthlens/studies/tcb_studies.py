@@ -69,8 +69,28 @@ def _unembedding(lm: LoadedModel) -> tuple[Unembedding, torch.Tensor]:
     return unembed, unembed.row_norms_sq()
 
 
-def regimes(lm: LoadedModel, sets: dict[str, list[dict[str, Any]]], tcb: TCBConfig = TCBConfig()) -> dict:
-    """Per prompt: δ, V_eff, margin at the next-token position; per set: corr(δ, √V_eff), corr(δ, margin)."""
+def _regime_summary(
+    name: str, tcb: torch.Tensor, v_eff: torch.Tensor, margin: torch.Tensor
+) -> dict[str, Any]:
+    return {
+        "set": name,
+        "prompts": int(tcb.numel()),
+        "median_v_eff": float(v_eff.median()) if tcb.numel() else None,
+        "corr_tcb_sqrt_v_eff": pearson(tcb, v_eff.sqrt()),
+        "corr_tcb_margin": pearson(tcb, margin),
+        "spearman_tcb_v_eff": spearman(tcb, v_eff),
+        "spearman_tcb_margin": spearman(tcb, margin),
+    }
+
+
+def regimes(
+    lm: LoadedModel, sets: dict[str, list[dict[str, Any]]], tcb: TCBConfig = TCBConfig(), split: float = 4.0
+) -> dict:
+    """Per prompt: δ, V_eff, margin at the next-token position; per set: corr(δ, √V_eff), corr(δ, margin).
+
+    Beside the two prompt sets, all prompts pooled and split by their *measured* V_eff at ``split``: which
+    regime a prompt is in is a property of the model's output there, not of how the prompt was chosen.
+    """
     unembed, norms = _unembedding(lm)
     rows, summary = [], []
     for set_name, prompts in sets.items():
@@ -80,17 +100,13 @@ def regimes(lm: LoadedModel, sets: dict[str, list[dict[str, Any]]], tcb: TCBConf
             rows.append({"set": set_name, "id": p["id"], "category": p.get("category"), "prompt": p["prompt"],
                          "tcb": float(terms["tcb"][i]), "v_eff": float(terms["v_eff"][i]),
                          "margin": float(terms["margin"][i])})  # fmt: skip
-        summary.append(
-            {
-                "set": set_name,
-                "prompts": len(prompts),
-                "median_v_eff": float(terms["v_eff"].median()),
-                "corr_tcb_sqrt_v_eff": pearson(terms["tcb"], terms["v_eff"].sqrt()),
-                "corr_tcb_margin": pearson(terms["tcb"], terms["margin"]),
-                "spearman_tcb_v_eff": spearman(terms["tcb"], terms["v_eff"]),
-                "spearman_tcb_margin": spearman(terms["tcb"], terms["margin"]),
-            }
-        )
+        summary.append(_regime_summary(set_name, terms["tcb"], terms["v_eff"], terms["margin"]))
+    columns = {k: torch.tensor([r[k] for r in rows], dtype=torch.float64) for k in ("tcb", "v_eff", "margin")}
+    for name, keep in (
+        (f"V_eff ≥ {split:g}", columns["v_eff"] >= split),
+        (f"V_eff < {split:g}", columns["v_eff"] < split),
+    ):
+        summary.append(_regime_summary(name, *(columns[k][keep] for k in ("tcb", "v_eff", "margin"))))
     return {"rows": rows, "summary": summary}
 
 
@@ -171,13 +187,15 @@ def prompt_variants(
     shots: Sequence[int] = (0, 2),
     max_new_tokens: int = 96,
     seed: int = 0,
+    task_config: dict[str, Any] | None = None,
 ) -> dict:
     """Greedy answers per template × shots: accuracy, perplexity of the answer, and its mean / median δ."""
     unknown = [t for t in templates if t not in TEMPLATES]
     if unknown:
         raise InputError(f"unknown template(s) {unknown}; known: {', '.join(TEMPLATES)}")
-    qs = load_task(task, questions, seed)
-    pool = load_task(task, max(shots, default=0) + 1, seed + 1)  # examples from a different seed
+    qs = load_task(task, questions, seed, config=task_config)
+    # Worked examples from a far-away seed (nearby reasoning-gym seeds share items), never the question itself.
+    pool = load_task(task, max(shots, default=0) + len(qs), seed + 10_007, config=task_config)
     generator = HFGenerator(
         lm, SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, readout_tokens=0)
     )
@@ -186,7 +204,8 @@ def prompt_variants(
         for k in shots:
             records, graded = [], []
             for q in qs:
-                ids = _prompt_ids(lm, _messages(template, q, pool[:k]))
+                examples = [e for e in pool if e.question != q.question][:k]
+                ids = _prompt_ids(lm, _messages(template, q, examples))
                 trace = generator.sample(ids, [0])[0]
                 text = lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True)
                 graded.append(grade(q, text))
