@@ -63,12 +63,8 @@ class ReadoutChunk:
     @torch.inference_mode()
     def layers(self, first: int = 1, last: int | None = None) -> Iterator[LayerReadout]:
         """Layers ``first``..``last`` (default L − 1) read out one at a time; only one [c, V] lives per step."""
-        last = self.n_layers - 1 if last is None else last
-        for layer in range(first, last + 1):
-            hidden = self._hidden[layer - 1]
-            normed = self.lens.normed(hidden)
-            logits = self.lens.logits_from_normed(normed)
-            yield LayerReadout(layer, torch.log_softmax(logits, dim=-1), normed.float())
+        for layer, logprobs, normed in self.layer_blocks(0, first, last):  # rows = 0: one layer per block
+            yield LayerReadout(layer, logprobs[0], normed[0])
 
     @torch.inference_mode()
     def layer_blocks(

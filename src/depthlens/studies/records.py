@@ -126,9 +126,7 @@ class ResultWriter:
         exists = out.exists() and out.stat().st_size > 0
         if exists and resume:
             if not meta.exists():
-                raise StoreError(
-                    f"{out} has no manifest ({meta.name}); it was not written by depthlens score"
-                )
+                raise StoreError(f"{out} has no manifest ({meta.name}); it was not written by depthlens")
             previous = json.loads(meta.read_text())
             mismatch = [
                 k for k in manifest if k not in ("command", "started") and previous.get(k) != manifest[k]

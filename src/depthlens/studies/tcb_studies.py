@@ -123,8 +123,9 @@ def geometry(
     if not (0 <= cluster < 1 < disperse):
         raise InputError(f"need 0 ≤ cluster < 1 < disperse; got cluster {cluster}, disperse {disperse}")
     unembed, norms = _unembedding(lm)
-    where = [(p, t) for p, prompt in enumerate(prompts) for t in range(len(_encode(lm, prompt)))]
-    states = torch.cat([final_states(lm, _encode(lm, prompt)) for prompt in prompts])
+    encoded = [_encode(lm, prompt) for prompt in prompts]
+    where = [(p, t) for p, ids in enumerate(encoded) for t in range(len(ids))]
+    states = torch.cat([final_states(lm, ids) for ids in encoded])
     rows = []
     for start in range(0, states.shape[0], _GEOMETRY_CHUNK):  # few float64 passes over W, bounded [chunk, V]
         terms = geometry_ablation(

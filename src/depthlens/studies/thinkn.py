@@ -78,6 +78,14 @@ def _rounded(values: Sequence[float], digits: int = 5) -> list[float]:
     return [round(v, digits) for v in values]
 
 
+def deep_from_divergence(
+    divergence: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig
+) -> torch.Tensor:
+    """Deep-thinking flags [R] of R read-out tokens from their stored [R][L] divergence rows (R may be 0)."""
+    table = torch.tensor(divergence, dtype=torch.float32).reshape(-1, n_layers)
+    return deep_flags(settling_depth(table, dtr.g), n_layers, dtr.rho, dtr.deep_rule)
+
+
 def sample_record(
     lm: LoadedModel, question: Question, index: int, trace: Trace, dtr: DTRConfig, timeout_s: int = 5
 ) -> dict[str, Any]:
@@ -87,8 +95,7 @@ def sample_record(
     """
     text = lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True) if lm.tokenizer else ""
     graded = grade(question, text, timeout_s)
-    divergence = torch.tensor(trace.divergence, dtype=torch.float32).reshape(-1, lm.n_layers)
-    deep = deep_flags(settling_depth(divergence, dtr.g), lm.n_layers, dtr.rho, dtr.deep_rule)
+    deep = deep_from_divergence(trace.divergence, lm.n_layers, dtr)
     return {
         "id": f"{question.id}#{index}",
         "question_id": question.id,
@@ -278,8 +285,7 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
                 f"{out_dir / SAMPLES}:{line}: missing field(s) {missing}; the store is damaged or "
                 "was not written by `depthlens generate`"
             )
-        divergence = torch.tensor(record["divergence"], dtype=torch.float32).reshape(-1, n_layers)
-        deep = deep_flags(settling_depth(divergence, dtr.g), n_layers, dtr.rho, dtr.deep_rule)
+        deep = deep_from_divergence(record["divergence"], n_layers, dtr)
         grades[record.get("grade", "?")] += 1
         pools.setdefault(record["question_id"], []).append(
             Response(
@@ -388,8 +394,7 @@ def think_at_n_live(
 
 def response_from_trace(trace: Trace, n_layers: int, dtr: DTRConfig) -> Response:
     """A trace as voting sees it (no answer key or grade yet): deep flags from its read-out divergences."""
-    divergence = torch.tensor(trace.divergence, dtype=torch.float32).reshape(-1, n_layers)
-    deep = deep_flags(settling_depth(divergence, dtr.g), n_layers, dtr.rho, dtr.deep_rule)
+    deep = deep_from_divergence(trace.divergence, n_layers, dtr)
     return Response(
         None, False, len(trace), deep.numpy(), np.asarray(trace.self_certainty), np.asarray(trace.confidence)
     )
