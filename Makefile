@@ -27,9 +27,17 @@ lint: setup
 test: model lint
 	$(BIN)/python -m pytest -q
 
+# The whole idea in minutes on the default model: sample a small offline task with every layer read out, vote
+# (Think@n vs Cons@n and the baselines), correlate DTR and the baselines with accuracy, draw, write the report.
+DEMO := runs/demo
+DEMO_TASK := --task reasoning_gym:chain_sum --task-config min_terms=2,max_terms=2,max_digits=1
 demo: model
-	$(BIN)/depthlens score --model $(MODEL) --in examples/samples.jsonl --out runs/demo/scores.jsonl --tokens --overwrite
-	$(BIN)/python examples/show_scores.py runs/demo/scores.jsonl --record apples --png runs/demo/heatmap.png
+	$(BIN)/depthlens generate --model $(MODEL) $(DEMO_TASK) --questions 6 --pool 8 --max-new-tokens 80 \
+		--readout-tokens all --also-divergences kl,cosine --batch-size 8 --out $(DEMO)/chain_sum --overwrite
+	$(BIN)/depthlens thinkn --from $(DEMO)/chain_sum --n 4 --prefix 25 --trials 10
+	$(BIN)/depthlens heatmap --model $(MODEL) --chat --prompt "Tom has 3 apples and buys 4 more. How many apples does he have now?" \
+		--completion "Tom starts with 3 apples. He buys 4 more, so he has 3 + 4 = 7 apples. The answer is 7." --out $(DEMO)/heatmap
+	$(BIN)/depthlens report $(DEMO) --seeds 10
 
 bench: model
 	$(BIN)/python benchmarks/readout.py --out docs/benchmarks/readout.json

@@ -1,6 +1,11 @@
 """Sampling throughput with and without the same-pass logit-lens readout (docs/performance.md).
 
     python benchmarks/generation.py --model smollm2-135m-instruct --n 8 --max-new-tokens 128
+    python benchmarks/generation.py --compare 8 16 48 --max-new-tokens 128 --out docs/benchmarks/generation_vs_hf.json
+
+With ``--compare``: for each n, depthlens's batched sampler against ``model.generate`` (same sampling settings,
+``num_return_sequences=n``), and the Think@n two-phase flow (prefixes for all n, finish the top half) against
+Cons@n (finish all n), both reading out the 50-token prefix.
 
 Greedy-free sampling (temperature 0.6, top-p 0.95) of n responses to one chat prompt, once per readout window
 (none, the first 50 tokens, every token); the sampled tokens are identical across windows (checked), so the
@@ -19,12 +24,72 @@ from depthlens.sampling.generate import HFGenerator
 from depthlens.studies.score import as_token_ids
 
 
+def _hf_generate(lm, prompt: list[int], n: int, max_new_tokens: int, end_ids: set[int]) -> tuple[float, int]:
+    import torch
+
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = lm.model.generate(torch.tensor([prompt]), do_sample=True, temperature=0.6, top_p=0.95,
+                                max_new_tokens=max_new_tokens, num_return_sequences=n,
+                                eos_token_id=sorted(end_ids), pad_token_id=lm.tokenizer.pad_token_id or 0)  # fmt: skip
+    seconds = time.perf_counter() - start
+    tokens = 0
+    for row in out[:, len(prompt) :].tolist():  # count up to and including each row's end token
+        ends = [i for i, t in enumerate(row) if t in end_ids]
+        tokens += ends[0] + 1 if ends else len(row)
+    return seconds, tokens
+
+
+def compare(lm, prompt: list[int], ns: list[int], max_new_tokens: int) -> list[dict]:
+    from depthlens.config import DTRConfig, VotingConfig
+    from depthlens.sampling.generate import end_token_ids
+    from depthlens.studies.thinkn import think_at_n_live
+    from depthlens.voting.answers import extract_answer
+
+    def key(trace) -> str | None:
+        answer = extract_answer(lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True))
+        return answer.text if answer else None
+
+    rows = []
+    for n in ns:
+        seeds = list(range(n))
+        plain = HFGenerator(lm, SamplingConfig(max_new_tokens=max_new_tokens, readout_tokens=0))
+        start = time.perf_counter()
+        ours = sum(len(t) for t in plain.sample(prompt, seeds))
+        ours_s = time.perf_counter() - start
+        hf_s, hf_tokens = _hf_generate(lm, prompt, n, max_new_tokens, end_token_ids(lm))
+        prefix = HFGenerator(lm, SamplingConfig(max_new_tokens=max_new_tokens, readout_tokens=50))
+        start = time.perf_counter()
+        cons_tokens = sum(len(t) for t in prefix.sample(prompt, seeds))
+        cons_s = time.perf_counter() - start
+        start = time.perf_counter()
+        _, _, think_tokens = think_at_n_live(prefix, prompt, seeds, VotingConfig(n=n, eta=0.5, prefix=50),
+                                             DTRConfig(), key)  # fmt: skip
+        think_s = time.perf_counter() - start
+        row = {
+            "n": n,
+            "depthlens_tokens_per_s": round(ours / ours_s, 1),
+            "hf_generate_tokens_per_s": round(hf_tokens / hf_s, 1),
+            "speedup_vs_hf_generate": round((ours / ours_s) / (hf_tokens / hf_s), 2),
+            "cons_at_n_seconds": round(cons_s, 1), "cons_at_n_tokens": cons_tokens,
+            "think_at_n_seconds": round(think_s, 1), "think_at_n_tokens": think_tokens,
+            "think_over_cons_wall": round(think_s / cons_s, 2),
+        }  # fmt: skip
+        rows.append(row)
+        print(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument(
+        "--compare", type=int, nargs="*", help="n values: vs model.generate and Think@n vs Cons@n"
+    )
     args = parser.parse_args()
     lm = load(args.model)
     message = (
@@ -32,6 +97,14 @@ def main() -> None:
     )
     prompt = as_token_ids(lm.tokenizer.apply_chat_template([{"role": "user", "content": message}],
                                                            add_generation_prompt=True, tokenize=True))  # fmt: skip
+    if args.compare:
+        rows = compare(lm, prompt, args.compare, args.max_new_tokens)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(
+                    {"model": args.model, "max_new_tokens": args.max_new_tokens, "rows": rows}, f, indent=2
+                )
+        return
     results, reference = [], None
     for window in (0, 50, None):
         gen = HFGenerator(lm, SamplingConfig(max_new_tokens=args.max_new_tokens, readout_tokens=window))

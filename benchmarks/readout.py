@@ -1,9 +1,13 @@
-"""Scoring throughput and peak memory: streaming readout vs the naive materialising one.
+"""Scoring throughput and peak memory: depthlens's streaming readout (eager, compiled, early exit) against the
+naive materialising one and two peers — tuned-lens's LogitLens in a batched pipeline, and the per-token loop.
 
 Each (method, length) runs in a fresh subprocess so its peak resident memory is its own; "extra" memory is the
 peak minus the resident size right after the model loaded. Never asserted on: numbers go to docs/performance.md.
 
-    python benchmarks/readout.py --lengths 256 1024 4096 --naive-max 512 --out docs/benchmarks/readout.json
+    python benchmarks/readout.py --lengths 256 1024 4096 --methods streaming naive --out docs/benchmarks/readout.json
+    pip install --target /tmp/tlpkgs --no-deps tuned-lens==0.2.0 simple-parsing flatten-dict docstring-parser
+    PYTHONPATH=/tmp/tlpkgs python benchmarks/readout.py --lengths 256 4096 \
+        --methods streaming streaming-early-exit streaming-compiled tuned-lens loop --out docs/benchmarks/peers.json
 """
 
 from __future__ import annotations
@@ -31,10 +35,61 @@ def _rss_mb() -> float:
     return float("nan")
 
 
+def _tuned_lens(lm, seq):
+    """The batched pipeline a user of the public tuned-lens package would write: one forward with every hidden
+    state, then per layer tuned-lens's LogitLens over all tokens at once, log-softmax and a torch JSD."""
+    import torch
+    from tuned_lens.nn.lenses import LogitLens  # PYTHONPATH with tuned-lens 0.2.0 (see docs/performance.md)
+
+    from depthlens.metrics.divergence import js_divergence
+    from depthlens.metrics.dtr import settling_depth
+
+    lens = LogitLens.from_model(lm.model)
+    ids = torch.tensor([list(seq.prompt_ids) + list(seq.completion_ids)])
+    p0 = len(seq.prompt_ids) - 1
+    with torch.inference_mode():
+        out = lm.model(input_ids=ids, output_hidden_states=True)
+        final = torch.log_softmax(out.logits[0, p0:-1].float(), -1)
+        table = torch.zeros(final.shape[0], lm.n_layers)
+        for layer in range(1, lm.n_layers):
+            logits = lens(out.hidden_states[layer][0, p0:-1], layer - 1)
+            table[:, layer - 1] = js_divergence(final, torch.log_softmax(logits.float(), -1))
+    return settling_depth(table, 0.5)
+
+
+def _loop(lm, seq):
+    """The per-token loop a replication would write: hidden states of the text (as `generate(...,
+    output_hidden_states=True)` returns them), then per token and layer: norm, unembed, softmax, JSD."""
+    import torch
+
+    from depthlens.metrics.divergence import js_divergence
+
+    ids = torch.tensor([list(seq.prompt_ids) + list(seq.completion_ids)])
+    p0 = len(seq.prompt_ids) - 1
+    norm, unembed = lm.parts.final_norm, lm.parts.unembed
+    settling = []
+    with torch.inference_mode():
+        out = lm.model(input_ids=ids, output_hidden_states=True)
+        for t in range(p0, ids.shape[1] - 1):
+            final = torch.log_softmax(out.logits[0, t].float(), -1)
+            depth = lm.n_layers
+            for layer in range(1, lm.n_layers):
+                q = torch.log_softmax(unembed(norm(out.hidden_states[layer][0, t])).float(), -1)
+                if float(js_divergence(final, q)) <= 0.5:
+                    depth = layer
+                    break  # (even granting the loop an early exit)
+            settling.append(depth)
+    return torch.tensor(settling)
+
+
+PEERS = {"tuned-lens": _tuned_lens, "loop": _loop}
+
+
 def worker(model: str, method: str, length: int, memory_mb: int) -> dict:
     import torch
 
     from depthlens.config import ReadoutConfig
+    from depthlens.metrics.dtr import settling_depth
     from depthlens.metrics.reference import reference_divergences
     from depthlens.metrics.token_table import reduce_readout
     from depthlens.models.load import load
@@ -47,13 +102,20 @@ def worker(model: str, method: str, length: int, memory_mb: int) -> dict:
     seq = TokenSequence(tok("Solve the problem step by step.")["input_ids"], ids[:length])
     base_rss = _rss_mb()
     start = time.perf_counter()
-    if method == "streaming":
-        config = ReadoutConfig(memory_mb=memory_mb)
-        (table,) = reduce_readout(iter_readout(lm, [seq], config), 1, lm.n_layers, config.divergence)
-        checksum = float(table.divergence.sum())
+    if method.startswith("streaming"):
+        # streaming[-early-exit][-compiled]: depthlens's path; early exit = DTR/settling only, no heatmap table.
+        config = ReadoutConfig(memory_mb=memory_mb, compile="on" if "compiled" in method else "off")
+        settle_at = 0.5 if "early-exit" in method else None
+        (table,) = reduce_readout(iter_readout(lm, [seq], config), 1, lm.n_layers, config.divergence,
+                                  settle_at=settle_at, compiled=config.compile == "on")  # fmt: skip
+        settling = table.settling if table.settling is not None else settling_depth(table.divergence, 0.5)
+        checksum = float(settling.double().mean())
+    elif method in ("tuned-lens", "loop"):
+        settling = PEERS[method](lm, seq)
+        checksum = float(settling.double().mean())
     else:
         divergence, _ = reference_divergences(lm, seq)
-        checksum = float(divergence.sum())
+        checksum = float(settling_depth(divergence, 0.5).double().mean())
     seconds = time.perf_counter() - start
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
@@ -62,7 +124,7 @@ def worker(model: str, method: str, length: int, memory_mb: int) -> dict:
         "seconds": round(seconds, 3),
         "tokens_per_s": round(length / seconds, 1),
         "peak_extra_mb": round(peak_rss - base_rss, 1),
-        "checksum": checksum,
+        "mean_settling_depth": checksum,  # equal across methods: they compute the same thing
     }
 
 
@@ -73,6 +135,12 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--naive-max", type=int, default=512, help="longest length the naive path is run at")
+    parser.add_argument("--methods", nargs="+", default=["streaming", "naive"],
+                        help="streaming, streaming-early-exit, streaming-compiled, streaming-compiled-early-exit, "
+                        "tuned-lens, loop, naive")  # fmt: skip
+    parser.add_argument(
+        "--loop-max", type=int, default=256, help="longest length the per-token loop is run at"
+    )
     parser.add_argument("--memory-mb", type=int, default=512)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "LENGTH"), help=argparse.SUPPRESS)
@@ -82,20 +150,24 @@ def main() -> None:
         return
     rows = []
     for length in args.lengths:
-        for method in ("streaming", "naive"):
+        for method in args.methods:
+            if method == "loop" and length > args.loop_max:
+                print(f"loop @ {length}: skipped (linear in tokens; see the shorter lengths)")
+                continue
             if method == "naive" and length > args.naive_max:
                 print(f"naive @ {length}: skipped (its [L, T, V] float32 tensors would not fit in RAM)")
                 continue
             cmd = [sys.executable, __file__, "--model", args.model, "--memory-mb", str(args.memory_mb),
                    "--worker", method, str(length)]  # fmt: skip
-            out = (
-                subprocess.run(cmd, capture_output=True, text=True, check=True)
-                .stdout.strip()
-                .splitlines()[-1]
-            )
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(f"{method} @ {length}: failed — {done.stderr.strip().splitlines()[-1:]}")
+                rows.append({"method": method, "tokens": length, "error": done.stderr.strip()[-300:]})
+                continue
+            out = done.stdout.strip().splitlines()[-1]
             row = json.loads(out)
             rows.append(row)
-            print(f"{method:>9} @ {length:>5} tokens: {row['tokens_per_s']:>8.1f} tok/s, "
+            print(f"{method:>30} @ {length:>5} tokens: {row['tokens_per_s']:>8.1f} tok/s, "
                   f"peak extra {row['peak_extra_mb']:>8.1f} MB")  # fmt: skip
     result = {
         "model": args.model,

@@ -107,3 +107,20 @@ def test_prompt_too_long_for_the_context(tiny_chat):
         gen.sample(list(range(3, 80)), [1])
     with pytest.raises(InputError, match="seed"):
         gen.sample(PROMPT, [])
+
+
+def test_further_divergence_kinds_come_from_the_same_walk(tiny_chat):
+    """``ReadoutConfig.also``: KL and cosine stored beside JSD equal separate scoring passes of each kind, and
+    asking for them changes neither the tokens nor the JSD rows."""
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=12, readout_tokens=None)
+    plain = HFGenerator(tiny_chat, sampling).sample(PROMPT, [5])[0]
+    trace = HFGenerator(tiny_chat, sampling, ReadoutConfig(also=("kl", "cosine", "jsd"))).sample(PROMPT, [5])[
+        0
+    ]
+    assert trace.token_ids == plain.token_ids and trace.divergence == plain.divergence
+    assert sorted(trace.also) == ["cosine", "kl"]  # the primary kind is not repeated
+    seq = TokenSequence(PROMPT, trace.token_ids)
+    for kind in ("kl", "cosine"):
+        chunks = iter_readout(tiny_chat, [seq], ReadoutConfig(divergence=kind))
+        table = reduce_readout(chunks, 1, tiny_chat.n_layers, kind)[0]
+        assert torch.allclose(torch.tensor(trace.also[kind]), table.divergence, atol=2e-5)

@@ -139,3 +139,80 @@ def test_dtype_bfloat16_keeps_float32_probabilities():
     assert chunk.final.logprobs.dtype == torch.float32
     assert next(chunk.layers()).logprobs.dtype == torch.float32
     lm.model.to(torch.float32)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "gpt2", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["jsd", "kl", "cosine"])
+def test_early_exit_settles_exactly_like_the_full_walk(model_type, kind):
+    """``chunk_settling`` (exact early exit) gives the settling depths of the full divergence table, at any g,
+    and with ``last`` = ⌈ρL⌉ − 1 the same deep flags."""
+    from depthlens.metrics.dtr import deep_flags, deep_threshold, settling_depth
+    from depthlens.metrics.token_table import chunk_divergences, chunk_settling
+
+    lm = wrap(tiny_model(model_type, num_hidden_layers=8) if model_type != "gpt2" else tiny_model(model_type))
+    config = ReadoutConfig(divergence=kind)
+    chunks = list(iter_readout(lm, [_seq(4, 30, seed=3)], config))
+    full = torch.cat([chunk_divergences(c, kind) for c in chunks])
+    for g in (0.0, 0.05, float(full[:, :-1].median()), 0.5, 10.0):
+        early = torch.cat([chunk_settling(c, kind, g) for c in chunks])
+        assert torch.equal(early, settling_depth(full, g)), g
+        k = deep_threshold(lm.n_layers, 0.7)
+        capped = torch.cat([chunk_settling(c, kind, g, last=k - 1) for c in chunks])
+        assert torch.equal(
+            deep_flags(capped, lm.n_layers, 0.7), deep_flags(settling_depth(full, g), lm.n_layers, 0.7)
+        )
+
+
+def test_scores_without_tokens_use_early_exit_and_agree(tiny_llama):
+    from depthlens.studies.score import score
+
+    records = [
+        {"id": str(i), "prompt_ids": [3 + i, 4, 5], "completion_ids": list(range(6 + i, 26 + i))}
+        for i in range(3)
+    ]
+    for g in (0.02, 0.5):
+        from depthlens.config import DTRConfig
+
+        dtr = DTRConfig(g=g, rho=0.6)
+        fast = score(tiny_llama, records, dtr=dtr, tcb=None)
+        slow = score(tiny_llama, records, dtr=dtr, tcb=None, tokens=True)
+        off = score(tiny_llama, records, dtr=dtr, tcb=None, readout=ReadoutConfig(early_exit=False))
+        keys = ("dtr", "mean_settling_depth", "n_tokens", "log_prob", "self_certainty")
+        assert [{k: r[k] for k in keys} for r in fast] == [{k: r[k] for k in keys} for r in slow]
+        assert fast == off
+
+
+def test_compiled_kernel_equals_eager_and_falls_back(tiny_llama, monkeypatch):
+    """The fused compiled step gives the eager divergences and settling; where compiling fails it warns once
+    and runs eager (the CPU fallback of the GPU path)."""
+    import warnings
+
+    from depthlens.metrics import fused
+    from depthlens.metrics.token_table import chunk_divergences, chunk_settling
+
+    assert fused.use_compiled("auto", torch.device("cpu")) is False
+    assert fused.use_compiled("auto", torch.device("cuda")) and fused.use_compiled("on", torch.device("cpu"))
+    chunks = list(iter_readout(tiny_llama, [_seq(4, 24, seed=5)], ReadoutConfig()))
+    for kind in ("jsd", "kl"):
+        eager = torch.cat([chunk_divergences(c, kind) for c in chunks])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no C++ compiler on some machines: then the fallback answers
+            compiled = torch.cat([chunk_divergences(c, kind, compiled=True) for c in chunks])
+            settle = torch.cat([chunk_settling(c, kind, 0.3, compiled=True) for c in chunks])
+        torch.testing.assert_close(compiled, eager, atol=2e-5, rtol=1e-4)
+        from depthlens.metrics.dtr import settling_depth
+
+        assert torch.equal(settle, settling_depth(eager, 0.3))
+
+    def broken(fn, **_):
+        def fail(*a, **k):
+            raise RuntimeError("no compiler here")
+
+        return fail
+
+    monkeypatch.setattr(fused.torch, "compile", broken)
+    lm = wrap(tiny_model("qwen2"))
+    chunks = list(iter_readout(lm, [_seq(4, 12)], ReadoutConfig()))
+    with pytest.warns(RuntimeWarning, match="compiled readout unavailable .*no compiler here"):
+        out = torch.cat([chunk_divergences(c, "jsd", compiled=True) for c in chunks])
+    torch.testing.assert_close(out, torch.cat([chunk_divergences(c, "jsd") for c in chunks]))

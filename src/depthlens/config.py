@@ -16,6 +16,10 @@ Divergence = Literal["jsd", "jsd-nat", "kl", "cosine"]
 """``jsd``: Jensen–Shannon divergence in bits (base 2, bounded by 1); ``jsd-nat``: the same in nats;
 ``kl``: KL(p_L ‖ p_l) in nats; ``cosine``: 1 − cos(norm(h_l), norm(h_L))."""
 
+Compile = Literal["auto", "on", "off"]
+"""``auto``: a compiled (fused) readout kernel on CUDA, eager elsewhere; ``on``: compiled on any device (on a
+CPU it pays ~20 s of compilation once, then runs at the matmul's pace); ``off``: eager everywhere."""
+
 DeepRule = Literal["spec", "paper-literal"]
 """``spec``: deep when c_t ≥ ⌈ρ·L⌉ (SPEC §2, the paper's figures); ``paper-literal``: c_t ≥ ⌈(1−ρ)·L⌉
 (the paper's Algorithm 1 as printed)."""
@@ -25,7 +29,9 @@ class _Config:
     """Mixin: dict round-trip with unknown keys rejected."""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        # Tuples become lists, as they come back from a JSON manifest (so a resumed run compares equal).
+        data = dataclasses.asdict(self)  # type: ignore[call-overload]
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
@@ -33,7 +39,7 @@ class _Config:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"{cls.__name__}: unknown key(s) {unknown}; known keys are {sorted(known)}")
-        return cls(**data)
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
 def _check_choice(owner: str, name: str, value: object, literal: object) -> None:
@@ -52,6 +58,12 @@ class ReadoutConfig(_Config):
             False is the ``--no-final-norm`` ablation, never the default.
         memory_mb: budget for the readout's working tensors (vocab-sized chunks and the forward segment);
             chunk sizes are derived from it so peak memory does not grow with sequence length or depth.
+        compile: fuse unembedding, log-softmax and divergence into one compiled kernel per layer (see
+            ``Compile``); falls back to eager, with a warning, where compilation is unavailable.
+        early_exit: when only sequence scores are asked (no per-token divergences), walk each token's layers
+            only up to its settling depth — the same results, fewer unembedding products.
+        also: further divergences measured in the same layer walk and stored beside the primary one (the
+            KL / cosine ablation of the correlation study costs no extra unembedding product).
         vocab_size: cut logits to this many rows (padded vocabularies); None = the tokenizer's length.
     """
 
@@ -59,9 +71,16 @@ class ReadoutConfig(_Config):
     final_norm: bool = True
     memory_mb: int = 512
     vocab_size: int | None = None
+    early_exit: bool = True
+    compile: Compile = "auto"
+    also: tuple[Divergence, ...] = ()
 
     def __post_init__(self) -> None:
         _check_choice("ReadoutConfig", "divergence", self.divergence, Divergence)
+        _check_choice("ReadoutConfig", "compile", self.compile, Compile)
+        object.__setattr__(self, "also", tuple(k for k in dict.fromkeys(self.also) if k != self.divergence))
+        for kind in self.also:
+            _check_choice("ReadoutConfig", "also", kind, Divergence)
         if self.memory_mb < 16:
             raise ConfigError(f"ReadoutConfig.memory_mb = {self.memory_mb} is too small; use at least 16")
         if self.vocab_size is not None and self.vocab_size < 2:
@@ -193,3 +212,38 @@ class VotingConfig(_Config):
             raise ConfigError(f"VotingConfig.trials = {self.trials} must be ≥ 1")
         if self.deepconf_window < 1:
             raise ConfigError(f"VotingConfig.deepconf_window = {self.deepconf_window} must be ≥ 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class CorrelationConfig(_Config):
+    """The correlation study's protocol (SPEC §4).
+
+    Attributes:
+        bins: quantile bins of the metric per question (the paper: 5).
+        seeds: repetitions of the per-question subsampling and tie-breaking; binned r is averaged over them.
+        n: responses drawn per question per seed; None = the whole pool (then only tie-breaking varies).
+        bootstrap: resamples of questions for the 95 % confidence intervals of the unbinned statistics.
+        min_responses: fewer usable responses than this → no statistic, a "too few" note instead.
+        min_questions: fewer questions with both right and wrong responses than this → no binned r.
+        seed: seeds every random choice of the study.
+    """
+
+    bins: int = 5
+    seeds: int = 30
+    n: int | None = None
+    bootstrap: int = 1000
+    min_responses: int = 20
+    min_questions: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.bins < 3:
+            raise ConfigError(f"CorrelationConfig.bins = {self.bins}; a correlation over bins needs ≥ 3")
+        if self.seeds < 1 or self.bootstrap < 1:
+            raise ConfigError("CorrelationConfig.seeds and .bootstrap must be ≥ 1")
+        if self.n is not None and self.n < self.bins:
+            raise ConfigError(
+                f"CorrelationConfig.n = {self.n} is below bins = {self.bins}; draw ≥ bins responses"
+            )
+        if self.min_responses < 3 or self.min_questions < 1:
+            raise ConfigError("CorrelationConfig.min_responses must be ≥ 3 and .min_questions ≥ 1")

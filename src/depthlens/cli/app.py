@@ -20,7 +20,7 @@ err_console = Console(stderr=True)
 console = Console()  # results (tables) go to stdout
 
 # Registration by import: each module adds its command to ``app``.
-from depthlens.cli import models_cmd, score_cmd, tcb_cmd, thinkn_cmd  # noqa: E402, F401
+from depthlens.cli import models_cmd, score_cmd, study_cmd, tcb_cmd, thinkn_cmd  # noqa: E402, F401
 
 
 def main() -> None:

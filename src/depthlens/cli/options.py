@@ -49,11 +49,26 @@ Prefix = Annotated[
     int | None, typer.Option("--prefix", min=1, help="Also report dtr_prefix over the first N tokens.")
 ]
 DivergenceOpt = Annotated[str, typer.Option("--divergence", help="jsd (bits), jsd-nat, kl or cosine.")]
+AlsoDivergences = Annotated[
+    str,
+    typer.Option(
+        "--also-divergences",
+        help="Further divergences stored beside --divergence, same pass, e.g. 'kl,cosine' (correlation study).",
+    ),
+]
 DeepRuleOpt = Annotated[str, typer.Option("--deep-rule", help="spec: c ≥ ⌈ρL⌉; paper-literal: c ≥ ⌈(1−ρ)L⌉.")]
 BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Records per forward pass.")]
 MemoryMB = Annotated[int, typer.Option("--memory-mb", min=16, help="Working-memory budget of the readout.")]
 FinalNorm = Annotated[
     bool, typer.Option("--final-norm/--no-final-norm", help="Apply the final norm before unembedding.")
+]
+
+CompileOpt = Annotated[
+    str,
+    typer.Option(
+        "--compile",
+        help="auto (fused compiled kernel on CUDA), on (also on CPU: ~20 s to compile, then matmul-bound), off.",
+    ),
 ]
 
 Epsilon = Annotated[float, typer.Option("--epsilon", help="ε in δ_TCB = ε / ‖J‖_F.")]

@@ -37,6 +37,7 @@ def score(
     ] = False,
     batch_size: opt.BatchSize = 1,
     memory_mb: opt.MemoryMB = D["memory_mb"],
+    compile_kernel: opt.CompileOpt = "auto",
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
@@ -53,7 +54,8 @@ def score(
     from depthlens.models.load import load
     from depthlens.studies.score import score_file
 
-    readout = ReadoutConfig(divergence=divergence, final_norm=final_norm, memory_mb=memory_mb)  # type: ignore[arg-type]
+    readout = ReadoutConfig(divergence=divergence, final_norm=final_norm, memory_mb=memory_mb,  # type: ignore[arg-type]
+                            compile=compile_kernel)  # type: ignore[arg-type]  # fmt: skip
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix)  # type: ignore[arg-type]
     tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral) if tcb else None  # type: ignore[arg-type]
     with err_console.status(f"loading {model}") as status:

@@ -114,13 +114,15 @@ def _generate(
     device: str,
     dtype: str,
     trust_remote_code: bool,
+    also_divergences: str = "",
 ) -> GenerationReport:
     from depthlens.config import DTRConfig, ReadoutConfig
     from depthlens.models.load import load
     from depthlens.studies.tasks import load_task, parse_task_config
     from depthlens.studies.thinkn import generate_store
 
-    readout = ReadoutConfig(divergence=divergence)  # type: ignore[arg-type]
+    also = tuple(k.strip() for k in also_divergences.split(",") if k.strip())
+    readout = ReadoutConfig(divergence=divergence, also=also)  # type: ignore[arg-type]
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
     qs = load_task(task, questions, task_seed, data, parse_task_config(task_config))
     with err_console.status(f"loading {model}") as status:
@@ -195,6 +197,7 @@ def generate(
     rho: opt.Rho = D["rho"],
     deep_rule: opt.DeepRuleOpt = D["deep_rule"],
     divergence: opt.DivergenceOpt = D["divergence"],
+    also_divergences: opt.AlsoDivergences = "",
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
@@ -226,6 +229,7 @@ def generate(
         device=device,
         dtype=dtype,
         trust_remote_code=trust_remote_code,
+        also_divergences=also_divergences,
     )
 
 

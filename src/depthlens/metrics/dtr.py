@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from depthlens.config import DeepRule
@@ -52,3 +53,21 @@ def deep_thinking_ratio(deep: torch.Tensor, prefix: int | None = None) -> float 
 def mean_settling_depth(settling: torch.Tensor) -> float | None:
     """Average c_t (in layers); None for no tokens."""
     return float(settling.double().mean()) if settling.numel() else None
+
+
+def matched_threshold(reference_tl: torch.Tensor, g: float, other_tl: torch.Tensor, deep_from: int) -> float:
+    """A threshold for another divergence kind that flags the same share of tokens as deep-thinking.
+
+    A token is deep iff it has not settled by layer ``deep_from`` − 1, i.e. min_{l < deep_from} D_{t,l} > g. The
+    kinds have different units (bits, nats, cosine distance), so no fixed g compares them fairly; at the matched
+    threshold the KL or cosine DTR is as strict as the JSD DTR at ``g`` on the same tokens, and only *which*
+    tokens (hence responses) are deep differs. Inputs are [T, L] (rows of all responses stacked).
+    """
+    if deep_from <= 1:
+        return g  # every token is deep whatever the threshold
+    ref = reference_tl[:, : deep_from - 1].min(dim=1).values.double()
+    oth = other_tl[:, : deep_from - 1].min(dim=1).values.double().numpy()
+    if ref.numel() == 0 or oth.size == 0:
+        raise ValueError("matched_threshold needs at least one token")
+    deep_share = float((ref > g).double().mean())
+    return float(np.quantile(oth, 1.0 - deep_share))

@@ -221,26 +221,3 @@ def sharp_drops(
         recent = tcb[max(0, t - window) : t]
         flags[t] = bool(tcb[t] <= recent.median() / factor and torch.exp(-log_prob[t]) <= max_perplexity)
     return flags
-
-
-def pearson(x: torch.Tensor, y: torch.Tensor) -> float | None:
-    """Pearson r of two 1-D samples; None when fewer than 3 points or either is constant."""
-    x, y = x.double().flatten(), y.double().flatten()
-    if x.numel() < 3:
-        return None
-    xc, yc = x - x.mean(), y - y.mean()
-    denom = xc.norm() * yc.norm()
-    return float((xc * yc).sum() / denom) if denom > 0 else None
-
-
-def spearman(x: torch.Tensor, y: torch.Tensor) -> float | None:
-    """Spearman rank correlation (Pearson r of ranks; ties get distinct ranks in order, fine for continuous data).
-
-    δ_TCB is heavy-tailed (near one-hot outputs send it toward infinity), so a few points can carry Pearson r;
-    the rank correlation is reported beside it.
-    """
-    if x.numel() < 3:
-        return None
-    return pearson(
-        x.double().flatten().argsort().argsort().double(), y.double().flatten().argsort().argsort().double()
-    )

@@ -7,7 +7,7 @@ each chunk are consumed and dropped as the stream advances.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ from depthlens.config import Divergence, DTRConfig, TCBConfig
 from depthlens.metrics.baselines import sequence_baselines, token_baselines
 from depthlens.metrics.divergence import layer_divergence
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, mean_settling_depth, settling_depth
+from depthlens.metrics.fused import compiled_step
 from depthlens.metrics.tcb import Unembedding, token_constraint_terms
 from depthlens.readout.stream import ReadoutChunk
 
@@ -27,11 +28,12 @@ class TokenTable:
     """Everything per completion token of one sequence."""
 
     target_ids: torch.Tensor  # [T] long
-    divergence: torch.Tensor  # [T, L] float32; column L − 1 is 0
+    divergence: torch.Tensor | None  # [T, L] float32, column L − 1 is 0; None under early exit
     log_prob: torch.Tensor  # [T] log p_L(y_t), nats
     entropy: torch.Tensor  # [T] H(p_L), nats
     self_certainty: torch.Tensor  # [T] KL(U ‖ p_L), nats
     tcb: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # TCB_FIELDS present → [T] float64
+    settling: torch.Tensor | None = None  # [T] long, when found by early exit (then divergence is None)
 
     @property
     def n_tokens(self) -> int:
@@ -43,16 +45,69 @@ class TokenTable:
         return TokenTable(torch.zeros(0, dtype=torch.long), torch.zeros(0, n_layers), zeros, zeros, zeros, {})
 
 
-def chunk_divergences(chunk: ReadoutChunk, kind: Divergence, rows: int = 0) -> torch.Tensor:
+def chunk_divergences(
+    chunk: ReadoutChunk, kind: Divergence, rows: int = 0, compiled: bool = False
+) -> torch.Tensor:
     """D_{t,l} for one chunk, [c, L], reading its layers in blocks of about ``rows`` token-layer rows
-    (0: one layer at a time)."""
+    (0: one layer at a time); ``compiled``: one fused kernel per layer (``metrics.fused``) where the kind allows."""
+    step = compiled_step(chunk.lens, kind) if compiled else None
+    if step is None:
+        return chunk_divergence_kinds(chunk, (kind,), rows)[kind]
     out = torch.zeros(len(chunk), chunk.n_layers)
+    for layer in range(1, chunk.n_layers):
+        out[:, layer - 1] = step(chunk.normed_rows(layer), chunk.final.logprobs).cpu()
+    return out
+
+
+def chunk_divergence_kinds(
+    chunk: ReadoutChunk, kinds: Sequence[Divergence], rows: int = 0
+) -> dict[str, torch.Tensor]:
+    """D_{t,l} of several divergence kinds in one walk over the layers: each kind → [c, L]."""
+    out = {kind: torch.zeros(len(chunk), chunk.n_layers) for kind in kinds}
     final = chunk.final
     for first, logprobs, normed in chunk.layer_blocks(rows):
         for j in range(logprobs.shape[0]):  # layer by layer: each [c, V] slice stays in cache
-            d = layer_divergence(kind, final.logprobs, logprobs[j], final.normed, normed[j])
-            out[:, first - 1 + j] = d.cpu()
+            for kind in kinds:
+                d = layer_divergence(kind, final.logprobs, logprobs[j], final.normed, normed[j])
+                out[kind][:, first - 1 + j] = d.cpu()
     return out
+
+
+def chunk_settling(
+    chunk: ReadoutChunk, kind: Divergence, g: float, last: int | None = None, compiled: bool = False
+) -> torch.Tensor:
+    """Settling depths c_t of one chunk with exact early exit: each layer is read out only for the tokens that
+    have not settled below it, so a token costs c_t layer readouts instead of L − 1. [c] long.
+
+    c_t is the first layer whose divergence is ≤ g (the cumulative minimum first reaches g there), so a token
+    is done the moment one layer is ≤ g. With ``last`` < L − 1 the walk stops there and unsettled tokens get
+    ``last + 1`` — exact for the deep flag when ``last`` = ⌈ρL⌉ − 1 (c_t ≥ ⌈ρL⌉ ⇔ not settled by then).
+    Identical to ``settling_depth(chunk_divergences(chunk, kind), g)`` (tested).
+    """
+    n_layers = chunk.n_layers
+    last = n_layers - 1 if last is None else min(last, n_layers - 1)
+    final = chunk.final
+    device = final.logprobs.device
+    step = compiled_step(chunk.lens, kind) if compiled else None
+    settling = torch.full((len(chunk),), last + 1, dtype=torch.long)
+    active = torch.arange(len(chunk), device=device)
+    # The final layer's rows of the active tokens, re-gathered only when some token settled (most layers settle
+    # none, so the [k, V] gather is not paid per layer).
+    final_logprobs, final_normed = final.logprobs, final.normed
+    for layer in range(1, last + 1):
+        if active.numel() == 0:
+            break
+        if step is not None:
+            d = step(chunk.normed_rows(layer, active), final_logprobs)
+        else:
+            logprobs, normed = chunk.layer_rows(layer, active)
+            d = layer_divergence(kind, final_logprobs, logprobs, final_normed, normed)
+        done = d <= g
+        if done.any():
+            settling[active[done].cpu()] = layer
+            keep = ~done
+            active, final_logprobs, final_normed = active[keep], final_logprobs[keep], final_normed[keep]
+    return settling
 
 
 def chunk_tcb(chunk: ReadoutChunk, unembed: Unembedding, row_norms_sq: torch.Tensor, tcb: TCBConfig) -> dict:
@@ -72,8 +127,14 @@ def reduce_readout(
     n_layers: int,
     kind: Divergence,
     tcb: TCBConfig | None = None,
+    settle_at: float | None = None,
+    compiled: bool = False,
 ) -> list[TokenTable]:
-    """Collect the chunks of ``n_sequences`` sequences into one TokenTable each (empty when no chunk came)."""
+    """Collect the chunks of ``n_sequences`` sequences into one TokenTable each (empty when no chunk came).
+
+    With ``settle_at`` = g, only settling depths are found, by exact early exit (``chunk_settling``): no
+    divergence table, each token read out up to its settling layer only. ``compiled``: the fused kernel per layer.
+    """
     parts: list[list[tuple[torch.Tensor, ...]]] = [[] for _ in range(n_sequences)]
     tcb_parts: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(n_sequences)]
     unembed, row_norms_sq = None, None
@@ -82,7 +143,9 @@ def reduce_readout(
         parts[chunk.seq_index].append(
             (
                 chunk.target_ids.cpu(),
-                chunk_divergences(chunk, kind),
+                chunk_divergences(chunk, kind)
+                if settle_at is None
+                else chunk_settling(chunk, kind, settle_at),
                 base["log_prob"].cpu(),
                 base["entropy"].cpu(),
                 base["self_certainty"].cpu(),
@@ -98,16 +161,23 @@ def reduce_readout(
         if not seq_parts:
             tables.append(TokenTable.empty(n_layers))
             continue
-        columns = [torch.cat(col) for col in zip(*seq_parts, strict=True)]
+        ids, second, *baselines = (torch.cat(col) for col in zip(*seq_parts, strict=True))
         tcb_columns = {k: torch.cat([p[k] for p in seq_tcb]) for k in seq_tcb[0]} if seq_tcb else {}
-        tables.append(TokenTable(*columns, tcb_columns))
+        if settle_at is None:
+            tables.append(TokenTable(ids, second, *baselines, tcb_columns))
+        else:
+            tables.append(TokenTable(ids, None, *baselines, tcb_columns, settling=second))
     return tables
 
 
-def sequence_scores(table: TokenTable, dtr: DTRConfig) -> dict[str, Any]:
+def sequence_scores(table: TokenTable, dtr: DTRConfig, n_layers: int) -> dict[str, Any]:
     """DTR, mean settling depth and the six baselines for one sequence, plus per-token settling and deep flags."""
-    n_layers = table.divergence.shape[1]
-    settling = settling_depth(table.divergence, dtr.g) if table.n_tokens else torch.zeros(0, dtype=torch.long)
+    if table.settling is not None:  # early exit found them (at this g: the caller passes dtr.g)
+        settling = table.settling
+    elif table.n_tokens and table.divergence is not None:
+        settling = settling_depth(table.divergence, dtr.g)
+    else:
+        settling = torch.zeros(0, dtype=torch.long)
     deep = deep_flags(settling, n_layers, dtr.rho, dtr.deep_rule)
     scores: dict[str, Any] = {
         "n_tokens": table.n_tokens,

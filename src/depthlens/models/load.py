@@ -146,3 +146,26 @@ def load(
         model.hf_quantizer = None  # GGUF weights are dequantised on load; nothing quantised remains
     model.to(torch_device)
     return wrap(model, tokenizer, name=name, blocks=blocks, final_norm=final_norm, unembed=unembed)
+
+
+def load_tokenizer(name: str, trust_remote_code: bool = False) -> Any | None:
+    """Only the tokenizer of ``name`` (to label stored token ids without loading weights); None if unavailable.
+
+    Catalogue models are looked up in the local cache only — nothing is downloaded or installed here.
+    """
+    from transformers import AutoTokenizer
+
+    path = Path(name).expanduser()
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if name in catalogue.CATALOGUE:
+        if not catalogue.is_installed(name):
+            return None
+        target = catalogue.converted_dir(name)
+    elif path.suffix == ".gguf":
+        target, kwargs["gguf_file"] = path.parent, path.name
+    else:
+        target = path if path.is_dir() else Path(name)
+    try:
+        return AutoTokenizer.from_pretrained(str(target), **kwargs)
+    except (OSError, ValueError):
+        return None

@@ -85,6 +85,19 @@ class ReadoutChunk:
             logits = self.lens.logits_from_normed(normed)
             yield lo, torch.log_softmax(logits, dim=-1), normed.float()
 
+    @torch.inference_mode()
+    def normed_rows(self, layer: int, index: torch.Tensor | None = None) -> torch.Tensor:
+        """norm(h_l) of layer ``layer`` (1..L−1), for the tokens at ``index`` (default all): [k, d], model dtype."""
+        hidden = self._hidden[layer - 1]
+        return self.lens.normed(hidden if index is None else hidden[index])
+
+    @torch.inference_mode()
+    def layer_rows(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer`` (1..L−1) read out for the chunk's tokens at ``index`` only: (log-probs [k, V],
+        normed states [k, d]). Early exit reads each layer for the tokens not yet settled, nothing more."""
+        normed = self.normed_rows(layer, index)
+        return torch.log_softmax(self.lens.logits_from_normed(normed), dim=-1), normed.float()
+
 
 def _check_finite(layers: Sequence[torch.Tensor], start: int) -> None:
     """Raise naming the first layer (1-based) and completion token whose state is NaN or infinite.

@@ -24,7 +24,7 @@ import torch
 from depthlens.config import ReadoutConfig, SamplingConfig
 from depthlens.errors import InputError
 from depthlens.metrics.baselines import token_baselines, token_confidence
-from depthlens.metrics.token_table import chunk_divergences
+from depthlens.metrics.token_table import chunk_divergence_kinds
 from depthlens.models.load import LoadedModel
 from depthlens.readout.stream import TokenSequence, chunk_sizes, lens_for, rows_chunk, validate
 
@@ -45,6 +45,7 @@ class Trace:
         finish: ``eos`` (ended by the model), ``length`` (hit max_new_tokens) or ``paused`` (phase one ended).
         log_prob, entropy, self_certainty, confidence: per generated token, from the final layer (nats).
         divergence: [min(T, readout_tokens)][L] divergence of each layer to the final one (the heatmap rows).
+        also: the same rows for each further divergence kind of ``ReadoutConfig.also``.
     """
 
     seed: int
@@ -55,6 +56,7 @@ class Trace:
     self_certainty: list[float] = dataclasses.field(default_factory=list)
     confidence: list[float] = dataclasses.field(default_factory=list)
     divergence: list[list[float]] = dataclasses.field(default_factory=list)
+    also: dict[str, list[list[float]]] = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -224,10 +226,12 @@ class HFGenerator:
             base = token_baselines(logprobs, tokens)
             base["confidence"] = token_confidence(logprobs, cfg.confidence_top_k)
             columns = {k: v.double().cpu().tolist() for k, v in base.items()}
-            divergence = None
+            kinds = (self.readout.divergence, *self.readout.also)
+            divergence: dict[str, list[list[float]]] = {}
             if hidden is not None:
                 chunk = rows_chunk(self.lm, self.lens, hidden, logits, tokens, start=state.step)
-                divergence = chunk_divergences(chunk, self.readout.divergence, self.block_rows).tolist()
+                tables = chunk_divergence_kinds(chunk, kinds, self.block_rows)
+                divergence = {kind: table.tolist() for kind, table in tables.items()}
             token_list = tokens.cpu().tolist()
             alive = []
             for r, row in enumerate(state.rows):
@@ -235,8 +239,10 @@ class HFGenerator:
                 trace.token_ids.append(token_list[r])
                 for key in ("log_prob", "entropy", "self_certainty", "confidence"):
                     getattr(trace, key).append(columns[key][r])
-                if divergence is not None:
-                    trace.divergence.append(divergence[r])
+                if divergence:
+                    trace.divergence.append(divergence[kinds[0]][r])
+                    for kind in kinds[1:]:
+                        trace.also.setdefault(kind, []).append(divergence[kind][r])
                 if token_list[r] in self.end_ids:
                     trace.finish = "eos"
                 elif len(trace) >= cfg.max_new_tokens:

@@ -15,6 +15,7 @@ from typing import Any
 from depthlens import __version__
 from depthlens.config import DTRConfig, ReadoutConfig, TCBConfig
 from depthlens.errors import DepthlensError, InputError
+from depthlens.metrics.fused import use_compiled
 from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout, sequence_scores, tcb_summary
 from depthlens.models.load import LoadedModel
 from depthlens.readout.stream import TokenSequence, iter_readout, validate
@@ -68,7 +69,7 @@ def _result(
     tcb: TCBConfig | None,
     tokens: bool,
 ) -> dict[str, Any]:
-    scores = sequence_scores(table, dtr)
+    scores = sequence_scores(table, dtr, lm.n_layers)
     result: dict[str, Any] = {"id": record.id}
     result.update({k: scores[k] for k in SUMMARY_FIELDS})
     if dtr.prefix is not None:
@@ -82,7 +83,8 @@ def _result(
             result["tokens"] = lm.tokenizer.convert_ids_to_tokens(ids)
         result["settling_depth"] = scores["settling_depth"].tolist()
         result["deep"] = scores["deep"].tolist()
-        result["divergence"] = [[round(v, 6) for v in row] for row in table.divergence.tolist()]
+        if table.divergence is not None:
+            result["divergence"] = [[round(v, 6) for v in row] for row in table.divergence.tolist()]
         for key in TCB_FIELDS:
             if key in table.tcb:
                 result[key] = table.tcb[key].tolist()
@@ -112,7 +114,12 @@ def score_records(
         seqs = [s for _, s in batch]
         chunks = iter_readout(lm, [s for s in seqs if s.completion_ids], readout)
         nonempty = [i for i, s in enumerate(seqs) if s.completion_ids]
-        reduced = reduce_readout(chunks, len(nonempty), lm.n_layers, readout.divergence, tcb)
+        # Without per-token output nothing needs the divergence table: settle by exact early exit instead.
+        settle_at = dtr.g if readout.early_exit and not tokens else None
+        compiled = use_compiled(readout.compile, lm.device)
+        reduced = reduce_readout(
+            chunks, len(nonempty), lm.n_layers, readout.divergence, tcb, settle_at, compiled
+        )
         tables = [TokenTable.empty(lm.n_layers)] * len(seqs)
         for i, table in zip(nonempty, reduced, strict=True):
             tables[i] = table

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import random
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -173,8 +174,12 @@ def _reasoning_gym(name: str, count: int, seed: int, config: dict[str, Any]) -> 
         )
     try:
         data = reasoning_gym.create_dataset(name, size=count, seed=seed, **config)
-    except TypeError as exc:
-        raise InputError(f"reasoning-gym dataset {name!r} rejects --task-config {config}: {exc}") from None
+    except (TypeError, ValueError, AssertionError) as exc:  # reasoning-gym validates configs with asserts
+        detail = str(exc) or traceback.format_exception_only(exc)[-1].strip()
+        raise InputError(
+            f"reasoning-gym dataset {name!r} rejects --task-config {config}: {detail}; "
+            "see its config class for the allowed values"
+        ) from None
     questions = []
     for i in range(count):
         entry = data[i]

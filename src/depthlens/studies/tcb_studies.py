@@ -21,12 +21,11 @@ import torch
 
 from depthlens.config import DTRConfig, ReadoutConfig, SamplingConfig, TCBConfig
 from depthlens.errors import InputError
+from depthlens.metrics.stats import pearson, spearman
 from depthlens.metrics.tcb import (
     Unembedding,
     geometry_ablation,
-    pearson,
     sharp_drops,
-    spearman,
     token_constraint_terms,
     v_eff_band,
 )

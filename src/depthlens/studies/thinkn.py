@@ -115,6 +115,7 @@ def sample_record(
         "dtr_readout": deep_thinking_ratio(deep),
         **{key: _rounded(getattr(trace, key)) for key in PER_TOKEN},
         "divergence": [_rounded(row) for row in trace.divergence],
+        **{f"divergence_{kind}": [_rounded(row) for row in rows] for kind, rows in trace.also.items()},
     }
 
 

@@ -55,3 +55,77 @@ def draw_divergence_heatmap(record: dict[str, Any], path: Path, title: str | Non
     fig.savefig(path, dpi=150)
     plt.close(fig)
     return path
+
+
+def _colour(value: float, vmax: float) -> str:
+    # The magma_r look without matplotlib: light (settled) → dark purple (far from the final layer).
+    x = min(max(value / vmax, 0.0), 1.0) if vmax > 0 else 0.0
+    stops = [(252, 253, 191), (254, 159, 109), (222, 73, 104), (140, 41, 129), (59, 15, 112), (0, 0, 4)]
+    pos = x * (len(stops) - 1)
+    i = min(int(pos), len(stops) - 2)
+    f = pos - i
+    r, g, b = (round(a + (c - a) * f) for a, c in zip(stops[i], stops[i + 1], strict=True))
+    return f"rgb({r},{g},{b})"
+
+
+def write_heatmap_html(
+    record: dict[str, Any], path: Path, title: str | None = None, unit: str = "bits"
+) -> Path:
+    """A self-contained HTML page of the heatmap: hover a cell for token, layer and divergence; settling depths
+    outlined (blue = deep-thinking token). No script or network access needed to view it."""
+    import html
+
+    missing = [k for k in _NEEDED if k not in record]
+    if missing:
+        raise InputError(
+            f"record {record.get('id')!r} lacks {missing}; score it with --tokens to draw a heatmap"
+        )
+    table = record["divergence"]
+    if not table:
+        raise InputError(f"record {record.get('id')!r} has no completion tokens to draw")
+    n_layers = len(table[0])
+    vmax = 1.0 if unit == "bits" else max(max(row) for row in table) or 1.0
+    tokens = [_clean(t) for t in record["tokens"]]
+    head = "".join(
+        f'<th class="tok" title="token {t}">{html.escape(tok)}</th>' for t, tok in enumerate(tokens)
+    )
+    rows = []
+    for layer in range(n_layers, 0, -1):
+        cells = []
+        for t, row in enumerate(table):
+            value = row[layer - 1]
+            settled = record["settling_depth"][t] == layer
+            mark = (' class="settle deep"' if record["deep"][t] else ' class="settle"') if settled else ""
+            tip = f"{tokens[t]} · layer {layer} · D = {value:.3f} {unit}" + (
+                " · settles here" if settled else ""
+            )
+            cells.append(
+                f'<td{mark} style="background:{_colour(value, vmax)}" title="{html.escape(tip)}"></td>'
+            )
+        rows.append(f'<tr><th class="layer">{layer}</th>{"".join(cells)}</tr>')
+    dtr = record.get("dtr")
+    heading = title or f"{record.get('id')}: divergence to the final layer ({unit})" + (
+        f"; DTR = {dtr:.2f}" if dtr is not None else ""
+    )
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(heading)}</title>
+<style>
+body {{ font: 13px system-ui, sans-serif; margin: 1.5em; }}
+table {{ border-collapse: collapse; }}
+td {{ width: 16px; height: 9px; padding: 0; }}
+td.settle {{ outline: 2px solid #2ca02c; outline-offset: -2px; }}
+td.deep {{ outline-color: #1f77b4; }}
+th.tok {{ writing-mode: vertical-rl; transform: rotate(180deg); font: 11px ui-monospace, monospace;
+  font-weight: normal; padding: 2px 0; text-align: left; white-space: pre; }}
+th.layer {{ font: 10px ui-monospace, monospace; font-weight: normal; padding-right: 4px; text-align: right; }}
+td:hover {{ outline: 2px solid #000; }}
+</style></head><body>
+<h3>{html.escape(heading)}</h3>
+<p>Rows: layers (top = final). Columns: generated tokens. Hover a cell for its value. Outlined: the layer where
+the token settles (green; blue when it settles only in the deep regime, a deep-thinking token).</p>
+<table><tr><th></th>{head}</tr>
+{chr(10).join(rows)}
+</table></body></html>
+"""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path

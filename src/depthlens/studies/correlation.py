@@ -1,0 +1,516 @@
+"""The deep-thinking paper's correlation study (SPEC §4, Table 1, Figures 1 and 4), from sample stores only.
+
+A store written by ``depthlens generate --readout-tokens all`` holds, per response, its grade and per-token
+log p, entropy, self-certainty and per-layer divergences (``--also-divergences kl,cosine`` adds the other
+kinds). Everything here is recomputed from those: DTR at any g, ρ, deep rule, prefix or divergence kind, and
+the six baselines — no model is loaded.
+
+Per metric: the paper's binned r (per question, ``bins`` quantile bins of the metric, Pearson r of bin mean
+metric vs bin accuracy; averaged over questions, then over seeds), and beside it the unbinned per-response
+Spearman ρ and point-biserial r with question-level bootstrap 95 % intervals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from depthlens.config import CorrelationConfig, DTRConfig
+from depthlens.errors import InputError, StoreError
+from depthlens.metrics.baselines import sequence_baselines
+from depthlens.metrics.dtr import (
+    deep_flags,
+    deep_thinking_ratio,
+    deep_threshold,
+    matched_threshold,
+    settling_depth,
+)
+from depthlens.metrics.stats import binned_correlation, bootstrap_ci, point_biserial, quantile_bins, spearman
+from depthlens.studies.records import iter_jsonl
+from depthlens.studies.thinkn import REQUIRED, SAMPLES, read_manifest
+
+KIND_FIELD = {"kl": "divergence_kl", "cosine": "divergence_cosine", "jsd": "divergence_jsd",
+              "jsd-nat": "divergence_jsd-nat"}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredResponse:
+    """One graded response with the per-token values the metrics need."""
+
+    question_id: str
+    correct: bool
+    n_tokens: int
+    log_prob: np.ndarray  # [T]
+    entropy: np.ndarray  # [T]
+    self_certainty: np.ndarray  # [T]
+    divergence: dict[str, torch.Tensor]  # kind → [R, L], R = read-out tokens (all of T for full readout)
+
+
+@dataclasses.dataclass(frozen=True)
+class Store:
+    path: Path
+    manifest: dict[str, Any]
+    responses: list[StoredResponse]
+    failed: int
+
+    @property
+    def model(self) -> str:
+        return str(self.manifest.get("model", "?"))
+
+    @property
+    def task(self) -> str:
+        name = str((self.manifest.get("task") or {}).get("name", "?"))
+        return name.removeprefix("reasoning_gym:")
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} · {self.task}"
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.manifest["n_layers"])
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        readout = self.manifest.get("readout", {})
+        return (readout.get("divergence", "jsd"), *readout.get("also", ()))
+
+    @property
+    def readout_tokens(self) -> int | None:
+        """The read-out window (None = every token): DTR beyond it cannot be computed from this store."""
+        return self.manifest.get("sampling", {}).get("readout_tokens")
+
+    @property
+    def accuracy(self) -> float:
+        return float(np.mean([r.correct for r in self.responses])) if self.responses else float("nan")
+
+    def questions(self) -> dict[str, list[StoredResponse]]:
+        groups: dict[str, list[StoredResponse]] = {}
+        for r in self.responses:
+            groups.setdefault(r.question_id, []).append(r)
+        return groups
+
+
+def load_store(path: Path) -> Store:
+    """Read a sample store for the studies; a damaged or foreign store raises StoreError naming the line."""
+    manifest = read_manifest(path)
+    kinds = (
+        manifest.get("readout", {}).get("divergence", "jsd"),
+        *manifest.get("readout", {}).get("also", ()),
+    )
+    n_layers = int(manifest["n_layers"])
+    responses, failed = [], 0
+    for line, record in enumerate(iter_jsonl(path / SAMPLES), start=1):
+        if record.get("status") == "failed":
+            failed += 1
+            continue
+        fields = [*REQUIRED, *(KIND_FIELD[k] for k in kinds[1:])]
+        missing = [k for k in fields if k not in record]
+        if missing:
+            raise StoreError(
+                f"{path / SAMPLES}:{line}: missing field(s) {missing}; the store is damaged or was not "
+                "written by `depthlens generate`"
+            )
+        divergence = {kinds[0]: record["divergence"], **{k: record[KIND_FIELD[k]] for k in kinds[1:]}}
+        responses.append(
+            StoredResponse(
+                question_id=str(record["question_id"]),
+                correct=bool(record["correct"]),
+                n_tokens=int(record["n_tokens"]),
+                log_prob=np.asarray(record["log_prob"], dtype=np.float64),
+                entropy=np.asarray(record["entropy"], dtype=np.float64),
+                self_certainty=np.asarray(record["self_certainty"], dtype=np.float64),
+                divergence={
+                    k: torch.tensor(v, dtype=torch.float32).reshape(-1, n_layers)
+                    for k, v in divergence.items()
+                },
+            )
+        )
+    return Store(path, manifest, responses, failed)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Metrics: one row each. ``compute(response, settings)`` → the response's value (None when undefined).
+
+
+@dataclasses.dataclass(frozen=True)
+class DTRSettings:
+    """DTR as computed from stored divergences: kind, g per kind, ρ, rule, prefix."""
+
+    dtr: DTRConfig
+    g_by_kind: dict[str, float]
+    n_layers: int
+
+    def ratio(self, response: StoredResponse, kind: str, prefix: int | None = None) -> float | None:
+        table = response.divergence.get(kind)
+        if table is None or table.shape[0] == 0:
+            return None
+        settling = settling_depth(table, self.g_by_kind[kind])
+        deep = deep_flags(settling, self.n_layers, self.dtr.rho, self.dtr.deep_rule)
+        return deep_thinking_ratio(deep, prefix if prefix is not None else self.dtr.prefix)
+
+
+def _baseline(name: str) -> Callable[[StoredResponse, DTRSettings], float | None]:
+    def compute(r: StoredResponse, _: DTRSettings) -> float | None:
+        scores = sequence_baselines(
+            torch.from_numpy(r.log_prob), torch.from_numpy(r.entropy), torch.from_numpy(r.self_certainty)
+        )
+        value = scores[name]
+        return None if value is None else float(value)
+
+    return compute
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyMetric:
+    name: str
+    label: str  # as in the paper's Table 1
+    compute: Callable[[StoredResponse, DTRSettings], float | None]
+    kind: str | None = None  # divergence kind, for the DTR rows
+
+
+METRICS: tuple[StudyMetric, ...] = (
+    StudyMetric("dtr", "DTR (JSD)", lambda r, s: s.ratio(r, "jsd"), "jsd"),
+    StudyMetric("dtr_kl", "DTR (KL)", lambda r, s: s.ratio(r, "kl"), "kl"),
+    StudyMetric("dtr_cosine", "DTR (cosine)", lambda r, s: s.ratio(r, "cosine"), "cosine"),
+    StudyMetric("token_count", "Token count", _baseline("token_count")),
+    StudyMetric("reverse_token_count", "Reverse token count", _baseline("reverse_token_count")),
+    StudyMetric("log_prob", "Log probability", _baseline("log_prob")),
+    StudyMetric("neg_perplexity", "Negative perplexity", _baseline("neg_perplexity")),
+    StudyMetric("neg_entropy", "Negative entropy", _baseline("neg_entropy")),
+    StudyMetric("self_certainty", "Self-certainty", _baseline("self_certainty")),
+)
+METRIC_NAMES = tuple(m.name for m in METRICS)
+
+
+def dtr_settings(
+    store: Store, dtr: DTRConfig, g_by_kind: dict[str, float | None] | None = None
+) -> DTRSettings:
+    """Thresholds per stored kind: JSD's g from ``dtr``; others given, or matched to flag as many deep tokens."""
+    if "jsd" not in store.kinds:
+        raise InputError(
+            f"{store.path}: the store holds {list(store.kinds)} divergences; the study needs jsd (the primary "
+            "kind) — generate with --divergence jsd"
+        )
+    given = dict(g_by_kind or {})
+    thresholds = {"jsd": dtr.g, "jsd-nat": dtr.g * math.log(2.0)}
+    stacked = {k: torch.cat([r.divergence[k] for r in store.responses]) for k in store.kinds}
+    for kind in store.kinds:
+        if kind in thresholds:
+            continue
+        g = given.get(kind)
+        if g is None:
+            deep_from = deep_threshold(store.n_layers, dtr.rho, dtr.deep_rule)
+            has_tokens = stacked["jsd"].shape[0] > 0
+            g = matched_threshold(stacked["jsd"], dtr.g, stacked[kind], deep_from) if has_tokens else 0.0
+        thresholds[kind] = g
+    return DTRSettings(dtr, thresholds, store.n_layers)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The statistics.
+
+
+@dataclasses.dataclass(frozen=True)
+class Correlation:
+    """One metric on one store: the paper's binned r and the unbinned statistics, or why there are none."""
+
+    metric: str
+    binned_r: float | None
+    binned_r_sd: float | None  # across seeds
+    questions_used: float  # questions with a defined binned r, averaged over seeds
+    spearman: float | None
+    spearman_ci: tuple[float | None, float | None]
+    point_biserial: float | None
+    point_biserial_ci: tuple[float | None, float | None]
+    responses: int
+    note: str = ""
+
+
+def metric_values(
+    store: Store, metric: StudyMetric, settings: DTRSettings
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per question: (metric values, correct 0/1) of the responses whose metric is defined."""
+    out = []
+    for responses in store.questions().values():
+        pairs = [(metric.compute(r, settings), r.correct) for r in responses]
+        pairs = [(v, c) for v, c in pairs if v is not None and math.isfinite(v)]
+        out.append((np.array([v for v, _ in pairs]), np.array([float(c) for _, c in pairs])))
+    return out
+
+
+def correlate(
+    name: str, groups: Sequence[tuple[np.ndarray, np.ndarray]], cfg: CorrelationConfig
+) -> Correlation:
+    """The statistics of one metric from its per-question (values, correct) groups."""
+    values = np.concatenate([v for v, _ in groups]) if groups else np.zeros(0)
+    correct = np.concatenate([c for _, c in groups]) if groups else np.zeros(0)
+    mixed = [g for g in groups if g[0].size >= cfg.bins and 0 < g[1].sum() < g[1].size]
+    none = Correlation(name, None, None, 0.0, None, (None, None), None, (None, None), int(values.size))
+    if values.size < cfg.min_responses:
+        return dataclasses.replace(
+            none, note=f"too few responses ({values.size} < {cfg.min_responses}): no statistic"
+        )
+    if correct.min() == correct.max():
+        return dataclasses.replace(
+            none, note=f"every response is {'right' if correct[0] else 'wrong'}: accuracy cannot correlate"
+        )
+    if np.ptp(values) == 0:
+        return dataclasses.replace(none, note="the metric is constant over all responses")
+
+    rng = np.random.default_rng([cfg.seed, 1])
+    clusters, start = [], 0
+    for v, _ in groups:
+        clusters.append(np.arange(start, start + v.size))
+        start += v.size
+    clusters = [c for c in clusters if c.size]
+    rho = spearman(values, correct)
+    rho_ci = bootstrap_ci(lambda idx: spearman(values[idx], correct[idx]), clusters, cfg.bootstrap, rng)
+    pb = point_biserial(values, correct)
+    pb_ci = bootstrap_ci(lambda idx: point_biserial(values[idx], correct[idx]), clusters, cfg.bootstrap, rng)
+    result = dataclasses.replace(
+        none, spearman=rho, spearman_ci=rho_ci, point_biserial=pb, point_biserial_ci=pb_ci
+    )
+
+    if len(mixed) < cfg.min_questions:
+        return dataclasses.replace(
+            result,
+            note=f"binned r needs ≥ {cfg.min_questions} questions with both right and wrong responses "
+            f"and ≥ {cfg.bins} responses; {len(mixed)} have them",
+        )
+    per_seed, used = [], []
+    for s in range(cfg.seeds):
+        seed_rng = np.random.default_rng([cfg.seed, 0, s])
+        rs = []
+        for v, c in mixed:
+            if cfg.n is not None and cfg.n < v.size:
+                pick = seed_rng.choice(v.size, cfg.n, replace=False)
+                v, c = v[pick], c[pick]
+            r = binned_correlation(v, c, cfg.bins, seed_rng)
+            if r is not None:
+                rs.append(r)
+        if rs:
+            per_seed.append(float(np.mean(rs)))
+            used.append(len(rs))
+    if not per_seed:
+        return dataclasses.replace(result, note="binned r undefined in every seed (constant bins)")
+    return dataclasses.replace(
+        result,
+        binned_r=float(np.mean(per_seed)),
+        binned_r_sd=float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else 0.0,
+        questions_used=float(np.mean(used)),
+    )
+
+
+def bin_profile(
+    groups: Sequence[tuple[np.ndarray, np.ndarray]], cfg: CorrelationConfig
+) -> list[dict[str, float]]:
+    """Figure 1's points: per bin rank (lowest metric first), mean metric value and accuracy, averaged over the
+    questions with ≥ ``bins`` responses and the seeds; with the spread of accuracy across questions."""
+    usable = [g for g in groups if g[0].size >= cfg.bins]
+    if not usable:
+        return []
+    metric_sum = np.zeros((cfg.seeds, len(usable), cfg.bins))
+    acc_sum = np.zeros_like(metric_sum)
+    for s in range(cfg.seeds):
+        rng = np.random.default_rng([cfg.seed, 2, s])
+        for q, (v, c) in enumerate(usable):
+            for b, idx in enumerate(quantile_bins(v, cfg.bins, rng)):
+                metric_sum[s, q, b] = v[idx].mean()
+                acc_sum[s, q, b] = c[idx].mean()
+    per_question_acc = acc_sum.mean(axis=0)  # [Q, bins]
+    return [
+        {
+            "bin": b + 1,
+            "metric": float(metric_sum[:, :, b].mean()),
+            "accuracy": float(per_question_acc[:, b].mean()),
+            "accuracy_se": float(per_question_acc[:, b].std(ddof=1) / math.sqrt(len(usable)))
+            if len(usable) > 1
+            else 0.0,
+            "questions": len(usable),
+        }
+        for b in range(cfg.bins)
+    ]
+
+
+def _row(store: Store, c: Correlation, settings: DTRSettings | None, metric: StudyMetric) -> dict[str, Any]:
+    return {
+        "model": store.model,
+        "task": store.task,
+        "metric": c.metric,
+        "label": metric.label,
+        "g": settings.g_by_kind.get(metric.kind) if settings and metric.kind else None,
+        "binned_r": c.binned_r,
+        "binned_r_sd": c.binned_r_sd,
+        "questions_used": c.questions_used,
+        "questions": len(store.questions()),
+        "spearman": c.spearman,
+        "spearman_lo": c.spearman_ci[0],
+        "spearman_hi": c.spearman_ci[1],
+        "point_biserial": c.point_biserial,
+        "point_biserial_lo": c.point_biserial_ci[0],
+        "point_biserial_hi": c.point_biserial_ci[1],
+        "responses": c.responses,
+        "accuracy": store.accuracy,
+        "note": c.note,
+    }
+
+
+def store_correlations(
+    store: Store,
+    cfg: CorrelationConfig = CorrelationConfig(),
+    dtr: DTRConfig = DTRConfig(),
+    g_by_kind: dict[str, float | None] | None = None,
+    metrics: Sequence[str] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, float]]]]:
+    """Table-1 rows of one store (one per metric it holds) and Figure 1's bin profiles per metric."""
+    if not store.responses:
+        raise InputError(f"{store.path}: no usable responses (failed: {store.failed})")
+    if store.readout_tokens is not None and dtr.prefix is None:
+        raise InputError(
+            f"{store.path}: only the first {store.readout_tokens} tokens of each response were read out, so "
+            "DTR over whole responses cannot be computed; pass a prefix ≤ that (--prefix) or regenerate with "
+            "--readout-tokens all"
+        )
+    settings = dtr_settings(store, dtr, g_by_kind)
+    wanted = [
+        m
+        for m in METRICS
+        if (metrics is None or m.name in metrics) and (m.kind is None or m.kind in store.kinds)
+    ]
+    rows, profiles = [], {}
+    for metric in wanted:
+        groups = metric_values(store, metric, settings)
+        rows.append(_row(store, correlate(metric.name, groups, cfg), settings, metric))
+        profiles[metric.name] = bin_profile(groups, cfg)
+    return rows, profiles
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sweeps (Figure 4): DTR's settings varied on the stored divergences.
+
+
+SWEEPS: dict[str, tuple[Any, ...]] = {
+    "g": (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+    "rho": (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95),
+    "prefix": (10, 25, 50, 100, 200, None),
+    "divergence": ("jsd", "kl", "cosine"),
+    "deep_rule": ("spec", "paper-literal"),
+}
+
+
+def sweep(
+    store: Store,
+    cfg: CorrelationConfig = CorrelationConfig(),
+    dtr: DTRConfig = DTRConfig(),
+    grid: dict[str, Sequence[Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """Mean DTR and its correlations with accuracy as one setting varies, the others at ``dtr``'s values."""
+    grid = dict(grid or SWEEPS)
+    base = dtr_settings(store, dtr)
+    rows = []
+    for param, values in grid.items():
+        for value in values:
+            kind = "jsd"
+            settings = base
+            if param == "g":
+                settings = dtr_settings(store, dataclasses.replace(dtr, g=value))
+            elif param == "rho":
+                settings = dataclasses.replace(base, dtr=dataclasses.replace(dtr, rho=value))
+            elif param == "prefix":
+                window = store.readout_tokens
+                if window is not None and (value is None or value > window):
+                    continue  # beyond the read-out window the stored divergences end
+                settings = dataclasses.replace(base, dtr=dataclasses.replace(dtr, prefix=value))
+            elif param == "deep_rule":
+                settings = dataclasses.replace(base, dtr=dataclasses.replace(dtr, deep_rule=value))
+            elif param == "divergence":
+                if value not in store.kinds:
+                    continue
+                kind = value
+            else:
+                raise InputError(f"unknown sweep parameter {param!r}; choose from {sorted(SWEEPS)}")
+            metric = StudyMetric("dtr", "DTR", lambda r, s, k=kind: s.ratio(r, k), kind)
+            groups = metric_values(store, metric, settings)
+            values_all = np.concatenate([v for v, _ in groups]) if groups else np.zeros(0)
+            c = correlate("dtr", groups, cfg)
+            rows.append({
+                "model": store.model, "task": store.task, "param": param,
+                "value": "full" if value is None else value,
+                "g": settings.g_by_kind.get(kind), "mean_dtr": float(values_all.mean()) if values_all.size else None,
+                "binned_r": c.binned_r, "point_biserial": c.point_biserial,
+                "point_biserial_lo": c.point_biserial_ci[0], "point_biserial_hi": c.point_biserial_ci[1],
+                "spearman": c.spearman, "note": c.note,
+            })  # fmt: skip
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tables.
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:+.{digits}f}"
+
+
+def _ci(lo: float | None, hi: float | None) -> str:
+    return "" if lo is None or hi is None else f" [{lo:+.2f}, {hi:+.2f}]"
+
+
+def table_one(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown: the paper's binned r (metrics × model · task), then the unbinned statistics with 95 % CIs."""
+    columns = list(dict.fromkeys(f"{r['model']} · {r['task']}" for r in rows))
+    metrics = list(dict.fromkeys(r["metric"] for r in rows))
+    labels = {r["metric"]: r["label"] for r in rows}
+    cell = {(r["metric"], f"{r['model']} · {r['task']}"): r for r in rows}
+
+    def table(render: Callable[[dict[str, Any]], str]) -> list[str]:
+        out = ["| metric | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+        for m in metrics:
+            out.append(
+                f"| {labels[m]} | "
+                + " | ".join(render(cell[m, c]) if (m, c) in cell else "n/a" for c in columns)
+                + " |"
+            )
+        return out
+
+    def binned(r: dict[str, Any]) -> str:
+        if r["binned_r"] is None:
+            return "—"
+        return f"{r['binned_r']:+.2f} ± {r['binned_r_sd']:.2f} (q={r['questions_used']:.0f})"
+
+    def unbinned(r: dict[str, Any]) -> str:
+        if r["point_biserial"] is None:
+            return "—"
+        return (f"r_pb {_fmt(r['point_biserial'])}{_ci(r['point_biserial_lo'], r['point_biserial_hi'])}; "
+                f"ρ {_fmt(r['spearman'])}{_ci(r['spearman_lo'], r['spearman_hi'])}")  # fmt: skip
+
+    counts = {f"{r['model']} · {r['task']}": r for r in rows}
+    lines = [
+        "**Binned r** (SPEC §4: per question 5 quantile bins, Pearson r of bin metric vs bin accuracy, averaged "
+        "over questions and seeds; ± is the s.d. over seeds — 0 when each seed bins the whole pool and only ties "
+        "are re-broken —, q the questions with a defined r)",
+        "",
+        *table(binned),
+        "",
+        "**Unbinned, per response**: point-biserial r and Spearman ρ with question-bootstrap 95 % CIs",
+        "",
+        *table(unbinned),
+        "",
+        "Samples: "
+        + "; ".join(
+            f"{c}: {r['responses']} responses, {r['questions']} questions, accuracy {100 * r['accuracy']:.0f} %"
+            for c, r in counts.items()
+        )
+        + ".",
+    ]
+    notes = sorted({f"{r['model']} · {r['task']} · {r['label']}: {r['note']}" for r in rows if r["note"]})
+    if notes:
+        lines += ["", "Notes:", "", *[f"- {n}" for n in notes]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,234 @@
+"""The correlation study (SPEC §4): statistics hand-checked, stores read back, sweeps, figures and the report."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from depthlens.config import CorrelationConfig, DTRConfig, ReadoutConfig, SamplingConfig
+from depthlens.errors import InputError, StoreError
+from depthlens.metrics.dtr import deep_flags, deep_threshold, matched_threshold, settling_depth
+from depthlens.metrics.stats import (
+    average_ranks,
+    binned_correlation,
+    bootstrap_ci,
+    pearson,
+    point_biserial,
+    quantile_bins,
+    spearman,
+)
+from depthlens.studies.correlation import (
+    METRIC_NAMES,
+    correlate,
+    load_store,
+    store_correlations,
+    sweep,
+    table_one,
+)
+from depthlens.studies.tasks import Question
+from depthlens.studies.thinkn import SAMPLES, generate_store
+from tests.test_cli import run
+
+# --- statistics ---------------------------------------------------------------------------------------------
+
+
+def test_ranks_and_rank_correlations_handle_ties():
+    assert average_ranks(np.array([3, 1, 2, 2, 5, 1])).tolist() == [5.0, 1.5, 3.5, 3.5, 6.0, 1.5]
+    x = np.array([1.0, 2.0, 2.0, 4.0, 7.0])
+    y = np.array([0.0, 1.0, 0.0, 1.0, 1.0])
+    assert spearman(x, y) == pytest.approx(float(np.corrcoef(average_ranks(x), average_ranks(y))[0, 1]))
+    assert point_biserial(x, y) == pytest.approx(float(np.corrcoef(x, y)[0, 1]))
+    assert pearson([0.1] * 3, [1, 2, 3]) is None  # constant (its float mean is not exactly 0.1)
+    assert spearman(np.array([1.0, 2.0]), np.array([1.0, 0.0])) is None  # too few points
+
+
+def test_binned_correlation_by_hand():
+    values = np.arange(1.0, 11.0)
+    correct = np.array([0, 0, 0, 0, 0, 1, 1, 1, 1, 1], dtype=float)
+    # bins (1,2) (3,4) (5,6) (7,8) (9,10): accuracy 0, 0, ½, 1, 1 against means 1.5 … 9.5
+    expected = float(np.corrcoef([1.5, 3.5, 5.5, 7.5, 9.5], [0, 0, 0.5, 1, 1])[0, 1])
+    assert binned_correlation(values, correct, 5, np.random.default_rng(0)) == pytest.approx(expected)
+    assert binned_correlation(values[:4], correct[:4], 5, np.random.default_rng(0)) is None  # fewer than bins
+    assert binned_correlation(values, np.ones(10), 5, np.random.default_rng(0)) is None  # accuracy constant
+
+
+def test_quantile_bins_break_ties_at_random_and_stay_balanced():
+    values = np.zeros(8)
+    a = quantile_bins(values, 5, np.random.default_rng(1))
+    b = quantile_bins(values, 5, np.random.default_rng(2))
+    assert sorted(len(g) for g in a) == [1, 1, 2, 2, 2]
+    assert sorted(np.concatenate(a).tolist()) == list(range(8))
+    assert [g.tolist() for g in a] != [g.tolist() for g in b]
+    ordered = quantile_bins(np.array([5.0, 1.0, 3.0, 2.0, 4.0, 0.0]), 3, np.random.default_rng(0))
+    assert [sorted(g.tolist()) for g in ordered] == [[1, 5], [2, 3], [0, 4]]
+
+
+def test_bootstrap_resamples_questions():
+    clusters = [np.array([0, 1]), np.array([2, 3]), np.array([4, 5])]
+    data = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    lo, hi = bootstrap_ci(lambda idx: float(data[idx].mean()), clusters, 500, np.random.default_rng(0))
+    assert 1.5 <= lo < 3.5 < hi <= 5.5
+    assert bootstrap_ci(lambda idx: None, clusters, 50, np.random.default_rng(0)) == (None, None)
+
+
+def _groups(rng, questions=12, per=8, signal=1.0):
+    """Questions with mixed outcomes whose metric tracks correctness by ``signal``."""
+    out = []
+    for _ in range(questions):
+        correct = (rng.random(per) < 0.5).astype(float)
+        correct[:2] = [0.0, 1.0]  # both outcomes present
+        out.append((signal * correct + rng.normal(0, 0.3, per), correct))
+    return out
+
+
+def test_correlate_finds_a_planted_signal_and_explains_missing_ones():
+    cfg = CorrelationConfig(seeds=5, bootstrap=200)
+    good = correlate("m", _groups(np.random.default_rng(0)), cfg)
+    assert good.binned_r > 0.8 and good.point_biserial > 0.7 and good.spearman > 0.6
+    assert good.point_biserial_ci[0] < good.point_biserial < good.point_biserial_ci[1]
+    assert good.questions_used == 12 and good.responses == 96 and not good.note
+    noise = correlate("m", _groups(np.random.default_rng(1), signal=0.0), cfg)
+    assert noise.point_biserial_ci[0] < 0 < noise.point_biserial_ci[1]
+
+    few = correlate("m", _groups(np.random.default_rng(0), questions=2), cfg)
+    assert few.binned_r is None and few.point_biserial is None and "too few responses (16 < 20)" in few.note
+    right = [(v, np.ones_like(c)) for v, c in _groups(np.random.default_rng(0))]
+    assert "every response is right" in correlate("m", right, cfg).note
+    flat = [(np.zeros_like(v), c) for v, c in _groups(np.random.default_rng(0))]
+    assert "constant" in correlate("m", flat, cfg).note
+    mixed_few = _groups(np.random.default_rng(0), questions=2) + [
+        (np.arange(8.0), np.zeros(8)) for _ in range(3)
+    ]
+    partial = correlate("m", mixed_few, cfg)
+    assert partial.binned_r is None and partial.point_biserial is not None and "2 have them" in partial.note
+
+
+def test_matched_threshold_flags_as_many_deep_tokens():
+    """For a kind that is a monotone function of JSD, the matched threshold reproduces JSD's deep flags."""
+    jsd = torch.rand(200, 12)
+    jsd[:, -1] = 0
+    other = torch.exp(3 * jsd) - 1  # increasing, other units
+    deep_from = deep_threshold(12, 0.85)
+    g_other = matched_threshold(jsd, 0.5, other, deep_from)
+    a = deep_flags(settling_depth(jsd, 0.5), 12, 0.85)
+    b = deep_flags(settling_depth(other, g_other), 12, 0.85)
+    assert float(a.float().mean()) == pytest.approx(float(b.float().mean()), abs=0.01)
+    assert float((a == b).float().mean()) > 0.98
+
+
+# --- stores, sweeps, report ---------------------------------------------------------------------------------
+
+QUESTIONS = [Question(f"q{i}", f"{i} {i}", str(2 * i)) for i in range(3)]
+
+
+@pytest.fixture
+def store(tmp_path, tiny_chat):
+    out = tmp_path / "s"
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=10, readout_tokens=None)
+    generate_store(tiny_chat, out, QUESTIONS, pool=8, seed=1, sampling=sampling, batch_size=8,
+                   readout=ReadoutConfig(also=("kl", "cosine")), task={"name": "tiny"})  # fmt: skip
+    # The tiny model is never right; mark a planted pattern of right answers so the statistics have work.
+    lines = [json.loads(x) for x in (out / SAMPLES).read_text().splitlines()]
+    for r in lines:
+        r["correct"] = r["sample"] % 3 == 0
+    (out / SAMPLES).write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return out
+
+
+def test_store_metrics_match_the_generation_pass(store):
+    s = load_store(store)
+    assert len(s.responses) == 24 and s.kinds == ("jsd", "kl", "cosine") and s.task == "tiny"
+    rows, profiles = store_correlations(
+        s, CorrelationConfig(seeds=3, bootstrap=50, min_responses=10, min_questions=2)
+    )
+    assert [r["metric"] for r in rows] == list(METRIC_NAMES)
+    stored = [json.loads(x)["dtr_readout"] for x in (store / SAMPLES).read_text().splitlines()]
+    from depthlens.studies.correlation import dtr_settings
+
+    settings = dtr_settings(s, DTRConfig())
+    assert [settings.ratio(r, "jsd") for r in s.responses] == pytest.approx(stored)
+    by = {r["metric"]: r for r in rows}
+    assert by["token_count"]["point_biserial"] == pytest.approx(-by["reverse_token_count"]["point_biserial"])
+    assert by["dtr"]["g"] == 0.5 and by["dtr_kl"]["g"] > 0 and all(len(p) == 5 for p in profiles.values())
+    text = table_one(rows)
+    assert "| DTR (JSD) |" in text and "24 responses, 3 questions" in text
+
+
+def test_sweeps_cover_every_setting(store):
+    rows = sweep(
+        load_store(store), CorrelationConfig(seeds=2, bootstrap=20, min_responses=10, min_questions=2)
+    )
+    params = {r["param"] for r in rows}
+    assert params == {"g", "rho", "prefix", "divergence", "deep_rule"}
+    g_rows = [r for r in rows if r["param"] == "g"]
+    assert all(
+        a["mean_dtr"] >= b["mean_dtr"] for a, b in itertools.pairwise(g_rows)
+    )  # larger g settles sooner
+    rho_rows = [r for r in rows if r["param"] == "rho"]
+    assert all(a["mean_dtr"] >= b["mean_dtr"] for a, b in itertools.pairwise(rho_rows))
+
+
+def test_bad_stores_and_prefix_only_stores(store, tmp_path, tiny_chat):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in (SAMPLES, f"{SAMPLES}.manifest.json", "questions.jsonl"):
+        (broken / name).write_bytes((store / name).read_bytes())
+    lines = (broken / SAMPLES).read_text().splitlines()
+    first = json.loads(lines[0])
+    del first["divergence_kl"]
+    (broken / SAMPLES).write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    with pytest.raises(StoreError, match=r":1: missing field\(s\) \['divergence_kl'\]"):
+        load_store(broken)
+    meta = broken / f"{SAMPLES}.manifest.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "store_version": 0}))
+    with pytest.raises(StoreError, match="version-0 store"):
+        load_store(broken)
+
+    prefix = tmp_path / "prefix"
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=10, readout_tokens=4)
+    generate_store(tiny_chat, prefix, QUESTIONS[:1], pool=2, sampling=sampling)
+    with pytest.raises(InputError, match=r"only the first 4 tokens .* --readout-tokens all"):
+        store_correlations(load_store(prefix))
+
+
+def test_report_and_correlate_cli(store, monkeypatch, capsys, tmp_path):
+    from depthlens.viz.report import build_report
+
+    cfg = CorrelationConfig(seeds=2, bootstrap=20, min_responses=10, min_questions=2)
+    md = build_report(store, cfg)
+    text = md.read_text()
+    for part in ("How this was made", "Table 1", "Table 2", "fig1-bins", "fig2-heatmap", "fig3-token", "fig4-sweeps",
+                 "fig5-cost", "Interactive version"):  # fmt: skip
+        assert part in text
+    out = md.parent
+    html = (out / "report.html").read_text()
+    assert "<table>" in html and "<img" in html
+    heat = next(out.glob("fig2-heatmap-*.html")).read_text()
+    n_layers = json.loads((store / f"{SAMPLES}.manifest.json").read_text())["n_layers"]
+    assert heat.count("<tr>") == 1 + n_layers and "settles here" in heat  # token row + one row per layer
+    assert all(p.stat().st_size > 1000 for p in out.glob("*.png"))
+
+    code, stdout, err = run(monkeypatch, capsys, "correlate", store, "--out", tmp_path / "c", "--seeds", "2",
+                            "--bootstrap", "20", "--no-sweeps")  # fmt: skip
+    assert code in (0, None), err
+    assert "DTR (JSD)" in stdout and (tmp_path / "c" / "correlation.csv").exists()
+    rows = {r["metric"]: r for r in json.loads((tmp_path / "c" / "correlation.json").read_text())["rows"]}
+    assert rows["log_prob"]["binned_r"] is not None and rows["log_prob"]["responses"] == 24
+    assert (
+        rows["dtr"]["binned_r"] is None or not rows["dtr"]["note"]
+    )  # a constant DTR says so instead of an r
+    code, _, err = run(monkeypatch, capsys, "report", tmp_path / "nothing-here")
+    assert code == 2 and "not a directory" in err
+
+
+def test_nan_free_outputs(store):
+    rows, _ = store_correlations(load_store(store), CorrelationConfig(seeds=2, bootstrap=20, min_responses=10,
+                                                                      min_questions=2))  # fmt: skip
+    for row in rows:
+        for value in row.values():
+            assert not (isinstance(value, float) and math.isnan(value))
