@@ -85,7 +85,7 @@ def _loop(lm, seq):
 PEERS = {"tuned-lens": _tuned_lens, "loop": _loop}
 
 
-def worker(model: str, method: str, length: int, memory_mb: int) -> dict:
+def worker(model: str, method: str, length: int, memory_mb: int, layers: int | None = None) -> dict:
     import torch
 
     from depthlens.config import ReadoutConfig
@@ -97,6 +97,18 @@ def worker(model: str, method: str, length: int, memory_mb: int) -> dict:
 
     torch.manual_seed(0)
     lm = load(model, device="cpu")
+    if layers is not None:  # the same model's shapes with `layers` blocks, random weights (memory vs depth)
+        from transformers import AutoModelForCausalLM
+
+        from depthlens.models.load import wrap
+
+        config = lm.model.config
+        config.num_hidden_layers = layers
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:1] * layers
+        tokenizer, name = lm.tokenizer, lm.name
+        del lm
+        lm = wrap(AutoModelForCausalLM.from_config(config).eval(), tokenizer, name=f"{name}-L{layers}")
     tok = lm.tokenizer
     ids = tok(TEXT * (length // 20 + 2), add_special_tokens=False)["input_ids"]
     seq = TokenSequence(tok("Solve the problem step by step.")["input_ids"], ids[:length])
@@ -121,6 +133,7 @@ def worker(model: str, method: str, length: int, memory_mb: int) -> dict:
     return {
         "method": method,
         "tokens": length,
+        "layers": lm.n_layers,
         "seconds": round(seconds, 3),
         "tokens_per_s": round(length / seconds, 1),
         "peak_extra_mb": round(peak_rss - base_rss, 1),
@@ -143,13 +156,16 @@ def main() -> None:
     )
     parser.add_argument("--memory-mb", type=int, default=512)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--layers", type=int, nargs="+", help="random-init copies with these block counts")
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.model, args.worker[0], int(args.worker[1]), args.memory_mb)))
+        layers = args.layers[0] if args.layers else None
+        print(json.dumps(worker(args.model, args.worker[0], int(args.worker[1]), args.memory_mb, layers)))
         return
     rows = []
-    for length in args.lengths:
+    grid = [(layers, length) for layers in (args.layers or [None]) for length in args.lengths]
+    for layers, length in grid:
         for method in args.methods:
             if method == "loop" and length > args.loop_max:
                 print(f"loop @ {length}: skipped (linear in tokens; see the shorter lengths)")
@@ -158,7 +174,7 @@ def main() -> None:
                 print(f"naive @ {length}: skipped (its [L, T, V] float32 tensors would not fit in RAM)")
                 continue
             cmd = [sys.executable, __file__, "--model", args.model, "--memory-mb", str(args.memory_mb),
-                   "--worker", method, str(length)]  # fmt: skip
+                   "--worker", method, str(length), *(["--layers", str(layers)] if layers else [])]  # fmt: skip
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 print(f"{method} @ {length}: failed — {done.stderr.strip().splitlines()[-1:]}")
@@ -167,7 +183,7 @@ def main() -> None:
             out = done.stdout.strip().splitlines()[-1]
             row = json.loads(out)
             rows.append(row)
-            print(f"{method:>30} @ {length:>5} tokens: {row['tokens_per_s']:>8.1f} tok/s, "
+            print(f"{method:>30} @ {length:>5} tokens, L = {row['layers']}: {row['tokens_per_s']:>8.1f} tok/s, "
                   f"peak extra {row['peak_extra_mb']:>8.1f} MB")  # fmt: skip
     result = {
         "model": args.model,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real correlation study of docs/findings.md §4: two models × three reasoning-gym families, every response
 # read out at every layer (JSD, KL and cosine in one pass), then the Table-1 correlations and the sweeps.
-# Usage: bash examples/correlation_study.sh [runs/study]   (about an hour on 2 CPU cores)
+# Usage: bash examples/correlation_study.sh [runs/study]   (about 75 min on 2 CPU cores)
 set -euo pipefail
 OUT=${1:-runs/study}
 D=${DEPTHLENS:-.venv/bin/depthlens}
@@ -19,5 +19,5 @@ run() {  # model questions max-new-tokens
   done
 }
 run smollm2-135m-instruct 16 128
-run qwen2.5-coder-0.5b-instruct 8 128
+run qwen2.5-coder-0.5b-instruct 5 96
 $D report "$OUT"

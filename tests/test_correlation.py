@@ -232,3 +232,20 @@ def test_nan_free_outputs(store):
     for row in rows:
         for value in row.values():
             assert not (isinstance(value, float) and math.isnan(value))
+
+
+@pytest.mark.integration
+def test_heatmap_command_on_the_default_model(real_model, monkeypatch, capsys, tmp_path):
+    code, out, err = run(monkeypatch, capsys, "heatmap", "--chat", "--prompt", "What is 3 + 4?",
+                         "--completion", "3 + 4 = 7.", "--out", tmp_path)  # fmt: skip
+    assert code in (0, None), err
+    assert "DTR" in out and "of 30 layers" in out
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert len(record["tokens"]) == len(record["divergence"]) == len(record["settling_depth"])
+    html = (tmp_path / "heatmap.html").read_text()
+    assert html.count("<tr>") == 31 and "settles here" in html
+    assert (tmp_path / "heatmap.png").stat().st_size > 5000 and (tmp_path / "token.png").stat().st_size > 5000
+    code, _, err = run(
+        monkeypatch, capsys, "heatmap", "--completion", "x", "--token", "99", "--out", tmp_path
+    )
+    assert code == 2 and "--token 99" in err

@@ -243,3 +243,18 @@ def test_task_config_sets_reasoning_gym_difficulty():
         load_task("reasoning_gym:chain_sum", 2, config={"no_such_setting": 1})
     with pytest.raises(InputError, match="key=value"):
         parse_task_config("max_terms")
+
+
+def test_store_from_an_older_version_without_newer_fields_resumes(tiny_chat, tmp_path):
+    """A manifest written before a settings field existed resumes when this run leaves it at its default."""
+    _store(tiny_chat, tmp_path / "s", pool=2)
+    meta = tmp_path / "s" / f"{SAMPLES}.manifest.json"
+    manifest = json.loads(meta.read_text())
+    for key in ("compile", "early_exit", "also"):
+        del manifest["readout"][key]
+    meta.write_text(json.dumps(manifest))
+    assert _store(tiny_chat, tmp_path / "s", pool=2, resume=True).skipped == 6
+    from depthlens.config import ReadoutConfig
+
+    with pytest.raises(StoreError, match="readout differ"):  # a non-default value is still a mismatch
+        _store(tiny_chat, tmp_path / "s", pool=2, resume=True, readout=ReadoutConfig(also=("kl",)))

@@ -119,7 +119,17 @@ def _finished_ids(out: Path) -> set[str]:
 class ResultWriter:
     """Appends one JSON line per finished record and flushes it, so an interrupted run keeps its work."""
 
-    def __init__(self, out: Path, manifest: dict[str, Any], resume: bool, overwrite: bool = False) -> None:
+    def __init__(
+        self,
+        out: Path,
+        manifest: dict[str, Any],
+        resume: bool,
+        overwrite: bool = False,
+        defaults: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """``defaults``: per settings entry of the manifest (e.g. ``readout``), the values a field had before it
+        existed — so a run written by an older depthlens, whose manifest lacks a newer field, still resumes when
+        this run leaves that field at its default."""
         self.out = out
         self.done: set[str] = set()
         meta = manifest_path(out)
@@ -128,6 +138,9 @@ class ResultWriter:
             if not meta.exists():
                 raise StoreError(f"{out} has no manifest ({meta.name}); it was not written by depthlens")
             previous = json.loads(meta.read_text())
+            for key, values in (defaults or {}).items():
+                if isinstance(previous.get(key), dict):
+                    previous[key] = {**values, **previous[key]}
             mismatch = [
                 k for k in manifest if k not in ("command", "started") and previous.get(k) != manifest[k]
             ]

@@ -197,7 +197,8 @@ def score_file(
         "command": " ".join(sys.argv),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    with ResultWriter(out_path, manifest, resume=resume, overwrite=overwrite) as writer:
+    defaults = {"readout": ReadoutConfig().to_dict(), "dtr": DTRConfig().to_dict()}
+    with ResultWriter(out_path, manifest, resume=resume, overwrite=overwrite, defaults=defaults) as writer:
         todo = [r for r in records if r.id not in writer.done]
         on_start(len(records), len(records) - len(todo))
         try:

@@ -182,7 +182,14 @@ def generate_store(
     out_dir.mkdir(parents=True, exist_ok=True)
     generator = HFGenerator(lm, sampling, readout, on_token=on_token)
     report = GenerationReport()
-    with ResultWriter(out_dir / SAMPLES, manifest, resume=resume, overwrite=overwrite) as writer:
+    defaults = {
+        "sampling": SamplingConfig().to_dict(),
+        "readout": ReadoutConfig().to_dict(),
+        "dtr": DTRConfig().to_dict(),
+    }
+    with ResultWriter(
+        out_dir / SAMPLES, manifest, resume=resume, overwrite=overwrite, defaults=defaults
+    ) as writer:
         (out_dir / QUESTIONS).write_text(
             "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n" for q in questions), encoding="utf-8"
         )
