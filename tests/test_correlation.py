@@ -99,6 +99,9 @@ def test_correlate_finds_a_planted_signal_and_explains_missing_ones():
     assert few.binned_r is None and few.point_biserial is None and "too few responses (16 < 20)" in few.note
     right = [(v, np.ones_like(c)) for v, c in _groups(np.random.default_rng(0))]
     assert "every response is right" in correlate("m", right, cfg).note
+    lonely = [(v, np.zeros_like(c)) for v, c in _groups(np.random.default_rng(0))]
+    lonely[0][1][0] = 1.0
+    assert "only 1 right of 96 responses" in correlate("m", lonely, cfg).note
     flat = [(np.zeros_like(v), c) for v, c in _groups(np.random.default_rng(0))]
     assert "constant" in correlate("m", flat, cfg).note
     mixed_few = _groups(np.random.default_rng(0), questions=2) + [

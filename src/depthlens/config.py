@@ -225,6 +225,7 @@ class CorrelationConfig(_Config):
         bootstrap: resamples of questions for the 95 % confidence intervals of the unbinned statistics.
         min_responses: fewer usable responses than this → no statistic, a "too few" note instead.
         min_questions: fewer questions with both right and wrong responses than this → no binned r.
+        min_outcome: fewer right (or fewer wrong) responses than this → no statistic: r would hinge on them.
         seed: seeds every random choice of the study.
     """
 
@@ -234,6 +235,7 @@ class CorrelationConfig(_Config):
     bootstrap: int = 1000
     min_responses: int = 20
     min_questions: int = 3
+    min_outcome: int = 5
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -245,5 +247,7 @@ class CorrelationConfig(_Config):
             raise ConfigError(
                 f"CorrelationConfig.n = {self.n} is below bins = {self.bins}; draw ≥ bins responses"
             )
-        if self.min_responses < 3 or self.min_questions < 1:
-            raise ConfigError("CorrelationConfig.min_responses must be ≥ 3 and .min_questions ≥ 1")
+        if self.min_responses < 3 or self.min_questions < 1 or self.min_outcome < 1:
+            raise ConfigError(
+                "CorrelationConfig.min_responses must be ≥ 3, .min_questions and .min_outcome ≥ 1"
+            )

@@ -39,7 +39,7 @@ KIND_FIELD = {"kl": "divergence_kl", "cosine": "divergence_cosine", "jsd": "dive
               "jsd-nat": "divergence_jsd-nat"}  # fmt: skip
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # identity equality: fields are arrays
 class StoredResponse:
     """One graded response with the per-token values the metrics need."""
 
@@ -260,6 +260,13 @@ def correlate(
     if correct.min() == correct.max():
         return dataclasses.replace(
             none, note=f"every response is {'right' if correct[0] else 'wrong'}: accuracy cannot correlate"
+        )
+    right = int(correct.sum())
+    if min(right, correct.size - right) < cfg.min_outcome:
+        minority = f"{right} right" if right < correct.size - right else f"{correct.size - right} wrong"
+        return dataclasses.replace(
+            none,
+            note=f"only {minority} of {correct.size} responses (< {cfg.min_outcome}): an r would hinge on them",
         )
     if np.ptp(values) == 0:
         return dataclasses.replace(none, note="the metric is constant over all responses")

@@ -240,7 +240,7 @@ def build_report(
         studies.append(study)
         example = example_response(store)
         if example is not None:
-            index = store.responses.index(example)
+            index = next(i for i, r in enumerate(store.responses) if r is example)
             tokens = token_labels(store, index, tokenizer_for(store.model))
             record = heatmap_record(example, tokens, dtr, store.n_layers)
             study.figures.update(draw_token_figures(record, out, _slug(store), dtr, store.n_layers))

@@ -146,13 +146,21 @@ def draw_accuracy_cost(rows: Sequence[dict[str, Any]], path: Path, title: str = 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     colours = {"think@n": "#d62728", "cons@n": "#1f77b4"}
-    for r in rows:
+    span = max(r["cost_mean"] for r in rows) - min(r["cost_mean"] for r in rows) or 1.0
+    stacked: dict[int, int] = {}  # methods at the same cost (full-cost ones) get labels on alternating sides
+    for r in sorted(rows, key=lambda r: -r["accuracy_mean"]):
         highlight = r["method"] in colours
         colour = colours.get(r["method"], "#7f7f7f")
         ax.errorbar(r["cost_mean"], 100 * r["accuracy_mean"], xerr=r.get("cost_std"), yerr=100 * r["accuracy_std"],
                     fmt="o", ms=8 if highlight else 5, capsize=3, color=colour)  # fmt: skip
+        slot = round(20 * r["cost_mean"] / span)
+        side = stacked.get(slot, 0)
+        stacked[slot] = side + 1
+        left = side % 2 == 1
         ax.annotate(r["method"], (r["cost_mean"], 100 * r["accuracy_mean"]), textcoords="offset points",
-                    xytext=(5, 4), fontsize=8, weight="bold" if highlight else "normal")  # fmt: skip
+                    xytext=(-6 if left else 6, 3), ha="right" if left else "left", fontsize=8,
+                    weight="bold" if highlight else "normal")  # fmt: skip
+    ax.margins(x=0.18, y=0.08)
     ax.set_xlabel("tokens generated per question")
     ax.set_ylabel("accuracy %")
     ax.set_title(title or "accuracy vs cost per method", fontsize=10)
