@@ -4,6 +4,7 @@ One forward pass gives the hidden states; then, on the same tokens and layers, i
 - ``matmul``: the bare unembedding products, normed state × W_U, for layers 1..L−1 (the floor);
 - ``full``: depthlens's readout — per-layer log-softmax, JSD to the final layer, settling, DTR;
 - ``early-exit``: the same scores with each token's layer walk stopped at its settling depth (identical results);
+- ``compiled``: both with the fused compiled kernel (``metrics.fused``; compiled before timing);
 - ``loop``: the per-token loop a replication would write (per token and layer: norm, unembed, softmax, JSD), on
   the first ``--loop-tokens`` tokens and reported per token.
 Numbers go to docs/performance.md; nothing is asserted.
@@ -75,6 +76,14 @@ def main() -> None:
         (table,) = reduce_readout(chunks, 1, n_layers, "jsd", settle_at=dtr.g)
         return sequence_scores(table, dtr, n_layers)
 
+    def full_compiled() -> dict:
+        (table,) = reduce_readout(chunks, 1, n_layers, "jsd", compiled=True)
+        return sequence_scores(table, dtr, n_layers)
+
+    def early_compiled() -> dict:
+        (table,) = reduce_readout(chunks, 1, n_layers, "jsd", settle_at=dtr.g, compiled=True)
+        return sequence_scores(table, dtr, n_layers)
+
     lens = lens_for(lm, config)
     weight = lm.parts.unembed.weight[: lens.vocab_size or None]
     normed = [[lens.normed(h) for h in c._hidden] for c in chunks]
@@ -85,12 +94,14 @@ def main() -> None:
                 for x in layers:
                     x @ weight.T
 
-    a, b = full(), early()
-    assert a["dtr"] == b["dtr"] and torch.equal(a["settling_depth"], b["settling_depth"]), (
-        "early exit differs"
-    )
+    a = full()
+    for fn in (early, full_compiled, early_compiled):  # compiles here, untimed
+        b = fn()
+        assert a["dtr"] == b["dtr"] and torch.equal(a["settling_depth"], b["settling_depth"]), fn.__name__
 
-    t_full, t_early, t_matmul = (_timed(f, args.repeats) for f in (full, early, matmul))
+    t_full, t_early, t_matmul, t_full_c, t_early_c = (
+        _timed(f, args.repeats) for f in (full, early, matmul, full_compiled, early_compiled)
+    )
 
     # The per-token loop a replication would write, from the same hidden states.
     hidden = [torch.cat([c._hidden[layer] for c in chunks]) for layer in range(n_layers - 1)]
@@ -113,7 +124,8 @@ def main() -> None:
     t_loop = _timed(loop, 1) * n_tokens / m  # extrapolated to all tokens (it is linear in tokens)
 
     rows = {
-        "matmul": t_matmul, "full": t_full, "early-exit": t_early, "loop (per-token, extrapolated)": t_loop,
+        "matmul": t_matmul, "full": t_full, "early-exit": t_early, "full, compiled": t_full_c,
+        "early-exit, compiled": t_early_c, "loop (per-token, extrapolated)": t_loop,
     }  # fmt: skip
     result = {
         "model": args.model,
@@ -127,9 +139,12 @@ def main() -> None:
         "seconds": rows,
         "tokens_per_s": {k: n_tokens / v for k, v in rows.items()},
         "full_over_matmul": t_full / t_matmul,
+        "full_compiled_over_matmul": t_full_c / t_matmul,
         "early_exit_speedup": t_full / t_early,
+        "early_exit_speedup_compiled": t_full_c / t_early_c,
         "full_over_loop_speedup": t_loop / t_full,
         "early_over_loop_speedup": t_loop / t_early,
+        "best_over_loop_speedup": t_loop / min(t_full, t_early, t_full_c, t_early_c),
     }
     print(json.dumps(result, indent=2))
     if args.out:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The real correlation study of docs/findings.md §4: two models × three reasoning-gym families, every response
-# read out at every layer (JSD, KL and cosine in one pass), then the Table-1 correlations and the sweeps.
-# Usage: bash examples/correlation_study.sh [runs/study]   (about 75 min on 2 CPU cores)
+# The real correlation study of docs/findings.md §4: two models × four reasoning-gym families, every response
+# read out at every layer (JSD, KL and cosine in one pass), then the report: Table 1, sweeps, Figures 1–5.
+# Usage: bash examples/correlation_study.sh [runs/study]   (about 90 min on 2 CPU cores)
 set -euo pipefail
 OUT=${1:-runs/study}
 D=${DEPTHLENS:-.venv/bin/depthlens}
@@ -9,6 +9,7 @@ TASKS=(
   "basic_arithmetic|min_terms=2,max_terms=2,max_digits=1,allow_parentheses=false,allow_negation=false"
   "chain_sum|min_terms=2,max_terms=3,max_digits=1"
   "leg_counting|min_animals=1,max_animals=2,max_instances=3"
+  "products|min_terms=2,max_terms=2,min_digits=1,max_digits=2"
 )
 run() {  # model questions max-new-tokens
   for t in "${TASKS[@]}"; do

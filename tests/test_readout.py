@@ -164,6 +164,10 @@ def test_early_exit_settles_exactly_like_the_full_walk(model_type, kind):
 
 
 def test_scores_without_tokens_use_early_exit_and_agree(tiny_llama):
+    """Scores without per-token output take the early exit (and, asked, the compiled kernel): same numbers."""
+    import warnings
+
+    from depthlens.config import DTRConfig
     from depthlens.studies.score import score
 
     records = [
@@ -171,8 +175,6 @@ def test_scores_without_tokens_use_early_exit_and_agree(tiny_llama):
         for i in range(3)
     ]
     for g in (0.02, 0.5):
-        from depthlens.config import DTRConfig
-
         dtr = DTRConfig(g=g, rho=0.6)
         fast = score(tiny_llama, records, dtr=dtr, tcb=None)
         slow = score(tiny_llama, records, dtr=dtr, tcb=None, tokens=True)
@@ -180,6 +182,10 @@ def test_scores_without_tokens_use_early_exit_and_agree(tiny_llama):
         keys = ("dtr", "mean_settling_depth", "n_tokens", "log_prob", "self_certainty")
         assert [{k: r[k] for k in keys} for r in fast] == [{k: r[k] for k in keys} for r in slow]
         assert fast == off
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # without a C++ compiler the eager fallback answers
+            fused = score(tiny_llama, records, dtr=dtr, tcb=None, readout=ReadoutConfig(compile="on"))
+        assert [{k: r[k] for k in keys} for r in fused] == [{k: r[k] for k in keys} for r in fast]
 
 
 def test_compiled_kernel_equals_eager_and_falls_back(tiny_llama, monkeypatch):

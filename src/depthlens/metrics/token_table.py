@@ -143,9 +143,9 @@ def reduce_readout(
         parts[chunk.seq_index].append(
             (
                 chunk.target_ids.cpu(),
-                chunk_divergences(chunk, kind)
+                chunk_divergences(chunk, kind, compiled=compiled)
                 if settle_at is None
-                else chunk_settling(chunk, kind, settle_at),
+                else chunk_settling(chunk, kind, settle_at, compiled=compiled),
                 base["log_prob"].cpu(),
                 base["entropy"].cpu(),
                 base["self_certainty"].cpu(),
