@@ -72,12 +72,12 @@ def _loop(lm, seq):
         out = lm.model(input_ids=ids, output_hidden_states=True)
         for t in range(p0, ids.shape[1] - 1):
             final = torch.log_softmax(out.logits[0, t].float(), -1)
-            depth = lm.n_layers
-            for layer in range(1, lm.n_layers):
+            row = []
+            for layer in range(1, lm.n_layers):  # every layer: the heatmap row a replication keeps
                 q = torch.log_softmax(unembed(norm(out.hidden_states[layer][0, t])).float(), -1)
-                if float(js_divergence(final, q)) <= 0.5:
-                    depth = layer
-                    break  # (even granting the loop an early exit)
+                row.append(float(js_divergence(final, q)))
+            settled = [layer for layer, d in enumerate(row, start=1) if d <= 0.5]
+            depth = settled[0] if settled else lm.n_layers
             settling.append(depth)
     return torch.tensor(settling)
 

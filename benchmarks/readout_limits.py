@@ -52,12 +52,14 @@ def main() -> None:
     from depthlens.metrics.token_table import reduce_readout, sequence_scores
     from depthlens.models.load import load
     from depthlens.readout.stream import TokenSequence, iter_readout, lens_for
+    from depthlens.studies.score import as_token_ids
 
     torch.manual_seed(0)
     lm = load(args.model, device="cpu")
     tok = lm.tokenizer
-    prompt = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
-    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    prompt = as_token_ids(
+        tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
+    )
     with torch.inference_mode():  # the model's own text: sampled, no end-of-turn stop, exactly --tokens long
         out = lm.model.generate(torch.tensor([prompt]), max_new_tokens=args.tokens, min_new_tokens=args.tokens,
                                 do_sample=True, temperature=0.7, top_p=0.95)  # fmt: skip

@@ -233,7 +233,7 @@ def build_report(
         if sys.argv and sys.argv[0].endswith("depthlens")
         else "depthlens report"
     )
-    studies, sections, thinkn_rows = [], [], []
+    studies, sections, thinkn_rows, commands = [], [], [], []
     for store in stores:
         on_store(store.label)
         study = study_store(store, out, cfg, dtr)
@@ -246,6 +246,7 @@ def build_report(
             study.figures.update(draw_token_figures(record, out, _slug(store), dtr, store.n_layers))
         summary = _thinkn(store, voting)
         if summary:
+            commands.append(summary.get("command", ""))
             thinkn_rows.extend({"store": store.label, **m} for m in summary["methods"])
             study.figures["cost"] = draw_accuracy_cost(
                 summary["methods"],
@@ -262,6 +263,7 @@ def build_report(
         "",
         "```",
         *sorted({s.manifest.get("command", "?") for s in stores}),
+        *sorted({c for c in commands if c and c != command and "thinkn" in c}),
         command,
         "```",
         "",
