@@ -166,7 +166,7 @@ def heatmap(
     unit = {"jsd": "bits", "jsd-nat": "nats", "kl": "nats", "cosine": "1 − cos"}[divergence]
     out.mkdir(parents=True, exist_ok=True)
     (out / "record.json").write_text(json.dumps(record) + "\n")
-    title = f"{model}: {divergence} to the final layer; DTR = {record['dtr']:.2f}"
+    title = f"{model}: {divergence.upper()} to the final layer ({unit}); DTR = {record['dtr']:.2f}"
     paths = [draw_divergence_heatmap(record, out / "heatmap.png", title=title),
              write_heatmap_html(record, out / "heatmap.html", title=title, unit=unit)]  # fmt: skip
     n = len(record["settling_depth"])
