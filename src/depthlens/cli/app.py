@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
 from depthlens.errors import DepthlensError
+
+if TYPE_CHECKING:
+    from depthlens.models.load import LoadedModel
 
 app = typer.Typer(
     name="depthlens",
@@ -18,6 +22,16 @@ app = typer.Typer(
 )
 err_console = Console(stderr=True)
 console = Console()  # results (tables) go to stdout
+
+
+def load_model(model: str, device: str, dtype: str, trust_remote_code: bool) -> LoadedModel:
+    """Load ``model`` for a command, its slow steps shown on a status line."""
+    from depthlens.models.load import load
+
+    with err_console.status(f"loading {model}") as status:
+        return load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,  # type: ignore[arg-type]
+                    progress=status.update)  # fmt: skip
+
 
 # Registration by import: each module adds its command to ``app``.
 from depthlens.cli import models_cmd, score_cmd, study_cmd, tcb_cmd, thinkn_cmd  # noqa: E402, F401

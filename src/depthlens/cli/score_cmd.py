@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, err_console
+from depthlens.cli.app import app, err_console, load_model
 from depthlens.cli.progress import make_progress
 
 D = opt.DEFAULTS
@@ -51,16 +51,13 @@ def score(
 ) -> None:
     """Score responses: DTR, mean settling depth and six baselines per record (SPEC §1–3)."""
     from depthlens.config import DTRConfig, ReadoutConfig, TCBConfig
-    from depthlens.models.load import load
     from depthlens.studies.score import score_file
 
     readout = ReadoutConfig(divergence=divergence, final_norm=final_norm, memory_mb=memory_mb,  # type: ignore[arg-type]
                             compile=compile_kernel)  # type: ignore[arg-type]  # fmt: skip
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix)  # type: ignore[arg-type]
     tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral) if tcb else None  # type: ignore[arg-type]
-    with err_console.status(f"loading {model}") as status:
-        lm = load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,  # type: ignore[arg-type]
-                  progress=status.update)  # fmt: skip
+    lm = load_model(model, device, dtype, trust_remote_code)
     with make_progress(err_console) as progress:
         task = progress.add_task("scoring", total=None)
 

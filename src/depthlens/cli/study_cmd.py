@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console
+from depthlens.cli.app import app, console, err_console, load_model
 from depthlens.cli.progress import make_progress
 from depthlens.config import CorrelationConfig, DTRConfig
 
@@ -146,7 +146,6 @@ def heatmap(
     from depthlens.config import ReadoutConfig
     from depthlens.errors import InputError
     from depthlens.metrics.dtr import deep_threshold
-    from depthlens.models.load import load
     from depthlens.studies.score import score
     from depthlens.viz.heatmap import draw_divergence_heatmap, write_heatmap_html
     from depthlens.viz.study import draw_token_settling
@@ -154,9 +153,7 @@ def heatmap(
     if not completion:
         raise InputError("--completion is empty: give the text to read out")
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
-    with err_console.status(f"loading {model}") as status:
-        lm = load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,  # type: ignore[arg-type]
-                  progress=status.update)  # fmt: skip
+    lm = load_model(model, device, dtype, trust_remote_code)
     data = {"id": "text", "completion": completion}
     data.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     with err_console.status("reading out every layer"):

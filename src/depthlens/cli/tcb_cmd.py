@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console
+from depthlens.cli.app import app, console, err_console, load_model
 
 tcb_app = typer.Typer(help="Token Constraint Bound studies (seed 004): regimes, geometry, prompts, trace.",
                       no_args_is_help=True)  # fmt: skip
@@ -18,14 +18,6 @@ app.add_typer(tcb_app, name="tcb")
 
 D = opt.DEFAULTS
 OutDir = Annotated[Path, typer.Option("--out", file_okay=False, help="Directory for the table and figure.")]
-
-
-def _load(model: str, device: str, dtype: str, trust_remote_code: bool) -> Any:
-    from depthlens.models.load import load
-
-    with err_console.status(f"loading {model}") as status:
-        return load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,  # type: ignore[arg-type]
-                    progress=status.update)  # fmt: skip
 
 
 def _finish(out: Path, name: str, result: dict[str, Any], figure: Path) -> None:
@@ -62,7 +54,7 @@ def regimes(
     from depthlens.viz.tcb import draw_regimes
 
     tcb = TCBConfig(epsilon=epsilon)
-    lm = _load(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code)
     with err_console.status("regimes"):
         result = run(lm, {"diverse": prompt_set("diverse"), "low_veff": prompt_set("low_veff")}, tcb, split)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +81,7 @@ def geometry(
     from depthlens.studies.tcb_studies import prompt_set
     from depthlens.viz.tcb import draw_geometry
 
-    lm = _load(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code)
     prompts = [p["prompt"] for p in prompt_set("diverse") + prompt_set("low_veff")]
     with err_console.status("geometry"):
         result = run(lm, prompts, top_k, cluster, disperse)
@@ -131,7 +123,7 @@ def prompts(
     except ValueError:
         raise InputError(f"--shots {shots!r}: give comma-separated integers such as 0,2") from None
     names = [t.strip() for t in templates.split(",")] if templates else list(TEMPLATES)
-    lm = _load(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code)
     with err_console.status(
         f"{len(names)} templates × {len(shot_list)} shot settings × {questions} questions"
     ):
@@ -166,7 +158,7 @@ def trace(
     from depthlens.studies.tcb_studies import DropRule, generation_trace
     from depthlens.viz.tcb import draw_generation_trace
 
-    lm = _load(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code)
     with err_console.status("generating"):
         result = generation_trace(lm, prompt, max_new_tokens, DropRule(window, factor, max_perplexity), chat)
     out.mkdir(parents=True, exist_ok=True)

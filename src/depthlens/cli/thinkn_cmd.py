@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console
+from depthlens.cli.app import app, console, err_console, load_model
 from depthlens.cli.progress import make_progress
 from depthlens.config import SamplingConfig, VotingConfig
 from depthlens.errors import InputError
@@ -117,7 +117,6 @@ def _generate(
     also_divergences: str = "",
 ) -> GenerationReport:
     from depthlens.config import DTRConfig, ReadoutConfig
-    from depthlens.models.load import load
     from depthlens.studies.tasks import load_task, parse_task_config
     from depthlens.studies.thinkn import generate_store
 
@@ -125,14 +124,7 @@ def _generate(
     readout = ReadoutConfig(divergence=divergence, also=also)  # type: ignore[arg-type]
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
     qs = load_task(task, questions, task_seed, data, parse_task_config(task_config))
-    with err_console.status(f"loading {model}") as status:
-        lm = load(
-            model,
-            device=device,
-            dtype=dtype,
-            trust_remote_code=trust_remote_code,  # type: ignore[arg-type]
-            progress=status.update,
-        )
+    lm = load_model(model, device, dtype, trust_remote_code)
     task_info = {
         "name": task,
         "questions": questions,

@@ -4,12 +4,12 @@ final layer, without the eager path's dozen passes over [tokens, V] tensors.
 Eager PyTorch runs each elementwise step (exp, log, products, sums) as its own pass over the vocabulary, so on
 a CPU the divergence costs about twice the unembedding product it follows; compiled (torch.compile / Inductor,
 Triton on CUDA) the steps fuse into the matmul's epilogue and a reduction, and the readout runs at the
-matmul's pace (docs/performance.md). Same math as ``metrics.divergence``; cosine needs no logits and stays eager.
+matmul's pace (docs/performance.md). The math is ``metrics.divergence``'s own, compiled; cosine needs no logits
+and stays eager.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 import weakref
 from collections.abc import Callable
@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from depthlens.config import Compile, Divergence
+from depthlens.metrics.divergence import layer_divergence
 from depthlens.readout.lens import LogitLens
 
 FUSABLE: tuple[Divergence, ...] = ("jsd", "jsd-nat", "kl")
@@ -35,18 +36,9 @@ def use_compiled(setting: Compile, device: torch.device) -> bool:
 
 
 def _step(lens: LogitLens, kind: Divergence) -> LayerStep:
-    base = 2.0 if kind == "jsd" else math.e
-
     def step(normed: torch.Tensor, final_logprobs: torch.Tensor) -> torch.Tensor:
         logq = torch.log_softmax(lens.logits_from_normed(normed), dim=-1)
-        logp = final_logprobs
-        p = logp.exp()
-        if kind == "kl":
-            return torch.where(p > 0, p * (logp - logq), 0.0).sum(-1).clamp_min(0.0)
-        q = logq.exp()
-        logm = torch.log(0.5 * (p + q))
-        nats = 0.5 * (torch.where(p > 0, p * (logp - logm), 0.0) + torch.where(q > 0, q * (logq - logm), 0.0))
-        return nats.sum(-1).clamp(0.0, math.log(2.0)) / math.log(base)
+        return layer_divergence(kind, final_logprobs, logq)  # the eager path's own formula, traced and fused
 
     return step
 

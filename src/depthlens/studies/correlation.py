@@ -46,6 +46,7 @@ class StoredResponse:
     question_id: str
     correct: bool
     n_tokens: int
+    token_ids: list[int]  # to label heatmaps without re-reading the store
     log_prob: np.ndarray  # [T]
     entropy: np.ndarray  # [T]
     self_certainty: np.ndarray  # [T]
@@ -78,8 +79,7 @@ class Store:
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        readout = self.manifest.get("readout", {})
-        return (readout.get("divergence", "jsd"), *readout.get("also", ()))
+        return stored_kinds(self.manifest)
 
     @property
     def readout_tokens(self) -> int | None:
@@ -97,13 +97,16 @@ class Store:
         return groups
 
 
+def stored_kinds(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The divergence kinds a store holds: the primary one, then ``--also-divergences``."""
+    readout = manifest.get("readout", {})
+    return (readout.get("divergence", "jsd"), *readout.get("also", ()))
+
+
 def load_store(path: Path) -> Store:
     """Read a sample store for the studies; a damaged or foreign store raises StoreError naming the line."""
     manifest = read_manifest(path)
-    kinds = (
-        manifest.get("readout", {}).get("divergence", "jsd"),
-        *manifest.get("readout", {}).get("also", ()),
-    )
+    kinds = stored_kinds(manifest)
     n_layers = int(manifest["n_layers"])
     responses, failed = [], 0
     for line, record in enumerate(iter_jsonl(path / SAMPLES), start=1):
@@ -123,6 +126,7 @@ def load_store(path: Path) -> Store:
                 question_id=str(record["question_id"]),
                 correct=bool(record["correct"]),
                 n_tokens=int(record["n_tokens"]),
+                token_ids=list(record.get("token_ids", [])),
                 log_prob=np.asarray(record["log_prob"], dtype=np.float64),
                 entropy=np.asarray(record["entropy"], dtype=np.float64),
                 self_certainty=np.asarray(record["self_certainty"], dtype=np.float64),
@@ -198,18 +202,16 @@ def dtr_settings(
             f"{store.path}: the store holds {list(store.kinds)} divergences; the study needs jsd (the primary "
             "kind) — generate with --divergence jsd"
         )
-    given = dict(g_by_kind or {})
+    given = {k: g for k, g in (g_by_kind or {}).items() if g is not None}
     thresholds = {"jsd": dtr.g, "jsd-nat": dtr.g * math.log(2.0)}
-    stacked = {k: torch.cat([r.divergence[k] for r in store.responses]) for k in store.kinds}
-    for kind in store.kinds:
-        if kind in thresholds:
-            continue
-        g = given.get(kind)
-        if g is None:
-            deep_from = deep_threshold(store.n_layers, dtr.rho, dtr.deep_rule)
-            has_tokens = stacked["jsd"].shape[0] > 0
-            g = matched_threshold(stacked["jsd"], dtr.g, stacked[kind], deep_from) if has_tokens else 0.0
-        thresholds[kind] = g
+    unmatched = [k for k in store.kinds if k not in thresholds and k not in given]
+    if unmatched:  # match each to JSD's share of deep tokens, over every stored token
+        jsd = torch.cat([r.divergence["jsd"] for r in store.responses])
+        deep_from = deep_threshold(store.n_layers, dtr.rho, dtr.deep_rule)
+        for kind in unmatched:
+            other = torch.cat([r.divergence[kind] for r in store.responses])
+            given[kind] = matched_threshold(jsd, dtr.g, other, deep_from) if jsd.shape[0] else 0.0
+    thresholds.update({k: g for k, g in given.items() if k in store.kinds and k not in thresholds})
     return DTRSettings(dtr, thresholds, store.n_layers)
 
 

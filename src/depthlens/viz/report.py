@@ -155,22 +155,11 @@ def heatmap_record(
     }
 
 
-def token_labels(store: Store, response_index: int, tokenizer: Any | None) -> list[str]:
-    record = _raw_record(store, response_index)
-    ids = record.get("token_ids", [])
+def token_labels(response: StoredResponse, tokenizer: Any | None) -> list[str]:
+    """The response's tokens as strings (ids when no tokenizer is at hand)."""
     if tokenizer is not None:
-        return list(tokenizer.convert_ids_to_tokens(ids))
-    return [f"#{i}" for i in ids]
-
-
-def _raw_record(store: Store, index: int) -> dict[str, Any]:
-    from depthlens.studies.records import iter_jsonl
-
-    usable = (r for r in iter_jsonl(store.path / SAMPLES) if r.get("status") != "failed")
-    for i, record in enumerate(usable):
-        if i == index:
-            return record
-    raise InputError(f"{store.path}: response {index} not found")
+        return list(tokenizer.convert_ids_to_tokens(response.token_ids))
+    return [f"#{i}" for i in response.token_ids]
 
 
 def draw_token_figures(
@@ -240,8 +229,7 @@ def build_report(
         studies.append(study)
         example = example_response(store)
         if example is not None:
-            index = next(i for i, r in enumerate(store.responses) if r is example)
-            tokens = token_labels(store, index, tokenizer_for(store.model))
+            tokens = token_labels(example, tokenizer_for(store.model))
             record = heatmap_record(example, tokens, dtr, store.n_layers)
             study.figures.update(draw_token_figures(record, out, _slug(store), dtr, store.n_layers))
         summary = _thinkn(store, voting)
