@@ -160,6 +160,8 @@ def heatmap(
         (record,) = score(
             lm, [data], readout=ReadoutConfig(divergence=divergence), dtr=dtr, tcb=None, tokens=True
         )  # type: ignore[arg-type]
+    if not record["n_tokens"]:
+        raise InputError(f"--completion {completion!r} has no tokens for {model}'s tokenizer; give some text")
     unit = {"jsd": "bits", "jsd-nat": "nats", "kl": "nats", "cosine": "1 − cos"}[divergence]
     out.mkdir(parents=True, exist_ok=True)
     (out / "record.json").write_text(json.dumps(record) + "\n")
