@@ -42,10 +42,18 @@ class _Config:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
+def _invalid(owner: str, name: str, value: object, requirement: str, hint: str = "") -> ConfigError:
+    """The error for setting ``owner.name`` = ``value``, structured so the CLI can name its flag instead."""
+    message = f"{owner}.{name} = {value!r} {requirement}" + (f" ({hint})" if hint else "")
+    return ConfigError(message, setting=name, value=value, requirement=requirement)
+
+
 def _check_choice(owner: str, name: str, value: object, literal: object) -> None:
     choices = get_args(literal)
     if value not in choices:
-        raise ConfigError(f"{owner}.{name} = {value!r} is not one of {list(choices)}")
+        error = _invalid(owner, name, value, f"is not one of {list(choices)}")
+        error.requirement = f"must be one of {', '.join(choices)}"
+        raise error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +90,7 @@ class ReadoutConfig(_Config):
         for kind in self.also:
             _check_choice("ReadoutConfig", "also", kind, Divergence)
         if self.memory_mb < 16:
-            raise ConfigError(f"ReadoutConfig.memory_mb = {self.memory_mb} is too small; use at least 16")
+            raise _invalid("ReadoutConfig", "memory_mb", self.memory_mb, "must be ≥ 16")
         if self.vocab_size is not None and self.vocab_size < 2:
             raise ConfigError(
                 f"ReadoutConfig.vocab_size = {self.vocab_size}; a distribution needs ≥ 2 tokens"
@@ -107,12 +115,12 @@ class DTRConfig(_Config):
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.g) and self.g >= 0):
-            raise ConfigError(f"DTRConfig.g = {self.g} must be a finite number ≥ 0 (default 0.5)")
+            raise _invalid("DTRConfig", "g", self.g, "must be a finite number ≥ 0", "default 0.5")
         if not (0 < self.rho <= 1):
-            raise ConfigError(f"DTRConfig.rho = {self.rho} must lie in (0, 1] (default 0.85)")
+            raise _invalid("DTRConfig", "rho", self.rho, "must be in (0, 1]", "default 0.85")
         _check_choice("DTRConfig", "deep_rule", self.deep_rule, DeepRule)
         if self.prefix is not None and self.prefix < 1:
-            raise ConfigError(f"DTRConfig.prefix = {self.prefix} must be ≥ 1 token, or None for no prefix")
+            raise _invalid("DTRConfig", "prefix", self.prefix, "must be ≥ 1 token", "or None for no prefix")
 
 
 VEff = Literal["ipr", "exp-entropy"]
@@ -138,10 +146,10 @@ class TCBConfig(_Config):
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ConfigError(f"TCBConfig.epsilon = {self.epsilon} must be a finite number > 0 (default 1.0)")
+            raise _invalid("TCBConfig", "epsilon", self.epsilon, "must be a finite number > 0", "default 1.0")
         _check_choice("TCBConfig", "v_eff", self.v_eff, VEff)
         if self.power_iterations < 1:
-            raise ConfigError(f"TCBConfig.power_iterations = {self.power_iterations} must be ≥ 1")
+            raise _invalid("TCBConfig", "power_iterations", self.power_iterations, "must be ≥ 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,11 +175,11 @@ class SamplingConfig(_Config):
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ConfigError(f"SamplingConfig.temperature = {self.temperature} must be ≥ 0 (0 = greedy)")
+            raise _invalid("SamplingConfig", "temperature", self.temperature, "must be a finite number ≥ 0", "0 = greedy")
         if not (0 < self.top_p <= 1):
-            raise ConfigError(f"SamplingConfig.top_p = {self.top_p} must lie in (0, 1]")
+            raise _invalid("SamplingConfig", "top_p", self.top_p, "must be in (0, 1]")
         if self.max_new_tokens < 1:
-            raise ConfigError(f"SamplingConfig.max_new_tokens = {self.max_new_tokens} must be ≥ 1")
+            raise _invalid("SamplingConfig", "max_new_tokens", self.max_new_tokens, "must be ≥ 1")
         if self.readout_tokens is not None and self.readout_tokens < 0:
             raise ConfigError(
                 f"SamplingConfig.readout_tokens = {self.readout_tokens} must be ≥ 0, or None = all"
@@ -203,13 +211,13 @@ class VotingConfig(_Config):
 
     def __post_init__(self) -> None:
         if self.n < 1:
-            raise ConfigError(f"VotingConfig.n = {self.n}; draw at least 1 response per question")
+            raise _invalid("VotingConfig", "n", self.n, "must be ≥ 1 response per question")
         if not (0 < self.eta <= 1):
-            raise ConfigError(f"VotingConfig.eta = {self.eta} must lie in (0, 1] (the share of n kept)")
+            raise _invalid("VotingConfig", "eta", self.eta, "must be in (0, 1]", "the share of n kept")
         if self.prefix is not None and self.prefix < 1:
-            raise ConfigError(f"VotingConfig.prefix = {self.prefix} must be ≥ 1 token, or None for all")
+            raise _invalid("VotingConfig", "prefix", self.prefix, "must be ≥ 1 token", "or None for all")
         if self.trials < 1:
-            raise ConfigError(f"VotingConfig.trials = {self.trials} must be ≥ 1")
+            raise _invalid("VotingConfig", "trials", self.trials, "must be ≥ 1")
         if self.deepconf_window < 1:
             raise ConfigError(f"VotingConfig.deepconf_window = {self.deepconf_window} must be ≥ 1")
 
@@ -240,7 +248,7 @@ class CorrelationConfig(_Config):
 
     def __post_init__(self) -> None:
         if self.bins < 3:
-            raise ConfigError(f"CorrelationConfig.bins = {self.bins}; a correlation over bins needs ≥ 3")
+            raise _invalid("CorrelationConfig", "bins", self.bins, "must be ≥ 3", "a correlation over bins")
         if self.seeds < 1 or self.bootstrap < 1:
             raise ConfigError("CorrelationConfig.seeds and .bootstrap must be ≥ 1")
         if self.n is not None and self.n < self.bins:

@@ -8,7 +8,19 @@ class DepthlensError(Exception):
 
 
 class ConfigError(DepthlensError, ValueError):
-    """A setting is out of range or unknown."""
+    """A setting is out of range or unknown.
+
+    ``setting``, ``value`` and ``requirement`` (when given) let the CLI name its own flag instead of the config
+    field: ``--rho 1.5: must be in (0, 1]`` rather than ``DTRConfig.rho = 1.5 …``.
+    """
+
+    def __init__(
+        self, message: str, *, setting: str | None = None, value: object = None, requirement: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.value = value
+        self.requirement = requirement
 
 
 class UnsupportedArchitectureError(DepthlensError):

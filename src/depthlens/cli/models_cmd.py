@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from depthlens.cli.app import app, err_console
+from depthlens.cli.app import app, console, err_console
+from depthlens.cli.progress import install_with_progress
 from depthlens.models import catalogue
 
 
@@ -27,19 +27,19 @@ def models(
         if catalogue.is_installed(name):
             err_console.print(f"{name}: already installed at {catalogue.converted_dir(name)}")
             continue
-        with err_console.status(f"{name}: starting") as status:
-            path = catalogue.install(name, progress=lambda line, n=name: status.update(f"{n}: {line}"))
+        path = install_with_progress(name, err_console)
         err_console.print(f"{name}: installed at {path}")
+    # The description sits under the name, so the table fits 80 columns.
     table = Table(title=f"Offline catalogue (cache: {catalogue.cache_dir()})")
-    table.add_column("name", no_wrap=True)
-    for column in ("layers", "GGUF size", "installed", "description"):
-        table.add_column(column)
+    table.add_column("name · description")
+    for column in ("layers", "GGUF", "installed"):
+        table.add_column(column, justify="right", no_wrap=True)
     for item in catalogue.CATALOGUE.values():
+        default = " (default)" if item.name == catalogue.DEFAULT_MODEL else ""
         table.add_row(
-            item.name + (" (default)" if item.name == catalogue.DEFAULT_MODEL else ""),
+            f"[bold]{item.name}[/]{default}\n[dim]{item.description}[/]",
             str(item.n_layers),
             f"{item.size_bytes / 1e6:.0f} MB",
             "[green]yes[/]" if catalogue.is_installed(item.name) else "no",
-            item.description,
         )
-    Console().print(table)
+    console.print(table)

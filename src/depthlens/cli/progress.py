@@ -1,6 +1,8 @@
-"""One set of progress columns shared by every command."""
+"""One set of progress columns shared by every command, and the display of a catalogue model's first install."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import (
@@ -26,3 +28,29 @@ def make_progress(console: Console | None = None) -> Progress:
         console=console or Console(stderr=True),
         transient=False,
     )
+
+
+def install_with_progress(name: str, console: Console) -> Path:
+    """Install catalogue model ``name`` under one progress display: megabytes downloaded, then tensors converted."""
+    from depthlens.models import catalogue
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(bar_width=20),
+        TextColumn("{task.fields[amount]}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        task = progress.add_task(f"{name}: starting", total=None, amount="")
+
+        def on_step(line: str) -> None:
+            progress.update(task, description=f"{name}: {line}", total=None, completed=0, amount="")
+
+        def on_amount(done: int, total: int, unit: str) -> None:
+            amount = f"{done / 1e6:.0f}/{total / 1e6:.0f} MB" if unit == "bytes" else f"{done}/{total} {unit}"
+            progress.update(task, total=total, completed=done, amount=amount)
+
+        path = catalogue.install(name, progress=on_step, on_amount=on_amount)
+        progress.update(task, description=f"{name}: installed", amount="")
+    return path

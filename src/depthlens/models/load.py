@@ -12,6 +12,7 @@ import torch
 from depthlens.errors import ConfigError, ModelNotFoundError
 from depthlens.models import catalogue
 from depthlens.models.adapters import ModelParts, resolve_parts
+from depthlens.models.locate import locate
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -95,6 +96,7 @@ def load(
     final_norm: str | None = None,
     unembed: str | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    on_offline: Callable[[str], None] = lambda _: None,
 ) -> LoadedModel:
     """Load ``name`` for readout.
 
@@ -108,28 +110,28 @@ def load(
         final_norm: dotted path to the final norm, likewise.
         unembed: dotted path to the unembedding, likewise.
         progress: called with a line of text at each slow step.
+        on_offline: told, in a sentence, when a hub id is looked up in the local cache only because the hub is
+            unreachable (or ``HF_HUB_OFFLINE`` is set).
     """
+    source = locate(name)  # an unknown name fails here, before any weight is read
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
-    path = Path(name).expanduser()
-    if name in catalogue.CATALOGUE:
-        source, gguf_file = catalogue.install(name, progress), None
-    elif path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelNotFoundError(f"GGUF file {str(path)!r} does not exist")
-        source, gguf_file = path.parent, path.name
-        kwargs["gguf_file"] = gguf_file
-    elif path.is_dir():
-        source = path
+    if source.kind == "catalogue":
+        target = str(catalogue.install(name, progress))
     else:
-        source = None
+        target = str(source.path) if source.path is not None else name
+    if source.gguf_file:
+        kwargs["gguf_file"] = source.gguf_file
+    if source.offline:
+        # Go offline at once rather than let the hub client retry for ~25 s.
+        on_offline(f"{source.offline}; looking for {name!r} in the local Hugging Face cache only")
+        kwargs["local_files_only"] = True
     progress(f"loading {name}")
     try:
-        target = str(source) if source is not None else name
-        tok_kwargs = {"gguf_file": kwargs["gguf_file"]} if "gguf_file" in kwargs else {}
+        tok_kwargs = {k: kwargs[k] for k in ("gguf_file", "local_files_only") if k in kwargs}
         model = AutoModelForCausalLM.from_pretrained(target, **kwargs)
         try:
             tokenizer = AutoTokenizer.from_pretrained(
@@ -138,11 +140,13 @@ def load(
         except (OSError, ValueError):
             tokenizer = None
     except OSError as exc:
+        said = str(exc).splitlines()[0]
+        hub = f"and its local cached copy failed: {said}" if source.offline else f"and the hub said: {said}"
         raise ModelNotFoundError(
             f"could not load model {name!r}: not a catalogue name ({', '.join(catalogue.CATALOGUE)}), "
-            f"not a local directory or .gguf file, and the hub said: {str(exc).splitlines()[0]}"
+            f"not a local directory or .gguf file, {hub}"
         ) from exc
-    if getattr(model, "hf_quantizer", None) is not None and gguf_file:
+    if getattr(model, "hf_quantizer", None) is not None and source.gguf_file:
         model.hf_quantizer = None  # GGUF weights are dequantised on load; nothing quantised remains
     model.to(torch_device)
     return wrap(model, tokenizer, name=name, blocks=blocks, final_norm=final_norm, unembed=unembed)
