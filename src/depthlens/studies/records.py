@@ -116,27 +116,27 @@ def _finished_ids(out: Path) -> set[str]:
     return done
 
 
-class ResultWriter:
-    """Appends one JSON line per finished record and flushes it, so an interrupted run keeps its work."""
+def check_output(
+    out: Path,
+    manifest: dict[str, Any] | None,
+    resume: bool,
+    overwrite: bool = False,
+    defaults: dict[str, dict[str, Any]] | None = None,
+) -> bool:
+    """Whether writing to ``out`` resumes it; raise StoreError when it may not be written at all.
 
-    def __init__(
-        self,
-        out: Path,
-        manifest: dict[str, Any],
-        resume: bool,
-        overwrite: bool = False,
-        defaults: dict[str, dict[str, Any]] | None = None,
-    ) -> None:
-        """``defaults``: per settings entry of the manifest (e.g. ``readout``), the values a field had before it
-        existed — so a run written by an older depthlens, whose manifest lacks a newer field, still resumes when
-        this run leaves that field at its default."""
-        self.out = out
-        self.done: set[str] = set()
-        meta = manifest_path(out)
-        exists = out.exists() and out.stat().st_size > 0
-        if exists and resume:
-            if not meta.exists():
-                raise StoreError(f"{out} has no manifest ({meta.name}); it was not written by depthlens")
+    Needs no model, so commands call it before loading one. ``manifest`` holds the settings to compare with the
+    stored run's (only its keys are compared: the model's layer count can be left out before loading; None
+    skips the comparison). ``defaults``: per settings entry of the manifest (e.g. ``readout``), the values a
+    field had before it existed — so a run written by an older depthlens, whose manifest lacks a newer field,
+    still resumes when this run leaves that field at its default.
+    """
+    meta = manifest_path(out)
+    exists = out.exists() and out.stat().st_size > 0
+    if exists and resume:
+        if not meta.exists():
+            raise StoreError(f"{out} has no manifest ({meta.name}); it was not written by depthlens")
+        if manifest is not None:
             previous = json.loads(meta.read_text())
             for key, values in (defaults or {}).items():
                 if isinstance(previous.get(key), dict):
@@ -149,15 +149,33 @@ class ResultWriter:
                     f"cannot resume {out}: its {', '.join(mismatch)} differ from this run's; "
                     "use the same options, or a new --out"
                 )
+        return True
+    if exists and not overwrite:
+        raise StoreError(f"{out} already exists; pass --resume to continue it or --overwrite to replace it")
+    return False
+
+
+class ResultWriter:
+    """Appends one JSON line per finished record and flushes it, so an interrupted run keeps its work."""
+
+    def __init__(
+        self,
+        out: Path,
+        manifest: dict[str, Any],
+        resume: bool,
+        overwrite: bool = False,
+        defaults: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """``manifest`` is written beside ``out`` (or compared with the stored one), see ``check_output``."""
+        self.out = out
+        self.done: set[str] = set()
+        resuming = check_output(out, manifest, resume, overwrite, defaults)
+        if resuming:
             self.done = _finished_ids(out)
-        elif exists and not overwrite:
-            raise StoreError(
-                f"{out} already exists; pass --resume to continue it or --overwrite to replace it"
-            )
         out.parent.mkdir(parents=True, exist_ok=True)
-        if not (exists and resume):
+        if not resuming:
             out.write_text("")
-            meta.write_text(json.dumps(manifest, indent=2) + "\n")
+            manifest_path(out).write_text(json.dumps(manifest, indent=2) + "\n")
         self._file: TextIO = out.open("a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from depthlens.errors import DepthlensError, InputError
 from depthlens.metrics.fused import use_compiled
 from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout, sequence_scores, tcb_summary
 from depthlens.models.load import LoadedModel
+from depthlens.models.tokens import token_texts
 from depthlens.readout.stream import TokenSequence, iter_readout, validate
 from depthlens.studies.records import BadLine, InputRecord, ResultWriter, check_record, read_records
 
@@ -80,7 +81,7 @@ def _result(
         ids = list(seq.completion_ids)
         result["token_ids"] = ids
         if lm.tokenizer is not None:
-            result["tokens"] = lm.tokenizer.convert_ids_to_tokens(ids)
+            result["tokens"] = token_texts(lm.tokenizer, ids)  # labels for people; token_ids are the record
         result["settling_depth"] = scores["settling_depth"].tolist()
         result["deep"] = scores["deep"].tolist()
         if table.divergence is not None:
@@ -164,6 +165,37 @@ def score(
     )
 
 
+MANIFEST_DEFAULTS = {"readout": ReadoutConfig().to_dict(), "dtr": DTRConfig().to_dict()}
+"""Settings a manifest written before a field existed is read with (see ``records.check_output``)."""
+
+
+def score_manifest(
+    model: str,
+    n_layers: int | None,
+    in_path: Path,
+    readout: ReadoutConfig,
+    dtr: DTRConfig,
+    tcb: TCBConfig | None,
+    tokens: bool,
+) -> dict[str, Any]:
+    """The manifest of a ``score_file`` run; ``n_layers`` None (model not loaded yet) leaves it out."""
+    manifest = {
+        "depthlens_version": __version__,
+        "model": model,
+        "n_layers": n_layers,
+        "input": str(in_path),
+        "readout": readout.to_dict(),
+        "dtr": dtr.to_dict(),
+        "tcb": tcb.to_dict() if tcb is not None else None,
+        "tokens": tokens,
+        "command": " ".join(sys.argv),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    if n_layers is None:
+        del manifest["n_layers"]
+    return manifest
+
+
 def score_file(
     lm: LoadedModel,
     in_path: Path,
@@ -185,19 +217,8 @@ def score_file(
     ``on_start(total, already_done)`` and ``on_record(result)`` drive a progress display.
     """
     records, skipped = read_records(in_path, skip_bad=skip_bad)
-    manifest = {
-        "depthlens_version": __version__,
-        "model": lm.name,
-        "n_layers": lm.n_layers,
-        "input": str(in_path),
-        "readout": readout.to_dict(),
-        "dtr": dtr.to_dict(),
-        "tcb": tcb.to_dict() if tcb is not None else None,
-        "tokens": tokens,
-        "command": " ".join(sys.argv),
-        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
-    defaults = {"readout": ReadoutConfig().to_dict(), "dtr": DTRConfig().to_dict()}
+    manifest = score_manifest(lm.name, lm.n_layers, in_path, readout, dtr, tcb, tokens)
+    defaults = MANIFEST_DEFAULTS
     with ResultWriter(out_path, manifest, resume=resume, overwrite=overwrite, defaults=defaults) as writer:
         todo = [r for r in records if r.id not in writer.done]
         on_start(len(records), len(records) - len(todo))

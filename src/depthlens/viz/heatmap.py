@@ -1,7 +1,7 @@
 """Token × layer divergence heatmap of one scored record (the paper's Figure 2), from its saved JSON.
 
 Needs a record written with ``depthlens score --tokens`` (fields ``tokens``, ``divergence``,
-``settling_depth``, ``deep``).
+``settling_depth``, ``deep``); its ``tokens`` are already readable labels (``models.tokens.token_texts``).
 """
 
 from __future__ import annotations
@@ -12,11 +12,7 @@ from typing import Any
 from depthlens.errors import InputError
 
 _NEEDED = ("tokens", "divergence", "settling_depth", "deep")
-
-
-def _clean(token: str) -> str:
-    # Byte-level BPE marks a leading space with Ġ and SentencePiece with ▁; show them as spaces.
-    return token.replace("Ġ", "␣").replace("▁", "␣").replace("Ċ", "⏎")
+_SHALLOW, _DEEP = "#2ca02c", "#1f77b4"  # green: settles before the deep regime; blue: a deep-thinking token
 
 
 def draw_divergence_heatmap(record: dict[str, Any], path: Path, title: str | None = None) -> Path:
@@ -41,15 +37,17 @@ def draw_divergence_heatmap(record: dict[str, Any], path: Path, title: str | Non
     extent = (-0.5, n_tokens - 0.5, 0.5, n_layers + 0.5)
     image = ax.imshow(table, aspect="auto", origin="lower", cmap="magma_r", vmin=0.0, vmax=1.0, extent=extent)
     xs = np.arange(n_tokens)
-    colours = ["#1f77b4" if deep else "#2ca02c" for deep in record["deep"]]
-    ax.scatter(xs, record["settling_depth"], s=14, c=colours, edgecolors="white", linewidths=0.5, zorder=3,
-               label="settling depth (blue = deep)")  # fmt: skip
-    ax.set_xticks(xs, [_clean(t) for t in record["tokens"]], rotation=90, fontsize=8)
+    depth, deep = np.asarray(record["settling_depth"]), np.asarray(record["deep"], dtype=bool)
+    for mask, colour, label in ((~deep, _SHALLOW, "settling depth"), (deep, _DEEP, "settling depth, deep-thinking")):
+        ax.scatter(xs[mask], depth[mask], s=14, c=colour, edgecolors="white", linewidths=0.5, zorder=3, label=label)
+    ax.set_xticks(xs, list(record["tokens"]), rotation=90, fontsize=8)
     ax.set_ylabel("layer")
     dtr = record.get("dtr")
-    ax.set_title(title or f"{record.get('id')}: JSD to the final layer (bits); DTR = {dtr:.2f}", fontsize=10)
+    ax.set_title(title or f"{record.get('id')}: JSD to the final layer (bits); DTR = {dtr:.2f}", fontsize=10,
+                 loc="left", pad=16)
     fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01, label="divergence")
-    ax.legend(loc="upper right", fontsize=7, framealpha=0.8)
+    # Above the axes, so it never hides the top layers' dots; one marker per colour, as the caption says.
+    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=7, frameon=False, borderaxespad=0.2)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=150)
@@ -85,7 +83,7 @@ def write_heatmap_html(
         raise InputError(f"record {record.get('id')!r} has no completion tokens to draw")
     n_layers = len(table[0])
     vmax = 1.0 if unit == "bits" else max(max(row) for row in table) or 1.0
-    tokens = [_clean(t) for t in record["tokens"]]
+    tokens = list(record["tokens"])
     head = "".join(
         f'<th class="tok" title="token {t}">{html.escape(tok)}</th>' for t, tok in enumerate(tokens)
     )

@@ -17,6 +17,7 @@ import numpy as np
 
 from depthlens.config import CorrelationConfig, DTRConfig, VotingConfig
 from depthlens.errors import DepthlensError, InputError
+from depthlens.models.tokens import token_texts
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, deep_threshold, settling_depth
 from depthlens.studies.correlation import (
     METRICS,
@@ -158,7 +159,7 @@ def heatmap_record(
 def token_labels(response: StoredResponse, tokenizer: Any | None) -> list[str]:
     """The response's tokens as strings (ids when no tokenizer is at hand)."""
     if tokenizer is not None:
-        return list(tokenizer.convert_ids_to_tokens(response.token_ids))
+        return token_texts(tokenizer, response.token_ids)
     return [f"#{i}" for i in response.token_ids]
 
 
