@@ -16,6 +16,13 @@ Divergence = Literal["jsd", "jsd-nat", "kl", "cosine"]
 """``jsd``: Jensen–Shannon divergence in bits (base 2, bounded by 1); ``jsd-nat``: the same in nats;
 ``kl``: KL(p_L ‖ p_l) in nats; ``cosine``: 1 − cos(norm(h_l), norm(h_L))."""
 
+DIVERGENCE_MAX: dict[str, tuple[float, str]] = {
+    "jsd": (1.0, "1 bit"),
+    "jsd-nat": (math.log(2), "ln 2 ≈ 0.693 nats"),
+    "cosine": (2.0, "2"),
+}
+"""The largest value each bounded divergence can take (KL is unbounded), and how to say it."""
+
 Compile = Literal["auto", "on", "off"]
 """``auto``: a compiled (fused) readout kernel on CUDA, eager elsewhere; ``on``: compiled on any device (on a
 CPU it pays ~20 s of compilation once, then runs at the matmul's pace); ``off``: eager everywhere."""
@@ -175,7 +182,9 @@ class SamplingConfig(_Config):
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise _invalid("SamplingConfig", "temperature", self.temperature, "must be a finite number ≥ 0", "0 = greedy")
+            raise _invalid(
+                "SamplingConfig", "temperature", self.temperature, "must be a finite number ≥ 0", "0 = greedy"
+            )
         if not (0 < self.top_p <= 1):
             raise _invalid("SamplingConfig", "top_p", self.top_p, "must be in (0, 1]")
         if self.max_new_tokens < 1:
@@ -259,3 +268,20 @@ class CorrelationConfig(_Config):
             raise ConfigError(
                 "CorrelationConfig.min_responses must be ≥ 3, .min_questions and .min_outcome ≥ 1"
             )
+
+
+def degenerate_settings(readout: ReadoutConfig, dtr: DTRConfig) -> list[str]:
+    """Warnings (one line each) for settings that run but cannot mean much; the run goes on regardless."""
+    warnings = []
+    bound = DIVERGENCE_MAX.get(readout.divergence)
+    if bound is not None and dtr.g >= bound[0]:
+        warnings.append(
+            f"--g {dtr.g:g} is not below the largest {readout.divergence} divergence ({bound[1]}): every token "
+            "settles at layer 1 and DTR is 0"
+        )
+    if not readout.final_norm and readout.divergence not in ("jsd", "jsd-nat"):
+        warnings.append(
+            f"--no-final-norm with --divergence {readout.divergence}: without the final norm, {readout.divergence} "
+            "has no common scale with g, so settling and DTR may be all or nothing; the ablation is meant for jsd"
+        )
+    return warnings

@@ -1,7 +1,8 @@
-"""Reusable option types for every command. No logic here: defaults come from the config dataclasses."""
+"""Reusable option types for every command. No logic here beyond ``finite``: defaults come from the configs."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -9,6 +10,14 @@ import typer
 
 from depthlens.config import DTRConfig, ReadoutConfig, TCBConfig
 from depthlens.models.catalogue import DEFAULT_MODEL
+
+
+def finite(value: float | None) -> float | None:
+    """Callback of every float option: typer's ranges let nan and ±inf through (nan compares false)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number, not {value}")
+    return value
+
 
 _DTR = DTRConfig()
 _READOUT = ReadoutConfig()
@@ -42,9 +51,10 @@ OutFile = Annotated[
     Path, typer.Option("--out", dir_okay=False, help="Output JSONL, written as records finish.")
 ]
 G = Annotated[
-    float, typer.Option("--g", min=0.0, help="Settling threshold on the cumulative-minimum divergence.")
+    float,
+    typer.Option("--g", callback=finite, help="Settling threshold on the cumulative-minimum divergence."),
 ]
-Rho = Annotated[float, typer.Option("--rho", help="Deep-regime depth fraction, in (0, 1].")]
+Rho = Annotated[float, typer.Option("--rho", callback=finite, help="Deep-regime depth fraction, in (0, 1].")]
 Prefix = Annotated[
     int | None, typer.Option("--prefix", min=1, help="Also report dtr_prefix over the first N tokens.")
 ]
@@ -71,7 +81,7 @@ CompileOpt = Annotated[
     ),
 ]
 
-Epsilon = Annotated[float, typer.Option("--epsilon", help="ε in δ_TCB = ε / ‖J‖_F.")]
+Epsilon = Annotated[float, typer.Option("--epsilon", callback=finite, help="ε in δ_TCB = ε / ‖J‖_F.")]
 VEffOpt = Annotated[str, typer.Option("--v-eff", help="ipr: 1/Σo²; exp-entropy: exp H(o).")]
 
 DEFAULTS = {

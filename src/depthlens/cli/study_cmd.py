@@ -31,10 +31,15 @@ Bootstrap = Annotated[
 ]
 GKL = Annotated[
     float | None,
-    typer.Option("--g-kl", help="Settling threshold for the KL DTR (default: matched to JSD's)."),
+    typer.Option(
+        "--g-kl", callback=opt.finite, help="Settling threshold for the KL DTR (default: matched to JSD's)."
+    ),
 ]
 GCos = Annotated[
-    float | None, typer.Option("--g-cosine", help="Settling threshold for the cosine DTR (default: matched).")
+    float | None,
+    typer.Option(
+        "--g-cosine", callback=opt.finite, help="Settling threshold for the cosine DTR (default: matched)."
+    ),
 ]
 
 

@@ -41,7 +41,10 @@ def regimes(
     model: opt.Model = D["model"],
     epsilon: opt.Epsilon = D["epsilon"],
     split: Annotated[
-        float, typer.Option("--split", help="Also pool all prompts split at this measured V_eff.")
+        float,
+        typer.Option(
+            "--split", callback=opt.finite, help="Also pool all prompts split at this measured V_eff."
+        ),
     ] = 4.0,
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
@@ -69,9 +72,11 @@ def geometry(
         int, typer.Option("--top-k", min=2, help="Competing tokens moved (most probable).")
     ] = 10,
     cluster: Annotated[
-        float, typer.Option("--cluster", help="α < 1: rows pulled toward the centroid.")
+        float, typer.Option("--cluster", callback=opt.finite, help="α < 1: rows pulled toward the centroid.")
     ] = 0.5,
-    disperse: Annotated[float, typer.Option("--disperse", help="α > 1: rows pushed away.")] = 1.5,
+    disperse: Annotated[
+        float, typer.Option("--disperse", callback=opt.finite, help="α > 1: rows pushed away.")
+    ] = 1.5,
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
@@ -143,9 +148,11 @@ def trace(
     model: opt.Model = D["model"],
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 64,
     window: Annotated[int, typer.Option("--window", min=1, help="Tokens of history for the median.")] = 8,
-    factor: Annotated[float, typer.Option("--factor", help="Drop: δ ≤ median / factor.")] = 10.0,
+    factor: Annotated[
+        float, typer.Option("--factor", callback=opt.finite, help="Drop: δ ≤ median / factor.")
+    ] = 10.0,
     max_perplexity: Annotated[
-        float, typer.Option("--max-perplexity", help="...while perplexity ≤ this.")
+        float, typer.Option("--max-perplexity", callback=opt.finite, help="...while perplexity ≤ this.")
     ] = 2.0,
     chat: Annotated[
         bool, typer.Option("--chat/--plain", help="Use the chat template when there is one.")

@@ -43,9 +43,10 @@ Pool = Annotated[
 ]
 Seed = Annotated[int, typer.Option("--seed", help="Seeds every response's sampler and the trials' draws.")]
 Temperature = Annotated[
-    float, typer.Option("--temperature", min=0.0, help="Sampling temperature; 0 = greedy.")
+    float,
+    typer.Option("--temperature", callback=opt.finite, help="Sampling temperature; 0 = greedy."),
 ]
-TopP = Annotated[float, typer.Option("--top-p", help="Nucleus mass, in (0, 1].")]
+TopP = Annotated[float, typer.Option("--top-p", callback=opt.finite, help="Nucleus mass, in (0, 1].")]
 MaxNew = Annotated[int, typer.Option("--max-new-tokens", min=1, help="Most tokens generated per response.")]
 ReadoutTokens = Annotated[
     str | None,
@@ -60,7 +61,10 @@ OutDir = Annotated[Path, typer.Option("--out", file_okay=False, help="Store dire
 Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted store.")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing store.")]
 N = Annotated[int, typer.Option("--n", min=1, help="Responses drawn per question per trial.")]
-Eta = Annotated[float, typer.Option("--eta", help="Share of n kept by the selecting methods, in (0, 1].")]
+Eta = Annotated[
+    float,
+    typer.Option("--eta", callback=opt.finite, help="Share of n kept by the selecting methods, in (0, 1]."),
+]
 PrefixOpt = Annotated[str, typer.Option("--prefix", help="ℓ_prefix in tokens, or 'full'.")]
 Trials = Annotated[int, typer.Option("--trials", min=1, help="Resamplings of n from each pool.")]
 Methods = Annotated[str | None, typer.Option("--methods", help="Comma-separated subset (default: all).")]
@@ -298,10 +302,12 @@ def thinkn(
     readout_tokens: ReadoutTokens = None,
     batch_size: GenBatch = 16,
     g: Annotated[
-        float | None, typer.Option("--g", min=0.0, help="Settling threshold (default: the store's).")
+        float | None,
+        typer.Option("--g", callback=opt.finite, help="Settling threshold (default: the store's)."),
     ] = None,
     rho: Annotated[
-        float | None, typer.Option("--rho", help="Deep-regime fraction (default: the store's).")
+        float | None,
+        typer.Option("--rho", callback=opt.finite, help="Deep-regime fraction (default: the store's)."),
     ] = None,
     deep_rule: Annotated[str | None, typer.Option("--deep-rule", help="spec or paper-literal.")] = None,
     divergence: opt.DivergenceOpt = D["divergence"],

@@ -60,7 +60,9 @@ def _in_hub_cache(repo_id: str) -> bool:
 def locate(name: str) -> ModelSource:
     """Where ``name`` points, or a ModelNotFoundError that says what it is not."""
     if name in catalogue.CATALOGUE:
-        return ModelSource("catalogue", catalogue.converted_dir(name) if catalogue.is_installed(name) else None)
+        return ModelSource(
+            "catalogue", catalogue.converted_dir(name) if catalogue.is_installed(name) else None
+        )
     path = Path(name).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():

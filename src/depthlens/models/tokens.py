@@ -21,7 +21,11 @@ _VISIBLE = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"})
 @functools.cache
 def _byte_of_char() -> dict[str, int]:
     """GPT-2's byte-level alphabet inverted: the printable character standing for each of the 256 bytes."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars, extra = {}, 0
     for byte in range(256):
         if byte in printable:
@@ -63,4 +67,3 @@ def token_texts(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
     byte_level = _is_byte_level(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens(list(token_ids))
     return [readable(piece_bytes(str(p), byte_level)) for p in pieces]
-

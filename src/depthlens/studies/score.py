@@ -165,6 +165,26 @@ def score(
     )
 
 
+def score_summary(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """What a person looks for at the end of a run: how many records, mean DTR and settling depth over the records
+    with tokens, the most and least deep records, and the share of deep-thinking tokens over all tokens."""
+    rows = list(results)
+    scored = [r for r in rows if r.get("n_tokens") and r.get("dtr") is not None]
+    tokens = sum(r["n_tokens"] for r in scored)
+    return {
+        "records": len(rows),
+        "scored": len(scored),
+        "tokens": tokens,
+        "mean_dtr": sum(r["dtr"] for r in scored) / len(scored) if scored else None,
+        "mean_settling_depth": (
+            sum(r["mean_settling_depth"] for r in scored) / len(scored) if scored else None
+        ),
+        "deep_share": sum(r["dtr"] * r["n_tokens"] for r in scored) / tokens if tokens else None,
+        "most_deep": max(scored, key=lambda r: r["dtr"]) if scored else None,
+        "least_deep": min(scored, key=lambda r: r["dtr"]) if scored else None,
+    }
+
+
 MANIFEST_DEFAULTS = {"readout": ReadoutConfig().to_dict(), "dtr": DTRConfig().to_dict()}
 """Settings a manifest written before a field existed is read with (see ``records.check_output``)."""
 

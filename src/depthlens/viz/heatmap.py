@@ -38,16 +38,27 @@ def draw_divergence_heatmap(record: dict[str, Any], path: Path, title: str | Non
     image = ax.imshow(table, aspect="auto", origin="lower", cmap="magma_r", vmin=0.0, vmax=1.0, extent=extent)
     xs = np.arange(n_tokens)
     depth, deep = np.asarray(record["settling_depth"]), np.asarray(record["deep"], dtype=bool)
-    for mask, colour, label in ((~deep, _SHALLOW, "settling depth"), (deep, _DEEP, "settling depth, deep-thinking")):
-        ax.scatter(xs[mask], depth[mask], s=14, c=colour, edgecolors="white", linewidths=0.5, zorder=3, label=label)
+    for mask, colour, label in (
+        (~deep, _SHALLOW, "settling depth"),
+        (deep, _DEEP, "settling depth, deep-thinking"),
+    ):
+        ax.scatter(
+            xs[mask], depth[mask], s=14, c=colour, edgecolors="white", linewidths=0.5, zorder=3, label=label
+        )
     ax.set_xticks(xs, list(record["tokens"]), rotation=90, fontsize=8)
     ax.set_ylabel("layer")
     dtr = record.get("dtr")
-    ax.set_title(title or f"{record.get('id')}: JSD to the final layer (bits); DTR = {dtr:.2f}", fontsize=10,
-                 loc="left", pad=16)
+    ax.set_title(
+        title or f"{record.get('id')}: JSD to the final layer (bits); DTR = {dtr:.2f}",
+        fontsize=10,
+        loc="left",
+        pad=16,
+    )
     fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01, label="divergence")
     # Above the axes, so it never hides the top layers' dots; one marker per colour, as the caption says.
-    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=7, frameon=False, borderaxespad=0.2)
+    ax.legend(
+        loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=7, frameon=False, borderaxespad=0.2
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=150)

@@ -17,8 +17,8 @@ import numpy as np
 
 from depthlens.config import CorrelationConfig, DTRConfig, VotingConfig
 from depthlens.errors import DepthlensError, InputError
-from depthlens.models.tokens import token_texts
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, deep_threshold, settling_depth
+from depthlens.models.tokens import token_texts
 from depthlens.studies.correlation import (
     METRICS,
     Store,
