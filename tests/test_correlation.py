@@ -1,4 +1,4 @@
-"""The correlation study (SPEC §4): statistics hand-checked, stores read back, sweeps, figures and the report."""
+"""The correlation study (definitions.md §4): statistics hand-checked, stores read, sweeps, figures and the report."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ Compile = Literal["auto", "on", "off"]
 CPU it pays ~20 s of compilation once, then runs at the matmul's pace); ``off``: eager everywhere."""
 
 DeepRule = Literal["spec", "paper-literal"]
-"""``spec``: deep when c_t ≥ ⌈ρ·L⌉ (SPEC §2, the paper's figures); ``paper-literal``: c_t ≥ ⌈(1−ρ)·L⌉
+"""``spec``: deep when c_t ≥ ⌈ρ·L⌉ (docs/definitions.md §2, the paper's figures); ``paper-literal``: c_t ≥ ⌈(1−ρ)·L⌉
 (the paper's Algorithm 1 as printed)."""
 
 
@@ -65,7 +65,7 @@ def _check_choice(owner: str, name: str, value: object, literal: object) -> None
 
 @dataclasses.dataclass(frozen=True)
 class ReadoutConfig(_Config):
-    """How hidden states become per-layer distributions and divergences (SPEC §1).
+    """How hidden states become per-layer distributions and divergences (docs/definitions.md §1).
 
     Attributes:
         divergence: which divergence to the final layer is measured (see ``Divergence``).
@@ -106,7 +106,7 @@ class ReadoutConfig(_Config):
 
 @dataclasses.dataclass(frozen=True)
 class DTRConfig(_Config):
-    """Settling and deep-thinking settings (SPEC §2).
+    """Settling and deep-thinking settings (docs/definitions.md §2).
 
     Attributes:
         g: settling threshold on the cumulative-minimum divergence (units of the divergence: bits for jsd).
@@ -131,12 +131,12 @@ class DTRConfig(_Config):
 
 
 VEff = Literal["ipr", "exp-entropy"]
-"""``ipr``: 1 / Σ o_i² (inverse participation ratio, SPEC §6 default); ``exp-entropy``: exp H(o)."""
+"""``ipr``: 1 / Σ o_i² (inverse participation ratio, docs/definitions.md §6 default); ``exp-entropy``: exp H(o)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class TCBConfig(_Config):
-    """Token Constraint Bound settings (SPEC §6).
+    """Token Constraint Bound settings (docs/definitions.md §6).
 
     Attributes:
         epsilon: the tolerated output change ε in δ_TCB = ε / ‖J‖_F.
@@ -161,7 +161,7 @@ class TCBConfig(_Config):
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig(_Config):
-    """How responses are sampled, and what is read out while they are (SPEC §5).
+    """How responses are sampled, and what is read out while they are (docs/definitions.md §5).
 
     Attributes:
         temperature: softmax temperature of the sampling distribution; 0 = greedy. The scores (log p, DTR, ...)
@@ -199,7 +199,7 @@ class SamplingConfig(_Config):
 
 @dataclasses.dataclass(frozen=True)
 class VotingConfig(_Config):
-    """Think@n and its comparators over a pool of sampled responses (SPEC §5).
+    """Think@n and its comparators over a pool of sampled responses (docs/definitions.md §5).
 
     Attributes:
         n: responses drawn per question per trial.
@@ -233,7 +233,7 @@ class VotingConfig(_Config):
 
 @dataclasses.dataclass(frozen=True)
 class CorrelationConfig(_Config):
-    """The correlation study's protocol (SPEC §4).
+    """The correlation study's protocol (docs/definitions.md §4).
 
     Attributes:
         bins: quantile bins of the metric per question (the paper: 5).

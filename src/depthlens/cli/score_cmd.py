@@ -29,7 +29,7 @@ def score(
     deep_rule: opt.DeepRuleOpt = D["deep_rule"],
     final_norm: opt.FinalNorm = True,
     tcb: Annotated[
-        bool, typer.Option("--tcb/--no-tcb", help="Token Constraint Bound fields (SPEC §6).")
+        bool, typer.Option("--tcb/--no-tcb", help="Token Constraint Bound fields (docs/definitions.md §6).")
     ] = True,
     epsilon: opt.Epsilon = D["epsilon"],
     v_eff: opt.VEffOpt = D["v_eff"],

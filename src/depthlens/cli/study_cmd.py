@@ -68,7 +68,10 @@ def correlate(
         bool, typer.Option("--sweeps/--no-sweeps", help="Also the g/ρ/prefix/kind sweeps.")
     ] = True,
 ) -> None:
-    """DTR and the six baselines against accuracy (Table 1, Figures 1 and 4), from stores only (SPEC §4)."""
+    """DTR and the six baselines against accuracy (Table 1, Figures 1 and 4), from stores only.
+
+    The study is defined in docs/definitions.md §4.
+    """
     from depthlens.studies.correlation import load_store
     from depthlens.viz.report import find_stores, study_store, write_correlation
 

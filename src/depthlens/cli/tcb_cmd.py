@@ -12,8 +12,10 @@ from rich.table import Table
 from depthlens.cli import options as opt
 from depthlens.cli.app import app, console, err_console, load_model
 
-tcb_app = typer.Typer(help="Token Constraint Bound studies (seed 004): regimes, geometry, prompts, trace.",
-                      no_args_is_help=True)  # fmt: skip
+tcb_app = typer.Typer(
+    help="Token Constraint Bound studies: regimes, geometry, prompts, trace (docs/definitions.md §6).",
+    no_args_is_help=True,
+)
 app.add_typer(tcb_app, name="tcb")
 
 D = opt.DEFAULTS
@@ -128,12 +130,18 @@ def prompts(
     except ValueError:
         raise InputError(f"--shots {shots!r}: give comma-separated integers such as 0,2") from None
     names = [t.strip() for t in templates.split(",")] if templates else list(TEMPLATES)
+    unknown = [t for t in names if t not in TEMPLATES]
+    if unknown:
+        raise InputError(
+            f"--templates {templates}: unknown {', '.join(unknown)}; known: {', '.join(TEMPLATES)}"
+        )
+    parsed_config = parse_task_config(task_config)
     lm = load_model(model, device, dtype, trust_remote_code)
     with err_console.status(
         f"{len(names)} templates × {len(shot_list)} shot settings × {questions} questions"
     ):
         result = prompt_variants(
-            lm, task, questions, names, shot_list, max_new_tokens, task_config=parse_task_config(task_config)
+            lm, task, questions, names, shot_list, max_new_tokens, task_config=parsed_config
         )
     out.mkdir(parents=True, exist_ok=True)
     _finish(out, "prompts", result, draw_prompt_variants(result, out / "prompts.png"))

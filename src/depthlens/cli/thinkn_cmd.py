@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console, load_model
+from depthlens.cli.app import app, console, err_console, load_model, warn
 from depthlens.cli.progress import make_progress
 from depthlens.config import SamplingConfig, VotingConfig
 from depthlens.errors import InputError
@@ -120,15 +120,21 @@ def _generate(
     trust_remote_code: bool,
     also_divergences: str = "",
 ) -> GenerationReport:
-    from depthlens.config import DTRConfig, ReadoutConfig
-    from depthlens.studies.tasks import load_task, parse_task_config
-    from depthlens.studies.thinkn import generate_store
+    from depthlens.config import DTRConfig, ReadoutConfig, degenerate_settings
+    from depthlens.models.locate import locate
+    from depthlens.studies.records import SAMPLES, check_output
 
     also = tuple(k.strip() for k in also_divergences.split(",") if k.strip())
     readout = ReadoutConfig(divergence=divergence, also=also)  # type: ignore[arg-type]
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
+    # Everything that needs no model is checked before one loads: --out, the model's name, the task, --resume.
+    samples = out / SAMPLES
+    check_output(samples, None, resume, overwrite)
+    locate(model)
+    from depthlens.studies.tasks import load_task, parse_task_config
+    from depthlens.studies.thinkn import MANIFEST_DEFAULTS, generate_store, store_manifest
+
     qs = load_task(task, questions, task_seed, data, parse_task_config(task_config))
-    lm = load_model(model, device, dtype, trust_remote_code)
     task_info = {
         "name": task,
         "questions": questions,
@@ -136,6 +142,11 @@ def _generate(
         "task_config": task_config,
         "data": str(data) if data else None,
     }
+    manifest = store_manifest(model, None, qs, pool, seed, batch_size, sampling, readout, dtr, task_info)
+    check_output(samples, manifest, resume, overwrite, MANIFEST_DEFAULTS)
+    for line in degenerate_settings(readout, dtr):
+        warn(line)
+    lm = load_model(model, device, dtype, trust_remote_code)
     with make_progress(err_console) as progress:
         responses = progress.add_task("responses", total=None)
         tokens = progress.add_task("tokens", total=None)
@@ -200,7 +211,10 @@ def generate(
     resume: Resume = False,
     overwrite: Overwrite = False,
 ) -> None:
-    """Sample responses per question into a resumable store, with each token's layer readout (SPEC §5)."""
+    """Sample responses per question into a resumable store, with each token's layer readout.
+
+    The store feeds `depthlens thinkn --from` and `depthlens correlate` (docs/definitions.md §4–5).
+    """
     sampling = SamplingConfig(
         temperature, top_p, max_new_tokens, _readout_tokens(readout_tokens, _S.readout_tokens)
     )
@@ -238,8 +252,9 @@ def print_report(report: ThinkReport) -> None:
         f"η={v.eta} ℓ={prefix} · {v.trials} trials × {info.questions - len(info.excluded)} questions",
         title_justify="left",
     )
-    for column in ("method", "accuracy %", "tokens / question", "vs Cons@n", "paper formula"):
-        table.add_column(column, justify="left" if column == "method" else "right")
+    table.add_column("method", no_wrap=True)  # never cut: the names are what --methods takes
+    for column in ("accuracy %", "tokens/q", "vs Cons@n", "paper cost"):
+        table.add_column(column, justify="right")
     cons = next((s for s in report.summaries if s.method == "cons@n"), None)
     for s in report.summaries:
         ratio = f"{s.cost_mean / cons.cost_mean:.0%}" if cons and cons.cost_mean else "—"
@@ -317,15 +332,24 @@ def thinkn(
     resume: Resume = False,
     overwrite: Overwrite = False,
 ) -> None:
-    """Think@n vs Cons@n, Mean@n, Long/Short@n, Self-Certainty@n and DeepConf: accuracy and exact cost (SPEC §5).
+    """Think@n vs Cons@n, Mean@n, Long/Short@n, Self-Certainty@n and DeepConf: accuracy and exact cost.
 
     Generates a pool per question into --out (or reads --from), then votes over --trials draws of n.
+    The methods are defined in docs/definitions.md §5.
     """
     from depthlens.config import DTRConfig
     from depthlens.studies.thinkn import read_manifest, summarise
 
     voting = VotingConfig(n=n, eta=eta, prefix=_prefix(prefix), trials=trials, seed=seed)
     method_list = [m.strip() for m in methods.split(",")] if methods else None
+    if method_list is not None:
+        from depthlens.voting.methods import METHODS
+
+        unknown = [m for m in method_list if m not in METHODS]
+        if unknown:
+            raise InputError(
+                f"--methods {methods}: unknown {', '.join(unknown)}; known: {', '.join(METHODS)}"
+            )
     if (out is None) == (from_store is None):
         raise InputError("give --out DIR to generate and vote, or --from DIR to re-vote an existing store")
     store = from_store or out

@@ -1,4 +1,4 @@
-"""The deep-thinking paper's baselines (SPEC §3), from the final layer's distribution only. Pure functions.
+"""The deep-thinking paper's baselines (definitions.md §3), from the final layer's distribution only. Pure functions.
 
 Per-token quantities are computed chunk by chunk (``token_baselines``); sequence scores from them
 (``sequence_baselines``). Self-certainty is KL(U ‖ p) with U uniform over the V tokens (Kang et al. 2025).

@@ -1,4 +1,4 @@
-"""Divergences between a layer's distribution and the final layer's (SPEC §2). Pure tensor functions.
+"""Divergences between a layer's distribution and the final layer's (docs/definitions.md §2). Pure tensor functions.
 
 Inputs are float32 log-probabilities [..., V] (log_softmax output), so no probability is renormalised here.
 """

@@ -1,4 +1,4 @@
-"""Settling depth and the deep-thinking ratio (SPEC §2). Pure functions of a [tokens, layers] divergence table.
+"""Settling depth and the deep-thinking ratio (definitions.md §2). Pure functions of a [tokens, layers] table.
 
 Layers are counted 1..L over transformer blocks; column l − 1 of ``divergence_tl`` holds D_{t,l}, and the last
 column is D_{t,L} = 0 by definition, so every token settles by layer L.

@@ -1,7 +1,7 @@
 """The slow, obvious readout every fast path is tested against (and the benchmarks' naive baseline).
 
 One full forward with ``output_hidden_states``, then every layer's full distribution for every completion token
-materialised at once: a [L, T, V] float32 tensor. Correct by inspection; unusable at scale (SPEC §7).
+materialised at once: a [L, T, V] float32 tensor. Correct by inspection; unusable at scale (docs/definitions.md §7).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Correlation statistics for the studies (SPEC §4): Pearson, Spearman, point-biserial, the paper's binned r,
+"""Correlation statistics for the studies (definitions.md §4): Pearson, Spearman, point-biserial, the paper's binned r,
 and a cluster bootstrap. Pure functions of arrays; ``None`` wherever a statistic is undefined (too few points,
 a constant input) — never a made-up 0 or a NaN that would average silently.
 """

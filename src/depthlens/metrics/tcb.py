@@ -1,4 +1,4 @@
-"""Token Constraint Bound (SPEC §6, seed 004). Pure tensor functions of final hidden states and the unembedding.
+"""Token Constraint Bound (definitions.md §6). Pure tensor functions of final hidden states and the unembedding.
 
 For a final normalised state h, z = W h (+ b), y = post(z), o = softmax(y), the Jacobian of h ↦ o is
 J = (diag(o) − o oᵀ) W̃ with rows w̃_i = s_i w_i, s_i = post'(z_i) (s ≡ 1 without post-processing, so the
@@ -159,7 +159,7 @@ def geometry_ablation(
     top_k: int = 10,
     scales: tuple[float, ...] = (0.5, 1.0, 1.5),
 ) -> dict[str, torch.Tensor]:
-    """‖J‖_F with the output distribution o held fixed while the competing tokens' rows move (seed 004, §4.2).
+    """‖J‖_F with the output distribution o held fixed while the competing tokens' rows move (the TCB paper, §4.2).
 
     The competitors are the ``top_k`` most probable tokens; each of their rows w̃_i moves to c + α (w̃_i − c), c
     their probability-weighted centroid, for every α in ``scales`` (α < 1 clusters, α > 1 disperses; α = 1 is the
@@ -195,7 +195,7 @@ V_EFF_BANDS = (
     (0.0, 20.0, "<20"),
     (20.0, 100.0, "20–100"),
     (100.0, float("inf"), ">100"),
-)  # seed 004, Table 2
+)  # the TCB paper, Table 2
 
 
 def v_eff_band(v_eff: float) -> str:

@@ -1,4 +1,4 @@
-"""The logit lens: a residual-stream state → the distribution the model would output from it (SPEC §1).
+"""The logit lens: a residual-stream state → the distribution the model would output from it (docs/definitions.md §1).
 
 z_l = post(W_U · norm(h_l)); the matmul runs in the model's dtype, everything after it in float32.
 """

@@ -1,4 +1,4 @@
-"""The deep-thinking paper's correlation study (SPEC §4, Table 1, Figures 1 and 4), from sample stores only.
+"""The deep-thinking paper's correlation study (definitions.md §4, Table 1, Figures 1 and 4), from sample stores only.
 
 A store written by ``depthlens generate --readout-tokens all`` holds, per response, its grade and per-token
 log p, entropy, self-certainty and per-layer divergences (``--also-divergences kl,cosine`` adds the other
@@ -502,8 +502,8 @@ def table_one(rows: Sequence[dict[str, Any]]) -> str:
 
     counts = {f"{r['model']} · {r['task']}": r for r in rows}
     lines = [
-        "**Binned r** (SPEC §4: per question 5 quantile bins, Pearson r of bin metric vs bin accuracy, averaged "
-        "over questions and seeds; ± is the s.d. over seeds — 0 when each seed bins the whole pool and only ties "
+        "**Binned r** (definitions.md §4: 5 quantile bins per question, Pearson r of bin metric vs bin accuracy, "
+        "averaged over questions and seeds; ± is the s.d. over seeds — 0 when each seed bins the whole pool and only ties "
         "are re-broken —, q the questions with a defined r)",
         "",
         *table(binned),

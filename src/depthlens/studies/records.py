@@ -17,6 +17,10 @@ from typing import Any, TextIO
 
 from depthlens.errors import InputError, StoreError
 
+SAMPLES = (
+    "samples.jsonl"  # a Think@n store's responses (studies.thinkn); named here so a CLI can check it early
+)
+
 _SHAPES = (
     ("prompt", "completion"),
     ("messages", "completion"),

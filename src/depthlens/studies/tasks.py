@@ -1,4 +1,4 @@
-"""Question sets with reference answers, the paper's prompts, and grading (SPEC §5).
+"""Question sets with reference answers, the paper's prompts, and grading (docs/definitions.md §5).
 
 A task name is one of:
 - ``reasoning_gym:<dataset>`` — generated offline by reasoning-gym, seeded; graded by its own scorer;

@@ -1,4 +1,4 @@
-"""The Token Constraint Bound paper's four studies (seed 004; SPEC §6), each returning rows and a summary.
+"""The Token Constraint Bound paper's four studies (definitions.md §6), each returning rows and a summary.
 
 - ``regimes``: δ vs √V_eff and vs the top-2 margin at the next-token position of two prompt sets;
 - ``geometry``: δ with the output distribution fixed while the competing tokens' unembedding rows cluster or

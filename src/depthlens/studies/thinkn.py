@@ -1,4 +1,4 @@
-"""Think@n end to end: sample a pool of responses per question into a resumable store, then vote (SPEC §5).
+"""Think@n end to end: sample a pool of responses per question into a resumable store, then vote (definitions.md §5).
 
 Store (a directory):
 - ``questions.jsonl`` — the questions, reference answers and choices, as generated;
@@ -33,7 +33,7 @@ from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, settling_depth
 from depthlens.models.load import LoadedModel
 from depthlens.sampling.generate import GenerationBackend, HFGenerator, Trace
-from depthlens.studies.records import ResultWriter, iter_jsonl, manifest_path
+from depthlens.studies.records import SAMPLES, ResultWriter, iter_jsonl, manifest_path
 from depthlens.studies.score import as_token_ids
 from depthlens.studies.tables import write_csv
 from depthlens.studies.tasks import Question, grade
@@ -41,7 +41,6 @@ from depthlens.voting.methods import Response, think_at_n
 from depthlens.voting.trials import MethodSummary, ablation, run_trials
 
 STORE_VERSION = 1
-SAMPLES = "samples.jsonl"
 QUESTIONS = "questions.jsonl"
 PER_TOKEN = ("log_prob", "entropy", "self_certainty", "confidence")
 REQUIRED = (
@@ -131,6 +130,48 @@ def failed_record(question: Question, index: int, seed: int, error: str) -> dict
     }
 
 
+MANIFEST_DEFAULTS = {
+    "sampling": SamplingConfig().to_dict(),
+    "readout": ReadoutConfig().to_dict(),
+    "dtr": DTRConfig().to_dict(),
+}
+"""Settings a manifest written before a field existed is read with (see ``records.check_output``)."""
+
+
+def store_manifest(
+    model: str,
+    n_layers: int | None,
+    questions: Sequence[Question],
+    pool: int,
+    seed: int,
+    batch_size: int,
+    sampling: SamplingConfig,
+    readout: ReadoutConfig,
+    dtr: DTRConfig,
+    task: dict[str, Any],
+) -> dict[str, Any]:
+    """The manifest of a store; ``n_layers`` None (the model not loaded yet) leaves it out."""
+    manifest = {
+        "store_version": STORE_VERSION,
+        "depthlens_version": __version__,
+        "model": model,
+        "n_layers": n_layers,
+        "task": task,
+        "questions": [q.id for q in questions],
+        "pool": pool,
+        "seed": seed,
+        "batch_size": batch_size,
+        "sampling": sampling.to_dict(),
+        "readout": readout.to_dict(),
+        "dtr": dtr.to_dict(),
+        "command": " ".join(sys.argv),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    if n_layers is None:
+        del manifest["n_layers"]
+    return manifest
+
+
 @dataclasses.dataclass
 class GenerationReport:
     written: int = 0
@@ -163,32 +204,14 @@ def generate_store(
         raise InputError(f"--pool = {pool}; sample at least 1 response per question")
     if batch_size < 1:
         raise InputError(f"--batch-size = {batch_size}; use 1 or more")
-    manifest = {
-        "store_version": STORE_VERSION,
-        "depthlens_version": __version__,
-        "model": lm.name,
-        "n_layers": lm.n_layers,
-        "task": task or {},
-        "questions": [q.id for q in questions],
-        "pool": pool,
-        "seed": seed,
-        "batch_size": batch_size,
-        "sampling": sampling.to_dict(),
-        "readout": readout.to_dict(),
-        "dtr": dtr.to_dict(),
-        "command": " ".join(sys.argv),
-        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+    manifest = store_manifest(
+        lm.name, lm.n_layers, questions, pool, seed, batch_size, sampling, readout, dtr, task or {}
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     generator = HFGenerator(lm, sampling, readout, on_token=on_token)
     report = GenerationReport()
-    defaults = {
-        "sampling": SamplingConfig().to_dict(),
-        "readout": ReadoutConfig().to_dict(),
-        "dtr": DTRConfig().to_dict(),
-    }
     with ResultWriter(
-        out_dir / SAMPLES, manifest, resume=resume, overwrite=overwrite, defaults=defaults
+        out_dir / SAMPLES, manifest, resume=resume, overwrite=overwrite, defaults=MANIFEST_DEFAULTS
     ) as writer:
         (out_dir / QUESTIONS).write_text(
             "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n" for q in questions), encoding="utf-8"

@@ -306,7 +306,7 @@ def _limits(stores: Sequence[Store]) -> str:
     text = [
         "## Reading this report",
         "",
-        "- Binned r follows the paper (SPEC §4) and flatters: five bins per question make r swing widely; the "
+        "- Binned r follows the paper (definitions.md §4) and flatters: five bins per question swing r widely; the "
         "unbinned point-biserial r and Spearman ρ with question-bootstrap 95 % intervals are the honest numbers.",
         "- Questions where every response is right (or every one wrong) carry no binned r; `q` counts those that do.",
     ]

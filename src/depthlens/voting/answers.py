@@ -1,4 +1,4 @@
-"""Final answers: extract them from a response, key them for voting, and decide equivalence (SPEC §5).
+"""Final answers: extract them from a response, key them for voting, and decide equivalence (docs/definitions.md §5).
 
 Extraction, in order: the last brace-matched ``\\boxed{…}`` (or ``\\fbox{…}``) with non-empty content; for
 multiple-choice questions a letter — inside the box, after "answer is", or the last "(X)"; otherwise the last

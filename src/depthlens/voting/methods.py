@@ -1,4 +1,4 @@
-"""Think@n and its comparators over one draw of n scored responses (SPEC §5). Pure: no model, no I/O.
+"""Think@n and its comparators over one draw of n scored responses (docs/definitions.md §5). Pure: no model, no I/O.
 
 Every method is a row of ``METHODS``: which responses it keeps (a ranking, or all), how their votes are
 weighted, and what the selection costs in generated tokens — the exact count, and the paper's printed formula

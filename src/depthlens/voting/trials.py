@@ -1,4 +1,4 @@
-"""Trials: draw n of each question's pool, run every method, and average (SPEC §5). Pure: no model, no I/O.
+"""Trials: draw n of each question's pool, run every method, and average (definitions.md §5). Pure: no model, no I/O.
 
 Trial t draws, for each question, n responses without replacement from its pool with a generator seeded by
 (seed, t, question index), so a trial's draw does not depend on which methods run or on other questions.
