@@ -503,8 +503,8 @@ def table_one(rows: Sequence[dict[str, Any]]) -> str:
     counts = {f"{r['model']} · {r['task']}": r for r in rows}
     lines = [
         "**Binned r** (definitions.md §4: 5 quantile bins per question, Pearson r of bin metric vs bin accuracy, "
-        "averaged over questions and seeds; ± is the s.d. over seeds — 0 when each seed bins the whole pool and only ties "
-        "are re-broken —, q the questions with a defined r)",
+        "averaged over questions and seeds; ± is the s.d. over seeds — 0 when each seed bins the whole pool and only "
+        "ties are re-broken —, q the questions with a defined r)",
         "",
         *table(binned),
         "",
