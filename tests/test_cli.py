@@ -49,15 +49,15 @@ def test_score_writes_records(monkeypatch, capsys, tmp_path, tiny_dir):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--rho", "1.5"], "error: DTRConfig.rho = 1.5 must lie in (0, 1] (default 0.85)"),
-        (["--epsilon", "0"], "error: TCBConfig.epsilon = 0.0 must be a finite number > 0 (default 1.0)"),
-        (["--v-eff", "x"], "error: TCBConfig.v_eff = 'x' is not one of ['ipr', 'exp-entropy']"),
-        (["--g", "-1"], "Invalid value for '--g': Input should be greater than or equal to 0"),
+        (["--rho", "1.5"], "error: --rho 1.5: must be in (0, 1]"),
+        (["--epsilon", "0"], "error: --epsilon 0.0: must be a finite number > 0"),
+        (["--v-eff", "x"], "error: --v-eff x: must be one of ipr, exp-entropy"),
+        (["--g", "-1"], "error: --g -1.0: must be a finite number ≥ 0"),
         (
             ["--divergence", "js"],
-            "error: ReadoutConfig.divergence = 'js' is not one of ['jsd', 'jsd-nat', 'kl', 'cosine']",
+            "error: --divergence js: must be one of jsd, jsd-nat, kl, cosine",
         ),
-        (["--deep-rule", "x"], "error: DTRConfig.deep_rule = 'x' is not one of ['spec', 'paper-literal']"),
+        (["--deep-rule", "x"], "error: --deep-rule x: must be one of spec, paper-literal"),
         (
             ["--device", "cuda:7"],
             "error: device 'cuda:7' asked for, but CUDA is not available here; use --device cpu",

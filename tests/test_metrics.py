@@ -158,7 +158,7 @@ def test_token_baselines_against_direct_formulas():
     [
         ({"g": -0.1}, r"DTRConfig.g = -0.1 must be a finite number ≥ 0"),
         ({"g": float("nan")}, r"DTRConfig.g = nan"),
-        ({"rho": 0.0}, r"DTRConfig.rho = 0.0 must lie in \(0, 1\]"),
+        ({"rho": 0.0}, r"DTRConfig.rho = 0.0 must be in \(0, 1\]"),
         ({"rho": 1.5}, r"DTRConfig.rho = 1.5"),
         (
             {"deep_rule": "literal"},

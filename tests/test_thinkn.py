@@ -169,7 +169,7 @@ def test_summary_files_and_ablation(tiny_chat, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--n", "4", "--eta", "0"], "VotingConfig.eta = 0.0 must lie in (0, 1]"),
+        (["--n", "4", "--eta", "0"], "error: --eta 0.0: must be in (0, 1]"),
         (["--n", "4", "--prefix", "fifty"], "--prefix 'fifty': give a number of tokens or 'full'"),
         (["--n", "4", "--task", "nope"], "unknown task 'nope'"),
     ],

@@ -65,12 +65,14 @@ def score(
     tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral) if tcb else None  # type: ignore[arg-type]
     # Everything that needs no model is checked before one loads: the input, --out, the model's name, --resume.
     records, _ = read_records(in_path, skip_bad=skip_bad)
-    check_output(out_path, None, resume, overwrite)
-    locate(model)
-    from depthlens.studies.score import MANIFEST_DEFAULTS, score_file, score_manifest, score_summary
+    if check_output(out_path, None, resume, overwrite):  # resuming: are the settings the stored run's?
+        from depthlens.studies.score import MANIFEST_DEFAULTS, score_manifest
 
-    manifest = score_manifest(model, None, in_path, readout, dtr, tcb_config, tokens)
-    check_output(out_path, manifest, resume, overwrite, MANIFEST_DEFAULTS)
+        manifest = score_manifest(model, None, in_path, readout, dtr, tcb_config, tokens)
+        check_output(out_path, manifest, resume, overwrite, MANIFEST_DEFAULTS)
+    locate(model)
+    from depthlens.studies.score import score_file, score_summary
+
     if not records:
         warn(f"{in_path} has no records; {out_path} will be empty")
     for line in degenerate_settings(readout, dtr):

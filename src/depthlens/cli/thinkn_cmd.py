@@ -129,7 +129,7 @@ def _generate(
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
     # Everything that needs no model is checked before one loads: --out, the model's name, the task, --resume.
     samples = out / SAMPLES
-    check_output(samples, None, resume, overwrite)
+    resuming = check_output(samples, None, resume, overwrite)
     locate(model)
     from depthlens.studies.tasks import load_task, parse_task_config
     from depthlens.studies.thinkn import MANIFEST_DEFAULTS, generate_store, store_manifest
@@ -142,8 +142,9 @@ def _generate(
         "task_config": task_config,
         "data": str(data) if data else None,
     }
-    manifest = store_manifest(model, None, qs, pool, seed, batch_size, sampling, readout, dtr, task_info)
-    check_output(samples, manifest, resume, overwrite, MANIFEST_DEFAULTS)
+    if resuming:  # are the settings the stored run's?
+        manifest = store_manifest(model, None, qs, pool, seed, batch_size, sampling, readout, dtr, task_info)
+        check_output(samples, manifest, resume, overwrite, MANIFEST_DEFAULTS)
     for line in degenerate_settings(readout, dtr):
         warn(line)
     lm = load_model(model, device, dtype, trust_remote_code)
