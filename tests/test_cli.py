@@ -19,9 +19,9 @@ def tiny_dir(tmp_path_factory):
     return path
 
 
-def run(monkeypatch, capsys, *args):
+def run(monkeypatch, capsys, *args, columns: str = "400"):
     monkeypatch.setattr(sys, "argv", ["depthlens", *map(str, args)])
-    monkeypatch.setenv("COLUMNS", "400")  # one error per line, unwrapped
+    monkeypatch.setenv("COLUMNS", columns)  # 400: one error per line, unwrapped
     with pytest.raises(SystemExit) as info:
         main()
     out, err = capsys.readouterr()

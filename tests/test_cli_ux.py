@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from depthlens.cli.app import main
 from depthlens.models import catalogue
 from depthlens.models.tokens import piece_bytes, readable, token_texts
 from depthlens.studies.records import iter_jsonl
 from tests.conftest import tiny_model
+from tests.test_cli import run
 
 ROOT = Path(__file__).resolve().parent.parent
 BOGUS = "no-such-model-anywhere"
@@ -34,12 +34,8 @@ def tiny_dir(tmp_path_factory):
 
 def run80(monkeypatch, capsys, *args):
     """The command line in-process, as a terminal of 80 columns would show it."""
-    monkeypatch.setattr(sys, "argv", ["depthlens", *map(str, args)])
-    monkeypatch.setenv("COLUMNS", "80")
-    with pytest.raises(SystemExit) as info:
-        main()
-    out, err = capsys.readouterr()
-    return info.value.code or 0, out, err
+    code, out, err = run(monkeypatch, capsys, *args, columns="80")
+    return code or 0, out, err
 
 
 def cli(*args, **env):

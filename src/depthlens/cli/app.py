@@ -65,17 +65,15 @@ def warn(message: str) -> None:
 
 def load_model(model: str, device: str, dtype: str, trust_remote_code: bool) -> LoadedModel:
     """Load ``model`` for a command: a first install as a progress display, then a status line."""
-    from depthlens.cli.progress import install_with_progress
+    from depthlens.cli.progress import install_with_progress, quiet_transformers
     from depthlens.models.locate import locate
 
     source = locate(model)  # a name that points nowhere fails now, in milliseconds
     if source.kind == "catalogue" and source.path is None:
         install_with_progress(model, err_console)
-    from transformers.utils import logging as hf_logging
-
     from depthlens.models.load import load
 
-    hf_logging.disable_progress_bar()  # our own status line and progress bars say what is happening
+    quiet_transformers()
     with err_console.status(f"loading {model}") as status:
         return load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,  # type: ignore[arg-type]
                     progress=status.update, on_offline=warn)  # fmt: skip

@@ -30,27 +30,36 @@ def make_progress(console: Console | None = None) -> Progress:
     )
 
 
+def quiet_transformers() -> None:
+    """Silence transformers' own tqdm bars (loading, writing shards): our displays say what is happening."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def install_with_progress(name: str, console: Console) -> Path:
     """Install catalogue model ``name`` under one progress display: megabytes downloaded, then tensors converted."""
     from depthlens.models import catalogue
 
+    quiet_transformers()
+    console.print(f"installing {name} (first use: download, verify, convert once)", highlight=False)
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
-        BarColumn(bar_width=20),
+        BarColumn(bar_width=16),
         TextColumn("{task.fields[amount]}"),
         TimeElapsedColumn(),
         console=console,
     ) as progress:
-        task = progress.add_task(f"{name}: starting", total=None, amount="")
+        task = progress.add_task("starting", total=None, amount="")
 
         def on_step(line: str) -> None:
-            progress.update(task, description=f"{name}: {line}", total=None, completed=0, amount="")
+            progress.update(task, description=line, total=None, completed=0, amount="")
 
         def on_amount(done: int, total: int, unit: str) -> None:
             amount = f"{done / 1e6:.0f}/{total / 1e6:.0f} MB" if unit == "bytes" else f"{done}/{total} {unit}"
             progress.update(task, total=total, completed=done, amount=amount)
 
         path = catalogue.install(name, progress=on_step, on_amount=on_amount)
-        progress.update(task, description=f"{name}: installed", amount="")
+        progress.update(task, description="installed", total=1, completed=1, amount="")
     return path
