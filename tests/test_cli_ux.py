@@ -167,9 +167,13 @@ def test_token_labels_are_readable(piece, byte_level, label):
 
 
 @pytest.mark.integration
-def test_real_tokenizer_labels(real_model):
-    ids = real_model.tokenizer(" café naïve\n", add_special_tokens=False)["input_ids"]
-    assert token_texts(real_model.tokenizer, ids) == ["␣café", "␣na", "ïve", "↵"]
+def test_scored_tokens_are_readable_and_ids_exact(real_model):
+    from depthlens.studies.score import score
+
+    [record] = score(real_model, [{"id": "x", "prompt": "Say:", "completion": " café naïve\n"}], tokens=True)
+    assert record["tokens"] == ["␣café", "␣na", "ïve", "↵"]
+    assert real_model.tokenizer.decode(record["token_ids"]) == " café naïve\n"
+    assert token_texts(real_model.tokenizer, record["token_ids"]) == record["tokens"]
 
 
 # 4. The summary at the end of score, and --quiet.

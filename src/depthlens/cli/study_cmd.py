@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console, load_model
+from depthlens.cli.app import app, console, err_console, load_model, warn
 from depthlens.cli.progress import make_progress
 from depthlens.config import CorrelationConfig, DTRConfig
 
@@ -151,7 +151,7 @@ def heatmap(
     """One text's token × layer divergence heatmap (PNG and interactive HTML) and one token's settling plot."""
     import json
 
-    from depthlens.config import ReadoutConfig
+    from depthlens.config import ReadoutConfig, degenerate_settings
     from depthlens.errors import InputError
     from depthlens.metrics.dtr import deep_threshold
     from depthlens.studies.score import score
@@ -160,14 +160,17 @@ def heatmap(
 
     if not completion:
         raise InputError("--completion is empty: give the text to read out")
+    if token is not None and token < 0:
+        raise InputError(f"--token {token}: give a token index, 0 or more")
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
+    readout = ReadoutConfig(divergence=divergence)  # type: ignore[arg-type]
+    for line in degenerate_settings(readout, dtr):
+        warn(line)
     lm = load_model(model, device, dtype, trust_remote_code)
     data = {"id": "text", "completion": completion}
     data.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     with err_console.status("reading out every layer"):
-        (record,) = score(
-            lm, [data], readout=ReadoutConfig(divergence=divergence), dtr=dtr, tcb=None, tokens=True
-        )  # type: ignore[arg-type]
+        (record,) = score(lm, [data], readout=readout, dtr=dtr, tcb=None, tokens=True)
     if not record["n_tokens"]:
         raise InputError(f"--completion {completion!r} has no tokens for {model}'s tokenizer; give some text")
     unit = {"jsd": "bits", "jsd-nat": "nats", "kl": "nats", "cosine": "1 − cos"}[divergence]

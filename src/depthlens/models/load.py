@@ -12,7 +12,7 @@ import torch
 from depthlens.errors import ConfigError, ModelNotFoundError
 from depthlens.models import catalogue
 from depthlens.models.adapters import ModelParts, resolve_parts
-from depthlens.models.locate import locate
+from depthlens.models.locate import hub_offline_reason, locate
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -167,8 +167,12 @@ def load_tokenizer(name: str, trust_remote_code: bool = False) -> Any | None:
         target = catalogue.converted_dir(name)
     elif path.suffix == ".gguf":
         target, kwargs["gguf_file"] = path.parent, path.name
+    elif path.is_dir():
+        target = path
     else:
-        target = path if path.is_dir() else Path(name)
+        target = Path(name)
+        if hub_offline_reason() is not None:  # the local cache only: no ~25 s of hub retries
+            kwargs["local_files_only"] = True
     try:
         return AutoTokenizer.from_pretrained(str(target), **kwargs)
     except (OSError, ValueError):
