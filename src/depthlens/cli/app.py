@@ -47,7 +47,7 @@ def _root(
         typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit."),
     ] = False,
 ) -> None:
-    """How deeply and how stably a causal language model thinks: logit-lens DTR and its baselines."""
+    """Options of ``depthlens`` itself (the app's ``help`` above is what ``-h`` shows)."""
 
 
 def error_line(exc: DepthlensError) -> str:

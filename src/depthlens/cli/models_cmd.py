@@ -12,7 +12,7 @@ from depthlens.cli.progress import install_with_progress
 from depthlens.models import catalogue
 
 
-@app.command("models")
+@app.command("models", short_help="List the offline model catalogue; install from it.")
 def models(
     install: Annotated[
         list[str] | None,

@@ -14,7 +14,7 @@ from depthlens.cli.progress import make_progress
 D = opt.DEFAULTS
 
 
-@app.command("score")
+@app.command("score", short_help="Score responses: DTR, settling depth, baselines, TCB.")
 def score(
     in_path: opt.InFile,
     out_path: opt.OutFile,

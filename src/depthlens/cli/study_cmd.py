@@ -51,7 +51,7 @@ def _config(bins: int, seeds: int, n: int | None, bootstrap: int) -> Correlation
     return CorrelationConfig(bins=bins, seeds=seeds, n=n, bootstrap=bootstrap)
 
 
-@app.command("correlate")
+@app.command("correlate", short_help="DTR and the baselines against accuracy, from stores.")
 def correlate(
     stores: Stores,
     out: Annotated[Path, typer.Option("--out", file_okay=False, help="Directory for tables and figures.")],
@@ -123,7 +123,7 @@ def _print_table(rows: list[dict]) -> None:
             err_console.print(f"[yellow]{r['model']} · {r['task']}:[/] {r['note']}", highlight=False)
 
 
-@app.command("heatmap")
+@app.command("heatmap", short_help="One text's token × layer divergence heatmap.")
 def heatmap(
     completion: Annotated[
         str, typer.Option("--completion", help="The generated text whose tokens are read out.")
@@ -192,7 +192,7 @@ def heatmap(
     err_console.print(f"wrote {', '.join(p.name for p in paths)} and record.json to {out}")
 
 
-@app.command("report")
+@app.command("report", short_help="One Markdown and HTML report of a run's stores.")
 def report(
     run_dir: Annotated[
         Path, typer.Argument(help="A store, or a folder of stores, from `depthlens generate`.")

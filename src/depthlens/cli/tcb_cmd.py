@@ -16,7 +16,7 @@ tcb_app = typer.Typer(
     help="Token Constraint Bound studies: regimes, geometry, prompts, trace (docs/definitions.md §6).",
     no_args_is_help=True,
 )
-app.add_typer(tcb_app, name="tcb")
+app.add_typer(tcb_app, name="tcb", short_help="The Token Constraint Bound paper's four studies.")
 
 D = opt.DEFAULTS
 OutDir = Annotated[Path, typer.Option("--out", file_okay=False, help="Directory for the table and figure.")]
@@ -37,7 +37,7 @@ def _finish(out: Path, name: str, result: dict[str, Any], figure: Path) -> None:
     err_console.print("wrote " + ", ".join(str(p) for p in [*paths, figure]))
 
 
-@tcb_app.command("regimes")
+@tcb_app.command("regimes", short_help="corr(δ, √V_eff) and corr(δ, margin) per prompt set.")
 def regimes(
     out: OutDir,
     model: opt.Model = D["model"],
@@ -66,7 +66,7 @@ def regimes(
     _finish(out, "regimes", result, draw_regimes(result, out / "regimes.png"))
 
 
-@tcb_app.command("geometry")
+@tcb_app.command("geometry", short_help="δ as competing embeddings cluster or disperse.")
 def geometry(
     out: OutDir,
     model: opt.Model = D["model"],
@@ -96,7 +96,7 @@ def geometry(
     _finish(out, "geometry", result, draw_geometry(result, out / "geometry.png"))
 
 
-@tcb_app.command("prompts")
+@tcb_app.command("prompts", short_help="Accuracy, perplexity and δ per template and k-shot.")
 def prompts(
     out: OutDir,
     model: opt.Model = D["model"],
@@ -147,7 +147,7 @@ def prompts(
     _finish(out, "prompts", result, draw_prompt_variants(result, out / "prompts.png"))
 
 
-@tcb_app.command("trace")
+@tcb_app.command("trace", short_help="δ and perplexity per generated token; sharp drops.")
 def trace(
     out: OutDir,
     prompt: Annotated[str, typer.Option("--prompt", help="The user message to answer.")] = (

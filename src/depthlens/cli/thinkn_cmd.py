@@ -185,7 +185,7 @@ def _generate(
     return report
 
 
-@app.command("generate")
+@app.command("generate", short_help="Sample responses, read out, into a resumable store.")
 def generate(
     out: OutDir,
     task: Task = "reasoning_gym:basic_arithmetic",
@@ -293,7 +293,7 @@ def print_report(report: ThinkReport) -> None:
         console.print(ab)
 
 
-@app.command("thinkn")
+@app.command("thinkn", short_help="Think@n vs Cons@n and the other voting methods.")
 def thinkn(
     out: Annotated[
         Path | None, typer.Option("--out", file_okay=False, help="Store directory (created).")
