@@ -166,6 +166,12 @@ def test_token_labels_are_readable(piece, byte_level, label):
     assert readable(piece_bytes(piece, byte_level)) == label
 
 
+def test_token_labels_of_a_tokenizer_without_byte_pieces():
+    from tests.conftest import CharTokenizer
+
+    assert token_texts(CharTokenizer(), [3, 13, 14]) == ["0", "␣", "."]
+
+
 @pytest.mark.integration
 def test_scored_tokens_are_readable_and_ids_exact(real_model):
     from depthlens.studies.score import score

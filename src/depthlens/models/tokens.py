@@ -37,9 +37,10 @@ def _byte_of_char() -> dict[str, int]:
 
 
 def _is_byte_level(tokenizer: Any) -> bool:
-    # A byte-level tokenizer reads "Ġ" as a space; any other keeps it as the letter.
+    # A byte-level tokenizer reads "Ġ" as a space; any other keeps it as the letter (or cannot say).
+    to_string = getattr(tokenizer, "convert_tokens_to_string", None)
     try:
-        return tokenizer.convert_tokens_to_string(["Ġ"]) == " "
+        return to_string is not None and to_string(["Ġ"]) == " "
     except (KeyError, TypeError, ValueError):
         return False
 
