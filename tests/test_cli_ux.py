@@ -110,6 +110,22 @@ def test_generate_checks_its_store_before_the_model(monkeypatch, capsys, tmp_pat
     )
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["tcb", "prompts", "--templates", "bare,nah"], "error: --templates bare,nah: unknown nah; known: bare, paper, "
+         "terse, expert"),
+        (["thinkn", "--methods", "think@n,vote@n"], "error: --methods think@n,vote@n: unknown vote@n; known: mean@n, "
+         "cons@n, think@n, self-certainty@n, long@n, short@n, deepconf-mean@n, deepconf-tail@n, deepconf-bottom10@n"),
+        (["heatmap", "--completion", "x", "--token", "-1"], "error: --token -1: give a token index, 0 or more"),
+    ],
+)  # fmt: skip
+def test_study_options_are_checked_before_the_model(monkeypatch, capsys, tmp_path, args, message):
+    code, _, err = run80(monkeypatch, capsys, *args, "--out", tmp_path / "o", "--model", BOGUS)
+    assert code == 2
+    assert " ".join(err.split()) == message
+
+
 # 2. A name that points nowhere fails at once, saying why; no hub retries.
 def test_unknown_model_fails_at_once_offline(tmp_path):
     src = _input(tmp_path, RECORD)

@@ -121,7 +121,7 @@ def prompts(
 ) -> None:
     """Accuracy, answer perplexity and δ per prompt template × k-shot, greedy answers (paper §4.3–4.4)."""
     from depthlens.errors import InputError
-    from depthlens.studies.tasks import parse_task_config
+    from depthlens.studies.tasks import load_task, parse_task_config
     from depthlens.studies.tcb_studies import TEMPLATES, prompt_variants
     from depthlens.viz.tcb import draw_prompt_variants
 
@@ -136,6 +136,7 @@ def prompts(
             f"--templates {templates}: unknown {', '.join(unknown)}; known: {', '.join(TEMPLATES)}"
         )
     parsed_config = parse_task_config(task_config)
+    load_task(task, 1, config=parsed_config)  # an unknown task or setting fails now, before the model loads
     lm = load_model(model, device, dtype, trust_remote_code)
     with err_console.status(
         f"{len(names)} templates × {len(shot_list)} shot settings × {questions} questions"
