@@ -58,9 +58,12 @@ def _invalid(owner: str, name: str, value: object, requirement: str, hint: str =
 def _check_choice(owner: str, name: str, value: object, literal: object) -> None:
     choices = get_args(literal)
     if value not in choices:
-        error = _invalid(owner, name, value, f"is not one of {list(choices)}")
-        error.requirement = f"must be one of {', '.join(choices)}"
-        raise error
+        raise ConfigError(
+            f"{owner}.{name} = {value!r} is not one of {list(choices)}",
+            setting=name,
+            value=value,
+            requirement=f"must be one of {', '.join(choices)}",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
