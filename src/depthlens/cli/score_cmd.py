@@ -13,6 +13,14 @@ from depthlens.cli.progress import make_progress
 D = opt.DEFAULTS
 
 
+def _say_rescored(ids: list[str]) -> None:
+    if ids:
+        shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+        err_console.print(
+            f"{len(ids)} input record(s) changed since they were scored; scoring again: {shown}"
+        )
+
+
 @app.command("score")
 def score(
     in_path: opt.InFile,
@@ -67,7 +75,7 @@ def score(
         skipped = score_file(
             lm, in_path, out_path, readout=readout, dtr=dtr, tcb=tcb_config, tokens=tokens, batch_size=batch_size,
             resume=resume, overwrite=overwrite, skip_bad=skip_bad,
-            on_start=on_start, on_record=lambda _: progress.advance(task),
+            on_start=on_start, on_record=lambda _: progress.advance(task), on_rescore=_say_rescored,
         )  # fmt: skip
     for bad in skipped:
         err_console.print(f"skipped line {bad.line}: {bad.reason}", highlight=False, soft_wrap=True)

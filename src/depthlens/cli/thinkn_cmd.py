@@ -156,6 +156,8 @@ def _generate(
             on_batch=lambda n: progress.advance(responses, n),
             on_token=lambda n: progress.advance(tokens, n),
         )
+    for line in report.changed:
+        err_console.print(f"resumed with a changed setting: {line}", highlight=False, soft_wrap=True)
     grades = ", ".join(f"{k} {v}" for k, v in sorted(report.grades.items()))
     err_console.print(
         f"wrote {report.written} responses ({report.tokens} tokens; {grades or 'none graded'}) to {out}"
@@ -316,7 +318,7 @@ def thinkn(
     Generates a pool per question into --out (or reads --from), then votes over --trials draws of n.
     """
     from depthlens.config import DTRConfig
-    from depthlens.studies.thinkn import read_manifest, summarise
+    from depthlens.studies.thinkn import read_manifest, summarise, summary_stem
 
     voting = VotingConfig(n=n, eta=eta, prefix=_prefix(prefix), trials=trials, seed=seed)
     method_list = [m.strip() for m in methods.split(",")] if methods else None
@@ -357,11 +359,12 @@ def thinkn(
         deep_rule=stored.deep_rule if deep_rule is None else deep_rule,  # type: ignore[arg-type]
     )
     with err_console.status("voting"):
-        report = summarise(store, voting, dtr, method_list, with_ablation=ablation)
+        report = summarise(store, voting, dtr, method_list, with_ablation=ablation, overwrite=overwrite)
     print_report(report)
     if report.voting.trials > 1 and report.info.manifest["pool"] == n:
         err_console.print("note: pool = n, so every trial draws the same responses (std 0); use --pool > n")
-    err_console.print(f"summary: {store / 'thinkn.json'}, {store / 'thinkn.csv'}")
+    stem = store / summary_stem(report.voting)
+    err_console.print(f"summary: {stem}.json, {stem}.csv")
 
 
 @app.command("tasks")

@@ -38,6 +38,21 @@ def as_token_ids(value: Any) -> list[int]:
     return [int(i) for i in value]
 
 
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], where: str) -> list[int]:
+    """Token ids of ``messages`` rendered with the tokenizer's chat template, ready for the reply."""
+    from jinja2 import TemplateError
+
+    try:
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except (TemplateError, ValueError, TypeError, KeyError, IndexError) as exc:
+        # The template itself rejects the conversation (roles out of order, a role it does not know, ...).
+        raise InputError(
+            f"{where}: the model's chat template rejects these messages ({type(exc).__name__}: {exc}); "
+            "check the roles and their order, or give a plain 'prompt'"
+        ) from None
+    return as_token_ids(rendered)
+
+
 def tokenize(lm: LoadedModel, data: dict[str, Any], where: str) -> TokenSequence:
     """Token ids of one input record: prompt (context) and completion (scored)."""
     if "prompt_ids" in data:
@@ -48,9 +63,7 @@ def tokenize(lm: LoadedModel, data: dict[str, Any], where: str) -> TokenSequence
     if "messages" in data:
         if not getattr(tok, "chat_template", None):
             raise InputError(f"{where}: model {lm.name} has no chat template; give a plain 'prompt' instead")
-        prompt = as_token_ids(
-            tok.apply_chat_template(data["messages"], add_generation_prompt=True, tokenize=True)
-        )
+        prompt = render_chat(tok, data["messages"], where)
     else:
         prompt = as_token_ids(tok(data["prompt"], add_special_tokens=True)["input_ids"])
         if not prompt and tok.bos_token_id is not None:
@@ -179,11 +192,16 @@ def score_file(
     skip_bad: bool = False,
     on_start: Callable[[int, int], None] = lambda total, done: None,
     on_record: Callable[[dict[str, Any]], None] = lambda result: None,
+    on_rescore: Callable[[list[str]], None] = lambda ids: None,
 ) -> list[BadLine]:
     """Score every record of ``in_path`` into ``out_path``; returns the lines skipped (with ``skip_bad``).
 
-    ``on_start(total, already_done)`` and ``on_record(result)`` drive a progress display.
+    ``on_start(total, already_done)`` and ``on_record(result)`` drive a progress display. On ``resume``,
+    records whose input changed since they were scored (the manifest keeps a hash per record) are dropped from
+    ``out_path`` and scored again; ``on_rescore`` gets their ids.
     """
+    if out_path.exists() and in_path.exists() and out_path.resolve() == in_path.resolve():
+        raise InputError(f"--out {out_path} is the input file itself; write the scores to another file")
     records, skipped = read_records(in_path, skip_bad=skip_bad)
     manifest = {
         "depthlens_version": __version__,
@@ -198,7 +216,11 @@ def score_file(
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     defaults = {"readout": ReadoutConfig().to_dict(), "dtr": DTRConfig().to_dict()}
-    with ResultWriter(out_path, manifest, resume=resume, overwrite=overwrite, defaults=defaults) as writer:
+    hashes = {r.id: r.digest for r in records}
+    with ResultWriter(
+        out_path, manifest, resume=resume, overwrite=overwrite, defaults=defaults, hashes=hashes
+    ) as writer:
+        on_rescore(writer.rescored)
         todo = [r for r in records if r.id not in writer.done]
         on_start(len(records), len(records) - len(todo))
         try:
