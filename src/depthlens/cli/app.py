@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import shlex
+import signal
 import sys
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
@@ -33,6 +36,47 @@ def load_model(model: str, device: str, dtype: str, trust_remote_code: bool) -> 
                     progress=status.update)  # fmt: skip
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: finished records are on disk already (each is fsynced as it completes)."""
+
+
+def _terminate(_signum: int, _frame: object) -> NoReturn:
+    raise Terminated
+
+
+_written: list[Path] = []  # the JSONL file the running command appends to, once it has opened it
+
+
+def writes_to(path: Path) -> None:
+    """Record that the running command appends its finished records to ``path`` (for the interrupt message)."""
+    _written[:] = [path]
+
+
+def _complete_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as f:
+            return sum(1 for raw in f if raw.endswith(b"\n") and raw.strip())
+    except OSError:
+        return 0
+
+
+def continue_command(argv: list[str]) -> str:
+    """The command line that continues an interrupted run: the same, with --resume instead of --overwrite."""
+    args = [a for a in argv[1:] if a not in ("--overwrite", "--resume")]
+    return shlex.join(["depthlens", *args, "--resume"])
+
+
+def _interrupted(exc: KeyboardInterrupt) -> NoReturn:
+    what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+    if _written:
+        kept = _complete_lines(_written[0])
+        err_console.print(f"{what}: {kept} finished record(s) kept in {_written[0]}", highlight=False)
+        err_console.print(f"continue with: {continue_command(sys.argv)}", highlight=False, soft_wrap=True)
+    else:
+        err_console.print(f"{what} before any record was written", highlight=False)
+    sys.exit(143 if isinstance(exc, Terminated) else 130)
+
+
 # Registration by import: each module adds its command to ``app``.
 from depthlens.cli import models_cmd, score_cmd, study_cmd, tcb_cmd, thinkn_cmd  # noqa: E402, F401
 
@@ -42,11 +86,11 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own status line and progress bars say what is happening
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
     except DepthlensError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        err_console.print("interrupted; finished records are kept — rerun with --resume to continue")
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        _interrupted(exc)

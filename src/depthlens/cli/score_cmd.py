@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, err_console, load_model
+from depthlens.cli.app import app, err_console, load_model, writes_to
 from depthlens.cli.progress import make_progress
 
 D = opt.DEFAULTS
@@ -70,6 +70,7 @@ def score(
         task = progress.add_task("scoring", total=None)
 
         def on_start(total: int, done: int) -> None:
+            writes_to(out_path)
             progress.update(task, total=total, completed=done)
 
         skipped = score_file(

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console, load_model
+from depthlens.cli.app import app, console, err_console, load_model, writes_to
 from depthlens.cli.progress import make_progress
 from depthlens.config import SamplingConfig, VotingConfig
 from depthlens.errors import InputError
@@ -118,7 +118,7 @@ def _generate(
 ) -> GenerationReport:
     from depthlens.config import DTRConfig, ReadoutConfig
     from depthlens.studies.tasks import load_task, parse_task_config
-    from depthlens.studies.thinkn import generate_store
+    from depthlens.studies.thinkn import SAMPLES, generate_store
 
     also = tuple(k.strip() for k in also_divergences.split(",") if k.strip())
     readout = ReadoutConfig(divergence=divergence, also=also)  # type: ignore[arg-type]
@@ -137,6 +137,7 @@ def _generate(
         tokens = progress.add_task("tokens", total=None)
 
         def on_start(total: int, done: int) -> None:
+            writes_to(out / SAMPLES)
             progress.update(responses, total=total, completed=done)
 
         report = generate_store(
