@@ -182,7 +182,8 @@ def _first_line(exc: BaseException) -> str:
 
 def _unreadable(name: str, exc: BaseException) -> DepthlensError:
     """The error for a model that exists but does not load: a damaged catalogue copy, or a bad file."""
-    why = f"{type(exc).__name__}: {_first_line(exc)}"
+    kind = "struct.error" if isinstance(exc, struct.error) else type(exc).__name__  # a file cut short
+    why = f"{kind}: {_first_line(exc)}"
     if name in catalogue.CATALOGUE:
         damage = catalogue.damage(name, deep=True)
         state = f"its installed copy is damaged ({damage})" if damage else "its installed copy does not load"

@@ -157,7 +157,10 @@ def write_json(path: Path, data: object) -> None:
 def write_error(path: Path, exc: OSError) -> StoreError:
     """An OSError while writing ``path`` as a one-line error (a full disk above all)."""
     if exc.errno == errno.ENOSPC:
-        return StoreError(f"{path}: the disk is full; free some space, then rerun the command with --resume")
+        return StoreError(
+            f"{path}: the disk is full; what finished before is kept — free some space, then rerun the command "
+            "with --resume"
+        )
     return StoreError(f"{path}: could not write ({exc.strerror or exc}); check the path and its permissions")
 
 

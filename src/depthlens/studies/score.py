@@ -14,7 +14,7 @@ from typing import Any
 
 from depthlens import __version__
 from depthlens.config import DTRConfig, ReadoutConfig, TCBConfig
-from depthlens.errors import DepthlensError, InputError
+from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.metrics.fused import use_compiled
 from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout, sequence_scores, tcb_summary
 from depthlens.models.load import LoadedModel
@@ -147,7 +147,7 @@ def score_records(
             validate(lm, seq, where)
         except InputError as exc:
             if on_skip is None:
-                raise
+                raise InputError(f"{exc} (pass --skip-bad to skip such records)") from None
             on_skip(BadLine(record.line, str(exc)))
             continue
         batch.append((record, seq))
@@ -231,6 +231,8 @@ def score_file(
                 writer.write(result)
                 on_record(result)
         except DepthlensError as exc:
+            if isinstance(exc, StoreError):  # the store's own error already says how to go on
+                raise
             raise type(exc)(
                 f"{exc} — results finished so far are kept in {out_path}; rerun with --resume"
             ) from exc

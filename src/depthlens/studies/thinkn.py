@@ -219,6 +219,8 @@ def generate_store(
                     lm, generator, writer, question, pool, seed, dtr, batch_size, report, on_batch
                 )
         except DepthlensError as exc:
+            if isinstance(exc, StoreError):  # the store's own error already says how to go on
+                raise
             raise type(exc)(
                 f"{exc} — responses finished so far are kept in {out_dir}; rerun with --resume"
             ) from exc
