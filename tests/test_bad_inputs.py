@@ -233,7 +233,7 @@ def test_damaged_catalogue_copy_is_listed_as_damaged(tmp_path, fixtures, monkeyp
 def doc_table() -> str:
     """The Markdown table docs/reliability.md shows between its bad-inputs markers."""
     rows = ["| input | what depthlens says (exit 2) |", "|---|---|"]
-    rows += [f"| {c.what} | `{c.message.replace('|', '\\|')}` |" for c in CASES]
+    rows += [f"| {c.what} | `` {c.message} `` |" for c in CASES]  # double backticks: messages quote commands
     return "\n".join(rows)
 
 
