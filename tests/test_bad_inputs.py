@@ -118,44 +118,78 @@ def _disk_full(d: Path, f: dict[str, Path]) -> list[str]:
 
 
 GOOD = {"id": "a", "prompt_ids": [4, 5, 6], "completion_ids": [7, 8, 9]}
-M = "(pass --skip-bad to skip such lines)"
-STORE_FIX = "rerun the command that wrote it with --resume (it drops a torn last line), or delete that line"
 
 # fmt: off
 CASES = [
     Case("gguf-random", "random bytes named `*.gguf`", lambda d, f: _gguf(d, os.urandom(4096)),
-         "error: could not load model 'DIR/m.gguf': the file is cut short or is not a model (ValueError: GGUF "
-         "magic invalid); check the file (a whole .gguf, or a directory with config.json and weights) or "
-         "download it again"),
-    Case("gguf-1mb", "the first 1 MB of a real GGUF", lambda d, f: _real_gguf_head(d, 1 << 20), ""),
-    Case("gguf-20mb", "the first 20 MB of a real GGUF", lambda d, f: _real_gguf_head(d, 20 << 20), ""),
+         "error: could not load model 'DIR/m.gguf': the file is cut short or is not a model (ValueError: "
+         "DIR/m.gguf does not start with the GGUF magic bytes, so it is not a GGUF file.); check the "
+         "file (a whole .gguf, or a directory with config.json and weights) or download it again"),
+    Case("gguf-1mb", "the first 1 MB of a real GGUF", lambda d, f: _real_gguf_head(d, 1 << 20),
+         "error: could not load model 'DIR/m.gguf': the file is cut short or is not a model "
+         "(struct.error: unpack_from requires a buffer of at least 1048590 bytes for unpacking 8 bytes "
+         "at offset 1048582 (actual buffer size is 1048576)); check the file (a whole .gguf, or a "
+         "directory with config.json and weights) or download it again"),
+    Case("gguf-20mb", "the first 20 MB of a real GGUF", lambda d, f: _real_gguf_head(d, 20 << 20),
+         "error: could not load model 'DIR/m.gguf': the file is cut short or is not a model (ValueError: "
+         "cannot reshape array of size 19185856 into shape (49152,612)); check the file (a whole .gguf, "
+         "or a directory with config.json and weights) or download it again"),
     Case("damaged-catalogue-copy", "a catalogue model whose `model.safetensors` was cut short",
-         _damaged_catalogue_copy, ""),
+         _damaged_catalogue_copy,
+         "error: model 'smollm2-135m-instruct': its installed copy is damaged (model.safetensors has "
+         "70188 bytes, 140376 when installed) — SafetensorError: Error while deserializing header: "
+         "incomplete metadata, file not fully covered; reinstall it with `depthlens models --reinstall "
+         "smollm2-135m-instruct` (or delete DIR/cache/models/smollm2-135m-instruct)"),
     Case("device-mps", "`--device mps` without Apple GPU",
-         lambda d, f: _score(d, f, GOOD, extra=("--device", "mps")), ""),
+         lambda d, f: _score(d, f, GOOD, extra=("--device", "mps")),
+         "error: device 'mps' asked for, but mps is not available here; use --device cpu"),
     Case("device-xpu", "`--device xpu` without an Intel GPU",
-         lambda d, f: _score(d, f, GOOD, extra=("--device", "xpu")), ""),
-    Case("device-meta", "`--device meta`", lambda d, f: _score(d, f, GOOD, extra=("--device", "meta")), ""),
+         lambda d, f: _score(d, f, GOOD, extra=("--device", "xpu")),
+         "error: device 'xpu' asked for, but xpu is not available here; use --device cpu"),
+    Case("device-meta", "`--device meta`", lambda d, f: _score(d, f, GOOD, extra=("--device", "meta")),
+         "error: device 'meta' cannot hold a model to read out; use auto, cpu, cuda or cuda:N"),
     Case("id-out-of-vocab", "a token id outside the vocabulary in `completion_ids`",
-         lambda d, f: _score(d, f, {"id": "a", "prompt_ids": [4], "completion_ids": [7, 5000]}), ""),
+         lambda d, f: _score(d, f, {"id": "a", "prompt_ids": [4], "completion_ids": [7, 5000]}),
+         "error: line 1 (id 'a'): token id(s) [5000] outside TINY's vocabulary of 101; token ids must "
+         "come from this model's tokenizer (pass --skip-bad to skip such records) — results finished so "
+         "far are kept in DIR/out.jsonl; rerun with --resume"),
     Case("negative-id", "a negative token id in `prompt_ids`",
-         lambda d, f: _score(d, f, {"id": "a", "prompt_ids": [-1], "completion_ids": [7]}), ""),
+         lambda d, f: _score(d, f, {"id": "a", "prompt_ids": [-1], "completion_ids": [7]}),
+         "error: DIR/in.jsonl:1: 'prompt_ids' must be a list of non-negative integers (pass --skip-bad "
+         "to skip such lines)"),
     Case("messages-empty", "`messages: []`",
-         lambda d, f: _score(d, f, {"messages": [], "completion": "x"}), ""),
+         lambda d, f: _score(d, f, {"messages": [], "completion": "x"}),
+         "error: DIR/in.jsonl:1: 'messages' must be a non-empty list of {'role', 'content'} objects "
+         "(pass --skip-bad to skip such lines)"),
     Case("content-list", "a message `content` given as a list of parts",
          lambda d, f: _score(d, f, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-                                    "completion": "x"}), ""),
-    Case("not-json", "an input line that is not JSON", lambda d, f: _score(d, f, "{"), ""),
+                                    "completion": "x"}),
+         "error: DIR/in.jsonl:1: messages[0] must be an object with a string 'role' and a string "
+         "'content' (content given as a list of parts is not supported; join the text parts) (pass "
+         "--skip-bad to skip such lines)"),
+    Case("not-json", "an input line that is not JSON", lambda d, f: _score(d, f, "{"),
+         "error: DIR/in.jsonl:1: not valid JSON (Expecting property name enclosed in double quotes at "
+         "column 1) (pass --skip-bad to skip such lines)"),
     Case("in-equals-out", "`score --in X --out X --overwrite`",
          lambda d, f: ["score", "--model", str(f["tiny"]), "--in", str(_records(d / "x.jsonl", GOOD)),
-                       "--out", str(d / "x.jsonl"), "--overwrite"], ""),
-    Case("disk-full", "the disk filling while records are written", _disk_full, ""),
+                       "--out", str(d / "x.jsonl"), "--overwrite"],
+         "error: --out DIR/x.jsonl is the input file itself; write the scores to another file"),
+    Case("disk-full", "the disk filling while records are written", _disk_full,
+         "error: DIR/out.jsonl: the disk is full; what finished before is kept — free some space, then "
+         "rerun the command with --resume"),
     Case("report-cut-line", "`report` on a store with a line cut in the middle",
-         lambda d, f: ["report", str(_store_copy(d, f, _cut_middle))], ""),
+         lambda d, f: ["report", str(_store_copy(d, f, _cut_middle))],
+         "error: DIR/store/samples.jsonl:2: not a JSON record (a line cut or edited); rerun the command "
+         "that wrote it with --resume (it drops a torn last line), or delete that line"),
     Case("thinkn-torn-end", "`thinkn --from` on a store whose last line is torn",
-         lambda d, f: ["thinkn", "--from", str(_store_copy(d, f, _torn_end)), "--n", "2"], ""),
+         lambda d, f: ["thinkn", "--from", str(_store_copy(d, f, _torn_end)), "--n", "2"],
+         "error: DIR/store/samples.jsonl:4: the last line is cut short (an interrupted write); rerun the "
+         "command that wrote it with --resume (it drops a torn last line), or delete that line"),
     Case("correlate-cut-manifest", "`correlate` on a store whose manifest is cut",
-         lambda d, f: ["correlate", str(_store_copy(d, f, _cut_manifest)), "--out", str(d / "c")], ""),
+         lambda d, f: ["correlate", str(_store_copy(d, f, _cut_manifest)), "--out", str(d / "c")],
+         "error: DIR/store/samples.jsonl.manifest.json: the store's manifest is cut or is not JSON "
+         "(Expecting property name enclosed in double quotes at line 6); regenerate the store "
+         "(`depthlens generate --overwrite`)"),
 ]
 # fmt: on
 
@@ -228,6 +262,13 @@ def test_damaged_catalogue_copy_is_listed_as_damaged(tmp_path, fixtures, monkeyp
     assert (
         f"damaged (model.safetensors has 70188 bytes, 140376 when installed; use --reinstall {name})" in out
     )
+
+
+def main_exits_cleanly() -> None:
+    try:
+        main()
+    except SystemExit as exc:
+        assert exc.code in (0, None)
 
 
 def doc_table() -> str:
