@@ -27,13 +27,21 @@ err_console = Console(stderr=True)
 console = Console()  # results (tables) go to stdout
 
 
-def load_model(model: str, device: str, dtype: str, trust_remote_code: bool) -> LoadedModel:
-    """Load ``model`` for a command, its slow steps shown on a status line."""
+def load_model(
+    model: str,
+    device: str,
+    dtype: str,
+    trust_remote_code: bool,
+    blocks: str | None = None,
+    final_norm: str | None = None,
+    unembed: str | None = None,
+) -> LoadedModel:
+    """Load ``model`` for a command, its slow steps shown on a status line (paths: see ``depthlens.load``)."""
     from depthlens.models.load import load
 
     with err_console.status(f"loading {model}") as status:
         return load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,  # type: ignore[arg-type]
-                    progress=status.update)  # fmt: skip
+                    blocks=blocks, final_norm=final_norm, unembed=unembed, progress=status.update)  # fmt: skip
 
 
 class Terminated(KeyboardInterrupt):

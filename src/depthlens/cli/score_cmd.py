@@ -49,6 +49,9 @@ def score(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.")
     ] = False,
@@ -65,7 +68,7 @@ def score(
                             compile=compile_kernel)  # type: ignore[arg-type]  # fmt: skip
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix)  # type: ignore[arg-type]
     tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral) if tcb else None  # type: ignore[arg-type]
-    lm = load_model(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     with make_progress(err_console) as progress:
         task = progress.add_task("scoring", total=None)
 

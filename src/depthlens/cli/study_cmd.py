@@ -139,6 +139,9 @@ def heatmap(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
 ) -> None:
     """One text's token × layer divergence heatmap (PNG and interactive HTML) and one token's settling plot."""
     import json
@@ -153,7 +156,7 @@ def heatmap(
     if not completion:
         raise InputError("--completion is empty: give the text to read out")
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
-    lm = load_model(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     data = {"id": "text", "completion": completion}
     data.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     with err_console.status("reading out every layer"):

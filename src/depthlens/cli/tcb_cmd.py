@@ -68,6 +68,9 @@ def regimes(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
 ) -> None:
@@ -78,7 +81,7 @@ def regimes(
     from depthlens.viz.tcb import draw_regimes
 
     tcb = TCBConfig(epsilon=epsilon)
-    lm = load_model(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     sets = {"diverse": prompt_set("diverse"), "low_veff": prompt_set("low_veff")}
     settings = {"tcb": tcb.to_dict(), "split": split, "dtype": dtype}
     with (
@@ -103,6 +106,9 @@ def geometry(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
 ) -> None:
@@ -111,7 +117,7 @@ def geometry(
     from depthlens.studies.tcb_studies import prompt_set
     from depthlens.viz.tcb import draw_geometry
 
-    lm = load_model(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     prompts = [p["prompt"] for p in prompt_set("diverse") + prompt_set("low_veff")]
     settings = {"top_k": top_k, "cluster": cluster, "disperse": disperse, "dtype": dtype}
     with (
@@ -144,6 +150,9 @@ def prompts(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
 ) -> None:
@@ -158,7 +167,7 @@ def prompts(
     except ValueError:
         raise InputError(f"--shots {shots!r}: give comma-separated integers such as 0,2") from None
     names = [t.strip() for t in templates.split(",")] if templates else list(TEMPLATES)
-    lm = load_model(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     settings = {"task": task, "task_config": task_config, "templates": names, "shots": shot_list,
                 "max_new_tokens": max_new_tokens, "dtype": dtype}  # fmt: skip
     status = f"{len(names)} templates × {len(shot_list)} shot settings × {questions} questions"
@@ -190,6 +199,9 @@ def trace(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
 ) -> None:
@@ -197,7 +209,7 @@ def trace(
     from depthlens.studies.tcb_studies import DropRule, generation_trace
     from depthlens.viz.tcb import draw_generation_trace
 
-    lm = load_model(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     rule = DropRule(window, factor, max_perplexity)
     settings = {"prompt": prompt, "max_new_tokens": max_new_tokens, "rule": rule.__dict__, "chat": chat,
                 "dtype": dtype}  # fmt: skip

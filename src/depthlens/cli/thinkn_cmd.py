@@ -114,6 +114,9 @@ def _generate(
     device: str,
     dtype: str,
     trust_remote_code: bool,
+    blocks: str | None = None,
+    final_norm_path: str | None = None,
+    unembed: str | None = None,
     also_divergences: str = "",
 ) -> GenerationReport:
     from depthlens.config import DTRConfig, ReadoutConfig
@@ -124,7 +127,7 @@ def _generate(
     readout = ReadoutConfig(divergence=divergence, also=also)  # type: ignore[arg-type]
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
     qs = load_task(task, questions, task_seed, data, parse_task_config(task_config))
-    lm = load_model(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     task_info = {
         "name": task,
         "questions": questions,
@@ -196,6 +199,9 @@ def generate(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
 ) -> None:
@@ -224,6 +230,9 @@ def generate(
         device=device,
         dtype=dtype,
         trust_remote_code=trust_remote_code,
+        blocks=blocks,
+        final_norm_path=final_norm_path,
+        unembed=unembed,
         also_divergences=also_divergences,
     )
 
@@ -311,6 +320,9 @@ def thinkn(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
 ) -> None:
@@ -352,6 +364,9 @@ def thinkn(
             device=device,
             dtype=dtype,
             trust_remote_code=trust_remote_code,
+            blocks=blocks,
+            final_norm_path=final_norm_path,
+            unembed=unembed,
         )
     stored = DTRConfig.from_dict(read_manifest(store)["dtr"])
     dtr = DTRConfig(
