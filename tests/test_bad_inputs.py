@@ -245,7 +245,7 @@ def test_skip_bad_skips_record_level_cases_and_lists_them(tmp_path, fixtures, mo
     bad = [{"id": "v", "prompt_ids": [4], "completion_ids": [5000]}, {"messages": [], "completion": "x"}]
     args = [*_score(tmp_path, fixtures, GOOD, *bad), "--skip-bad"]
     monkeypatch.setattr(sys, "argv", ["depthlens", *args])
-    main()
+    main_exits_cleanly()
     err = capsys.readouterr().err.replace(str(tmp_path), "DIR").replace(str(fixtures["tiny"]), "TINY")
     assert "skipped line 2: line 2 (id 'v'): token id(s) [5000] outside TINY's vocabulary of 101" in err
     assert "skipped line 3: DIR/in.jsonl:3: 'messages' must be a non-empty list" in err
@@ -256,7 +256,7 @@ def test_damaged_catalogue_copy_is_listed_as_damaged(tmp_path, fixtures, monkeyp
     monkeypatch.setenv("COLUMNS", "1000")
     _damaged_catalogue_copy(tmp_path, fixtures)
     monkeypatch.setattr(sys, "argv", ["depthlens", "models"])
-    main()
+    main_exits_cleanly()
     out = capsys.readouterr().out
     name = catalogue.DEFAULT_MODEL
     assert (
