@@ -74,6 +74,16 @@ def continue_command(argv: list[str]) -> str:
     return shlex.join(["depthlens", *args, "--resume"])
 
 
+def _cause(exc: BaseException, kind: type[KeyboardInterrupt]) -> KeyboardInterrupt | None:
+    """The ``kind`` exception ``exc`` was raised from, if any (walking the chain of causes)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _interrupted(exc: KeyboardInterrupt) -> NoReturn:
     what = "terminated" if isinstance(exc, Terminated) else "interrupted"
     if _written:
@@ -102,3 +112,8 @@ def main() -> None:
         sys.exit(2)
     except KeyboardInterrupt as exc:
         _interrupted(exc)
+    except SystemExit as exc:  # typer turns Ctrl-C (and so SIGTERM) into exit code 130 on its own
+        interrupt = _cause(exc, KeyboardInterrupt)
+        if interrupt is None:
+            raise
+        _interrupted(interrupt)
