@@ -287,3 +287,15 @@ if __name__ == "__main__":  # rewrite the doc's table from CASES
     text = DOC.read_text(encoding="utf-8")
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
     DOC.write_text(text[:start] + "\n" + doc_table() + "\n" + text[end:], encoding="utf-8")
+
+
+def test_an_older_install_is_checked_by_its_safetensors_headers(tmp_path, fixtures, monkeypatch):
+    """Markers written before file sizes were recorded hold the GGUF's sha256 only."""
+    monkeypatch.setenv("DEPTHLENS_CACHE", str(tmp_path))
+    name = catalogue.DEFAULT_MODEL
+    copy = catalogue.converted_dir(name)
+    shutil.copytree(fixtures["tiny"], copy)
+    (copy / catalogue.MARKER).write_text(catalogue.CATALOGUE[name].sha256 + "\n")
+    assert catalogue.is_installed(name) and catalogue.damage(name) is None
+    os.truncate(copy / "model.safetensors", 1000)
+    assert catalogue.damage(name) == "model.safetensors cut short or unreadable"

@@ -256,5 +256,6 @@ def test_store_from_an_older_version_without_newer_fields_resumes(tiny_chat, tmp
     assert _store(tiny_chat, tmp_path / "s", pool=2, resume=True).skipped == 6
     from depthlens.config import ReadoutConfig
 
-    with pytest.raises(StoreError, match=r"readout.also: stored \[\], this run \['kl'\]"):  # a non-default value is still a mismatch
+    # a non-default value is still a mismatch
+    with pytest.raises(StoreError, match=r"readout.also: stored \[\], this run \['kl'\]"):
         _store(tiny_chat, tmp_path / "s", pool=2, resume=True, readout=ReadoutConfig(also=("kl",)))
