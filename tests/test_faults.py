@@ -82,7 +82,7 @@ def _commands(tiny: Path, chat: Path, score_input: Path) -> dict[str, tuple[list
 
 
 def _snapshot(out: Path) -> dict[str, object]:
-    """Everything a run leaves, as comparable values (a summary's ``command`` line aside)."""
+    """Everything a run leaves, as comparable values (a summary's ``command`` line and path aside)."""
     files = [out] if out.is_file() else sorted(p for p in out.rglob("*") if p.is_file())
     snap: dict[str, object] = {}
     for path in files:
@@ -92,6 +92,7 @@ def _snapshot(out: Path) -> dict[str, object]:
         if path.suffix == ".json":
             data = json.loads(text)
             data.pop("command", None)
+            data.pop("store", None)  # the store's own path
             snap[path.name] = data
         else:
             snap[path.name] = text
