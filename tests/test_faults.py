@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
+import string
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from depthlens.models import catalogue
 from tests.conftest import tiny_model
 from tests.test_cli import run
 
@@ -29,19 +28,27 @@ SRC = Path(__file__).parent.parent / "src"
 
 @pytest.fixture(scope="module")
 def chat_dir(tmp_path_factory):
-    """A tiny llama with the default model's tokenizer (and chat template), saved where the CLI loads it."""
-    real = catalogue.converted_dir(catalogue.DEFAULT_MODEL)
-    if not (real / "tokenizer.json").is_file():
-        pytest.skip(f"{catalogue.DEFAULT_MODEL} not installed (its tokenizer is borrowed); run `make model`")
+    """The tiny llama with a character-level fast tokenizer and a chat template, saved where the CLI loads it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for char in string.printable:
+        if char not in "\x0b\x0c\r":
+            vocab.setdefault(char, len(vocab))  # 101 tokens: the tiny model's vocabulary
+    chars = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    chars.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    chars.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=chars, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
     path = tmp_path_factory.mktemp("tiny-chat")
-    tiny_model("llama", vocab_size=49152).save_pretrained(path)
-    for file in real.iterdir():
-        if (
-            file.name.startswith("tokenizer")
-            or file.name.startswith("chat_template")
-            or "special" in file.name
-        ):
-            shutil.copy(file, path / file.name)
+    tiny_model("llama").save_pretrained(path)
+    tokenizer.save_pretrained(path)
     return path
 
 
