@@ -130,9 +130,9 @@ CASES = [
          "(struct.error: unpack_from requires a buffer of at least 1048590 bytes for unpacking 8 bytes "
          "at offset 1048582 (actual buffer size is 1048576)); check the file (a whole .gguf, or a "
          "directory with config.json and weights) or download it again"),
-    Case("gguf-20mb", "the first 20 MB of a real GGUF", lambda d, f: _real_gguf_head(d, 20 << 20),
+    Case("gguf-4mb", "the first 4 MB of a real GGUF", lambda d, f: _real_gguf_head(d, 4 << 20),
          "error: could not load model 'DIR/m.gguf': the file is cut short or is not a model (ValueError: "
-         "cannot reshape array of size 19185856 into shape (49152,612)); check the file (a whole .gguf, "
+         "cannot reshape array of size 2408640 into shape (49152,612)); check the file (a whole .gguf, "
          "or a directory with config.json and weights) or download it again"),
     Case("damaged-catalogue-copy", "a catalogue model whose `model.safetensors` was cut short",
          _damaged_catalogue_copy,

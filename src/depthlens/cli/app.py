@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import shlex
 import signal
 import sys
@@ -109,6 +110,15 @@ def main() -> None:
         app()
     except DepthlensError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except (
+        OSError
+    ) as exc:  # a file that cannot be written (disk full, permissions) where no record was at stake
+        where = f"{exc.filename}: " if exc.filename else ""
+        hint = "free some space" if exc.errno == errno.ENOSPC else "check the path and its permissions"
+        err_console.print(
+            f"[bold red]error:[/] {where}{exc.strerror or exc}; {hint}", highlight=False, soft_wrap=True
+        )
         sys.exit(2)
     except KeyboardInterrupt as exc:
         _interrupted(exc)
