@@ -41,6 +41,16 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "phi": {**COMMON, "num_key_value_heads": 4},
     "granite": {**COMMON, "logits_scaling": 4.0},
     "cohere": {**COMMON, "logit_scale": 0.5},
+    "stablelm": COMMON,
+    "lfm2": {**COMMON, "layer_types": ["conv", "full_attention", "conv"], "block_multiple_of": 8},
+    "opt": {**COMMON, "ffn_dim": 64, "word_embed_proj_dim": 32},
+    "bloom": {"hidden_size": 32, "n_layer": 3, "n_head": 4, "vocab_size": V, "bos_token_id": 1, "eos_token_id": 2},
+    "gptj": {"n_embd": 32, "n_layer": 3, "n_head": 4, "n_positions": 256, "rotary_dim": 4, "vocab_size": V,
+             "bos_token_id": 1, "eos_token_id": 2},
+    "gpt_neo": {"hidden_size": 32, "num_layers": 3, "num_heads": 4, "max_position_embeddings": 256,
+                "attention_types": [[["global", "local"], 1], [["global"], 1]], "window_size": 16,
+                "intermediate_size": 64, "vocab_size": V, "bos_token_id": 1, "eos_token_id": 2},
+    "falcon": {**COMMON, "new_decoder_architecture": False, "multi_query": True, "alibi": False},
 }  # fmt: skip
 
 

@@ -122,7 +122,7 @@ def test_killed_run_resumes_to_the_same_store_and_summary(tiny_chat, tmp_path):
     ]
     voting = VotingConfig(n=3, trials=4, prefix=4)
     assert summarise(cut, voting).summaries == summarise(whole, voting).summaries
-    with pytest.raises(StoreError, match="differ"):
+    with pytest.raises(StoreError, match="seed: stored 3, this run 4"):
         _store(tiny_chat, cut, resume=True, seed=4)
 
 
@@ -157,10 +157,10 @@ def test_bad_stores_say_what_is_wrong(tiny_chat, tmp_path):
 def test_summary_files_and_ablation(tiny_chat, tmp_path):
     _store(tiny_chat, tmp_path / "s")
     report = summarise(tmp_path / "s", VotingConfig(n=2, trials=3, prefix=4), with_ablation=True)
-    payload = json.loads((tmp_path / "s" / "thinkn.json").read_text())
+    payload = json.loads((tmp_path / "s" / "thinkn-n2-eta0.5-l4.json").read_text())
     assert [m["method"] for m in payload["methods"]] == [s.method for s in report.summaries]
-    assert (tmp_path / "s" / "thinkn.csv").read_text().startswith("method,accuracy_mean")
-    assert report.ablation and (tmp_path / "s" / "thinkn_ablation.csv").exists()
+    assert (tmp_path / "s" / "thinkn-n2-eta0.5-l4.csv").read_text().startswith("method,accuracy_mean")
+    assert report.ablation and (tmp_path / "s" / "thinkn-n2-eta0.5-l4-ablation.csv").exists()
     cons = next(s for s in report.summaries if s.method == "cons@n")
     think = next(s for s in report.summaries if s.method == "think@n")
     assert think.cost_mean <= cons.cost_mean
@@ -256,5 +256,6 @@ def test_store_from_an_older_version_without_newer_fields_resumes(tiny_chat, tmp
     assert _store(tiny_chat, tmp_path / "s", pool=2, resume=True).skipped == 6
     from depthlens.config import ReadoutConfig
 
-    with pytest.raises(StoreError, match="readout differ"):  # a non-default value is still a mismatch
+    # a non-default value is still a mismatch
+    with pytest.raises(StoreError, match=r"readout.also: stored \[\], this run \['kl'\]"):
         _store(tiny_chat, tmp_path / "s", pool=2, resume=True, readout=ReadoutConfig(also=("kl",)))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import shlex
+import signal
 import sys
-from typing import TYPE_CHECKING, Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -63,8 +67,17 @@ def warn(message: str) -> None:
     err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
 
 
-def load_model(model: str, device: str, dtype: str, trust_remote_code: bool) -> LoadedModel:
-    """Load ``model`` for a command: a first install as a progress display, then a status line."""
+def load_model(
+    model: str,
+    device: str,
+    dtype: str,
+    trust_remote_code: bool,
+    blocks: str | None = None,
+    final_norm: str | None = None,
+    unembed: str | None = None,
+) -> LoadedModel:
+    """Load ``model`` for a command: a first install as a progress display, then a status line (``blocks``,
+    ``final_norm``, ``unembed``: module paths for an architecture without an adapter row, see ``depthlens.load``)."""
     from depthlens.cli.progress import install_with_progress, quiet_transformers
     from depthlens.models.locate import locate
 
@@ -76,7 +89,59 @@ def load_model(model: str, device: str, dtype: str, trust_remote_code: bool) -> 
     quiet_transformers()
     with err_console.status(f"loading {model}") as status:
         return load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,  # type: ignore[arg-type]
-                    progress=status.update, on_offline=warn)  # fmt: skip
+                    blocks=blocks, final_norm=final_norm, unembed=unembed, progress=status.update,
+                    on_offline=warn)  # fmt: skip
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: finished records are on disk already (each is fsynced as it completes)."""
+
+
+def _terminate(_signum: int, _frame: object) -> NoReturn:
+    raise Terminated
+
+
+_written: list[Path] = []  # the JSONL file the running command appends to, once it has opened it
+
+
+def writes_to(path: Path) -> None:
+    """Record that the running command appends its finished records to ``path`` (for the interrupt message)."""
+    _written[:] = [path]
+
+
+def _complete_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as f:
+            return sum(1 for raw in f if raw.endswith(b"\n") and raw.strip())
+    except OSError:
+        return 0
+
+
+def continue_command(argv: list[str]) -> str:
+    """The command line that continues an interrupted run: the same, with --resume instead of --overwrite."""
+    args = [a for a in argv[1:] if a not in ("--overwrite", "--resume")]
+    return shlex.join(["depthlens", *args, "--resume"])
+
+
+def _cause(exc: BaseException, kind: type[KeyboardInterrupt]) -> KeyboardInterrupt | None:
+    """The ``kind`` exception ``exc`` was raised from, if any (walking the chain of causes)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _interrupted(exc: KeyboardInterrupt) -> NoReturn:
+    what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+    if _written:
+        kept = _complete_lines(_written[0])
+        err_console.print(f"{what}: {kept} finished record(s) kept in {_written[0]}", highlight=False)
+        err_console.print(f"continue with: {continue_command(sys.argv)}", highlight=False, soft_wrap=True)
+    else:
+        err_console.print(f"{what} before any record was written", highlight=False)
+    sys.exit(143 if isinstance(exc, Terminated) else 130)
 
 
 # Registration by import: each module adds its command to ``app``.
@@ -85,11 +150,25 @@ from depthlens.cli import models_cmd, score_cmd, study_cmd, tcb_cmd, thinkn_cmd 
 
 def main() -> None:
     """Entry point: a DepthlensError becomes one line on stderr and exit code 2."""
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
     except DepthlensError as exc:
         err_console.print(f"[bold red]error:[/] {error_line(exc)}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        err_console.print("interrupted; finished records are kept — rerun with --resume to continue")
-        sys.exit(130)
+    except (
+        OSError
+    ) as exc:  # a file that cannot be written (disk full, permissions) where no record was at stake
+        where = f"{exc.filename}: " if exc.filename else ""
+        hint = "free some space" if exc.errno == errno.ENOSPC else "check the path and its permissions"
+        err_console.print(
+            f"[bold red]error:[/] {where}{exc.strerror or exc}; {hint}", highlight=False, soft_wrap=True
+        )
+        sys.exit(2)
+    except KeyboardInterrupt as exc:
+        _interrupted(exc)
+    except SystemExit as exc:  # typer turns Ctrl-C (and so SIGTERM) into exit code 130 on its own
+        interrupt = _cause(exc, KeyboardInterrupt)
+        if interrupt is None:
+            raise
+        _interrupted(interrupt)

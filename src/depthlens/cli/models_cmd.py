@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from typing import Annotated
 
 import typer
@@ -18,18 +19,28 @@ def models(
         list[str] | None,
         typer.Option("--install", help="Install this catalogue model (repeatable; 'all' for every one)."),
     ] = None,
+    reinstall: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--reinstall", help="Delete this model's converted copy and install it again (repeatable)."
+        ),
+    ] = None,
 ) -> None:
-    """List the models depthlens can load offline, and whether each is installed."""
+    """List the models depthlens can load offline, and whether each is installed (or damaged)."""
     names = list(catalogue.CATALOGUE) if install and "all" in install else (install or [])
-    for name in names:
+    for name in [*names, *(reinstall or [])]:
         catalogue.entry(name)  # unknown name: error before any download
-    for name in names:
+    for name in reinstall or []:
+        shutil.rmtree(catalogue.converted_dir(name), ignore_errors=True)
+    for name in [*names, *(n for n in reinstall or [] if n not in names)]:
         if catalogue.is_installed(name):
             err_console.print(f"{name}: already installed at {catalogue.converted_dir(name)}")
             continue
         path = install_with_progress(name, err_console)
         err_console.print(f"{name}: installed at {path}")
     # The description sits under the name, so the table fits 80 columns.
+    installed = {name: catalogue.is_installed(name) for name in catalogue.CATALOGUE}
+    damaged = {name: d for name in catalogue.CATALOGUE if installed[name] and (d := catalogue.damage(name))}
     table = Table(title=f"Offline catalogue (cache: {catalogue.cache_dir()})")
     table.add_column("name · description")
     for column in ("layers", "GGUF", "installed"):
@@ -40,6 +51,9 @@ def models(
             f"[bold]{item.name}[/]{default}\n[dim]{item.description}[/]",
             str(item.n_layers),
             f"{item.size_bytes / 1e6:.0f} MB",
-            "[green]yes[/]" if catalogue.is_installed(item.name) else "no",
+            "[red]damaged[/]" if item.name in damaged else "[green]yes[/]" if installed[item.name] else "no",
         )
     console.print(table)
+    for name, damage in damaged.items():  # below the table: the explanation would not fit a column
+        err_console.print(f"{name} is damaged ({damage}); reinstall it with: depthlens models --reinstall {name}",
+                          highlight=False, soft_wrap=True)  # fmt: skip

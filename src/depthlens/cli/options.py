@@ -37,6 +37,20 @@ DType = Annotated[
     typer.Option(help="Weights dtype: auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16."),
 ]
 TrustRemoteCode = Annotated[bool, typer.Option(help="Allow the checkpoint's own Python code to run.")]
+# Architectures without an adapter row: where their parts are (dotted attribute paths from the *ForCausalLM).
+Blocks = Annotated[
+    str | None, typer.Option("--blocks", help="Unknown architecture: path to the blocks, e.g. model.layers.")
+]
+FinalNormPath = Annotated[
+    str | None,
+    typer.Option("--final-norm-path", help="Unknown architecture: path to the final norm, e.g. model.norm."),
+]
+Unembed = Annotated[
+    str | None,
+    typer.Option(
+        "--unembed", help="Unknown architecture: path to the unembedding (default: the output embeddings)."
+    ),
+]
 InFile = Annotated[
     Path,
     typer.Option(

@@ -8,10 +8,18 @@ import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console, load_model, warn
+from depthlens.cli.app import app, console, err_console, load_model, warn, writes_to
 from depthlens.cli.progress import make_progress
 
 D = opt.DEFAULTS
+
+
+def _say_rescored(ids: list[str]) -> None:
+    if ids:
+        shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+        err_console.print(
+            f"{len(ids)} input record(s) changed since they were scored; scoring again: {shown}"
+        )
 
 
 @app.command("score", short_help="Score responses: DTR, settling depth, baselines, TCB.")
@@ -42,6 +50,9 @@ def score(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.")
     ] = False,
@@ -77,17 +88,18 @@ def score(
         warn(f"{in_path} has no records; {out_path} will be empty")
     for line in degenerate_settings(readout, dtr):
         warn(line)
-    lm = load_model(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     with make_progress(err_console) as progress:
         task = progress.add_task("scoring", total=None)
 
         def on_start(total: int, done: int) -> None:
+            writes_to(out_path)
             progress.update(task, total=total, completed=done)
 
         skipped = score_file(
             lm, in_path, out_path, readout=readout, dtr=dtr, tcb=tcb_config, tokens=tokens, batch_size=batch_size,
             resume=resume, overwrite=overwrite, skip_bad=skip_bad,
-            on_start=on_start, on_record=lambda _: progress.advance(task),
+            on_start=on_start, on_record=lambda _: progress.advance(task), on_rescore=_say_rescored,
         )  # fmt: skip
     for bad in skipped:
         err_console.print(f"skipped line {bad.line}: {bad.reason}", highlight=False, soft_wrap=True)

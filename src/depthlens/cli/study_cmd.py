@@ -147,6 +147,9 @@ def heatmap(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
 ) -> None:
     """One text's token × layer divergence heatmap (PNG and interactive HTML) and one token's settling plot."""
     import json
@@ -166,7 +169,7 @@ def heatmap(
     readout = ReadoutConfig(divergence=divergence)  # type: ignore[arg-type]
     for line in degenerate_settings(readout, dtr):
         warn(line)
-    lm = load_model(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     data = {"id": "text", "completion": completion}
     data.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     with err_console.status("reading out every layer"):

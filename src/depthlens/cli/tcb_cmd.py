@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,7 +12,7 @@ import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console, load_model
+from depthlens.cli.app import app, console, err_console, load_model, writes_to
 
 tcb_app = typer.Typer(
     help="Token Constraint Bound studies: regimes, geometry, prompts, trace (docs/definitions.md §6).",
@@ -20,6 +22,26 @@ app.add_typer(tcb_app, name="tcb", short_help="The Token Constraint Bound paper'
 
 D = opt.DEFAULTS
 OutDir = Annotated[Path, typer.Option("--out", file_okay=False, help="Directory for the table and figure.")]
+
+
+Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted study in the same --out.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Start the study again in an existing --out.")]
+
+
+@contextlib.contextmanager
+def _units(
+    out: Path, name: str, model: str, settings: dict[str, Any], resume: bool, overwrite: bool
+) -> Iterator[tuple[dict[str, Any], Callable[[str, Any], None]]]:
+    """The study's finished units (from ``<out>/<name>.progress.jsonl`` on --resume) and the callback that
+    appends each new one there as it finishes (fsynced: a kill loses at most the unit in flight)."""
+    from depthlens.studies.records import ResultWriter, iter_jsonl
+
+    path = out / f"{name}.progress.jsonl"
+    manifest = {"study": name, "model": model, "settings": settings, "command": " ".join(sys.argv)}
+    with ResultWriter(path, manifest, resume=resume, overwrite=overwrite) as writer:
+        writes_to(path)
+        done = {str(r["id"]): r["rows"] for r in iter_jsonl(path) if "rows" in r} if writer.done else {}
+        yield done, lambda key, rows: writer.write({"id": key, "rows": rows})
 
 
 def _finish(out: Path, name: str, result: dict[str, Any], figure: Path) -> None:
@@ -51,6 +73,11 @@ def regimes(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
+    resume: Resume = False,
+    overwrite: Overwrite = False,
 ) -> None:
     """corr(δ, √V_eff) and corr(δ, margin) on the diverse vs the low-V_eff prompt set (paper Table 1)."""
     from depthlens.config import TCBConfig
@@ -59,10 +86,14 @@ def regimes(
     from depthlens.viz.tcb import draw_regimes
 
     tcb = TCBConfig(epsilon=epsilon)
-    lm = load_model(model, device, dtype, trust_remote_code)
-    with err_console.status("regimes"):
-        result = run(lm, {"diverse": prompt_set("diverse"), "low_veff": prompt_set("low_veff")}, tcb, split)
-    out.mkdir(parents=True, exist_ok=True)
+    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+    sets = {"diverse": prompt_set("diverse"), "low_veff": prompt_set("low_veff")}
+    settings = {"tcb": tcb.to_dict(), "split": split, "dtype": dtype}
+    with (
+        _units(out, "regimes", model, settings, resume, overwrite) as (done, on_unit),
+        err_console.status("regimes"),
+    ):
+        result = run(lm, sets, tcb, split, done, on_unit)
     _finish(out, "regimes", result, draw_regimes(result, out / "regimes.png"))
 
 
@@ -82,17 +113,25 @@ def geometry(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
+    resume: Resume = False,
+    overwrite: Overwrite = False,
 ) -> None:
     """How often δ_cluster > δ_orig > δ_disperse with o fixed, by V_eff band (paper Table 2)."""
     from depthlens.studies.tcb_studies import geometry as run
     from depthlens.studies.tcb_studies import prompt_set
     from depthlens.viz.tcb import draw_geometry
 
-    lm = load_model(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     prompts = [p["prompt"] for p in prompt_set("diverse") + prompt_set("low_veff")]
-    with err_console.status("geometry"):
-        result = run(lm, prompts, top_k, cluster, disperse)
-    out.mkdir(parents=True, exist_ok=True)
+    settings = {"top_k": top_k, "cluster": cluster, "disperse": disperse, "dtype": dtype}
+    with (
+        _units(out, "geometry", model, settings, resume, overwrite) as (done, on_unit),
+        err_console.status("geometry"),
+    ):
+        result = run(lm, prompts, top_k, cluster, disperse, done, on_unit)
     _finish(out, "geometry", result, draw_geometry(result, out / "geometry.png"))
 
 
@@ -118,6 +157,11 @@ def prompts(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
+    resume: Resume = False,
+    overwrite: Overwrite = False,
 ) -> None:
     """Accuracy, answer perplexity and δ per prompt template × k-shot, greedy answers (paper §4.3–4.4)."""
     from depthlens.errors import InputError
@@ -137,14 +181,16 @@ def prompts(
         )
     parsed_config = parse_task_config(task_config)
     load_task(task, 1, config=parsed_config)  # an unknown task or setting fails now, before the model loads
-    lm = load_model(model, device, dtype, trust_remote_code)
-    with err_console.status(
-        f"{len(names)} templates × {len(shot_list)} shot settings × {questions} questions"
+    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+    settings = {"task": task, "task_config": task_config, "templates": names, "shots": shot_list,
+                "max_new_tokens": max_new_tokens, "dtype": dtype}  # fmt: skip
+    status = f"{len(names)} templates × {len(shot_list)} shot settings × {questions} questions"
+    with (
+        _units(out, "prompts", model, settings, resume, overwrite) as (done, on_unit),
+        err_console.status(status),
     ):
-        result = prompt_variants(
-            lm, task, questions, names, shot_list, max_new_tokens, task_config=parsed_config
-        )
-    out.mkdir(parents=True, exist_ok=True)
+        result = prompt_variants(lm, task, questions, names, shot_list, max_new_tokens,
+                                 task_config=parsed_config, done=done, on_unit=on_unit)  # fmt: skip
     _finish(out, "prompts", result, draw_prompt_variants(result, out / "prompts.png"))
 
 
@@ -169,14 +215,24 @@ def trace(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
+    resume: Resume = False,
+    overwrite: Overwrite = False,
 ) -> None:
     """δ and perplexity per generated token, sharp δ drops at low perplexity flagged (paper §4.5)."""
     from depthlens.studies.tcb_studies import DropRule, generation_trace
     from depthlens.viz.tcb import draw_generation_trace
 
-    lm = load_model(model, device, dtype, trust_remote_code)
-    with err_console.status("generating"):
-        result = generation_trace(lm, prompt, max_new_tokens, DropRule(window, factor, max_perplexity), chat)
-    out.mkdir(parents=True, exist_ok=True)
+    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+    rule = DropRule(window, factor, max_perplexity)
+    settings = {"prompt": prompt, "max_new_tokens": max_new_tokens, "rule": rule.__dict__, "chat": chat,
+                "dtype": dtype}  # fmt: skip
+    with (
+        _units(out, "trace", model, settings, resume, overwrite) as (done, on_unit),
+        err_console.status("generating"),
+    ):
+        result = generation_trace(lm, prompt, max_new_tokens, rule, chat, done, on_unit)
     _finish(out, "trace", result, draw_generation_trace(result, out / "trace.png"))
     console.print(result["summary"]["text"], highlight=False)

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console, load_model, warn
+from depthlens.cli.app import app, console, err_console, load_model, warn, writes_to
 from depthlens.cli.progress import make_progress
 from depthlens.config import SamplingConfig, VotingConfig
 from depthlens.errors import InputError
@@ -118,6 +118,9 @@ def _generate(
     device: str,
     dtype: str,
     trust_remote_code: bool,
+    blocks: str | None = None,
+    final_norm_path: str | None = None,
+    unembed: str | None = None,
     also_divergences: str = "",
 ) -> GenerationReport:
     from depthlens.config import DTRConfig, ReadoutConfig, degenerate_settings
@@ -147,12 +150,13 @@ def _generate(
         check_output(samples, manifest, resume, overwrite, MANIFEST_DEFAULTS)
     for line in degenerate_settings(readout, dtr):
         warn(line)
-    lm = load_model(model, device, dtype, trust_remote_code)
+    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     with make_progress(err_console) as progress:
         responses = progress.add_task("responses", total=None)
         tokens = progress.add_task("tokens", total=None)
 
         def on_start(total: int, done: int) -> None:
+            writes_to(out / SAMPLES)
             progress.update(responses, total=total, completed=done)
 
         report = generate_store(
@@ -172,6 +176,8 @@ def _generate(
             on_batch=lambda n: progress.advance(responses, n),
             on_token=lambda n: progress.advance(tokens, n),
         )
+    for line in report.changed:
+        err_console.print(f"resumed with a changed setting: {line}", highlight=False, soft_wrap=True)
     grades = ", ".join(f"{k} {v}" for k, v in sorted(report.grades.items()))
     err_console.print(
         f"wrote {report.written} responses ({report.tokens} tokens; {grades or 'none graded'}) to {out}"
@@ -209,6 +215,9 @@ def generate(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
 ) -> None:
@@ -240,6 +249,9 @@ def generate(
         device=device,
         dtype=dtype,
         trust_remote_code=trust_remote_code,
+        blocks=blocks,
+        final_norm_path=final_norm_path,
+        unembed=unembed,
         also_divergences=also_divergences,
     )
 
@@ -331,6 +343,9 @@ def thinkn(
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
 ) -> None:
@@ -340,7 +355,7 @@ def thinkn(
     The methods are defined in docs/definitions.md §5.
     """
     from depthlens.config import DTRConfig
-    from depthlens.studies.thinkn import read_manifest, summarise
+    from depthlens.studies.thinkn import read_manifest, summarise, summary_stem
 
     voting = VotingConfig(n=n, eta=eta, prefix=_prefix(prefix), trials=trials, seed=seed)
     method_list = [m.strip() for m in methods.split(",")] if methods else None
@@ -381,6 +396,9 @@ def thinkn(
             device=device,
             dtype=dtype,
             trust_remote_code=trust_remote_code,
+            blocks=blocks,
+            final_norm_path=final_norm_path,
+            unembed=unembed,
         )
     stored = DTRConfig.from_dict(read_manifest(store)["dtr"])
     dtr = DTRConfig(
@@ -389,11 +407,12 @@ def thinkn(
         deep_rule=stored.deep_rule if deep_rule is None else deep_rule,  # type: ignore[arg-type]
     )
     with err_console.status("voting"):
-        report = summarise(store, voting, dtr, method_list, with_ablation=ablation)
+        report = summarise(store, voting, dtr, method_list, with_ablation=ablation, overwrite=overwrite)
     print_report(report)
     if report.voting.trials > 1 and report.info.manifest["pool"] == n:
         err_console.print("note: pool = n, so every trial draws the same responses (std 0); use --pool > n")
-    err_console.print(f"summary: {store / 'thinkn.json'}, {store / 'thinkn.csv'}")
+    stem = store / summary_stem(report.voting)
+    err_console.print(f"summary: {stem}.json, {stem}.csv")
 
 
 @app.command("tasks")

@@ -46,9 +46,10 @@ class Adapter:
 
 _DECODER = Adapter(blocks="model.layers", final_norm="model.norm", unembed="lm_head")
 _SOFTCAP = LogitPost("softcap", "final_logit_softcapping")
+_TRANSFORMER_H = Adapter(blocks="transformer.h", final_norm="transformer.ln_f", unembed="lm_head")
 
 ADAPTERS: dict[str, Adapter] = {
-    "gpt2": Adapter(blocks="transformer.h", final_norm="transformer.ln_f", unembed="lm_head"),
+    "gpt2": _TRANSFORMER_H,
     "gpt_neox": Adapter(
         blocks="gpt_neox.layers", final_norm="gpt_neox.final_layer_norm", unembed=("lm_head", "embed_out")
     ),
@@ -74,6 +75,17 @@ ADAPTERS: dict[str, Adapter] = {
     "phi": Adapter(blocks="model.layers", final_norm="model.final_layernorm", unembed="lm_head"),
     "granite": dataclasses.replace(_DECODER, logit_post=LogitPost("divide", "logits_scaling")),
     "cohere": dataclasses.replace(_DECODER, logit_post=LogitPost("multiply", "logit_scale")),
+    "stablelm": _DECODER,
+    # LFM2 names its final norm after where the embedding would be tied; it is applied after the last block.
+    "lfm2": Adapter(blocks="model.layers", final_norm="model.embedding_norm", unembed="lm_head"),
+    # OPT with word_embed_proj_dim != hidden_size (opt-350m) projects after the norm: not covered by this row.
+    "opt": Adapter(
+        blocks="model.decoder.layers", final_norm="model.decoder.final_layer_norm", unembed="lm_head"
+    ),
+    "bloom": _TRANSFORMER_H,
+    "gptj": _TRANSFORMER_H,
+    "gpt_neo": _TRANSFORMER_H,
+    "falcon": _TRANSFORMER_H,
 }
 
 
@@ -121,6 +133,9 @@ def _get_path(root: nn.Module, path: str) -> object | None:
     return obj
 
 
+_FLAGS = {"blocks": "blocks", "final_norm": "final-norm-path", "unembed": "unembed"}
+
+
 def _resolve(model: nn.Module, path: Path, what: str, model_type: str, flag: str) -> nn.Module:
     candidates = (path,) if isinstance(path, str) else path
     for candidate in candidates:
@@ -129,8 +144,21 @@ def _resolve(model: nn.Module, path: Path, what: str, model_type: str, flag: str
             return found
     raise UnsupportedArchitectureError(
         f"model_type {model_type!r}: could not find the {what} at {' or '.join(candidates)}; "
-        f"pass {flag}= with its dotted attribute path from {type(model).__name__}"
+        f"pass {flag}= (--{_FLAGS[flag]}) with its dotted attribute path from {type(model).__name__}"
     )
+
+
+def _unembedding(model: nn.Module, explicit: str | None, path: Path, model_type: str) -> nn.Module:
+    """The unembedding at its path; where the row's path is missing, the model's own output embeddings."""
+    if explicit:
+        return _resolve(model, explicit, "unembedding", model_type, "unembed")
+    try:
+        return _resolve(model, path, "unembedding", model_type, "unembed")
+    except UnsupportedArchitectureError:
+        found = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if isinstance(found, nn.Module):
+            return found
+        raise
 
 
 def _make_post(post: LogitPost | None, config: object) -> LogitPostFn | None:
@@ -147,8 +175,9 @@ def adapter_for(model_type: str) -> Adapter:
     except KeyError:
         raise UnsupportedArchitectureError(
             f"model_type {model_type!r} has no adapter (known: {', '.join(sorted(ADAPTERS))}); "
-            "pass blocks=, final_norm= and unembed= (dotted attribute paths, e.g. 'model.layers', "
-            "'model.norm', 'lm_head') or add a row in depthlens/models/adapters.py"
+            "pass blocks=, final_norm= and unembed= (on the command line --blocks, --final-norm-path, "
+            "--unembed: dotted attribute paths, e.g. 'model.layers', 'model.norm', 'lm_head'; the unembedding "
+            "defaults to the model's output embeddings) or add a row in depthlens/models/adapters.py"
         ) from None
 
 
@@ -162,20 +191,21 @@ def resolve_parts(
     """Locate blocks, final norm, unembedding and logit post-processing of ``model``.
 
     Explicit paths override the table; when all three are given an unknown architecture is accepted
-    (with no logit post-processing, which the last-layer check in ``readout`` would expose).
+    (with no logit post-processing, which the last-layer check in ``readout`` would expose). For an unknown
+    architecture the unembedding may be left out: ``get_output_embeddings()`` supplies it.
     """
     config = model.config
     # Multimodal wrappers keep the language model's settings under text_config.
     text_config = getattr(config, "text_config", None) or config
     model_type = getattr(config, "model_type", "unknown")
-    if blocks and final_norm and unembed and model_type not in ADAPTERS:
-        row = Adapter(blocks=blocks, final_norm=final_norm, unembed=unembed)
+    if blocks and final_norm and model_type not in ADAPTERS:
+        row = Adapter(blocks=blocks, final_norm=final_norm, unembed=unembed or "lm_head")
     else:
         row = adapter_for(model_type)
     return ModelParts(
         blocks=_resolve(model, blocks or row.blocks, "transformer blocks", model_type, "blocks"),  # type: ignore[arg-type]
         final_norm=_resolve(model, final_norm or row.final_norm, "final norm", model_type, "final_norm"),
-        unembed=_resolve(model, unembed or row.unembed, "unembedding", model_type, "unembed"),
+        unembed=_unembedding(model, unembed, row.unembed, model_type),
         logit_post=_make_post(row.logit_post, text_config),
         last_hidden_normed=row.last_hidden_normed,
     )

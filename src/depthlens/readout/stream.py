@@ -173,11 +173,18 @@ def _pad_batch(sequences: Sequence[TokenSequence], pad_id: int) -> torch.Tensor:
 
 
 def validate(lm: LoadedModel, seq: TokenSequence, what: str) -> None:
-    """Raise InputError if ``seq`` cannot be read out by ``lm`` (empty prompt, too long)."""
+    """Raise InputError if ``seq`` cannot be read out by ``lm`` (empty prompt, unknown token ids, too long)."""
     if not seq.prompt_ids:
         raise InputError(
             f"{what}: the prompt is empty, so no position predicts the first completion token; "
             "give at least one prompt token (e.g. the tokenizer's BOS)"
+        )
+    n_vocab = lm.model.get_input_embeddings().num_embeddings
+    out_of_range = [i for i in (*seq.prompt_ids, *seq.completion_ids) if not 0 <= i < n_vocab]
+    if out_of_range:
+        raise InputError(
+            f"{what}: token id(s) {out_of_range[:5]} outside {lm.name}'s vocabulary of {n_vocab}; "
+            "token ids must come from this model's tokenizer"
         )
     total = len(seq.prompt_ids) + len(seq.completion_ids)
     limit = lm.max_positions

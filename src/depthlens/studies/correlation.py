@@ -33,7 +33,7 @@ from depthlens.metrics.dtr import (
 )
 from depthlens.metrics.stats import binned_correlation, bootstrap_ci, point_biserial, quantile_bins, spearman
 from depthlens.studies.records import iter_jsonl
-from depthlens.studies.thinkn import REQUIRED, SAMPLES, read_manifest
+from depthlens.studies.thinkn import REQUIRED, SAMPLES, damaged_record, read_manifest
 
 KIND_FIELD = {"kl": "divergence_kl", "cosine": "divergence_cosine", "jsd": "divergence_jsd",
               "jsd-nat": "divergence_jsd-nat"}  # fmt: skip
@@ -120,22 +120,25 @@ def load_store(path: Path) -> Store:
                 f"{path / SAMPLES}:{line}: missing field(s) {missing}; the store is damaged or was not "
                 "written by `depthlens generate`"
             )
-        divergence = {kinds[0]: record["divergence"], **{k: record[KIND_FIELD[k]] for k in kinds[1:]}}
-        responses.append(
-            StoredResponse(
-                question_id=str(record["question_id"]),
-                correct=bool(record["correct"]),
-                n_tokens=int(record["n_tokens"]),
-                token_ids=list(record.get("token_ids", [])),
-                log_prob=np.asarray(record["log_prob"], dtype=np.float64),
-                entropy=np.asarray(record["entropy"], dtype=np.float64),
-                self_certainty=np.asarray(record["self_certainty"], dtype=np.float64),
-                divergence={
-                    k: torch.tensor(v, dtype=torch.float32).reshape(-1, n_layers)
-                    for k, v in divergence.items()
-                },
+        try:
+            divergence = {kinds[0]: record["divergence"], **{k: record[KIND_FIELD[k]] for k in kinds[1:]}}
+            responses.append(
+                StoredResponse(
+                    question_id=str(record["question_id"]),
+                    correct=bool(record["correct"]),
+                    n_tokens=int(record["n_tokens"]),
+                    token_ids=list(record.get("token_ids", [])),
+                    log_prob=np.asarray(record["log_prob"], dtype=np.float64),
+                    entropy=np.asarray(record["entropy"], dtype=np.float64),
+                    self_certainty=np.asarray(record["self_certainty"], dtype=np.float64),
+                    divergence={
+                        k: torch.tensor(v, dtype=torch.float32).reshape(-1, n_layers)
+                        for k, v in divergence.items()
+                    },
+                )
             )
-        )
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise damaged_record(path / SAMPLES, line, exc) from None
     return Store(path, manifest, responses, failed)
 
 

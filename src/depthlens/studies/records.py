@@ -2,16 +2,21 @@
 
 Input: one JSON object per line with an optional ``id`` and either ``prompt`` + ``completion`` (text),
 ``messages`` (chat, rendered with the model's template) + ``completion``, or ``prompt_ids`` + ``completion_ids``.
-Output: one JSON object per finished record, appended and flushed as it completes, plus ``<out>.manifest.json``
-holding the configuration; ``resume`` re-opens the file, drops a torn last line and reports the finished ids.
+Output: one JSON object per finished record, appended and fsynced as it completes, plus ``<out>.manifest.json``
+holding the configuration (written whole to a temporary name, then renamed); ``resume`` re-opens the file,
+drops a torn last line and reports the finished ids. See docs/reliability.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
+import hashlib
 import json
 import os
-from collections.abc import Iterator
+import signal
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,6 +31,9 @@ _SHAPES = (
     ("messages", "completion"),
     ("prompt_ids", "completion_ids"),
 )
+# Fault injection for the tests (tests/test_faults.py): after this many records the process SIGKILLs itself
+# halfway through writing the next one, leaving the torn line a real kill -9 or power cut would.
+_KILL_AFTER = "DEPTHLENS_FAULT_KILL_AFTER"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,11 +42,28 @@ class InputRecord:
     line: int  # 1-based line in the input file (0 for records passed from Python)
     data: dict[str, Any]
 
+    @property
+    def digest(self) -> str:
+        """A hash of the record's content: a resumed run rescoring changed records compares it."""
+        text = json.dumps(self.data, sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
 
 @dataclasses.dataclass(frozen=True)
 class BadLine:
     line: int
     reason: str
+
+
+def _check_messages(msgs: object, where: str) -> None:
+    if not isinstance(msgs, list) or not msgs:
+        raise InputError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
+    for i, m in enumerate(msgs):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise InputError(
+                f"{where}: messages[{i}] must be an object with a string 'role' and a string 'content' "
+                "(content given as a list of parts is not supported; join the text parts)"
+            )
 
 
 def check_record(data: object, where: str) -> None:
@@ -54,12 +79,12 @@ def check_record(data: object, where: str) -> None:
     if shape[0] == "prompt_ids":
         for key in shape:
             ids = data[key]
-            if not isinstance(ids, list) or not all(isinstance(i, int) and i >= 0 for i in ids):
+            if not isinstance(ids, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+            ):
                 raise InputError(f"{where}: '{key}' must be a list of non-negative integers")
     elif shape[0] == "messages":
-        msgs = data["messages"]
-        if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m for m in msgs):
-            raise InputError(f"{where}: 'messages' must be a list of {{'role', 'content'}} objects")
+        _check_messages(data["messages"], where)
     if shape[0] != "prompt_ids":
         for key in (k for k in shape if k != "messages"):
             if not isinstance(data[key], str):
@@ -73,16 +98,22 @@ def read_records(path: Path, skip_bad: bool = False) -> tuple[list[InputRecord],
     records: list[InputRecord] = []
     bad: list[BadLine] = []
     seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as f:
-        for number, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
             where = f"{path}:{number}"
             try:
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise InputError(f"{where}: not UTF-8 text (byte {exc.start + 1})") from None
+                if not text.strip():
+                    continue
                 try:
                     data = json.loads(text)
                 except json.JSONDecodeError as exc:
                     raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+                except RecursionError:
+                    raise InputError(f"{where}: JSON nested too deeply") from None
                 check_record(data, where)
                 record_id = str(data.get("id", f"line-{number}"))
                 if record_id in seen:
@@ -101,17 +132,72 @@ def manifest_path(out: Path) -> Path:
     return out.with_name(out.name + ".manifest.json")
 
 
-def _finished_ids(out: Path) -> set[str]:
-    """Ids already written to ``out``; a torn last line (a crash mid-write) is cut off."""
-    done: set[str] = set()
+def read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
+    """A whole JSON object from ``path`` (a manifest, a summary); a cut or foreign file raises StoreError."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        detail = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else "not text"
+        raise StoreError(f"{path}: the {what} is cut or is not JSON ({detail}); {fix}") from None
+    if not isinstance(data, dict):
+        raise StoreError(f"{path}: the {what} is not a JSON object; {fix}")
+    return data
+
+
+def write_json(path: Path, data: object) -> None:
+    """Write ``data`` whole or not at all: to a temporary name, fsynced, then renamed over ``path``."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise write_error(path, exc) from exc
+
+
+def write_error(path: Path, exc: OSError) -> StoreError:
+    """An OSError while writing ``path`` as a one-line error (a full disk above all)."""
+    if exc.errno == errno.ENOSPC:
+        return StoreError(
+            f"{path}: the disk is full; what finished before is kept — free some space, then rerun the command "
+            "with --resume"
+        )
+    return StoreError(f"{path}: could not write ({exc.strerror or exc}); check the path and its permissions")
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a results file or store; a cut or foreign line raises StoreError naming it."""
+    fix = "rerun the command that wrote it with --resume (it drops a torn last line), or delete that line"
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{number}"
+            if not raw.endswith(b"\n"):
+                raise StoreError(f"{where}: the last line is cut short (an interrupted write); {fix}")
+            try:
+                record = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                raise StoreError(f"{where}: not a JSON record (a line cut or edited); {fix}") from None
+            if not isinstance(record, dict):
+                raise StoreError(f"{where}: not a JSON object; {fix}")
+            yield record
+
+
+def _finished(out: Path) -> list[str]:
+    """Ids already written to ``out`` in order; a torn last line (a crash mid-write) is cut off."""
+    done: list[str] = []
     good_bytes = 0
     with out.open("rb") as f:
         for raw in f:
             if not raw.endswith(b"\n"):
                 break
             try:
-                done.add(str(json.loads(raw)["id"]))
-            except (json.JSONDecodeError, KeyError, TypeError):
+                done.append(str(json.loads(raw)["id"]))
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
                 break
             good_bytes += len(raw)
     if good_bytes != out.stat().st_size:
@@ -120,20 +206,91 @@ def _finished_ids(out: Path) -> set[str]:
     return done
 
 
+def _flatten(value: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict):
+        flat: dict[str, object] = {}
+        for k, v in value.items():
+            flat.update(_flatten(v, f"{prefix}{k}."))
+        return flat or {prefix[:-1]: {}}
+    return {prefix[:-1]: value}
+
+
+def settings_differ(previous: dict[str, Any], current: dict[str, Any], ignore: Collection[str]) -> list[str]:
+    """``key: stored X, now Y`` for each setting (dotted, nested) that differs, ``ignore``d keys left out."""
+    old, new = _flatten(previous), _flatten(current)
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        if key in ignore or key.split(".")[0] in ignore:
+            continue
+        if old.get(key, "(absent)") != new.get(key, "(absent)"):
+            lines.append(f"{key}: stored {old.get(key, '(absent)')!r}, this run {new.get(key, '(absent)')!r}")
+    return lines
+
+
+def _stale(stored: object, hashes: dict[str, str] | None, finished: list[str]) -> set[str]:
+    """Finished ids whose input record changed since they were written (unknown without stored hashes)."""
+    if not isinstance(stored, dict) or hashes is None:
+        return set()
+    return {i for i in finished if i in stored and i in hashes and stored[i] != hashes[i]}
+
+
+def _drop(out: Path, ids: set[str]) -> None:
+    """Rewrite ``out`` without the records ``ids`` (to a temporary name, then renamed: never half-done)."""
+    tmp = out.with_name(out.name + ".tmp")
+    with out.open("rb") as src, tmp.open("wb") as dst:
+        for raw in src:
+            if str(json.loads(raw)["id"]) not in ids:
+                dst.write(raw)
+        dst.flush()
+        os.fsync(dst.fileno())
+    tmp.replace(out)
+
+
+def _reopen_truncated(out: Path, size: int, handle: TextIO) -> TextIO:
+    with contextlib.suppress(OSError):  # the failed write's buffer cannot be flushed either
+        handle.close()
+    with out.open("r+b") as f:
+        f.truncate(size)
+    return out.open("a", encoding="utf-8")
+
+
+def _comparable(
+    stored: dict[str, Any],
+    manifest: dict[str, Any],
+    defaults: dict[str, dict[str, Any]] | None,
+    extend: Collection[str],
+) -> dict[str, Any]:
+    """The stored settings as this run would have written them: newer fields at their ``defaults``, ``extend``ed
+    lists grown to this run's when the stored one is a prefix, keys this run leaves out (e.g. ``n_layers`` before
+    the model is loaded) dropped."""
+    previous = {k: v for k, v in stored.items() if k in manifest}
+    for key, values in (defaults or {}).items():
+        if isinstance(previous.get(key), dict):
+            previous[key] = {**values, **previous[key]}
+    for key in extend:
+        old, new = previous.get(key), manifest.get(key)
+        if isinstance(old, list) and isinstance(new, list) and new[: len(old)] == old:
+            previous[key] = new
+    return previous
+
+
+_UNCOMPARED = {"command", "started", "input_hashes"}
+
+
 def check_output(
     out: Path,
     manifest: dict[str, Any] | None,
     resume: bool,
     overwrite: bool = False,
     defaults: dict[str, dict[str, Any]] | None = None,
+    free: Collection[str] = (),
+    extend: Collection[str] = (),
 ) -> bool:
     """Whether writing to ``out`` resumes it; raise StoreError when it may not be written at all.
 
-    Needs no model, so commands call it before loading one. ``manifest`` holds the settings to compare with the
-    stored run's (only its keys are compared: the model's layer count can be left out before loading; None
-    skips the comparison). ``defaults``: per settings entry of the manifest (e.g. ``readout``), the values a
-    field had before it existed — so a run written by an older depthlens, whose manifest lacks a newer field,
-    still resumes when this run leaves that field at its default.
+    Needs no model, so commands call it before loading one. ``manifest`` holds this run's settings (only its keys
+    are compared: the model's layer count can be left out before loading; None skips the comparison); ``free``,
+    ``extend`` and ``defaults`` as in ``ResultWriter``. A refusal names every setting that differs.
     """
     meta = manifest_path(out)
     exists = out.exists() and out.stat().st_size > 0
@@ -141,17 +298,14 @@ def check_output(
         if not meta.exists():
             raise StoreError(f"{out} has no manifest ({meta.name}); it was not written by depthlens")
         if manifest is not None:
-            previous = json.loads(meta.read_text())
-            for key, values in (defaults or {}).items():
-                if isinstance(previous.get(key), dict):
-                    previous[key] = {**values, **previous[key]}
-            mismatch = [
-                k for k in manifest if k not in ("command", "started") and previous.get(k) != manifest[k]
-            ]
+            stored = read_json(meta, "manifest", "use --overwrite to start again, or a new --out")
+            previous = _comparable(stored, manifest, defaults, extend)
+            mismatch = settings_differ(previous, manifest, {*_UNCOMPARED, *free})
             if mismatch:
                 raise StoreError(
-                    f"cannot resume {out}: its {', '.join(mismatch)} differ from this run's; "
-                    "use the same options, or a new --out"
+                    f"cannot resume {out}: "
+                    + "; ".join(mismatch)
+                    + " — use the stored settings, or a new --out"
                 )
         return True
     if exists and not overwrite:
@@ -160,7 +314,7 @@ def check_output(
 
 
 class ResultWriter:
-    """Appends one JSON line per finished record and flushes it, so an interrupted run keeps its work."""
+    """Appends one JSON line per finished record and fsyncs it, so an interrupted run keeps its work."""
 
     def __init__(
         self,
@@ -169,37 +323,84 @@ class ResultWriter:
         resume: bool,
         overwrite: bool = False,
         defaults: dict[str, dict[str, Any]] | None = None,
+        free: Collection[str] = (),
+        extend: Collection[str] = (),
+        hashes: dict[str, str] | None = None,
     ) -> None:
-        """``manifest`` is written beside ``out`` (or compared with the stored one), see ``check_output``."""
+        """Open ``out`` for a new run, or (``resume``) for continuing one written with the same settings.
+
+        Args:
+            out: the JSONL file.
+            manifest: this run's settings; a resumed run must match the stored ones except in ``free`` keys.
+            resume: continue an existing ``out``.
+            overwrite: replace an existing ``out``.
+            defaults: per settings entry of the manifest (e.g. ``readout``), the values a field had before it
+                existed — so a run written by an older depthlens, whose manifest lacks a newer field, still
+                resumes when this run leaves that field at its default.
+            free: top-level manifest keys that may differ on resume (they do not change a record's result);
+                the manifest takes this run's values.
+            extend: list-valued keys that may grow on resume (the stored list must be a prefix of this run's).
+            hashes: a content hash per input record id; on resume, records whose input changed since they were
+                written are dropped from ``out`` (``rescored`` lists them) so this run writes them afresh.
+        """
         self.out = out
         self.done: set[str] = set()
-        resuming = check_output(out, manifest, resume, overwrite, defaults)
-        if resuming:
-            self.done = _finished_ids(out)
+        self.rescored: list[str] = []
+        self.changed: list[str] = []  # the ``free`` / ``extend`` settings this resumed run changed
+        self._written = 0
+        meta = manifest_path(out)
+        if hashes is not None:
+            manifest = {**manifest, "input_hashes": hashes}
+        if check_output(out, manifest, resume, overwrite, defaults, free, extend):
+            stored = read_json(meta, "manifest", "use --overwrite to start again, or a new --out")
+            movable = {*free, *extend}
+            self.changed = [
+                line
+                for line in settings_differ(stored, manifest, _UNCOMPARED)
+                if line.split(":")[0] in movable or line.split(".")[0] in movable
+            ]
+            finished = _finished(out)
+            stale = _stale(stored.get("input_hashes"), hashes, finished)
+            if stale:
+                _drop(out, stale)
+                self.rescored = sorted(stale)
+            self.done = set(finished) - stale
+            resuming = True
+        else:
+            resuming = False
         out.parent.mkdir(parents=True, exist_ok=True)
         if not resuming:
-            out.write_text("")
-            manifest_path(out).write_text(json.dumps(manifest, indent=2) + "\n")
+            try:
+                out.write_text("")
+            except OSError as exc:
+                raise write_error(out, exc) from exc
+        write_json(meta, manifest)
         self._file: TextIO = out.open("a", encoding="utf-8")
+        self._kill_after = int(os.environ.get(_KILL_AFTER, "-1"))
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        line = json.dumps(record, ensure_ascii=False) + "\n"
+        if self._written == self._kill_after:
+            self._file.write(line[: len(line) // 2])
+            self._file.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        size = os.fstat(self._file.fileno()).st_size
+        try:
+            self._file.write(line)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            # Leave no torn record behind: cut the file back to its last whole line.
+            self._file = _reopen_truncated(self.out, size, self._file)
+            raise write_error(self.out, exc) from exc
+        self._written += 1
 
     def close(self) -> None:
-        self._file.close()
+        with contextlib.suppress(OSError):  # a failed flush already raised from write(), the file cut back
+            self._file.close()
 
     def __enter__(self) -> ResultWriter:
         return self
 
     def __exit__(self, *_: object) -> None:
         self.close()
-
-
-def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """The records of a results file (for tests and later studies)."""
-    with path.open(encoding="utf-8") as f:
-        for text in f:
-            if text.strip():
-                yield json.loads(text)

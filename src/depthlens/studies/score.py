@@ -14,7 +14,7 @@ from typing import Any
 
 from depthlens import __version__
 from depthlens.config import DTRConfig, ReadoutConfig, TCBConfig
-from depthlens.errors import DepthlensError, InputError
+from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.metrics.fused import use_compiled
 from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout, sequence_scores, tcb_summary
 from depthlens.models.load import LoadedModel
@@ -39,6 +39,21 @@ def as_token_ids(value: Any) -> list[int]:
     return [int(i) for i in value]
 
 
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], where: str) -> list[int]:
+    """Token ids of ``messages`` rendered with the tokenizer's chat template, ready for the reply."""
+    from jinja2 import TemplateError
+
+    try:
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except (TemplateError, ValueError, TypeError, KeyError, IndexError) as exc:
+        # The template itself rejects the conversation (roles out of order, a role it does not know, ...).
+        raise InputError(
+            f"{where}: the model's chat template rejects these messages ({type(exc).__name__}: {exc}); "
+            "check the roles and their order, or give a plain 'prompt'"
+        ) from None
+    return as_token_ids(rendered)
+
+
 def tokenize(lm: LoadedModel, data: dict[str, Any], where: str) -> TokenSequence:
     """Token ids of one input record: prompt (context) and completion (scored)."""
     if "prompt_ids" in data:
@@ -49,9 +64,7 @@ def tokenize(lm: LoadedModel, data: dict[str, Any], where: str) -> TokenSequence
     if "messages" in data:
         if not getattr(tok, "chat_template", None):
             raise InputError(f"{where}: model {lm.name} has no chat template; give a plain 'prompt' instead")
-        prompt = as_token_ids(
-            tok.apply_chat_template(data["messages"], add_generation_prompt=True, tokenize=True)
-        )
+        prompt = render_chat(tok, data["messages"], where)
     else:
         prompt = as_token_ids(tok(data["prompt"], add_special_tokens=True)["input_ids"])
         if not prompt and tok.bos_token_id is not None:
@@ -135,7 +148,7 @@ def score_records(
             validate(lm, seq, where)
         except InputError as exc:
             if on_skip is None:
-                raise
+                raise InputError(f"{exc} (pass --skip-bad to skip such records)") from None
             on_skip(BadLine(record.line, str(exc)))
             continue
         batch.append((record, seq))
@@ -216,6 +229,12 @@ def score_manifest(
     return manifest
 
 
+def refuse_same_file(in_path: Path, out_path: Path) -> None:
+    """Scores never replace their own input (``--overwrite`` included): nothing a user has is lost."""
+    if out_path.exists() and in_path.exists() and out_path.resolve() == in_path.resolve():
+        raise InputError(f"--out {out_path} is the input file itself; write the scores to another file")
+
+
 def score_file(
     lm: LoadedModel,
     in_path: Path,
@@ -231,15 +250,22 @@ def score_file(
     skip_bad: bool = False,
     on_start: Callable[[int, int], None] = lambda total, done: None,
     on_record: Callable[[dict[str, Any]], None] = lambda result: None,
+    on_rescore: Callable[[list[str]], None] = lambda ids: None,
 ) -> list[BadLine]:
     """Score every record of ``in_path`` into ``out_path``; returns the lines skipped (with ``skip_bad``).
 
-    ``on_start(total, already_done)`` and ``on_record(result)`` drive a progress display.
+    ``on_start(total, already_done)`` and ``on_record(result)`` drive a progress display. On ``resume``,
+    records whose input changed since they were scored (the manifest keeps a hash per record) are dropped from
+    ``out_path`` and scored again; ``on_rescore`` gets their ids.
     """
+    refuse_same_file(in_path, out_path)
     records, skipped = read_records(in_path, skip_bad=skip_bad)
     manifest = score_manifest(lm.name, lm.n_layers, in_path, readout, dtr, tcb, tokens)
-    defaults = MANIFEST_DEFAULTS
-    with ResultWriter(out_path, manifest, resume=resume, overwrite=overwrite, defaults=defaults) as writer:
+    hashes = {r.id: r.digest for r in records}
+    with ResultWriter(
+        out_path, manifest, resume=resume, overwrite=overwrite, defaults=MANIFEST_DEFAULTS, hashes=hashes
+    ) as writer:
+        on_rescore(writer.rescored)
         todo = [r for r in records if r.id not in writer.done]
         on_start(len(records), len(records) - len(todo))
         try:
@@ -250,6 +276,8 @@ def score_file(
                 writer.write(result)
                 on_record(result)
         except DepthlensError as exc:
+            if isinstance(exc, StoreError):  # the store's own error already says how to go on
+                raise
             raise type(exc)(
                 f"{exc} — results finished so far are kept in {out_path}; rerun with --resume"
             ) from exc

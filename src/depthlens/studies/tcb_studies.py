@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
 import torch
 
-from depthlens.config import DTRConfig, ReadoutConfig, SamplingConfig, TCBConfig
+from depthlens.config import ReadoutConfig, SamplingConfig, TCBConfig
 from depthlens.errors import InputError
 from depthlens.metrics.stats import pearson, spearman
 from depthlens.metrics.tcb import (
@@ -34,6 +34,19 @@ from depthlens.readout.stream import lens_for
 from depthlens.sampling.generate import HFGenerator
 from depthlens.studies.score import as_token_ids, score
 from depthlens.studies.tasks import MATH_INSTRUCTION, Question, grade, load_task
+
+Units = dict[str, Any]
+"""A study's finished units (a prompt, a question × template × shots, the trace) by key, each its rows.
+
+Every study takes the units an interrupted run finished (``done``, read back from its progress file) and calls
+``on_unit(key, rows)`` as each new one finishes, so the CLI can persist it; the summary is always computed from
+the rows, so a resumed run's result equals an uninterrupted one's.
+"""
+OnUnit = Callable[[str, Any], None]
+
+
+def _ignore(_key: str, _rows: Any) -> None:
+    """The default ``on_unit``: nothing is persisted."""
 
 
 def prompt_set(name: str) -> list[dict[str, Any]]:
@@ -83,48 +96,63 @@ def _regime_summary(
 
 
 def regimes(
-    lm: LoadedModel, sets: dict[str, list[dict[str, Any]]], tcb: TCBConfig = TCBConfig(), split: float = 4.0
+    lm: LoadedModel,
+    sets: dict[str, list[dict[str, Any]]],
+    tcb: TCBConfig = TCBConfig(),
+    split: float = 4.0,
+    done: Units | None = None,
+    on_unit: OnUnit = _ignore,
 ) -> dict:
     """Per prompt: δ, V_eff, margin at the next-token position; per set: corr(δ, √V_eff), corr(δ, margin).
 
     Beside the two prompt sets, all prompts pooled and split by their *measured* V_eff at ``split``: which
     regime a prompt is in is a property of the model's output there, not of how the prompt was chosen.
+    Units (for ``done`` / ``on_unit``, see ``Units``): one prompt, ``<set>/<id>``.
     """
+    done = {} if done is None else done
     unembed, norms = _unembedding(lm)
     rows, summary = [], []
     for set_name, prompts in sets.items():
-        states = torch.stack([final_states(lm, _encode(lm, p["prompt"]))[-1] for p in prompts])
-        terms = token_constraint_terms(unembed, states, norms, tcb.epsilon)
-        for i, p in enumerate(prompts):
-            rows.append({"set": set_name, "id": p["id"], "category": p.get("category"), "prompt": p["prompt"],
-                         "tcb": float(terms["tcb"][i]), "v_eff": float(terms["v_eff"][i]),
-                         "margin": float(terms["margin"][i])})  # fmt: skip
-        summary.append(_regime_summary(set_name, terms["tcb"], terms["v_eff"], terms["margin"]))
-    columns = {k: torch.tensor([r[k] for r in rows], dtype=torch.float64) for k in ("tcb", "v_eff", "margin")}
+        mine = []
+        for p in prompts:
+            key = f"{set_name}/{p['id']}"
+            if key not in done:
+                state = final_states(lm, _encode(lm, p["prompt"]))[-1:]
+                terms = token_constraint_terms(unembed, state, norms, tcb.epsilon)
+                done[key] = [{"set": set_name, "id": p["id"], "category": p.get("category"), "prompt": p["prompt"],
+                              "tcb": float(terms["tcb"][0]), "v_eff": float(terms["v_eff"][0]),
+                              "margin": float(terms["margin"][0])}]  # fmt: skip
+                on_unit(key, done[key])
+            mine += done[key]
+        rows += mine
+        summary.append(_regime_summary(set_name, *_columns(mine)))
+    columns = _columns(rows)
     for name, keep in (
-        (f"V_eff ≥ {split:g}", columns["v_eff"] >= split),
-        (f"V_eff < {split:g}", columns["v_eff"] < split),
+        (f"V_eff ≥ {split:g}", columns[1] >= split),
+        (f"V_eff < {split:g}", columns[1] < split),
     ):
-        summary.append(_regime_summary(name, *(columns[k][keep] for k in ("tcb", "v_eff", "margin"))))
+        summary.append(_regime_summary(name, *(c[keep] for c in columns)))
     return {"rows": rows, "summary": summary}
 
 
-def geometry(
+def _columns(rows: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.tensor([r[k] for r in rows], dtype=torch.float64) for k in ("tcb", "v_eff", "margin"))
+
+
+_GEOMETRY_CHUNK = 128  # positions per float64 pass: [128, V] float64 tensors (150 MB at V = 152k)
+
+
+def _geometry_rows(
     lm: LoadedModel,
-    prompts: Sequence[str],
-    top_k: int = 10,
-    cluster: float = 0.5,
-    disperse: float = 1.5,
-) -> dict:
-    """Every position of ``prompts``: δ as the model is, with the top-k rows clustered (α = ``cluster``) and
-    dispersed (α = ``disperse``) around their weighted centroid, o fixed; per V_eff band the share ordered
-    δ_cluster > δ_orig > δ_disperse."""
-    if not (0 <= cluster < 1 < disperse):
-        raise InputError(f"need 0 ≤ cluster < 1 < disperse; got cluster {cluster}, disperse {disperse}")
-    unembed, norms = _unembedding(lm)
-    encoded = [_encode(lm, prompt) for prompt in prompts]
-    where = [(p, t) for p, ids in enumerate(encoded) for t in range(len(ids))]
-    states = torch.cat([final_states(lm, ids) for ids in encoded])
+    unembed: Unembedding,
+    norms: torch.Tensor,
+    p_index: int,
+    prompt: str,
+    top_k: int,
+    cluster: float,
+    disperse: float,
+) -> list[dict[str, Any]]:
+    states = final_states(lm, _encode(lm, prompt))
     rows = []
     for start in range(0, states.shape[0], _GEOMETRY_CHUNK):  # few float64 passes over W, bounded [chunk, V]
         terms = geometry_ablation(
@@ -135,9 +163,35 @@ def geometry(
             clus = 1.0 / float(terms[f"frobenius_{cluster:g}"][i])
             disp = 1.0 / float(terms[f"frobenius_{disperse:g}"][i])
             v = float(terms["v_eff"][i])
-            p_index, t = where[start + i]
-            rows.append({"prompt": p_index, "position": t, "v_eff": v, "band": v_eff_band(v), "tcb_orig": orig,
-                         "tcb_cluster": clus, "tcb_disperse": disp, "ordered": clus > orig > disp})  # fmt: skip
+            rows.append({"prompt": p_index, "position": start + i, "v_eff": v, "band": v_eff_band(v),
+                         "tcb_orig": orig, "tcb_cluster": clus, "tcb_disperse": disp,
+                         "ordered": clus > orig > disp})  # fmt: skip
+    return rows
+
+
+def geometry(
+    lm: LoadedModel,
+    prompts: Sequence[str],
+    top_k: int = 10,
+    cluster: float = 0.5,
+    disperse: float = 1.5,
+    done: Units | None = None,
+    on_unit: OnUnit = _ignore,
+) -> dict:
+    """Every position of ``prompts``: δ as the model is, with the top-k rows clustered (α = ``cluster``) and
+    dispersed (α = ``disperse``) around their weighted centroid, o fixed; per V_eff band the share ordered
+    δ_cluster > δ_orig > δ_disperse. Units: one prompt, ``prompt-<index>``."""
+    if not (0 <= cluster < 1 < disperse):
+        raise InputError(f"need 0 ≤ cluster < 1 < disperse; got cluster {cluster}, disperse {disperse}")
+    done = {} if done is None else done
+    unembed, norms = _unembedding(lm)
+    rows = []
+    for p_index, prompt in enumerate(prompts):
+        key = f"prompt-{p_index}"
+        if key not in done:
+            done[key] = _geometry_rows(lm, unembed, norms, p_index, prompt, top_k, cluster, disperse)
+            on_unit(key, done[key])
+        rows += done[key]
     summary = []
     for band in ("<20", "20–100", ">100", "all"):
         members = [r for r in rows if band in ("all", r["band"])]
@@ -145,8 +199,6 @@ def geometry(
         summary.append({"band": band, "positions": len(members), "ordered_share": share})
     return {"rows": rows, "summary": summary}
 
-
-_GEOMETRY_CHUNK = 128  # positions per float64 pass: [128, V] float64 tensors (150 MB at V = 152k)
 
 TEMPLATES: dict[str, str] = {
     "bare": "{question}",
@@ -188,8 +240,14 @@ def prompt_variants(
     max_new_tokens: int = 96,
     seed: int = 0,
     task_config: dict[str, Any] | None = None,
+    done: Units | None = None,
+    on_unit: OnUnit = _ignore,
 ) -> dict:
-    """Greedy answers per template × shots: accuracy, perplexity of the answer, and its mean / median δ."""
+    """Greedy answers per template × shots: accuracy, perplexity of the answer, and its mean / median δ.
+
+    Units: one answered question, ``<template>/<shots>/<question id>``.
+    """
+    done = {} if done is None else done
     unknown = [t for t in templates if t not in TEMPLATES]
     if unknown:
         raise InputError(f"unknown template(s) {unknown}; known: {', '.join(TEMPLATES)}")
@@ -202,19 +260,13 @@ def prompt_variants(
     rows, summary = [], []
     for template in templates:
         for k in shots:
-            records, graded = [], []
             for q in qs:
-                examples = [e for e in pool if e.question != q.question][:k]
-                ids = _prompt_ids(lm, _messages(template, q, examples))
-                trace = generator.sample(ids, [0])[0]
-                text = lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True)
-                graded.append(grade(q, text))
-                records.append({"id": q.id, "prompt_ids": ids, "completion_ids": trace.token_ids})
-            scored = score(lm, records, dtr=DTRConfig(), tcb=TCBConfig())
-            for q, g, s in zip(qs, graded, scored, strict=True):
-                rows.append({"template": template, "shots": k, "id": q.id, "correct": g.correct,
-                             "answer": g.answer, "perplexity": -s["neg_perplexity"], "tcb_mean": s["tcb_mean"],
-                             "n_tokens": s["n_tokens"]})  # fmt: skip
+                key = f"{template}/{k}/{q.id}"
+                if key not in done:
+                    examples = [e for e in pool if e.question != q.question][:k]
+                    done[key] = [_answer_row(lm, generator, template, k, q, examples)]
+                    on_unit(key, done[key])
+                rows += done[key]
             mine = [r for r in rows if r["template"] == template and r["shots"] == k]
             tcbs = torch.tensor([r["tcb_mean"] for r in mine], dtype=torch.float64)
             summary.append(
@@ -230,6 +282,17 @@ def prompt_variants(
     return {"rows": rows, "summary": summary}
 
 
+def _answer_row(
+    lm: LoadedModel, generator: HFGenerator, template: str, k: int, q: Question, examples: list[Question]
+) -> dict[str, Any]:
+    ids = _prompt_ids(lm, _messages(template, q, examples))
+    trace = generator.sample(ids, [0])[0]
+    graded = grade(q, lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True))
+    s = score(lm, [{"id": q.id, "prompt_ids": ids, "completion_ids": trace.token_ids}], tcb=TCBConfig())[0]
+    return {"template": template, "shots": k, "id": q.id, "correct": graded.correct, "answer": graded.answer,
+            "perplexity": -s["neg_perplexity"], "tcb_mean": s["tcb_mean"], "n_tokens": s["n_tokens"]}  # fmt: skip
+
+
 @dataclasses.dataclass(frozen=True)
 class DropRule:
     """The sharp-drop rule of the generation trace (see ``metrics.tcb.sharp_drops``)."""
@@ -240,9 +303,26 @@ class DropRule:
 
 
 def generation_trace(
-    lm: LoadedModel, prompt: str, max_new_tokens: int = 64, rule: DropRule = DropRule(), chat: bool = True
+    lm: LoadedModel,
+    prompt: str,
+    max_new_tokens: int = 64,
+    rule: DropRule = DropRule(),
+    chat: bool = True,
+    done: Units | None = None,
+    on_unit: OnUnit = _ignore,
 ) -> dict:
-    """A greedy generation's per-token δ, V_eff and perplexity, with sharp δ drops at low perplexity flagged."""
+    """A greedy generation's per-token δ, V_eff and perplexity, with sharp δ drops at low perplexity flagged.
+
+    One unit, ``trace``: the whole result (a single generation has nothing smaller worth keeping).
+    """
+    if done and "trace" in done:
+        return done["trace"]
+    result = _generation_trace(lm, prompt, max_new_tokens, rule, chat)
+    on_unit("trace", result)
+    return result
+
+
+def _generation_trace(lm: LoadedModel, prompt: str, max_new_tokens: int, rule: DropRule, chat: bool) -> dict:
     messages = [{"role": "user", "content": prompt}]
     ids = _prompt_ids(lm, messages) if chat else _encode(lm, prompt)
     generator = HFGenerator(

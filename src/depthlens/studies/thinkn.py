@@ -5,11 +5,15 @@ Store (a directory):
 - ``samples.jsonl`` — one line per response, appended and fsynced when its batch completes (a kill loses at
   most the batch in flight), see ``sample_record``; ``samples.jsonl.manifest.json`` — model, task, seeds,
   sampling and readout settings, store version;
-- ``thinkn.json`` / ``thinkn.csv`` (and ``thinkn_ablation.csv``) — summaries, rewritten by each ``summarise``.
+- ``thinkn-n<n>-eta<η>-l<ℓ>.json`` / ``.csv`` (and ``-ablation.csv``) — one summary per voting setting (see
+  ``summary_stem``); a summary of other settings under the same name is replaced only with ``overwrite``.
 
 Responses are generated a batch at a time per question; batch b of question q always holds the same pool
 indices and seeds, and a resumed run regenerates an unfinished batch whole, so the store — hence every
-summary — is the same as an uninterrupted run's.
+summary — is the same as an uninterrupted run's. A resumed run may change ``--batch-size`` (after running out
+of memory) and add questions: every response keeps its own seed, so it samples the same tokens, but batched
+matrix products round differently by batch shape, so stored floats may differ in the last kept digit from a
+run with the first batch size (measured on CPU: tokens identical, log-probabilities within 1e-5).
 """
 
 from __future__ import annotations
@@ -33,7 +37,15 @@ from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, settling_depth
 from depthlens.models.load import LoadedModel
 from depthlens.sampling.generate import GenerationBackend, HFGenerator, Trace
-from depthlens.studies.records import SAMPLES, ResultWriter, iter_jsonl, manifest_path
+from depthlens.studies.records import (
+    SAMPLES,
+    ResultWriter,
+    iter_jsonl,
+    manifest_path,
+    read_json,
+    settings_differ,
+    write_json,
+)
 from depthlens.studies.score import as_token_ids
 from depthlens.studies.tables import write_csv
 from depthlens.studies.tasks import Question, grade
@@ -136,6 +148,10 @@ MANIFEST_DEFAULTS = {
     "dtr": DTRConfig().to_dict(),
 }
 """Settings a manifest written before a field existed is read with (see ``records.check_output``)."""
+# Batch size and a longer question list change no stored response (a response's seed is its own; see the module
+# docstring for the last-digit caveat of a changed batch size), so a resumed run may change them.
+RESUME_FREE = ("batch_size", "task.questions")
+RESUME_EXTEND = ("questions",)
 
 
 def store_manifest(
@@ -179,6 +195,7 @@ class GenerationReport:
     failed: int = 0
     grades: Counter[str] = dataclasses.field(default_factory=Counter)
     tokens: int = 0
+    changed: list[str] = dataclasses.field(default_factory=list)  # settings a resumed run changed
 
 
 def generate_store(
@@ -211,8 +228,10 @@ def generate_store(
     generator = HFGenerator(lm, sampling, readout, on_token=on_token)
     report = GenerationReport()
     with ResultWriter(
-        out_dir / SAMPLES, manifest, resume=resume, overwrite=overwrite, defaults=MANIFEST_DEFAULTS
-    ) as writer:
+        out_dir / SAMPLES, manifest, resume=resume, overwrite=overwrite, defaults=MANIFEST_DEFAULTS,
+        free=RESUME_FREE, extend=RESUME_EXTEND,
+    ) as writer:  # fmt: skip
+        report.changed = writer.changed
         (out_dir / QUESTIONS).write_text(
             "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n" for q in questions), encoding="utf-8"
         )
@@ -226,6 +245,8 @@ def generate_store(
                     lm, generator, writer, question, pool, seed, dtr, batch_size, report, on_batch
                 )
         except DepthlensError as exc:
+            if isinstance(exc, StoreError):  # the store's own error already says how to go on
+                raise
             raise type(exc)(
                 f"{exc} — responses finished so far are kept in {out_dir}; rerun with --resume"
             ) from exc
@@ -287,14 +308,29 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
             f"{out_dir} is not a depthlens sample store (no {SAMPLES} with its manifest); "
             "create one with `depthlens generate`"
         )
-    manifest = json.loads(meta.read_text())
+    manifest = read_json(meta, "store's manifest", "regenerate the store (`depthlens generate --overwrite`)")
     version = manifest.get("store_version")
     if version != STORE_VERSION:
         raise StoreError(
             f"{out_dir} is a version-{version} store; this depthlens ({__version__}) reads "
             f"version {STORE_VERSION} — regenerate it, or use the depthlens that wrote it"
         )
+    kinds = {"n_layers": int, "questions": list, "pool": int, "dtr": dict, "model": str}
+    wrong = [k for k, kind in kinds.items() if not isinstance(manifest.get(k), kind)]
+    if wrong:
+        raise StoreError(
+            f"{meta}: field(s) {wrong} missing or of the wrong type; the manifest was edited or damaged — "
+            "regenerate the store"
+        )
     return manifest
+
+
+def damaged_record(path: Path, line: int, exc: Exception) -> StoreError:
+    """A store line whose fields do not have the types `depthlens generate` writes."""
+    return StoreError(
+        f"{path}:{line}: a field has the wrong type or shape ({type(exc).__name__}: {exc}); the store is damaged "
+        "or was not written by `depthlens generate`"
+    )
 
 
 def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, list[Response]], StoreInfo]:
@@ -316,10 +352,9 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
                 f"{out_dir / SAMPLES}:{line}: missing field(s) {missing}; the store is damaged or "
                 "was not written by `depthlens generate`"
             )
-        deep = deep_from_divergence(record["divergence"], n_layers, dtr)
-        grades[record.get("grade", "?")] += 1
-        pools.setdefault(record["question_id"], []).append(
-            Response(
+        try:
+            deep = deep_from_divergence(record["divergence"], n_layers, dtr)
+            response = Response(
                 key=record["vote_key"],
                 correct=bool(record["correct"]),
                 length=int(record["n_tokens"]),
@@ -327,7 +362,10 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
                 self_certainty=np.asarray(record["self_certainty"], dtype=np.float64),
                 confidence=np.asarray(record["confidence"], dtype=np.float64),
             )
-        )
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise damaged_record(out_dir / SAMPLES, line, exc) from None
+        grades[str(record.get("grade", "?"))] += 1
+        pools.setdefault(str(record["question_id"]), []).append(response)
     excluded = sorted(q for q, p in pools.items() if len(p) < n)
     usable = {q: p for q, p in pools.items() if len(p) >= n}
     info = StoreInfo(
@@ -351,8 +389,13 @@ def summarise(
     dtr: DTRConfig | None = None,
     methods: Sequence[str] | None = None,
     with_ablation: bool = False,
+    overwrite: bool = False,
 ) -> ThinkReport:
-    """Vote over the store's pools (``voting.trials`` draws of n) and write thinkn.json / thinkn.csv."""
+    """Vote over the store's pools (``voting.trials`` draws of n) and write the summary files.
+
+    A summary named like this one's (``summary_stem``) but voted with other settings raises StoreError unless
+    ``overwrite``.
+    """
     manifest = read_manifest(out_dir)
     dtr = dtr or DTRConfig.from_dict(manifest["dtr"])
     pools, info = load_pools(out_dir, dtr, voting.n)
@@ -364,11 +407,40 @@ def summarise(
     summaries = run_trials(pools, voting, methods)
     table = ablation(pools, voting) if with_ablation else None
     report = ThinkReport(summaries, info, voting, dtr, table)
-    _write_summary(out_dir, report)
+    _write_summary(out_dir, report, methods, overwrite)
     return report
 
 
-def _write_summary(out_dir: Path, report: ThinkReport) -> None:
+def summary_stem(voting: VotingConfig) -> str:
+    """The file stem of a summary, from the settings most runs vary: ``thinkn-n16-eta0.5-l50``."""
+    prefix = "full" if voting.prefix is None else voting.prefix
+    return f"thinkn-n{voting.n}-eta{voting.eta:g}-l{prefix}"
+
+
+def summary_files(out_dir: Path) -> list[Path]:
+    """The store's summaries, the most recently written last."""
+    return sorted(out_dir.glob("thinkn-*.json"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+
+
+def _write_summary(
+    out_dir: Path, report: ThinkReport, methods: Sequence[str] | None, overwrite: bool
+) -> None:
+    stem = summary_stem(report.voting)
+    path = out_dir / f"{stem}.json"
+    settings = {
+        "voting": report.voting.to_dict(),
+        "dtr": report.dtr.to_dict(),
+        "methods_asked": list(methods or []),
+        "ablation_asked": report.ablation is not None,
+    }
+    if path.exists() and not overwrite:
+        earlier = read_json(path, "summary", "delete it or pass --overwrite")
+        differ = settings_differ({k: earlier.get(k) for k in settings}, settings, ())
+        if differ:
+            raise StoreError(
+                f"{path} holds a summary voted with other settings ({'; '.join(differ)}); pass --overwrite "
+                "to replace it, or keep it and vote into another store copy"
+            )
     cons = next((s for s in report.summaries if s.method == "cons@n"), None)
     rows = []
     for s in report.summaries:
@@ -379,8 +451,7 @@ def _write_summary(out_dir: Path, report: ThinkReport) -> None:
         "store": str(out_dir),
         "model": report.info.manifest["model"],
         "task": report.info.manifest.get("task"),
-        "voting": report.voting.to_dict(),
-        "dtr": report.dtr.to_dict(),
+        **settings,
         "questions_used": report.info.questions - len(report.info.excluded),
         "questions_excluded": report.info.excluded,
         "responses": report.info.responses,
@@ -390,10 +461,10 @@ def _write_summary(out_dir: Path, report: ThinkReport) -> None:
         "ablation": report.ablation,
         "command": " ".join(sys.argv),
     }
-    (out_dir / "thinkn.json").write_text(json.dumps(payload, indent=2) + "\n")
-    write_csv(out_dir / "thinkn.csv", rows)
+    write_csv(out_dir / f"{stem}.csv", rows)
     if report.ablation:
-        write_csv(out_dir / "thinkn_ablation.csv", report.ablation)
+        write_csv(out_dir / f"{stem}-ablation.csv", report.ablation)
+    write_json(path, payload)  # last: the summary's JSON stands for a whole set of files
 
 
 def think_at_n_live(

@@ -28,9 +28,9 @@ from depthlens.studies.correlation import (
     sweep,
     table_one,
 )
-from depthlens.studies.records import manifest_path
+from depthlens.studies.records import manifest_path, read_json
 from depthlens.studies.tables import markdown_table, write_csv
-from depthlens.studies.thinkn import SAMPLES, summarise
+from depthlens.studies.thinkn import SAMPLES, summarise, summary_files, summary_stem
 from depthlens.viz.heatmap import draw_divergence_heatmap, write_heatmap_html
 from depthlens.viz.study import draw_accuracy_cost, draw_metric_bins, draw_sweeps, draw_token_settling
 
@@ -190,10 +190,12 @@ def draw_token_figures(
 
 
 def _thinkn(store: Store, voting: VotingConfig | None) -> dict[str, Any] | None:
-    """The store's Think@n summary: the one `depthlens thinkn` wrote, else voted now (n = half the pool)."""
-    existing = store.path / "thinkn.json"
-    if existing.is_file() and voting is None:
-        return json.loads(existing.read_text())
+    """The store's Think@n summary: the latest one `depthlens thinkn` wrote, else voted now (n = half the pool)."""
+    written = summary_files(store.path)
+    if written and voting is None:
+        return read_json(
+            written[-1], "summary", "delete it, or rerun `depthlens thinkn --from` with --overwrite"
+        )
     pool = int(store.manifest.get("pool", 0))
     if pool < 2:
         return None
@@ -204,7 +206,7 @@ def _thinkn(store: Store, voting: VotingConfig | None) -> dict[str, Any] | None:
         summarise(store.path, voting)
     except DepthlensError:
         return None
-    return json.loads(existing.read_text())
+    return read_json(store.path / f"{summary_stem(voting)}.json", "summary", "vote again")
 
 
 def build_report(

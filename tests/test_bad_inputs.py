@@ -1,0 +1,303 @@
+"""The bad-input catalogue: every case ends in one ``error:`` line (exit 2) naming the input, what is wrong and
+what to do — never a traceback. ``docs/reliability.md`` shows this table; ``test_doc_matches_the_table`` keeps
+the two equal (regenerate the doc's table with ``python -m tests.test_bad_inputs``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from depthlens.cli.app import main
+from depthlens.models import catalogue
+from tests.conftest import CharTokenizer, tiny_model
+
+DOC = Path(__file__).parent.parent / "docs" / "reliability.md"
+BEGIN, END = "<!-- bad-inputs:begin -->", "<!-- bad-inputs:end -->"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    what: str  # the input, as the doc describes it
+    make: Callable[[Path, dict[str, Path]], list[str]]  # (tmp dir, fixtures) → the command's arguments
+    message: str  # the exact error line; DIR stands for the temporary directory, TINY for the tiny model's
+
+
+def _records(path: Path, *records: object) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+def _score(d: Path, f: dict[str, Path], *records: object, extra: tuple[str, ...] = ()) -> list[str]:
+    src = _records(d / "in.jsonl", *records)
+    return ["score", "--model", str(f["tiny"]), "--in", str(src), "--out", str(d / "out.jsonl"),
+            "--device", "cpu", *extra]  # fmt: skip
+
+
+def _gguf(d: Path, data: bytes) -> list[str]:
+    (d / "m.gguf").write_bytes(data)
+    return ["score", "--model", str(d / "m.gguf"), "--in", str(_records(d / "in.jsonl", GOOD)),
+            "--out", str(d / "o.jsonl")]  # fmt: skip
+
+
+def _real_gguf_head(d: Path, size: int) -> list[str]:
+    real = catalogue.cache_dir() / "gguf" / catalogue.CATALOGUE[catalogue.DEFAULT_MODEL].gguf_file
+    if not real.is_file():
+        pytest.skip("the default model's GGUF is not in the cache")
+    with real.open("rb") as f:
+        return _gguf(d, f.read(size))
+
+
+def _damaged_catalogue_copy(d: Path, f: dict[str, Path]) -> list[str]:
+    """A catalogue install (here of a tiny model) whose model.safetensors was cut short after installing."""
+    name = catalogue.DEFAULT_MODEL
+    copy = d / "cache" / "models" / name
+    shutil.copytree(f["tiny"], copy)
+    files = {p.name: {"size": p.stat().st_size, "sha256": "0"} for p in copy.iterdir()}
+    (copy / catalogue.MARKER).write_text(json.dumps({"files": files}))
+    weights = copy / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+    os.environ["DEPTHLENS_CACHE"] = str(d / "cache")  # restored by the test's monkeypatch
+    return [
+        "score",
+        "--model",
+        name,
+        "--in",
+        str(_records(d / "in.jsonl", GOOD)),
+        "--out",
+        str(d / "o.jsonl"),
+    ]
+
+
+def _store_copy(d: Path, f: dict[str, Path], damage: Callable[[Path], None]) -> Path:
+    store = d / "store"
+    shutil.copytree(f["store"], store)
+    damage(store)
+    return store
+
+
+def _cut_middle(store: Path) -> None:
+    lines = (store / "samples.jsonl").read_text().splitlines(keepends=True)
+    lines[1] = lines[1][: len(lines[1]) // 2] + "\n"
+    (store / "samples.jsonl").write_text("".join(lines))
+
+
+def _torn_end(store: Path) -> None:
+    text = (store / "samples.jsonl").read_text()
+    (store / "samples.jsonl").write_text(text[: len(text) - 40])
+
+
+def _cut_manifest(store: Path) -> None:
+    meta = store / "samples.jsonl.manifest.json"
+    meta.write_text(meta.read_text()[:100])
+
+
+def _disk_full(d: Path, f: dict[str, Path]) -> list[str]:
+    """fsync fails with ENOSPC on the second record, as on a disk that fills mid-run."""
+    calls = {"n": 0}
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:  # the manifest, the first record, then the second record
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    os.fsync = fsync  # restored by the test
+    second = {**GOOD, "id": "b"}
+    return _score(d, f, GOOD, second)
+
+
+GOOD = {"id": "a", "prompt_ids": [4, 5, 6], "completion_ids": [7, 8, 9]}
+
+# fmt: off
+CASES = [
+    Case("gguf-random", "random bytes named `*.gguf`", lambda d, f: _gguf(d, os.urandom(4096)),
+         "error: could not load model 'DIR/m.gguf': the file is cut short or is not a model (ValueError: "
+         "DIR/m.gguf does not start with the GGUF magic bytes, so it is not a GGUF file.); check the "
+         "file (a whole .gguf, or a directory with config.json and weights) or download it again"),
+    Case("gguf-1mb", "the first 1 MB of a real GGUF", lambda d, f: _real_gguf_head(d, 1 << 20),
+         "error: could not load model 'DIR/m.gguf': the file is cut short or is not a model "
+         "(struct.error: unpack_from requires a buffer of at least 1048590 bytes for unpacking 8 bytes "
+         "at offset 1048582 (actual buffer size is 1048576)); check the file (a whole .gguf, or a "
+         "directory with config.json and weights) or download it again"),
+    Case("gguf-4mb", "the first 4 MB of a real GGUF", lambda d, f: _real_gguf_head(d, 4 << 20),
+         "error: could not load model 'DIR/m.gguf': the file is cut short or is not a model (ValueError: "
+         "cannot reshape array of size 2408640 into shape (49152,612)); check the file (a whole .gguf, "
+         "or a directory with config.json and weights) or download it again"),
+    Case("damaged-catalogue-copy", "a catalogue model whose `model.safetensors` was cut short",
+         _damaged_catalogue_copy,
+         "error: model 'smollm2-135m-instruct': its installed copy is damaged (model.safetensors has "
+         "70188 bytes, 140376 when installed) — SafetensorError: Error while deserializing header: "
+         "incomplete metadata, file not fully covered; reinstall it with `depthlens models --reinstall "
+         "smollm2-135m-instruct` (or delete DIR/cache/models/smollm2-135m-instruct)"),
+    Case("device-mps", "`--device mps` without Apple GPU",
+         lambda d, f: _score(d, f, GOOD, extra=("--device", "mps")),
+         "error: device 'mps' asked for, but mps is not available here; use --device cpu"),
+    Case("device-xpu", "`--device xpu` without an Intel GPU",
+         lambda d, f: _score(d, f, GOOD, extra=("--device", "xpu")),
+         "error: device 'xpu' asked for, but xpu is not available here; use --device cpu"),
+    Case("device-meta", "`--device meta`", lambda d, f: _score(d, f, GOOD, extra=("--device", "meta")),
+         "error: device 'meta' cannot hold a model to read out; use auto, cpu, cuda or cuda:N"),
+    Case("id-out-of-vocab", "a token id outside the vocabulary in `completion_ids`",
+         lambda d, f: _score(d, f, {"id": "a", "prompt_ids": [4], "completion_ids": [7, 5000]}),
+         "error: line 1 (id 'a'): token id(s) [5000] outside TINY's vocabulary of 101; token ids must "
+         "come from this model's tokenizer (pass --skip-bad to skip such records) — results finished so "
+         "far are kept in DIR/out.jsonl; rerun with --resume"),
+    Case("negative-id", "a negative token id in `prompt_ids`",
+         lambda d, f: _score(d, f, {"id": "a", "prompt_ids": [-1], "completion_ids": [7]}),
+         "error: DIR/in.jsonl:1: 'prompt_ids' must be a list of non-negative integers (pass --skip-bad "
+         "to skip such lines)"),
+    Case("messages-empty", "`messages: []`",
+         lambda d, f: _score(d, f, {"messages": [], "completion": "x"}),
+         "error: DIR/in.jsonl:1: 'messages' must be a non-empty list of {'role', 'content'} objects "
+         "(pass --skip-bad to skip such lines)"),
+    Case("content-list", "a message `content` given as a list of parts",
+         lambda d, f: _score(d, f, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                                    "completion": "x"}),
+         "error: DIR/in.jsonl:1: messages[0] must be an object with a string 'role' and a string "
+         "'content' (content given as a list of parts is not supported; join the text parts) (pass "
+         "--skip-bad to skip such lines)"),
+    Case("not-json", "an input line that is not JSON", lambda d, f: _score(d, f, "{"),
+         "error: DIR/in.jsonl:1: not valid JSON (Expecting property name enclosed in double quotes at "
+         "column 1) (pass --skip-bad to skip such lines)"),
+    Case("in-equals-out", "`score --in X --out X --overwrite`",
+         lambda d, f: ["score", "--model", str(f["tiny"]), "--in", str(_records(d / "x.jsonl", GOOD)),
+                       "--out", str(d / "x.jsonl"), "--overwrite"],
+         "error: --out DIR/x.jsonl is the input file itself; write the scores to another file"),
+    Case("disk-full", "the disk filling while records are written", _disk_full,
+         "error: DIR/out.jsonl: the disk is full; what finished before is kept — free some space, then "
+         "rerun the command with --resume"),
+    Case("report-cut-line", "`report` on a store with a line cut in the middle",
+         lambda d, f: ["report", str(_store_copy(d, f, _cut_middle))],
+         "error: DIR/store/samples.jsonl:2: not a JSON record (a line cut or edited); rerun the command "
+         "that wrote it with --resume (it drops a torn last line), or delete that line"),
+    Case("thinkn-torn-end", "`thinkn --from` on a store whose last line is torn",
+         lambda d, f: ["thinkn", "--from", str(_store_copy(d, f, _torn_end)), "--n", "2"],
+         "error: DIR/store/samples.jsonl:4: the last line is cut short (an interrupted write); rerun the "
+         "command that wrote it with --resume (it drops a torn last line), or delete that line"),
+    Case("correlate-cut-manifest", "`correlate` on a store whose manifest is cut",
+         lambda d, f: ["correlate", str(_store_copy(d, f, _cut_manifest)), "--out", str(d / "c")],
+         "error: DIR/store/samples.jsonl.manifest.json: the store's manifest is cut or is not JSON "
+         "(Expecting property name enclosed in double quotes at line 6); regenerate the store "
+         "(`depthlens generate --overwrite`)"),
+]
+# fmt: on
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory):
+    from depthlens.models.load import wrap
+    from depthlens.studies.tasks import Question
+    from depthlens.studies.thinkn import generate_store
+
+    tiny = tmp_path_factory.mktemp("tiny")
+    tiny_model("llama").save_pretrained(tiny)
+    store = tmp_path_factory.mktemp("store")
+    lm = wrap(tiny_model("llama"), CharTokenizer(), name="tiny-llama")
+    from depthlens.config import SamplingConfig
+
+    questions = [Question(f"q{i}", f"{i} + {i}", str(2 * i)) for i in range(2)]
+    generate_store(
+        lm, store, questions, pool=2, sampling=SamplingConfig(max_new_tokens=4, readout_tokens=None)
+    )
+    return {"tiny": tiny, "store": store}
+
+
+def run_case(case: Case, tmp_path: Path, fixtures: dict[str, Path], monkeypatch) -> tuple[int, str]:
+    monkeypatch.setenv("COLUMNS", "1000")  # one error per line, unwrapped
+    monkeypatch.setattr(os, "fsync", os.fsync)  # cases may replace it
+    monkeypatch.setenv("DEPTHLENS_CACHE", os.environ.get("DEPTHLENS_CACHE", str(catalogue.cache_dir())))
+    args = case.make(tmp_path, fixtures)
+    monkeypatch.setattr(sys, "argv", ["depthlens", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, str(tmp_path), str(fixtures["tiny"])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_gives_one_error_line(case, tmp_path, fixtures, monkeypatch, capsys):
+    code, tmp, tiny = run_case(case, tmp_path, fixtures, monkeypatch)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert len(lines) == 1, err
+    if os.environ.get("DEPTHLENS_RECORD_MESSAGES"):
+        with open(os.environ["DEPTHLENS_RECORD_MESSAGES"], "a") as f:
+            f.write(json.dumps([case.name, lines[0].replace(tmp, "DIR").replace(tiny, "TINY")]) + "\n")
+    assert lines[0].replace(tmp, "DIR").replace(tiny, "TINY") == case.message
+
+
+def test_skip_bad_skips_record_level_cases_and_lists_them(tmp_path, fixtures, monkeypatch, capsys):
+    bad = [{"id": "v", "prompt_ids": [4], "completion_ids": [5000]}, {"messages": [], "completion": "x"}]
+    args = [*_score(tmp_path, fixtures, GOOD, *bad), "--skip-bad"]
+    monkeypatch.setattr(sys, "argv", ["depthlens", *args])
+    main_exits_cleanly()
+    err = capsys.readouterr().err.replace(str(tmp_path), "DIR").replace(str(fixtures["tiny"]), "TINY")
+    assert "skipped line 2: line 2 (id 'v'): token id(s) [5000] outside TINY's vocabulary of 101" in err
+    assert "skipped line 3: DIR/in.jsonl:3: 'messages' must be a non-empty list" in err
+    assert [r["id"] for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())] == ["a"]
+
+
+def test_damaged_catalogue_copy_is_listed_as_damaged(tmp_path, fixtures, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "1000")
+    _damaged_catalogue_copy(tmp_path, fixtures)
+    monkeypatch.setattr(sys, "argv", ["depthlens", "models"])
+    main_exits_cleanly()
+    out, err = capsys.readouterr()
+    name = catalogue.DEFAULT_MODEL
+    assert "damaged" in out  # the table says which; the line below it says why and how to mend it
+    assert (
+        f"{name} is damaged (model.safetensors has 70188 bytes, 140376 when installed); reinstall it with: "
+        f"depthlens models --reinstall {name}" in err
+    )
+
+
+def main_exits_cleanly() -> None:
+    try:
+        main()
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+
+
+def doc_table() -> str:
+    """The Markdown table docs/reliability.md shows between its bad-inputs markers."""
+    rows = ["| input | what depthlens says (exit 2) |", "|---|---|"]
+    rows += [f"| {c.what} | `` {c.message} `` |" for c in CASES]  # double backticks: messages quote commands
+    return "\n".join(rows)
+
+
+def test_doc_matches_the_table():
+    text = DOC.read_text(encoding="utf-8")
+    assert text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip() == doc_table()
+
+
+if __name__ == "__main__":  # rewrite the doc's table from CASES
+    text = DOC.read_text(encoding="utf-8")
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    DOC.write_text(text[:start] + "\n" + doc_table() + "\n" + text[end:], encoding="utf-8")
+
+
+def test_an_older_install_is_checked_by_its_safetensors_headers(tmp_path, fixtures, monkeypatch):
+    """Markers written before file sizes were recorded hold the GGUF's sha256 only."""
+    monkeypatch.setenv("DEPTHLENS_CACHE", str(tmp_path))
+    name = catalogue.DEFAULT_MODEL
+    copy = catalogue.converted_dir(name)
+    shutil.copytree(fixtures["tiny"], copy)
+    (copy / catalogue.MARKER).write_text(catalogue.CATALOGUE[name].sha256 + "\n")
+    assert catalogue.is_installed(name) and catalogue.damage(name) is None
+    os.truncate(copy / "model.safetensors", 1000)
+    assert catalogue.damage(name) == "model.safetensors cut short or unreadable"

@@ -1,0 +1,135 @@
+"""Fault injection: each long command is killed with SIGKILL at a seeded random point, resumed with --resume, and
+must then hold exactly what an uninterrupted run holds — records and summary.
+
+The kill: a subprocess runs the command with ``DEPTHLENS_FAULT_KILL_AFTER=k``; ``ResultWriter`` writes half of
+its (k+1)-th record and SIGKILLs the process (a torn line, as a real kill -9 mid-write leaves). The uninterrupted
+run and the resume run in-process. ``DEPTHLENS_FAULT_POINTS=N`` tries N kill points per command (default 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import tiny_model
+from tests.test_cli import run
+
+POINTS = int(os.environ.get("DEPTHLENS_FAULT_POINTS", "1"))
+SRC = Path(__file__).parent.parent / "src"
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    """The tiny llama with a character-level fast tokenizer and a chat template, saved where the CLI loads it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for char in string.printable:
+        if char not in "\x0b\x0c\r":
+            vocab.setdefault(char, len(vocab))  # 101 tokens: the tiny model's vocabulary
+    chars = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    chars.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    chars.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=chars, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    path = tmp_path_factory.mktemp("tiny-chat")
+    tiny_model("llama").save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def score_input(tmp_path_factory):
+    path = tmp_path_factory.mktemp("in") / "in.jsonl"
+    rng = random.Random(0)
+    path.write_text("".join(json.dumps({"id": f"r{i}", "prompt_ids": [rng.randrange(3, 100) for _ in range(4)],
+                                        "completion_ids": [rng.randrange(3, 100) for _ in range(6)]}) + "\n"
+                            for i in range(8)))  # fmt: skip
+    return path
+
+
+def _commands(tiny: Path, chat: Path, score_input: Path) -> dict[str, tuple[list[str], str, int]]:
+    """name → (arguments before --out, the progress file under --out ('' = --out is the file), its records)."""
+    model = ["--model", str(chat), "--device", "cpu"]
+    task = [
+        "--task",
+        "reasoning_gym:chain_sum",
+        "--questions",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--batch-size",
+        "2",
+    ]
+    return {
+        "score": (["score", "--model", str(tiny), "--in", str(score_input), "--device", "cpu"], "", 8),
+        "generate": (["generate", *model, *task, "--pool", "4", "--readout-tokens", "all"], "samples.jsonl", 8),
+        "thinkn": (["thinkn", *model, *task, "--n", "2", "--pool", "4", "--prefix", "3", "--trials", "3"],
+                   "samples.jsonl", 8),
+        "tcb-regimes": (["tcb", "regimes", *model], "regimes.progress.jsonl", 89),
+        "tcb-geometry": (["tcb", "geometry", *model, "--top-k", "4"], "geometry.progress.jsonl", 89),
+        "tcb-prompts": (["tcb", "prompts", *model, "--questions", "2", "--templates", "bare,terse", "--shots", "0",
+                         "--max-new-tokens", "6"], "prompts.progress.jsonl", 4),
+        "tcb-trace": (["tcb", "trace", *model, "--max-new-tokens", "6"], "trace.progress.jsonl", 1),
+    }  # fmt: skip
+
+
+def _snapshot(out: Path) -> dict[str, object]:
+    """Everything a run leaves, as comparable values (a summary's ``command`` line and path aside)."""
+    files = [out] if out.is_file() else sorted(p for p in out.rglob("*") if p.is_file())
+    snap: dict[str, object] = {}
+    for path in files:
+        if path.suffix == ".png" or path.name.endswith(".manifest.json") or path.suffix == ".md":
+            continue  # figures embed timestamps; manifests the command line; .md the command too
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".json":
+            data = json.loads(text)
+            data.pop("command", None)
+            data.pop("store", None)  # the store's own path
+            snap[path.name] = data
+        else:
+            snap[path.name] = text
+    return snap
+
+
+@pytest.mark.parametrize("name", ["score", "generate", "thinkn", "tcb-regimes", "tcb-geometry", "tcb-prompts",
+                                  "tcb-trace"])  # fmt: skip
+def test_killed_run_resumes_to_the_uninterrupted_result(
+    name, tmp_path, chat_dir, score_input, monkeypatch, capsys
+):
+    tiny = chat_dir  # the score case needs no tokenizer, but the same tiny weights serve
+    args, progress, records = _commands(tiny, chat_dir, score_input)[name]
+    suffix = ".jsonl" if not progress else ""
+    whole = tmp_path / f"whole{suffix}"
+    code, _, err = run(monkeypatch, capsys, *args, "--out", whole)
+    assert code in (0, None), err
+    rng = random.Random(f"{name}")
+    for point in range(POINTS):
+        k = rng.randrange(records)
+        cut = tmp_path / f"cut{point}{suffix}"
+        env = {**os.environ, "DEPTHLENS_FAULT_KILL_AFTER": str(k), "PYTHONPATH": str(SRC), "COLUMNS": "400"}
+        killed = subprocess.run(
+            [sys.executable, "-c", "from depthlens.cli.app import main; main()", *args, "--out", str(cut)],
+            env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+        written = cut if not progress else cut / progress
+        lines = written.read_text().split("\n")
+        assert len(lines) == k + 1 and lines[-1], "the kill leaves k whole records and a torn one"
+        code, _, err = run(monkeypatch, capsys, *args, "--out", cut, "--resume")
+        assert code in (0, None), err
+        assert _snapshot(cut) == {k.replace("whole", f"cut{point}"): v for k, v in _snapshot(whole).items()}
