@@ -95,7 +95,7 @@ def test_resume_with_other_settings_is_refused_before_the_model(monkeypatch, cap
         os.rename(tmp_path / "moved", tiny_dir)
     assert code == 2
     assert " ".join(err.split()) == (
-        f"error: cannot resume {out}: its dtr differ from this run's; use the same options, or a new --out"
+        f"error: cannot resume {out}: dtr.g: stored 0.5, this run 0.3 — use the stored settings, or a new --out"
     )
 
 

@@ -59,6 +59,9 @@ def _available(kind: str) -> bool:
     return kind == "cpu" or (module is not None and bool(module.is_available()))
 
 
+_NAMES = {"cuda": "CUDA", "mps": "MPS", "xpu": "XPU"}  # as users know the backends
+
+
 def resolve_device(device: str) -> torch.device:
     """``auto`` → CUDA when present, else CPU; cpu, cuda[:N], mps and xpu[:N] where this machine has them."""
     if device == "auto":
@@ -71,7 +74,8 @@ def resolve_device(device: str) -> torch.device:
         raise ConfigError(f"device {device!r} cannot hold a model to read out; use auto, cpu, cuda or cuda:N")
     if not _available(resolved.type):
         raise ConfigError(
-            f"device {device!r} asked for, but {resolved.type} is not available here; use --device cpu"
+            f"device {device!r} asked for, but {_NAMES.get(resolved.type, resolved.type)} is not available here; "
+            "use --device cpu"
         )
     if resolved.index is not None and resolved.type in ("cuda", "xpu"):
         count = getattr(torch, resolved.type).device_count()

@@ -137,7 +137,7 @@ def load_store(path: Path) -> Store:
                     },
                 )
             )
-        except (TypeError, ValueError, RuntimeError) as exc:
+        except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
             raise damaged_record(path / SAMPLES, line, exc) from None
     return Store(path, manifest, responses, failed)
 

@@ -362,7 +362,7 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
                 self_certainty=np.asarray(record["self_certainty"], dtype=np.float64),
                 confidence=np.asarray(record["confidence"], dtype=np.float64),
             )
-        except (TypeError, ValueError, RuntimeError) as exc:
+        except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
             raise damaged_record(out_dir / SAMPLES, line, exc) from None
         grades[str(record.get("grade", "?"))] += 1
         pools.setdefault(str(record["question_id"]), []).append(response)
