@@ -9,30 +9,52 @@ import pytest
 
 from depthlens.config import VotingConfig
 from depthlens.errors import ConfigError, InputError
-from depthlens.voting.answers import answers_equivalent, extract_answer, vote_key
+from depthlens.voting.answers import ExtractionConfig, answers_equivalent, extract_answer, vote_key
 from depthlens.voting.methods import METHODS, Response, trace_confidence, vote
 from depthlens.voting.trials import ablation, draw, run_trials
 
 
+NUMBER = ExtractionConfig()
+LAST_NUMBER = ExtractionConfig(fallback="last-number")
+WORD = ExtractionConfig("string", fallback="last-number")  # the fallback never applies to a string task
+LIST = ExtractionConfig("list", tags=True)
+LETTER = ExtractionConfig("letter", choices=4)
+
+
 @pytest.mark.parametrize(
-    ("text", "choices", "expected"),
+    ("text", "config", "finished", "expected"),
     [
-        (r"so \boxed{3} then \boxed{\frac{1}{2}}.", 0, (r"\frac{1}{2}", "boxed")),
-        (r"\boxed{x^{2}+\{1\}}", 0, (r"x^{2}+\{1\}", "boxed")),
-        (r"the answer is \boxed{}-1.", 0, ("-1", "number")),  # an empty box falls back to the last number
-        (r"\boxed 7 done", 0, ("7", "boxed")),
-        ("we get 1,234 apples.", 0, ("1,234", "number")),
-        ("no digits here", 0, None),
-        (r"The final answer is \boxed{(C)}.", 4, ("C", "letter")),
-        (r"The final answer is \boxed{B}", 4, ("B", "letter")),
-        (r"\boxed{\text{(D)}}", 4, ("D", "letter")),
-        ("so the answer is (A), not 5", 4, ("A", "letter")),
-        ("I pick (B) ... then (C)", 4, ("C", "letter")),
-        (r"\boxed{(E)}", 4, None),  # not one of four choices
+        (r"so \boxed{3} then \boxed{\frac{1}{2}}.", NUMBER, True, (r"\frac{1}{2}", "boxed")),
+        (r"\boxed{x^{2}+\{1\}}", NUMBER, True, (r"x^{2}+\{1\}", "boxed")),
+        (r"the answer is \boxed{}-1.", NUMBER, True, ("-1", "phrase")),  # an empty box is no answer
+        (r"\boxed 7 done", NUMBER, True, ("7", "boxed")),
+        (r"cut \boxed{12", NUMBER, False, None),  # a box the token cap cut open
+        ("we get 1,234 apples.", NUMBER, True, None),  # a bare number is not a stated answer
+        ("we get 1,234 apples.", LAST_NUMBER, True, ("1,234", "last-number")),
+        ("we get 1,234 apples", LAST_NUMBER, False, None),  # never from cut-off text
+        ("So the final answer is 42 apples.\nDone", NUMBER, True, ("42", "phrase")),
+        ("**Final Answer:** $\\frac{3}{4}$", NUMBER, False, (r"\frac{3}{4}", "phrase")),
+        ("The answer is 12", NUMBER, False, None),  # its line was cut: 12 may be 125...
+        ("The answer is 12.", NUMBER, False, ("12", "phrase")),
+        ("The answer is:\n1. First, add", NUMBER, True, None),  # a numbered step is not an answer
+        ("no digits here", LAST_NUMBER, True, None),
+        ("1. Identify the word\n2. Reverse it: 3 letters", WORD, True, None),
+        ("The answer is: olleh.", WORD, False, ("olleh", "phrase")),
+        (r"\boxed{\text{olleh}}", WORD, True, ("olleh", "boxed")),
+        ("<answer>Hart, find, tax</answer> and 7", LIST, False, ("Hart, find, tax", "tag")),
+        ("<answer>Hart, find", LIST, False, None),  # an unclosed tag
+        (r"The final answer is \boxed{(C)}.", LETTER, True, ("C", "boxed")),
+        (r"The final answer is \boxed{B}", LETTER, True, ("B", "boxed")),
+        (r"\boxed{\text{(D)}}", LETTER, True, ("D", "boxed")),
+        ("so the answer is (A), not 5", LETTER, True, ("A", "phrase")),
+        ("I pick (B) ... then (C)", LETTER, True, ("C", "letter")),
+        ("I pick (B) ... then (C)", LETTER, False, None),  # the last mention of a cut-off text
+        (r"\boxed{(E)}", LETTER, True, None),  # not one of four choices
+        ("The answer is 5", LETTER, True, None),  # a letter task takes letters only
     ],
 )
-def test_extract_answer(text, choices, expected):
-    found = extract_answer(text, choices)
+def test_extract_answer(text, config, finished, expected):
+    found = extract_answer(text, config, finished)
     assert (None if found is None else (found.text, found.source)) == expected
 
 

@@ -34,7 +34,7 @@ def load_model(model: str, device: str, dtype: str, trust_remote_code: bool) -> 
 
 
 # Registration by import: each module adds its command to ``app``.
-from depthlens.cli import models_cmd, score_cmd, study_cmd, tcb_cmd, thinkn_cmd  # noqa: E402, F401
+from depthlens.cli import models_cmd, regrade_cmd, score_cmd, study_cmd, tcb_cmd, thinkn_cmd  # noqa: E402, F401
 
 
 def main() -> None:

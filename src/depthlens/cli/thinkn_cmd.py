@@ -11,11 +11,27 @@ from rich.table import Table
 from depthlens.cli import options as opt
 from depthlens.cli.app import app, console, err_console, load_model
 from depthlens.cli.progress import make_progress
-from depthlens.config import SamplingConfig, VotingConfig
+from depthlens.config import AnswerConfig, SamplingConfig, VotingConfig
 from depthlens.errors import InputError
 
 if TYPE_CHECKING:
     from depthlens.studies.thinkn import GenerationReport, ThinkReport
+
+_A = AnswerConfig()
+
+
+def answer_config(
+    prompt_style: str, answer_type: str | None, fallback: str, task: str | None
+) -> AnswerConfig:
+    """The answer settings of --prompt-style, --answer-type and --answer-fallback (checked)."""
+    rules = AnswerConfig(prompt_style, answer_type, fallback)  # type: ignore[arg-type]
+    if task is not None and rules.prompt_style == "native" and not task.startswith("reasoning_gym:"):
+        raise InputError(
+            f"--prompt-style native asks in reasoning-gym's own format, so it needs a reasoning_gym task, "
+            f"not {task!r}; use --prompt-style paper"
+        )
+    return rules
+
 
 D = opt.DEFAULTS
 _S = SamplingConfig()
@@ -114,6 +130,7 @@ def _generate(
     device: str,
     dtype: str,
     trust_remote_code: bool,
+    answers: AnswerConfig = _A,
     also_divergences: str = "",
 ) -> GenerationReport:
     from depthlens.config import DTRConfig, ReadoutConfig
@@ -152,16 +169,23 @@ def _generate(
             resume=resume,
             overwrite=overwrite,
             task=task_info,
+            answers=answers,
             on_start=on_start,
             on_batch=lambda n: progress.advance(responses, n),
             on_token=lambda n: progress.advance(tokens, n),
         )
     grades = ", ".join(f"{k} {v}" for k, v in sorted(report.grades.items()))
+    sources = ", ".join(f"{k} {v}" for k, v in sorted(report.sources.items()))
     err_console.print(
         f"wrote {report.written} responses ({report.tokens} tokens; {grades or 'none graded'}) to {out}"
         + (f", {report.skipped} already there" if report.skipped else "")
         + (f", [red]{report.failed} failed[/] (kept as status 'failed')" if report.failed else "")
     )
+    if report.written:
+        err_console.print(
+            f"answers by source: {sources}; {report.truncated} of {report.written} cut at --max-new-tokens "
+            f"({answers.prompt_style} prompts, fallback {answers.fallback})"
+        )
     if report.grades.get("unparsed"):
         err_console.print(
             f"{report.grades['unparsed']} answers Math-Verify could not parse were counted wrong"
@@ -190,6 +214,9 @@ def generate(
     deep_rule: opt.DeepRuleOpt = D["deep_rule"],
     divergence: opt.DivergenceOpt = D["divergence"],
     also_divergences: opt.AlsoDivergences = "",
+    prompt_style: opt.PromptStyleOpt = _A.prompt_style,
+    answer_type: opt.AnswerTypeOpt = None,
+    answer_fallback: opt.AnswerFallbackOpt = _A.fallback,
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
@@ -197,6 +224,7 @@ def generate(
     overwrite: Overwrite = False,
 ) -> None:
     """Sample responses per question into a resumable store, with each token's layer readout (SPEC §5)."""
+    answers = answer_config(prompt_style, answer_type, answer_fallback, task)
     sampling = SamplingConfig(
         temperature, top_p, max_new_tokens, _readout_tokens(readout_tokens, _S.readout_tokens)
     )
@@ -221,6 +249,7 @@ def generate(
         device=device,
         dtype=dtype,
         trust_remote_code=trust_remote_code,
+        answers=answers,
         also_divergences=also_divergences,
     )
 
@@ -247,6 +276,14 @@ def print_report(report: ThinkReport) -> None:
             f"{s.cost_paper_mean:,.0f}",
         )
     console.print(table)
+    err_console.print(info.answers.line(), highlight=False)
+    unanswered = {s.method: s.no_answer for s in report.summaries if s.no_answer}
+    if unanswered:
+        err_console.print(
+            "votes with no answer (wrong), questions per trial: "
+            + ", ".join(f"{m} {v:g}" for m, v in unanswered.items()),
+            highlight=False,
+        )
     if info.excluded:
         err_console.print(
             f"[yellow]{len(info.excluded)} question(s) left out (fewer than n usable responses):[/] "
@@ -305,6 +342,9 @@ def thinkn(
     ] = None,
     deep_rule: Annotated[str | None, typer.Option("--deep-rule", help="spec or paper-literal.")] = None,
     divergence: opt.DivergenceOpt = D["divergence"],
+    prompt_style: opt.PromptStyleOpt = _A.prompt_style,
+    answer_type: opt.AnswerTypeOpt = None,
+    answer_fallback: opt.AnswerFallbackOpt = _A.fallback,
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
@@ -349,6 +389,7 @@ def thinkn(
             device=device,
             dtype=dtype,
             trust_remote_code=trust_remote_code,
+            answers=answer_config(prompt_style, answer_type, answer_fallback, task),
         )
     stored = DTRConfig.from_dict(read_manifest(store)["dtr"])
     dtr = DTRConfig(
@@ -367,9 +408,17 @@ def thinkn(
 @app.command("tasks")
 def tasks() -> None:
     """List the task names --task accepts."""
-    from depthlens.studies.tasks import HUB_TASKS, reasoning_gym_names
+    from depthlens.studies.tasks import ANSWER_TYPES, HUB_TASKS, reasoning_gym_names
 
     console.print("[bold]hub benchmarks[/] (need the hub, or --data FILE.jsonl): " + ", ".join(HUB_TASKS))
     console.print("[bold]reasoning-gym[/] (offline, generated; use reasoning_gym:<name>):")
     console.print(", ".join(reasoning_gym_names()), soft_wrap=True)
+    console.print(
+        "[bold]answer types[/] (others inferred from the reference answers; --answer-type overrides):"
+    )
+    by_type: dict[str, list[str]] = {}
+    for family, kind in ANSWER_TYPES.items():
+        by_type.setdefault(kind, []).append(family)
+    for kind, families in by_type.items():
+        console.print(f"  {kind}: {', '.join(families)}", soft_wrap=True)
     console.print("[bold]local[/]: any .jsonl with question, answer and optional choices per line")

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from depthlens import __version__
-from depthlens.config import DTRConfig, ReadoutConfig, SamplingConfig, VotingConfig
+from depthlens.config import AnswerConfig, DTRConfig, ReadoutConfig, SamplingConfig, VotingConfig
 from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, settling_depth
 from depthlens.models.load import LoadedModel
@@ -37,6 +37,7 @@ from depthlens.studies.records import ResultWriter, iter_jsonl, manifest_path
 from depthlens.studies.score import as_token_ids
 from depthlens.studies.tables import write_csv
 from depthlens.studies.tasks import Question, grade
+from depthlens.voting.answers import RULES, SOURCES
 from depthlens.voting.methods import Response, think_at_n
 from depthlens.voting.trials import MethodSummary, ablation, run_trials
 
@@ -57,21 +58,65 @@ REQUIRED = (
 )
 
 
+ANSWER_FIELDS = (
+    "question_id",
+    "finish",
+    "answer",
+    "answer_source",
+    "vote_key",
+    "grade",
+    "correct",
+    "task_score",
+)
+
+
 def sample_seed(seed: int, question_id: str, index: int) -> int:
     """A response's own seed: stable across runs, batch sizes, pool sizes and Python versions."""
     digest = hashlib.sha256(f"{seed}:{question_id}:{index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def prompt_ids(lm: LoadedModel, question: Question) -> list[int]:
-    """The question as the model is prompted: its chat template when it has one, else the plain message."""
+def prompt_ids(lm: LoadedModel, question: Question, prompt_style: str = "paper") -> list[int]:
+    """The question as the model is prompted: its chat template when it has one, else the plain messages."""
     tok = lm.tokenizer
     if tok is None:
         raise InputError(f"model {lm.name} has no tokenizer; generation needs one")
+    messages = question.messages(prompt_style)
     if getattr(tok, "chat_template", None):
-        messages = [{"role": "user", "content": question.user_message}]
         return as_token_ids(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
-    return as_token_ids(tok(question.user_message + "\n\n", add_special_tokens=True)["input_ids"])
+    plain = "\n\n".join(m["content"] for m in messages)
+    return as_token_ids(tok(plain + "\n\n", add_special_tokens=True)["input_ids"])
+
+
+LEGACY_ANSWERS = {
+    "prompt_style": "paper",
+    "answer_type": None,
+    "fallback": "last-number",
+    "rules": "depthlens-answers-1",
+}
+"""What a store written before the answer rules (no ``answers`` in its manifest) was prompted and read with."""
+
+
+def store_answers(manifest: dict[str, Any]) -> tuple[AnswerConfig, str]:
+    """A store's answer settings and the rules that graded it (old stores: paper prompts, the old rules)."""
+    entry = {**LEGACY_ANSWERS, **manifest.get("answers", {})}
+    rules = str(entry.pop("rules"))
+    return AnswerConfig.from_dict(entry), rules
+
+
+def answer_fields(
+    question: Question, text: str, finish: str, rules: AnswerConfig, timeout_s: int = 5
+) -> dict[str, Any]:
+    """The stored answer of one response: extracted and graded under ``rules`` (also what ``regrade`` rewrites)."""
+    graded = grade(question, text, finish, rules, timeout_s)
+    return {
+        "answer": graded.answer,
+        "answer_source": graded.source or "none",
+        "vote_key": graded.key,
+        "grade": graded.status,
+        "correct": graded.correct,
+        "task_score": graded.task_score,
+    }
 
 
 def _rounded(values: Sequence[float], digits: int = 5) -> list[float]:
@@ -87,14 +132,19 @@ def deep_from_divergence(
 
 
 def sample_record(
-    lm: LoadedModel, question: Question, index: int, trace: Trace, dtr: DTRConfig, timeout_s: int = 5
+    lm: LoadedModel,
+    question: Question,
+    index: int,
+    trace: Trace,
+    dtr: DTRConfig,
+    rules: AnswerConfig = AnswerConfig(),
+    timeout_s: int = 5,
 ) -> dict[str, Any]:
     """One stored response: tokens, text, graded answer, and the per-token values voting and studies need.
 
     Per-token floats are rounded to 5 decimals (divergences too: ~9 bytes each, L per read-out token).
     """
     text = lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True) if lm.tokenizer else ""
-    graded = grade(question, text, timeout_s)
     deep = deep_from_divergence(trace.divergence, lm.n_layers, dtr)
     return {
         "id": f"{question.id}#{index}",
@@ -106,12 +156,7 @@ def sample_record(
         "n_tokens": len(trace),
         "text": text,
         "token_ids": trace.token_ids,
-        "answer": graded.answer,
-        "answer_source": graded.source,
-        "vote_key": graded.key,
-        "grade": graded.status,
-        "correct": graded.correct,
-        "task_score": graded.task_score,
+        **answer_fields(question, text, trace.finish, rules, timeout_s),
         "dtr_readout": deep_thinking_ratio(deep),
         **{key: _rounded(getattr(trace, key)) for key in PER_TOKEN},
         "divergence": [_rounded(row) for row in trace.divergence],
@@ -137,6 +182,8 @@ class GenerationReport:
     skipped: int = 0  # already in the store (resume)
     failed: int = 0
     grades: Counter[str] = dataclasses.field(default_factory=Counter)
+    sources: Counter[str] = dataclasses.field(default_factory=Counter)
+    truncated: int = 0  # responses cut at --max-new-tokens
     tokens: int = 0
 
 
@@ -154,6 +201,7 @@ def generate_store(
     resume: bool = False,
     overwrite: bool = False,
     task: dict[str, Any] | None = None,
+    answers: AnswerConfig = AnswerConfig(),
     on_start: Callable[[int, int], None] = lambda total, done: None,
     on_batch: Callable[[int], None] = lambda n: None,
     on_token: Callable[[int], None] = lambda n: None,
@@ -176,6 +224,7 @@ def generate_store(
         "sampling": sampling.to_dict(),
         "readout": readout.to_dict(),
         "dtr": dtr.to_dict(),
+        "answers": {**answers.to_dict(), "rules": RULES},
         "command": " ".join(sys.argv),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
@@ -200,7 +249,7 @@ def generate_store(
         try:
             for question in questions:
                 _generate_question(
-                    lm, generator, writer, question, pool, seed, dtr, batch_size, report, on_batch
+                    lm, generator, writer, question, pool, seed, dtr, answers, batch_size, report, on_batch
                 )
         except DepthlensError as exc:
             raise type(exc)(
@@ -217,6 +266,7 @@ def _generate_question(
     pool: int,
     seed: int,
     dtr: DTRConfig,
+    answers: AnswerConfig,
     batch_size: int,
     report: GenerationReport,
     on_batch: Callable[[int], None],
@@ -229,7 +279,7 @@ def _generate_question(
             continue
         seeds = [sample_seed(seed, question.id, i) for i in indices]  # the whole batch: same layout as before
         try:
-            prompt = prompt if prompt is not None else prompt_ids(lm, question)
+            prompt = prompt if prompt is not None else prompt_ids(lm, question, answers.prompt_style)
             traces = generator.start(prompt, seeds).traces
         except (InputError, RuntimeError) as exc:  # too long for the context, out of memory, ...
             for i in missing:
@@ -238,12 +288,66 @@ def _generate_question(
             on_batch(len(missing))
             continue
         for i in missing:
-            record = sample_record(lm, question, i, traces[i - first], dtr)
+            record = sample_record(lm, question, i, traces[i - first], dtr, answers)
             writer.write(record)
             report.written += 1
             report.tokens += record["n_tokens"]
             report.grades[record["grade"]] += 1
+            report.sources[record["answer_source"]] += 1
+            report.truncated += record["finish"] == "length"
         on_batch(len(missing))
+
+
+@dataclasses.dataclass(frozen=True)
+class AnswerSummary:
+    """How a store's answers were read: per source (``none`` = no answer), truncated, questions unanswered."""
+
+    rules: str  # the rules that graded the store (``depthlens-answers-1`` = before answer rules)
+    prompt_style: str
+    fallback: str
+    sources: dict[str, int]
+    truncated: int  # responses cut at the token cap
+    unparsed: int  # answers Math-Verify could not compare (counted wrong)
+    unanswered_questions: list[str]  # no response of the pool answered: wrong under every method
+
+    @classmethod
+    def of(cls, manifest: dict[str, Any], records: Sequence[dict[str, Any]]) -> AnswerSummary:
+        settings, rules = store_answers(manifest)
+        sources = Counter({s: 0 for s in SOURCES})
+        answered: dict[str, bool] = {}
+        for r in records:
+            # Stores of the old rules named the last-number fallback "number".
+            source = {"number": "last-number", None: "none"}.get(
+                r.get("answer_source"), r.get("answer_source")
+            )
+            sources[str(source)] += 1
+            qid = str(r["question_id"])
+            answered[qid] = answered.get(qid, False) or r.get("vote_key") is not None
+        return cls(
+            rules,
+            settings.prompt_style,
+            settings.fallback,
+            dict(sources),
+            sum(r.get("finish") == "length" for r in records),
+            sum(r.get("grade") == "unparsed" for r in records),
+            sorted(q for q, yes in answered.items() if not yes),
+        )
+
+    def line(self) -> str:
+        """One line for a table's notes: where the answers came from."""
+        counts = ", ".join(f"{k} {v}" for k, v in self.sources.items() if v)
+        return (
+            f"answers ({self.rules}, {self.prompt_style} prompts, fallback {self.fallback}): {counts}; "
+            f"{self.truncated} truncated, {self.unparsed} unparsed"
+            + (
+                f"; {len(self.unanswered_questions)} question(s) with no answer at all"
+                if self.unanswered_questions
+                else ""
+            )
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +358,7 @@ class StoreInfo:
     failed: list[str]  # ids of failed responses
     excluded: list[str]  # questions left out of voting (fewer usable responses than n)
     grades: dict[str, int]
+    answers: AnswerSummary
 
 
 def read_manifest(out_dir: Path) -> dict[str, Any]:
@@ -282,7 +387,7 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
     manifest = read_manifest(out_dir)
     n_layers = int(manifest["n_layers"])
     pools: dict[str, list[Response]] = {q: [] for q in manifest["questions"]}
-    failed, grades = [], Counter()
+    failed, grades, usable_records = [], Counter(), []
     for line, record in enumerate(iter_jsonl(out_dir / SAMPLES), start=1):
         if record.get("status") == "failed":
             failed.append(str(record.get("id")))
@@ -295,6 +400,7 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
             )
         deep = deep_from_divergence(record["divergence"], n_layers, dtr)
         grades[record.get("grade", "?")] += 1
+        usable_records.append({k: record.get(k) for k in ANSWER_FIELDS})
         pools.setdefault(record["question_id"], []).append(
             Response(
                 key=record["vote_key"],
@@ -308,7 +414,13 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
     excluded = sorted(q for q, p in pools.items() if len(p) < n)
     usable = {q: p for q, p in pools.items() if len(p) >= n}
     info = StoreInfo(
-        manifest, len(pools), sum(len(p) for p in pools.values()), failed, excluded, dict(grades)
+        manifest,
+        len(pools),
+        sum(len(p) for p in pools.values()),
+        failed,
+        excluded,
+        dict(grades),
+        AnswerSummary.of(manifest, usable_records),
     )
     return usable, info
 
@@ -363,6 +475,7 @@ def _write_summary(out_dir: Path, report: ThinkReport) -> None:
         "responses": report.info.responses,
         "failed_responses": report.info.failed,
         "grades": report.info.grades,
+        "answers": report.info.answers.to_dict(),
         "methods": rows,
         "ablation": report.ablation,
         "command": " ".join(sys.argv),
