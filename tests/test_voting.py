@@ -38,6 +38,8 @@ LETTER = ExtractionConfig("letter", choices=4)
         ("The answer is 12.", NUMBER, False, ("12", "phrase")),
         ("The answer is:\n1. First, add", NUMBER, True, None),  # a numbered step is not an answer
         ("no digits here", LAST_NUMBER, True, None),
+        ("1. Add 2 and 3\n2. Get 5\n3. Done", LAST_NUMBER, True, ("5", "last-number")),  # step numbers skipped
+        ("Steps:\n1. Identify\n2. Reverse", LAST_NUMBER, True, None),
         ("1. Identify the word\n2. Reverse it: 3 letters", WORD, True, None),
         ("The answer is: olleh.", WORD, False, ("olleh", "phrase")),
         (r"\boxed{\text{olleh}}", WORD, True, ("olleh", "boxed")),
@@ -152,7 +154,41 @@ def test_trace_confidence_variants():
 
 def test_no_answers_means_wrong():
     pool = [_r(None, False, 3, [1, 1, 1]), _r(None, False, 3, [0, 0, 0])]
-    assert METHODS["cons@n"](pool, VotingConfig(n=2)).accuracy == 0.0
+    for name, method in METHODS.items():
+        outcome = method(pool, VotingConfig(n=2, prefix=3))
+        assert outcome.accuracy == 0.0 and outcome.answer is None, name
+        assert outcome.voted == (name != "mean@n")
+
+
+def test_responses_without_an_answer_never_win():
+    # three unanswered responses outnumber the one answer, and carry the higher DTR and confidence
+    pool = [_r(None, False, 4, [1, 1], conf=9.0)] * 3 + [_r("7", True, 4, [0, 0], conf=1.0)]
+    for name, method in METHODS.items():
+        if name != "mean@n":
+            outcome = method(pool, VotingConfig(n=4, eta=1.0, prefix=2))
+            assert (outcome.answer, outcome.accuracy) == ("7", 1.0), name
+
+
+def test_deepconf_drops_traces_without_an_answer_before_ranking():
+    # the two most confident traces have no answer; η = 0.5 of the two answered keeps the more confident one
+    pool = [
+        _r(None, False, 5, [0], conf=9.0),
+        _r("x", False, 5, [0], conf=1.0),
+        _r(None, False, 5, [0], conf=8.0),
+        _r("y", True, 5, [0], conf=2.0),
+    ]
+    outcome = METHODS["deepconf-mean@n"](pool, VotingConfig(n=4, eta=0.5))
+    assert outcome.kept == (3,) and outcome.answer == "y" and outcome.cost == 20
+    # ranked over all four (as before this rule), DeepConf would keep two unanswered traces and answer nothing
+    assert METHODS["think@n"](pool, VotingConfig(n=4, eta=0.5, prefix=1)).kept == (0, 1)
+
+
+def test_trials_count_votes_without_an_answer():
+    answered = [_r("1", True, 2, [1, 1]), _r("1", True, 2, [1, 1])]
+    silent = [_r(None, False, 2, [1, 1]), _r(None, False, 2, [1, 1])]
+    summaries = {s.method: s for s in run_trials({"a": answered, "b": silent}, VotingConfig(n=2, trials=3))}
+    assert summaries["cons@n"].accuracy_mean == 0.5 and summaries["cons@n"].no_answer == 1.0
+    assert summaries["mean@n"].no_answer == 0.0  # Mean@n does not vote
 
 
 def test_prefix_longer_than_the_readout_is_an_error():

@@ -18,11 +18,13 @@ if TYPE_CHECKING:
 def print_regrade(report: RegradeReport) -> None:
     """The store before and after: answers per source, grades, and what changed."""
     b, a = report.before, report.after
-    table = Table(
-        title=f"{report.store} · {report.rules_before} → {report.rules_after} · {report.responses} responses "
+    console.print(
+        f"{report.store}: {report.rules_before} → {report.rules_after}, {report.responses} responses "
         f"({a.prompt_style} prompts, fallback {a.fallback})",
-        title_justify="left",
+        soft_wrap=True,
+        highlight=False,
     )
+    table = Table()
     for column in ("", "before", "after"):
         table.add_column(column, justify="left" if not column else "right")
     for source in a.sources:

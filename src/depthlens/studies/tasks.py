@@ -191,8 +191,9 @@ def grade(
             found.text, found.source, key, "correct" if found.text == question.answer else "wrong", None
         )
     score = _task_score(question, found.text)
-    if score is not None and (score >= 1.0 or rules.prompt_style == "native"):
-        return Grade(found.text, found.source, key, "correct" if score >= 1.0 else "wrong", score)
+    # Full credit is exactly 1: spell_backward's partial credit for a right prefix sums to 1.0000000000000002.
+    if score is not None and (score == 1.0 or rules.prompt_style == "native"):
+        return Grade(found.text, found.source, key, "correct" if score == 1.0 else "wrong", score)
     if config.answer_type not in NUMERIC:
         return Grade(
             found.text, found.source, key, "correct" if key == vote_key(question.answer) else "wrong", score

@@ -6,8 +6,8 @@ A response answers only where it states an answer; a number met in its reasoning
 2. ``boxed`` — the last brace-matched ``\\boxed{…}`` (or ``\\fbox{…}``) with non-empty content;
 3. ``phrase`` — the last explicit final-answer phrase: "the answer is …", "final answer: …", "Answer: …";
 4. fallbacks, only for a response that ended by itself (finish ``eos``, not cut at the token cap):
-   ``letter`` — a letter task's last "(X)"; ``last-number`` — a numeric task's last number, and only with
-   ``fallback="last-number"``.
+   ``letter`` — a letter task's last "(X)"; ``last-number`` — a numeric task's last number (not the "2." that
+   numbers a step), and only with ``fallback="last-number"``.
 
 The answer type decides what counts: ``string`` and ``list`` answers are text (never a bare number), ``letter``
 answers only the task's option letters, ``number`` and ``expression`` numbers and LaTeX (equivalence through
@@ -45,6 +45,7 @@ _PHRASE = re.compile(
     r"(?:\bfinal\s+answer|\banswer)\s*\**\s*(?:(?:is|would\s+be|will\s+be)\b\s*:?|[:：])\s*?\**[ \t]*",
     re.IGNORECASE,
 )
+_STEP_MARKER = re.compile(r"(?m)^[ \t]*\d+[.)](?=\s)")  # "2. " opening a line numbers a step
 _STEP = re.compile(r"\s*(?:\d+[.)]|[-*•])\s")  # a numbered or bulleted step, not an answer
 _LETTER_IN = re.compile(r"^\(?\s*([A-J])\s*\)?[.:]?(?![A-Za-z])")
 _PAREN_LETTER = re.compile(r"\(([A-J])\)")
@@ -167,7 +168,7 @@ def extract_answer(
         hits = [m for m in _PAREN_LETTER.findall(text) if m in config.letters]
         return Answer(hits[-1], "letter") if hits else None
     if config.answer_type in NUMERIC and config.fallback == "last-number":
-        numbers = _NUMBER.findall(text)
+        numbers = _NUMBER.findall(_STEP_MARKER.sub(" ", text))
         if numbers:
             return Answer(numbers[-1].rstrip(".,"), "last-number")
     return None
