@@ -92,7 +92,10 @@ def test_regrade_cli_prints_before_and_after(monkeypatch, capsys, tiny_chat, tmp
     assert "1 response(s) changed answer, 1 changed grade" in err
     code, _, err = run(monkeypatch, capsys, "thinkn", "--from", store, "--n", "2", "--trials", "1")
     assert code in (0, None), err
-    assert "answers (depthlens-answers-2, paper prompts, fallback last-number): boxed 1, phrase 1, last-number 1, none 1;" in err
+    assert (
+        "answers (depthlens-answers-2, paper prompts, fallback last-number): boxed 1, phrase 1, last-number 1, none 1;"
+        in err
+    )
 
 
 def test_regrade_refuses_questions_reasoning_gym_no_longer_generates(tiny_chat, tmp_path):
@@ -127,3 +130,15 @@ def test_answer_types_from_the_registry_or_inferred():
     assert infer_answer_type([r"\frac{1}{2}", "3"]) == "expression"
     assert infer_answer_type(["B", "C"]) == "letter"
     assert infer_answer_type(["cyan", "12"]) == "string"
+
+
+def test_native_prompts_need_a_reasoning_gym_task(monkeypatch, capsys, tmp_path):
+    code, _, err = run(monkeypatch, capsys, "generate", "--out", tmp_path / "s", "--task", "aime2025",
+                       "--prompt-style", "native")  # fmt: skip
+    assert code == 2
+    assert err.strip() == (
+        "error: --prompt-style native asks in reasoning-gym's own format, so it needs a reasoning_gym task, "
+        "not 'aime2025'; use --prompt-style paper"
+    )
+    code, _, err = run(monkeypatch, capsys, "generate", "--out", tmp_path / "s", "--answer-fallback", "last")
+    assert code == 2 and "AnswerConfig.fallback = 'last' is not one of ['none', 'last-number']" in err

@@ -13,7 +13,6 @@ from depthlens.voting.answers import ExtractionConfig, answers_equivalent, extra
 from depthlens.voting.methods import METHODS, Response, trace_confidence, vote
 from depthlens.voting.trials import ablation, draw, run_trials
 
-
 NUMBER = ExtractionConfig()
 LAST_NUMBER = ExtractionConfig(fallback="last-number")
 WORD = ExtractionConfig("string", fallback="last-number")  # the fallback never applies to a string task
@@ -38,7 +37,12 @@ LETTER = ExtractionConfig("letter", choices=4)
         ("The answer is 12.", NUMBER, False, ("12", "phrase")),
         ("The answer is:\n1. First, add", NUMBER, True, None),  # a numbered step is not an answer
         ("no digits here", LAST_NUMBER, True, None),
-        ("1. Add 2 and 3\n2. Get 5\n3. Done", LAST_NUMBER, True, ("5", "last-number")),  # step numbers skipped
+        (
+            "1. Add 2 and 3\n2. Get 5\n3. Done",
+            LAST_NUMBER,
+            True,
+            ("5", "last-number"),
+        ),  # step numbers skipped
         ("Steps:\n1. Identify\n2. Reverse", LAST_NUMBER, True, None),
         ("1. Identify the word\n2. Reverse it: 3 letters", WORD, True, None),
         ("The answer is: olleh.", WORD, False, ("olleh", "phrase")),

@@ -29,7 +29,7 @@ from depthlens.studies.correlation import (
 )
 from depthlens.studies.records import manifest_path
 from depthlens.studies.tables import markdown_table, write_csv
-from depthlens.studies.thinkn import SAMPLES, summarise
+from depthlens.studies.thinkn import SAMPLES, AnswerSummary, summarise
 from depthlens.viz.heatmap import draw_divergence_heatmap, write_heatmap_html
 from depthlens.viz.study import draw_accuracy_cost, draw_metric_bins, draw_sweeps, draw_token_settling
 
@@ -280,6 +280,8 @@ def _store_section(study: StoreStudy, summary: dict[str, Any] | None, out: Path)
     lines = [f"## {store.label}", "", f"Store `{store.path}`: {len(store.responses)} responses to "
              f"{len(store.questions())} questions, accuracy {100 * store.accuracy:.0f} %"
              + (f", {store.failed} failed" if store.failed else "") + ".", ""]  # fmt: skip
+    if summary and "answers" in summary:  # how the accuracies above read their answers (SPEC §5)
+        lines += [f"How its answers were read: {AnswerSummary(**summary['answers']).line()}.", ""]
     if "heatmap" in f:
         lines += ["**Figure 2** — one response's divergence to the final layer, token × layer; dots mark where each "
                   f"token settles (blue: deep-thinking). [Interactive version]({f['heatmap_html']}).", "",

@@ -42,7 +42,8 @@ NUMERIC: tuple[str, ...] = ("number", "expression")
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*")
 _TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)  # reasoning_gym.utils.extract_answer's pattern
 _PHRASE = re.compile(
-    r"(?:\bfinal\s+answer|\banswer)\s*\**\s*(?:(?:is|would\s+be|will\s+be)\b\s*:?|[:：])\s*?\**[ \t]*",
+    r"(?:\bfinal\s+answer|\banswer)(?:\s+to\s+(?:this|the)\s+(?:question|problem))?\s*\**\s*"
+    r"(?:(?:is|would\s+be|will\s+be)\b\s*:?|[:：])\s*?\**[ \t]*",
     re.IGNORECASE,
 )
 _STEP_MARKER = re.compile(r"(?m)^[ \t]*\d+[.)](?=\s)")  # "2. " opening a line numbers a step
