@@ -141,4 +141,4 @@ def test_native_prompts_need_a_reasoning_gym_task(monkeypatch, capsys, tmp_path)
         "not 'aime2025'; use --prompt-style paper"
     )
     code, _, err = run(monkeypatch, capsys, "generate", "--out", tmp_path / "s", "--answer-fallback", "last")
-    assert code == 2 and "AnswerConfig.fallback = 'last' is not one of ['none', 'last-number']" in err
+    assert code == 2 and err.strip() == "error: --answer-fallback 'last': use one of none, last-number"

@@ -54,6 +54,8 @@ LETTER = ExtractionConfig("letter", choices=4)
         (r"\boxed{\text{(D)}}", LETTER, True, ("D", "boxed")),
         ("so the answer is (A), not 5", LETTER, True, ("A", "phrase")),
         ("I pick (B) ... then (C)", LETTER, True, ("C", "letter")),
+        ("D) Neutron", LETTER, True, ("D", "letter")),
+        ('The answer to the question "How?" is "nus."', WORD, True, ("nus", "phrase")),
         ("I pick (B) ... then (C)", LETTER, False, None),  # the last mention of a cut-off text
         (r"\boxed{(E)}", LETTER, True, None),  # not one of four choices
         ("The answer is 5", LETTER, True, None),  # a letter task takes letters only

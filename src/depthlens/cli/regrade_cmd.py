@@ -70,10 +70,10 @@ def regrade(
     No model and no generation: reasoning-gym questions are regenerated from the store's seed and config, so
     each dataset's own scorer grades them. Each record keeps its previous answer in answer_history.
     """
-    from depthlens.config import AnswerConfig
+    from depthlens.cli.thinkn_cmd import answer_config
     from depthlens.studies.regrade import regrade_store
 
-    AnswerConfig(answer_type=answer_type, fallback=answer_fallback or "none")  # type: ignore[arg-type]  # checks
+    answer_config("paper", answer_type, answer_fallback or "none", None)  # checks the values before any work
     for store in stores:
         with err_console.status(f"regrading {store}"):
             report = regrade_store(store, answer_type, answer_fallback)

@@ -24,6 +24,17 @@ def answer_config(
     prompt_style: str, answer_type: str | None, fallback: str, task: str | None
 ) -> AnswerConfig:
     """The answer settings of --prompt-style, --answer-type and --answer-fallback (checked)."""
+    from typing import get_args
+
+    from depthlens.config import AnswerType, Fallback, PromptStyle
+
+    for option, value, literal in (
+        ("--prompt-style", prompt_style, PromptStyle),
+        ("--answer-type", answer_type, AnswerType),
+        ("--answer-fallback", fallback, Fallback),
+    ):
+        if value is not None and value not in get_args(literal):
+            raise InputError(f"{option} {value!r}: use one of {', '.join(get_args(literal))}")
     rules = AnswerConfig(prompt_style, answer_type, fallback)  # type: ignore[arg-type]
     if task is not None and rules.prompt_style == "native" and not task.startswith("reasoning_gym:"):
         raise InputError(

@@ -4,9 +4,10 @@ A response answers only where it states an answer; a number met in its reasoning
 
 1. ``tag`` — the last ``<answer>…</answer>`` (only with ``tags``: reasoning-gym's own prompt style);
 2. ``boxed`` — the last brace-matched ``\\boxed{…}`` (or ``\\fbox{…}``) with non-empty content;
-3. ``phrase`` — the last explicit final-answer phrase: "the answer is …", "final answer: …", "Answer: …";
+3. ``phrase`` — the last explicit final-answer phrase: "the answer is …", "final answer: …", "Answer: …",
+   "the answer to the question … is …";
 4. fallbacks, only for a response that ended by itself (finish ``eos``, not cut at the token cap):
-   ``letter`` — a letter task's last "(X)"; ``last-number`` — a numeric task's last number (not the "2." that
+   ``letter`` — a letter task's last "(X)" (or "X)" opening a line); ``last-number`` — a numeric task's last number (not the "2." that
    numbers a step), and only with ``fallback="last-number"``.
 
 The answer type decides what counts: ``string`` and ``list`` answers are text (never a bare number), ``letter``
@@ -42,14 +43,14 @@ NUMERIC: tuple[str, ...] = ("number", "expression")
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*")
 _TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)  # reasoning_gym.utils.extract_answer's pattern
 _PHRASE = re.compile(
-    r"(?:\bfinal\s+answer|\banswer)(?:\s+to\s+(?:this|the)\s+(?:question|problem))?\s*\**\s*"
-    r"(?:(?:is|would\s+be|will\s+be)\b\s*:?|[:：])\s*?\**[ \t]*",
+    r"(?:\bfinal\s+answer|\banswer)\s*\**\s*(?:(?:is|would\s+be|will\s+be)\b\s*:?|[:：])\s*?\**[ \t]*"
+    r"|\banswer\s+to\s+[^\n.]{1,80}?\s+is\b\s*:?[ \t]*",  # "The answer to the question … is X"
     re.IGNORECASE,
 )
 _STEP_MARKER = re.compile(r"(?m)^[ \t]*\d+[.)](?=\s)")  # "2. " opening a line numbers a step
 _STEP = re.compile(r"\s*(?:\d+[.)]|[-*•])\s")  # a numbered or bulleted step, not an answer
 _LETTER_IN = re.compile(r"^\(?\s*([A-J])\s*\)?[.:]?(?![A-Za-z])")
-_PAREN_LETTER = re.compile(r"\(([A-J])\)")
+_PAREN_LETTER = re.compile(r"\(([A-J])\)|^[ \t]*([A-J])\)", re.MULTILINE)  # "(B)", or "D) …" opening a line
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _MATH = re.compile(r"\$\$?(.+?)\$\$?|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 _TEXT_WRAP = re.compile(r"\\(?:text|mathrm|textbf)\{([^}]*)\}")
@@ -166,7 +167,7 @@ def extract_answer(
     if not finished:
         return None
     if config.answer_type == "letter":
-        hits = [m for m in _PAREN_LETTER.findall(text) if m in config.letters]
+        hits = [a or b for a, b in _PAREN_LETTER.findall(text) if (a or b) in config.letters]
         return Answer(hits[-1], "letter") if hits else None
     if config.answer_type in NUMERIC and config.fallback == "last-number":
         numbers = _NUMBER.findall(_STEP_MARKER.sub(" ", text))
