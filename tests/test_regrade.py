@@ -80,6 +80,11 @@ def test_regrade_reads_an_old_store_under_the_current_rules(tiny_chat, tmp_path)
 def test_regrade_cli_prints_before_and_after(monkeypatch, capsys, tiny_chat, tmp_path):
     store = tmp_path / "old"
     _old_store(tiny_chat, store)
+    code, _, err = run(monkeypatch, capsys, "thinkn", "--from", store, "--n", "2", "--trials", "1")
+    assert (
+        "answers (depthlens-answers-1, paper prompts, fallback last-number): boxed 1, last-number 3;" in err
+    )
+    assert f"older rules (depthlens-answers-1); `depthlens regrade {store}` re-reads them" in err
     code, out, err = run(monkeypatch, capsys, "regrade", store, "--answer-fallback", "last-number")
     assert code in (0, None), err
     assert "depthlens-answers-1 → depthlens-answers-2" in out

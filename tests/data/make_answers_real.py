@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from depthlens.config import AnswerConfig
-from depthlens.studies.regrade import rebuild_questions
 from depthlens.studies.records import iter_jsonl
+from depthlens.studies.regrade import rebuild_questions
 from depthlens.studies.tasks import grade
 from depthlens.studies.thinkn import SAMPLES, read_manifest, store_answers
 

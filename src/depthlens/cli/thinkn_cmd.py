@@ -265,7 +265,9 @@ def generate(
     )
 
 
-def print_report(report: ThinkReport) -> None:
+def print_report(report: ThinkReport, store: Path | None = None) -> None:
+    from depthlens.voting.answers import RULES
+
     info = report.info
     v = report.voting
     prefix = "full" if v.prefix is None else v.prefix
@@ -288,6 +290,11 @@ def print_report(report: ThinkReport) -> None:
         )
     console.print(table)
     err_console.print(info.answers.line(), highlight=False)
+    if info.answers.rules != RULES:
+        err_console.print(
+            f"[yellow]these answers were read by older rules ({info.answers.rules}); `depthlens regrade "
+            f"{store or 'STORE'}` re-reads them under {RULES}[/]"
+        )
     unanswered = {s.method: s.no_answer for s in report.summaries if s.no_answer}
     if unanswered:
         err_console.print(
@@ -410,7 +417,7 @@ def thinkn(
     )
     with err_console.status("voting"):
         report = summarise(store, voting, dtr, method_list, with_ablation=ablation)
-    print_report(report)
+    print_report(report, store)
     if report.voting.trials > 1 and report.info.manifest["pool"] == n:
         err_console.print("note: pool = n, so every trial draws the same responses (std 0); use --pool > n")
     err_console.print(f"summary: {store / 'thinkn.json'}, {store / 'thinkn.csv'}")

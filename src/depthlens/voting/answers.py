@@ -7,8 +7,8 @@ A response answers only where it states an answer; a number met in its reasoning
 3. ``phrase`` — the last explicit final-answer phrase: "the answer is …", "final answer: …", "Answer: …",
    "the answer to the question … is …";
 4. fallbacks, only for a response that ended by itself (finish ``eos``, not cut at the token cap):
-   ``letter`` — a letter task's last "(X)" (or "X)" opening a line); ``last-number`` — a numeric task's last number (not the "2." that
-   numbers a step), and only with ``fallback="last-number"``.
+   ``letter`` — a letter task's last "(X)" (or "X)" opening a line); ``last-number`` — a numeric task's last
+   number (not the "2." that numbers a step), and only with ``fallback="last-number"``.
 
 The answer type decides what counts: ``string`` and ``list`` answers are text (never a bare number), ``letter``
 answers only the task's option letters, ``number`` and ``expression`` numbers and LaTeX (equivalence through
