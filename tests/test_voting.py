@@ -49,6 +49,9 @@ LETTER = ExtractionConfig("letter", choices=4)
         (r"\boxed{\text{olleh}}", WORD, True, ("olleh", "boxed")),
         ("<answer>Hart, find, tax</answer> and 7", LIST, False, ("Hart, find, tax", "tag")),
         ("<answer>Hart, find", LIST, False, None),  # an unclosed tag
+        ("<answer>answer here</answer>", LIST, True, None),  # the native prompt's own example, copied
+        ("<answer>answer here</answer>", ExtractionConfig(tags=True), True, None),
+        ("The answer is: the sum", NUMBER, True, None),  # a number task takes numbers
         (r"The final answer is \boxed{(C)}.", LETTER, True, ("C", "boxed")),
         (r"The final answer is \boxed{B}", LETTER, True, ("B", "boxed")),
         (r"\boxed{\text{(D)}}", LETTER, True, ("D", "boxed")),

@@ -39,6 +39,7 @@ RULES = "depthlens-answers-2"
 ``answers`` entry in the manifest) were read by ``depthlens-answers-1``: any last number, cut-off text too."""
 
 NUMERIC: tuple[str, ...] = ("number", "expression")
+PLACEHOLDER = "answer here"  # reasoning-gym's system prompt shows <answer>answer here</answer>; models copy it
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*")
 _TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)  # reasoning_gym.utils.extract_answer's pattern
@@ -113,6 +114,12 @@ def _as_type(raw: str, config: ExtractionConfig) -> str | None:
         return m.group(1) if m and m.group(1) in config.letters else None
     if config.answer_type in ("string", "list"):
         s = _TEXT_WRAP.sub(r"\1", s)
+    elif config.answer_type == "number" and not re.search(r"\d", s):
+        return None  # "answer here", a word: not a number
+    elif config.answer_type == "expression" and not re.search(r"[\d\\^=+*/-]", s):
+        return None
+    if s.lower() == PLACEHOLDER:
+        return None
     return s or None
 
 
