@@ -24,18 +24,9 @@ from typing import Any
 from depthlens.config import AnswerConfig, DTRConfig, VotingConfig
 from depthlens.errors import StoreError
 from depthlens.studies.records import iter_jsonl, manifest_path
+from depthlens.studies.store_answers import ANSWER_FIELDS, RULES, AnswerSummary, answer_fields, store_answers
 from depthlens.studies.tasks import HUB_TASKS, Question, infer_answer_type, load_task, parse_task_config
-from depthlens.studies.thinkn import (
-    ANSWER_FIELDS,
-    QUESTIONS,
-    SAMPLES,
-    AnswerSummary,
-    answer_fields,
-    read_manifest,
-    store_answers,
-    summarise,
-)
-from depthlens.voting.answers import RULES
+from depthlens.studies.thinkn import QUESTIONS, SAMPLES, read_manifest, summarise
 
 GRADED = ("answer", "answer_source", "vote_key", "grade", "correct", "task_score")
 

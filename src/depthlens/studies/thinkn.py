@@ -35,9 +35,9 @@ from depthlens.models.load import LoadedModel
 from depthlens.sampling.generate import GenerationBackend, HFGenerator, Trace
 from depthlens.studies.records import ResultWriter, iter_jsonl, manifest_path
 from depthlens.studies.score import as_token_ids
+from depthlens.studies.store_answers import ANSWER_FIELDS, RULES, AnswerSummary, answer_fields
 from depthlens.studies.tables import write_csv
-from depthlens.studies.tasks import Question, grade
-from depthlens.voting.answers import RULES, SOURCES
+from depthlens.studies.tasks import Question
 from depthlens.voting.methods import Response, think_at_n
 from depthlens.voting.trials import MethodSummary, ablation, run_trials
 
@@ -58,18 +58,6 @@ REQUIRED = (
 )
 
 
-ANSWER_FIELDS = (
-    "question_id",
-    "finish",
-    "answer",
-    "answer_source",
-    "vote_key",
-    "grade",
-    "correct",
-    "task_score",
-)
-
-
 def sample_seed(seed: int, question_id: str, index: int) -> int:
     """A response's own seed: stable across runs, batch sizes, pool sizes and Python versions."""
     digest = hashlib.sha256(f"{seed}:{question_id}:{index}".encode()).digest()
@@ -86,37 +74,6 @@ def prompt_ids(lm: LoadedModel, question: Question, prompt_style: str = "paper")
         return as_token_ids(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
     plain = "\n\n".join(m["content"] for m in messages)
     return as_token_ids(tok(plain + "\n\n", add_special_tokens=True)["input_ids"])
-
-
-LEGACY_ANSWERS = {
-    "prompt_style": "paper",
-    "answer_type": None,
-    "fallback": "last-number",
-    "rules": "depthlens-answers-1",
-}
-"""What a store written before the answer rules (no ``answers`` in its manifest) was prompted and read with."""
-
-
-def store_answers(manifest: dict[str, Any]) -> tuple[AnswerConfig, str]:
-    """A store's answer settings and the rules that graded it (old stores: paper prompts, the old rules)."""
-    entry = {**LEGACY_ANSWERS, **manifest.get("answers", {})}
-    rules = str(entry.pop("rules"))
-    return AnswerConfig.from_dict(entry), rules
-
-
-def answer_fields(
-    question: Question, text: str, finish: str, rules: AnswerConfig, timeout_s: int = 5
-) -> dict[str, Any]:
-    """The stored answer of one response: extracted and graded under ``rules`` (also what ``regrade`` rewrites)."""
-    graded = grade(question, text, finish, rules, timeout_s)
-    return {
-        "answer": graded.answer,
-        "answer_source": graded.source or "none",
-        "vote_key": graded.key,
-        "grade": graded.status,
-        "correct": graded.correct,
-        "task_score": graded.task_score,
-    }
 
 
 def _rounded(values: Sequence[float], digits: int = 5) -> list[float]:
@@ -296,58 +253,6 @@ def _generate_question(
             report.sources[record["answer_source"]] += 1
             report.truncated += record["finish"] == "length"
         on_batch(len(missing))
-
-
-@dataclasses.dataclass(frozen=True)
-class AnswerSummary:
-    """How a store's answers were read: per source (``none`` = no answer), truncated, questions unanswered."""
-
-    rules: str  # the rules that graded the store (``depthlens-answers-1`` = before answer rules)
-    prompt_style: str
-    fallback: str
-    sources: dict[str, int]
-    truncated: int  # responses cut at the token cap
-    unparsed: int  # answers Math-Verify could not compare (counted wrong)
-    unanswered_questions: list[str]  # no response of the pool answered: wrong under every method
-
-    @classmethod
-    def of(cls, manifest: dict[str, Any], records: Sequence[dict[str, Any]]) -> AnswerSummary:
-        settings, rules = store_answers(manifest)
-        sources = Counter({s: 0 for s in SOURCES})
-        answered: dict[str, bool] = {}
-        for r in records:
-            # Stores of the old rules named the last-number fallback "number".
-            source = {"number": "last-number", None: "none"}.get(
-                r.get("answer_source"), r.get("answer_source")
-            )
-            sources[str(source)] += 1
-            qid = str(r["question_id"])
-            answered[qid] = answered.get(qid, False) or r.get("vote_key") is not None
-        return cls(
-            rules,
-            settings.prompt_style,
-            settings.fallback,
-            dict(sources),
-            sum(r.get("finish") == "length" for r in records),
-            sum(r.get("grade") == "unparsed" for r in records),
-            sorted(q for q, yes in answered.items() if not yes),
-        )
-
-    def line(self) -> str:
-        """One line for a table's notes: where the answers came from."""
-        counts = ", ".join(f"{k} {v}" for k, v in self.sources.items() if v)
-        return (
-            f"answers ({self.rules}, {self.prompt_style} prompts, fallback {self.fallback}): {counts}; "
-            f"{self.truncated} truncated, {self.unparsed} unparsed"
-            + (
-                f"; {len(self.unanswered_questions)} question(s) with no answer at all"
-                if self.unanswered_questions
-                else ""
-            )
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,8 +28,9 @@ from depthlens.studies.correlation import (
     table_one,
 )
 from depthlens.studies.records import manifest_path
+from depthlens.studies.store_answers import AnswerSummary
 from depthlens.studies.tables import markdown_table, write_csv
-from depthlens.studies.thinkn import SAMPLES, AnswerSummary, summarise
+from depthlens.studies.thinkn import SAMPLES, summarise
 from depthlens.viz.heatmap import draw_divergence_heatmap, write_heatmap_html
 from depthlens.viz.study import draw_accuracy_cost, draw_metric_bins, draw_sweeps, draw_token_settling
 

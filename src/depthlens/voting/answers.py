@@ -39,7 +39,9 @@ RULES = "depthlens-answers-2"
 ``answers`` entry in the manifest) were read by ``depthlens-answers-1``: any last number, cut-off text too."""
 
 NUMERIC: tuple[str, ...] = ("number", "expression")
-PLACEHOLDER = "answer here"  # reasoning-gym's system prompt shows <answer>answer here</answer>; models copy it
+PLACEHOLDER = (
+    "answer here"  # reasoning-gym's system prompt shows <answer>answer here</answer>; models copy it
+)
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*")
 _TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)  # reasoning_gym.utils.extract_answer's pattern
