@@ -208,7 +208,7 @@ def prompt_variants(
                 ids = _prompt_ids(lm, _messages(template, q, examples))
                 trace = generator.sample(ids, [0])[0]
                 text = lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True)
-                graded.append(grade(q, text))
+                graded.append(grade(q, text, trace.finish))
                 records.append({"id": q.id, "prompt_ids": ids, "completion_ids": trace.token_ids})
             scored = score(lm, records, dtr=DTRConfig(), tcb=TCBConfig())
             for q, g, s in zip(qs, graded, scored, strict=True):
