@@ -147,3 +147,16 @@ def test_native_prompts_need_a_reasoning_gym_task(monkeypatch, capsys, tmp_path)
     )
     code, _, err = run(monkeypatch, capsys, "generate", "--out", tmp_path / "s", "--answer-fallback", "last")
     assert code == 2 and err.strip() == "error: --answer-fallback 'last': use one of none, last-number"
+
+
+def test_an_old_store_resumes_once_regraded(tiny_chat, tmp_path):
+    store = tmp_path / "old"
+    _old_store(tiny_chat, store)
+    again = {"pool": 2, "seed": 1, "sampling": SAMPLING, "batch_size": 2, "resume": True}
+    with pytest.raises(
+        StoreError, match=r"before the answer rules.*`depthlens regrade .*` first, then --resume"
+    ):
+        generate_store(tiny_chat, store, QUESTIONS, **again)
+    regrade_store(store)
+    report = generate_store(tiny_chat, store, QUESTIONS, **again)  # the manifests now agree
+    assert (report.skipped, report.written) == (4, 0)

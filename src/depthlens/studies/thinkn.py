@@ -185,6 +185,12 @@ def generate_store(
         "command": " ".join(sys.argv),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+    previous = manifest_path(out_dir / SAMPLES)
+    if resume and previous.is_file() and "answers" not in json.loads(previous.read_text()):
+        raise StoreError(
+            f"cannot resume {out_dir}: it was written before the answer rules, so its answers and new ones would "
+            f"be read differently; run `depthlens regrade {out_dir}` first, then --resume"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     generator = HFGenerator(lm, sampling, readout, on_token=on_token)
     report = GenerationReport()
