@@ -48,7 +48,8 @@ def compare(lm, prompt: list[int], ns: list[int], max_new_tokens: int) -> list[d
     from depthlens.voting.answers import extract_answer
 
     def key(trace) -> str | None:
-        answer = extract_answer(lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True))
+        text = lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True)
+        answer = extract_answer(text, finished=trace.finish != "length")
         return answer.text if answer else None
 
     rows = []

@@ -69,7 +69,9 @@ def test_local_jsonl_task(tmp_path):
 
 def test_unparsable_answer_is_wrong_and_marked():
     q = Question("q", "?", "5")
-    assert grade(q, r"\boxed{\frac{}{}}").status == "unparsed"
+    assert grade(q, r"\boxed{\frac{1}{}}").status == "unparsed"
+    # no number at all: not a number task's answer
+    assert grade(q, r"\boxed{\frac{}{}}").status == "no_answer"
 
 
 QUESTIONS = [Question("q0", "1 2", "3"), Question("q1", "4 5", "9"), Question("q2", "7 7", "14")]

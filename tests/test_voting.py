@@ -9,30 +9,63 @@ import pytest
 
 from depthlens.config import VotingConfig
 from depthlens.errors import ConfigError, InputError
-from depthlens.voting.answers import answers_equivalent, extract_answer, vote_key
+from depthlens.voting.answers import ExtractionConfig, answers_equivalent, extract_answer, vote_key
 from depthlens.voting.methods import METHODS, Response, trace_confidence, vote
 from depthlens.voting.trials import ablation, draw, run_trials
 
+NUMBER = ExtractionConfig()
+LAST_NUMBER = ExtractionConfig(fallback="last-number")
+WORD = ExtractionConfig("string", fallback="last-number")  # the fallback never applies to a string task
+LIST = ExtractionConfig("list", tags=True)
+LETTER = ExtractionConfig("letter", choices=4)
+
 
 @pytest.mark.parametrize(
-    ("text", "choices", "expected"),
+    ("text", "config", "finished", "expected"),
     [
-        (r"so \boxed{3} then \boxed{\frac{1}{2}}.", 0, (r"\frac{1}{2}", "boxed")),
-        (r"\boxed{x^{2}+\{1\}}", 0, (r"x^{2}+\{1\}", "boxed")),
-        (r"the answer is \boxed{}-1.", 0, ("-1", "number")),  # an empty box falls back to the last number
-        (r"\boxed 7 done", 0, ("7", "boxed")),
-        ("we get 1,234 apples.", 0, ("1,234", "number")),
-        ("no digits here", 0, None),
-        (r"The final answer is \boxed{(C)}.", 4, ("C", "letter")),
-        (r"The final answer is \boxed{B}", 4, ("B", "letter")),
-        (r"\boxed{\text{(D)}}", 4, ("D", "letter")),
-        ("so the answer is (A), not 5", 4, ("A", "letter")),
-        ("I pick (B) ... then (C)", 4, ("C", "letter")),
-        (r"\boxed{(E)}", 4, None),  # not one of four choices
+        (r"so \boxed{3} then \boxed{\frac{1}{2}}.", NUMBER, True, (r"\frac{1}{2}", "boxed")),
+        (r"\boxed{x^{2}+\{1\}}", NUMBER, True, (r"x^{2}+\{1\}", "boxed")),
+        (r"the answer is \boxed{}-1.", NUMBER, True, ("-1", "phrase")),  # an empty box is no answer
+        (r"\boxed 7 done", NUMBER, True, ("7", "boxed")),
+        (r"cut \boxed{12", NUMBER, False, None),  # a box the token cap cut open
+        ("we get 1,234 apples.", NUMBER, True, None),  # a bare number is not a stated answer
+        ("we get 1,234 apples.", LAST_NUMBER, True, ("1,234", "last-number")),
+        ("we get 1,234 apples", LAST_NUMBER, False, None),  # never from cut-off text
+        ("So the final answer is 42 apples.\nDone", NUMBER, True, ("42", "phrase")),
+        ("**Final Answer:** $\\frac{3}{4}$", NUMBER, False, (r"\frac{3}{4}", "phrase")),
+        ("The answer is 12", NUMBER, False, None),  # its line was cut: 12 may be 125...
+        ("The answer is 12.", NUMBER, False, ("12", "phrase")),
+        ("The answer is:\n1. First, add", NUMBER, True, None),  # a numbered step is not an answer
+        ("no digits here", LAST_NUMBER, True, None),
+        (
+            "1. Add 2 and 3\n2. Get 5\n3. Done",
+            LAST_NUMBER,
+            True,
+            ("5", "last-number"),
+        ),  # step numbers skipped
+        ("Steps:\n1. Identify\n2. Reverse", LAST_NUMBER, True, None),
+        ("1. Identify the word\n2. Reverse it: 3 letters", WORD, True, None),
+        ("The answer is: olleh.", WORD, False, ("olleh", "phrase")),
+        (r"\boxed{\text{olleh}}", WORD, True, ("olleh", "boxed")),
+        ("<answer>Hart, find, tax</answer> and 7", LIST, False, ("Hart, find, tax", "tag")),
+        ("<answer>Hart, find", LIST, False, None),  # an unclosed tag
+        ("<answer>answer here</answer>", LIST, True, None),  # the native prompt's own example, copied
+        ("<answer>answer here</answer>", ExtractionConfig(tags=True), True, None),
+        ("The answer is: the sum", NUMBER, True, None),  # a number task takes numbers
+        (r"The final answer is \boxed{(C)}.", LETTER, True, ("C", "boxed")),
+        (r"The final answer is \boxed{B}", LETTER, True, ("B", "boxed")),
+        (r"\boxed{\text{(D)}}", LETTER, True, ("D", "boxed")),
+        ("so the answer is (A), not 5", LETTER, True, ("A", "phrase")),
+        ("I pick (B) ... then (C)", LETTER, True, ("C", "letter")),
+        ("D) Neutron", LETTER, True, ("D", "letter")),
+        ('The answer to the question "How?" is "nus."', WORD, True, ("nus", "phrase")),
+        ("I pick (B) ... then (C)", LETTER, False, None),  # the last mention of a cut-off text
+        (r"\boxed{(E)}", LETTER, True, None),  # not one of four choices
+        ("The answer is 5", LETTER, True, None),  # a letter task takes letters only
     ],
 )
-def test_extract_answer(text, choices, expected):
-    found = extract_answer(text, choices)
+def test_extract_answer(text, config, finished, expected):
+    found = extract_answer(text, config, finished)
     assert (None if found is None else (found.text, found.source)) == expected
 
 
@@ -130,7 +163,41 @@ def test_trace_confidence_variants():
 
 def test_no_answers_means_wrong():
     pool = [_r(None, False, 3, [1, 1, 1]), _r(None, False, 3, [0, 0, 0])]
-    assert METHODS["cons@n"](pool, VotingConfig(n=2)).accuracy == 0.0
+    for name, method in METHODS.items():
+        outcome = method(pool, VotingConfig(n=2, prefix=3))
+        assert outcome.accuracy == 0.0 and outcome.answer is None, name
+        assert outcome.voted == (name != "mean@n")
+
+
+def test_responses_without_an_answer_never_win():
+    # three unanswered responses outnumber the one answer, and carry the higher DTR and confidence
+    pool = [_r(None, False, 4, [1, 1], conf=9.0)] * 3 + [_r("7", True, 4, [0, 0], conf=1.0)]
+    for name, method in METHODS.items():
+        if name != "mean@n":
+            outcome = method(pool, VotingConfig(n=4, eta=1.0, prefix=2))
+            assert (outcome.answer, outcome.accuracy) == ("7", 1.0), name
+
+
+def test_deepconf_drops_traces_without_an_answer_before_ranking():
+    # the two most confident traces have no answer; η = 0.5 of the two answered keeps the more confident one
+    pool = [
+        _r(None, False, 5, [0], conf=9.0),
+        _r("x", False, 5, [0], conf=1.0),
+        _r(None, False, 5, [0], conf=8.0),
+        _r("y", True, 5, [0], conf=2.0),
+    ]
+    outcome = METHODS["deepconf-mean@n"](pool, VotingConfig(n=4, eta=0.5))
+    assert outcome.kept == (3,) and outcome.answer == "y" and outcome.cost == 20
+    # ranked over all four (as before this rule), DeepConf would keep two unanswered traces and answer nothing
+    assert METHODS["think@n"](pool, VotingConfig(n=4, eta=0.5, prefix=1)).kept == (0, 1)
+
+
+def test_trials_count_votes_without_an_answer():
+    answered = [_r("1", True, 2, [1, 1]), _r("1", True, 2, [1, 1])]
+    silent = [_r(None, False, 2, [1, 1]), _r(None, False, 2, [1, 1])]
+    summaries = {s.method: s for s in run_trials({"a": answered, "b": silent}, VotingConfig(n=2, trials=3))}
+    assert summaries["cons@n"].accuracy_mean == 0.5 and summaries["cons@n"].no_answer == 1.0
+    assert summaries["mean@n"].no_answer == 0.0  # Mean@n does not vote
 
 
 def test_prefix_longer_than_the_readout_is_an_error():

@@ -145,7 +145,7 @@ def _interrupted(exc: KeyboardInterrupt) -> NoReturn:
 
 
 # Registration by import: each module adds its command to ``app``.
-from depthlens.cli import models_cmd, score_cmd, study_cmd, tcb_cmd, thinkn_cmd  # noqa: E402, F401
+from depthlens.cli import models_cmd, regrade_cmd, score_cmd, study_cmd, tcb_cmd, thinkn_cmd  # noqa: E402, F401
 
 
 def main() -> None:

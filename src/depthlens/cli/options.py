@@ -108,3 +108,29 @@ DEFAULTS = {
     "epsilon": _TCB.epsilon,
     "v_eff": _TCB.v_eff,
 }
+
+# How answers are asked for, read and graded (docs/definitions.md §5): generate, thinkn and regrade.
+PromptStyleOpt = Annotated[
+    str,
+    typer.Option(
+        "--prompt-style",
+        help="paper: the paper's prompts (\\boxed{}); native: reasoning-gym's own system prompt with <answer> "
+        "tags, graded by the dataset's score_answer (reasoning_gym tasks only).",
+    ),
+]
+AnswerTypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--answer-type",
+        help="Override the task's answer type: number, expression, string, list or letter "
+        "(default: the task's own; `depthlens tasks` shows it).",
+    ),
+]
+AnswerFallbackOpt = Annotated[
+    str,
+    typer.Option(
+        "--answer-fallback",
+        help="none: only stated answers (box, 'the answer is', tags) count; last-number: a numeric task's "
+        "response that ended by itself may also answer with its last number.",
+    ),
+]

@@ -11,11 +11,38 @@ from rich.table import Table
 from depthlens.cli import options as opt
 from depthlens.cli.app import app, console, err_console, load_model, warn, writes_to
 from depthlens.cli.progress import make_progress
-from depthlens.config import SamplingConfig, VotingConfig
+from depthlens.config import AnswerConfig, SamplingConfig, VotingConfig
 from depthlens.errors import InputError
 
 if TYPE_CHECKING:
     from depthlens.studies.thinkn import GenerationReport, ThinkReport
+
+_A = AnswerConfig()
+
+
+def answer_config(
+    prompt_style: str, answer_type: str | None, fallback: str, task: str | None
+) -> AnswerConfig:
+    """The answer settings of --prompt-style, --answer-type and --answer-fallback (checked)."""
+    from typing import get_args
+
+    from depthlens.config import AnswerType, Fallback, PromptStyle
+
+    for option, value, literal in (
+        ("--prompt-style", prompt_style, PromptStyle),
+        ("--answer-type", answer_type, AnswerType),
+        ("--answer-fallback", fallback, Fallback),
+    ):
+        if value is not None and value not in get_args(literal):
+            raise InputError(f"{option} {value!r}: use one of {', '.join(get_args(literal))}")
+    rules = AnswerConfig(prompt_style, answer_type, fallback)  # type: ignore[arg-type]
+    if task is not None and rules.prompt_style == "native" and not task.startswith("reasoning_gym:"):
+        raise InputError(
+            f"--prompt-style native asks in reasoning-gym's own format, so it needs a reasoning_gym task, "
+            f"not {task!r}; use --prompt-style paper"
+        )
+    return rules
+
 
 D = opt.DEFAULTS
 _S = SamplingConfig()
@@ -121,6 +148,7 @@ def _generate(
     blocks: str | None = None,
     final_norm_path: str | None = None,
     unembed: str | None = None,
+    answers: AnswerConfig = _A,
     also_divergences: str = "",
 ) -> GenerationReport:
     from depthlens.config import DTRConfig, ReadoutConfig, degenerate_settings
@@ -146,7 +174,9 @@ def _generate(
         "data": str(data) if data else None,
     }
     if resuming:  # are the settings the stored run's?
-        manifest = store_manifest(model, None, qs, pool, seed, batch_size, sampling, readout, dtr, task_info)
+        manifest = store_manifest(
+            model, None, qs, pool, seed, batch_size, sampling, readout, dtr, task_info, answers
+        )
         check_output(samples, manifest, resume, overwrite, MANIFEST_DEFAULTS)
     for line in degenerate_settings(readout, dtr):
         warn(line)
@@ -172,6 +202,7 @@ def _generate(
             resume=resume,
             overwrite=overwrite,
             task=task_info,
+            answers=answers,
             on_start=on_start,
             on_batch=lambda n: progress.advance(responses, n),
             on_token=lambda n: progress.advance(tokens, n),
@@ -179,11 +210,17 @@ def _generate(
     for line in report.changed:
         err_console.print(f"resumed with a changed setting: {line}", highlight=False, soft_wrap=True)
     grades = ", ".join(f"{k} {v}" for k, v in sorted(report.grades.items()))
+    sources = ", ".join(f"{k} {v}" for k, v in sorted(report.sources.items()))
     err_console.print(
         f"wrote {report.written} responses ({report.tokens} tokens; {grades or 'none graded'}) to {out}"
         + (f", {report.skipped} already there" if report.skipped else "")
         + (f", [red]{report.failed} failed[/] (kept as status 'failed')" if report.failed else "")
     )
+    if report.written:
+        err_console.print(
+            f"answers by source: {sources}; {report.truncated} of {report.written} cut at --max-new-tokens "
+            f"({answers.prompt_style} prompts, fallback {answers.fallback})"
+        )
     if report.grades.get("unparsed"):
         err_console.print(
             f"{report.grades['unparsed']} answers Math-Verify could not parse were counted wrong"
@@ -212,6 +249,9 @@ def generate(
     deep_rule: opt.DeepRuleOpt = D["deep_rule"],
     divergence: opt.DivergenceOpt = D["divergence"],
     also_divergences: opt.AlsoDivergences = "",
+    prompt_style: opt.PromptStyleOpt = _A.prompt_style,
+    answer_type: opt.AnswerTypeOpt = None,
+    answer_fallback: opt.AnswerFallbackOpt = _A.fallback,
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
@@ -225,6 +265,7 @@ def generate(
 
     The store feeds `depthlens thinkn --from` and `depthlens correlate` (docs/definitions.md §4–5).
     """
+    answers = answer_config(prompt_style, answer_type, answer_fallback, task)
     sampling = SamplingConfig(
         temperature, top_p, max_new_tokens, _readout_tokens(readout_tokens, _S.readout_tokens)
     )
@@ -252,11 +293,14 @@ def generate(
         blocks=blocks,
         final_norm_path=final_norm_path,
         unembed=unembed,
+        answers=answers,
         also_divergences=also_divergences,
     )
 
 
-def print_report(report: ThinkReport) -> None:
+def print_report(report: ThinkReport, store: Path | None = None) -> None:
+    from depthlens.voting.answers import RULES
+
     info = report.info
     v = report.voting
     prefix = "full" if v.prefix is None else v.prefix
@@ -279,6 +323,19 @@ def print_report(report: ThinkReport) -> None:
             f"{s.cost_paper_mean:,.0f}",
         )
     console.print(table)
+    err_console.print(info.answers.line(), highlight=False)
+    if info.answers.rules != RULES:
+        err_console.print(
+            f"[yellow]these answers were read by older rules ({info.answers.rules}); `depthlens regrade "
+            f"{store or 'STORE'}` re-reads them under {RULES}[/]"
+        )
+    unanswered = {s.method: s.no_answer for s in report.summaries if s.no_answer}
+    if unanswered:
+        err_console.print(
+            "votes with no answer (wrong), questions per trial: "
+            + ", ".join(f"{m} {v:g}" for m, v in unanswered.items()),
+            highlight=False,
+        )
     if info.excluded:
         err_console.print(
             f"[yellow]{len(info.excluded)} question(s) left out (fewer than n usable responses):[/] "
@@ -340,6 +397,9 @@ def thinkn(
     ] = None,
     deep_rule: Annotated[str | None, typer.Option("--deep-rule", help="spec or paper-literal.")] = None,
     divergence: opt.DivergenceOpt = D["divergence"],
+    prompt_style: opt.PromptStyleOpt = _A.prompt_style,
+    answer_type: opt.AnswerTypeOpt = None,
+    answer_fallback: opt.AnswerFallbackOpt = _A.fallback,
     device: opt.Device = "auto",
     dtype: opt.DType = "auto",
     trust_remote_code: opt.TrustRemoteCode = False,
@@ -399,6 +459,7 @@ def thinkn(
             blocks=blocks,
             final_norm_path=final_norm_path,
             unembed=unembed,
+            answers=answer_config(prompt_style, answer_type, answer_fallback, task),
         )
     stored = DTRConfig.from_dict(read_manifest(store)["dtr"])
     dtr = DTRConfig(
@@ -408,7 +469,7 @@ def thinkn(
     )
     with err_console.status("voting"):
         report = summarise(store, voting, dtr, method_list, with_ablation=ablation, overwrite=overwrite)
-    print_report(report)
+    print_report(report, store)
     if report.voting.trials > 1 and report.info.manifest["pool"] == n:
         err_console.print("note: pool = n, so every trial draws the same responses (std 0); use --pool > n")
     stem = store / summary_stem(report.voting)
@@ -418,9 +479,17 @@ def thinkn(
 @app.command("tasks")
 def tasks() -> None:
     """List the task names --task accepts."""
-    from depthlens.studies.tasks import HUB_TASKS, reasoning_gym_names
+    from depthlens.studies.tasks import ANSWER_TYPES, HUB_TASKS, reasoning_gym_names
 
     console.print("[bold]hub benchmarks[/] (need the hub, or --data FILE.jsonl): " + ", ".join(HUB_TASKS))
     console.print("[bold]reasoning-gym[/] (offline, generated; use reasoning_gym:<name>):")
     console.print(", ".join(reasoning_gym_names()), soft_wrap=True)
+    console.print(
+        "[bold]answer types[/] (others inferred from the reference answers; --answer-type overrides):"
+    )
+    by_type: dict[str, list[str]] = {}
+    for family, kind in ANSWER_TYPES.items():
+        by_type.setdefault(kind, []).append(family)
+    for kind, families in by_type.items():
+        console.print(f"  {kind}: {', '.join(families)}", soft_wrap=True)
     console.print("[bold]local[/]: any .jsonl with question, answer and optional choices per line")

@@ -6,6 +6,10 @@ A task name is one of:
   ``datasets`` package), or the same rows from a local JSONL given with ``data=``;
 - a path to a ``.jsonl`` file with ``question``, ``answer`` and optional ``choices`` (list of strings) per line.
 Adding a hub benchmark is one ``HUB_TASKS`` row.
+
+Each task declares its answer type (``config.AnswerType``): a row of ``ANSWER_TYPES`` for the reasoning-gym
+families checked by hand, else inferred from the generated reference answers (``infer_answer_type``); hub
+tasks by their row; multiple choice is ``letter``. ``--answer-type`` overrides it.
 """
 
 from __future__ import annotations
@@ -14,13 +18,22 @@ import dataclasses
 import json
 import logging
 import random
+import re
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from depthlens.config import AnswerConfig, AnswerType
 from depthlens.errors import InputError
-from depthlens.voting.answers import Answer, answers_equivalent, extract_answer, vote_key
+from depthlens.voting.answers import (
+    NUMERIC,
+    Answer,
+    ExtractionConfig,
+    answers_equivalent,
+    extract_answer,
+    vote_key,
+)
 
 log = logging.getLogger("depthlens.tasks")
 
@@ -33,6 +46,56 @@ GPQA_INSTRUCTION = (
 )
 LETTERS = "ABCDEFGHIJ"
 
+ANSWER_TYPES: dict[str, AnswerType] = {
+    # reasoning-gym families whose answers were read by hand (their generators and score_answer).
+    "basic_arithmetic": "number",
+    "chain_sum": "number",
+    "products": "number",
+    "gcd": "number",
+    "lcm": "number",
+    "count_primes": "number",
+    "leg_counting": "number",
+    "letter_counting": "number",
+    "fraction_simplification": "expression",
+    "prime_factorization": "expression",
+    "spell_backward": "string",
+    "family_relationships": "string",
+    "color_cube_rotation": "string",
+    "caesar_cipher": "string",
+    "letter_jumble": "string",
+    "sentence_reordering": "string",
+    "shortest_path": "string",
+    "word_sorting": "list",
+    "number_sorting": "list",
+    "number_filtering": "list",
+    "word_ladder": "list",
+}
+
+
+def infer_answer_type(answers: list[str]) -> AnswerType:
+    """The type every reference answer fits: a letter, a number, a list, an expression, else a string.
+
+    Used for reasoning-gym families without an ``ANSWER_TYPES`` row and for JSONL tasks without choices.
+    """
+
+    def number(a: str) -> bool:
+        return re.fullmatch(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?", a.strip()) is not None
+
+    def expression(a: str) -> bool:
+        return number(a) or re.search(r"\\[a-z]+|\^|\d\s*[×*/+]\s*\d", a) is not None
+
+    def listing(a: str) -> bool:
+        return a.strip().startswith("[") or ", " in a or (a.count(",") >= 1 and " " not in a)
+
+    for kind, test in (("letter", lambda a: a.strip() in LETTERS), ("number", number)):
+        if answers and all(test(a) for a in answers):
+            return kind  # type: ignore[return-value]
+    if answers and all(listing(a) for a in answers):
+        return "list"
+    if answers and all(expression(a) for a in answers):
+        return "expression"
+    return "string"
+
 
 @dataclasses.dataclass(frozen=True)
 class Question:
@@ -41,6 +104,7 @@ class Question:
     answer: str  # the reference answer (a letter for multiple choice)
     choices: tuple[str, ...] = ()
     scorer: Callable[[str], float] | None = dataclasses.field(default=None, compare=False, repr=False)
+    answer_type: AnswerType = "number"
 
     @property
     def user_message(self) -> str:
@@ -50,12 +114,30 @@ class Question:
             return f"{GPQA_INSTRUCTION}\n\n{self.question}\n\n{options}"
         return f"{self.question}\n\n{MATH_INSTRUCTION}"
 
+    def messages(self, prompt_style: str = "paper") -> list[dict[str, str]]:
+        """The chat as the model is prompted: the paper's user message, or (``native``) reasoning-gym's own
+        system prompt, which asks for ``<answer>`` tags, before the bare question."""
+        if prompt_style == "native":
+            from reasoning_gym.utils import SYSTEM_PROMPTS
+
+            return [
+                {"role": "system", "content": SYSTEM_PROMPTS["default"]},
+                {"role": "user", "content": self.question},
+            ]
+        return [{"role": "user", "content": self.user_message}]
+
+    def extraction(self, rules: AnswerConfig = AnswerConfig()) -> ExtractionConfig:
+        """How this question's answers are read under ``rules`` (its type unless they override it)."""
+        kind = "letter" if self.choices else (rules.answer_type or self.answer_type)
+        return ExtractionConfig(kind, rules.fallback, rules.prompt_style == "native", len(self.choices))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "question": self.question,
             "answer": self.answer,
             "choices": list(self.choices),
+            "answer_type": self.answer_type,
         }
 
 
@@ -72,29 +154,50 @@ class Grade:
         return self.status == "correct"
 
 
-def grade(question: Question, response: str, timeout_s: int = 5) -> Grade:
-    """Extract the final answer of ``response`` and grade it against ``question``.
+def _task_score(question: Question, answer: str) -> float | None:
+    if question.scorer is None:
+        return None
+    try:
+        return float(question.scorer(answer))
+    except Exception as exc:  # a third-party scorer: one bad answer must not stop the run
+        log.warning("%s: the task's scorer failed on %r: %s", question.id, answer, exc)
+        return 0.0
 
-    Correct when the task's own scorer gives full credit, or Math-Verify finds the answer equivalent to the
-    reference (so "\\boxed{-4.0}" is right for "-4" even where a scorer gives partial credit). An answer
-    Math-Verify cannot parse is wrong, with status ``unparsed`` (and a log line).
+
+def grade(
+    question: Question,
+    response: str,
+    finish: str = "eos",
+    rules: AnswerConfig = AnswerConfig(),
+    timeout_s: int = 5,
+) -> Grade:
+    """Extract the final answer of ``response`` (``finish``: ``eos``, or ``length`` when cut at the token cap)
+    and grade it against ``question`` under ``rules``.
+
+    - letter tasks: the letter must be the reference's;
+    - ``native`` prompt style (reasoning-gym): the dataset's ``score_answer`` with its entry decides, full
+      credit = correct (the task's authors' rule);
+    - ``paper`` style: full credit from the task's scorer, or else the same answer as the reference — by
+      Math-Verify for numeric types (so "\\boxed{-4.0}" is right for "-4"; an answer it cannot parse is wrong,
+      status ``unparsed``), by vote key (spacing, case of ``\\text`` wrappers aside) for strings and lists.
     """
-    found: Answer | None = extract_answer(response, choices=len(question.choices))
+    config = question.extraction(rules)
+    found: Answer | None = extract_answer(response, config, finished=finish != "length")
     if found is None:
         return Grade(None, None, None, "no_answer", 0.0 if question.scorer else None)
     key = vote_key(found.text)
-    if question.choices:
-        status = "correct" if found.text == question.answer else "wrong"
-        return Grade(found.text, found.source, key, status, None)
-    score = None
-    if question.scorer is not None:
-        try:
-            score = float(question.scorer(found.text))
-        except Exception as exc:  # a third-party scorer: one bad answer must not stop the run
-            log.warning("%s: the task's scorer failed on %r: %s", question.id, found.text, exc)
-            score = 0.0
-        if score >= 1.0:
-            return Grade(found.text, found.source, key, "correct", score)
+    if config.answer_type == "letter":
+        return Grade(
+            found.text, found.source, key, "correct" if found.text == question.answer else "wrong", None
+        )
+    score = _task_score(question, found.text)
+    # Full credit is exactly 1: spell_backward's partial credit for a right prefix sums to 1.0000000000000002.
+    if score is not None and (score == 1.0 or rules.prompt_style == "native"):
+        return Grade(found.text, found.source, key, "correct" if score == 1.0 else "wrong", score)
+    if config.answer_type not in NUMERIC:
+        return Grade(
+            found.text, found.source, key, "correct" if key == vote_key(question.answer) else "wrong", score
+        )
     verdict = answers_equivalent(found.text, question.answer, timeout_s)
     if verdict is None:
         log.warning(
@@ -119,12 +222,15 @@ class HubTask:
     incorrect: tuple[
         str, ...
     ] = ()  # multiple choice: the wrong options' columns (shuffled in with the answer)
+    answer_type: AnswerType = "number"
 
 
 HUB_TASKS: dict[str, HubTask] = {
     "aime2024": HubTask("HuggingFaceH4/aime_2024", "train", "problem", "answer"),
     "aime2025": HubTask("MathArena/aime_2025", "train", "problem", "answer"),
-    "hmmt_feb2025": HubTask("MathArena/hmmt_feb_2025", "train", "problem", "answer"),
+    "hmmt_feb2025": HubTask(
+        "MathArena/hmmt_feb_2025", "train", "problem", "answer", answer_type="expression"
+    ),
     "gpqa_diamond": HubTask(
         "Idavidrein/gpqa",
         "train",
@@ -132,6 +238,7 @@ HUB_TASKS: dict[str, HubTask] = {
         "Correct Answer",
         config="gpqa_diamond",
         incorrect=("Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"),
+        answer_type="letter",
     ),
 }
 
@@ -180,18 +287,18 @@ def _reasoning_gym(name: str, count: int, seed: int, config: dict[str, Any]) -> 
             f"reasoning-gym dataset {name!r} rejects --task-config {config}: {detail}; "
             "see its config class for the allowed values"
         ) from None
-    questions = []
-    for i in range(count):
-        entry = data[i]
-        questions.append(
-            Question(
-                f"{name}-{i}",
-                entry["question"],
-                str(entry["answer"]),
-                scorer=lambda answer, entry=entry: data.score_answer(answer, entry),
-            )
+    entries = [data[i] for i in range(count)]
+    kind = ANSWER_TYPES.get(name) or infer_answer_type([str(e["answer"]) for e in entries])
+    return [
+        Question(
+            f"{name}-{i}",
+            entry["question"],
+            str(entry["answer"]),
+            scorer=lambda answer, entry=entry: data.score_answer(answer, entry),
+            answer_type=kind,
         )
-    return questions
+        for i, entry in enumerate(entries)
+    ]
 
 
 def _from_rows(name: str, rows: list[dict[str, Any]], spec: HubTask, seed: int) -> list[Question]:
@@ -209,9 +316,20 @@ def _from_rows(name: str, rows: list[dict[str, Any]], spec: HubTask, seed: int) 
             random.Random(f"{seed}:{i}").shuffle(order)
             choices = tuple(options[j] for j in order)
             answer = LETTERS[order.index(0)]
-            questions.append(Question(f"{name}-{i}", str(row[spec.question]).strip(), answer, choices))
+            questions.append(
+                Question(
+                    f"{name}-{i}", str(row[spec.question]).strip(), answer, choices, answer_type="letter"
+                )
+            )
         else:
-            questions.append(Question(f"{name}-{i}", str(row[spec.question]).strip(), str(row[spec.answer])))
+            questions.append(
+                Question(
+                    f"{name}-{i}",
+                    str(row[spec.question]).strip(),
+                    str(row[spec.answer]),
+                    answer_type=spec.answer_type,
+                )
+            )
     return questions
 
 
@@ -287,9 +405,16 @@ def load_task(
                     )
                 answer = LETTERS[choices.index(answer)]
             questions.append(
-                Question(str(row.get("id", f"{path.stem}-{i}")), str(row["question"]), answer, choices)
+                Question(
+                    str(row.get("id", f"{path.stem}-{i}")),
+                    str(row["question"]),
+                    answer,
+                    choices,
+                    answer_type="letter" if choices else "number",
+                )
             )
-        return questions[:count]
+        kind = infer_answer_type([q.answer for q in questions if not q.choices])
+        return [q if q.choices else dataclasses.replace(q, answer_type=kind) for q in questions][:count]
     raise InputError(
         f"unknown task {name!r}; use reasoning_gym:<dataset> (e.g. reasoning_gym:basic_arithmetic), "
         f"{', '.join(HUB_TASKS)}, or a .jsonl file; `depthlens tasks` lists all"

@@ -287,7 +287,7 @@ def _answer_row(
 ) -> dict[str, Any]:
     ids = _prompt_ids(lm, _messages(template, q, examples))
     trace = generator.sample(ids, [0])[0]
-    graded = grade(q, lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True))
+    graded = grade(q, lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True), trace.finish)
     s = score(lm, [{"id": q.id, "prompt_ids": ids, "completion_ids": trace.token_ids}], tcb=TCBConfig())[0]
     return {"template": template, "shots": k, "id": q.id, "correct": graded.correct, "answer": graded.answer,
             "perplexity": -s["neg_perplexity"], "tcb_mean": s["tcb_mean"], "n_tokens": s["n_tokens"]}  # fmt: skip

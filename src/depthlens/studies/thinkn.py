@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from depthlens import __version__
-from depthlens.config import DTRConfig, ReadoutConfig, SamplingConfig, VotingConfig
+from depthlens.config import AnswerConfig, DTRConfig, ReadoutConfig, SamplingConfig, VotingConfig
 from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, settling_depth
 from depthlens.models.load import LoadedModel
@@ -47,8 +47,9 @@ from depthlens.studies.records import (
     write_json,
 )
 from depthlens.studies.score import as_token_ids
+from depthlens.studies.store_answers import ANSWER_FIELDS, RULES, AnswerSummary, answer_fields
 from depthlens.studies.tables import write_csv
-from depthlens.studies.tasks import Question, grade
+from depthlens.studies.tasks import Question
 from depthlens.voting.methods import Response, think_at_n
 from depthlens.voting.trials import MethodSummary, ablation, run_trials
 
@@ -74,15 +75,16 @@ def sample_seed(seed: int, question_id: str, index: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def prompt_ids(lm: LoadedModel, question: Question) -> list[int]:
-    """The question as the model is prompted: its chat template when it has one, else the plain message."""
+def prompt_ids(lm: LoadedModel, question: Question, prompt_style: str = "paper") -> list[int]:
+    """The question as the model is prompted: its chat template when it has one, else the plain messages."""
     tok = lm.tokenizer
     if tok is None:
         raise InputError(f"model {lm.name} has no tokenizer; generation needs one")
+    messages = question.messages(prompt_style)
     if getattr(tok, "chat_template", None):
-        messages = [{"role": "user", "content": question.user_message}]
         return as_token_ids(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
-    return as_token_ids(tok(question.user_message + "\n\n", add_special_tokens=True)["input_ids"])
+    plain = "\n\n".join(m["content"] for m in messages)
+    return as_token_ids(tok(plain + "\n\n", add_special_tokens=True)["input_ids"])
 
 
 def _rounded(values: Sequence[float], digits: int = 5) -> list[float]:
@@ -98,14 +100,19 @@ def deep_from_divergence(
 
 
 def sample_record(
-    lm: LoadedModel, question: Question, index: int, trace: Trace, dtr: DTRConfig, timeout_s: int = 5
+    lm: LoadedModel,
+    question: Question,
+    index: int,
+    trace: Trace,
+    dtr: DTRConfig,
+    rules: AnswerConfig = AnswerConfig(),
+    timeout_s: int = 5,
 ) -> dict[str, Any]:
     """One stored response: tokens, text, graded answer, and the per-token values voting and studies need.
 
     Per-token floats are rounded to 5 decimals (divergences too: ~9 bytes each, L per read-out token).
     """
     text = lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True) if lm.tokenizer else ""
-    graded = grade(question, text, timeout_s)
     deep = deep_from_divergence(trace.divergence, lm.n_layers, dtr)
     return {
         "id": f"{question.id}#{index}",
@@ -117,12 +124,7 @@ def sample_record(
         "n_tokens": len(trace),
         "text": text,
         "token_ids": trace.token_ids,
-        "answer": graded.answer,
-        "answer_source": graded.source,
-        "vote_key": graded.key,
-        "grade": graded.status,
-        "correct": graded.correct,
-        "task_score": graded.task_score,
+        **answer_fields(question, text, trace.finish, rules, timeout_s),
         "dtr_readout": deep_thinking_ratio(deep),
         **{key: _rounded(getattr(trace, key)) for key in PER_TOKEN},
         "divergence": [_rounded(row) for row in trace.divergence],
@@ -165,8 +167,10 @@ def store_manifest(
     readout: ReadoutConfig,
     dtr: DTRConfig,
     task: dict[str, Any],
+    answers: AnswerConfig | None = None,
 ) -> dict[str, Any]:
-    """The manifest of a store; ``n_layers`` None (the model not loaded yet) leaves it out."""
+    """The manifest of a store; ``n_layers`` None (the model not loaded yet) and ``answers`` None leave those
+    entries out (a check before loading compares only the entries it is given)."""
     manifest = {
         "store_version": STORE_VERSION,
         "depthlens_version": __version__,
@@ -180,12 +184,11 @@ def store_manifest(
         "sampling": sampling.to_dict(),
         "readout": readout.to_dict(),
         "dtr": dtr.to_dict(),
+        "answers": {**answers.to_dict(), "rules": RULES} if answers is not None else None,
         "command": " ".join(sys.argv),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    if n_layers is None:
-        del manifest["n_layers"]
-    return manifest
+    return {k: v for k, v in manifest.items() if v is not None or k not in ("n_layers", "answers")}
 
 
 @dataclasses.dataclass
@@ -194,6 +197,8 @@ class GenerationReport:
     skipped: int = 0  # already in the store (resume)
     failed: int = 0
     grades: Counter[str] = dataclasses.field(default_factory=Counter)
+    sources: Counter[str] = dataclasses.field(default_factory=Counter)
+    truncated: int = 0  # responses cut at --max-new-tokens
     tokens: int = 0
     changed: list[str] = dataclasses.field(default_factory=list)  # settings a resumed run changed
 
@@ -212,6 +217,7 @@ def generate_store(
     resume: bool = False,
     overwrite: bool = False,
     task: dict[str, Any] | None = None,
+    answers: AnswerConfig = AnswerConfig(),
     on_start: Callable[[int, int], None] = lambda total, done: None,
     on_batch: Callable[[int], None] = lambda n: None,
     on_token: Callable[[int], None] = lambda n: None,
@@ -222,8 +228,18 @@ def generate_store(
     if batch_size < 1:
         raise InputError(f"--batch-size = {batch_size}; use 1 or more")
     manifest = store_manifest(
-        lm.name, lm.n_layers, questions, pool, seed, batch_size, sampling, readout, dtr, task or {}
+        lm.name, lm.n_layers, questions, pool, seed, batch_size, sampling, readout, dtr, task or {}, answers
     )
+    previous = manifest_path(out_dir / SAMPLES)
+    if (
+        resume
+        and previous.is_file()
+        and "answers" not in read_json(previous, "manifest", "regenerate the store")
+    ):
+        raise StoreError(
+            f"cannot resume {out_dir}: it was written before the answer rules, so its answers and new ones would "
+            f"be read differently; run `depthlens regrade {out_dir}` first, then --resume"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     generator = HFGenerator(lm, sampling, readout, on_token=on_token)
     report = GenerationReport()
@@ -242,7 +258,7 @@ def generate_store(
         try:
             for question in questions:
                 _generate_question(
-                    lm, generator, writer, question, pool, seed, dtr, batch_size, report, on_batch
+                    lm, generator, writer, question, pool, seed, dtr, answers, batch_size, report, on_batch
                 )
         except DepthlensError as exc:
             if isinstance(exc, StoreError):  # the store's own error already says how to go on
@@ -261,6 +277,7 @@ def _generate_question(
     pool: int,
     seed: int,
     dtr: DTRConfig,
+    answers: AnswerConfig,
     batch_size: int,
     report: GenerationReport,
     on_batch: Callable[[int], None],
@@ -273,7 +290,7 @@ def _generate_question(
             continue
         seeds = [sample_seed(seed, question.id, i) for i in indices]  # the whole batch: same layout as before
         try:
-            prompt = prompt if prompt is not None else prompt_ids(lm, question)
+            prompt = prompt if prompt is not None else prompt_ids(lm, question, answers.prompt_style)
             traces = generator.start(prompt, seeds).traces
         except (InputError, RuntimeError) as exc:  # too long for the context, out of memory, ...
             for i in missing:
@@ -282,11 +299,13 @@ def _generate_question(
             on_batch(len(missing))
             continue
         for i in missing:
-            record = sample_record(lm, question, i, traces[i - first], dtr)
+            record = sample_record(lm, question, i, traces[i - first], dtr, answers)
             writer.write(record)
             report.written += 1
             report.tokens += record["n_tokens"]
             report.grades[record["grade"]] += 1
+            report.sources[record["answer_source"]] += 1
+            report.truncated += record["finish"] == "length"
         on_batch(len(missing))
 
 
@@ -298,6 +317,7 @@ class StoreInfo:
     failed: list[str]  # ids of failed responses
     excluded: list[str]  # questions left out of voting (fewer usable responses than n)
     grades: dict[str, int]
+    answers: AnswerSummary
 
 
 def read_manifest(out_dir: Path) -> dict[str, Any]:
@@ -341,7 +361,7 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
     manifest = read_manifest(out_dir)
     n_layers = int(manifest["n_layers"])
     pools: dict[str, list[Response]] = {q: [] for q in manifest["questions"]}
-    failed, grades = [], Counter()
+    failed, grades, usable_records = [], Counter(), []
     for line, record in enumerate(iter_jsonl(out_dir / SAMPLES), start=1):
         if record.get("status") == "failed":
             failed.append(str(record.get("id")))
@@ -365,11 +385,18 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
         except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
             raise damaged_record(out_dir / SAMPLES, line, exc) from None
         grades[str(record.get("grade", "?"))] += 1
+        usable_records.append({k: record.get(k) for k in ANSWER_FIELDS})
         pools.setdefault(str(record["question_id"]), []).append(response)
     excluded = sorted(q for q, p in pools.items() if len(p) < n)
     usable = {q: p for q, p in pools.items() if len(p) >= n}
     info = StoreInfo(
-        manifest, len(pools), sum(len(p) for p in pools.values()), failed, excluded, dict(grades)
+        manifest,
+        len(pools),
+        sum(len(p) for p in pools.values()),
+        failed,
+        excluded,
+        dict(grades),
+        AnswerSummary.of(manifest, usable_records),
     )
     return usable, info
 
@@ -457,6 +484,7 @@ def _write_summary(
         "responses": report.info.responses,
         "failed_responses": report.info.failed,
         "grades": report.info.grades,
+        "answers": report.info.answers.to_dict(),
         "methods": rows,
         "ablation": report.ablation,
         "command": " ".join(sys.argv),

@@ -29,6 +29,7 @@ from depthlens.studies.correlation import (
     table_one,
 )
 from depthlens.studies.records import manifest_path, read_json
+from depthlens.studies.store_answers import AnswerSummary
 from depthlens.studies.tables import markdown_table, write_csv
 from depthlens.studies.thinkn import SAMPLES, summarise, summary_files, summary_stem
 from depthlens.viz.heatmap import draw_divergence_heatmap, write_heatmap_html
@@ -283,6 +284,8 @@ def _store_section(study: StoreStudy, summary: dict[str, Any] | None, out: Path)
     lines = [f"## {store.label}", "", f"Store `{store.path}`: {len(store.responses)} responses to "
              f"{len(store.questions())} questions, accuracy {100 * store.accuracy:.0f} %"
              + (f", {store.failed} failed" if store.failed else "") + ".", ""]  # fmt: skip
+    if summary and "answers" in summary:  # how the accuracies above read their answers (docs/definitions.md §5)
+        lines += [f"How its answers were read: {AnswerSummary(**summary['answers']).line()}.", ""]
     if "heatmap" in f:
         lines += ["**Figure 2** — one response's divergence to the final layer, token × layer; dots mark where each "
                   f"token settles (blue: deep-thinking). [Interactive version]({f['heatmap_html']}).", "",

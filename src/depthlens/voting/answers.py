@@ -1,9 +1,21 @@
 """Final answers: extract them from a response, key them for voting, and decide equivalence (docs/definitions.md §5).
 
-Extraction, in order: the last brace-matched ``\\boxed{…}`` (or ``\\fbox{…}``) with non-empty content; for
-multiple-choice questions a letter — inside the box, after "answer is", or the last "(X)"; otherwise the last
-plain number of the text. Equivalence goes through Math-Verify. Its own timeout uses SIGALRM, which only works
-on the main thread, so off the main thread the check runs in a worker process that is killed on timeout.
+A response answers only where it states an answer; a number met in its reasoning is not one. In order:
+
+1. ``tag`` — the last ``<answer>…</answer>`` (only with ``tags``: reasoning-gym's own prompt style);
+2. ``boxed`` — the last brace-matched ``\\boxed{…}`` (or ``\\fbox{…}``) with non-empty content;
+3. ``phrase`` — the last explicit final-answer phrase: "the answer is …", "final answer: …", "Answer: …",
+   "the answer to the question … is …";
+4. fallbacks, only for a response that ended by itself (finish ``eos``, not cut at the token cap):
+   ``letter`` — a letter task's last "(X)" (or "X)" opening a line); ``last-number`` — a numeric task's last
+   number (not the "2." that numbers a step), and only with ``fallback="last-number"``.
+
+The answer type decides what counts: ``string`` and ``list`` answers are text (never a bare number), ``letter``
+answers only the task's option letters, ``number`` and ``expression`` numbers and LaTeX (equivalence through
+Math-Verify). A phrase in a cut-off response counts only when its line was finished (the cap did not cut it).
+
+Equivalence goes through Math-Verify. Its own timeout uses SIGALRM, which only works on the main thread, so off
+the main thread the check runs in a worker process that is killed on timeout.
 """
 
 from __future__ import annotations
@@ -16,15 +28,56 @@ import re
 import threading
 from typing import Literal
 
+from depthlens.config import AnswerType, Fallback
+
 log = logging.getLogger("depthlens.answers")
 
-Source = Literal["boxed", "letter", "number"]
+Source = Literal["tag", "boxed", "phrase", "letter", "last-number"]
+SOURCES: tuple[str, ...] = ("tag", "boxed", "phrase", "letter", "last-number", "none")
+RULES = "depthlens-answers-2"
+"""The extraction and grading rules of this module; stores written before them (store version 1 without an
+``answers`` entry in the manifest) were read by ``depthlens-answers-1``: any last number, cut-off text too."""
+
+NUMERIC: tuple[str, ...] = ("number", "expression")
+PLACEHOLDER = (
+    "answer here"  # reasoning-gym's system prompt shows <answer>answer here</answer>; models copy it
+)
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*")
-_LETTER_IN = re.compile(r"^\(?\s*([A-J])\s*\)?[.:]?$")
-_ANSWER_IS = re.compile(r"answer\s+is\s*:?\s*\\?\(?\s*\(?([A-J])\)?(?![A-Za-z])", re.IGNORECASE)
-_PAREN_LETTER = re.compile(r"\(([A-J])\)")
+_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)  # reasoning_gym.utils.extract_answer's pattern
+_PHRASE = re.compile(
+    r"(?:\bfinal\s+answer|\banswer)\s*\**\s*(?:(?:is|would\s+be|will\s+be)\b\s*:?|[:：])\s*?\**[ \t]*"
+    r"|\banswer\s+to\s+[^\n.]{1,80}?\s+is\b\s*:?[ \t]*",  # "The answer to the question … is X"
+    re.IGNORECASE,
+)
+_STEP_MARKER = re.compile(r"(?m)^[ \t]*\d+[.)](?=\s)")  # "2. " opening a line numbers a step
+_STEP = re.compile(r"\s*(?:\d+[.)]|[-*•])\s")  # a numbered or bulleted step, not an answer
+_LETTER_IN = re.compile(r"^\(?\s*([A-J])\s*\)?[.:]?(?![A-Za-z])")
+_PAREN_LETTER = re.compile(r"\(([A-J])\)|^[ \t]*([A-J])\)", re.MULTILINE)  # "(B)", or "D) …" opening a line
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+_MATH = re.compile(r"\$\$?(.+?)\$\$?|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+_TEXT_WRAP = re.compile(r"\\(?:text|mathrm|textbf)\{([^}]*)\}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtractionConfig:
+    """How to read one task's answers.
+
+    Attributes:
+        answer_type: what the task's answers are (see ``config.AnswerType``).
+        fallback: ``none``, or ``last-number`` (numeric tasks, responses that ended by themselves).
+        tags: read ``<answer>`` tags first (reasoning-gym's native prompt asks for them).
+        choices: a letter task's number of options (letters A..); 0 accepts A–J.
+    """
+
+    answer_type: AnswerType = "number"
+    fallback: Fallback = "none"
+    tags: bool = False
+    choices: int = 0
+
+    @property
+    def letters(self) -> str:
+        return "ABCDEFGHIJ"[: self.choices or 10]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,29 +108,80 @@ def boxed_contents(text: str) -> list[str]:
     return found
 
 
-def extract_answer(text: str, choices: int = 0) -> Answer | None:
-    """The final answer of a response, or None when it states none.
-
-    ``choices`` > 0 makes it a multiple-choice question with letters A.. (only letters count then).
-    """
-    boxed = [b.strip() for b in boxed_contents(text) if b.strip()]
-    letters = "ABCDEFGHIJ"[:choices]
-    if choices:
-        for content in reversed(boxed):
-            inner = re.sub(r"\\text\{([^}]*)\}", r"\1", content).strip()
-            m = _LETTER_IN.match(inner)
-            if m and m.group(1) in letters:
-                return Answer(m.group(1), "letter")
-        for pattern in (_ANSWER_IS, _PAREN_LETTER):
-            hits = [m.group(1) for m in pattern.finditer(text) if m.group(1) in letters]
-            if hits:
-                return Answer(hits[-1], "letter")
+def _as_type(raw: str, config: ExtractionConfig) -> str | None:
+    """A stated answer in the task's type, or None when it is not one (e.g. a word where a letter is due)."""
+    s = raw.strip()
+    if config.answer_type == "letter":
+        m = _LETTER_IN.match(_TEXT_WRAP.sub(r"\1", s).strip())
+        return m.group(1) if m and m.group(1) in config.letters else None
+    if config.answer_type in ("string", "list"):
+        s = _TEXT_WRAP.sub(r"\1", s)
+    elif config.answer_type == "number" and not re.search(r"\d", s):
+        return None  # "answer here", a word: not a number
+    elif config.answer_type == "expression" and not re.search(r"[\d\\^=+*/-]", s):
         return None
-    if boxed:
-        return Answer(boxed[-1], "boxed")
-    numbers = _NUMBER.findall(text)
-    if numbers:
-        return Answer(numbers[-1].rstrip("."), "number")
+    if s.lower() == PLACEHOLDER:
+        return None
+    return s or None
+
+
+def _phrase_span(text: str, end: int, finished: bool) -> str | None:
+    """The statement after a final-answer phrase: the rest of its line (or the next line when the phrase ends
+    its own, unless that line is a numbered or bulleted step), cut at the first sentence end."""
+    if text[end:].startswith("\n") and not _STEP.match(text, end + 1):
+        end += 1
+    stop = text.find("\n", end)
+    line = text[end:] if stop < 0 else text[end:stop]
+    if stop < 0 and not finished and not re.search(r"[.!}$*]\s*$", line):
+        return None  # the token cap cut this line: its answer may be cut too
+    line = re.split(r"(?<=[^\d\s])\.(?:\s|$)|\.\s", line, maxsplit=1)[0]
+    line = line.strip().strip("*`\"'").strip()
+    line = re.sub(r"[.,;:!]+$", "", line).strip().strip("*`\"'").strip()
+    return line or None
+
+
+def _from_phrase(span: str, config: ExtractionConfig) -> str | None:
+    if config.answer_type in NUMERIC:
+        math = _MATH.search(span)
+        if math:
+            return next(g for g in math.groups() if g is not None).strip() or None
+        if config.answer_type == "number":
+            number = _NUMBER.search(span)
+            return number.group(0).rstrip(".,") if number else None
+    return _as_type(span, config)
+
+
+def extract_answer(
+    text: str, config: ExtractionConfig = ExtractionConfig(), finished: bool = True
+) -> Answer | None:
+    """The final answer a response states, or None when it states none.
+
+    ``finished``: the response ended by itself (finish ``eos``); False for one cut at the token cap, which then
+    answers only by a tag, a box or a final-answer phrase whose line was complete.
+    """
+    if config.tags:
+        for content in reversed(_TAG.findall(text)):
+            found = _as_type(content, config)
+            if found:
+                return Answer(found, "tag")
+    for content in reversed(boxed_contents(text)):
+        found = _as_type(content, config) if content.strip() else None
+        if found:
+            return Answer(found, "boxed")
+    for match in reversed(list(_PHRASE.finditer(text))):
+        span = _phrase_span(text, match.end(), finished)
+        found = _from_phrase(span, config) if span else None
+        if found:
+            return Answer(found, "phrase")
+    if not finished:
+        return None
+    if config.answer_type == "letter":
+        hits = [a or b for a, b in _PAREN_LETTER.findall(text) if (a or b) in config.letters]
+        return Answer(hits[-1], "letter") if hits else None
+    if config.answer_type in NUMERIC and config.fallback == "last-number":
+        numbers = _NUMBER.findall(_STEP_MARKER.sub(" ", text))
+        if numbers:
+            return Answer(numbers[-1].rstrip(".,"), "last-number")
     return None
 
 
@@ -88,7 +192,7 @@ def vote_key(answer: str) -> str:
     \\text{…} wrappers. Not full symbolic equivalence — that is ``answers_equivalent`` — but what voting needs.
     """
     s = answer.strip().replace("−", "-").replace("$", "")
-    s = re.sub(r"\\(?:text|mathrm|textbf)\{([^}]*)\}", r"\1", s)
+    s = _TEXT_WRAP.sub(r"\1", s)
     s = re.sub(r"\\[,;!: ]|\\left|\\right", "", s)
     s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s).strip().rstrip(".").strip()
     frac = re.fullmatch(r"(-?)\\d?frac\{(-?\d+)\}\{(\d+)\}", s)

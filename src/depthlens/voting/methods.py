@@ -4,7 +4,8 @@ Every method is a row of ``METHODS``: which responses it keeps (a ranking, or al
 weighted, and what the selection costs in generated tokens — the exact count, and the paper's printed formula
 beside it. Tie rule, for every vote: the answer with the highest summed prefix DTR among its voters wins; if
 that ties too, the answer first given (lowest response index). Responses with no extractable answer do not
-vote; if no kept response has one, the method answers nothing and is wrong.
+vote (DeepConf drops them before ranking, as its authors' code does); if no kept response has one, the method
+answers nothing and is wrong (counted as ``no_answer`` in the trials' summary).
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ class Outcome:
     accuracy: float
     cost: int  # exact generated tokens
     cost_paper: float  # the paper's printed formula
-    answer: str | None
+    answer: str | None  # the winning vote key; None when no kept response answered (then wrong)
     kept: tuple[int, ...]  # indices of the responses the method kept
+    voted: bool = True  # False for Mean@n, which averages instead of voting
 
 
 def vote(
@@ -116,7 +118,12 @@ def _kept_count(n: int, eta: float) -> int:
 def mean_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
     """Mean@n = Pass@1: the mean accuracy of the n responses."""
     return Outcome(
-        float(np.mean([r.correct for r in rs])), _total(rs), _total(rs), None, tuple(range(len(rs)))
+        float(np.mean([r.correct for r in rs])),
+        _total(rs),
+        _total(rs),
+        None,
+        tuple(range(len(rs))),
+        voted=False,
     )
 
 
@@ -185,14 +192,20 @@ def trace_confidence(confidence: np.ndarray, kind: str, window: int) -> float:
 
 def _deepconf(kind: str) -> Callable[[Sequence[Response], VotingConfig], Outcome]:
     def method(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
-        conf = [trace_confidence(r.confidence, kind, cfg.deepconf_window) for r in rs]
-        k = _kept_count(len(rs), cfg.eta)
-        kept = _top(conf, k)
+        # As DeepConf's code: traces without an answer are dropped before scoring and ranking.
+        answered = [i for i, r in enumerate(rs) if r.key is not None]
+        if not answered:
+            return Outcome(0.0, _total(rs), _total(rs), None, ())
+        conf = [trace_confidence(rs[i].confidence, kind, cfg.deepconf_window) for i in answered]
+        k = _kept_count(len(answered), cfg.eta)
+        kept = [answered[j] for j in _top(conf, k)]
+        conf = dict(zip(answered, conf, strict=True))
         weights = [conf[i] if math.isfinite(conf[i]) else 0.0 for i in kept]
         return _outcome(rs, kept, weights, _total(rs), _total(rs), cfg.prefix)
 
     method.__doc__ = (
-        f"DeepConf-{kind} (offline): keep the η·n most confident traces, confidence-weighted vote."
+        f"DeepConf-{kind} (offline): keep the η share of the answered traces most confident, "
+        "confidence-weighted vote."
     )
     return method
 

@@ -28,6 +28,7 @@ class MethodSummary:
     cost_paper_mean: float  # the paper's printed formula, per question
     trials: int
     questions: int
+    no_answer: float = 0.0  # questions per trial where the method's vote had no answer (wrong); 0 for Mean@n
 
     def to_dict(self) -> dict[str, float | int | str]:
         return dataclasses.asdict(self)
@@ -63,9 +64,10 @@ def run_trials(
     accuracy = {m: [] for m in names}
     cost = {m: [] for m in names}
     paper = {m: [] for m in names}
+    unanswered = {m: [] for m in names}
     questions = sorted(pools)
     for trial in range(cfg.trials):
-        per_q = {m: ([], [], []) for m in names}
+        per_q = {m: ([], [], [], []) for m in names}
         for qi, q in enumerate(questions):
             pool = pools[q]
             drawn = [pool[i] for i in draw(len(pool), cfg.n, cfg.seed, trial, qi)]
@@ -74,10 +76,12 @@ def run_trials(
                 per_q[m][0].append(outcome.accuracy)
                 per_q[m][1].append(outcome.cost)
                 per_q[m][2].append(outcome.cost_paper)
+                per_q[m][3].append(outcome.answer is None and outcome.voted)
         for m in names:
             accuracy[m].append(float(np.mean(per_q[m][0])))
             cost[m].append(float(np.mean(per_q[m][1])))
             paper[m].append(float(np.mean(per_q[m][2])))
+            unanswered[m].append(float(np.sum(per_q[m][3])))
     return [
         MethodSummary(
             m,
@@ -88,6 +92,7 @@ def run_trials(
             float(np.mean(paper[m])),
             cfg.trials,
             len(questions),
+            float(np.mean(unanswered[m])),
         )
         for m in names
     ]

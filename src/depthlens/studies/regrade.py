@@ -1,0 +1,192 @@
+"""Re-grade a sample store under the current answer rules, without the model (docs/definitions.md §5).
+
+Each stored response keeps its text and finish, so its answer can be read again: ``regrade_store`` rebuilds the
+task's questions (reasoning-gym regenerates its entries from the manifest's seed and config, so the dataset's
+``score_answer`` gets the real entry; other tasks are read back from ``questions.jsonl``), re-extracts and
+re-grades every response, and rewrites ``samples.jsonl`` atomically (a temporary file, fsynced, renamed over
+it). Nothing is lost: each record appends the answer fields it had before to its ``answer_history`` list, with
+the rules that produced them. The manifest records the rules now in force (``answers``) and a ``regraded`` log.
+A ``thinkn.json`` summary already in the store is recomputed with its own voting settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from depthlens.config import AnswerConfig, DTRConfig, VotingConfig
+from depthlens.errors import StoreError
+from depthlens.studies.records import iter_jsonl, manifest_path
+from depthlens.studies.store_answers import ANSWER_FIELDS, RULES, AnswerSummary, answer_fields, store_answers
+from depthlens.studies.tasks import HUB_TASKS, Question, infer_answer_type, load_task, parse_task_config
+from depthlens.studies.thinkn import QUESTIONS, SAMPLES, read_manifest, summarise
+
+GRADED = ("answer", "answer_source", "vote_key", "grade", "correct", "task_score")
+
+
+@dataclasses.dataclass(frozen=True)
+class RegradeReport:
+    """A store before and after: answers per source, grades, and how many responses changed."""
+
+    store: Path
+    rules_before: str
+    rules_after: str
+    answers: AnswerConfig
+    before: AnswerSummary
+    after: AnswerSummary
+    grades_before: dict[str, int]
+    grades_after: dict[str, int]
+    responses: int
+    changed_answer: int
+    changed_grade: int
+    summary_rewritten: bool
+
+
+def _stored_questions(store: Path) -> list[dict[str, Any]]:
+    path = store / QUESTIONS
+    if not path.is_file():
+        raise StoreError(f"{store} has no {QUESTIONS}; it was not written by `depthlens generate`")
+    return list(iter_jsonl(path))
+
+
+def rebuild_questions(store: Path, manifest: dict[str, Any]) -> dict[str, Question]:
+    """The store's questions as grading needs them: reasoning-gym ones regenerated (with their scorer and
+    entry), and checked against the stored references; other tasks from ``questions.jsonl``."""
+    stored = _stored_questions(store)
+    task = manifest.get("task") or {}
+    name = str(task.get("name", ""))
+    if name.startswith("reasoning_gym:"):
+        questions = load_task(
+            name, len(stored), int(task.get("task_seed", 0)), None, parse_task_config(task.get("task_config"))
+        )
+        for q, row in zip(questions, stored, strict=True):
+            if (q.id, q.answer) != (row["id"], row["answer"]):
+                raise StoreError(
+                    f"{store}: reasoning-gym now generates {q.id} with answer {q.answer!r}, but the store holds "
+                    f"{row['id']} with {row['answer']!r}; regrade with the reasoning-gym version that wrote it"
+                )
+        return {q.id: q for q in questions}
+    plain = [r for r in stored if not r.get("choices")]
+    default = (
+        HUB_TASKS[name].answer_type if name in HUB_TASKS else infer_answer_type([r["answer"] for r in plain])
+    )
+    return {
+        r["id"]: Question(
+            r["id"],
+            r["question"],
+            r["answer"],
+            tuple(r.get("choices") or ()),
+            answer_type="letter" if r.get("choices") else r.get("answer_type", default),
+        )
+        for r in stored
+    }
+
+
+def _write_atomically(path: Path, lines: list[str]) -> None:
+    """Replace ``path`` whole or not at all: a temporary file beside it, fsynced, renamed over it."""
+    tmp = path.with_name(path.name + ".regrade-tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.writelines(lines)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a power cut
+    finally:
+        os.close(directory)
+
+
+def regrade_store(
+    store: Path,
+    answer_type: str | None = None,
+    fallback: str | None = None,
+    timeout_s: int = 5,
+    on_record: Callable[[], None] = lambda: None,
+) -> RegradeReport:
+    """Re-extract and re-grade every response of ``store`` under the current rules; rewrite it in place.
+
+    ``answer_type`` / ``fallback``: None keeps the store's own settings (a store from before the answer rules
+    takes today's defaults: no fallback). The prompt style is the store's: it is how the model was asked.
+    """
+    manifest = read_manifest(store)
+    settings, rules_before = store_answers(manifest)
+    if "answers" not in manifest:
+        settings = dataclasses.replace(AnswerConfig(), prompt_style=settings.prompt_style)
+    rules = dataclasses.replace(
+        settings,
+        answer_type=answer_type if answer_type is not None else settings.answer_type,  # type: ignore[arg-type]
+        fallback=fallback if fallback is not None else settings.fallback,  # type: ignore[arg-type]
+    )
+    questions = rebuild_questions(store, manifest)
+    samples = store / SAMPLES
+    lines, old, new = [], [], []
+    changed_answer = changed_grade = 0
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    for number, record in enumerate(iter_jsonl(samples), start=1):
+        if record.get("status") == "failed":
+            lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+            continue
+        question = questions.get(str(record.get("question_id")))
+        if question is None or "text" not in record:
+            raise StoreError(
+                f"{samples}:{number}: {'no text' if question else 'a question not in the store'}; "
+                "cannot regrade this response (the store is damaged or not from `depthlens generate`)"
+            )
+        fields = answer_fields(question, record["text"], record.get("finish", "eos"), rules, timeout_s)
+        previous = {k: record.get(k) for k in GRADED}
+        changed_answer += previous["vote_key"] != fields["vote_key"]
+        changed_grade += previous["grade"] != fields["grade"]
+        history = [*record.get("answer_history", []), {**previous, "rules": rules_before, "until": now}]
+        old.append({k: record.get(k) for k in ANSWER_FIELDS})
+        record.update(fields, answer_history=history)
+        new.append({k: record.get(k) for k in ANSWER_FIELDS})
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+        on_record()
+    _write_atomically(samples, lines)
+    updated = {
+        **manifest,
+        "answers": {**rules.to_dict(), "rules": RULES},
+        "regraded": [
+            *manifest.get("regraded", []),
+            {"at": now, "from_rules": rules_before, "rules": RULES, "command": " ".join(sys.argv)},
+        ],
+    }
+    _write_atomically(manifest_path(samples), [json.dumps(updated, indent=2) + "\n"])
+    return RegradeReport(
+        store,
+        rules_before,
+        RULES,
+        rules,
+        AnswerSummary.of(manifest, old),
+        AnswerSummary.of(updated, new),
+        dict(Counter(str(r["grade"]) for r in old)),
+        dict(Counter(str(r["grade"]) for r in new)),
+        len(new),
+        changed_answer,
+        changed_grade,
+        _resummarise(store),
+    )
+
+
+def _resummarise(store: Path) -> bool:
+    """Recompute an existing thinkn.json with the voting settings it was made with (it is stale otherwise)."""
+    path = store / "thinkn.json"
+    if not path.is_file():
+        return False
+    previous = json.loads(path.read_text())
+    summarise(
+        store,
+        VotingConfig.from_dict(previous["voting"]),
+        DTRConfig.from_dict(previous["dtr"]),
+        [m["method"] for m in previous.get("methods", [])] or None,
+        with_ablation=bool(previous.get("ablation")),
+    )
+    return True
