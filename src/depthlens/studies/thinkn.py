@@ -274,6 +274,18 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
     return manifest
 
 
+def response_from_record(record: dict[str, Any], n_layers: int, dtr: DTRConfig) -> Response:
+    """A stored response as voting sees it: deep flags from its stored divergences with ``dtr``."""
+    return Response(
+        key=record["vote_key"],
+        correct=bool(record["correct"]),
+        length=int(record["n_tokens"]),
+        deep=deep_from_divergence(record["divergence"], n_layers, dtr).numpy(),
+        self_certainty=np.asarray(record["self_certainty"], dtype=np.float64),
+        confidence=np.asarray(record["confidence"], dtype=np.float64),
+    )
+
+
 def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, list[Response]], StoreInfo]:
     """Every question's usable responses as ``Response``s (deep flags from the stored divergences with ``dtr``).
 
@@ -293,18 +305,8 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
                 f"{out_dir / SAMPLES}:{line}: missing field(s) {missing}; the store is damaged or "
                 "was not written by `depthlens generate`"
             )
-        deep = deep_from_divergence(record["divergence"], n_layers, dtr)
         grades[record.get("grade", "?")] += 1
-        pools.setdefault(record["question_id"], []).append(
-            Response(
-                key=record["vote_key"],
-                correct=bool(record["correct"]),
-                length=int(record["n_tokens"]),
-                deep=deep.numpy(),
-                self_certainty=np.asarray(record["self_certainty"], dtype=np.float64),
-                confidence=np.asarray(record["confidence"], dtype=np.float64),
-            )
-        )
+        pools.setdefault(record["question_id"], []).append(response_from_record(record, n_layers, dtr))
     excluded = sorted(q for q, p in pools.items() if len(p) < n)
     usable = {q: p for q, p in pools.items() if len(p) >= n}
     info = StoreInfo(
