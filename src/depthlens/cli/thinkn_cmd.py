@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
+from depthlens.cli import online_cmd as oc
 from depthlens.cli import options as opt
 from depthlens.cli.app import app, console, err_console, load_model
 from depthlens.cli.progress import make_progress
-from depthlens.config import SamplingConfig, VotingConfig
+from depthlens.config import OnlineConfig, SamplingConfig, VotingConfig
 from depthlens.errors import InputError
 
 if TYPE_CHECKING:
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 D = opt.DEFAULTS
 _S = SamplingConfig()
 _V = VotingConfig()
+_O = OnlineConfig()
 
 Task = Annotated[
     str,
@@ -296,7 +298,17 @@ def thinkn(
     top_p: TopP = _S.top_p,
     max_new_tokens: MaxNew = _S.max_new_tokens,
     readout_tokens: ReadoutTokens = None,
-    batch_size: GenBatch = 16,
+    batch_size: Annotated[
+        int | None,
+        typer.Option("--batch-size", min=1, help="Responses sampled together (default 16; online: 4)."),
+    ] = None,
+    online: oc.Online = False,
+    signal: oc.SignalOpt = _O.signal,
+    warmup: oc.Warmup = _O.warmup,
+    max_n: oc.MaxN = _O.max_n,
+    consensus: oc.Consensus = _O.consensus,
+    deepconf_window: oc.DeepconfWindow = _V.deepconf_window,
+    sweep: oc.Sweep = False,
     g: Annotated[
         float | None, typer.Option("--g", min=0.0, help="Settling threshold (default: the store's).")
     ] = None,
@@ -318,12 +330,17 @@ def thinkn(
     from depthlens.config import DTRConfig
     from depthlens.studies.thinkn import read_manifest, summarise
 
-    voting = VotingConfig(n=n, eta=eta, prefix=_prefix(prefix), trials=trials, seed=seed)
-    method_list = [m.strip() for m in methods.split(",")] if methods else None
     if (out is None) == (from_store is None):
         raise InputError("give --out DIR to generate and vote, or --from DIR to re-vote an existing store")
     store = from_store or out
     assert store is not None
+    if online or sweep:
+        _online(**locals())
+        return
+    voting = VotingConfig(n=n, eta=eta, prefix=_prefix(prefix), trials=trials, seed=seed,
+                          deepconf_window=deepconf_window)  # fmt: skip
+    method_list = [m.strip() for m in methods.split(",")] if methods else None
+    batch_size = batch_size or 16
     if out is not None:
         window = None if ablation else voting.prefix
         sampling = SamplingConfig(temperature, top_p, max_new_tokens, _readout_tokens(readout_tokens, window))
@@ -362,6 +379,44 @@ def thinkn(
     if report.voting.trials > 1 and report.info.manifest["pool"] == n:
         err_console.print("note: pool = n, so every trial draws the same responses (std 0); use --pool > n")
     err_console.print(f"summary: {store / 'thinkn.json'}, {store / 'thinkn.csv'}")
+
+
+def _online(**given: Any) -> None:
+    """``thinkn --online``: validate every setting, then run live (--out) or replay (--from)."""
+    from depthlens.config import DTRConfig
+
+    if not given["online"]:
+        raise InputError("--sweep replays the online policy: pass it with --online --from DIR")
+    policy = oc.online_config(
+        given["signal"], given["warmup"], given["max_n"], given["consensus"], given["eta"],
+        _prefix(given["prefix"]), given["deepconf_window"], given["batch_size"] or OnlineConfig().batch_size,
+    )  # fmt: skip
+    base = DTRConfig()
+    if given["from_store"] is not None:
+        overrides = (given["g"], given["rho"], given["deep_rule"])
+        dtr = None if overrides == (None, None, None) else DTRConfig(
+            given["g"] if given["g"] is not None else base.g, given["rho"] if given["rho"] is not None else base.rho,
+            given["deep_rule"] or base.deep_rule,
+        )  # fmt: skip
+        oc.run_replay(online=policy, store=given["from_store"], dtr=dtr, trials=given["trials"], seed=given["seed"],
+                      sweep=given["sweep"])  # fmt: skip
+        return
+    if given["sweep"]:
+        raise InputError("--sweep replays a stored pool: pass it with --online --from DIR")
+    sampling = SamplingConfig(
+        given["temperature"], given["top_p"], given["max_new_tokens"],
+        _readout_tokens(given["readout_tokens"], policy.prefix),
+    )  # fmt: skip
+    dtr = DTRConfig(given["g"] if given["g"] is not None else base.g,
+                    given["rho"] if given["rho"] is not None else base.rho,
+                    given["deep_rule"] or base.deep_rule)  # type: ignore[arg-type]  # fmt: skip
+    oc.run_live(
+        online=policy, out=given["out"], model=given["model"], task=given["task"], data=given["data"],
+        questions=given["questions"], task_seed=given["task_seed"], task_config=given["task_config"],
+        seed=given["seed"], sampling=sampling, dtr=dtr, divergence=given["divergence"], device=given["device"],
+        dtype=given["dtype"], trust_remote_code=given["trust_remote_code"], resume=given["resume"],
+        overwrite=given["overwrite"],
+    )  # fmt: skip
 
 
 @app.command("tasks")

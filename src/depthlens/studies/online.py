@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from depthlens import __version__
-from depthlens.config import DTRConfig, OnlineConfig, ReadoutConfig, SamplingConfig
+from depthlens.config import DTRConfig, OnlineConfig, ReadoutConfig, SamplingConfig, VotingConfig
 from depthlens.errors import DepthlensError, InputError
 from depthlens.models.load import LoadedModel
 from depthlens.sampling.generate import GenerationBackend, HFGenerator, Trace
@@ -49,7 +49,8 @@ from depthlens.studies.thinkn import (
     sample_seed,
 )
 from depthlens.voting.methods import Response
-from depthlens.voting.online import OnlineOutcome, Sampler, run_policy, stop_point
+from depthlens.voting.online import OnlineOutcome, Sampler, replay_trials, run_policy, stop_point
+from depthlens.voting.trials import run_trials
 
 DECISIONS = "online.jsonl"
 
@@ -271,3 +272,38 @@ def ordered_pools(out_dir: Path, dtr: DTRConfig) -> tuple[dict[str, list[Respons
             continue
         pools[q] = [response_from_record(by_index[i], n_layers, dtr) for i in range(len(by_index))]
     return pools, holes
+
+
+def budget_sweep(
+    store: Path,
+    online: OnlineConfig,
+    dtr: DTRConfig,
+    trials: int,
+    seed: int = 0,
+    consensus: Sequence[float] = (0.6, 0.8, 1.0),
+) -> list[dict[str, Any]]:
+    """Accuracy vs tokens on one pool (Figure 5 style): Cons@n and offline Think@n at every even n (trials =
+    draws of n), online Think@n and online DeepConf at every even max_n above the warm-up and each β (trials =
+    sampling orders; order 0 as stored)."""
+    pools, _ = ordered_pools(store, dtr)
+    size = min(len(p) for p in pools.values())
+    budgets = [n for n in range(2, size + 1, 2)]
+    rows: list[dict[str, Any]] = []
+    for n in budgets:
+        voting = VotingConfig(n=n, eta=online.keep, prefix=online.prefix, trials=trials, seed=seed,
+                              deepconf_window=online.window)  # fmt: skip
+        for s in run_trials(pools, voting, ["cons@n", "think@n"]):
+            rows.append({"method": s.method, "family": s.method, "budget": n, "consensus": None,
+                         "accuracy_mean": s.accuracy_mean, "accuracy_std": s.accuracy_std,
+                         "cost_mean": s.cost_mean, "cost_std": s.cost_std, "started_mean": float(n)})  # fmt: skip
+    for signal in ("dtr", "confidence"):
+        for beta in consensus:
+            for max_n in (n for n in budgets if n > online.warmup):
+                cfg = dataclasses.replace(online, signal=signal, consensus=beta, max_n=max_n)
+                s = replay_trials(pools, cfg, trials, seed)
+                family = "online think@n" if signal == "dtr" else "online deepconf"
+                rows.append({"method": f"{family} β={beta:g}", "family": family, "budget": max_n,
+                             "consensus": beta, "accuracy_mean": s.accuracy_mean, "accuracy_std": s.accuracy_std,
+                             "cost_mean": s.cost_mean, "cost_std": s.cost_std,
+                             "started_mean": s.started_mean})  # fmt: skip
+    return rows
