@@ -191,5 +191,6 @@ def test_real_model_live_equals_replay_and_cli_replays_it(real_model, monkeypatc
                          "--max-n", "4", "--consensus", "1", "--prefix", "6", "--batch-size", "2",
                          "--trials", "1")  # fmt: skip
     assert code in (0, None), err
+    assert "online replay" in out
     replayed = json.loads((tmp_path / "s" / "online_replay.json").read_text())["summary"]
     assert replayed["cost_mean"] == line["tokens"] and replayed["accuracy_mean"] == float(line["correct"])
