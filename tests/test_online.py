@@ -83,8 +83,9 @@ def test_replay_orders_and_errors():
     s = replay_trials({"q": POOL}, POLICY, trials=3, seed=0)
     assert s.trials == 3 and s.questions == 1 and s.accuracy_std >= 0
     assert replay_trials({"q": POOL}, POLICY, 1).cost_mean == replay(POOL, POLICY).tokens  # order 0 = stored
-    with pytest.raises(InputError, match="--max-n 12 needs that many responses"):
+    with pytest.raises(InputError, match="--max-n 12 needs response 9 of a question, but its pool has 8"):
         replay(POOL[:8], POLICY)
+    assert replay(POOL[:10], POLICY) == replay(POOL, POLICY)  # consensus comes before the pool runs out
 
 
 @pytest.mark.parametrize(
@@ -182,13 +183,13 @@ def test_killed_online_run_resumes_to_the_same_store(tiny_chat, tmp_path):
 @pytest.mark.integration
 def test_real_model_live_equals_replay_and_cli_replays_it(real_model, monkeypatch, capsys, tmp_path):
     qs = load_task("reasoning_gym:basic_arithmetic", 1, seed=0)
-    cfg = OnlineConfig(signal="dtr", warmup=2, max_n=4, consensus=1.0, prefix=6, batch_size=2)
-    sampling = dataclasses.replace(SAMPLING, temperature=0.6, top_p=0.95, max_new_tokens=16, readout_tokens=6)
+    cfg = OnlineConfig(signal="dtr", warmup=2, max_n=3, consensus=1.0, prefix=4, batch_size=1)
+    sampling = dataclasses.replace(SAMPLING, temperature=0.6, top_p=0.95, max_new_tokens=12, readout_tokens=4)
     online_store(real_model, tmp_path / "s", qs, online=cfg, seed=0, sampling=sampling)
     _live_equals_replay(tmp_path / "s", cfg, DTRConfig())
     line = _decisions(tmp_path / "s")[0]
     code, out, err = run(monkeypatch, capsys, "thinkn", "--online", "--from", tmp_path / "s", "--warmup", "2",
-                         "--max-n", "4", "--consensus", "1", "--prefix", "6", "--batch-size", "2",
+                         "--max-n", "3", "--consensus", "1", "--prefix", "4", "--batch-size", "1",
                          "--trials", "1")  # fmt: skip
     assert code in (0, None), err
     assert "online replay" in out

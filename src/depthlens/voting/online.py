@@ -188,14 +188,16 @@ def replay(pool: Sequence[Response], cfg: OnlineConfig) -> OnlineOutcome:
 
     Each response must be whole where the policy lets it run (a ``generate`` store, or the live run's own
     store), and read out over ℓ tokens for the ``dtr`` signal.
+    A pool shorter than ``max_n`` is enough when consensus stops sampling before it runs out (a live run's
+    own store); otherwise the replay fails rather than pretend a smaller budget.
     """
-    if len(pool) < cfg.max_n:
-        raise InputError(
-            f"replaying --max-n {cfg.max_n} needs that many responses per question, but the pool has "
-            f"{len(pool)}; lower --max-n or generate a larger --pool"
-        )
 
     def sample(indices: Sequence[int], tau: float | None) -> list[Response]:
+        if indices and indices[-1] >= len(pool):
+            raise InputError(
+                f"replaying --max-n {cfg.max_n} needs response {len(pool) + 1} of a question, but its pool has "
+                f"{len(pool)}; lower --max-n or generate a larger --pool"
+            )
         out = []
         for i in indices:
             stop = None if tau is None else stop_point(pool[i], tau, cfg)
