@@ -60,6 +60,14 @@ def online_config(
     return OnlineConfig(signal, warmup, max_n, consensus, eta, prefix, window, batch)  # type: ignore[arg-type]
 
 
+def task_info(
+    task: str, questions: int | None, task_seed: int, task_config: str | None, data: Path | None
+) -> dict[str, Any]:
+    """How the questions were made, as a store's manifest records it."""
+    return {"name": task, "questions": questions, "task_seed": task_seed, "task_config": task_config,
+            "data": str(data) if data else None}  # fmt: skip
+
+
 def run_live(
     *,
     online: OnlineConfig,
@@ -86,15 +94,13 @@ def run_live(
     check_online(online, sampling)  # before the task, the model or any generation
     qs = load_task(task, questions, task_seed, data, parse_task_config(task_config))
     lm = load_model(model, device, dtype, trust_remote_code)
-    task_info = {"name": task, "questions": questions, "task_seed": task_seed, "task_config": task_config,
-                 "data": str(data) if data else None}  # fmt: skip
     with make_progress(err_console) as progress:
         done = progress.add_task("questions", total=len(qs))
         tokens = progress.add_task("tokens", total=None)
         report = online_store(
             lm, out, qs, online=online, seed=seed, sampling=sampling,
             readout=ReadoutConfig(divergence=divergence), dtr=dtr,  # type: ignore[arg-type]
-            resume=resume, overwrite=overwrite, task=task_info,
+            resume=resume, overwrite=overwrite, task=task_info(task, questions, task_seed, task_config, data),
             on_question=lambda o: progress.advance(done, 1), on_token=lambda n: progress.advance(tokens, n),
         )  # fmt: skip
     table = Table(title=f"online think@n · signal {online.signal} · {lm.name}", title_justify="left")

@@ -127,13 +127,6 @@ def _generate(
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
     qs = load_task(task, questions, task_seed, data, parse_task_config(task_config))
     lm = load_model(model, device, dtype, trust_remote_code)
-    task_info = {
-        "name": task,
-        "questions": questions,
-        "task_seed": task_seed,
-        "task_config": task_config,
-        "data": str(data) if data else None,
-    }
     with make_progress(err_console) as progress:
         responses = progress.add_task("responses", total=None)
         tokens = progress.add_task("tokens", total=None)
@@ -153,7 +146,7 @@ def _generate(
             batch_size=batch_size,
             resume=resume,
             overwrite=overwrite,
-            task=task_info,
+            task=oc.task_info(task, questions, task_seed, task_config, data),
             on_start=on_start,
             on_batch=lambda n: progress.advance(responses, n),
             on_token=lambda n: progress.advance(tokens, n),

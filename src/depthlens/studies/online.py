@@ -21,16 +21,12 @@ makes the decisions of an uninterrupted one.
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import json
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from depthlens import __version__
 from depthlens.config import DTRConfig, OnlineConfig, ReadoutConfig, SamplingConfig, VotingConfig
 from depthlens.errors import DepthlensError, InputError
 from depthlens.models.load import LoadedModel
@@ -38,15 +34,15 @@ from depthlens.sampling.generate import GenerationBackend, HFGenerator, Trace
 from depthlens.studies.records import ResultWriter, iter_jsonl
 from depthlens.studies.tasks import Question
 from depthlens.studies.thinkn import (
-    QUESTIONS,
     SAMPLES,
-    STORE_VERSION,
     deep_from_divergence,
     prompt_ids,
     read_manifest,
     response_from_record,
     sample_record,
     sample_seed,
+    store_manifest,
+    write_questions,
 )
 from depthlens.voting.methods import Response
 from depthlens.voting.online import OnlineOutcome, Sampler, replay_trials, run_policy, stop_point
@@ -148,23 +144,18 @@ def online_store(
 ) -> OnlineReport:
     """Run the online policy live on every question into the store at ``out_dir``; resumable."""
     check_online(online, sampling)
-    manifest = {
-        "store_version": STORE_VERSION,
-        "depthlens_version": __version__,
-        "model": lm.name,
-        "n_layers": lm.n_layers,
-        "task": task or {},
-        "questions": [q.id for q in questions],
-        "pool": online.max_n,
-        "seed": seed,
-        "batch_size": online.batch_size,
-        "online": online.to_dict(),
-        "sampling": sampling.to_dict(),
-        "readout": readout.to_dict(),
-        "dtr": dtr.to_dict(),
-        "command": " ".join(sys.argv),
-        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+    manifest = store_manifest(
+        lm,
+        questions,
+        task,
+        online.max_n,
+        seed,
+        online.batch_size,
+        sampling,
+        readout,
+        dtr,
+        online=online.to_dict(),
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     backend = backend or HFGenerator(lm, sampling, readout, on_token=on_token)
     report = OnlineReport()
@@ -172,9 +163,7 @@ def online_store(
         ResultWriter(out_dir / SAMPLES, manifest, resume=resume, overwrite=overwrite) as samples,
         ResultWriter(out_dir / DECISIONS, manifest, resume=resume, overwrite=overwrite) as decided,
     ):
-        (out_dir / QUESTIONS).write_text(
-            "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n" for q in questions), encoding="utf-8"
-        )
+        write_questions(out_dir, questions)
         stored = _stored_records(out_dir / SAMPLES, samples.done)
         finished = {r["id"]: r for r in iter_jsonl(out_dir / DECISIONS) if r["id"] in decided.done}
         try:

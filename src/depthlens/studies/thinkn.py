@@ -140,6 +140,44 @@ class GenerationReport:
     tokens: int = 0
 
 
+def store_manifest(
+    lm: LoadedModel,
+    questions: Sequence[Question],
+    task: dict[str, Any] | None,
+    pool: int,
+    seed: int,
+    batch_size: int,
+    sampling: SamplingConfig,
+    readout: ReadoutConfig,
+    dtr: DTRConfig,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A sample store's manifest: everything a resumed run must match (``extra``: further settings entries)."""
+    return {
+        "store_version": STORE_VERSION,
+        "depthlens_version": __version__,
+        "model": lm.name,
+        "n_layers": lm.n_layers,
+        "task": task or {},
+        "questions": [q.id for q in questions],
+        "pool": pool,
+        "seed": seed,
+        "batch_size": batch_size,
+        **extra,
+        "sampling": sampling.to_dict(),
+        "readout": readout.to_dict(),
+        "dtr": dtr.to_dict(),
+        "command": " ".join(sys.argv),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def write_questions(out_dir: Path, questions: Sequence[Question]) -> None:
+    (out_dir / QUESTIONS).write_text(
+        "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n" for q in questions), encoding="utf-8"
+    )
+
+
 def generate_store(
     lm: LoadedModel,
     out_dir: Path,
@@ -163,22 +201,7 @@ def generate_store(
         raise InputError(f"--pool = {pool}; sample at least 1 response per question")
     if batch_size < 1:
         raise InputError(f"--batch-size = {batch_size}; use 1 or more")
-    manifest = {
-        "store_version": STORE_VERSION,
-        "depthlens_version": __version__,
-        "model": lm.name,
-        "n_layers": lm.n_layers,
-        "task": task or {},
-        "questions": [q.id for q in questions],
-        "pool": pool,
-        "seed": seed,
-        "batch_size": batch_size,
-        "sampling": sampling.to_dict(),
-        "readout": readout.to_dict(),
-        "dtr": dtr.to_dict(),
-        "command": " ".join(sys.argv),
-        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+    manifest = store_manifest(lm, questions, task, pool, seed, batch_size, sampling, readout, dtr)
     out_dir.mkdir(parents=True, exist_ok=True)
     generator = HFGenerator(lm, sampling, readout, on_token=on_token)
     report = GenerationReport()
@@ -190,9 +213,7 @@ def generate_store(
     with ResultWriter(
         out_dir / SAMPLES, manifest, resume=resume, overwrite=overwrite, defaults=defaults
     ) as writer:
-        (out_dir / QUESTIONS).write_text(
-            "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n" for q in questions), encoding="utf-8"
-        )
+        write_questions(out_dir, questions)
         total = len(questions) * pool
         done = sum(1 for q in questions for i in range(pool) if f"{q.id}#{i}" in writer.done)
         report.skipped = done
