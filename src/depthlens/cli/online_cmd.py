@@ -118,7 +118,7 @@ def run_live(
 
 
 def run_replay(
-    *, online: OnlineConfig, store: Path, dtr: DTRConfig | None, trials: int, seed: int, sweep: bool
+    *, online: OnlineConfig, store: Path, dtr: DTRConfig, trials: int, seed: int, sweep: bool
 ) -> None:
     from depthlens.studies.online import budget_sweep, ordered_pools
     from depthlens.studies.tables import write_csv
@@ -126,7 +126,6 @@ def run_replay(
     from depthlens.voting.online import replay_trials
 
     manifest = read_manifest(store)
-    dtr = dtr or DTRConfig.from_dict(manifest["dtr"])
     pools, holes = ordered_pools(store, dtr)
     if holes:
         err_console.print(f"[yellow]{len(holes)} question(s) left out (a failed or missing response):[/] "

@@ -384,25 +384,24 @@ def _online(**given: Any) -> None:
         given["signal"], given["warmup"], given["max_n"], given["consensus"], given["eta"],
         _prefix(given["prefix"]), given["deepconf_window"], given["batch_size"] or OnlineConfig().batch_size,
     )  # fmt: skip
-    base = DTRConfig()
-    if given["from_store"] is not None:
-        overrides = (given["g"], given["rho"], given["deep_rule"])
-        dtr = None if overrides == (None, None, None) else DTRConfig(
-            given["g"] if given["g"] is not None else base.g, given["rho"] if given["rho"] is not None else base.rho,
-            given["deep_rule"] or base.deep_rule,
-        )  # fmt: skip
-        oc.run_replay(online=policy, store=given["from_store"], dtr=dtr, trials=given["trials"], seed=given["seed"],
+    store = given["from_store"]
+    if given["sweep"] and store is None:
+        raise InputError("--sweep replays a stored pool: pass it with --online --from DIR")
+    from depthlens.studies.thinkn import read_manifest
+
+    base = DTRConfig.from_dict(read_manifest(store)["dtr"]) if store is not None else DTRConfig()
+    dtr = DTRConfig(
+        base.g if given["g"] is None else given["g"], base.rho if given["rho"] is None else given["rho"],
+        given["deep_rule"] or base.deep_rule,  # type: ignore[arg-type]
+    )  # fmt: skip
+    if store is not None:
+        oc.run_replay(online=policy, store=store, dtr=dtr, trials=given["trials"], seed=given["seed"],
                       sweep=given["sweep"])  # fmt: skip
         return
-    if given["sweep"]:
-        raise InputError("--sweep replays a stored pool: pass it with --online --from DIR")
     sampling = SamplingConfig(
         given["temperature"], given["top_p"], given["max_new_tokens"],
         _readout_tokens(given["readout_tokens"], policy.prefix),
     )  # fmt: skip
-    dtr = DTRConfig(given["g"] if given["g"] is not None else base.g,
-                    given["rho"] if given["rho"] is not None else base.rho,
-                    given["deep_rule"] or base.deep_rule)  # type: ignore[arg-type]  # fmt: skip
     oc.run_live(
         online=policy, out=given["out"], model=given["model"], task=given["task"], data=given["data"],
         questions=given["questions"], task_seed=given["task_seed"], task_config=given["task_config"],
