@@ -10,7 +10,7 @@ import pytest
 from depthlens.config import VotingConfig
 from depthlens.errors import ConfigError, InputError
 from depthlens.voting.answers import ExtractionConfig, answers_equivalent, extract_answer, vote_key
-from depthlens.voting.methods import METHODS, Response, trace_confidence, vote
+from depthlens.voting.methods import METHODS, Response, percentile_kept, trace_confidence, vote
 from depthlens.voting.trials import ablation, draw, run_trials
 
 NUMBER = ExtractionConfig()
@@ -138,9 +138,12 @@ def test_every_method_on_a_hand_built_pool():
     assert out["long@n"].kept == (2, 3) and out["long@n"].cost == 100
     assert out["short@n"].kept == (0, 1) and out["short@n"].cost == 10 + 20 + 20 + 20
     assert out["short@n"].cost_paper == 10 + 20 + 20 * 0.5 * 4
-    # DeepConf keeps confidence 5 and 4 (responses 0, 3): both a
-    assert out["deepconf-mean@n"].kept == (0, 3) and out["deepconf-mean@n"].answer == "a"
+    # DeepConf (their η, not Think@n's): unfiltered, all four vote, a 5 + 4 vs b 1 + 2
+    assert out["deepconf-mean@n"].kept == (0, 1, 2, 3) and out["deepconf-mean@n"].answer == "a"
     assert out["deepconf-mean@n"].cost == 100
+    # low: score ≥ np.percentile([5, 1, 2, 4], 90) = 4.7 → response 0; high: ≥ the 10th percentile, 1.3
+    assert out["deepconf-low-mean@n"].kept == (0,) and out["deepconf-high-mean@n"].kept == (0, 2, 3)
+    assert out["deepconf-high-mean@n"].answer == "a"
 
 
 def test_deepconf_weights_can_outvote_a_majority():
@@ -157,8 +160,36 @@ def test_trace_confidence_variants():
     conf = np.array([5.0, 5.0, 1.0, 1.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 3.0, 3.0])
     assert trace_confidence(conf, "mean", 2) == pytest.approx(conf.mean())
     assert trace_confidence(conf, "tail", 2) == pytest.approx(3.0)
-    # 11 windows of 2; the lowest 10 % rounds up to two groups: (1 + 1) / 2 and (5 + 1) / 2
-    assert trace_confidence(conf, "bottom10", 2) == pytest.approx(2.0)
+    # 11 windows of 2; their code averages int(0.1 · 11) = 1 lowest group: (1 + 1) / 2
+    assert trace_confidence(conf, "bottom10", 2) == pytest.approx(1.0)
+    assert trace_confidence(conf, "lowest", 2) == pytest.approx(1.0)
+    # 21 windows of 2 → the 2 lowest: (1 + 1) / 2 and (5 + 1) / 2 (or (1 + 5) / 2)
+    longer = np.concatenate([conf, np.full(10, 5.0)])
+    assert trace_confidence(longer, "bottom10", 2) == pytest.approx(2.0)
+    # a trace no longer than the window scores its mean under every score
+    for kind in ("tail", "bottom10", "lowest"):
+        assert trace_confidence(conf, kind, 2048) == pytest.approx(conf.mean())
+
+
+def test_deepconf_filter_is_their_percentile_with_ties_kept():
+    scores = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    assert len(percentile_kept(scores, 0.9)) == 7  # not ⌈0.9 · 8⌉ = 8
+    assert percentile_kept(scores, 0.1) == [7]
+    assert percentile_kept([2.0, 2.0, 2.0, 1.0], 0.1) == [0, 1, 2]  # ties at the cut all stay
+
+
+def test_deepconf_drops_unanswered_before_scoring_and_ties_go_to_the_first_seen():
+    pool = [
+        _r(None, False, 5, [0], conf=9.0),  # most confident, but no answer: not scored, not counted
+        _r("x", False, 5, [0], conf=2.0),
+        _r("y", True, 5, [1], conf=2.0),
+        _r("y", True, 5, [1], conf=1.0),
+    ]
+    cfg = VotingConfig(n=4)
+    low = METHODS["deepconf-low-mean@n"](pool, cfg)
+    assert low.kept == (1, 2) and low.answer == "x"  # 2 vs 2: the first seen, although y has the higher DTR
+    assert METHODS["deepconf-mean@n"](pool, cfg).answer == "y"  # 3 vs 2
+    assert METHODS["deepconf-low-lowest@n"]([_r(None, False, 3, [0])], cfg).answer is None
 
 
 def test_no_answers_means_wrong():

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
+from depthlens.cli import online_cmd as oc
 from depthlens.cli import options as opt
 from depthlens.cli.app import app, console, err_console, load_model, warn, writes_to
 from depthlens.cli.progress import make_progress
-from depthlens.config import AnswerConfig, SamplingConfig, VotingConfig
+from depthlens.config import AnswerConfig, OnlineConfig, SamplingConfig, VotingConfig
 from depthlens.errors import InputError
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ def answer_config(
 D = opt.DEFAULTS
 _S = SamplingConfig()
 _V = VotingConfig()
+_O = OnlineConfig()
 
 Task = Annotated[
     str,
@@ -386,7 +388,17 @@ def thinkn(
     top_p: TopP = _S.top_p,
     max_new_tokens: MaxNew = _S.max_new_tokens,
     readout_tokens: ReadoutTokens = None,
-    batch_size: GenBatch = 16,
+    batch_size: Annotated[
+        int | None,
+        typer.Option("--batch-size", min=1, help="Responses sampled together (default 16; online: 4)."),
+    ] = None,
+    online: oc.Online = False,
+    signal: oc.SignalOpt = _O.signal,
+    warmup: oc.Warmup = _O.warmup,
+    max_n: oc.MaxN = _O.max_n,
+    consensus: oc.Consensus = _O.consensus,
+    deepconf_window: oc.DeepconfWindow = _V.deepconf_window,
+    sweep: oc.Sweep = False,
     g: Annotated[
         float | None,
         typer.Option("--g", callback=opt.finite, help="Settling threshold (default: the store's)."),
@@ -417,7 +429,15 @@ def thinkn(
     from depthlens.config import DTRConfig
     from depthlens.studies.thinkn import read_manifest, summarise, summary_stem
 
-    voting = VotingConfig(n=n, eta=eta, prefix=_prefix(prefix), trials=trials, seed=seed)
+    if (out is None) == (from_store is None):
+        raise InputError("give --out DIR to generate and vote, or --from DIR to re-vote an existing store")
+    store = from_store or out
+    assert store is not None
+    if online or sweep:
+        _online(**locals())
+        return
+    voting = VotingConfig(n=n, eta=eta, prefix=_prefix(prefix), trials=trials, seed=seed,
+                          deepconf_window=deepconf_window)  # fmt: skip
     method_list = [m.strip() for m in methods.split(",")] if methods else None
     if method_list is not None:
         from depthlens.voting.methods import METHODS
@@ -427,10 +447,7 @@ def thinkn(
             raise InputError(
                 f"--methods {methods}: unknown {', '.join(unknown)}; known: {', '.join(METHODS)}"
             )
-    if (out is None) == (from_store is None):
-        raise InputError("give --out DIR to generate and vote, or --from DIR to re-vote an existing store")
-    store = from_store or out
-    assert store is not None
+    batch_size = batch_size or 16
     if out is not None:
         window = None if ablation else voting.prefix
         sampling = SamplingConfig(temperature, top_p, max_new_tokens, _readout_tokens(readout_tokens, window))
@@ -474,6 +491,43 @@ def thinkn(
         err_console.print("note: pool = n, so every trial draws the same responses (std 0); use --pool > n")
     stem = store / summary_stem(report.voting)
     err_console.print(f"summary: {stem}.json, {stem}.csv")
+
+
+def _online(**given: Any) -> None:
+    """``thinkn --online``: validate every setting, then run live (--out) or replay (--from)."""
+    from depthlens.config import DTRConfig
+
+    if not given["online"]:
+        raise InputError("--sweep replays the online policy: pass it with --online --from DIR")
+    policy = oc.online_config(
+        given["signal"], given["warmup"], given["max_n"], given["consensus"], given["eta"],
+        _prefix(given["prefix"]), given["deepconf_window"], given["batch_size"] or OnlineConfig().batch_size,
+    )  # fmt: skip
+    store = given["from_store"]
+    if given["sweep"] and store is None:
+        raise InputError("--sweep replays a stored pool: pass it with --online --from DIR")
+    from depthlens.studies.thinkn import read_manifest
+
+    base = DTRConfig.from_dict(read_manifest(store)["dtr"]) if store is not None else DTRConfig()
+    dtr = DTRConfig(
+        base.g if given["g"] is None else given["g"], base.rho if given["rho"] is None else given["rho"],
+        given["deep_rule"] or base.deep_rule,  # type: ignore[arg-type]
+    )  # fmt: skip
+    if store is not None:
+        oc.run_replay(online=policy, store=store, dtr=dtr, trials=given["trials"], seed=given["seed"],
+                      sweep=given["sweep"])  # fmt: skip
+        return
+    sampling = SamplingConfig(
+        given["temperature"], given["top_p"], given["max_new_tokens"],
+        _readout_tokens(given["readout_tokens"], policy.prefix),
+    )  # fmt: skip
+    oc.run_live(
+        online=policy, out=given["out"], model=given["model"], task=given["task"], data=given["data"],
+        questions=given["questions"], task_seed=given["task_seed"], task_config=given["task_config"],
+        seed=given["seed"], sampling=sampling, dtr=dtr, divergence=given["divergence"], device=given["device"],
+        dtype=given["dtype"], trust_remote_code=given["trust_remote_code"], resume=given["resume"],
+        overwrite=given["overwrite"],
+    )  # fmt: skip
 
 
 @app.command("tasks")

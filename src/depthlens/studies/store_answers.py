@@ -1,4 +1,6 @@
-"""A store's answers: the rules that read them, each response's answer fields, and where they came from (docs/definitions.md §5).
+"""A store's answers: the rules that read them, each response's answer fields, and where they came from.
+
+The rules: docs/definitions.md §5.
 
 Shared by generation (``thinkn.generate_store``), the summaries and ``regrade``. A store written before the
 answer rules has no ``answers`` entry in its manifest: it was prompted the paper's way and read by

@@ -168,6 +168,7 @@ def store_manifest(
     dtr: DTRConfig,
     task: dict[str, Any],
     answers: AnswerConfig | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
     """The manifest of a store; ``n_layers`` None (the model not loaded yet) and ``answers`` None leave those
     entries out (a check before loading compares only the entries it is given)."""
@@ -181,6 +182,7 @@ def store_manifest(
         "pool": pool,
         "seed": seed,
         "batch_size": batch_size,
+        **extra,
         "sampling": sampling.to_dict(),
         "readout": readout.to_dict(),
         "dtr": dtr.to_dict(),
@@ -201,6 +203,12 @@ class GenerationReport:
     truncated: int = 0  # responses cut at --max-new-tokens
     tokens: int = 0
     changed: list[str] = dataclasses.field(default_factory=list)  # settings a resumed run changed
+
+
+def write_questions(out_dir: Path, questions: Sequence[Question]) -> None:
+    (out_dir / QUESTIONS).write_text(
+        "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n" for q in questions), encoding="utf-8"
+    )
 
 
 def generate_store(
@@ -248,9 +256,7 @@ def generate_store(
         free=RESUME_FREE, extend=RESUME_EXTEND,
     ) as writer:  # fmt: skip
         report.changed = writer.changed
-        (out_dir / QUESTIONS).write_text(
-            "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n" for q in questions), encoding="utf-8"
-        )
+        write_questions(out_dir, questions)
         total = len(questions) * pool
         done = sum(1 for q in questions for i in range(pool) if f"{q.id}#{i}" in writer.done)
         report.skipped = done
@@ -353,6 +359,18 @@ def damaged_record(path: Path, line: int, exc: Exception) -> StoreError:
     )
 
 
+def response_from_record(record: dict[str, Any], n_layers: int, dtr: DTRConfig) -> Response:
+    """A stored response as voting sees it: deep flags from its stored divergences with ``dtr``."""
+    return Response(
+        key=record["vote_key"],
+        correct=bool(record["correct"]),
+        length=int(record["n_tokens"]),
+        deep=deep_from_divergence(record["divergence"], n_layers, dtr).numpy(),
+        self_certainty=np.asarray(record["self_certainty"], dtype=np.float64),
+        confidence=np.asarray(record["confidence"], dtype=np.float64),
+    )
+
+
 def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, list[Response]], StoreInfo]:
     """Every question's usable responses as ``Response``s (deep flags from the stored divergences with ``dtr``).
 
@@ -373,15 +391,7 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
                 "was not written by `depthlens generate`"
             )
         try:
-            deep = deep_from_divergence(record["divergence"], n_layers, dtr)
-            response = Response(
-                key=record["vote_key"],
-                correct=bool(record["correct"]),
-                length=int(record["n_tokens"]),
-                deep=deep.numpy(),
-                self_certainty=np.asarray(record["self_certainty"], dtype=np.float64),
-                confidence=np.asarray(record["confidence"], dtype=np.float64),
-            )
+            response = response_from_record(record, n_layers, dtr)
         except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
             raise damaged_record(out_dir / SAMPLES, line, exc) from None
         grades[str(record.get("grade", "?"))] += 1

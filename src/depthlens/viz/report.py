@@ -284,7 +284,9 @@ def _store_section(study: StoreStudy, summary: dict[str, Any] | None, out: Path)
     lines = [f"## {store.label}", "", f"Store `{store.path}`: {len(store.responses)} responses to "
              f"{len(store.questions())} questions, accuracy {100 * store.accuracy:.0f} %"
              + (f", {store.failed} failed" if store.failed else "") + ".", ""]  # fmt: skip
-    if summary and "answers" in summary:  # how the accuracies above read their answers (docs/definitions.md §5)
+    if (
+        summary and "answers" in summary
+    ):  # how the accuracies above read their answers (docs/definitions.md §5)
         lines += [f"How its answers were read: {AnswerSummary(**summary['answers']).line()}.", ""]
     if "heatmap" in f:
         lines += ["**Figure 2** — one response's divergence to the final layer, token × layer; dots mark where each "

@@ -4,8 +4,10 @@ Every method is a row of ``METHODS``: which responses it keeps (a ranking, or al
 weighted, and what the selection costs in generated tokens — the exact count, and the paper's printed formula
 beside it. Tie rule, for every vote: the answer with the highest summed prefix DTR among its voters wins; if
 that ties too, the answer first given (lowest response index). Responses with no extractable answer do not
-vote (DeepConf drops them before ranking, as its authors' code does); if no kept response has one, the method
-answers nothing and is wrong (counted as ``no_answer`` in the trials' summary).
+vote; if no kept response has one, the method answers nothing and is wrong (counted as ``no_answer`` in the
+trials' summary). The DeepConf rows follow their authors' code instead (docs/definitions.md §5): unanswered
+traces are dropped before scoring, the filter is a percentile with ties kept, and a tied weighted vote goes to
+the answer seen first.
 """
 
 from __future__ import annotations
@@ -173,42 +175,62 @@ def short_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
     return _outcome(rs, kept, [1.0] * k, cost, paper, cfg.prefix)
 
 
+TRACE_SCORES = ("mean", "tail", "bottom10", "lowest")
+"""DeepConf's trace scores: ``mean`` token confidence; ``tail`` (mean of the last window); ``bottom10`` (mean of
+the max(1, ⌊0.1·G⌋) lowest of the G sliding-window group confidences); ``lowest`` (the lowest group, their
+``min_window``). A trace no longer than the window has one group: its mean."""
+
+
+def group_confidences(confidence: np.ndarray, window: int) -> np.ndarray:
+    """DeepConf's group confidences: the mean over every ``window``-token sliding window (one group, the mean,
+    when the trace is shorter)."""
+    if len(confidence) <= window:
+        return np.array([confidence.mean()])
+    sums = np.cumsum(np.concatenate([[0.0], confidence]))
+    return (sums[window:] - sums[:-window]) / window
+
+
 def trace_confidence(confidence: np.ndarray, kind: str, window: int) -> float:
-    """DeepConf trace confidence from token confidences: ``mean``; ``tail`` (mean of the last ``window``);
-    ``bottom10`` (mean of the lowest 10 % of the sliding-window group confidences)."""
+    """DeepConf trace confidence from token confidences (see ``TRACE_SCORES``); −inf for an empty trace."""
     if len(confidence) == 0:
         return -math.inf
     if kind == "mean":
         return float(confidence.mean())
     if kind == "tail":
         return float(confidence[-window:].mean())
-    if len(confidence) <= window:
-        return float(confidence.mean())
-    sums = np.cumsum(np.concatenate([[0.0], confidence]))
-    groups = (sums[window:] - sums[:-window]) / window
-    lowest = np.sort(groups)[: max(1, math.ceil(0.1 * len(groups)))]
+    groups = group_confidences(confidence, window)
+    if kind == "lowest":
+        return float(groups.min())
+    lowest = np.sort(groups)[: max(1, len(groups) // 10)]  # their code: int(len · 0.1), at least one
     return float(lowest.mean())
 
 
-def _deepconf(kind: str) -> Callable[[Sequence[Response], VotingConfig], Outcome]:
-    def method(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
-        # As DeepConf's code: traces without an answer are dropped before scoring and ranking.
-        answered = [i for i, r in enumerate(rs) if r.key is not None]
-        if not answered:
-            return Outcome(0.0, _total(rs), _total(rs), None, ())
-        conf = [trace_confidence(rs[i].confidence, kind, cfg.deepconf_window) for i in answered]
-        k = _kept_count(len(answered), cfg.eta)
-        kept = [answered[j] for j in _top(conf, k)]
-        conf = dict(zip(answered, conf, strict=True))
-        weights = [conf[i] if math.isfinite(conf[i]) else 0.0 for i in kept]
-        return _outcome(rs, kept, weights, _total(rs), _total(rs), cfg.prefix)
+def percentile_kept(scores: Sequence[float], keep: float) -> list[int]:
+    """DeepConf's filter: every index whose score ≥ np.percentile(scores, 100·(1 − keep)), ties kept (so 7 of 8
+    traces at keep = 0.9, not ⌈0.9·8⌉ = 8)."""
+    if not scores:
+        return []
+    cut = float(np.percentile(scores, 100 * (1 - keep)))
+    return [i for i, s in enumerate(scores) if s >= cut]
 
-    method.__doc__ = (
-        f"DeepConf-{kind} (offline): keep the η share of the answered traces most confident, "
-        "confidence-weighted vote."
-    )
+
+def _deepconf(kind: str, keep: float | None) -> Callable[[Sequence[Response], VotingConfig], Outcome]:
+    def method(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
+        answered = [i for i, r in enumerate(rs) if r.key is not None]  # dropped before scoring, as theirs
+        conf = [trace_confidence(rs[i].confidence, kind, cfg.deepconf_window) for i in answered]
+        chosen = range(len(answered)) if keep is None else percentile_kept(conf, keep)
+        kept = [answered[j] for j in chosen]
+        key, rep = vote(rs, kept, [conf[j] for j in chosen], [0.0] * len(kept))  # a tie: the first seen
+        accuracy = float(rs[rep].correct) if rep is not None else 0.0
+        return Outcome(accuracy, _total(rs), _total(rs), key, tuple(kept))
+
+    which = "every answered trace" if keep is None else f"the top {keep:.0%} of answered traces by {kind}"
+    method.__doc__ = f"DeepConf (offline, {kind} score): a confidence-weighted vote over {which}."
     return method
 
+
+DEEPCONF_FILTERS = {"": None, "low-": 0.1, "high-": 0.9}
+"""DeepConf's offline variants: no filter (their ``*_weighted``), DeepConf-low (top 10 %), -high (top 90 %)."""
 
 METHODS: dict[str, Callable[[Sequence[Response], VotingConfig], Outcome]] = {
     "mean@n": mean_at_n,
@@ -217,7 +239,9 @@ METHODS: dict[str, Callable[[Sequence[Response], VotingConfig], Outcome]] = {
     "self-certainty@n": self_certainty_at_n,
     "long@n": long_at_n,
     "short@n": short_at_n,
-    "deepconf-mean@n": _deepconf("mean"),
-    "deepconf-tail@n": _deepconf("tail"),
-    "deepconf-bottom10@n": _deepconf("bottom10"),
+    **{
+        f"deepconf-{prefix}{kind}@n": _deepconf(kind, keep)
+        for prefix, keep in DEEPCONF_FILTERS.items()
+        for kind in TRACE_SCORES
+    },
 }

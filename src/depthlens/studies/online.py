@@ -1,0 +1,309 @@
+"""Online Think@n live: generate per question as ``voting.online`` decides, into a resumable store.
+
+The policy is described in docs/architecture.md (online Think@n).
+
+Store (a directory, a sample store that ``load_pools`` and ``replay`` read like any other):
+- ``questions.jsonl``, ``samples.jsonl`` (+ manifest, which holds the online settings) — every response the run
+  started, in sampling order, as ``thinkn.sample_record`` writes it plus ``phase`` and ``stopped_at`` (the token
+  count where the policy stopped it; its record then holds only those tokens);
+- ``online.jsonl`` — one line per finished question: the voted answer, exact cost, why sampling stopped, and the
+  decision on every response (index, seed, signal, τ, stopped where and why, the vote after its batch).
+
+The run talks to the engine only through ``GenerationBackend``: a ``dtr`` batch is ``start``ed up to ℓ tokens
+and only the responses that clear τ are ``resume``d. The ``confidence`` signal can stop a response at any token;
+the protocol has no per-token stop, so on this path responses are generated to their end and cut where the
+policy stopped them — the same tokens, decisions and counted cost as a run that stopped there, but no wall time
+saved (an engine with a per-request stop, like vLLM's logits processors, saves it).
+
+Resume: a batch whose responses are all in the store is read back instead of generated; a batch cut by a kill is
+regenerated whole (same seeds, same batch layout) and only its missing responses are written, so a resumed run
+makes the decisions of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from depthlens.config import (
+    AnswerConfig,
+    DTRConfig,
+    OnlineConfig,
+    ReadoutConfig,
+    SamplingConfig,
+    VotingConfig,
+)
+from depthlens.errors import DepthlensError, InputError
+from depthlens.models.load import LoadedModel
+from depthlens.sampling.generate import GenerationBackend, HFGenerator, Trace
+from depthlens.studies.records import ResultWriter, iter_jsonl
+from depthlens.studies.tasks import Question
+from depthlens.studies.thinkn import (
+    SAMPLES,
+    deep_from_divergence,
+    prompt_ids,
+    read_manifest,
+    response_from_record,
+    sample_record,
+    sample_seed,
+    store_manifest,
+    write_questions,
+)
+from depthlens.voting.methods import Response
+from depthlens.voting.online import OnlineOutcome, Sampler, replay_trials, run_policy, stop_point
+from depthlens.voting.trials import run_trials
+
+DECISIONS = "online.jsonl"
+
+
+def check_online(online: OnlineConfig, sampling: SamplingConfig) -> None:
+    """Reject settings the run cannot honour, before any model is loaded."""
+    if online.signal == "dtr" and online.prefix > sampling.max_new_tokens:
+        raise InputError(
+            f"--prefix {online.prefix} is longer than --max-new-tokens {sampling.max_new_tokens}: no response "
+            "could reach the decision; lower --prefix or raise --max-new-tokens"
+        )
+    readout = sampling.readout_tokens
+    if online.signal == "dtr" and readout is not None and readout < online.prefix:
+        raise InputError(
+            f"--readout-tokens {readout} is below --prefix {online.prefix}: the prefix DTR needs every prefix "
+            "token read out"
+        )
+
+
+def _rounded_response(trace: Trace, n_layers: int, dtr: DTRConfig) -> Response:
+    """A trace exactly as its stored record will read back (5-decimal values), so decisions made now match a
+    replay of the store bit for bit."""
+
+    def r5(values: Sequence[float]) -> np.ndarray:
+        return np.asarray([round(v, 5) for v in values], dtype=np.float64)
+
+    rows = [[round(v, 5) for v in row] for row in trace.divergence]
+    deep = deep_from_divergence(rows, n_layers, dtr).numpy()
+    return Response(None, False, len(trace), deep, r5(trace.self_certainty), r5(trace.confidence))
+
+
+def _cut_trace(trace: Trace, tokens: int) -> None:
+    """Drop everything a run that stopped this response after ``tokens`` tokens would not have produced."""
+    del trace.token_ids[tokens:]
+    for key in ("log_prob", "entropy", "self_certainty", "confidence", "divergence"):
+        del getattr(trace, key)[tokens:]
+    for rows in trace.also.values():
+        del rows[tokens:]
+
+
+def generate_batch(
+    backend: GenerationBackend,
+    prompt: Sequence[int],
+    seeds: Sequence[int],
+    tau: float | None,
+    online: OnlineConfig,
+    dtr: DTRConfig,
+) -> tuple[list[Trace], list[int | None]]:
+    """One batch as the policy runs it: the traces (stopped ones hold only their tokens) and the stop points."""
+    n_layers = backend.n_layers
+    if tau is None:  # warm-up: in full
+        traces = backend.start(prompt, seeds).traces
+        return traces, [None] * len(traces)
+    if online.signal == "dtr":
+        paused = backend.start(prompt, seeds, stop_after=online.prefix)
+        stops = [stop_point(_rounded_response(t, n_layers, dtr), tau, online) for t in paused.traces]
+        keep = [j for j, t in enumerate(paused.traces) if stops[j] is None and t.finish == "paused"]
+        if keep:
+            backend.resume(paused, keep)
+        return paused.traces, stops
+    traces = backend.start(prompt, seeds).traces
+    stops = [stop_point(_rounded_response(t, n_layers, dtr), tau, online) for t in traces]
+    for t, stop in zip(traces, stops, strict=True):
+        if stop is not None:
+            _cut_trace(t, stop)
+    return traces, stops
+
+
+@dataclasses.dataclass
+class OnlineReport:
+    questions: int = 0
+    skipped: int = 0  # questions already finished in the store (resume)
+    tokens: int = 0  # generated tokens, over every question (read back for finished ones)
+    correct: int = 0
+    stops: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def online_store(
+    lm: LoadedModel,
+    out_dir: Path,
+    questions: Sequence[Question],
+    *,
+    online: OnlineConfig,
+    seed: int = 0,
+    sampling: SamplingConfig = SamplingConfig(),
+    readout: ReadoutConfig = ReadoutConfig(),
+    dtr: DTRConfig = DTRConfig(),
+    resume: bool = False,
+    overwrite: bool = False,
+    task: dict[str, Any] | None = None,
+    backend: GenerationBackend | None = None,
+    on_question: Callable[[OnlineOutcome], None] = lambda o: None,
+    on_batch: Callable[[int], None] = lambda n: None,
+    on_token: Callable[[int], None] = lambda n: None,
+) -> OnlineReport:
+    """Run the online policy live on every question into the store at ``out_dir``; resumable."""
+    check_online(online, sampling)
+    manifest = store_manifest(
+        lm.name,
+        lm.n_layers,
+        questions,
+        online.max_n,
+        seed,
+        online.batch_size,
+        sampling,
+        readout,
+        dtr,
+        task or {},
+        AnswerConfig(),
+        online=online.to_dict(),
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    backend = backend or HFGenerator(lm, sampling, readout, on_token=on_token)
+    report = OnlineReport()
+    with (
+        ResultWriter(out_dir / SAMPLES, manifest, resume=resume, overwrite=overwrite) as samples,
+        ResultWriter(out_dir / DECISIONS, manifest, resume=resume, overwrite=overwrite) as decided,
+    ):
+        write_questions(out_dir, questions)
+        stored = _stored_records(out_dir / SAMPLES, samples.done)
+        finished = {r["id"]: r for r in iter_jsonl(out_dir / DECISIONS) if r["id"] in decided.done}
+        try:
+            for question in questions:
+                if question.id in finished:
+                    line = finished[question.id]
+                    report.skipped += 1
+                else:
+                    outcome = _run_question(
+                        lm, backend, samples, stored, question, online, seed, dtr, on_batch
+                    )
+                    line = _decision_line(question, outcome, seed)
+                    decided.write(line)
+                    on_question(outcome)
+                report.questions += 1
+                report.tokens += line["tokens"]
+                report.correct += bool(line["correct"])
+                report.stops[line["stop"]] = report.stops.get(line["stop"], 0) + 1
+        except DepthlensError as exc:
+            raise type(exc)(
+                f"{exc} — questions finished so far are kept in {out_dir}; rerun with --resume"
+            ) from exc
+    return report
+
+
+def _stored_records(path: Path, done: set[str]) -> dict[str, dict[str, Any]]:
+    return {r["id"]: r for r in iter_jsonl(path) if r["id"] in done}
+
+
+def _run_question(
+    lm: LoadedModel,
+    backend: GenerationBackend,
+    writer: ResultWriter,
+    stored: dict[str, dict[str, Any]],
+    question: Question,
+    online: OnlineConfig,
+    seed: int,
+    dtr: DTRConfig,
+    on_batch: Callable[[int], None],
+) -> OnlineOutcome:
+    prompt: list[int] | None = None
+
+    def sample(indices: Sequence[int], tau: float | None) -> list[Response]:
+        nonlocal prompt
+        ids = [f"{question.id}#{i}" for i in indices]
+        if not all(i in stored for i in ids):  # a batch cut by a kill is regenerated whole, same layout
+            prompt = prompt if prompt is not None else prompt_ids(lm, question)
+            seeds = [sample_seed(seed, question.id, i) for i in indices]
+            traces, stops = generate_batch(backend, prompt, seeds, tau, online, dtr)
+            for i, key, trace, stop in zip(indices, ids, traces, stops, strict=True):
+                record = sample_record(lm, question, i, trace, dtr)
+                record.update(phase="warm-up" if tau is None else "online", stopped_at=stop)
+                if stop is not None:
+                    record["finish"] = "stopped"  # by the policy (it may have ended there by itself too)
+                if key not in stored:
+                    writer.write(record)
+                    stored[key] = record
+            on_batch(len(indices))
+        return [response_from_record(stored[k], lm.n_layers, dtr) for k in ids]
+
+    sampler: Sampler = sample
+    return run_policy(online, sampler)
+
+
+def _decision_line(question: Question, outcome: OnlineOutcome, seed: int) -> dict[str, Any]:
+    return {
+        "id": question.id,
+        "answer": outcome.answer,
+        "correct": outcome.correct,
+        "tokens": outcome.tokens,
+        "started": outcome.started,
+        "threshold": outcome.threshold,
+        "stop": outcome.stop,
+        "decisions": [
+            {"seed": sample_seed(seed, question.id, d.index), **d.to_dict()} for d in outcome.decisions
+        ],
+    }
+
+
+def ordered_pools(out_dir: Path, dtr: DTRConfig) -> tuple[dict[str, list[Response]], list[str]]:
+    """Every question's responses in sampling order (pool index 0, 1, …), as ``replay`` needs them.
+
+    A question with a failed or missing response is left out (its order has a hole) and listed.
+    """
+    manifest = read_manifest(out_dir)
+    n_layers = int(manifest["n_layers"])
+    records: dict[str, dict[int, dict[str, Any]]] = {q: {} for q in manifest["questions"]}
+    for record in iter_jsonl(out_dir / SAMPLES):
+        records.setdefault(record["question_id"], {})[int(record["sample"])] = record
+    pools, holes = {}, []
+    for q, by_index in records.items():
+        ok = all(by_index.get(i, {}).get("status") == "ok" for i in range(len(by_index)))
+        if not by_index or not ok:
+            holes.append(q)
+            continue
+        pools[q] = [response_from_record(by_index[i], n_layers, dtr) for i in range(len(by_index))]
+    return pools, holes
+
+
+def budget_sweep(
+    store: Path,
+    online: OnlineConfig,
+    dtr: DTRConfig,
+    trials: int,
+    seed: int = 0,
+    consensus: Sequence[float] = (0.6, 0.8, 1.0),
+) -> list[dict[str, Any]]:
+    """Accuracy vs tokens on one pool (Figure 5 style): Cons@n and offline Think@n at every even n (trials =
+    draws of n), online Think@n and online DeepConf at every even max_n above the warm-up and each β (trials =
+    sampling orders; order 0 as stored)."""
+    pools, _ = ordered_pools(store, dtr)
+    size = min(len(p) for p in pools.values())
+    budgets = [n for n in range(2, size + 1, 2)]
+    rows: list[dict[str, Any]] = []
+    for n in budgets:
+        voting = VotingConfig(n=n, eta=online.keep, prefix=online.prefix, trials=trials, seed=seed,
+                              deepconf_window=online.window)  # fmt: skip
+        for s in run_trials(pools, voting, ["cons@n", "think@n"]):
+            rows.append({"method": s.method, "family": s.method, "budget": n, "consensus": None,
+                         "accuracy_mean": s.accuracy_mean, "accuracy_std": s.accuracy_std,
+                         "cost_mean": s.cost_mean, "cost_std": s.cost_std, "started_mean": float(n)})  # fmt: skip
+    for signal in ("dtr", "confidence"):
+        for beta in consensus:
+            for max_n in (n for n in budgets if n > online.warmup):
+                cfg = dataclasses.replace(online, signal=signal, consensus=beta, max_n=max_n)
+                s = replay_trials(pools, cfg, trials, seed)
+                family = "online think@n" if signal == "dtr" else "online deepconf"
+                rows.append({"method": f"{family} β={beta:g}", "family": family, "budget": max_n,
+                             "consensus": beta, "accuracy_mean": s.accuracy_mean, "accuracy_std": s.accuracy_std,
+                             "cost_mean": s.cost_mean, "cost_std": s.cost_std,
+                             "started_mean": s.started_mean})  # fmt: skip
+    return rows
