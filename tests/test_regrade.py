@@ -11,7 +11,7 @@ from depthlens.errors import StoreError
 from depthlens.studies.records import iter_jsonl, manifest_path
 from depthlens.studies.regrade import regrade_store
 from depthlens.studies.tasks import Question, grade, infer_answer_type, load_task
-from depthlens.studies.thinkn import SAMPLES, generate_store, summarise
+from depthlens.studies.thinkn import SAMPLES, generate_store, summarise, summary_files
 from depthlens.voting.answers import RULES
 from tests.test_cli import run
 
@@ -45,7 +45,8 @@ def test_regrade_reads_an_old_store_under_the_current_rules(tiny_chat, tmp_path)
     store = tmp_path / "old"
     before = _old_store(tiny_chat, store)
     summarise(store, VotingConfig(n=2, trials=1))
-    assert json.loads((store / "thinkn.json").read_text())["answers"]["rules"] == "depthlens-answers-1"
+    [summary_path] = summary_files(store)
+    assert json.loads(summary_path.read_text())["answers"]["rules"] == "depthlens-answers-1"
 
     report = regrade_store(store)
     after = list(iter_jsonl(store / SAMPLES))
@@ -68,7 +69,7 @@ def test_regrade_reads_an_old_store_under_the_current_rules(tiny_chat, tmp_path)
     assert manifest["regraded"][0]["from_rules"] == "depthlens-answers-1"
     assert sorted(p.name for p in store.iterdir() if "tmp" in p.name) == []
     # the stale summary was re-voted; thinkn --from reads the regraded store
-    summary = json.loads((store / "thinkn.json").read_text())
+    summary = json.loads(summary_path.read_text())
     assert report.summary_rewritten and summary["answers"]["rules"] == RULES
     assert summary["answers"]["sources"]["none"] == 2
     # a second regrade changes nothing and keeps both histories

@@ -210,16 +210,16 @@ def test_responses_without_an_answer_never_win():
 
 
 def test_deepconf_drops_traces_without_an_answer_before_ranking():
-    # the two most confident traces have no answer; η = 0.5 of the two answered keeps the more confident one
+    # the two most confident traces have no answer; DeepConf-low keeps the more confident of the answered two
     pool = [
         _r(None, False, 5, [0], conf=9.0),
         _r("x", False, 5, [0], conf=1.0),
         _r(None, False, 5, [0], conf=8.0),
         _r("y", True, 5, [0], conf=2.0),
     ]
-    outcome = METHODS["deepconf-mean@n"](pool, VotingConfig(n=4, eta=0.5))
+    outcome = METHODS["deepconf-low-mean@n"](pool, VotingConfig(n=4))  # top 10 % of the answered two
     assert outcome.kept == (3,) and outcome.answer == "y" and outcome.cost == 20
-    # ranked over all four (as before this rule), DeepConf would keep two unanswered traces and answer nothing
+    # ranked over all four (as before this rule), the top half would be two unanswered traces: no answer
     assert METHODS["think@n"](pool, VotingConfig(n=4, eta=0.5, prefix=1)).kept == (0, 1)
 
 

@@ -46,7 +46,7 @@ def print_regrade(report: RegradeReport) -> None:
     err_console.print(
         f"{report.changed_answer} response(s) changed answer, {report.changed_grade} changed grade; the previous "
         "answer fields are kept in each record's answer_history"
-        + ("; thinkn.json re-voted with its own settings" if report.summary_rewritten else ""),
+        + ("; its summaries re-voted with their own settings" if report.summary_rewritten else ""),
         highlight=False,
     )
 

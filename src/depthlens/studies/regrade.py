@@ -6,7 +6,7 @@ task's questions (reasoning-gym regenerates its entries from the manifest's seed
 re-grades every response, and rewrites ``samples.jsonl`` atomically (a temporary file, fsynced, renamed over
 it). Nothing is lost: each record appends the answer fields it had before to its ``answer_history`` list, with
 the rules that produced them. The manifest records the rules now in force (``answers``) and a ``regraded`` log.
-A ``thinkn.json`` summary already in the store is recomputed with its own voting settings.
+Every summary already in the store is recomputed with its own voting settings.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from depthlens.errors import StoreError
 from depthlens.studies.records import iter_jsonl, manifest_path
 from depthlens.studies.store_answers import ANSWER_FIELDS, RULES, AnswerSummary, answer_fields, store_answers
 from depthlens.studies.tasks import HUB_TASKS, Question, infer_answer_type, load_task, parse_task_config
-from depthlens.studies.thinkn import QUESTIONS, SAMPLES, read_manifest, summarise
+from depthlens.studies.thinkn import QUESTIONS, SAMPLES, read_manifest, summarise, summary_files
 
 GRADED = ("answer", "answer_source", "vote_key", "grade", "correct", "task_score")
 
@@ -177,16 +177,19 @@ def regrade_store(
 
 
 def _resummarise(store: Path) -> bool:
-    """Recompute an existing thinkn.json with the voting settings it was made with (it is stale otherwise)."""
-    path = store / "thinkn.json"
-    if not path.is_file():
-        return False
-    previous = json.loads(path.read_text())
-    summarise(
-        store,
-        VotingConfig.from_dict(previous["voting"]),
-        DTRConfig.from_dict(previous["dtr"]),
-        [m["method"] for m in previous.get("methods", [])] or None,
-        with_ablation=bool(previous.get("ablation")),
-    )
-    return True
+    """Recompute every summary already in the store (``thinkn-*.json``, or a ``thinkn.json`` written before
+    summaries were named by their settings) with the voting settings it was made with: it is stale otherwise."""
+    from depthlens.voting.methods import METHODS
+
+    paths = [*summary_files(store), *[p for p in [store / "thinkn.json"] if p.is_file()]]
+    for path in paths:
+        previous = json.loads(path.read_text())
+        summarise(
+            store,
+            VotingConfig.from_dict(previous["voting"]),
+            DTRConfig.from_dict(previous["dtr"]),
+            [m for m in previous.get("methods_asked") or [] if m in METHODS] or None,
+            with_ablation=bool(previous.get("ablation")),
+            overwrite=True,
+        )
+    return bool(paths)
