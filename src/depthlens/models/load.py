@@ -69,9 +69,8 @@ def resolve_device(device: str) -> torch.device:
     if resolved.type not in ("cpu", "cuda", "mps", "xpu"):
         raise ConfigError(f"device {device!r} cannot hold a model to read out; use auto, cpu, cuda or cuda:N")
     if not _available(resolved.type):
-        raise ConfigError(
-            f"device {device!r} asked for, but {resolved.type} is not available here; use --device cpu"
-        )
+        kind = "CUDA" if resolved.type == "cuda" else resolved.type
+        raise ConfigError(f"device {device!r} asked for, but {kind} is not available here; use --device cpu")
     if resolved.index is not None and resolved.type in ("cuda", "xpu"):
         count = getattr(torch, resolved.type).device_count()
         if resolved.index >= count:
