@@ -254,7 +254,9 @@ def test_skip_bad_skips_record_level_cases_and_lists_them(tmp_path, fixtures, mo
 
 def test_damaged_catalogue_copy_is_listed_as_damaged(tmp_path, fixtures, monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "1000")
-    monkeypatch.setenv("DEPTHLENS_CACHE", str(tmp_path / "cache"))  # restored after the test
+    monkeypatch.setenv(
+        "DEPTHLENS_CACHE", str(catalogue.cache_dir())
+    )  # restored afterwards; the case moves it
     _damaged_catalogue_copy(tmp_path, fixtures)
     monkeypatch.setattr(sys, "argv", ["depthlens", "models"])
     main_exits_cleanly()

@@ -78,9 +78,8 @@ def test_jsonl_input_reader(raw_lines, skip_bad):
     result = _outcome(lambda: read_records(path, skip_bad=skip_bad))
     if not isinstance(result, DepthlensError):
         records, bad = result
-        assert all(isinstance(r.data, dict) for r in records) and len(records) + len(bad) <= content.count(
-            b"\n"
-        )
+        assert all(isinstance(r.data, dict) for r in records)
+        assert len(records) + len(bad) <= content.count(b"\n")
 
 
 def _manifest(n_layers: object = 3) -> dict:

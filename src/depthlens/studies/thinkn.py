@@ -343,6 +343,16 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
         )
     kinds = {"n_layers": int, "questions": list, "pool": int, "dtr": dict, "model": str}
     wrong = [k for k, kind in kinds.items() if not isinstance(manifest.get(k), kind)]
+    readout = manifest.get("readout", {})
+    if (
+        not isinstance(readout, dict)
+        or not isinstance(readout.get("divergence", ""), str)
+        or not (
+            isinstance(readout.get("also", []), list)
+            and all(isinstance(k, str) for k in readout.get("also", []))
+        )
+    ):
+        wrong.append("readout")
     if wrong:
         raise StoreError(
             f"{meta}: field(s) {wrong} missing or of the wrong type; the manifest was edited or damaged — "
