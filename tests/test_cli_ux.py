@@ -116,7 +116,9 @@ def test_generate_checks_its_store_before_the_model(monkeypatch, capsys, tmp_pat
         (["tcb", "prompts", "--templates", "bare,nah"], "error: --templates bare,nah: unknown nah; known: bare, paper, "
          "terse, expert"),
         (["thinkn", "--methods", "think@n,vote@n"], "error: --methods think@n,vote@n: unknown vote@n; known: mean@n, "
-         "cons@n, think@n, self-certainty@n, long@n, short@n, deepconf-mean@n, deepconf-tail@n, deepconf-bottom10@n"),
+         "cons@n, think@n, self-certainty@n, long@n, short@n, deepconf-mean@n, deepconf-tail@n, deepconf-bottom10@n, "
+         "deepconf-lowest@n, deepconf-low-mean@n, deepconf-low-tail@n, deepconf-low-bottom10@n, deepconf-low-lowest@n, "
+         "deepconf-high-mean@n, deepconf-high-tail@n, deepconf-high-bottom10@n, deepconf-high-lowest@n"),
         (["heatmap", "--completion", "x", "--token", "-1"], "error: --token -1: give a token index, 0 or more"),
     ],
 )  # fmt: skip
@@ -283,7 +285,7 @@ def test_thinkn_table_fits_80_columns(monkeypatch, capsys, tmp_path, tiny_chat):
     )
     assert code == 0, err
     assert max(len(line) for line in out.splitlines()) <= 80
-    assert "│ deepconf-bottom10@n │" in out
+    assert "│ deepconf-high-bottom10@n │" in out  # the longest method name, whole
 
 
 # 6. Docs stand on their own.
