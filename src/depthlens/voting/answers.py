@@ -20,6 +20,7 @@ the main thread the check runs in a worker process that is killed on timeout.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import dataclasses
 import logging
@@ -242,6 +243,8 @@ def _worker_pool() -> concurrent.futures.ProcessPoolExecutor:
     with _pool_lock:
         if _pool is None:
             _pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            # Shut it down before the interpreter tears its modules down (else a noisy weakref callback).
+            atexit.register(_pool.shutdown, wait=True, cancel_futures=True)
             _pool.submit(_warm).result(timeout=300)  # start-up is not charged to the first check's timeout
         return _pool
 
