@@ -133,3 +133,19 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
         code, _, err = run(monkeypatch, capsys, *args, "--out", cut, "--resume")
         assert code in (0, None), err
         assert _snapshot(cut) == {k.replace("whole", f"cut{point}"): v for k, v in _snapshot(whole).items()}
+
+
+def test_generate_cli_resumes_with_another_batch_size_and_more_questions(
+    tmp_path, chat_dir, monkeypatch, capsys
+):
+    # The check before the model loads must allow what the store allows (batch size, a longer question list).
+    args = ["generate", "--model", str(chat_dir), "--device", "cpu", "--task", "reasoning_gym:chain_sum",
+            "--max-new-tokens", "4", "--pool", "2", "--out", str(tmp_path / "s")]  # fmt: skip
+    code, _, err = run(monkeypatch, capsys, *args, "--questions", "1", "--batch-size", "2")
+    assert code in (0, None), err
+    code, _, err = run(monkeypatch, capsys, *args, "--questions", "2", "--batch-size", "1", "--resume")
+    assert code in (0, None), err
+    ids = [json.loads(line)["id"] for line in (tmp_path / "s" / "samples.jsonl").read_text().splitlines()]
+    assert sorted(ids) == ["chain_sum-0#0", "chain_sum-0#1", "chain_sum-1#0", "chain_sum-1#1"]
+    code, _, err = run(monkeypatch, capsys, *args, "--questions", "2", "--seed", "1", "--resume")
+    assert code == 2 and "seed: stored 0, this run 1" in " ".join(err.split())

@@ -165,21 +165,21 @@ def _generate(
     resuming = check_output(samples, None, resume, overwrite)
     locate(model)
     from depthlens.studies.tasks import load_task, parse_task_config
-    from depthlens.studies.thinkn import MANIFEST_DEFAULTS, generate_store, store_manifest
+    from depthlens.studies.thinkn import (
+        MANIFEST_DEFAULTS,
+        RESUME_EXTEND,
+        RESUME_FREE,
+        generate_store,
+        store_manifest,
+    )
 
     qs = load_task(task, questions, task_seed, data, parse_task_config(task_config))
-    task_info = {
-        "name": task,
-        "questions": questions,
-        "task_seed": task_seed,
-        "task_config": task_config,
-        "data": str(data) if data else None,
-    }
+    task_info = oc.task_info(task, questions, task_seed, task_config, data)
     if resuming:  # are the settings the stored run's?
         manifest = store_manifest(
             model, None, qs, pool, seed, batch_size, sampling, readout, dtr, task_info, answers
         )
-        check_output(samples, manifest, resume, overwrite, MANIFEST_DEFAULTS)
+        check_output(samples, manifest, resume, overwrite, MANIFEST_DEFAULTS, RESUME_FREE, RESUME_EXTEND)
     for line in degenerate_settings(readout, dtr):
         warn(line)
     lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
