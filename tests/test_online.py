@@ -195,3 +195,17 @@ def test_real_model_live_equals_replay_and_cli_replays_it(real_model, monkeypatc
     assert "online replay" in out
     replayed = json.loads((tmp_path / "s" / "online_replay.json").read_text())["summary"]
     assert replayed["cost_mean"] == line["tokens"] and replayed["accuracy_mean"] == float(line["correct"])
+
+
+def test_online_store_reads_answers_by_the_given_rules(tiny_chat, tmp_path):
+    # --prompt-style / --answer-fallback reach the online store as they reach `generate`: manifest and records
+    from depthlens.config import AnswerConfig
+    from depthlens.studies.records import manifest_path
+
+    rules = AnswerConfig(fallback="last-number")
+    qs = [Question("q0", "1 + 2 =", "3")]
+    online_store(
+        tiny_chat, tmp_path / "s", qs, online=LIVE, seed=1, sampling=SAMPLING, dtr=TINY_DTR, answers=rules
+    )
+    manifest = json.loads(manifest_path(tmp_path / "s" / SAMPLES).read_text())
+    assert manifest["answers"]["fallback"] == "last-number"

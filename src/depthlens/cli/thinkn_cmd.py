@@ -527,6 +527,7 @@ def _online(**given: Any) -> None:
         seed=given["seed"], sampling=sampling, dtr=dtr, divergence=given["divergence"], device=given["device"],
         dtype=given["dtype"], trust_remote_code=given["trust_remote_code"], resume=given["resume"],
         overwrite=given["overwrite"],
+        answers=answer_config(given["prompt_style"], given["answer_type"], given["answer_fallback"], given["task"]),
     )  # fmt: skip
 
 

@@ -146,6 +146,7 @@ def online_store(
     resume: bool = False,
     overwrite: bool = False,
     task: dict[str, Any] | None = None,
+    answers: AnswerConfig = AnswerConfig(),
     backend: GenerationBackend | None = None,
     on_question: Callable[[OnlineOutcome], None] = lambda o: None,
     on_batch: Callable[[int], None] = lambda n: None,
@@ -164,7 +165,7 @@ def online_store(
         readout,
         dtr,
         task or {},
-        AnswerConfig(),
+        answers,
         online=online.to_dict(),
     )
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -184,7 +185,7 @@ def online_store(
                     report.skipped += 1
                 else:
                     outcome = _run_question(
-                        lm, backend, samples, stored, question, online, seed, dtr, on_batch
+                        lm, backend, samples, stored, question, online, seed, dtr, answers, on_batch
                     )
                     line = _decision_line(question, outcome, seed)
                     decided.write(line)
@@ -213,6 +214,7 @@ def _run_question(
     online: OnlineConfig,
     seed: int,
     dtr: DTRConfig,
+    answers: AnswerConfig,
     on_batch: Callable[[int], None],
 ) -> OnlineOutcome:
     prompt: list[int] | None = None
@@ -221,11 +223,11 @@ def _run_question(
         nonlocal prompt
         ids = [f"{question.id}#{i}" for i in indices]
         if not all(i in stored for i in ids):  # a batch cut by a kill is regenerated whole, same layout
-            prompt = prompt if prompt is not None else prompt_ids(lm, question)
+            prompt = prompt if prompt is not None else prompt_ids(lm, question, answers.prompt_style)
             seeds = [sample_seed(seed, question.id, i) for i in indices]
             traces, stops = generate_batch(backend, prompt, seeds, tau, online, dtr)
             for i, key, trace, stop in zip(indices, ids, traces, stops, strict=True):
-                record = sample_record(lm, question, i, trace, dtr)
+                record = sample_record(lm, question, i, trace, dtr, answers)
                 record.update(phase="warm-up" if tau is None else "online", stopped_at=stop)
                 if stop is not None:
                     record["finish"] = "stopped"  # by the policy (it may have ended there by itself too)
