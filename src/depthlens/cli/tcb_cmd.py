@@ -6,13 +6,16 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console, load_model, writes_to
+from depthlens.cli.app import app, console, engine_config, err_console, load_model, writes_to
+
+if TYPE_CHECKING:
+    from depthlens.config import EngineConfig
 
 tcb_app = typer.Typer(
     help="Token Constraint Bound studies: regimes, geometry, prompts, trace (docs/definitions.md §6).",
@@ -42,6 +45,11 @@ def _units(
         writes_to(path)
         done = {str(r["id"]): r["rows"] for r in iter_jsonl(path) if "rows" in r} if writer.done else {}
         yield done, lambda key, rows: writer.write({"id": key, "rows": rows})
+
+
+def _engine_setting(engine: EngineConfig) -> dict[str, Any]:
+    """The engine as a resumed study must match it; absent for ``hf`` (progress files from before backends)."""
+    return {"engine": engine.to_dict()} if engine.backend != "hf" else {}
 
 
 def _finish(out: Path, name: str, result: dict[str, Any], figure: Path) -> None:
@@ -162,6 +170,11 @@ def prompts(
     unembed: opt.Unembed = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
+    backend: opt.BackendOpt = "auto",
+    tensor_parallel_size: opt.TensorParallel = 1,
+    gpu_memory_utilization: opt.GpuMemory = None,
+    max_model_len: opt.MaxModelLen = None,
+    enforce_eager: opt.EnforceEager = False,
 ) -> None:
     """Accuracy, answer perplexity and δ per prompt template × k-shot, greedy answers (paper §4.3–4.4)."""
     from depthlens.errors import InputError
@@ -181,16 +194,19 @@ def prompts(
         )
     parsed_config = parse_task_config(task_config)
     load_task(task, 1, config=parsed_config)  # an unknown task or setting fails now, before the model loads
+    engine = engine_config(
+        backend, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager
+    )
     lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     settings = {"task": task, "task_config": task_config, "templates": names, "shots": shot_list,
-                "max_new_tokens": max_new_tokens, "dtype": dtype}  # fmt: skip
+                "max_new_tokens": max_new_tokens, "dtype": dtype, **_engine_setting(engine)}  # fmt: skip
     status = f"{len(names)} templates × {len(shot_list)} shot settings × {questions} questions"
     with (
         _units(out, "prompts", model, settings, resume, overwrite) as (done, on_unit),
         err_console.status(status),
     ):
         result = prompt_variants(lm, task, questions, names, shot_list, max_new_tokens,
-                                 task_config=parsed_config, done=done, on_unit=on_unit)  # fmt: skip
+                                 task_config=parsed_config, done=done, on_unit=on_unit, engine=engine)  # fmt: skip
     _finish(out, "prompts", result, draw_prompt_variants(result, out / "prompts.png"))
 
 
@@ -220,19 +236,27 @@ def trace(
     unembed: opt.Unembed = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
+    backend: opt.BackendOpt = "auto",
+    tensor_parallel_size: opt.TensorParallel = 1,
+    gpu_memory_utilization: opt.GpuMemory = None,
+    max_model_len: opt.MaxModelLen = None,
+    enforce_eager: opt.EnforceEager = False,
 ) -> None:
     """δ and perplexity per generated token, sharp δ drops at low perplexity flagged (paper §4.5)."""
     from depthlens.studies.tcb_studies import DropRule, generation_trace
     from depthlens.viz.tcb import draw_generation_trace
 
+    engine = engine_config(
+        backend, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager
+    )
     lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     rule = DropRule(window, factor, max_perplexity)
     settings = {"prompt": prompt, "max_new_tokens": max_new_tokens, "rule": rule.__dict__, "chat": chat,
-                "dtype": dtype}  # fmt: skip
+                "dtype": dtype, **_engine_setting(engine)}  # fmt: skip
     with (
         _units(out, "trace", model, settings, resume, overwrite) as (done, on_unit),
         err_console.status("generating"),
     ):
-        result = generation_trace(lm, prompt, max_new_tokens, rule, chat, done, on_unit)
+        result = generation_trace(lm, prompt, max_new_tokens, rule, chat, done, on_unit, engine)
     _finish(out, "trace", result, draw_generation_trace(result, out / "trace.png"))
     console.print(result["summary"]["text"], highlight=False)

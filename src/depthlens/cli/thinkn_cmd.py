@@ -10,9 +10,9 @@ from rich.table import Table
 
 from depthlens.cli import online_cmd as oc
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console, load_model, warn, writes_to
+from depthlens.cli.app import app, console, engine_config, err_console, load_model, warn, writes_to
 from depthlens.cli.progress import make_progress
-from depthlens.config import AnswerConfig, OnlineConfig, SamplingConfig, VotingConfig
+from depthlens.config import AnswerConfig, EngineConfig, OnlineConfig, SamplingConfig, VotingConfig
 from depthlens.errors import InputError
 
 if TYPE_CHECKING:
@@ -151,6 +151,7 @@ def _generate(
     final_norm_path: str | None = None,
     unembed: str | None = None,
     answers: AnswerConfig = _A,
+    engine: EngineConfig = EngineConfig(),
     also_divergences: str = "",
 ) -> GenerationReport:
     from depthlens.config import DTRConfig, ReadoutConfig, degenerate_settings
@@ -177,7 +178,7 @@ def _generate(
     task_info = oc.task_info(task, questions, task_seed, task_config, data)
     if resuming:  # are the settings the stored run's?
         manifest = store_manifest(
-            model, None, qs, pool, seed, batch_size, sampling, readout, dtr, task_info, answers
+            model, None, qs, pool, seed, batch_size, sampling, readout, dtr, task_info, answers, engine
         )
         check_output(samples, manifest, resume, overwrite, MANIFEST_DEFAULTS, RESUME_FREE, RESUME_EXTEND)
     for line in degenerate_settings(readout, dtr):
@@ -205,6 +206,7 @@ def _generate(
             overwrite=overwrite,
             task=task_info,
             answers=answers,
+            engine=engine,
             on_start=on_start,
             on_batch=lambda n: progress.advance(responses, n),
             on_token=lambda n: progress.advance(tokens, n),
@@ -262,6 +264,11 @@ def generate(
     unembed: opt.Unembed = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
+    backend: opt.BackendOpt = "auto",
+    tensor_parallel_size: opt.TensorParallel = 1,
+    gpu_memory_utilization: opt.GpuMemory = None,
+    max_model_len: opt.MaxModelLen = None,
+    enforce_eager: opt.EnforceEager = False,
 ) -> None:
     """Sample responses per question into a resumable store, with each token's layer readout.
 
@@ -296,6 +303,9 @@ def generate(
         final_norm_path=final_norm_path,
         unembed=unembed,
         answers=answers,
+        engine=engine_config(
+            backend, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager
+        ),
         also_divergences=also_divergences,
     )
 
@@ -420,6 +430,11 @@ def thinkn(
     unembed: opt.Unembed = None,
     resume: Resume = False,
     overwrite: Overwrite = False,
+    backend: opt.BackendOpt = "auto",
+    tensor_parallel_size: opt.TensorParallel = 1,
+    gpu_memory_utilization: opt.GpuMemory = None,
+    max_model_len: opt.MaxModelLen = None,
+    enforce_eager: opt.EnforceEager = False,
 ) -> None:
     """Think@n vs Cons@n, Mean@n, Long/Short@n, Self-Certainty@n and DeepConf: accuracy and exact cost.
 
@@ -477,6 +492,9 @@ def thinkn(
             final_norm_path=final_norm_path,
             unembed=unembed,
             answers=answer_config(prompt_style, answer_type, answer_fallback, task),
+            engine=engine_config(
+                backend, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager
+            ),
         )
     stored = DTRConfig.from_dict(read_manifest(store)["dtr"])
     dtr = DTRConfig(
@@ -528,6 +546,8 @@ def _online(**given: Any) -> None:
         dtype=given["dtype"], trust_remote_code=given["trust_remote_code"], resume=given["resume"],
         overwrite=given["overwrite"],
         answers=answer_config(given["prompt_style"], given["answer_type"], given["answer_fallback"], given["task"]),
+        engine=engine_config(given["backend"], given["dtype"], given["tensor_parallel_size"],
+                             given["gpu_memory_utilization"], given["max_model_len"], given["enforce_eager"]),
     )  # fmt: skip
 
 

@@ -60,6 +60,13 @@ class ReadoutChunk:
     def __len__(self) -> int:
         return int(self.target_ids.shape[0])
 
+    def head(self, k: int) -> ReadoutChunk:
+        """The chunk's first ``k`` tokens (a readout window that ends inside the chunk)."""
+        final = LayerReadout(self.final.layer, self.final.logprobs[:k], self.final.normed[:k])
+        return dataclasses.replace(
+            self, target_ids=self.target_ids[:k], final=final, _hidden=tuple(h[:k] for h in self._hidden)
+        )
+
     @torch.inference_mode()
     def layers(self, first: int = 1, last: int | None = None) -> Iterator[LayerReadout]:
         """Layers ``first``..``last`` (default L − 1) read out one at a time; only one [c, V] lives per step."""

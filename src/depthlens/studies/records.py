@@ -1,7 +1,8 @@
 """Reading input records and writing result records: JSONL that survives a crash and resumes.
 
 Input: one JSON object per line with an optional ``id`` and either ``prompt`` + ``completion`` (text),
-``messages`` (chat, rendered with the model's template) + ``completion``, or ``prompt_ids`` + ``completion_ids``.
+``messages`` (chat, rendered with the model's template) + ``completion``, or ``prompt_ids`` + ``completion_ids``
+(a sample store's lines, ``prompt_ids`` + ``token_ids``, are read as they are).
 Output: one JSON object per finished record, appended and fsynced as it completes, plus ``<out>.manifest.json``
 holding the configuration (written whole to a temporary name, then renamed); ``resume`` re-opens the file,
 drops a torn last line and reports the finished ids. See docs/reliability.md.
@@ -30,6 +31,7 @@ _SHAPES = (
     ("prompt", "completion"),
     ("messages", "completion"),
     ("prompt_ids", "completion_ids"),
+    ("prompt_ids", "token_ids"),  # a line of a sample store (`depthlens generate`), re-scored as it is
 )
 # Fault injection for the tests (tests/test_faults.py): after this many records the process SIGKILLs itself
 # halfway through writing the next one, leaving the torn line a real kill -9 or power cut would.
@@ -265,8 +267,9 @@ def _comparable(
     the model is loaded) dropped."""
     previous = {k: v for k, v in stored.items() if k in manifest}
     for key, values in (defaults or {}).items():
-        if isinstance(previous.get(key), dict):
-            previous[key] = {**values, **previous[key]}
+        # a field, or a whole entry (e.g. ``engine``), that did not exist when the store was written
+        if key in manifest and isinstance(previous.get(key, {}), dict):
+            previous[key] = {**values, **previous.get(key, {})}
     for key in extend:
         old, new = previous.get(key), manifest.get(key)
         if isinstance(old, list) and isinstance(new, list) and new[: len(old)] == old:

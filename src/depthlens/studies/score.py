@@ -57,7 +57,10 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], where: str) -> l
 def tokenize(lm: LoadedModel, data: dict[str, Any], where: str) -> TokenSequence:
     """Token ids of one input record: prompt (context) and completion (scored)."""
     if "prompt_ids" in data:
-        return TokenSequence(list(data["prompt_ids"]), list(data["completion_ids"]))
+        completion = (
+            data["completion_ids"] if "completion_ids" in data else data["token_ids"]
+        )  # a sample store
+        return TokenSequence(list(data["prompt_ids"]), list(completion))
     tok = lm.tokenizer
     if tok is None:
         raise InputError(f"{where}: model {lm.name} has no tokenizer; give 'prompt_ids' and 'completion_ids'")

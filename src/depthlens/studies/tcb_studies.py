@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from depthlens.config import ReadoutConfig, SamplingConfig, TCBConfig
+from depthlens.config import EngineConfig, ReadoutConfig, SamplingConfig, TCBConfig
 from depthlens.errors import InputError
 from depthlens.metrics.stats import pearson, spearman
 from depthlens.metrics.tcb import (
@@ -31,7 +31,7 @@ from depthlens.metrics.tcb import (
 )
 from depthlens.models.load import LoadedModel
 from depthlens.readout.stream import lens_for
-from depthlens.sampling.generate import HFGenerator
+from depthlens.sampling.generate import GenerationBackend, make_backend
 from depthlens.studies.score import as_token_ids, score
 from depthlens.studies.tasks import MATH_INSTRUCTION, Question, grade, load_task
 
@@ -242,10 +242,11 @@ def prompt_variants(
     task_config: dict[str, Any] | None = None,
     done: Units | None = None,
     on_unit: OnUnit = _ignore,
+    engine: EngineConfig = EngineConfig(),
 ) -> dict:
     """Greedy answers per template × shots: accuracy, perplexity of the answer, and its mean / median δ.
 
-    Units: one answered question, ``<template>/<shots>/<question id>``.
+    Units: one answered question, ``<template>/<shots>/<question id>``. ``engine`` generates the answers.
     """
     done = {} if done is None else done
     unknown = [t for t in templates if t not in TEMPLATES]
@@ -254,9 +255,8 @@ def prompt_variants(
     qs = load_task(task, questions, seed, config=task_config)
     # Worked examples from a far-away seed (nearby reasoning-gym seeds share items), never the question itself.
     pool = load_task(task, max(shots, default=0) + len(qs), seed + 10_007, config=task_config)
-    generator = HFGenerator(
-        lm, SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, readout_tokens=0)
-    )
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, readout_tokens=0)
+    generator = make_backend(lm, engine, greedy)
     rows, summary = [], []
     for template in templates:
         for k in shots:
@@ -283,10 +283,15 @@ def prompt_variants(
 
 
 def _answer_row(
-    lm: LoadedModel, generator: HFGenerator, template: str, k: int, q: Question, examples: list[Question]
+    lm: LoadedModel,
+    generator: GenerationBackend,
+    template: str,
+    k: int,
+    q: Question,
+    examples: list[Question],
 ) -> dict[str, Any]:
     ids = _prompt_ids(lm, _messages(template, q, examples))
-    trace = generator.sample(ids, [0])[0]
+    trace = generator.start(ids, [0]).traces[0]
     graded = grade(q, lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True), trace.finish)
     s = score(lm, [{"id": q.id, "prompt_ids": ids, "completion_ids": trace.token_ids}], tcb=TCBConfig())[0]
     return {"template": template, "shots": k, "id": q.id, "correct": graded.correct, "answer": graded.answer,
@@ -310,6 +315,7 @@ def generation_trace(
     chat: bool = True,
     done: Units | None = None,
     on_unit: OnUnit = _ignore,
+    engine: EngineConfig = EngineConfig(),
 ) -> dict:
     """A greedy generation's per-token δ, V_eff and perplexity, with sharp δ drops at low perplexity flagged.
 
@@ -317,18 +323,18 @@ def generation_trace(
     """
     if done and "trace" in done:
         return done["trace"]
-    result = _generation_trace(lm, prompt, max_new_tokens, rule, chat)
+    result = _generation_trace(lm, prompt, max_new_tokens, rule, chat, engine)
     on_unit("trace", result)
     return result
 
 
-def _generation_trace(lm: LoadedModel, prompt: str, max_new_tokens: int, rule: DropRule, chat: bool) -> dict:
+def _generation_trace(
+    lm: LoadedModel, prompt: str, max_new_tokens: int, rule: DropRule, chat: bool, engine: EngineConfig
+) -> dict:
     messages = [{"role": "user", "content": prompt}]
     ids = _prompt_ids(lm, messages) if chat else _encode(lm, prompt)
-    generator = HFGenerator(
-        lm, SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, readout_tokens=0)
-    )
-    trace = generator.sample(ids, [0])[0]
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, readout_tokens=0)
+    trace = make_backend(lm, engine, greedy).start(ids, [0]).traces[0]
     scored = score(lm, [{"id": "trace", "prompt_ids": ids, "completion_ids": trace.token_ids}], tokens=True)[
         0
     ]

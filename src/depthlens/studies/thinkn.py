@@ -32,11 +32,18 @@ import numpy as np
 import torch
 
 from depthlens import __version__
-from depthlens.config import AnswerConfig, DTRConfig, ReadoutConfig, SamplingConfig, VotingConfig
+from depthlens.config import (
+    AnswerConfig,
+    DTRConfig,
+    EngineConfig,
+    ReadoutConfig,
+    SamplingConfig,
+    VotingConfig,
+)
 from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, settling_depth
 from depthlens.models.load import LoadedModel
-from depthlens.sampling.generate import GenerationBackend, HFGenerator, Trace
+from depthlens.sampling.generate import GenerationBackend, Trace, make_backend
 from depthlens.studies.records import (
     SAMPLES,
     ResultWriter,
@@ -107,8 +114,11 @@ def sample_record(
     dtr: DTRConfig,
     rules: AnswerConfig = AnswerConfig(),
     timeout_s: int = 5,
+    prompt: Sequence[int] = (),
 ) -> dict[str, Any]:
     """One stored response: tokens, text, graded answer, and the per-token values voting and studies need.
+
+    ``prompt_ids`` (the prompt as fed) and ``token_ids`` make the line a ``depthlens score`` input by itself.
 
     Per-token floats are rounded to 5 decimals (divergences too: ~9 bytes each, L per read-out token).
     """
@@ -123,6 +133,7 @@ def sample_record(
         "finish": trace.finish,
         "n_tokens": len(trace),
         "text": text,
+        "prompt_ids": list(prompt),
         "token_ids": trace.token_ids,
         **answer_fields(question, text, trace.finish, rules, timeout_s),
         "dtr_readout": deep_thinking_ratio(deep),
@@ -148,6 +159,7 @@ MANIFEST_DEFAULTS = {
     "sampling": SamplingConfig().to_dict(),
     "readout": ReadoutConfig().to_dict(),
     "dtr": DTRConfig().to_dict(),
+    "engine": EngineConfig().to_dict(),  # stores written before the engine was recorded: hf
 }
 """Settings a manifest written before a field existed is read with (see ``records.check_output``)."""
 # Batch size and a longer question list change no stored response (a response's seed is its own; see the module
@@ -168,10 +180,12 @@ def store_manifest(
     dtr: DTRConfig,
     task: dict[str, Any],
     answers: AnswerConfig | None = None,
+    engine: EngineConfig = EngineConfig(),
     **extra: Any,
 ) -> dict[str, Any]:
     """The manifest of a store; ``n_layers`` None (the model not loaded yet) and ``answers`` None leave those
-    entries out (a check before loading compares only the entries it is given)."""
+    entries out (a check before loading compares only the entries it is given). ``engine``: the generation
+    backend and its settings (the responses' tokens depend on it, so a resumed run must use the same)."""
     manifest = {
         "store_version": STORE_VERSION,
         "depthlens_version": __version__,
@@ -186,6 +200,7 @@ def store_manifest(
         "sampling": sampling.to_dict(),
         "readout": readout.to_dict(),
         "dtr": dtr.to_dict(),
+        "engine": engine.to_dict(),
         "answers": {**answers.to_dict(), "rules": RULES} if answers is not None else None,
         "command": " ".join(sys.argv),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -226,17 +241,35 @@ def generate_store(
     overwrite: bool = False,
     task: dict[str, Any] | None = None,
     answers: AnswerConfig = AnswerConfig(),
+    engine: EngineConfig = EngineConfig(),
+    backend: GenerationBackend | None = None,
     on_start: Callable[[int, int], None] = lambda total, done: None,
     on_batch: Callable[[int], None] = lambda n: None,
     on_token: Callable[[int], None] = lambda n: None,
 ) -> GenerationReport:
-    """Sample ``pool`` responses per question into the store at ``out_dir``; resumable."""
+    """Sample ``pool`` responses per question into the store at ``out_dir``; resumable.
+
+    ``engine`` picks the generation backend (recorded in the manifest); ``backend`` is one already built for
+    these settings (e.g. sharing a started vLLM engine), else it is built from ``engine`` once there is
+    something to sample.
+    """
     if pool < 1:
         raise InputError(f"--pool = {pool}; sample at least 1 response per question")
     if batch_size < 1:
         raise InputError(f"--batch-size = {batch_size}; use 1 or more")
     manifest = store_manifest(
-        lm.name, lm.n_layers, questions, pool, seed, batch_size, sampling, readout, dtr, task or {}, answers
+        lm.name,
+        lm.n_layers,
+        questions,
+        pool,
+        seed,
+        batch_size,
+        sampling,
+        readout,
+        dtr,
+        task or {},
+        answers,
+        engine,
     )
     previous = manifest_path(out_dir / SAMPLES)
     if (
@@ -249,7 +282,6 @@ def generate_store(
             f"be read differently; run `depthlens regrade {out_dir}` first, then --resume"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
-    generator = HFGenerator(lm, sampling, readout, on_token=on_token)
     report = GenerationReport()
     with ResultWriter(
         out_dir / SAMPLES, manifest, resume=resume, overwrite=overwrite, defaults=MANIFEST_DEFAULTS,
@@ -261,6 +293,9 @@ def generate_store(
         done = sum(1 for q in questions for i in range(pool) if f"{q.id}#{i}" in writer.done)
         report.skipped = done
         on_start(total, done)
+        if done == total:  # nothing to sample: start no engine
+            return report
+        generator = backend or make_backend(lm, engine, sampling, readout, on_token)
         try:
             for question in questions:
                 _generate_question(
@@ -305,7 +340,7 @@ def _generate_question(
             on_batch(len(missing))
             continue
         for i in missing:
-            record = sample_record(lm, question, i, traces[i - first], dtr, answers)
+            record = sample_record(lm, question, i, traces[i - first], dtr, answers, prompt=prompt or ())
             writer.write(record)
             report.written += 1
             report.tokens += record["n_tokens"]

@@ -1,0 +1,262 @@
+"""Sample on vLLM (``depthlens[vllm]``), with the same ``Trace`` fields as ``HFGenerator``.
+
+Sampling: one vLLM request per response (``n=1``, the response's own ``seed``), prompts as token ids
+(``TokensPrompt``), prefix caching on so the n requests share the prompt's KV blocks. The engine is driven step
+by step (``LLMEngine.add_request`` / ``step`` / ``abort_request``), which gives Think@n its two phases without
+re-submitting anything: phase one steps until every request has ℓ tokens (or has ended), the rejected requests
+are aborted there, and the kept ones simply go on stepping — their random streams are never restarted, so a
+kept response is token for token the response a one-phase run samples (tested). Tokens a request samples past ℓ
+while the others catch up are held back and appear when it is resumed.
+
+Readout: the sampled token ids are re-scored by the transformers copy of the same weights (``lm``) in one
+batched teacher-forced pass (``iter_readout``): per-layer divergences of the first ``readout_tokens`` tokens and
+log p, entropy, self-certainty and DeepConf confidence of every token from the full-vocabulary final
+distribution — the very functions ``HFGenerator`` uses, so the stored values equal the transformers readout of
+the same tokens (vLLM's top-k log-probabilities are not used). The cost: the weights are held twice (vLLM's copy
+and the readout's) and every token is fed once more, in parallel (docs/performance.md measures it).
+
+``vllm`` is imported here only, inside the functions that need it (an import-linter contract keeps it there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from depthlens.config import EngineConfig, ReadoutConfig, SamplingConfig
+from depthlens.errors import ConfigError, DepthlensError, InputError
+from depthlens.metrics.token_table import chunk_divergence_kinds
+from depthlens.models import catalogue
+from depthlens.models.load import LoadedModel
+from depthlens.readout.stream import TokenSequence, chunk_sizes, iter_readout, lens_for, validate
+from depthlens.sampling.generate import (
+    VLLM_MISSING,
+    Paused,
+    Trace,
+    end_token_ids,
+    kept_positions,
+    token_scores,
+)
+
+_FINISH = {"stop": "eos", "length": "length"}
+
+
+class EngineError(DepthlensError):
+    """The vLLM engine could not start or serve a batch."""
+
+
+def engine_source(name: str) -> str:
+    """What vLLM loads for the model ``name``: a catalogue entry's cached safetensors copy, a directory, a hub id."""
+    if name in catalogue.CATALOGUE:
+        return str(catalogue.install(name))
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        raise ConfigError(
+            f"{name}: --backend vllm loads safetensors model directories, not a .gguf file; convert it, use a "
+            "catalogue name (its cached safetensors copy is used), or --backend hf"
+        )
+    return str(path) if path.is_dir() else name
+
+
+def engine_args(source: str, config: EngineConfig, seed: int = 0) -> dict[str, Any]:
+    """The keyword arguments of vLLM's ``EngineArgs`` for ``config`` (one place that maps our names to theirs)."""
+    on_gpu = torch.cuda.is_available()
+    share = config.gpu_memory_utilization
+    return {
+        "model": source,
+        "dtype": "bfloat16" if config.dtype == "auto" else config.dtype,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "gpu_memory_utilization": share if share is not None else (0.9 if on_gpu else 0.25),
+        "max_model_len": config.max_model_len,
+        "enforce_eager": config.enforce_eager,
+        "enable_prefix_caching": True,
+        "seed": seed,
+        "disable_log_stats": True,
+    }
+
+
+def start_engine(source: str, config: EngineConfig) -> Any:
+    """A vLLM ``LLMEngine`` running in this process, or an error that says which option to change."""
+    # In-process engine on loopback only, unless the user set these themselves.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    try:
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+    except ImportError:
+        raise ConfigError(VLLM_MISSING) from None
+    try:
+        return LLMEngine.from_engine_args(EngineArgs(**engine_args(source, config)))
+    except Exception as exc:  # vLLM raises ValueError, RuntimeError, ... for a model it cannot serve
+        message = " ".join(str(exc).split())
+        if "gpu_memory_utilization" in message or "KV cache" in message:
+            raise EngineError(
+                f"vLLM's KV cache is too small for {source}: raise --gpu-memory-utilization (now "
+                f"{engine_args(source, config)['gpu_memory_utilization']}) or lower --max-model-len "
+                f"(vLLM: {message[:300]})"
+            ) from exc
+        raise EngineError(
+            f"vLLM could not load {source} ({type(exc).__name__}: {message[:300]}); "
+            "use --backend hf, which reads any transformers model"
+        ) from exc
+
+
+@dataclasses.dataclass
+class _Batch:
+    prompt: list[int]
+    request_ids: list[str]
+    tokens: list[list[int]]  # every token each request has sampled so far (may run past the pause)
+    finish: list[str | None]  # vLLM's finish reason once a request has ended
+    aborted: set[int] = dataclasses.field(default_factory=set)
+
+
+class VLLMGenerator:
+    """``GenerationBackend`` on a vLLM engine; the readout re-scores the sampled tokens with ``lm``."""
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        sampling: SamplingConfig = SamplingConfig(),
+        readout: ReadoutConfig = ReadoutConfig(),
+        engine: EngineConfig = EngineConfig(backend="vllm"),
+        on_token: Callable[[int], None] = lambda n: None,
+        llm_engine: Any | None = None,
+    ) -> None:
+        """``llm_engine``: an engine already started for ``lm`` (``start_engine``) to share; else one is started."""
+        self.lm = lm
+        self.sampling = sampling
+        self.readout = readout
+        self.config = engine
+        self.n_layers = lm.n_layers
+        self.end_ids = end_token_ids(lm)
+        self.on_token = on_token
+        lens = lens_for(lm, readout)
+        vocab = lens.vocab_size or lm.parts.unembed.weight.shape[0]
+        self.block_rows = chunk_sizes(readout, vocab, lm.parts.unembed.weight.shape[1], lm.n_layers, 1)[1]
+        self.engine = llm_engine if llm_engine is not None else start_engine(engine_source(lm.name), engine)
+        self._ids = itertools.count()
+
+    def _params(self, seed: int) -> Any:
+        from vllm import SamplingParams
+
+        cfg = self.sampling
+        return SamplingParams(
+            n=1,
+            seed=seed,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_tokens=cfg.max_new_tokens,
+            stop_token_ids=sorted(self.end_ids),
+            detokenize=False,  # depthlens decodes the stored tokens itself
+        )
+
+    def start(self, prompt_ids: Sequence[int], seeds: Sequence[int], stop_after: int | None = None) -> Paused:
+        from vllm.inputs import TokensPrompt
+
+        if not seeds:
+            raise InputError("no seeds given: sample at least one response")
+        budget = self.sampling.max_new_tokens
+        prompt = list(prompt_ids)
+        validate(self.lm, TokenSequence(prompt, [0] * budget), "prompt + max_new_tokens")
+        limit = self.config.max_model_len
+        if limit is not None and len(prompt) + budget > limit:
+            raise InputError(
+                f"prompt + max_new_tokens: {len(prompt) + budget} tokens exceed --max-model-len {limit}; "
+                "raise it or lower --max-new-tokens"
+            )
+        batch = _Batch(prompt, [], [[] for _ in seeds], [None] * len(seeds))
+        for seed in seeds:
+            request_id = f"depthlens-{next(self._ids)}"
+            self.engine.add_request(
+                request_id, TokensPrompt(prompt_token_ids=prompt), self._params(int(seed))
+            )
+            batch.request_ids.append(request_id)
+        stop = budget if stop_after is None else min(stop_after, budget)
+        self._step_until(batch, lambda i: len(batch.tokens[i]) >= stop)
+        traces = [Trace(seed=int(s)) for s in seeds]
+        for i, trace in enumerate(traces):
+            self._fill(batch, i, trace, stop)
+        self._read_out(prompt, traces)
+        return Paused(traces, batch)
+
+    def resume(self, paused: Paused, keep: Sequence[int]) -> list[Trace]:
+        batch: _Batch = paused.state
+        keep_set = kept_positions(paused, keep)
+        self._abort(batch, [i for i in range(len(batch.request_ids)) if i not in keep_set])
+        self._step_until(batch, lambda i: i not in keep_set)
+        kept = [paused.traces[i] for i in keep]
+        for i, trace in zip(keep, kept, strict=True):
+            self._fill(batch, i, trace, self.sampling.max_new_tokens)
+        self._read_out(batch.prompt, kept)
+        return kept
+
+    def sample(self, prompt_ids: Sequence[int], seeds: Sequence[int]) -> list[Trace]:
+        """Complete responses in one phase."""
+        return self.start(prompt_ids, seeds).traces
+
+    def _abort(self, batch: _Batch, rows: Sequence[int]) -> None:
+        rows = [i for i in rows if batch.finish[i] is None and i not in batch.aborted]
+        if rows:
+            self.engine.abort_request([batch.request_ids[i] for i in rows])
+            batch.aborted.update(rows)
+
+    def _step_until(self, batch: _Batch, done: Callable[[int], bool]) -> None:
+        """Step the engine until every live request of ``batch`` has ended or satisfies ``done``."""
+        row = {request_id: i for i, request_id in enumerate(batch.request_ids)}
+
+        def waiting() -> bool:
+            return any(
+                batch.finish[i] is None and i not in batch.aborted and not done(i)
+                for i in range(len(batch.request_ids))
+            )
+
+        try:
+            while waiting():
+                if not self.engine.has_unfinished_requests():
+                    raise EngineError("vLLM ended requests without reporting them; rerun with --resume")
+                for output in self.engine.step():
+                    i = row.get(output.request_id)
+                    if i is None:
+                        continue
+                    completion = output.outputs[0]
+                    new = len(completion.token_ids) - len(batch.tokens[i])
+                    batch.tokens[i] = list(completion.token_ids)
+                    self.on_token(new)
+                    if output.finished:
+                        batch.finish[i] = completion.finish_reason or "stop"
+        except BaseException:
+            self._abort(batch, range(len(batch.request_ids)))  # leave the engine clean for the next batch
+            raise
+
+    def _fill(self, batch: _Batch, i: int, trace: Trace, stop: int) -> None:
+        trace.token_ids = batch.tokens[i][:stop]
+        ended = batch.finish[i] is not None and len(batch.tokens[i]) <= stop
+        trace.finish = _FINISH.get(batch.finish[i] or "", "eos") if ended else "paused"  # type: ignore[assignment]
+
+    @torch.inference_mode()
+    def _read_out(self, prompt: list[int], traces: Sequence[Trace]) -> None:
+        """Fill each trace's per-token fields from one batched teacher-forced pass of ``lm`` over its tokens."""
+        kinds = (self.readout.divergence, *self.readout.also)
+        window = self.sampling.readout_tokens
+        for trace in traces:
+            for key in ("log_prob", "entropy", "self_certainty", "confidence", "divergence"):
+                setattr(trace, key, [])
+            trace.also = {}
+        sequences = [TokenSequence(prompt, t.token_ids) for t in traces]
+        for chunk in iter_readout(self.lm, sequences, self.readout):
+            trace = traces[chunk.seq_index]
+            scores = token_scores(chunk.final.logprobs, chunk.target_ids, self.sampling.confidence_top_k)
+            for key, values in scores.items():
+                getattr(trace, key).extend(values)
+            rows = len(chunk) if window is None else max(0, min(len(chunk), window - chunk.start))
+            if rows:
+                tables = chunk_divergence_kinds(chunk.head(rows), kinds, self.block_rows)
+                trace.divergence.extend(tables[kinds[0]].tolist())
+                for kind in kinds[1:]:
+                    trace.also.setdefault(kind, []).extend(tables[kind].tolist())

@@ -1,0 +1,210 @@
+"""The vLLM backend on the real default model: reproducible, exact two phases, HF-equal stored fields, resume.
+
+One engine is started for the module (each start costs ~20 s on a CPU); every generator here shares it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from depthlens.config import DTRConfig, EngineConfig, ReadoutConfig, SamplingConfig
+from depthlens.metrics.dtr import deep_flags, settling_depth
+from depthlens.sampling.generate import HFGenerator, vllm_available
+from depthlens.studies.tasks import load_task
+from depthlens.studies.thinkn import SAMPLES, generate_store
+
+pytestmark = pytest.mark.integration
+needs_vllm = pytest.mark.skipif(
+    not vllm_available(), reason="needs the vllm extra: pip install 'depthlens[vllm]'"
+)
+
+SAMPLING = SamplingConfig(temperature=1.0, top_p=0.95, max_new_tokens=12, readout_tokens=6)
+ENGINE = EngineConfig(backend="vllm", dtype="float32", enforce_eager=True, max_model_len=512)
+CLI_ENGINE = ("--backend", "vllm", "--dtype", "float32", "--enforce-eager", "--max-model-len", "512")
+
+
+@pytest.fixture(scope="module")
+def llm_engine(real_model):
+    from depthlens.sampling.vllm_backend import engine_source, start_engine
+
+    return start_engine(engine_source(real_model.name), ENGINE)
+
+
+@pytest.fixture
+def prompt(real_model):
+    from depthlens.studies.thinkn import prompt_ids
+
+    return prompt_ids(real_model, load_task("reasoning_gym:basic_arithmetic", 1, seed=0)[0])
+
+
+def _vllm(lm, engine, sampling=SAMPLING, readout=ReadoutConfig()):
+    from depthlens.sampling.vllm_backend import VLLMGenerator
+
+    return VLLMGenerator(lm, sampling, readout, ENGINE, llm_engine=engine)
+
+
+@needs_vllm
+def test_reproducible_per_seed_and_ends_like_hf(real_model, llm_engine, prompt):
+    gen = _vllm(real_model, llm_engine)
+    first = gen.sample(prompt, [1, 2, 3, 4])
+    again = gen.sample(prompt, [4, 1])  # another batch, another order: the same responses per seed
+    assert [t.token_ids for t in again] == [first[3].token_ids, first[0].token_ids]
+    assert len({tuple(t.token_ids) for t in first}) > 1
+    for t in first:
+        assert 1 <= len(t) <= SAMPLING.max_new_tokens
+        ended = t.token_ids[-1] in gen.end_ids
+        assert t.finish == ("eos" if ended else "length")
+        assert len(t.log_prob) == len(t.confidence) == len(t) and len(t.divergence) == min(6, len(t))
+
+
+@needs_vllm
+def test_two_phases_equal_one_phase(real_model, llm_engine, prompt):
+    gen = _vllm(real_model, llm_engine)
+    seeds = [11, 12, 13, 14]
+    whole = gen.sample(prompt, seeds)
+    paused = gen.start(prompt, seeds, stop_after=4)
+    assert all(len(t) == min(4, len(whole[i])) for i, t in enumerate(paused.traces))
+    kept = gen.resume(paused, [1, 3])
+    for i, trace in zip([1, 3], kept, strict=True):
+        assert trace.token_ids == whole[i].token_ids and trace.finish == whole[i].finish
+        # the readout batch differs (2 sequences vs 4): equal up to float32 batch effects
+        assert torch.allclose(torch.tensor(trace.divergence), torch.tensor(whole[i].divergence), atol=1e-5)
+        assert torch.allclose(torch.tensor(trace.log_prob), torch.tensor(whole[i].log_prob), atol=1e-5)
+    for i in (0, 2):
+        assert paused.traces[i].token_ids == whole[i].token_ids[:4]
+        assert paused.traces[i].finish in ("paused", "eos")
+
+
+@needs_vllm
+def test_fields_equal_the_hf_readout_of_the_same_tokens(real_model, llm_engine, prompt):
+    """Greedy decoding gives both backends the same tokens; every stored field then equals HFGenerator's
+    same-pass readout (float32: ≤ 1e-4, identical settling depths and deep flags)."""
+    greedy = dataclasses.replace(SAMPLING, temperature=0.0, readout_tokens=None)
+    readout = ReadoutConfig(also=("kl",))
+    ours = _vllm(real_model, llm_engine, greedy, readout).sample(prompt, [0])[0]
+    hf = HFGenerator(real_model, greedy, readout).sample(prompt, [0])[0]
+    assert ours.token_ids == hf.token_ids and ours.finish == hf.finish
+    for key in ("log_prob", "entropy", "self_certainty", "confidence"):
+        assert torch.allclose(torch.tensor(getattr(ours, key)), torch.tensor(getattr(hf, key)), atol=1e-4), (
+            key
+        )
+    div, hf_div = torch.tensor(ours.divergence), torch.tensor(hf.divergence)
+    assert (div - hf_div).abs().max() <= 1e-4  # bits (JSD)
+    assert torch.allclose(torch.tensor(ours.also["kl"]), torch.tensor(hf.also["kl"]), atol=1e-4)
+    dtr = DTRConfig()
+    depth, hf_depth = settling_depth(div, dtr.g), settling_depth(hf_div, dtr.g)
+    assert torch.equal(depth, hf_depth)
+    n = real_model.n_layers
+    assert torch.equal(deep_flags(depth, n, dtr.rho), deep_flags(hf_depth, n, dtr.rho))
+
+
+@needs_vllm
+def test_store_records_engine_and_prompt_and_rescores(real_model, llm_engine, tmp_path, monkeypatch, capsys):
+    """A vLLM store holds prompt_ids; `depthlens score` re-scores a stored line alone to the stored values."""
+    from depthlens.sampling.vllm_backend import VLLMGenerator
+
+    qs = load_task("reasoning_gym:basic_arithmetic", 1, seed=0)
+    backend = VLLMGenerator(real_model, SAMPLING, ReadoutConfig(), ENGINE, llm_engine=llm_engine)
+    store = tmp_path / "s"
+    report = generate_store(real_model, store, qs, pool=2, sampling=SAMPLING, engine=ENGINE, backend=backend)
+    assert report.written == 2
+    manifest = json.loads((store / f"{SAMPLES}.manifest.json").read_text())
+    assert manifest["engine"] == ENGINE.to_dict()
+    record = json.loads((store / SAMPLES).read_text().splitlines()[0])
+
+    code, _, err = _run(monkeypatch, capsys, "score", "--in", store / SAMPLES, "--out", tmp_path / "scored.jsonl",
+                        "--no-tcb", "--tokens")  # fmt: skip
+    assert code in (0, None), err
+    scored = json.loads((tmp_path / "scored.jsonl").read_text().splitlines()[0])
+    assert scored["n_tokens"] == record["n_tokens"]
+    head = torch.tensor(scored["divergence"][: len(record["divergence"])])
+    assert (head - torch.tensor(record["divergence"])).abs().max() <= 1e-4
+
+
+def _run(monkeypatch, capsys, *args):
+    from depthlens.cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["depthlens", *map(str, args)])
+    monkeypatch.setenv("COLUMNS", "400")  # one error per line, unwrapped
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_backend_vllm_without_the_extra_is_one_line(monkeypatch, capsys, tmp_path):
+    import depthlens.sampling.generate as generate
+
+    monkeypatch.setattr(generate, "vllm_available", lambda: False)
+    code, _, err = _run(monkeypatch, capsys, "generate", "--backend", "vllm", "--out", tmp_path / "s")
+    assert code == 2
+    assert err == (
+        "error: --backend vllm needs the vllm extra: pip install 'depthlens[vllm]' (on CUDA: pip install vllm)\n"
+    )
+    assert generate.resolve_backend("auto") == "hf"  # no extra: the transformers sampler
+    assert not (tmp_path / "s").exists()  # nothing loaded, nothing written
+
+
+def _cli(*args):
+    return [str(Path(sys.executable).with_name("depthlens")), *map(str, args)]
+
+
+GEN_ARGS = ("generate", "--task", "reasoning_gym:basic_arithmetic", "--questions", "3", "--pool", "2",
+            "--batch-size", "2", "--max-new-tokens", "16", "--readout-tokens", "4", *CLI_ENGINE)  # fmt: skip
+
+
+def _stored(path):
+    return sorted(
+        (json.loads(line) for line in (path / SAMPLES).read_text().splitlines()), key=lambda r: r["id"]
+    )
+
+
+@needs_vllm
+def test_kill_then_resume_equals_an_uninterrupted_run(real_model, tmp_path):
+    """kill -9 during generation, then --resume: the store equals one written without interruption."""
+    whole = subprocess.run(_cli(*GEN_ARGS, "--out", tmp_path / "whole"), capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr
+    proc = subprocess.Popen(_cli(*GEN_ARGS, "--out", tmp_path / "cut"), stderr=subprocess.DEVNULL)
+    samples = tmp_path / "cut" / SAMPLES
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (not samples.exists() or samples.read_text().count("\n") < 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert samples.read_text().count("\n") < 6, "the run finished before it could be killed"
+    resumed = subprocess.run(
+        _cli(*GEN_ARGS, "--out", tmp_path / "cut", "--resume"), capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    drop = ("text",)
+    strip = [{k: v for k, v in r.items() if k not in drop} for r in _stored(tmp_path / "whole")]
+    assert [{k: v for k, v in r.items() if k not in drop} for r in _stored(tmp_path / "cut")] == strip
+
+
+@needs_vllm
+def test_bad_inputs_name_the_fix(real_model, tmp_path):
+    from depthlens.errors import ConfigError
+    from depthlens.sampling.vllm_backend import EngineError, engine_source, start_engine
+
+    with pytest.raises(ConfigError, match="--backend hf"):
+        engine_source(str(tmp_path / "model.gguf"))
+    assert engine_source(real_model.name).endswith("smollm2-135m-instruct")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    with pytest.raises(EngineError, match="use --backend hf"):
+        start_engine(str(tmp_path / "bad"), ENGINE)
+    tiny = dataclasses.replace(ENGINE, gpu_memory_utilization=1e-5)
+    with pytest.raises(EngineError, match=r"raise --gpu-memory-utilization .* or lower --max-model-len"):
+        start_engine(engine_source(real_model.name), tiny)
