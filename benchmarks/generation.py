@@ -23,7 +23,9 @@ timings compare the same work plus the readout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import time
 
 from depthlens.config import SamplingConfig
@@ -93,24 +95,19 @@ def compare(lm, prompt: list[int], ns: list[int], max_new_tokens: int) -> list[d
 LONG = "Write a long, detailed essay on the history of mathematics, from Babylon to the computer age."
 
 
-def _backend(lm, name: str, dtype: str, sampling, engine_cache: dict):
-    """A generator of backend ``name``; a vLLM engine is started once per dtype and shared."""
+def _generator(name: str, lm, hf_lm, dtype: str, sampling, engine):
     from depthlens.config import EngineConfig
+    from depthlens.sampling.vllm_backend import VLLMGenerator
 
     if name == "hf":
-        return HFGenerator(lm, sampling)
-    from depthlens.sampling.vllm_backend import VLLMGenerator, engine_source, start_engine
-
-    config = EngineConfig(backend="vllm", dtype=dtype)
-    if dtype not in engine_cache:
-        start = time.perf_counter()
-        engine_cache[dtype] = start_engine(engine_source(lm.name), config)
-        engine_cache[f"{dtype}_start_s"] = round(time.perf_counter() - start, 1)
-    return VLLMGenerator(lm, sampling, engine=config, llm_engine=engine_cache[dtype])
+        return HFGenerator(hf_lm, sampling)
+    config = EngineConfig(backend="vllm", dtype=dtype, enforce_eager=True, max_model_len=engine.max_len)
+    return VLLMGenerator(lm, sampling, engine=config, llm_engine=engine.llm)
 
 
-def _timed_sample(gen, prompt: list[int], seeds: list[int]) -> tuple[list, float, float]:
-    """(traces, total seconds, of which readout seconds — vLLM's re-scoring pass; HF's is inside its steps)."""
+@contextlib.contextmanager
+def _readout_clock(gen):
+    """Seconds spent in vLLM's re-scoring pass while the block runs (HF's readout is inside its steps: 0)."""
     spent = [0.0]
     read_out = getattr(gen, "_read_out", None)
     if read_out is not None:
@@ -121,67 +118,88 @@ def _timed_sample(gen, prompt: list[int], seeds: list[int]) -> tuple[list, float
             spent[0] += time.perf_counter() - t
 
         gen._read_out = timed
-    start = time.perf_counter()
-    traces = gen.sample(prompt, seeds)
-    total = time.perf_counter() - start
-    if read_out is not None:
-        gen._read_out = read_out
+    try:
+        yield spent
+    finally:
+        if read_out is not None:
+            gen._read_out = read_out
+
+
+def _timed_sample(gen, prompt: list[int], seeds: list[int]) -> tuple[list, float, float]:
+    """(traces, total seconds, of which readout seconds)."""
+    with _readout_clock(gen) as spent:
+        start = time.perf_counter()
+        traces = gen.sample(prompt, seeds)
+        total = time.perf_counter() - start
     return traces, total, spent[0]
 
 
-def backends(args, prompt_for) -> dict:
-    from depthlens.config import DTRConfig, VotingConfig
+def _load_time() -> float:
+    return round(os.getloadavg()[0], 1)
+
+
+def backends(args) -> dict:
+    """One model, one dtype per call (one engine per process); hf and vllm alternate per n and repetition, so
+    both see the same machine load."""
+    import types
+
+    from depthlens.config import DTRConfig, EngineConfig, VotingConfig
+    from depthlens.sampling.vllm_backend import engine_source, start_engine
     from depthlens.studies.thinkn import think_at_n_live
     from depthlens.voting.answers import extract_answer
 
-    rows, thinkn, starts = [], [], {}
-    for model in args.models:
-        for dtype in args.dtype:
-            lm = load(model, dtype="float32")  # the readout's copy: float32 whatever the engine's dtype
-            hf_lm = lm if dtype == "float32" else load(model, dtype=dtype)
-            prompt = prompt_for(lm, MESSAGE)
-            engines: dict = {}
-            for name in args.backend:
-                sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, readout_tokens=0)
-                gen = _backend(hf_lm if name == "hf" else lm, name, dtype, sampling, engines)
-                gen.sample(prompt, [0, 1])  # warm-up
-                for n in args.ns:
-                    traces, seconds, readout_s = _timed_sample(gen, prompt, list(range(n)))
-                    tokens = sum(len(t) for t in traces)
-                    row = {"model": model, "backend": name, "dtype": dtype, "n": n, "tokens": tokens,
-                           "seconds": round(seconds, 2), "readout_seconds": round(readout_s, 2),
-                           "tokens_per_s": round(tokens / (seconds - readout_s), 1),
-                           "tokens_per_s_with_readout": round(tokens / seconds, 1)}  # fmt: skip
-                    rows.append(row)
-                    print(row, flush=True)
-                if args.thinkn_tokens and dtype == args.dtype[-1]:
-                    long_prompt = prompt_for(lm, LONG)
-                    n = max(args.ns)
-                    sampling = SamplingConfig(max_new_tokens=args.thinkn_tokens, readout_tokens=50)
-                    gen = _backend(hf_lm if name == "hf" else lm, name, dtype, sampling, engines)
+    dtype = args.dtype
+    lm = load(args.model, dtype="float32")  # the readout's copy: float32 whatever the engine's dtype
+    hf_lm = lm if dtype == "float32" else load(args.model, dtype=dtype)
+    max_len = 2048
+    start = time.perf_counter()
+    config = EngineConfig(backend="vllm", dtype=dtype, enforce_eager=True, max_model_len=max_len)
+    engine = types.SimpleNamespace(llm=start_engine(engine_source(lm.name), config), max_len=max_len)
+    result: dict = {"model": args.model, "dtype": dtype, "max_new_tokens": args.max_new_tokens,
+                    "vllm_engine_start_s": round(time.perf_counter() - start, 1), "rows": [], "thinkn": []}  # fmt: skip
+    prompt = _chat_prompt(lm, MESSAGE)
+    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, readout_tokens=0)
+    gens = {name: _generator(name, lm, hf_lm, dtype, sampling, engine) for name in args.backend}
+    for gen in gens.values():
+        gen.sample(prompt, [0, 1])  # warm-up
+    for n in args.ns:
+        for rep in range(args.reps):
+            for name, gen in gens.items():
+                traces, seconds, readout_s = _timed_sample(gen, prompt, list(range(n)))
+                tokens = sum(len(t) for t in traces)
+                row = {"backend": name, "n": n, "rep": rep, "tokens": tokens, "seconds": round(seconds, 2),
+                       "readout_seconds": round(readout_s, 2),
+                       "tokens_per_s_sampling": round(tokens / (seconds - readout_s), 1),
+                       "tokens_per_s_with_readout": round(tokens / seconds, 1), "load_1min": _load_time()}  # fmt: skip
+                result["rows"].append(row)
+                print(row, flush=True)
+    if args.thinkn_tokens:
+        long_prompt = _chat_prompt(lm, LONG)
+        n = args.thinkn_n
+        sampling = SamplingConfig(max_new_tokens=args.thinkn_tokens, readout_tokens=50)
 
-                    def key(trace, lm=lm) -> str | None:
-                        found = extract_answer(lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True))
-                        return found.text if found else None
+        def key(trace) -> str | None:
+            found = extract_answer(lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True))
+            return found.text if found else None
 
-                    start = time.perf_counter()
-                    cons_tokens = sum(len(t) for t in gen.sample(long_prompt, list(range(n))))
-                    cons_s = time.perf_counter() - start
-                    start = time.perf_counter()
-                    voting = VotingConfig(n=n, eta=0.5, prefix=50)
-                    _, _, think_tokens = think_at_n_live(
-                        gen, long_prompt, list(range(n)), voting, DTRConfig(), key
-                    )
-                    think_s = time.perf_counter() - start
-                    row = {"model": model, "backend": name, "dtype": dtype, "n": n,
-                           "cons_at_n_seconds": round(cons_s, 1), "cons_at_n_tokens": cons_tokens,
-                           "think_at_n_seconds": round(think_s, 1), "think_at_n_tokens": think_tokens,
-                           "think_over_cons_wall": round(think_s / cons_s, 2)}  # fmt: skip
-                    thinkn.append(row)
-                    print(row, flush=True)
-            starts.update({f"{model} {k}": v for k, v in engines.items() if k.endswith("_start_s")})
-    return {"max_new_tokens": args.max_new_tokens, "thinkn_tokens": args.thinkn_tokens, "rows": rows,
-            "thinkn": thinkn, "vllm_engine_start_s": starts}  # fmt: skip
+        for name in args.backend:
+            gen = _generator(name, lm, hf_lm, dtype, sampling, engine)
+            cons, cons_s, cons_readout = _timed_sample(gen, long_prompt, list(range(n)))
+            voting = VotingConfig(n=n, eta=0.5, prefix=50)
+            with _readout_clock(gen) as spent:
+                start = time.perf_counter()
+                _, _, think_tokens = think_at_n_live(
+                    gen, long_prompt, list(range(n)), voting, DTRConfig(), key
+                )
+            think_s = time.perf_counter() - start
+            row = {"backend": name, "n": n, "cons_at_n_seconds": round(cons_s, 1),
+                   "cons_at_n_readout_seconds": round(cons_readout, 1),
+                   "cons_at_n_tokens": sum(len(t) for t in cons), "think_at_n_seconds": round(think_s, 1),
+                   "think_at_n_readout_seconds": round(spent[0], 1), "think_at_n_tokens": think_tokens,
+                   "think_over_cons_wall": round(think_s / cons_s, 2), "load_1min": _load_time()}  # fmt: skip
+            result["thinkn"].append(row)
+            print(row, flush=True)
+    return result
 
 
 MESSAGE = "Calculate 5 - 3 - 6.\n\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -202,15 +220,16 @@ def main() -> None:
         "--compare", type=int, nargs="*", help="n values: vs model.generate and Think@n vs Cons@n"
     )
     parser.add_argument("--backend", nargs="*", choices=["hf", "vllm"], help="compare generation backends")
-    parser.add_argument("--models", nargs="*", default=["smollm2-135m-instruct"], help="with --backend")
-    parser.add_argument("--dtype", nargs="*", default=["float32", "bfloat16"], help="with --backend")
+    parser.add_argument("--dtype", default="float32", help="with --backend: weights dtype of both engines")
     parser.add_argument("--ns", type=int, nargs="*", default=[8, 16, 48], help="with --backend")
+    parser.add_argument("--reps", type=int, default=1, help="with --backend: repetitions per n")
     parser.add_argument(
         "--thinkn-tokens", type=int, default=0, help="with --backend: Think@n vs Cons@n length"
     )
+    parser.add_argument("--thinkn-n", type=int, default=16, help="with --backend: Think@n vs Cons@n n")
     args = parser.parse_args()
     if args.backend:
-        result = backends(args, _chat_prompt)
+        result = backends(args)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=2)

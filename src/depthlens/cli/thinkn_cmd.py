@@ -304,7 +304,7 @@ def generate(
         unembed=unembed,
         answers=answers,
         engine=engine_config(
-            backend, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager
+            model, backend, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager
         ),
         also_divergences=also_divergences,
     )
@@ -493,7 +493,13 @@ def thinkn(
             unembed=unembed,
             answers=answer_config(prompt_style, answer_type, answer_fallback, task),
             engine=engine_config(
-                backend, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager
+                model,
+                backend,
+                dtype,
+                tensor_parallel_size,
+                gpu_memory_utilization,
+                max_model_len,
+                enforce_eager,
             ),
         )
     stored = DTRConfig.from_dict(read_manifest(store)["dtr"])
@@ -546,7 +552,7 @@ def _online(**given: Any) -> None:
         dtype=given["dtype"], trust_remote_code=given["trust_remote_code"], resume=given["resume"],
         overwrite=given["overwrite"],
         answers=answer_config(given["prompt_style"], given["answer_type"], given["answer_fallback"], given["task"]),
-        engine=engine_config(given["backend"], given["dtype"], given["tensor_parallel_size"],
+        engine=engine_config(given["model"], given["backend"], given["dtype"], given["tensor_parallel_size"],
                              given["gpu_memory_utilization"], given["max_model_len"], given["enforce_eager"]),
     )  # fmt: skip
 

