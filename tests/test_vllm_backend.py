@@ -26,7 +26,7 @@ needs_vllm = pytest.mark.skipif(
     not vllm_available(), reason="needs the vllm extra: pip install 'depthlens[vllm]'"
 )
 
-SAMPLING = SamplingConfig(temperature=1.0, top_p=0.95, max_new_tokens=12, readout_tokens=6)
+SAMPLING = SamplingConfig(temperature=1.0, top_p=0.95, max_new_tokens=8, readout_tokens=4)
 ENGINE = EngineConfig(backend="vllm", dtype="float32", enforce_eager=True, max_model_len=512)
 CLI_ENGINE = ("--backend", "vllm", "--dtype", "float32", "--enforce-eager", "--max-model-len", "512")
 
@@ -62,7 +62,7 @@ def test_reproducible_per_seed_and_ends_like_hf(real_model, llm_engine, prompt):
         assert 1 <= len(t) <= SAMPLING.max_new_tokens
         ended = t.token_ids[-1] in gen.end_ids
         assert t.finish == ("eos" if ended else "length")
-        assert len(t.log_prob) == len(t.confidence) == len(t) and len(t.divergence) == min(6, len(t))
+        assert len(t.log_prob) == len(t.confidence) == len(t) and len(t.divergence) == min(4, len(t))
 
 
 @needs_vllm
@@ -162,9 +162,9 @@ def test_backend_vllm_without_the_extra_is_one_line(command, monkeypatch, capsys
     assert not (tmp_path / "s").exists()  # nothing loaded, nothing written
 
 
-GEN = dict(temperature=0.6, top_p=0.95, max_new_tokens=16, readout_tokens=4)
-GEN_ARGS = ("generate", "--task", "reasoning_gym:basic_arithmetic", "--questions", "3", "--pool", "2",
-            "--batch-size", "2", "--max-new-tokens", "16", "--readout-tokens", "4", *CLI_ENGINE)  # fmt: skip
+GEN = dict(temperature=0.6, top_p=0.95, max_new_tokens=8, readout_tokens=4)
+GEN_ARGS = ("generate", "--task", "reasoning_gym:basic_arithmetic", "--questions", "2", "--pool", "2",
+            "--batch-size", "2", "--max-new-tokens", "8", "--readout-tokens", "4", *CLI_ENGINE)  # fmt: skip
 
 
 def _stored(path):
@@ -181,25 +181,25 @@ def test_kill_then_resume_equals_an_uninterrupted_run(real_model, llm_engine, tm
     from depthlens.sampling.vllm_backend import VLLMGenerator
 
     task = "reasoning_gym:basic_arithmetic"
-    qs = load_task(task, 3, seed=0)
+    qs = load_task(task, 2, seed=0)
     sampling = SamplingConfig(**GEN)
     backend = VLLMGenerator(real_model, sampling, ReadoutConfig(), ENGINE, llm_engine=llm_engine)
 
     def store(out, resume=False):
         return generate_store(real_model, out, qs, pool=2, sampling=sampling, batch_size=2, resume=resume,
-                              task=task_info(task, 3, 0, None, None), engine=ENGINE, backend=backend)  # fmt: skip
+                              task=task_info(task, 2, 0, None, None), engine=ENGINE, backend=backend)  # fmt: skip
 
     store(tmp_path / "whole")
-    env = {**os.environ, "DEPTHLENS_FAULT_KILL_AFTER": "3", "COLUMNS": "400"}
+    env = {**os.environ, "DEPTHLENS_FAULT_KILL_AFTER": "1", "COLUMNS": "400"}
     killed = subprocess.run(
         [sys.executable, "-c", "from depthlens.cli.app import main; main()", *GEN_ARGS, "--out", str(tmp_path / "cut")],
         env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     lines = (tmp_path / "cut" / SAMPLES).read_text().split("\n")
-    assert len(lines) == 4 and lines[-1], "the kill leaves 3 whole records and a torn one"
+    assert len(lines) == 2 and lines[-1], "the kill leaves 1 whole record and a torn one"
     report = store(tmp_path / "cut", resume=True)
-    assert report.skipped == 3 and report.written == 3
+    assert report.skipped == 1 and report.written == 3
     assert _stored(tmp_path / "cut") == _stored(tmp_path / "whole")
 
 
