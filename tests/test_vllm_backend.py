@@ -20,6 +20,7 @@ from depthlens.metrics.dtr import deep_flags, settling_depth
 from depthlens.sampling.generate import HFGenerator, vllm_available
 from depthlens.studies.tasks import load_task
 from depthlens.studies.thinkn import SAMPLES, generate_store
+from tests.test_faults import chat_dir  # noqa: F401  (the tiny chat model, saved where the CLI loads it)
 
 pytestmark = pytest.mark.integration
 needs_vllm = pytest.mark.skipif(
@@ -241,3 +242,19 @@ def test_engine_errors_name_the_fix(real_model, tmp_path):
     tiny = dataclasses.replace(ENGINE, gpu_memory_utilization=1e-5)
     with pytest.raises(EngineError, match=r"raise --gpu-memory-utilization .* or lower --max-model-len"):
         start_engine(engine_source(real_model.name), tiny)
+
+
+def test_resume_checks_the_engine(chat_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """A store from before the engine was recorded resumes as an hf store; another backend cannot resume it."""
+    args = ("generate", "--model", chat_dir, "--device", "cpu", "--task", "reasoning_gym:chain_sum", "--questions",
+            "1", "--max-new-tokens", "4", "--pool", "2", "--out", tmp_path / "s")  # fmt: skip
+    code, _, err = _run(monkeypatch, capsys, *args, "--backend", "hf")
+    assert code in (0, None), err
+    meta = tmp_path / "s" / f"{SAMPLES}.manifest.json"
+    old = {k: v for k, v in json.loads(meta.read_text()).items() if k != "engine"}
+    meta.write_text(json.dumps(old))
+    code, _, err = _run(monkeypatch, capsys, *args, "--resume")
+    assert code in (0, None), err
+    if vllm_available():
+        code, _, err = _run(monkeypatch, capsys, *args, "--resume", "--backend", "vllm")
+        assert code == 2 and "engine.backend: stored 'hf', this run 'vllm'" in err, err

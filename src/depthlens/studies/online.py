@@ -160,21 +160,8 @@ def online_store(
     ``engine`` picks the generation backend (recorded in the manifest) unless ``backend`` is given.
     """
     check_online(online, sampling)
-    manifest = store_manifest(
-        lm.name,
-        lm.n_layers,
-        questions,
-        online.max_n,
-        seed,
-        online.batch_size,
-        sampling,
-        readout,
-        dtr,
-        task or {},
-        answers,
-        engine,
-        online=online.to_dict(),
-    )
+    manifest = store_manifest(lm.name, lm.n_layers, questions, online.max_n, seed, online.batch_size, sampling,
+                              readout, dtr, task or {}, answers, engine, online=online.to_dict())  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     backend = backend or make_backend(lm, engine, sampling, readout, on_token)
     report = OnlineReport()

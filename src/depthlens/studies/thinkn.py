@@ -257,20 +257,8 @@ def generate_store(
         raise InputError(f"--pool = {pool}; sample at least 1 response per question")
     if batch_size < 1:
         raise InputError(f"--batch-size = {batch_size}; use 1 or more")
-    manifest = store_manifest(
-        lm.name,
-        lm.n_layers,
-        questions,
-        pool,
-        seed,
-        batch_size,
-        sampling,
-        readout,
-        dtr,
-        task or {},
-        answers,
-        engine,
-    )
+    manifest = store_manifest(lm.name, lm.n_layers, questions, pool, seed, batch_size, sampling, readout, dtr,
+                              task or {}, answers, engine)  # fmt: skip
     previous = manifest_path(out_dir / SAMPLES)
     if (
         resume
