@@ -3,13 +3,13 @@
     python benchmarks/generation.py --model smollm2-135m-instruct --n 8 --max-new-tokens 128
     python benchmarks/generation.py --compare 8 16 48 --max-new-tokens 128 --out docs/benchmarks/generation_vs_hf.json
 
-    python benchmarks/generation.py --backend hf vllm --dtype float32 bfloat16 --ns 8 16 48 --max-new-tokens 128 \
-        --thinkn-tokens 512 --out docs/benchmarks/generation_backends.json
+    python benchmarks/generation.py --backend hf vllm --model smollm2-135m-instruct --dtype float32 --ns 8 16 48 \
+        --max-new-tokens 128 --thinkn-tokens 512 --thinkn-n 16 --out docs/benchmarks/backends.json
 
-With ``--backend``: tokens/s of each backend × dtype × n (sampling only: HF without readout, vLLM's engine
-steps; then the readout's own seconds — vLLM re-scores the sampled tokens with the transformers model, always
-float32 on a CPU), after a warm-up call (vLLM's engine start is reported, not counted); and Think@n vs Cons@n wall
-time per backend (readout of the 50-token prefix included) at the largest n with ``--thinkn-tokens`` new tokens.
+With ``--backend``: one model and dtype per call; tokens/s of each backend at each n, hf and vllm alternating per
+n (sampling only, and with the vLLM backend's re-scoring readout, which is float32 on a CPU), wall and CPU
+seconds, after a warm-up call (vLLM's engine start, eager, is reported, not counted); and Think@n vs Cons@n wall
+and CPU time per backend (readout of the 50-token prefix included) at ``--thinkn-n`` with ``--thinkn-tokens``.
 
 With ``--compare``: for each n, depthlens's batched sampler against ``model.generate`` (same sampling settings,
 ``num_return_sequences=n``), and the Think@n two-phase flow (prefixes for all n, finish the top half) against
