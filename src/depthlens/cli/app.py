@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import shlex
 import signal
 import sys
@@ -173,9 +174,20 @@ def engine_config(
 from depthlens.cli import models_cmd, regrade_cmd, score_cmd, study_cmd, tcb_cmd, thinkn_cmd  # noqa: E402, F401
 
 
+class _WarnHandler(logging.Handler):
+    """The library's own warnings (``depthlens.*`` loggers) as the CLI's warning lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        warn(record.getMessage())
+
+
 def main() -> None:
     """Entry point: a DepthlensError becomes one line on stderr and exit code 2."""
     signal.signal(signal.SIGTERM, _terminate)
+    library = logging.getLogger("depthlens")
+    if not any(isinstance(h, _WarnHandler) for h in library.handlers):
+        library.addHandler(_WarnHandler(logging.WARNING))
+    library.propagate = False
     try:
         app()
     except DepthlensError as exc:

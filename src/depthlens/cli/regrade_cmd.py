@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console
+from depthlens.cli.app import app, console, err_console, warn
 
 if TYPE_CHECKING:
     from depthlens.studies.regrade import RegradeReport
@@ -43,6 +43,13 @@ def print_regrade(report: RegradeReport) -> None:
         "questions with no answer at all", str(len(b.unanswered_questions)), str(len(a.unanswered_questions))
     )
     console.print(table)
+    if report.wrong_references:
+        first, why = next(iter(report.wrong_references.items()))
+        warn(
+            f"{report.store}: {len(report.wrong_references)} question(s) carry a reference answer their own "
+            f"arithmetic contradicts (e.g. {first}: {why}); their responses are graded against it — regenerate "
+            "the store, which now skips such questions (docs/definitions.md §5)"
+        )
     err_console.print(
         f"{report.changed_answer} response(s) changed answer, {report.changed_grade} changed grade; the previous "
         "answer fields are kept in each record's answer_history"

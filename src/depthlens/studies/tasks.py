@@ -26,6 +26,7 @@ from typing import Any
 
 from depthlens.config import AnswerConfig, AnswerType
 from depthlens.errors import InputError
+from depthlens.studies.gold import reference_disagrees
 from depthlens.voting.answers import (
     NUMERIC,
     Answer,
@@ -105,6 +106,7 @@ class Question:
     choices: tuple[str, ...] = ()
     scorer: Callable[[str], float] | None = dataclasses.field(default=None, compare=False, repr=False)
     answer_type: AnswerType = "number"
+    reference_issue: str | None = dataclasses.field(default=None, compare=False)  # why the answer is wrong
 
     @property
     def user_message(self) -> str:
@@ -269,7 +271,9 @@ def parse_task_config(text: str | None) -> dict[str, Any]:
     return config
 
 
-def _reasoning_gym(name: str, count: int, seed: int, config: dict[str, Any]) -> list[Question]:
+def _reasoning_gym(
+    name: str, count: int, seed: int, config: dict[str, Any], check_references: bool = True
+) -> list[Question]:
     import reasoning_gym
 
     if name not in reasoning_gym.factory.DATASETS:
@@ -287,18 +291,60 @@ def _reasoning_gym(name: str, count: int, seed: int, config: dict[str, Any]) -> 
             f"reasoning-gym dataset {name!r} rejects --task-config {config}: {detail}; "
             "see its config class for the allowed values"
         ) from None
-    entries = [data[i] for i in range(count)]
-    kind = ANSWER_TYPES.get(name) or infer_answer_type([str(e["answer"]) for e in entries])
+    chosen, skipped = _trusted_entries(name, data, count, seed, config, check_references)
+    if skipped:
+        first = skipped[0]
+        log.warning(
+            "reasoning-gym %s: %d generated question(s) state an answer their own expression does not equal "
+            "(e.g. %s-%d: %s); not asked — the next questions were drawn instead (docs/definitions.md §5)",
+            name,
+            len(skipped),
+            name,
+            first[0],
+            first[1],
+        )
+    kind = ANSWER_TYPES.get(name) or infer_answer_type([str(e["answer"]) for _, e, _, _ in chosen])
     return [
         Question(
             f"{name}-{i}",
             entry["question"],
             str(entry["answer"]),
-            scorer=lambda answer, entry=entry: data.score_answer(answer, entry),
+            scorer=lambda answer, entry=entry, scorer=source: scorer.score_answer(answer, entry),
             answer_type=kind,
+            reference_issue=why,
         )
-        for i, entry in enumerate(entries)
+        for i, entry, source, why in chosen
     ]
+
+
+def _trusted_entries(
+    name: str, data: Any, count: int, seed: int, config: dict[str, Any], check: bool
+) -> tuple[list[tuple[int, dict[str, Any], Any, str | None]], list[tuple[int, str]]]:
+    """The first ``count`` entries (index, entry, dataset, why its reference is wrong or None) — with ``check``,
+    only those whose reference holds — and the skipped ones (index, why). Past ``count`` entries come from a
+    larger dataset: reasoning-gym seeds each entry by its index."""
+    import reasoning_gym
+
+    chosen: list[tuple[int, dict[str, Any], Any, str | None]] = []
+    skipped: list[tuple[int, str]] = []
+    source, size, i = data, count, 0
+    while len(chosen) < count:
+        if i == size:
+            if i >= 10 * count + 100:
+                raise InputError(
+                    f"reasoning-gym {name} with --task-config {config}: {len(skipped)} of the first {i} questions "
+                    f"state answers their expressions do not equal (e.g. {skipped[0][1]}); choose other settings"
+                )
+            size *= 2
+            source = reasoning_gym.create_dataset(name, size=size, seed=seed, **config)
+        entry = source[i]
+        why = reference_disagrees(entry.get("metadata") or {}, str(entry["answer"]))
+        if why is None or not check:
+            chosen.append((i, entry, source, why))
+        else:
+            skipped.append((i, why))
+        i += 1
+    return chosen, skipped
 
 
 def _from_rows(name: str, rows: list[dict[str, Any]], spec: HubTask, seed: int) -> list[Question]:
@@ -373,15 +419,18 @@ def load_task(
     seed: int = 0,
     data: Path | None = None,
     config: dict[str, Any] | None = None,
+    check_references: bool = True,
 ) -> list[Question]:
     """The first ``count`` questions (all when None) of task ``name``; reasoning-gym ones need ``count``.
 
     ``config`` is passed to the reasoning-gym generator (difficulty: e.g. chain_sum's max_terms, max_digits).
+    Generated questions whose stated answer their own arithmetic contradicts are skipped (``studies.gold``);
+    ``check_references=False`` keeps them, marked by ``Question.reference_issue`` (to re-grade old stores).
     """
     if count is not None and count < 1:
         raise InputError(f"--questions = {count}; ask for at least 1")
     if name.startswith("reasoning_gym:"):
-        return _reasoning_gym(name.split(":", 1)[1], count or 50, seed, config or {})
+        return _reasoning_gym(name.split(":", 1)[1], count or 50, seed, config or {}, check_references)
     if config:
         raise InputError(f"--task-config applies to reasoning_gym tasks only, not {name!r}")
     if name in HUB_TASKS:
