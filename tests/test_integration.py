@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -22,7 +24,11 @@ def test_catalogue_copy_is_the_verified_one():
     marker = catalogue.converted_dir(catalogue.DEFAULT_MODEL) / "depthlens-complete"
     if not marker.exists():
         pytest.skip("default model not installed")
-    assert marker.read_text().strip() == catalogue.CATALOGUE[catalogue.DEFAULT_MODEL].sha256
+    # The marker certifies the GGUF it was converted from and every converted file (size + sha256).
+    assert (
+        json.loads(marker.read_text())["gguf_sha256"] == catalogue.CATALOGUE[catalogue.DEFAULT_MODEL].sha256
+    )
+    assert catalogue.damage(catalogue.DEFAULT_MODEL, deep=True) is None
 
 
 def test_real_model_streaming_equals_reference(real_model):
