@@ -34,6 +34,8 @@ BASIC = {"min_terms": 2, "max_terms": 2, "max_digits": 1, "allow_parentheses": F
         ("1 / 0", None),
         ("__import__('os').getcwd()", None),  # never evaluated: only numbers and + - * / are walked
         ("3 +", None),
+        ("(" * 5000 + "1" + ")" * 5000, None),  # nesting deeper than the parser or the walk allows
+        ("-" * 5000 + "1", None),
     ],
 )
 def test_expression_value(text, value):

@@ -28,7 +28,7 @@ def expression_value(text: str) -> Fraction | None:
     (names, powers, calls, a division by zero) — such expressions are not checked."""
     try:
         tree = ast.parse(text.replace("×", "*").replace("÷", "/").replace("−", "-"), mode="eval")
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 
     def value(node: ast.AST) -> Fraction:
@@ -43,7 +43,7 @@ def expression_value(text: str) -> Fraction | None:
 
     try:
         return value(tree.body)
-    except (ValueError, ZeroDivisionError):
+    except (ValueError, ZeroDivisionError, RecursionError):  # RecursionError: absurdly deep nesting
         return None
 
 
