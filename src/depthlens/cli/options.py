@@ -161,6 +161,15 @@ MaxModelLen = Annotated[
         "--max-model-len", min=2, help="vLLM: longest prompt + response (default: the model's context)."
     ),
 ]
+KvCacheGib = Annotated[
+    float | None,
+    typer.Option(
+        "--kv-cache-gib",
+        min=0.01,
+        help="vLLM: KV cache size in GiB, given outright (default: by --gpu-memory-utilization on a GPU; on a "
+        "CPU a quarter of the available memory, at most 4).",
+    ),
+]
 EnforceEager = Annotated[
     bool,
     typer.Option(

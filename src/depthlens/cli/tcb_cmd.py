@@ -175,6 +175,7 @@ def prompts(
     gpu_memory_utilization: opt.GpuMemory = None,
     max_model_len: opt.MaxModelLen = None,
     enforce_eager: opt.EnforceEager = False,
+    kv_cache_gib: opt.KvCacheGib = None,
 ) -> None:
     """Accuracy, answer perplexity and δ per prompt template × k-shot, greedy answers (paper §4.3–4.4)."""
     from depthlens.errors import InputError
@@ -195,7 +196,14 @@ def prompts(
     parsed_config = parse_task_config(task_config)
     load_task(task, 1, config=parsed_config)  # an unknown task or setting fails now, before the model loads
     engine = engine_config(
-        model, backend, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager
+        model,
+        backend,
+        dtype,
+        tensor_parallel_size,
+        gpu_memory_utilization,
+        max_model_len,
+        enforce_eager,
+        kv_cache_gib,
     )
     lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     settings = {"task": task, "task_config": task_config, "templates": names, "shots": shot_list,
@@ -241,13 +249,21 @@ def trace(
     gpu_memory_utilization: opt.GpuMemory = None,
     max_model_len: opt.MaxModelLen = None,
     enforce_eager: opt.EnforceEager = False,
+    kv_cache_gib: opt.KvCacheGib = None,
 ) -> None:
     """δ and perplexity per generated token, sharp δ drops at low perplexity flagged (paper §4.5)."""
     from depthlens.studies.tcb_studies import DropRule, generation_trace
     from depthlens.viz.tcb import draw_generation_trace
 
     engine = engine_config(
-        model, backend, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager
+        model,
+        backend,
+        dtype,
+        tensor_parallel_size,
+        gpu_memory_utilization,
+        max_model_len,
+        enforce_eager,
+        kv_cache_gib,
     )
     lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     rule = DropRule(window, factor, max_perplexity)

@@ -269,6 +269,7 @@ def generate(
     gpu_memory_utilization: opt.GpuMemory = None,
     max_model_len: opt.MaxModelLen = None,
     enforce_eager: opt.EnforceEager = False,
+    kv_cache_gib: opt.KvCacheGib = None,
 ) -> None:
     """Sample responses per question into a resumable store, with each token's layer readout.
 
@@ -304,7 +305,14 @@ def generate(
         unembed=unembed,
         answers=answers,
         engine=engine_config(
-            model, backend, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager
+            model,
+            backend,
+            dtype,
+            tensor_parallel_size,
+            gpu_memory_utilization,
+            max_model_len,
+            enforce_eager,
+            kv_cache_gib,
         ),
         also_divergences=also_divergences,
     )
@@ -435,6 +443,7 @@ def thinkn(
     gpu_memory_utilization: opt.GpuMemory = None,
     max_model_len: opt.MaxModelLen = None,
     enforce_eager: opt.EnforceEager = False,
+    kv_cache_gib: opt.KvCacheGib = None,
 ) -> None:
     """Think@n vs Cons@n, Mean@n, Long/Short@n, Self-Certainty@n and DeepConf: accuracy and exact cost.
 
@@ -500,6 +509,7 @@ def thinkn(
                 gpu_memory_utilization,
                 max_model_len,
                 enforce_eager,
+                kv_cache_gib,
             ),
         )
     stored = DTRConfig.from_dict(read_manifest(store)["dtr"])
@@ -553,7 +563,8 @@ def _online(**given: Any) -> None:
         overwrite=given["overwrite"],
         answers=answer_config(given["prompt_style"], given["answer_type"], given["answer_fallback"], given["task"]),
         engine=engine_config(given["model"], given["backend"], given["dtype"], given["tensor_parallel_size"],
-                             given["gpu_memory_utilization"], given["max_model_len"], given["enforce_eager"]),
+                             given["gpu_memory_utilization"], given["max_model_len"], given["enforce_eager"],
+                             given["kv_cache_gib"]),
     )  # fmt: skip
 
 

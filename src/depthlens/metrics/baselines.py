@@ -10,17 +10,36 @@ import math
 
 import torch
 
+from depthlens.metrics.divergence import zero_nan
+
+
+def token_entropy(final_logprobs: torch.Tensor) -> torch.Tensor:
+    """Entropy H(p_t) of each row's distribution; [c, V] → [c] (nats)."""
+    return -zero_nan(final_logprobs.exp() * final_logprobs).sum(-1)  # runs inside the sampler at every step
+
+
+def token_self_certainty(final_logprobs: torch.Tensor) -> torch.Tensor:
+    """Self-certainty KL(U ‖ p_t) of each row's distribution; [c, V] → [c] (nats)."""
+    # KL(U ‖ p) = Σ_v (1/V)(log(1/V) − log p_v) = −log V − mean_v log p_v
+    return -math.log(final_logprobs.shape[-1]) - final_logprobs.mean(dim=-1)
+
 
 def token_baselines(final_logprobs: torch.Tensor, target_ids: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-token log p(y_t), entropy H(p_t) and self-certainty for a chunk; [c, V], [c] → each [c] (nats)."""
-    vocab = final_logprobs.shape[-1]
-    probs = final_logprobs.exp()
-    entropy = -torch.where(probs > 0, probs * final_logprobs, torch.zeros_like(probs)).sum(-1)
     return {
         "log_prob": final_logprobs.gather(-1, target_ids[:, None].to(final_logprobs.device)).squeeze(-1),
-        "entropy": entropy,
-        # KL(U ‖ p) = Σ_v (1/V)(log(1/V) − log p_v) = −log V − mean_v log p_v
-        "self_certainty": -math.log(vocab) - final_logprobs.mean(dim=-1),
+        "entropy": token_entropy(final_logprobs),
+        "self_certainty": token_self_certainty(final_logprobs),
+    }
+
+
+def distribution_scores(final_logprobs: torch.Tensor, confidence_top_k: int) -> dict[str, torch.Tensor]:
+    """What a row's distribution says whatever token is drawn from it: entropy, self-certainty and DeepConf
+    confidence; [c, V] → each [c] (nats). A sampler that sees the logits before it draws computes these."""
+    return {
+        "entropy": token_entropy(final_logprobs),
+        "self_certainty": token_self_certainty(final_logprobs),
+        "confidence": token_confidence(final_logprobs, confidence_top_k),
     }
 
 

@@ -12,10 +12,15 @@ import torch
 from depthlens.config import Divergence
 
 
+def zero_nan(terms: torch.Tensor) -> torch.Tensor:
+    """``terms`` with NaN set to 0, in place: the 0·log 0 = 0 convention for p·(…) products where p = 0 met a
+    −inf log (infinities are kept). One pass, where a ``torch.where(p > 0, …)`` takes three."""
+    return terms.nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)
+
+
 def _kl_terms(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     # p·(log p − log q) with the 0·log 0 = 0 convention, also where p underflows to exactly 0.
-    p = logp.exp()
-    return torch.where(p > 0, p * (logp - logq), torch.zeros_like(p)).sum(dim=-1)
+    return zero_nan(logp.exp() * (logp - logq)).sum(dim=-1)
 
 
 def kl_divergence(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
@@ -26,10 +31,13 @@ def kl_divergence(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
 def js_divergence(logp: torch.Tensor, logq: torch.Tensor, base: float = 2.0) -> torch.Tensor:
     """Jensen–Shannon divergence over the last axis; [..., V] → [...]; base 2 → bits, bounded by 1.
 
-    JSD(p, q) = ½ KL(p ‖ m) + ½ KL(q ‖ m), m = ½ (p + q); log m computed as logaddexp to avoid underflow.
+    JSD(p, q) = ½ KL(p ‖ m) + ½ KL(q ‖ m), m = ½ (p + q). log m = log(p + q) − log 2 from the probabilities:
+    where it underflows (p and q both 0) both terms are 0 anyway, and where p > 0, m ≥ p/2 is as representable
+    as p. (``torch.logaddexp`` gives the same to ~1e-7 at twice the cost: it was a third of the readout's time.)
     """
-    logm = torch.logaddexp(logp, logq) - math.log(2.0)
-    nats = 0.5 * (_kl_terms(logp, logm) + _kl_terms(logq, logm))
+    p, q = logp.exp(), logq.exp()
+    logm = (p + q).log_() - math.log(2.0)
+    nats = 0.5 * (zero_nan(p * (logp - logm)) + zero_nan(q * (logq - logm))).sum(dim=-1)
     upper = math.log(2.0)  # rounding can push a few ulps past the bound
     return nats.clamp(0.0, upper) / math.log(base)
 

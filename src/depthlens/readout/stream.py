@@ -84,13 +84,20 @@ class ReadoutChunk:
         memory once per block instead of once per layer, which on a CPU is ~4× faster. ``rows`` bounds the
         block's [k·c, V] tensors; rows ≤ c is one layer per block, as ``layers``.
         """
+        for lo, logits, normed in self.logit_blocks(rows, first, last):
+            yield lo, torch.log_softmax(logits, dim=-1), normed
+
+    @torch.inference_mode()
+    def logit_blocks(
+        self, rows: int, first: int = 1, last: int | None = None
+    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """As ``layer_blocks``, with the lens logits [k, c, V] float32 in place of their log-softmax."""
         last = self.n_layers - 1 if last is None else last
         per_block = max(1, rows // max(1, len(self)))
         for lo in range(first, last + 1, per_block):
             hi = min(lo + per_block, last + 1)
             normed = self.lens.normed(torch.stack(self._hidden[lo - 1 : hi - 1]))
-            logits = self.lens.logits_from_normed(normed)
-            yield lo, torch.log_softmax(logits, dim=-1), normed.float()
+            yield lo, self.lens.logits_from_normed(normed), normed.float()
 
     @torch.inference_mode()
     def normed_rows(self, layer: int, index: torch.Tensor | None = None) -> torch.Tensor:

