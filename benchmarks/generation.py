@@ -152,15 +152,17 @@ def backends(args) -> dict:
     from depthlens.voting.answers import extract_answer
 
     dtype = args.dtype
-    lm = load(args.model, dtype="float32")  # the readout's copy: float32 whatever the engine's dtype
-    hf_lm = lm if dtype == "float32" else load(args.model, dtype=dtype)
+    lm = load(args.model, dtype=args.readout_dtype)  # the vLLM backend's readout copy
+    hf_lm = lm if args.hf_dtype == args.readout_dtype else load(args.model, dtype=args.hf_dtype)
     max_len = 2048
     start = time.perf_counter()
     config = EngineConfig(backend="vllm", dtype=dtype, enforce_eager=not args.compile, max_model_len=max_len)
     engine = types.SimpleNamespace(
         llm=start_engine(engine_source(lm.name), config), max_len=max_len, eager=not args.compile
     )
-    result: dict = {"model": args.model, "dtype": dtype, "max_new_tokens": args.max_new_tokens,
+    result: dict = {"model": args.model, "dtype": dtype, "hf_dtype": args.hf_dtype,
+                    "readout_dtype": args.readout_dtype, "compiled_engine": args.compile,
+                    "max_new_tokens": args.max_new_tokens,
                     "vllm_engine_start_s": round(time.perf_counter() - start, 1), "rows": [], "thinkn": []}  # fmt: skip
     prompt = _chat_prompt(lm, MESSAGE)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, readout_tokens=0)
@@ -229,7 +231,13 @@ def main() -> None:
         "--compare", type=int, nargs="*", help="n values: vs model.generate and Think@n vs Cons@n"
     )
     parser.add_argument("--backend", nargs="*", choices=["hf", "vllm"], help="compare generation backends")
-    parser.add_argument("--dtype", default="float32", help="with --backend: weights dtype of both engines")
+    parser.add_argument("--dtype", default="float32", help="with --backend: the vLLM engine's weights dtype")
+    parser.add_argument(
+        "--hf-dtype", default="float32", help="with --backend: the hf sampler's weights dtype"
+    )
+    parser.add_argument(
+        "--readout-dtype", default="float32", help="with --backend: the vLLM backend's readout copy's dtype"
+    )
     parser.add_argument("--ns", type=int, nargs="*", default=[8, 16, 48], help="with --backend")
     parser.add_argument(
         "--compile",

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import pytest
 import torch
 
 from depthlens.models import catalogue
+from depthlens.sampling.generate import AUTO_ENV
+
+# `make test` installs the vllm extra, where `--backend auto` means vLLM: the suite's CLI runs on tiny models test
+# the transformers sampler, as auto picks it without the extra; tests/test_vllm_backend.py names vllm itself.
+os.environ[AUTO_ENV] = "hf"
 
 V = 101  # tiny vocabulary
 COMMON: dict[str, Any] = {

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from depthlens.config import DTRConfig, EngineConfig, ReadoutConfig, SamplingConfig
+from depthlens.errors import ConfigError
 from depthlens.metrics.dtr import deep_flags, settling_depth
-from depthlens.sampling.generate import HFGenerator, vllm_available
+from depthlens.sampling.generate import AUTO_ENV, HFGenerator, vllm_available
 from depthlens.studies.tasks import load_task
 from depthlens.studies.thinkn import SAMPLES, generate_store
 from tests.test_faults import chat_dir  # noqa: F401  (the tiny chat model, saved where the CLI loads it)
@@ -84,6 +85,22 @@ def test_engine_scores_of_sampled_tokens_equal_their_rescoring(real_model, llm_e
             )
         # the read-out window re-scored alone or with the rest of the response: equal up to batch-shape rounding
         assert torch.allclose(torch.tensor(ours.divergence), torch.tensor(ref.divergence), atol=1e-5)
+
+
+def test_auto_is_vllm_where_installed_unless_recorded_or_set(monkeypatch):
+    import depthlens.sampling.generate as generate
+
+    monkeypatch.delenv(AUTO_ENV)
+    monkeypatch.setattr(generate, "vllm_available", lambda: True)
+    assert generate.resolve_backend("auto") == "vllm"
+    assert generate.resolve_backend("auto", recorded="hf") == "hf"  # a resumed run keeps its engine
+    monkeypatch.setenv(AUTO_ENV, "hf")
+    assert generate.resolve_backend("auto") == "hf"
+    monkeypatch.setattr(generate, "vllm_available", lambda: False)
+    monkeypatch.delenv(AUTO_ENV)
+    assert generate.resolve_backend("auto") == "hf"
+    with pytest.raises(ConfigError, match="needs the vllm extra"):
+        generate.resolve_backend("auto", recorded="vllm")
 
 
 @needs_vllm
@@ -184,6 +201,7 @@ def test_backend_vllm_without_the_extra_is_one_line(command, monkeypatch, capsys
     assert err == (
         "error: --backend vllm needs the vllm extra: pip install 'depthlens[vllm]' (on CUDA: pip install vllm)\n"
     )
+    monkeypatch.delenv(generate.AUTO_ENV)
     assert generate.resolve_backend("auto") == "hf"  # no extra: the transformers sampler
     assert not (tmp_path / "s").exists()  # nothing loaded, nothing written
 
@@ -283,6 +301,7 @@ def test_resume_checks_the_engine(chat_dir, tmp_path, monkeypatch, capsys):  # n
     meta = tmp_path / "s" / f"{SAMPLES}.manifest.json"
     old = {k: v for k, v in json.loads(meta.read_text()).items() if k != "engine"}
     meta.write_text(json.dumps(old))
+    monkeypatch.delenv(AUTO_ENV)  # auto would now pick vllm where it is installed: the recorded hf must win
     code, _, err = _run(monkeypatch, capsys, *args, "--resume")
     assert code in (0, None), err
     if vllm_available():

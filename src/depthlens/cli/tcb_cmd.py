@@ -39,12 +39,22 @@ def _units(
     appends each new one there as it finishes (fsynced: a kill loses at most the unit in flight)."""
     from depthlens.studies.records import ResultWriter, iter_jsonl
 
-    path = out / f"{name}.progress.jsonl"
+    path = _progress(out, name)
     manifest = {"study": name, "model": model, "settings": settings, "command": " ".join(sys.argv)}
     with ResultWriter(path, manifest, resume=resume, overwrite=overwrite) as writer:
         writes_to(path)
         done = {str(r["id"]): r["rows"] for r in iter_jsonl(path) if "rows" in r} if writer.done else {}
         yield done, lambda key, rows: writer.write({"id": key, "rows": rows})
+
+
+def _progress(out: Path, name: str) -> Path:
+    return out / f"{name}.progress.jsonl"
+
+
+def _progress_manifest(out: Path, name: str) -> Path:
+    from depthlens.studies.records import manifest_path
+
+    return manifest_path(_progress(out, name))
 
 
 def _engine_setting(engine: EngineConfig) -> dict[str, Any]:
@@ -204,6 +214,7 @@ def prompts(
         max_model_len,
         enforce_eager,
         kv_cache_gib,
+        resumes=_progress_manifest(out, "prompts") if resume else None,
     )
     lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     settings = {"task": task, "task_config": task_config, "templates": names, "shots": shot_list,
@@ -264,6 +275,7 @@ def trace(
         max_model_len,
         enforce_eager,
         kv_cache_gib,
+        resumes=_progress_manifest(out, "trace") if resume else None,
     )
     lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     rule = DropRule(window, factor, max_perplexity)

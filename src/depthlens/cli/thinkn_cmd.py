@@ -313,9 +313,17 @@ def generate(
             max_model_len,
             enforce_eager,
             kv_cache_gib,
+            resumes=_samples_manifest(out) if resume else None,
         ),
         also_divergences=also_divergences,
     )
+
+
+def _samples_manifest(out: Path) -> Path:
+    """The manifest of the sample store in ``out`` (whose recorded backend a resumed ``--backend auto`` keeps)."""
+    from depthlens.studies.records import SAMPLES, manifest_path
+
+    return manifest_path(out / SAMPLES)
 
 
 def print_report(report: ThinkReport, store: Path | None = None) -> None:
@@ -510,6 +518,7 @@ def thinkn(
                 max_model_len,
                 enforce_eager,
                 kv_cache_gib,
+                resumes=_samples_manifest(out) if resume else None,
             ),
         )
     stored = DTRConfig.from_dict(read_manifest(store)["dtr"])
@@ -564,7 +573,8 @@ def _online(**given: Any) -> None:
         answers=answer_config(given["prompt_style"], given["answer_type"], given["answer_fallback"], given["task"]),
         engine=engine_config(given["model"], given["backend"], given["dtype"], given["tensor_parallel_size"],
                              given["gpu_memory_utilization"], given["max_model_len"], given["enforce_eager"],
-                             given["kv_cache_gib"]),
+                             given["kv_cache_gib"],
+                             resumes=_samples_manifest(given["out"]) if given["resume"] else None),
     )  # fmt: skip
 
 

