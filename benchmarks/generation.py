@@ -162,10 +162,10 @@ def backends(args) -> dict:
     )
     result: dict = {"model": args.model, "dtype": dtype, "hf_dtype": args.hf_dtype,
                     "readout_dtype": args.readout_dtype, "compiled_engine": args.compile,
-                    "max_new_tokens": args.max_new_tokens,
+                    "max_new_tokens": args.max_new_tokens, "readout_tokens": args.readout_tokens,
                     "vllm_engine_start_s": round(time.perf_counter() - start, 1), "rows": [], "thinkn": []}  # fmt: skip
     prompt = _chat_prompt(lm, MESSAGE)
-    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, readout_tokens=0)
+    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, readout_tokens=args.readout_tokens)
     gens = {name: _generator(name, lm, hf_lm, dtype, sampling, engine) for name in args.backend}
     for gen in gens.values():
         gen.sample(prompt, [0, 1])  # warm-up
@@ -245,6 +245,12 @@ def main() -> None:
         help="with --backend: vLLM's compiled engine (default: --enforce-eager)",
     )
     parser.add_argument("--reps", type=int, default=1, help="with --backend: repetitions per n")
+    parser.add_argument(
+        "--readout-tokens",
+        type=int,
+        default=0,
+        help="with --backend: all-layer readout of the first N tokens",
+    )
     parser.add_argument(
         "--thinkn-tokens", type=int, default=0, help="with --backend: Think@n vs Cons@n length"
     )

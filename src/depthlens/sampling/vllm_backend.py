@@ -27,6 +27,7 @@ the per-token fields fall back to the re-scoring pass over every token, with the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -52,6 +53,8 @@ from depthlens.sampling.generate import (
 )
 
 _FINISH = {"stop": "eos", "length": "length"}
+# Request ids unique in this process: generators may share one engine, and its scores are kept by request id.
+_REQUEST_IDS = itertools.count()
 
 
 class EngineError(DepthlensError):
@@ -198,7 +201,6 @@ class VLLMGenerator:
         self.engine = llm_engine if llm_engine is not None else start_engine(engine_source(lm.name), engine)
         # Per-token fields from the engine's own logits where its logits processor runs; else re-scored.
         self.engine_scores = vllm_scores.registered(self.engine)
-        self._ids = itertools.count()
 
     def _params(self, seed: int, request_id: str) -> Any:
         from vllm import SamplingParams
@@ -239,7 +241,7 @@ class VLLMGenerator:
         n = len(seeds)
         batch = _Batch(prompt, [], [[] for _ in seeds], [[] for _ in seeds], [None] * n)
         for seed in seeds:
-            request_id = f"depthlens-{next(self._ids)}"
+            request_id = f"depthlens-{next(_REQUEST_IDS)}"
             self.engine.add_request(
                 request_id, TokensPrompt(prompt_token_ids=prompt), self._params(int(seed), request_id)
             )
@@ -304,6 +306,9 @@ class VLLMGenerator:
                 self._collect_scores(batch)
         except BaseException:
             self._abort(batch, range(len(batch.request_ids)))  # leave the engine clean for the next batch
+            if self.engine_scores:
+                with contextlib.suppress(Exception):  # the error being raised matters more
+                    self._collect_scores(batch)  # and its recorded scores: nothing left behind
             raise
 
     def _collect_scores(self, batch: _Batch) -> None:
