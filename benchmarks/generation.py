@@ -154,7 +154,7 @@ def backends(args) -> dict:
     dtype = args.dtype
     lm = load(args.model, dtype=args.readout_dtype)  # the vLLM backend's readout copy
     hf_lm = lm if args.hf_dtype == args.readout_dtype else load(args.model, dtype=args.hf_dtype)
-    max_len = 2048
+    max_len = max(2048, args.thinkn_tokens + 256)  # prompt + the longest response
     start = time.perf_counter()
     config = EngineConfig(backend="vllm", dtype=dtype, enforce_eager=not args.compile, max_model_len=max_len)
     engine = types.SimpleNamespace(

@@ -203,6 +203,13 @@ CASES = [
     Case("disk-full", "the disk filling while records are written", _disk_full,
          "error: DIR/out.jsonl: the disk is full; what finished before is kept — free some space, then "
          "rerun the command with --resume"),
+    Case("ray-address-unreachable", "`score --ray-address` where no Ray cluster listens",
+         lambda d, f: _score(d, f, GOOD, extra=("--ray-address", "127.0.0.1:9")),
+         "error: --ray-address 127.0.0.1:9: no Ray cluster answers there (Connection refused); start one with "
+         "`ray start --head`, check the address, or leave --ray-address out to run a local Ray"),
+    Case("export-not-a-store", "`export` of a directory that is not a results store",
+         lambda d, f: ["export", str(d), "--out", str(d / "x.jsonl")],
+         "error: DIR: a directory without manifest.json; not a depthlens Parquet store"),
     Case("report-cut-line", "`report` on a store with a line cut in the middle",
          lambda d, f: ["report", str(_store_copy(d, f, _cut_middle))],
          "error: DIR/store/samples.jsonl:2: not a JSON record (a line cut or edited); rerun the command "

@@ -45,3 +45,7 @@ class NonFiniteError(DepthlensError, FloatingPointError):
 
 class StoreError(DepthlensError):
     """An output file cannot be resumed: it belongs to another configuration or is corrupt."""
+
+
+class ClusterError(DepthlensError):
+    """Ray is missing, its cluster cannot be reached, or a Ray worker failed."""

@@ -9,7 +9,7 @@ import shlex
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -105,6 +105,22 @@ def _terminate(_signum: int, _frame: object) -> NoReturn:
     raise Terminated
 
 
+def actor_load_kwargs(
+    device: str,
+    dtype: str,
+    trust_remote_code: bool,
+    blocks: str | None,
+    final_norm: str | None,
+    unembed: str | None,
+) -> dict[str, Any]:
+    """How each Ray actor loads the model: as ``load_model`` would, its device left to --gpus unless named."""
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code, "blocks": blocks,
+                              "final_norm": final_norm, "unembed": unembed}  # fmt: skip
+    if device not in ("auto", "cpu", "cuda"):
+        kwargs["device"] = device
+    return kwargs
+
+
 _written: list[Path] = []  # the JSONL file the running command appends to, once it has opened it
 
 
@@ -190,7 +206,15 @@ def _recorded_backend(manifest: Path) -> str | None:
 
 
 # Registration by import: each module adds its command to ``app``.
-from depthlens.cli import models_cmd, regrade_cmd, score_cmd, study_cmd, tcb_cmd, thinkn_cmd  # noqa: E402, F401
+from depthlens.cli import (  # noqa: E402, F401
+    export_cmd,
+    models_cmd,
+    regrade_cmd,
+    score_cmd,
+    study_cmd,
+    tcb_cmd,
+    thinkn_cmd,
+)
 
 
 class _WarnHandler(logging.Handler):

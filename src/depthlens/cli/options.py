@@ -177,3 +177,19 @@ EnforceEager = Annotated[
         "--enforce-eager", help="vLLM: skip its torch.compile warm-up (faster start, slower steps)."
     ),
 ]
+# Ray (depthlens[ray]): `score --ray`, `generate --ray`, `thinkn --ray`.
+RayOpt = Annotated[
+    bool, typer.Option("--ray", help="Run on Ray actors into a Parquet store (needs depthlens[ray]).")
+]
+RayAddress = Annotated[
+    str | None,
+    typer.Option("--ray-address", envvar="RAY_ADDRESS",
+                 help="Join this Ray cluster (implies --ray); without it --ray starts a local Ray on 127.0.0.1."),
+]  # fmt: skip
+Workers = Annotated[int, typer.Option(min=1, help="Ray actors, each holding the model once.")]
+Cpus = Annotated[
+    float, typer.Option(min=0.01, callback=finite, help="CPUs per Ray actor (its torch threads).")
+]
+Gpus = Annotated[
+    float, typer.Option(min=0.0, callback=finite, help="GPUs per Ray actor (1: one actor per GPU).")
+]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console, load_model, warn, writes_to
+from depthlens.cli.app import actor_load_kwargs, app, console, err_console, load_model, warn, writes_to
 from depthlens.cli.progress import make_progress
 
 D = opt.DEFAULTS
@@ -61,6 +62,23 @@ def score(
         bool, typer.Option("--skip-bad", help="Skip malformed or unusable records and list them.")
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary table at the end.")] = False,
+    parquet: Annotated[
+        bool, typer.Option("--parquet", help="Write a sharded Parquet store (a directory) instead of JSONL.")
+    ] = False,
+    float16: Annotated[
+        bool,
+        typer.Option(
+            "--float16", help="Per-token floats as float16 in the Parquet store (implies --parquet)."
+        ),
+    ] = False,
+    ray: opt.RayOpt = False,
+    ray_address: opt.RayAddress = None,
+    workers: opt.Workers = 1,
+    cpus: opt.Cpus = 1.0,
+    gpus: opt.Gpus = 0.0,
+    block_rows: Annotated[
+        int, typer.Option(min=1, help="Records per Ray block, and per shard at most.")
+    ] = 16,
 ) -> None:
     """Score responses: DTR, mean settling depth and six baselines per record.
 
@@ -68,26 +86,53 @@ def score(
     """
     from depthlens.config import DTRConfig, ReadoutConfig, TCBConfig, degenerate_settings
     from depthlens.models.locate import locate
-    from depthlens.studies.records import check_output, iter_jsonl, read_records
+    from depthlens.studies.parquet_store import check_store, iter_store, read_inputs
+    from depthlens.studies.records import check_output
 
     readout = ReadoutConfig(divergence=divergence, final_norm=final_norm, memory_mb=memory_mb,  # type: ignore[arg-type]
                             compile=compile_kernel)  # type: ignore[arg-type]  # fmt: skip
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix)  # type: ignore[arg-type]
     tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral) if tcb else None  # type: ignore[arg-type]
     # Everything that needs no model is checked before one loads: the input, --out, the model's name, --resume.
-    records, _ = read_records(in_path, skip_bad=skip_bad)
-    if check_output(out_path, None, resume, overwrite):  # resuming: are the settings the stored run's?
+    ray = ray or ray_address is not None
+    store = {"format": "parquet", "float16": float16} if parquet or float16 or ray else None
+    records, _ = read_inputs(in_path, skip_bad=skip_bad)
+    check = check_output if store is None else check_store
+    if check(out_path, None, resume, overwrite):  # resuming: are the settings the stored run's?
         from depthlens.studies.score import MANIFEST_DEFAULTS, score_manifest
 
-        manifest = score_manifest(model, None, in_path, readout, dtr, tcb_config, tokens)
-        check_output(out_path, manifest, resume, overwrite, MANIFEST_DEFAULTS)
+        manifest = score_manifest(model, None, in_path, readout, dtr, tcb_config, tokens, store)
+        check(out_path, manifest, resume, overwrite, MANIFEST_DEFAULTS)
+    if ray:
+        from depthlens.studies.ray_score import import_ray
+
+        import_ray()  # the missing extra is named before anything else happens
     locate(model)
-    from depthlens.studies.score import score_file, score_summary
+    from depthlens.studies.score import score_file
 
     if not records:
         warn(f"{in_path} has no records; {out_path} will be empty")
     for line in degenerate_settings(readout, dtr):
         warn(line)
+    if ray:
+        from depthlens.studies.ray_score import score_ray
+
+        load_kwargs = actor_load_kwargs(device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+        with make_progress(err_console) as progress:
+            task = progress.add_task("scoring on Ray", total=None)
+
+            def on_ray_start(total: int, done: int) -> None:
+                writes_to(out_path)
+                progress.update(task, total=total, completed=done)
+
+            skipped, n_layers = score_ray(
+                model, in_path, out_path, readout=readout, dtr=dtr, tcb=tcb_config, tokens=tokens,
+                batch_size=batch_size, resume=resume, overwrite=overwrite, skip_bad=skip_bad, float16=float16,
+                workers=workers, cpus=cpus, gpus=gpus, address=ray_address, block_rows=block_rows,
+                load_kwargs=load_kwargs, on_start=on_ray_start, on_records=lambda n: progress.advance(task, n),
+            )  # fmt: skip
+        _finish(out_path, skipped, n_layers or 0, g, rho, quiet, iter_store)
+        return
     lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     with make_progress(err_console) as progress:
         task = progress.add_task("scoring", total=None)
@@ -98,18 +143,27 @@ def score(
 
         skipped = score_file(
             lm, in_path, out_path, readout=readout, dtr=dtr, tcb=tcb_config, tokens=tokens, batch_size=batch_size,
-            resume=resume, overwrite=overwrite, skip_bad=skip_bad,
+            resume=resume, overwrite=overwrite, skip_bad=skip_bad, float16=None if store is None else float16,
             on_start=on_start, on_record=lambda _: progress.advance(task), on_rescore=_say_rescored,
         )  # fmt: skip
+    _finish(out_path, skipped, lm.n_layers, g, rho, quiet, iter_store)
+
+
+def _finish(
+    out_path: Path, skipped: list[Any], n_layers: int, g: float, rho: float, quiet: bool, read: Any
+) -> None:
+    """The end of a run: skipped records, a warning when DTR ranks nothing, the summary table."""
+    from depthlens.studies.score import score_summary
+
     for bad in skipped:
         err_console.print(f"skipped line {bad.line}: {bad.reason}", highlight=False, soft_wrap=True)
-    summary = score_summary(iter_jsonl(out_path))
+    summary = score_summary(read(out_path))
     if summary["deep_share"] in (0.0, 1.0):
         which, value = ("no", 0) if summary["deep_share"] == 0 else ("every", 1)
         warn(f"{which} token of the whole input is deep-thinking at --g {g:g} --rho {rho:g}: DTR is {value} "
              "for every record and ranks nothing; choose another --g or --rho")  # fmt: skip
     if not quiet:
-        print_summary(summary, lm.n_layers)
+        print_summary(summary, n_layers)
     err_console.print(f"wrote {out_path}" + (f" ({len(skipped)} skipped)" if skipped else ""))
 
 

@@ -10,7 +10,16 @@ from rich.table import Table
 
 from depthlens.cli import online_cmd as oc
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, engine_config, err_console, load_model, warn, writes_to
+from depthlens.cli.app import (
+    actor_load_kwargs,
+    app,
+    console,
+    engine_config,
+    err_console,
+    load_model,
+    warn,
+    writes_to,
+)
 from depthlens.cli.progress import make_progress
 from depthlens.config import AnswerConfig, EngineConfig, OnlineConfig, SamplingConfig, VotingConfig
 from depthlens.errors import InputError
@@ -105,6 +114,15 @@ FromStore = Annotated[
 ]
 
 
+def ray_settings(
+    ray: bool, address: str | None, workers: int, cpus: float, gpus: float
+) -> dict[str, Any] | None:
+    """``generate_store_ray``'s Ray arguments, or None to generate in this process (--ray-address implies --ray)."""
+    if not ray and address is None:
+        return None
+    return {"workers": workers, "cpus": cpus, "gpus": gpus, "address": address}
+
+
 def _readout_tokens(value: str | None, default: int | None) -> int | None:
     if value is None:
         return default
@@ -153,6 +171,7 @@ def _generate(
     answers: AnswerConfig = _A,
     engine: EngineConfig = EngineConfig(),
     also_divergences: str = "",
+    ray: dict[str, Any] | None = None,
 ) -> GenerationReport:
     from depthlens.config import DTRConfig, ReadoutConfig, degenerate_settings
     from depthlens.models.locate import locate
@@ -163,26 +182,63 @@ def _generate(
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
     # Everything that needs no model is checked before one loads: --out, the model's name, the task, --resume.
     samples = out / SAMPLES
-    resuming = check_output(samples, None, resume, overwrite)
+    if ray is not None:  # a sharded store: its responses are the Parquet store out/samples/
+        from depthlens.studies.parquet_store import check_store
+        from depthlens.studies.ray_score import import_ray
+        from depthlens.studies.thinkn import SHARDS
+
+        import_ray()  # the missing extra is named before anything else happens
+        samples = out / SHARDS
+    check = check_output if ray is None else check_store
+    resuming = check(samples, None, resume, overwrite)
     locate(model)
     from depthlens.studies.tasks import load_task, parse_task_config
     from depthlens.studies.thinkn import (
         MANIFEST_DEFAULTS,
         RESUME_EXTEND,
         RESUME_FREE,
-        generate_store,
         store_manifest,
     )
 
     qs = load_task(task, questions, task_seed, data, parse_task_config(task_config))
     task_info = oc.task_info(task, questions, task_seed, task_config, data)
     if resuming:  # are the settings the stored run's?
+        extra = {} if ray is None else {"store": {"format": "parquet", "float16": False}}
         manifest = store_manifest(
-            model, None, qs, pool, seed, batch_size, sampling, readout, dtr, task_info, answers, engine
+            model,
+            None,
+            qs,
+            pool,
+            seed,
+            batch_size,
+            sampling,
+            readout,
+            dtr,
+            task_info,
+            answers,
+            engine,
+            **extra,
         )
-        check_output(samples, manifest, resume, overwrite, MANIFEST_DEFAULTS, RESUME_FREE, RESUME_EXTEND)
+        check(samples, manifest, resume, overwrite, MANIFEST_DEFAULTS, RESUME_FREE, RESUME_EXTEND)
     for line in degenerate_settings(readout, dtr):
         warn(line)
+    args = (model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed, out, qs, pool, seed,
+            sampling, readout, dtr, batch_size, resume, overwrite, task_info, answers, engine)  # fmt: skip
+    report = _generate_here(*args) if ray is None else _generate_on_ray(*args, ray=ray)
+    _say_generated(report, answers, out)
+    return report
+
+
+def _generate_here(
+    model: str, device: str, dtype: str, trust_remote_code: bool, blocks: str | None, final_norm_path: str | None,
+    unembed: str | None, out: Path, qs: list[Any], pool: int, seed: int, sampling: SamplingConfig, readout: Any,
+    dtr: Any, batch_size: int, resume: bool, overwrite: bool, task_info: dict[str, Any], answers: AnswerConfig,
+    engine: EngineConfig,
+) -> GenerationReport:  # fmt: skip
+    """Generation in this process (the model loaded here), with a progress display."""
+    from depthlens.studies.records import SAMPLES
+    from depthlens.studies.thinkn import generate_store
+
     lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     with make_progress(err_console) as progress:
         responses = progress.add_task("responses", total=None)
@@ -211,6 +267,37 @@ def _generate(
             on_batch=lambda n: progress.advance(responses, n),
             on_token=lambda n: progress.advance(tokens, n),
         )
+    return report
+
+
+def _generate_on_ray(
+    model: str, device: str, dtype: str, trust_remote_code: bool, blocks: str | None, final_norm_path: str | None,
+    unembed: str | None, out: Path, qs: list[Any], pool: int, seed: int, sampling: SamplingConfig, readout: Any,
+    dtr: Any, batch_size: int, resume: bool, overwrite: bool, task_info: dict[str, Any], answers: AnswerConfig,
+    engine: EngineConfig, ray: dict[str, Any],
+) -> GenerationReport:  # fmt: skip
+    """Generation on Ray actors (``ray``: workers, cpus, gpus, address) into the sharded store out/samples/."""
+    from depthlens.studies.ray_generate import generate_store_ray
+    from depthlens.studies.thinkn import SHARDS
+
+    load_kwargs = actor_load_kwargs(device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+    with make_progress(err_console) as progress:
+        responses = progress.add_task("responses on Ray", total=None)
+
+        def on_start(total: int, done: int) -> None:
+            writes_to(out / SHARDS)
+            progress.update(responses, total=total, completed=done)
+
+        return generate_store_ray(
+            model, out, qs, pool=pool, seed=seed, sampling=sampling, readout=readout, dtr=dtr,
+            batch_size=batch_size, resume=resume, overwrite=overwrite, task=task_info, answers=answers,
+            engine=engine, load_kwargs=load_kwargs, on_start=on_start,
+            on_batch=lambda n: progress.advance(responses, n), **ray,
+        )  # fmt: skip
+
+
+def _say_generated(report: GenerationReport, answers: AnswerConfig, out: Path) -> None:
+    """What a generation run wrote, on stderr."""
     for line in report.changed:
         err_console.print(f"resumed with a changed setting: {line}", highlight=False, soft_wrap=True)
     grades = ", ".join(f"{k} {v}" for k, v in sorted(report.grades.items()))
@@ -229,7 +316,6 @@ def _generate(
         err_console.print(
             f"{report.grades['unparsed']} answers Math-Verify could not parse were counted wrong"
         )
-    return report
 
 
 @app.command("generate", short_help="Sample responses, read out, into a resumable store.")
@@ -270,6 +356,11 @@ def generate(
     max_model_len: opt.MaxModelLen = None,
     enforce_eager: opt.EnforceEager = False,
     kv_cache_gib: opt.KvCacheGib = None,
+    ray: opt.RayOpt = False,
+    ray_address: opt.RayAddress = None,
+    workers: opt.Workers = 1,
+    cpus: opt.Cpus = 1.0,
+    gpus: opt.Gpus = 0.0,
 ) -> None:
     """Sample responses per question into a resumable store, with each token's layer readout.
 
@@ -316,6 +407,7 @@ def generate(
             resumes=_samples_manifest(out) if resume else None,
         ),
         also_divergences=also_divergences,
+        ray=ray_settings(ray, ray_address, workers, cpus, gpus),
     )
 
 
@@ -452,6 +544,11 @@ def thinkn(
     max_model_len: opt.MaxModelLen = None,
     enforce_eager: opt.EnforceEager = False,
     kv_cache_gib: opt.KvCacheGib = None,
+    ray: opt.RayOpt = False,
+    ray_address: opt.RayAddress = None,
+    workers: opt.Workers = 1,
+    cpus: opt.Cpus = 1.0,
+    gpus: opt.Gpus = 0.0,
 ) -> None:
     """Think@n vs Cons@n, Mean@n, Long/Short@n, Self-Certainty@n and DeepConf: accuracy and exact cost.
 
@@ -466,6 +563,8 @@ def thinkn(
     store = from_store or out
     assert store is not None
     if online or sweep:
+        if ray or ray_address is not None:
+            raise InputError("--ray samples a pool for offline voting; run --online without --ray")
         _online(**locals())
         return
     voting = VotingConfig(n=n, eta=eta, prefix=_prefix(prefix), trials=trials, seed=seed,
@@ -520,6 +619,7 @@ def thinkn(
                 kv_cache_gib,
                 resumes=_samples_manifest(out) if resume else None,
             ),
+            ray=ray_settings(ray, ray_address, workers, cpus, gpus),
         )
     stored = DTRConfig.from_dict(read_manifest(store)["dtr"])
     dtr = DTRConfig(

@@ -32,8 +32,7 @@ from depthlens.metrics.dtr import (
     settling_depth,
 )
 from depthlens.metrics.stats import binned_correlation, bootstrap_ci, point_biserial, quantile_bins, spearman
-from depthlens.studies.records import iter_jsonl
-from depthlens.studies.thinkn import REQUIRED, SAMPLES, damaged_record, read_manifest
+from depthlens.studies.thinkn import REQUIRED, SAMPLES, damaged_record, iter_samples, read_manifest
 
 KIND_FIELD = {"kl": "divergence_kl", "cosine": "divergence_cosine", "jsd": "divergence_jsd",
               "jsd-nat": "divergence_jsd-nat"}  # fmt: skip
@@ -109,7 +108,7 @@ def load_store(path: Path) -> Store:
     kinds = stored_kinds(manifest)
     n_layers = int(manifest["n_layers"])
     responses, failed = [], 0
-    for line, record in enumerate(iter_jsonl(path / SAMPLES), start=1):
+    for line, record in enumerate(iter_samples(path), start=1):
         if record.get("status") == "failed":
             failed += 1
             continue

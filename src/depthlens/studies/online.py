@@ -47,6 +47,7 @@ from depthlens.studies.thinkn import (
     MANIFEST_DEFAULTS,
     SAMPLES,
     deep_from_divergence,
+    iter_samples,
     prompt_ids,
     read_manifest,
     response_from_record,
@@ -258,7 +259,7 @@ def ordered_pools(out_dir: Path, dtr: DTRConfig) -> tuple[dict[str, list[Respons
     manifest = read_manifest(out_dir)
     n_layers = int(manifest["n_layers"])
     records: dict[str, dict[int, dict[str, Any]]] = {q: {} for q in manifest["questions"]}
-    for record in iter_jsonl(out_dir / SAMPLES):
+    for record in iter_samples(out_dir):
         records.setdefault(record["question_id"], {})[int(record["sample"])] = record
     pools, holes = {}, []
     for q, by_index in records.items():

@@ -26,7 +26,7 @@ from depthlens.errors import StoreError
 from depthlens.studies.records import iter_jsonl, manifest_path
 from depthlens.studies.store_answers import ANSWER_FIELDS, RULES, AnswerSummary, answer_fields, store_answers
 from depthlens.studies.tasks import HUB_TASKS, Question, infer_answer_type, load_task, parse_task_config
-from depthlens.studies.thinkn import QUESTIONS, SAMPLES, read_manifest, summarise, summary_files
+from depthlens.studies.thinkn import QUESTIONS, SAMPLES, SHARDS, read_manifest, summarise, summary_files
 
 GRADED = ("answer", "answer_source", "vote_key", "grade", "correct", "task_score")
 
@@ -131,6 +131,13 @@ def regrade_store(
     takes today's defaults: no fallback). The prompt style is the store's: it is how the model was asked.
     """
     manifest = read_manifest(store)
+    if not (
+        store / SAMPLES
+    ).is_file():  # a sharded store (`generate --ray`): regrading rewrites samples.jsonl
+        raise StoreError(
+            f"{store} is a sharded store; convert it first with `depthlens export {store / SHARDS} --out "
+            f"{store / SAMPLES}`, then regrade"
+        )
     settings, rules_before = store_answers(manifest)
     if "answers" not in manifest:
         settings = dataclasses.replace(AnswerConfig(), prompt_style=settings.prompt_style)

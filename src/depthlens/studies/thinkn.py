@@ -24,7 +24,7 @@ import hashlib
 import json
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, settling_depth
 from depthlens.models.load import LoadedModel
 from depthlens.sampling.generate import GenerationBackend, Trace, make_backend
+from depthlens.studies.parquet_store import MANIFEST, iter_store
 from depthlens.studies.records import (
     SAMPLES,
     ResultWriter,
@@ -62,6 +63,7 @@ from depthlens.voting.trials import MethodSummary, ablation, run_trials
 
 STORE_VERSION = 1
 QUESTIONS = "questions.jsonl"
+SHARDS = "samples"  # a sharded store's responses: a Parquet store directory (``generate --ray``)
 PER_TOKEN = ("log_prob", "entropy", "self_certainty", "confidence")
 REQUIRED = (
     "id",
@@ -220,6 +222,17 @@ class GenerationReport:
     tokens: int = 0
     changed: list[str] = dataclasses.field(default_factory=list)  # settings a resumed run changed
 
+    def count(self, record: dict[str, Any]) -> None:
+        """Count one response written to the store (a failed one, or one with its grade and answer source)."""
+        if record.get("status") == "failed":
+            self.failed += 1
+            return
+        self.written += 1
+        self.tokens += record["n_tokens"]
+        self.grades[record["grade"]] += 1
+        self.sources[record["answer_source"]] += 1
+        self.truncated += record["finish"] == "length"
+
 
 def write_questions(out_dir: Path, questions: Sequence[Question]) -> None:
     (out_dir / QUESTIONS).write_text(
@@ -331,11 +344,7 @@ def _generate_question(
         for i in missing:
             record = sample_record(lm, question, i, traces[i - first], dtr, answers, prompt=prompt or ())
             writer.write(record)
-            report.written += 1
-            report.tokens += record["n_tokens"]
-            report.grades[record["grade"]] += 1
-            report.sources[record["answer_source"]] += 1
-            report.truncated += record["finish"] == "length"
+            report.count(record)
         on_batch(len(missing))
 
 
@@ -350,10 +359,28 @@ class StoreInfo:
     answers: AnswerSummary
 
 
+def samples_manifest(out_dir: Path) -> Path:
+    """The manifest of a store's responses: beside ``samples.jsonl``, or inside the sharded ``samples/``."""
+    sharded = out_dir / SHARDS / MANIFEST
+    return (
+        sharded
+        if sharded.is_file() and not (out_dir / SAMPLES).exists()
+        else manifest_path(out_dir / SAMPLES)
+    )
+
+
+def iter_samples(out_dir: Path) -> Iterator[dict[str, Any]]:
+    """A store's response records, from ``samples.jsonl`` or from every shard of ``samples/`` read as one."""
+    if samples_manifest(out_dir).parent.name == SHARDS:
+        yield from iter_store(out_dir / SHARDS)
+    else:
+        yield from iter_jsonl(out_dir / SAMPLES)
+
+
 def read_manifest(out_dir: Path) -> dict[str, Any]:
-    samples = out_dir / SAMPLES
-    meta = manifest_path(samples)
-    if not samples.is_file() or not meta.is_file():
+    meta = samples_manifest(out_dir)
+    samples = out_dir / SAMPLES if meta.parent == out_dir else meta.parent
+    if not samples.exists() or not meta.is_file():
         raise StoreError(
             f"{out_dir} is not a depthlens sample store (no {SAMPLES} with its manifest); "
             "create one with `depthlens generate`"
@@ -367,6 +394,8 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
         )
     kinds = {"n_layers": int, "questions": list, "pool": int, "dtr": dict, "model": str}
     wrong = [k for k, kind in kinds.items() if not isinstance(manifest.get(k), kind)]
+    if "questions" not in wrong and not all(isinstance(q, str) for q in manifest["questions"]):
+        wrong.append("questions")  # question ids key the pools: strings only
     readout = manifest.get("readout", {})
     if (
         not isinstance(readout, dict)
@@ -414,7 +443,7 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
     n_layers = int(manifest["n_layers"])
     pools: dict[str, list[Response]] = {q: [] for q in manifest["questions"]}
     failed, grades, usable_records = [], Counter(), []
-    for line, record in enumerate(iter_jsonl(out_dir / SAMPLES), start=1):
+    for line, record in enumerate(iter_samples(out_dir), start=1):
         if record.get("status") == "failed":
             failed.append(str(record.get("id")))
             continue

@@ -28,10 +28,11 @@ from depthlens.studies.correlation import (
     sweep,
     table_one,
 )
+from depthlens.studies.parquet_store import MANIFEST
 from depthlens.studies.records import manifest_path, read_json
 from depthlens.studies.store_answers import AnswerSummary
 from depthlens.studies.tables import markdown_table, write_csv
-from depthlens.studies.thinkn import SAMPLES, summarise, summary_files, summary_stem
+from depthlens.studies.thinkn import SAMPLES, SHARDS, summarise, summary_files, summary_stem
 from depthlens.viz.heatmap import draw_divergence_heatmap, write_heatmap_html
 from depthlens.viz.study import draw_accuracy_cost, draw_metric_bins, draw_sweeps, draw_token_settling
 
@@ -44,7 +45,9 @@ def find_stores(run_dir: Path) -> list[Path]:
         raise InputError(
             f"{run_dir} is not a directory; give a store written by `depthlens generate` or a folder of them"
         )
-    found = sorted({p.parent for p in run_dir.rglob(manifest_path(Path(SAMPLES)).name)})
+    jsonl = {p.parent for p in run_dir.rglob(manifest_path(Path(SAMPLES)).name)}
+    sharded = {p.parent.parent for p in run_dir.rglob(f"{SHARDS}/{MANIFEST}")}  # `generate --ray` stores
+    found = sorted(jsonl | sharded)
     if not found:
         raise InputError(
             f"no sample store under {run_dir} (looked for {SAMPLES} with its manifest); "

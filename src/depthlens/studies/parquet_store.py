@@ -1,0 +1,352 @@
+"""Sharded Parquet stores: per-token arrays as typed list columns, committed shard by shard.
+
+A store is a directory: ``part-NNNNNN.parquet`` shards and ``manifest.json`` (settings, input hashes and the list
+of committed shards). A shard is written whole under a temporary name, fsynced and renamed, then the manifest is
+rewritten (also whole, then renamed): the manifest is the commit, so a crash loses at most the shards in flight.
+Every shard also carries the settings it was written with in its Parquet metadata, so shards of runs with
+different settings are never read as one store. Per-token divergences ``[T × L]`` are a
+``list<fixed_size_list<float32, L>>`` column (float16 on request); other per-token floats ``list<float32>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Collection, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from depthlens.errors import InputError, StoreError
+from depthlens.studies.records import (
+    InputRecord,
+    _comparable,
+    check_record,
+    iter_jsonl,
+    read_json,
+    settings_differ,
+    write_error,
+    write_json,
+)
+
+MANIFEST = "manifest.json"
+_PART = "part-{:06d}.parquet"
+_SETTINGS_KEY = b"depthlens.settings"
+_FREE_KEY = b"depthlens.free"  # settings a resumed run may change (batch size, more questions): not compared
+# Keys that neither change a record's result nor belong in a shard's settings.
+_UNCOMPARED = {"command", "started", "input_hashes", "shards", "n_layers"}
+_KILL_AFTER = "DEPTHLENS_FAULT_KILL_AFTER"  # as records._KILL_AFTER, counted in shards (tests/test_ray.py)
+
+
+def is_store(path: Path) -> bool:
+    """Whether ``path`` is a Parquet store directory (one with a manifest.json)."""
+    return path.is_dir() and (path / MANIFEST).is_file()
+
+
+def _float_list(values: list[Any], width: pa.DataType) -> pa.Array:
+    return pa.array([None if v is None else np.asarray(v, dtype=width.to_pandas_dtype()) for v in values],
+                    type=pa.list_(width))  # fmt: skip
+
+
+def _matrix_list(values: list[Any], width: pa.DataType) -> pa.Array:
+    """Rows of ``[T × L]`` matrices as ``list<fixed_size_list<width, L>>`` (L from the first non-empty row)."""
+    n_layers = next((len(v[0]) for v in values if v), 0)
+    dtype = width.to_pandas_dtype()
+    offsets, flat = [0], []
+    for v in values:
+        rows = np.asarray(v, dtype=dtype).reshape(-1, n_layers) if v else np.zeros((0, n_layers), dtype)
+        # a record without the matrix (None) is stored as an empty list: readers see no rows either way
+        flat.append(rows.reshape(-1))
+        offsets.append(offsets[-1] + len(rows))
+    inner = pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(flat), type=width), n_layers)
+    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), inner)
+
+
+def _kind(values: list[Any]) -> str:
+    """``matrix`` for rows of float rows, ``floats`` for float lists, else ``other`` (Arrow infers the type)."""
+    first = next((v for v in values if isinstance(v, list) and v), None)
+    if first is None:
+        return "other"
+    if isinstance(first[0], list):
+        row = next((r for v in values if isinstance(v, list) for r in v if r), [])
+        return "matrix" if row and isinstance(row[0], float) else "other"
+    return "floats" if any(isinstance(x, float) for x in first) else "other"
+
+
+def to_table(results: Iterable[dict[str, Any]], float16: bool = False) -> pa.Table:
+    """Result dicts (``score``'s, or a sample store's responses) as one Arrow table: per-token float lists at the
+    store's width, ``[T × L]`` float rows (divergences) as ``list<fixed_size_list<width, L>>``."""
+    rows = list(results)
+    width = pa.float16() if float16 else pa.float32()
+    keys: dict[str, None] = {}
+    for r in rows:
+        keys.update(dict.fromkeys(r))
+    columns = {}
+    for key in keys:
+        values = [r.get(key) for r in rows]
+        kind = _kind(values)
+        if kind == "matrix":
+            columns[key] = _matrix_list(values, width)
+        elif kind == "floats":
+            columns[key] = _float_list(values, width)
+        else:
+            columns[key] = pa.array(values)
+    return pa.table(columns)
+
+
+def table_records(table: pa.Table) -> Iterator[dict[str, Any]]:
+    """The records of a shard as dicts, as ``to_table`` got them (per-token floats widened to Python floats); a
+    list a record did not have (null in its row) is left out, as it was."""
+    lists = {f.name for f in table.schema if pa.types.is_list(f.type)}
+    for row in table.to_pylist():
+        yield {k: v for k, v in row.items() if v is not None or k not in lists}
+
+
+def _settings(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in manifest.items() if k not in _UNCOMPARED}
+
+
+def _committed(out: Path, manifest: dict[str, Any]) -> list[str]:
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(s, dict) and isinstance(s.get("file"), str)
+                                               for s in shards):  # fmt: skip
+        raise StoreError(f"{out / MANIFEST}: no list of shards; not a depthlens Parquet store")
+    return [s["file"] for s in shards]
+
+
+def read_shard(path: Path, settings: dict[str, Any] | None = None) -> pa.Table:
+    """One shard; refused when it was written with other ``settings`` than its store's (naming each)."""
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise StoreError(
+            f"{path}: not a readable Parquet shard ({exc}); rerun the command with --resume"
+        ) from None
+    if settings is not None:
+        meta = table.schema.metadata or {}
+        stored = json.loads(meta.get(_SETTINGS_KEY, b"{}"))
+        differ = settings_differ(stored, settings, json.loads(meta.get(_FREE_KEY, b"[]")))
+        if differ:
+            raise StoreError(
+                f"{path}: this shard was written with other settings than its store ({'; '.join(differ)}); "
+                "move it to a store of its own"
+            )
+    return table
+
+
+def iter_store(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a results store: a JSONL file, or a sharded Parquet store read as one."""
+    if not path.is_dir():
+        yield from iter_jsonl(path)
+        return
+    manifest = store_manifest(path)
+    committed = _committed(path, manifest)
+    extra = sorted({p.name for p in path.glob("part-*.parquet")} - set(committed))
+    if extra:
+        raise StoreError(
+            f"{path / extra[0]}: a shard the manifest does not list (an interrupted run, or copied in); "
+            "rerun the command that wrote the store with --resume, or move the shard away"
+        )
+    for name in committed:
+        yield from table_records(read_shard(path / name, _settings(manifest)))
+
+
+def store_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of a JSONL results file or of a Parquet store."""
+    from depthlens.studies.records import manifest_path
+
+    if path.is_dir() and not is_store(path):
+        raise StoreError(f"{path}: a directory without {MANIFEST}; not a depthlens Parquet store")
+    meta = path / MANIFEST if path.is_dir() else manifest_path(path)
+    return read_json(meta, "manifest", "rerun the command that wrote it with --resume")
+
+
+def read_parquet_records(path: Path, skip_bad: bool = False) -> tuple[list[InputRecord], list[Any]]:
+    """Input records from a Parquet file with the JSONL input's columns (absent values as nulls)."""
+    from depthlens.studies.records import BadLine
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"input file {str(path)!r} is not readable Parquet ({exc})") from None
+    records, bad, seen = [], [], {}
+    for number, row in enumerate(rows, start=1):
+        data = {k: v for k, v in row.items() if v is not None}
+        where = f"{path}: row {number}"
+        try:
+            check_record(data, where)
+            record_id = str(data.get("id", f"line-{number}"))
+            if record_id in seen:
+                raise InputError(f"{where}: id {record_id!r} already used on row {seen[record_id]}")
+        except InputError as exc:
+            if not skip_bad:
+                raise InputError(f"{exc} (pass --skip-bad to skip such rows)") from None
+            bad.append(BadLine(number, str(exc)))
+            continue
+        seen[record_id] = number
+        records.append(InputRecord(record_id, number, data))
+    return records, bad
+
+
+def check_store(
+    out: Path,
+    manifest: dict[str, Any] | None,
+    resume: bool,
+    overwrite: bool = False,
+    defaults: dict[str, dict[str, Any]] | None = None,
+    free: Collection[str] = (),
+    extend: Collection[str] = (),
+) -> bool:
+    """As ``records.check_output`` for a store directory: whether writing resumes it; refusals name settings."""
+    if out.exists() and not out.is_dir():
+        raise StoreError(f"{out} is a file; a Parquet store is a directory — give a new --out")
+    exists = out.is_dir() and any(out.iterdir())
+    if exists and resume:
+        if not is_store(out):
+            raise StoreError(f"{out} has no {MANIFEST}; it was not written by depthlens")
+        if manifest is not None:
+            stored = read_json(out / MANIFEST, "manifest", "use --overwrite to start again, or a new --out")
+            previous = _comparable(stored, manifest, defaults, extend)
+            mismatch = settings_differ(previous, manifest, {*_UNCOMPARED, *free})
+            if mismatch:
+                raise StoreError(f"cannot resume {out}: " + "; ".join(mismatch) + " — use the stored settings, "
+                                 "or a new --out")  # fmt: skip
+        return True
+    if exists and not overwrite:
+        raise StoreError(f"{out} already exists; pass --resume to continue it or --overwrite to replace it")
+    return False
+
+
+class ShardWriter:
+    """Writes result tables as shards of a Parquet store, each committed to the manifest once it is whole."""
+
+    def __init__(
+        self,
+        out: Path,
+        manifest: dict[str, Any],
+        resume: bool,
+        overwrite: bool = False,
+        defaults: dict[str, dict[str, Any]] | None = None,
+        hashes: dict[str, str] | None = None,
+        shard_rows: int = 256,
+        free: Collection[str] = (),
+        extend: Collection[str] = (),
+    ) -> None:
+        """Open ``out`` for a new run, or (``resume``) continue one written with the same settings; records whose
+        input ``hashes`` changed since are dropped from their shards (``rescored`` lists them)."""
+        self.out, self.shard_rows = out, shard_rows
+        self.done: set[str] = set()
+        self.rescored: list[str] = []
+        self._buffer: list[dict[str, Any]] = []
+        self._written = 0
+        self._kill_after = int(os.environ.get(_KILL_AFTER, "-1"))
+        manifest = {**manifest, "input_hashes": hashes} if hashes is not None else dict(manifest)
+        resuming = check_store(out, manifest, resume, overwrite, defaults, free, extend)
+        self._free = {*free, *extend}  # may differ between shards: not part of a shard's settings
+        self.manifest: dict[str, Any] = {**manifest, "shards": []}
+        shards: list[dict[str, Any]] = []
+        if resuming:
+            stored = read_json(out / MANIFEST, "manifest", "use --overwrite to start again, or a new --out")
+            shards = [s for s in stored["shards"] if (out / s["file"]).is_file()]
+            for s in shards:
+                self.done.update(self._ids(s, stored.get("input_hashes"), hashes))
+            if stored.get("n_layers") is not None:
+                self.manifest.setdefault("n_layers", stored["n_layers"])
+        elif out.exists():
+            for old in [*out.glob("part-*.parquet*"), out / MANIFEST]:
+                old.unlink(missing_ok=True)
+        listed = {s["file"] for s in shards}
+        for orphan in out.glob("part-*.parquet*") if out.exists() else ():
+            if orphan.name not in listed:  # a shard in flight when the last run died: recomputed
+                orphan.unlink()
+        self.manifest["shards"] = shards
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / MANIFEST, self.manifest)
+
+    def _ids(self, shard: dict[str, Any], stored: object, hashes: dict[str, str] | None) -> list[str]:
+        """The ids of a committed shard; those whose input changed are cut out of it (rewritten whole)."""
+        path = self.out / shard["file"]
+        table = read_shard(path, self._shard_settings())
+        ids = [str(i) for i in table.column("id").to_pylist()]
+        if isinstance(stored, dict) and hashes is not None:
+            stale = {i for i in ids if i in stored and i in hashes and stored[i] != hashes[i]}
+            if stale:
+                keep = pa.array([i not in stale for i in ids])
+                self._write_file(path, table.filter(keep))
+                shard["rows"] = len(ids) - len(stale)
+                self.rescored.extend(sorted(stale))
+                ids = [i for i in ids if i not in stale]
+        return ids
+
+    def _shard_settings(self) -> dict[str, Any]:
+        return _settings(self.manifest)
+
+    def _write_file(self, path: Path, table: pa.Table) -> None:
+        meta = {**(table.schema.metadata or {}), _SETTINGS_KEY: json.dumps(self._shard_settings()).encode(),
+                _FREE_KEY: json.dumps(sorted(self._free)).encode()}  # fmt: skip
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
+            with tmp.open("rb+") as f:
+                os.fsync(f.fileno())
+            tmp.replace(path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise write_error(path, exc) from exc
+
+    def write_table(self, table: pa.Table, n_layers: int | None = None) -> None:
+        """Commit ``table`` as the next shard: written whole, renamed, then listed in the manifest."""
+        if table.num_rows == 0:
+            return
+        name = _PART.format(len(self.manifest["shards"]))
+        if self._written == self._kill_after:  # fault injection: die with a shard half-written
+            (self.out / (name + ".tmp")).write_bytes(b"PAR1")
+            os.kill(os.getpid(), signal.SIGKILL)
+        self._write_file(self.out / name, table)
+        if n_layers is not None:
+            self.manifest["n_layers"] = n_layers
+        self.manifest["shards"].append({"file": name, "rows": table.num_rows})
+        write_json(self.out / MANIFEST, self.manifest)
+        self.done.update(str(i) for i in table.column("id").to_pylist())
+        self._written += 1
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Buffer one result; a shard is committed every ``shard_rows`` records (and at ``close``)."""
+        self._buffer.append(record)
+        if len(self._buffer) >= self.shard_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._buffer:
+            table = to_table(self._buffer, float16=bool(self.manifest.get("store", {}).get("float16")))
+            self._buffer = []
+            self.write_table(table)
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        if kind is None:
+            self.close()
+        else:  # an error mid-run: keep what is whole, as the JSONL writer does
+            with contextlib.suppress(Exception):
+                self.flush()
+
+
+def read_inputs(path: Path, skip_bad: bool = False) -> tuple[list[InputRecord], list[Any]]:
+    """Input records from JSONL, or from a Parquet file with the same columns (by its ``.parquet`` name)."""
+    from depthlens.studies.records import read_records
+
+    if path.suffix == ".parquet":
+        if not path.is_file():
+            raise InputError(f"input file {str(path)!r} does not exist")
+        return read_parquet_records(path, skip_bad)
+    return read_records(path, skip_bad)

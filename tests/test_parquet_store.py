@@ -1,0 +1,132 @@
+"""Sharded Parquet stores without Ray: the same records as JSONL, resume, settings refused, export, size."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from depthlens.errors import StoreError
+from depthlens.studies.parquet_store import MANIFEST, iter_store, read_inputs, to_table
+from depthlens.studies.records import iter_jsonl
+from depthlens.studies.score import score_file, score_summary
+from tests.test_cli import run
+
+ROWS = [
+    {
+        "id": f"r{i}",
+        "prompt_ids": [3 + i, 7, 9],
+        "completion_ids": [(11 * i + k) % 90 + 3 for k in range(4 + i)],
+    }
+    for i in range(5)
+]
+ROWS.append({"id": "empty", "prompt_ids": [4, 5], "completion_ids": []})
+
+
+def _write(path, rows=ROWS):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def assert_same_results(a: dict, b: dict, float16: bool = False) -> None:
+    """Equal per record and per token: summaries to float rounding, per-token floats to the store's width
+    (float32: 2e-6 absolute, as the JSONL keeps divergences to 6 decimals; float16: 1e-3 relative)."""
+    assert a.keys() == b.keys()
+    tol = {"rtol": 1e-3, "atol": 1e-3} if float16 else {"rtol": 1e-6, "atol": 2e-6}
+    for rid in a:
+        x, y = a[rid], b[rid]
+        assert x.keys() == y.keys(), rid
+        for key in x:
+            u, v = x[key], y[key]
+            if key in ("divergence", "tcb", "v_eff", "margin"):
+                assert np.allclose(np.asarray(u, float), np.asarray(v, float), **tol), (rid, key)
+            elif isinstance(u, float):
+                assert v == pytest.approx(u, rel=1e-5, abs=1e-7), (rid, key)
+            else:
+                assert u == v, (rid, key)
+
+
+def test_parquet_store_holds_the_jsonl_records(tiny_llama, tmp_path):
+    src = _write(tmp_path / "in.jsonl")
+    score_file(tiny_llama, src, tmp_path / "a.jsonl", tokens=True)
+    score_file(tiny_llama, src, tmp_path / "store", tokens=True, float16=False)
+    jsonl = {r["id"]: r for r in iter_jsonl(tmp_path / "a.jsonl")}
+    parquet = {r["id"]: r for r in iter_store(tmp_path / "store")}
+    assert_same_results(jsonl, parquet)
+    assert score_summary(iter_store(tmp_path / "store"))["records"] == len(ROWS)
+    schema = pq.read_schema(next((tmp_path / "store").glob("part-*.parquet")))
+    assert str(schema.field("divergence").type) == "list<element: fixed_size_list<element: float>[3]>"
+
+
+def test_float16_store_is_smaller_and_close(tiny_llama, tmp_path):
+    src = _write(tmp_path / "in.jsonl")
+    score_file(tiny_llama, src, tmp_path / "a.jsonl", tokens=True)
+    score_file(tiny_llama, src, tmp_path / "half", tokens=True, float16=True)
+    jsonl = {r["id"]: r for r in iter_jsonl(tmp_path / "a.jsonl")}
+    assert_same_results(jsonl, {r["id"]: r for r in iter_store(tmp_path / "half")}, float16=True)
+
+
+def test_resume_skips_committed_shards_and_refuses_other_settings(tiny_llama, tmp_path):
+    src, out = _write(tmp_path / "in.jsonl"), tmp_path / "store"
+    score_file(tiny_llama, src, out, tokens=True, float16=False)
+    before = sorted(p.name for p in out.iterdir())
+    score_file(tiny_llama, src, out, tokens=True, float16=False, resume=True)
+    assert sorted(p.name for p in out.iterdir()) == before
+    with pytest.raises(StoreError, match=r"cannot resume .*store\.float16: stored False, this run True"):
+        score_file(tiny_llama, src, out, tokens=True, float16=True, resume=True)
+
+
+def test_a_shard_of_another_run_is_refused_naming_the_setting(tiny_llama, tmp_path):
+    src = _write(tmp_path / "in.jsonl")
+    score_file(tiny_llama, src, tmp_path / "a", tokens=True, float16=False)
+    score_file(tiny_llama, src, tmp_path / "b", tokens=False, float16=False)
+    shutil.copy(tmp_path / "b" / "part-000000.parquet", tmp_path / "a" / "part-000000.parquet")
+    with pytest.raises(
+        StoreError, match=r"other settings than its store \(tokens: stored False, this run True\)"
+    ):
+        list(iter_store(tmp_path / "a"))
+    shutil.copy(tmp_path / "b" / "part-000000.parquet", tmp_path / "a" / "part-000009.parquet")
+    with pytest.raises(StoreError, match="a shard the manifest does not list"):
+        list(iter_store(tmp_path / "a"))
+
+
+def test_parquet_input_scores_like_jsonl(tiny_llama, tmp_path):
+    src = _write(tmp_path / "in.jsonl")
+    pq.write_table(to_table(ROWS), tmp_path / "in.parquet")
+    assert [r.data for r in read_inputs(tmp_path / "in.parquet")[0]] == [r.data for r in read_inputs(src)[0]]
+    score_file(tiny_llama, tmp_path / "in.parquet", tmp_path / "p.jsonl")
+    score_file(tiny_llama, src, tmp_path / "j.jsonl")
+    assert [r["dtr"] for r in iter_jsonl(tmp_path / "p.jsonl")] == [
+        r["dtr"] for r in iter_jsonl(tmp_path / "j.jsonl")
+    ]
+
+
+def test_cli_parquet_score_then_export_gives_the_jsonl_records(tmp_path, monkeypatch, capsys):
+    from tests.conftest import tiny_model
+
+    tiny_model("llama").save_pretrained(tmp_path / "tiny")
+    src = _write(tmp_path / "in.jsonl")
+    common = [
+        "score",
+        "--model",
+        str(tmp_path / "tiny"),
+        "--in",
+        str(src),
+        "--device",
+        "cpu",
+        "--tokens",
+        "-q",
+    ]
+    for args in ([*common, "--out", tmp_path / "a.jsonl"], [*common, "--out", tmp_path / "store", "--parquet"],
+                 ["export", tmp_path / "store", "--out", tmp_path / "x.jsonl"]):  # fmt: skip
+        code, _, err = run(monkeypatch, capsys, *args)
+        assert code in (0, None), err
+    assert (tmp_path / "store" / MANIFEST).is_file()
+    assert_same_results(
+        {r["id"]: r for r in iter_jsonl(tmp_path / "a.jsonl")},
+        {r["id"]: r for r in iter_jsonl(tmp_path / "x.jsonl")},
+    )
+    assert json.loads((tmp_path / "x.jsonl.manifest.json").read_text())["tokens"] is True
