@@ -14,6 +14,8 @@ import types
 from collections import Counter
 from pathlib import Path
 
+from depthlens.studies.thinkn import iter_samples
+from depthlens.viz.report import find_stores
 from depthlens.voting.answers import answers_equivalent
 
 OLD_RULES = "592f272^:src/depthlens/voting/answers.py"  # the commit before the answer rules
@@ -32,13 +34,12 @@ def old_extraction() -> types.ModuleType:
 
 def main(root: Path) -> None:
     old = old_extraction()
-    for samples in sorted(root.glob("*/*/samples.jsonl")):
-        store = samples.parent
+    for store in find_stores(root):  # JSONL or sharded Parquet sample stores
         rows = [json.loads(line) for line in (store / "questions.jsonl").open()]
         references = {r["id"]: r["answer"] for r in rows}
         old_right = new_right = dropped = dropped_right = truncated = 0
         sources: Counter[str] = Counter()
-        responses = [json.loads(line) for line in samples.open()]
+        responses = list(iter_samples(store))
         for r in responses:
             new_right += bool(r["correct"])
             truncated += r["finish"] == "length"

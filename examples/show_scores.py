@@ -1,6 +1,6 @@
-"""Print a scores file as a table and draw the first scored record's divergence heatmap.
+"""Print a scores store (a Parquet store directory or a JSONL file) as a table and draw one record's heatmap.
 
-python examples/show_scores.py runs/demo/scores.jsonl [--png runs/demo/heatmap.png]
+python examples/show_scores.py runs/scores [--png runs/scores-heatmap.png (the default)]
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from depthlens.studies.records import iter_jsonl
+from depthlens.studies.parquet_store import iter_store
 from depthlens.viz.heatmap import draw_divergence_heatmap
 
 
@@ -25,7 +25,7 @@ def main() -> None:
     parser.add_argument("--png", type=Path, help="heatmap path (default: beside the scores)")
     parser.add_argument("--record", help="id of the record to draw (default: the longest)")
     args = parser.parse_args()
-    records = list(iter_jsonl(args.scores))
+    records = list(iter_store(args.scores))
     table = Table(title=f"{args.scores}")
     for column in ("id", "tokens", "DTR", "mean settling", "mean log p", "self-certainty", "neg. entropy"):
         table.add_column(column, justify="left" if column == "id" else "right")
@@ -38,7 +38,7 @@ def main() -> None:
     if not drawable:
         return
     chosen = next((r for r in drawable if r["id"] == args.record), max(drawable, key=lambda r: r["n_tokens"]))
-    png = args.png or args.scores.with_name("heatmap.png")
+    png = args.png or args.scores.with_name(args.scores.stem + "-heatmap.png")
     draw_divergence_heatmap(chosen, png)
     console.print(f"heatmap of {chosen['id']!r}: {png}")
 

@@ -38,9 +38,11 @@ def _records(path: Path, *records: object) -> Path:
     return path
 
 
-def _score(d: Path, f: dict[str, Path], *records: object, extra: tuple[str, ...] = ()) -> list[str]:
+def _score(
+    d: Path, f: dict[str, Path], *records: object, extra: tuple[str, ...] = (), out: str = "out.jsonl"
+) -> list[str]:
     src = _records(d / "in.jsonl", *records)
-    return ["score", "--model", str(f["tiny"]), "--in", str(src), "--out", str(d / "out.jsonl"),
+    return ["score", "--model", str(f["tiny"]), "--in", str(src), "--out", str(d / out),
             "--device", "cpu", *extra]  # fmt: skip
 
 
@@ -79,11 +81,20 @@ def _damaged_catalogue_copy(d: Path, f: dict[str, Path]) -> list[str]:
     ]
 
 
-def _store_copy(d: Path, f: dict[str, Path], damage: Callable[[Path], None]) -> Path:
+def _store_copy(d: Path, f: dict[str, Path], damage: Callable[[Path], None], which: str = "store") -> Path:
     store = d / "store"
-    shutil.copytree(f["store"], store)
+    shutil.copytree(f[which], store)
     damage(store)
     return store
+
+
+def _cut_shard(store: Path) -> None:
+    shard = store / "samples" / "part-000001.parquet"
+    shard.write_bytes(shard.read_bytes()[:200])
+
+
+def _foreign_shard(store: Path) -> None:
+    shutil.copy(store / "samples" / "part-000000.parquet", store / "samples" / "part-000007.parquet")
 
 
 def _cut_middle(store: Path) -> None:
@@ -204,25 +215,42 @@ CASES = [
          "error: DIR/out.jsonl: the disk is full; what finished before is kept — free some space, then "
          "rerun the command with --resume"),
     Case("ray-address-unreachable", "`score --ray-address` where no Ray cluster listens",
-         lambda d, f: _score(d, f, GOOD, extra=("--ray-address", "127.0.0.1:9")),
+         lambda d, f: _score(d, f, GOOD, extra=("--ray-address", "127.0.0.1:9"), out="scores"),
          "error: --ray-address 127.0.0.1:9: no Ray cluster answers there (Connection refused); start one with "
          "`ray start --head`, check the address, or leave --ray-address out to run a local Ray"),
+    Case("ray-jsonl-out", "`score --ray` into a `.jsonl` file", lambda d, f: _score(d, f, GOOD, extra=("--ray",)),
+         "error: --out DIR/out.jsonl: --ray writes a sharded Parquet store; give a directory name"),
+    Case("float16-jsonl-out", "`score --float16` into a `.jsonl` file",
+         lambda d, f: _score(d, f, GOOD, extra=("--float16",)),
+         "error: --float16 applies to Parquet stores; give --out a name without .jsonl"),
+    Case("store-format-unknown", "`generate --store csv`",
+         lambda d, f: ["generate", "--store", "csv", "--out", str(d / "s")],
+         "error: --store 'csv': use one of parquet, jsonl"),
     Case("export-not-a-store", "`export` of a directory that is not a results store",
          lambda d, f: ["export", str(d), "--out", str(d / "x.jsonl")],
          "error: DIR: a directory without manifest.json; not a depthlens Parquet store"),
-    Case("report-cut-line", "`report` on a store with a line cut in the middle",
+    Case("report-cut-line", "`report` on a JSONL store with a line cut in the middle",
          lambda d, f: ["report", str(_store_copy(d, f, _cut_middle))],
          "error: DIR/store/samples.jsonl:2: not a JSON record (a line cut or edited); rerun the command "
          "that wrote it with --resume (it drops a torn last line), or delete that line"),
-    Case("thinkn-torn-end", "`thinkn --from` on a store whose last line is torn",
+    Case("thinkn-torn-end", "`thinkn --from` on a JSONL store whose last line is torn",
          lambda d, f: ["thinkn", "--from", str(_store_copy(d, f, _torn_end)), "--n", "2"],
          "error: DIR/store/samples.jsonl:4: the last line is cut short (an interrupted write); rerun the "
          "command that wrote it with --resume (it drops a torn last line), or delete that line"),
-    Case("correlate-cut-manifest", "`correlate` on a store whose manifest is cut",
+    Case("correlate-cut-manifest", "`correlate` on a JSONL store whose manifest is cut",
          lambda d, f: ["correlate", str(_store_copy(d, f, _cut_manifest)), "--out", str(d / "c")],
          "error: DIR/store/samples.jsonl.manifest.json: the store's manifest is cut or is not JSON "
          "(Expecting property name enclosed in double quotes at line 6); regenerate the store "
          "(`depthlens generate --overwrite`)"),
+    Case("report-cut-shard", "`report` on a sharded store with a shard cut short",
+         lambda d, f: ["report", str(_store_copy(d, f, _cut_shard, "sharded"))],
+         "error: DIR/store/samples/part-000001.parquet: not a readable Parquet shard (Parquet magic bytes not "
+         "found in footer. Either the file is corrupted or this is not a parquet file.); delete it and rerun the "
+         "command that wrote the store with --resume (its records are computed again)"),
+    Case("thinkn-unlisted-shard", "`thinkn --from` on a sharded store with a shard its manifest does not list",
+         lambda d, f: ["thinkn", "--from", str(_store_copy(d, f, _foreign_shard, "sharded")), "--n", "2"],
+         "error: DIR/store/samples/part-000007.parquet: a shard the manifest does not list (left by an "
+         "interrupted run or regrade, or copied in); rerun that command (with --resume), or move the shard away"),
 ]
 # fmt: on
 
@@ -240,10 +268,11 @@ def fixtures(tmp_path_factory):
     from depthlens.config import SamplingConfig
 
     questions = [Question(f"q{i}", f"{i} + {i}", str(2 * i)) for i in range(2)]
-    generate_store(
-        lm, store, questions, pool=2, sampling=SamplingConfig(max_new_tokens=4, readout_tokens=None)
-    )
-    return {"tiny": tiny, "store": store}
+    sampling = SamplingConfig(max_new_tokens=4, readout_tokens=None)
+    generate_store(lm, store, questions, pool=2, sampling=sampling, store="jsonl")  # as stores before Parquet
+    sharded = tmp_path_factory.mktemp("sharded")
+    generate_store(lm, sharded, questions, pool=2, sampling=sampling, batch_size=1)
+    return {"tiny": tiny, "store": store, "sharded": sharded}
 
 
 def run_case(case: Case, tmp_path: Path, fixtures: dict[str, Path], monkeypatch) -> tuple[int, str]:

@@ -134,8 +134,9 @@ def store(tmp_path, tiny_chat):
     out = tmp_path / "s"
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=10, readout_tokens=None)
     generate_store(tiny_chat, out, QUESTIONS, pool=8, seed=1, sampling=sampling, batch_size=8,
-                   readout=ReadoutConfig(also=("kl", "cosine")), task={"name": "tiny"})  # fmt: skip
-    # The tiny model is never right; mark a planted pattern of right answers so the statistics have work.
+                   readout=ReadoutConfig(also=("kl", "cosine")), task={"name": "tiny"}, store="jsonl")  # fmt: skip
+    # The tiny model is never right; mark a planted pattern of right answers so the statistics have work (a JSONL
+    # store, whose lines are easy to edit; tests/test_parquet_store.py checks the formats read alike).
     lines = [json.loads(x) for x in (out / SAMPLES).read_text().splitlines()]
     for r in lines:
         r["correct"] = r["sample"] % 3 == 0

@@ -2,8 +2,10 @@
 must then hold exactly what an uninterrupted run holds — records and summary.
 
 The kill: a subprocess runs the command with ``DEPTHLENS_FAULT_KILL_AFTER=k``; ``ResultWriter`` writes half of
-its (k+1)-th record and SIGKILLs the process (a torn line, as a real kill -9 mid-write leaves). The uninterrupted
-run and the resume run in-process. ``DEPTHLENS_FAULT_POINTS=N`` tries N kill points per command (default 1).
+its (k+1)-th record and SIGKILLs the process (a torn line, as a real kill -9 mid-write leaves); ``ShardWriter``
+(a Parquet store) commits k shards and dies with the next one half-written under its temporary name. The
+uninterrupted run and the resume run in-process. ``DEPTHLENS_FAULT_POINTS=N`` tries N kill points per command
+(default 1).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
+from depthlens.studies.thinkn import iter_samples
 from tests.conftest import tiny_model
 from tests.test_cli import run
 
@@ -63,7 +67,8 @@ def score_input(tmp_path_factory):
 
 
 def _commands(tiny: Path, chat: Path, score_input: Path) -> dict[str, tuple[list[str], str, int]]:
-    """name → (arguments before --out, the progress file under --out ('' = --out is the file), its records)."""
+    """name → (arguments before --out, the progress file under --out ('' = --out is the file or store), its
+    records — for a Parquet store (a directory), its shards: ``DEPTHLENS_FAULT_KILL_AFTER`` counts those)."""
     model = ["--model", str(chat), "--device", "cpu"]
     task = [
         "--task",
@@ -77,9 +82,14 @@ def _commands(tiny: Path, chat: Path, score_input: Path) -> dict[str, tuple[list
     ]
     return {
         "score": (["score", "--model", str(tiny), "--in", str(score_input), "--device", "cpu"], "", 8),
-        "generate": (["generate", *model, *task, "--pool", "4", "--readout-tokens", "all"], "samples.jsonl", 8),
-        "thinkn": (["thinkn", *model, *task, "--n", "2", "--pool", "4", "--prefix", "3", "--trials", "3"],
-                   "samples.jsonl", 8),
+        "score-parquet": (["score", "--model", str(tiny), "--in", str(score_input), "--device", "cpu"], "", 1),
+        "generate": (["generate", *model, *task, "--pool", "4", "--readout-tokens", "all", "--store", "jsonl"],
+                     "samples.jsonl", 8),
+        "generate-parquet": (["generate", *model, *task, "--pool", "4", "--readout-tokens", "all"], "samples", 4),
+        "thinkn": (["thinkn", *model, *task, "--n", "2", "--pool", "4", "--prefix", "3", "--trials", "3",
+                    "--store", "jsonl"], "samples.jsonl", 8),
+        "thinkn-parquet": (["thinkn", *model, *task, "--n", "2", "--pool", "4", "--prefix", "3", "--trials", "3"],
+                           "samples", 4),
         "tcb-regimes": (["tcb", "regimes", *model], "regimes.progress.jsonl", 89),
         "tcb-geometry": (["tcb", "geometry", *model, "--top-k", "4"], "geometry.progress.jsonl", 89),
         "tcb-prompts": (["tcb", "prompts", *model, "--questions", "2", "--templates", "bare,terse", "--shots", "0",
@@ -95,6 +105,15 @@ def _snapshot(out: Path) -> dict[str, object]:
     for path in files:
         if path.suffix == ".png" or path.name.endswith(".manifest.json") or path.suffix == ".md":
             continue  # figures embed timestamps; manifests the command line; .md the command too
+        if path.suffix == ".parquet":  # a shard: its rows and the settings it was written with
+            table = pq.read_table(path)
+            snap[path.name] = (table.to_pylist(), table.schema.metadata)
+            continue
+        if path.name == "manifest.json":  # a Parquet store's
+            data = json.loads(path.read_text())
+            snap[f"{path.parent.name}/{path.name}"] = {k: v for k, v in data.items()
+                                                       if k not in ("command", "started")}  # fmt: skip
+            continue
         text = path.read_text(encoding="utf-8")
         if path.suffix == ".json":
             data = json.loads(text)
@@ -106,14 +125,18 @@ def _snapshot(out: Path) -> dict[str, object]:
     return snap
 
 
-@pytest.mark.parametrize("name", ["score", "generate", "thinkn", "tcb-regimes", "tcb-geometry", "tcb-prompts",
-                                  "tcb-trace"])  # fmt: skip
+KILLED = ["score", "score-parquet", "generate", "generate-parquet", "thinkn", "thinkn-parquet", "tcb-regimes",
+          "tcb-geometry", "tcb-prompts", "tcb-trace"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", KILLED)
 def test_killed_run_resumes_to_the_uninterrupted_result(
     name, tmp_path, chat_dir, score_input, monkeypatch, capsys
 ):
     tiny = chat_dir  # the score case needs no tokenizer, but the same tiny weights serve
     args, progress, records = _commands(tiny, chat_dir, score_input)[name]
-    suffix = ".jsonl" if not progress else ""
+    sharded = name.endswith("-parquet")
+    suffix = ".jsonl" if not progress and not sharded else ""
     whole = tmp_path / f"whole{suffix}"
     code, _, err = run(monkeypatch, capsys, *args, "--out", whole)
     assert code in (0, None), err
@@ -128,8 +151,12 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
         )  # fmt: skip
         assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
         written = cut if not progress else cut / progress
-        lines = written.read_text().split("\n")
-        assert len(lines) == k + 1 and lines[-1], "the kill leaves k whole records and a torn one"
+        if sharded:  # k committed shards and a torn one in flight
+            assert len(json.loads((written / "manifest.json").read_text())["shards"]) == k
+            assert len(list(written.glob("*.parquet.tmp"))) == 1
+        else:
+            lines = written.read_text().split("\n")
+            assert len(lines) == k + 1 and lines[-1], "the kill leaves k whole records and a torn one"
         code, _, err = run(monkeypatch, capsys, *args, "--out", cut, "--resume")
         assert code in (0, None), err
         assert _snapshot(cut) == {k.replace("whole", f"cut{point}"): v for k, v in _snapshot(whole).items()}
@@ -145,7 +172,7 @@ def test_generate_cli_resumes_with_another_batch_size_and_more_questions(
     assert code in (0, None), err
     code, _, err = run(monkeypatch, capsys, *args, "--questions", "2", "--batch-size", "1", "--resume")
     assert code in (0, None), err
-    ids = [json.loads(line)["id"] for line in (tmp_path / "s" / "samples.jsonl").read_text().splitlines()]
+    ids = [r["id"] for r in iter_samples(tmp_path / "s")]
     assert sorted(ids) == ["chain_sum-0#0", "chain_sum-0#1", "chain_sum-1#0", "chain_sum-1#1"]
     code, _, err = run(monkeypatch, capsys, *args, "--questions", "2", "--seed", "1", "--resume")
     assert code == 2 and "seed: stored 0, this run 1" in " ".join(err.split())

@@ -10,9 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from depthlens.errors import StoreError
-from depthlens.studies.parquet_store import MANIFEST, iter_store, read_inputs, to_table
+from depthlens.studies.parquet_store import MANIFEST, iter_store, to_table
 from depthlens.studies.records import iter_jsonl
 from depthlens.studies.score import score_file, score_summary
+from depthlens.studies.stores import read_inputs
 from tests.test_cli import run
 
 ROWS = [
@@ -120,7 +121,7 @@ def test_cli_parquet_score_then_export_gives_the_jsonl_records(tmp_path, monkeyp
         "--tokens",
         "-q",
     ]
-    for args in ([*common, "--out", tmp_path / "a.jsonl"], [*common, "--out", tmp_path / "store", "--parquet"],
+    for args in ([*common, "--out", tmp_path / "a.jsonl"], [*common, "--out", tmp_path / "store"],
                  ["export", tmp_path / "store", "--out", tmp_path / "x.jsonl"]):  # fmt: skip
         code, _, err = run(monkeypatch, capsys, *args)
         assert code in (0, None), err
@@ -130,3 +131,52 @@ def test_cli_parquet_score_then_export_gives_the_jsonl_records(tmp_path, monkeyp
         {r["id"]: r for r in iter_jsonl(tmp_path / "x.jsonl")},
     )
     assert json.loads((tmp_path / "x.jsonl.manifest.json").read_text())["tokens"] is True
+
+
+def test_a_sample_store_votes_and_correlates_alike_in_either_format(tiny_chat, tmp_path):
+    """The same responses as JSONL (5-decimal text) and as Parquet (float32): the same votes, DTRs and tables."""
+    from depthlens.config import DTRConfig, ReadoutConfig, SamplingConfig, VotingConfig
+    from depthlens.studies.correlation import dtr_settings, load_store
+    from depthlens.studies.tasks import Question
+    from depthlens.studies.thinkn import SHARDS, generate_store, iter_samples, summarise
+
+    questions = [Question(f"q{i}", f"{i} {i}", str(2 * i)) for i in range(3)]
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=8, readout_tokens=None)
+    for fmt in ("jsonl", "parquet"):
+        generate_store(tiny_chat, tmp_path / fmt, questions, pool=6, seed=2, sampling=sampling, batch_size=4,
+                       readout=ReadoutConfig(also=("kl",)), store=fmt)  # fmt: skip
+    assert (tmp_path / "parquet" / SHARDS / MANIFEST).is_file() and not (tmp_path / "jsonl" / SHARDS).exists()
+    jsonl, parquet = ({r["id"]: r for r in iter_samples(tmp_path / f)} for f in ("jsonl", "parquet"))
+    assert jsonl.keys() == parquet.keys()
+    for rid, r in jsonl.items():
+        assert r["token_ids"] == parquet[rid]["token_ids"] and r["vote_key"] == parquet[rid]["vote_key"]
+        assert np.allclose(r["divergence"], parquet[rid]["divergence"], atol=1e-6)
+    voting = VotingConfig(n=3, trials=5, prefix=4)
+    assert (
+        summarise(tmp_path / "jsonl", voting).summaries == summarise(tmp_path / "parquet", voting).summaries
+    )
+    stores = [load_store(tmp_path / f) for f in ("jsonl", "parquet")]
+    settings = [dtr_settings(store, DTRConfig()) for store in stores]
+    for kind in ("jsd", "kl"):  # per response, the correlation study's DTR of every divergence kind
+        ratios = [
+            [st.ratio(r, kind) for r in store.responses] for st, store in zip(settings, stores, strict=True)
+        ]
+        assert ratios[0] == ratios[1]
+
+
+def test_a_slow_run_commits_by_time_and_a_store_is_a_score_input(tiny_llama, tmp_path, monkeypatch):
+    """A Parquet store commits what it holds every ``commit_s`` (a kill loses no more than that); its
+    directory reads back as input, as JSONL does."""
+    from depthlens.studies import stores
+
+    monkeypatch.setattr(stores, "COMMIT_S", 0.0)  # every record arrives 'late': a shard each
+    src = _write(tmp_path / "in.jsonl")
+    score_file(tiny_llama, src, tmp_path / "store", tokens=True)
+    manifest = json.loads((tmp_path / "store" / MANIFEST).read_text())
+    assert [s["rows"] for s in manifest["shards"]] == [1] * len(ROWS)
+    from depthlens.studies.parquet_store import ShardWriter
+
+    with ShardWriter(tmp_path / "inputs", {}, resume=False, shard_rows=4) as writer:
+        for row in ROWS:
+            writer.write(row)
+    assert [r.data for r in read_inputs(tmp_path / "inputs")[0]] == [r.data for r in read_inputs(src)[0]]

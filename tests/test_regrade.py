@@ -8,10 +8,11 @@ import pytest
 
 from depthlens.config import AnswerConfig, SamplingConfig, VotingConfig
 from depthlens.errors import StoreError
+from depthlens.studies.parquet_store import MANIFEST
 from depthlens.studies.records import iter_jsonl, manifest_path
 from depthlens.studies.regrade import regrade_store
 from depthlens.studies.tasks import Question, grade, infer_answer_type, load_task
-from depthlens.studies.thinkn import SAMPLES, generate_store, summarise, summary_files
+from depthlens.studies.thinkn import SAMPLES, SHARDS, generate_store, iter_samples, summarise, summary_files
 from depthlens.voting.answers import RULES
 from tests.test_cli import run
 
@@ -27,8 +28,9 @@ OLD = [
 
 
 def _old_store(lm, out):
-    """A store as today's main writes it: no answer settings in the manifest, the old answer fields."""
-    generate_store(lm, out, QUESTIONS, pool=2, seed=1, sampling=SAMPLING, batch_size=2)
+    """A store as main wrote it before the answer rules: JSONL, no answer settings in the manifest, the old
+    answer fields."""
+    generate_store(lm, out, QUESTIONS, pool=2, seed=1, sampling=SAMPLING, batch_size=2, store="jsonl")
     meta = manifest_path(out / SAMPLES)
     manifest = json.loads(meta.read_text())
     del manifest["answers"]
@@ -161,3 +163,36 @@ def test_an_old_store_resumes_once_regraded(tiny_chat, tmp_path):
     regrade_store(store)
     report = generate_store(tiny_chat, store, QUESTIONS, **again)  # the manifests now agree
     assert (report.skipped, report.written) == (4, 0)
+
+
+def test_a_sharded_store_is_regraded_by_new_shards_its_manifest_commits(tiny_chat, tmp_path, monkeypatch):
+    store = tmp_path / "s"
+    generate_store(tiny_chat, store, QUESTIONS, pool=2, seed=1, sampling=SAMPLING, batch_size=2)
+    shards = store / SHARDS
+    before = {r["id"]: r for r in iter_samples(store)}
+    old_files = sorted(p.name for p in shards.glob("part-*"))
+    from depthlens.studies import parquet_store
+
+    def cut(*_):  # the process dies after the new shards, before the manifest commits them
+        raise OSError("killed")
+
+    with monkeypatch.context() as m:
+        m.setattr(parquet_store, "write_json", cut)
+        with pytest.raises(OSError):
+            regrade_store(store, fallback="last-number")
+    assert json.loads((shards / MANIFEST).read_text())["answers"]["fallback"] == "none"  # not committed
+    report = regrade_store(store, fallback="last-number")  # the interrupted regrade's shards are cleared
+    assert report.responses == 4
+    after = {r["id"]: r for r in iter_samples(store)}
+    assert after.keys() == before.keys()
+    for rid, r in after.items():
+        assert r["answer_history"][0]["grade"] == before[rid]["grade"]
+        assert r["divergence"] == before[rid]["divergence"] and r["token_ids"] == before[rid]["token_ids"]
+    files = sorted(p.name for p in shards.glob("part-*"))
+    assert len(files) == len(old_files) and not set(files) & set(old_files)  # every shard replaced
+    manifest = json.loads((shards / MANIFEST).read_text())
+    assert manifest["answers"]["fallback"] == "last-number" and len(manifest["regraded"]) == 1
+    again = {"pool": 2, "seed": 1, "sampling": SAMPLING, "batch_size": 2, "resume": True,
+             "answers": AnswerConfig(fallback="last-number")}  # fmt: skip
+    assert generate_store(tiny_chat, store, QUESTIONS, **again).skipped == 4  # still resumes
+    assert len(json.loads((shards / MANIFEST).read_text())["regraded"]) == 1  # and keeps its regrade log

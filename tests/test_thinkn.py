@@ -10,9 +10,17 @@ import pytest
 
 from depthlens.config import DTRConfig, SamplingConfig, VotingConfig
 from depthlens.errors import InputError, StoreError
-from depthlens.studies.records import iter_jsonl
+from depthlens.studies.parquet_store import MANIFEST
 from depthlens.studies.tasks import Question, grade, load_task
-from depthlens.studies.thinkn import SAMPLES, generate_store, load_pools, sample_seed, summarise
+from depthlens.studies.thinkn import (
+    SAMPLES,
+    SHARDS,
+    generate_store,
+    iter_samples,
+    load_pools,
+    sample_seed,
+    summarise,
+)
 from tests.test_cli import run
 
 DATA = Path(__file__).parent / "data"
@@ -84,7 +92,7 @@ def _store(lm, out, **kw):
 
 
 def _records(out):
-    return sorted(iter_jsonl(out / SAMPLES), key=lambda r: r["id"])
+    return sorted(iter_samples(out), key=lambda r: r["id"])
 
 
 def test_store_records_every_response(tiny_chat, tmp_path):
@@ -100,9 +108,10 @@ def test_store_records_every_response(tiny_chat, tmp_path):
     assert [q["id"] for q in questions] == ["q0", "q1", "q2"]
 
 
-def test_killed_run_resumes_to_the_same_store_and_summary(tiny_chat, tmp_path):
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_killed_run_resumes_to_the_same_store_and_summary(tiny_chat, tmp_path, fmt):
     whole = tmp_path / "whole"
-    _store(tiny_chat, whole)
+    _store(tiny_chat, whole, store=fmt)
     cut = tmp_path / "cut"
     batches = []
 
@@ -112,11 +121,15 @@ def test_killed_run_resumes_to_the_same_store_and_summary(tiny_chat, tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        _store(tiny_chat, cut, on_batch=die_after_three)
-    with (cut / SAMPLES).open("a") as f:
-        f.write('{"id": "q1#3", "question_id"')  # a line torn by the kill
-    assert len(list(iter_jsonl(whole / SAMPLES))) == 12
-    report = _store(tiny_chat, cut, resume=True)
+        _store(tiny_chat, cut, on_batch=die_after_three, store=fmt)
+    if fmt == "jsonl":
+        with (cut / SAMPLES).open("a") as f:
+            f.write('{"id": "q1#3", "question_id"')  # a line torn by the kill
+    else:
+        assert len(json.loads((cut / SHARDS / MANIFEST).read_text())["shards"]) == 3  # a shard per batch
+        (cut / SHARDS / "part-000003.parquet.tmp").write_bytes(b"PAR1")  # a shard torn by the kill
+    assert len(_records(whole)) == 12
+    report = _store(tiny_chat, cut, resume=True)  # the store's own format, whatever the default
     assert report.skipped == 6 and report.written == 6
     drop = ("text",)  # everything else must match exactly
     assert [{k: v for k, v in r.items() if k not in drop} for r in _records(cut)] == [
@@ -141,7 +154,7 @@ def test_failed_generation_is_recorded_not_dropped(tiny_chat, tmp_path):
 def test_bad_stores_say_what_is_wrong(tiny_chat, tmp_path):
     with pytest.raises(StoreError, match="not a depthlens sample store"):
         summarise(tmp_path)
-    _store(tiny_chat, tmp_path / "s", pool=2)
+    _store(tiny_chat, tmp_path / "s", pool=2, store="jsonl")  # a JSONL store's lines are easy to damage
     meta = tmp_path / "s" / f"{SAMPLES}.manifest.json"
     manifest = json.loads(meta.read_text())
     meta.write_text(json.dumps({**manifest, "store_version": 99}))
@@ -249,7 +262,7 @@ def test_task_config_sets_reasoning_gym_difficulty():
 
 def test_store_from_an_older_version_without_newer_fields_resumes(tiny_chat, tmp_path):
     """A manifest written before a settings field existed resumes when this run leaves it at its default."""
-    _store(tiny_chat, tmp_path / "s", pool=2)
+    _store(tiny_chat, tmp_path / "s", pool=2, store="jsonl")  # stores that old are JSONL
     meta = tmp_path / "s" / f"{SAMPLES}.manifest.json"
     manifest = json.loads(meta.read_text())
     for key in ("compile", "early_exit", "also"):

@@ -21,7 +21,7 @@ from depthlens.errors import ConfigError
 from depthlens.metrics.dtr import deep_flags, settling_depth
 from depthlens.sampling.generate import AUTO_ENV, HFGenerator, vllm_available
 from depthlens.studies.tasks import load_task
-from depthlens.studies.thinkn import SAMPLES, generate_store
+from depthlens.studies.thinkn import SAMPLES, SHARDS, generate_store, iter_samples, samples_manifest
 from tests.test_faults import chat_dir  # noqa: F401  (the tiny chat model, saved where the CLI loads it)
 
 pytestmark = pytest.mark.integration
@@ -159,14 +159,16 @@ def test_store_records_engine_and_prompt_and_rescores(real_model, llm_engine, tm
     store = tmp_path / "s"
     report = generate_store(real_model, store, qs, pool=2, sampling=SAMPLING, engine=ENGINE, backend=backend)
     assert report.written == 2
-    manifest = json.loads((store / f"{SAMPLES}.manifest.json").read_text())
+    manifest = json.loads(samples_manifest(store).read_text())
     assert manifest["engine"] == ENGINE.to_dict()
-    record = json.loads((store / SAMPLES).read_text().splitlines()[0])
+    record = next(iter_samples(store))
 
-    code, _, err = _run(monkeypatch, capsys, "score", "--in", store / SAMPLES, "--out", tmp_path / "scored.jsonl",
+    # the store's responses are a `score` input as they are (a Parquet store directory)
+    code, _, err = _run(monkeypatch, capsys, "score", "--in", store / SHARDS, "--out", tmp_path / "scored.jsonl",
                         "--no-tcb", "--tokens")  # fmt: skip
     assert code in (0, None), err
     scored = json.loads((tmp_path / "scored.jsonl").read_text().splitlines()[0])
+    assert scored["id"] == record["id"]
     assert scored["n_tokens"] == record["n_tokens"]
     head = torch.tensor(scored["divergence"][: len(record["divergence"])])
     assert (head - torch.tensor(record["divergence"])).abs().max() <= 1e-4
@@ -212,15 +214,14 @@ GEN_ARGS = ("generate", "--task", "reasoning_gym:basic_arithmetic", "--questions
 
 
 def _stored(path):
-    return sorted(
-        (json.loads(line) for line in (path / SAMPLES).read_text().splitlines()), key=lambda r: r["id"]
-    )
+    return sorted(iter_samples(path), key=lambda r: r["id"])
 
 
 @needs_vllm
 def test_kill_then_resume_equals_an_uninterrupted_run(real_model, llm_engine, tmp_path):
-    """kill -9 in the middle of a record (the CLI on vLLM, in a subprocess), then --resume: the store equals an
-    uninterrupted one. The uninterrupted run and the resume share the module's engine (in-process)."""
+    """kill -9 while the second batch's shard is written (the CLI on vLLM, in a subprocess), then --resume: the
+    store equals an uninterrupted one. The uninterrupted run and the resume share the module's engine
+    (in-process)."""
     from depthlens.cli.online_cmd import task_info
     from depthlens.sampling.vllm_backend import VLLMGenerator
 
@@ -240,10 +241,11 @@ def test_kill_then_resume_equals_an_uninterrupted_run(real_model, llm_engine, tm
         env=env, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    lines = (tmp_path / "cut" / SAMPLES).read_text().split("\n")
-    assert len(lines) == 2 and lines[-1], "the kill leaves 1 whole record and a torn one"
+    shards = tmp_path / "cut" / SHARDS
+    assert len(json.loads((shards / "manifest.json").read_text())["shards"]) == 1  # the first batch
+    assert len(list(shards.glob("*.tmp"))) == 1  # and the second's shard, torn
     report = store(tmp_path / "cut", resume=True)
-    assert report.skipped == 1 and report.written == 3
+    assert report.skipped == 2 and report.written == 2
     assert _stored(tmp_path / "cut") == _stored(tmp_path / "whole")
 
 
@@ -295,7 +297,7 @@ def test_engine_errors_name_the_fix(real_model, tmp_path):
 def test_resume_checks_the_engine(chat_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
     """A store from before the engine was recorded resumes as an hf store; another backend cannot resume it."""
     args = ("generate", "--model", chat_dir, "--device", "cpu", "--task", "reasoning_gym:chain_sum", "--questions",
-            "1", "--max-new-tokens", "4", "--pool", "2", "--out", tmp_path / "s")  # fmt: skip
+            "1", "--max-new-tokens", "4", "--pool", "2", "--out", tmp_path / "s", "--store", "jsonl")  # fmt: skip
     code, _, err = _run(monkeypatch, capsys, *args, "--backend", "hf")
     assert code in (0, None), err
     meta = tmp_path / "s" / f"{SAMPLES}.manifest.json"

@@ -121,19 +121,25 @@ def actor_load_kwargs(
     return kwargs
 
 
-_written: list[Path] = []  # the JSONL file the running command appends to, once it has opened it
+_written: list[
+    Path
+] = []  # the store the running command writes its finished records to, once it has opened it
 
 
 def writes_to(path: Path) -> None:
-    """Record that the running command appends its finished records to ``path`` (for the interrupt message)."""
+    """Record that the running command writes its finished records to ``path`` (for the interrupt message)."""
     _written[:] = [path]
 
 
 def _complete_lines(path: Path) -> int:
+    """Finished records in a JSONL store (whole lines) or a Parquet store (rows of its committed shards)."""
     try:
+        if path.is_dir():
+            shards = json.loads((path / "manifest.json").read_bytes()).get("shards", [])
+            return sum(int(s.get("rows", 0)) for s in shards)
         with path.open("rb") as f:
             return sum(1 for raw in f if raw.endswith(b"\n") and raw.strip())
-    except OSError:
+    except (OSError, ValueError, TypeError, AttributeError):
         return 0
 
 

@@ -56,13 +56,27 @@ InFile = Annotated[
     typer.Option(
         "--in",
         exists=True,
-        dir_okay=False,
         readable=True,
-        help="Input JSONL: prompt/messages/prompt_ids + completion.",
+        help="Input records, prompt/messages/prompt_ids + completion: JSONL, a .parquet file with those columns, "
+        "or a Parquet store (e.g. a sample store's samples/).",
     ),
 ]
-OutFile = Annotated[
-    Path, typer.Option("--out", dir_okay=False, help="Output JSONL, written as records finish.")
+ResultsOut = Annotated[
+    Path,
+    typer.Option(
+        "--out", help="Results store: a directory (sharded Parquet), or a file named *.jsonl (JSONL)."
+    ),
+]
+Float16 = Annotated[
+    bool, typer.Option("--float16", help="Per-token floats as float16 in a Parquet store (default float32).")
+]
+StoreFormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        help="The responses' format: 'parquet' (sharded, the default for a new store) or 'jsonl'; a resumed "
+        "store keeps its own.",
+    ),
 ]
 G = Annotated[
     float,

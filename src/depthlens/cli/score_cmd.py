@@ -11,6 +11,7 @@ from rich.table import Table
 from depthlens.cli import options as opt
 from depthlens.cli.app import actor_load_kwargs, app, console, err_console, load_model, warn, writes_to
 from depthlens.cli.progress import make_progress
+from depthlens.errors import InputError
 
 D = opt.DEFAULTS
 
@@ -26,7 +27,7 @@ def _say_rescored(ids: list[str]) -> None:
 @app.command("score", short_help="Score responses: DTR, settling depth, baselines, TCB.")
 def score(
     in_path: opt.InFile,
-    out_path: opt.OutFile,
+    out_path: opt.ResultsOut,
     model: opt.Model = D["model"],
     tokens: Annotated[
         bool, typer.Option("--tokens", help="Also write per-token tokens, settling, deep flags, divergences.")
@@ -62,15 +63,7 @@ def score(
         bool, typer.Option("--skip-bad", help="Skip malformed or unusable records and list them.")
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary table at the end.")] = False,
-    parquet: Annotated[
-        bool, typer.Option("--parquet", help="Write a sharded Parquet store (a directory) instead of JSONL.")
-    ] = False,
-    float16: Annotated[
-        bool,
-        typer.Option(
-            "--float16", help="Per-token floats as float16 in the Parquet store (implies --parquet)."
-        ),
-    ] = False,
+    float16: opt.Float16 = False,
     ray: opt.RayOpt = False,
     ray_address: opt.RayAddress = None,
     workers: opt.Workers = 1,
@@ -86,8 +79,7 @@ def score(
     """
     from depthlens.config import DTRConfig, ReadoutConfig, TCBConfig, degenerate_settings
     from depthlens.models.locate import locate
-    from depthlens.studies.parquet_store import check_store, iter_store, read_inputs
-    from depthlens.studies.records import check_output
+    from depthlens.studies.stores import check_results, read_inputs, results_format, store_entry
 
     readout = ReadoutConfig(divergence=divergence, final_norm=final_norm, memory_mb=memory_mb,  # type: ignore[arg-type]
                             compile=compile_kernel)  # type: ignore[arg-type]  # fmt: skip
@@ -95,14 +87,16 @@ def score(
     tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral) if tcb else None  # type: ignore[arg-type]
     # Everything that needs no model is checked before one loads: the input, --out, the model's name, --resume.
     ray = ray or ray_address is not None
-    store = {"format": "parquet", "float16": float16} if parquet or float16 or ray else None
+    fmt = results_format(out_path)
+    if ray and fmt == "jsonl":
+        raise InputError(f"--out {out_path}: --ray writes a sharded Parquet store; give a directory name")
+    store = store_entry(fmt, float16)
     records, _ = read_inputs(in_path, skip_bad=skip_bad)
-    check = check_output if store is None else check_store
-    if check(out_path, None, resume, overwrite):  # resuming: are the settings the stored run's?
+    if check_results(out_path, None, resume, overwrite):  # resuming: are the settings the stored run's?
         from depthlens.studies.score import MANIFEST_DEFAULTS, score_manifest
 
         manifest = score_manifest(model, None, in_path, readout, dtr, tcb_config, tokens, store)
-        check(out_path, manifest, resume, overwrite, MANIFEST_DEFAULTS)
+        check_results(out_path, manifest, resume, overwrite, MANIFEST_DEFAULTS)
     if ray:
         from depthlens.studies.ray_score import import_ray
 
@@ -131,7 +125,7 @@ def score(
                 workers=workers, cpus=cpus, gpus=gpus, address=ray_address, block_rows=block_rows,
                 load_kwargs=load_kwargs, on_start=on_ray_start, on_records=lambda n: progress.advance(task, n),
             )  # fmt: skip
-        _finish(out_path, skipped, n_layers or 0, g, rho, quiet, iter_store)
+        _finish(out_path, skipped, n_layers or 0, g, rho, quiet)
         return
     lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     with make_progress(err_console) as progress:
@@ -143,21 +137,20 @@ def score(
 
         skipped = score_file(
             lm, in_path, out_path, readout=readout, dtr=dtr, tcb=tcb_config, tokens=tokens, batch_size=batch_size,
-            resume=resume, overwrite=overwrite, skip_bad=skip_bad, float16=None if store is None else float16,
+            resume=resume, overwrite=overwrite, skip_bad=skip_bad, float16=float16,
             on_start=on_start, on_record=lambda _: progress.advance(task), on_rescore=_say_rescored,
         )  # fmt: skip
-    _finish(out_path, skipped, lm.n_layers, g, rho, quiet, iter_store)
+    _finish(out_path, skipped, lm.n_layers, g, rho, quiet)
 
 
-def _finish(
-    out_path: Path, skipped: list[Any], n_layers: int, g: float, rho: float, quiet: bool, read: Any
-) -> None:
+def _finish(out_path: Path, skipped: list[Any], n_layers: int, g: float, rho: float, quiet: bool) -> None:
     """The end of a run: skipped records, a warning when DTR ranks nothing, the summary table."""
+    from depthlens.studies.parquet_store import iter_store
     from depthlens.studies.score import score_summary
 
     for bad in skipped:
         err_console.print(f"skipped line {bad.line}: {bad.reason}", highlight=False, soft_wrap=True)
-    summary = score_summary(read(out_path))
+    summary = score_summary(iter_store(out_path))
     if summary["deep_share"] in (0.0, 1.0):
         which, value = ("no", 0) if summary["deep_share"] == 0 else ("every", 1)
         warn(f"{which} token of the whole input is deep-thinking at --g {g:g} --rho {rho:g}: DTR is {value} "

@@ -172,59 +172,46 @@ def _generate(
     engine: EngineConfig = EngineConfig(),
     also_divergences: str = "",
     ray: dict[str, Any] | None = None,
+    store: str | None = None,
+    float16: bool = False,
 ) -> GenerationReport:
     from depthlens.config import DTRConfig, ReadoutConfig, degenerate_settings
     from depthlens.models.locate import locate
-    from depthlens.studies.records import SAMPLES, check_output
+    from depthlens.studies.stores import check_results
+    from depthlens.studies.thinkn import samples_entry, samples_format, samples_path
 
     also = tuple(k.strip() for k in also_divergences.split(",") if k.strip())
     readout = ReadoutConfig(divergence=divergence, also=also)  # type: ignore[arg-type]
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
     # Everything that needs no model is checked before one loads: --out, the model's name, the task, --resume.
-    samples = out / SAMPLES
-    if ray is not None:  # a sharded store: its responses are the Parquet store out/samples/
-        from depthlens.studies.parquet_store import check_store
+    fmt = samples_format(out, store, resume, overwrite)  # type: ignore[arg-type]
+    entry = samples_entry(fmt, float16)
+    if ray is not None:
         from depthlens.studies.ray_score import import_ray
-        from depthlens.studies.thinkn import SHARDS
 
+        if fmt == "jsonl":
+            raise InputError(f"--ray writes a sharded Parquet store and {out} is a JSONL one; resume it without "
+                             "--ray, or leave out --store jsonl")  # fmt: skip
         import_ray()  # the missing extra is named before anything else happens
-        samples = out / SHARDS
-    check = check_output if ray is None else check_store
-    resuming = check(samples, None, resume, overwrite)
+    samples = samples_path(out, fmt)
+    resuming = check_results(samples, None, resume, overwrite, fmt=fmt)
     locate(model)
     from depthlens.studies.tasks import load_task, parse_task_config
-    from depthlens.studies.thinkn import (
-        MANIFEST_DEFAULTS,
-        RESUME_EXTEND,
-        RESUME_FREE,
-        store_manifest,
-    )
+    from depthlens.studies.thinkn import MANIFEST_DEFAULTS, RESUME_EXTEND, RESUME_FREE, store_manifest
 
     qs = load_task(task, questions, task_seed, data, parse_task_config(task_config))
     task_info = oc.task_info(task, questions, task_seed, task_config, data)
     if resuming:  # are the settings the stored run's?
-        extra = {} if ray is None else {"store": {"format": "parquet", "float16": False}}
-        manifest = store_manifest(
-            model,
-            None,
-            qs,
-            pool,
-            seed,
-            batch_size,
-            sampling,
-            readout,
-            dtr,
-            task_info,
-            answers,
-            engine,
-            **extra,
+        manifest = store_manifest(model, None, qs, pool, seed, batch_size, sampling, readout, dtr, task_info,
+                                  answers, engine, **entry)  # fmt: skip
+        check_results(
+            samples, manifest, resume, overwrite, MANIFEST_DEFAULTS, RESUME_FREE, RESUME_EXTEND, fmt
         )
-        check(samples, manifest, resume, overwrite, MANIFEST_DEFAULTS, RESUME_FREE, RESUME_EXTEND)
     for line in degenerate_settings(readout, dtr):
         warn(line)
     args = (model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed, out, qs, pool, seed,
-            sampling, readout, dtr, batch_size, resume, overwrite, task_info, answers, engine)  # fmt: skip
-    report = _generate_here(*args) if ray is None else _generate_on_ray(*args, ray=ray)
+            sampling, readout, dtr, batch_size, resume, overwrite, task_info, answers, engine, float16)  # fmt: skip
+    report = _generate_here(*args, fmt) if ray is None else _generate_on_ray(*args, ray=ray)
     _say_generated(report, answers, out)
     return report
 
@@ -233,11 +220,10 @@ def _generate_here(
     model: str, device: str, dtype: str, trust_remote_code: bool, blocks: str | None, final_norm_path: str | None,
     unembed: str | None, out: Path, qs: list[Any], pool: int, seed: int, sampling: SamplingConfig, readout: Any,
     dtr: Any, batch_size: int, resume: bool, overwrite: bool, task_info: dict[str, Any], answers: AnswerConfig,
-    engine: EngineConfig,
+    engine: EngineConfig, float16: bool, fmt: Any,
 ) -> GenerationReport:  # fmt: skip
     """Generation in this process (the model loaded here), with a progress display."""
-    from depthlens.studies.records import SAMPLES
-    from depthlens.studies.thinkn import generate_store
+    from depthlens.studies.thinkn import generate_store, samples_path
 
     lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     with make_progress(err_console) as progress:
@@ -245,7 +231,7 @@ def _generate_here(
         tokens = progress.add_task("tokens", total=None)
 
         def on_start(total: int, done: int) -> None:
-            writes_to(out / SAMPLES)
+            writes_to(samples_path(out, fmt))
             progress.update(responses, total=total, completed=done)
 
         report = generate_store(
@@ -263,6 +249,8 @@ def _generate_here(
             task=task_info,
             answers=answers,
             engine=engine,
+            store=fmt,
+            float16=float16,
             on_start=on_start,
             on_batch=lambda n: progress.advance(responses, n),
             on_token=lambda n: progress.advance(tokens, n),
@@ -274,7 +262,7 @@ def _generate_on_ray(
     model: str, device: str, dtype: str, trust_remote_code: bool, blocks: str | None, final_norm_path: str | None,
     unembed: str | None, out: Path, qs: list[Any], pool: int, seed: int, sampling: SamplingConfig, readout: Any,
     dtr: Any, batch_size: int, resume: bool, overwrite: bool, task_info: dict[str, Any], answers: AnswerConfig,
-    engine: EngineConfig, ray: dict[str, Any],
+    engine: EngineConfig, float16: bool, ray: dict[str, Any],
 ) -> GenerationReport:  # fmt: skip
     """Generation on Ray actors (``ray``: workers, cpus, gpus, address) into the sharded store out/samples/."""
     from depthlens.studies.ray_generate import generate_store_ray
@@ -291,7 +279,7 @@ def _generate_on_ray(
         return generate_store_ray(
             model, out, qs, pool=pool, seed=seed, sampling=sampling, readout=readout, dtr=dtr,
             batch_size=batch_size, resume=resume, overwrite=overwrite, task=task_info, answers=answers,
-            engine=engine, load_kwargs=load_kwargs, on_start=on_start,
+            engine=engine, float16=float16, load_kwargs=load_kwargs, on_start=on_start,
             on_batch=lambda n: progress.advance(responses, n), **ray,
         )  # fmt: skip
 
@@ -356,6 +344,8 @@ def generate(
     max_model_len: opt.MaxModelLen = None,
     enforce_eager: opt.EnforceEager = False,
     kv_cache_gib: opt.KvCacheGib = None,
+    store_format: opt.StoreFormatOpt = None,
+    float16: opt.Float16 = False,
     ray: opt.RayOpt = False,
     ray_address: opt.RayAddress = None,
     workers: opt.Workers = 1,
@@ -408,14 +398,16 @@ def generate(
         ),
         also_divergences=also_divergences,
         ray=ray_settings(ray, ray_address, workers, cpus, gpus),
+        store=store_format,
+        float16=float16,
     )
 
 
 def _samples_manifest(out: Path) -> Path:
     """The manifest of the sample store in ``out`` (whose recorded backend a resumed ``--backend auto`` keeps)."""
-    from depthlens.studies.records import SAMPLES, manifest_path
+    from depthlens.studies.thinkn import samples_manifest
 
-    return manifest_path(out / SAMPLES)
+    return samples_manifest(out)
 
 
 def print_report(report: ThinkReport, store: Path | None = None) -> None:
@@ -544,6 +536,8 @@ def thinkn(
     max_model_len: opt.MaxModelLen = None,
     enforce_eager: opt.EnforceEager = False,
     kv_cache_gib: opt.KvCacheGib = None,
+    store_format: opt.StoreFormatOpt = None,
+    float16: opt.Float16 = False,
     ray: opt.RayOpt = False,
     ray_address: opt.RayAddress = None,
     workers: opt.Workers = 1,
@@ -565,6 +559,10 @@ def thinkn(
     if online or sweep:
         if ray or ray_address is not None:
             raise InputError("--ray samples a pool for offline voting; run --online without --ray")
+        if store_format is not None or float16:
+            raise InputError(
+                "--store and --float16 set the format of an offline pool; an online store is JSONL"
+            )
         _online(**locals())
         return
     voting = VotingConfig(n=n, eta=eta, prefix=_prefix(prefix), trials=trials, seed=seed,
@@ -620,6 +618,8 @@ def thinkn(
                 resumes=_samples_manifest(out) if resume else None,
             ),
             ray=ray_settings(ray, ray_address, workers, cpus, gpus),
+            store=store_format,
+            float16=float16,
         )
     stored = DTRConfig.from_dict(read_manifest(store)["dtr"])
     dtr = DTRConfig(

@@ -13,8 +13,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
-from collections.abc import Collection, Iterable, Iterator
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +24,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from depthlens.errors import InputError, StoreError
+from depthlens.errors import StoreError
 from depthlens.studies.records import (
-    InputRecord,
-    _comparable,
-    check_record,
     iter_jsonl,
     read_json,
+    resume_check,
     settings_differ,
     write_error,
     write_json,
@@ -39,7 +39,7 @@ _PART = "part-{:06d}.parquet"
 _SETTINGS_KEY = b"depthlens.settings"
 _FREE_KEY = b"depthlens.free"  # settings a resumed run may change (batch size, more questions): not compared
 # Keys that neither change a record's result nor belong in a shard's settings.
-_UNCOMPARED = {"command", "started", "input_hashes", "shards", "n_layers"}
+_UNCOMPARED = {"command", "started", "input_hashes", "shards", "n_layers", "regraded"}
 _KILL_AFTER = "DEPTHLENS_FAULT_KILL_AFTER"  # as records._KILL_AFTER, counted in shards (tests/test_ray.py)
 
 
@@ -119,13 +119,20 @@ def _committed(out: Path, manifest: dict[str, Any]) -> list[str]:
     return [s["file"] for s in shards]
 
 
+def committed_shards(path: Path) -> list[str]:
+    """The shard files the manifest of the store ``path`` commits, in order."""
+    return _committed(path, store_manifest(path))
+
+
 def read_shard(path: Path, settings: dict[str, Any] | None = None) -> pa.Table:
     """One shard; refused when it was written with other ``settings`` than its store's (naming each)."""
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
+        detail = re.sub(r"^Could not open Parquet input source '[^']*': ", "", str(exc))
         raise StoreError(
-            f"{path}: not a readable Parquet shard ({exc}); rerun the command with --resume"
+            f"{path}: not a readable Parquet shard ({detail}); delete it and rerun the command that wrote the "
+            "store with --resume (its records are computed again)"
         ) from None
     if settings is not None:
         meta = table.schema.metadata or {}
@@ -139,6 +146,52 @@ def read_shard(path: Path, settings: dict[str, Any] | None = None) -> pa.Table:
     return table
 
 
+def _write_shard(path: Path, table: pa.Table, settings: dict[str, Any], free: Collection[str]) -> None:
+    """Write ``table`` whole to ``path`` (a temporary name, fsynced, renamed) with its store's settings."""
+    meta = {**(table.schema.metadata or {}), _SETTINGS_KEY: json.dumps(settings).encode(),
+            _FREE_KEY: json.dumps(sorted(free)).encode()}  # fmt: skip
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
+        with tmp.open("rb+") as f:
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise write_error(path, exc) from exc
+
+
+def rewrite_store(
+    path: Path, manifest: dict[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]]
+) -> None:
+    """Pass every record of the store ``path`` through ``change`` and commit the result with ``manifest``.
+
+    The new shards are written beside the old ones under new names; the manifest, renamed into place, is the
+    commit; the old shards are deleted after it. A crash before the commit leaves the old store whole (the new,
+    unlisted shards are removed by the next rewrite or resumed run).
+    """
+    stored = store_manifest(path)
+    committed = _committed(path, stored)
+    listed = set(committed)
+    for orphan in path.glob("part-*.parquet*"):  # left by an interrupted rewrite or run
+        if orphan.name not in listed:
+            orphan.unlink()
+    generation = 1 + max((int(m.group(1)) for name in committed if (m := re.search(r"\.r(\d+)\.parquet$", name))),
+                         default=0)  # fmt: skip
+    float16 = bool(manifest.get("store", {}).get("float16"))
+    shards = []
+    for i, name in enumerate(committed):
+        table = read_shard(path / name, _settings(stored))
+        free = json.loads((table.schema.metadata or {}).get(_FREE_KEY, b"[]"))
+        new = to_table([change(r) for r in table_records(table)], float16=float16)
+        new_name = f"part-{i:06d}.r{generation}.parquet"
+        _write_shard(path / new_name, new, _settings(manifest), free)
+        shards.append({"file": new_name, "rows": new.num_rows})
+    write_json(path / MANIFEST, {**manifest, "shards": shards})
+    for name in committed:
+        (path / name).unlink(missing_ok=True)
+
+
 def iter_store(path: Path) -> Iterator[dict[str, Any]]:
     """The records of a results store: a JSONL file, or a sharded Parquet store read as one."""
     if not path.is_dir():
@@ -149,8 +202,8 @@ def iter_store(path: Path) -> Iterator[dict[str, Any]]:
     extra = sorted({p.name for p in path.glob("part-*.parquet")} - set(committed))
     if extra:
         raise StoreError(
-            f"{path / extra[0]}: a shard the manifest does not list (an interrupted run, or copied in); "
-            "rerun the command that wrote the store with --resume, or move the shard away"
+            f"{path / extra[0]}: a shard the manifest does not list (left by an interrupted run or regrade, or "
+            "copied in); rerun that command (with --resume), or move the shard away"
         )
     for name in committed:
         yield from table_records(read_shard(path / name, _settings(manifest)))
@@ -166,33 +219,6 @@ def store_manifest(path: Path) -> dict[str, Any]:
     return read_json(meta, "manifest", "rerun the command that wrote it with --resume")
 
 
-def read_parquet_records(path: Path, skip_bad: bool = False) -> tuple[list[InputRecord], list[Any]]:
-    """Input records from a Parquet file with the JSONL input's columns (absent values as nulls)."""
-    from depthlens.studies.records import BadLine
-
-    try:
-        rows = pq.read_table(path).to_pylist()
-    except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"input file {str(path)!r} is not readable Parquet ({exc})") from None
-    records, bad, seen = [], [], {}
-    for number, row in enumerate(rows, start=1):
-        data = {k: v for k, v in row.items() if v is not None}
-        where = f"{path}: row {number}"
-        try:
-            check_record(data, where)
-            record_id = str(data.get("id", f"line-{number}"))
-            if record_id in seen:
-                raise InputError(f"{where}: id {record_id!r} already used on row {seen[record_id]}")
-        except InputError as exc:
-            if not skip_bad:
-                raise InputError(f"{exc} (pass --skip-bad to skip such rows)") from None
-            bad.append(BadLine(number, str(exc)))
-            continue
-        seen[record_id] = number
-        records.append(InputRecord(record_id, number, data))
-    return records, bad
-
-
 def check_store(
     out: Path,
     manifest: dict[str, Any] | None,
@@ -206,20 +232,8 @@ def check_store(
     if out.exists() and not out.is_dir():
         raise StoreError(f"{out} is a file; a Parquet store is a directory — give a new --out")
     exists = out.is_dir() and any(out.iterdir())
-    if exists and resume:
-        if not is_store(out):
-            raise StoreError(f"{out} has no {MANIFEST}; it was not written by depthlens")
-        if manifest is not None:
-            stored = read_json(out / MANIFEST, "manifest", "use --overwrite to start again, or a new --out")
-            previous = _comparable(stored, manifest, defaults, extend)
-            mismatch = settings_differ(previous, manifest, {*_UNCOMPARED, *free})
-            if mismatch:
-                raise StoreError(f"cannot resume {out}: " + "; ".join(mismatch) + " — use the stored settings, "
-                                 "or a new --out")  # fmt: skip
-        return True
-    if exists and not overwrite:
-        raise StoreError(f"{out} already exists; pass --resume to continue it or --overwrite to replace it")
-    return False
+    return resume_check(out, out / MANIFEST, exists, manifest, resume, overwrite, defaults,
+                        {*_UNCOMPARED, *free}, extend)  # fmt: skip
 
 
 class ShardWriter:
@@ -236,13 +250,20 @@ class ShardWriter:
         shard_rows: int = 256,
         free: Collection[str] = (),
         extend: Collection[str] = (),
+        commit_s: float | None = None,
     ) -> None:
         """Open ``out`` for a new run, or (``resume``) continue one written with the same settings; records whose
-        input ``hashes`` changed since are dropped from their shards (``rescored`` lists them)."""
-        self.out, self.shard_rows = out, shard_rows
+        input ``hashes`` changed since are dropped from their shards (``rescored`` lists them).
+
+        Buffered records are committed as a shard every ``shard_rows`` records, at ``flush``, and (with
+        ``commit_s``) once a record is written ``commit_s`` seconds or more after the last commit.
+        """
+        self.out, self.shard_rows, self.commit_s = out, shard_rows, commit_s
         self.done: set[str] = set()
         self.rescored: list[str] = []
+        self.changed: list[str] = []  # the ``free`` / ``extend`` settings this resumed run changed
         self._buffer: list[dict[str, Any]] = []
+        self._last_commit = time.monotonic()
         self._written = 0
         self._kill_after = int(os.environ.get(_KILL_AFTER, "-1"))
         manifest = {**manifest, "input_hashes": hashes} if hashes is not None else dict(manifest)
@@ -252,11 +273,18 @@ class ShardWriter:
         shards: list[dict[str, Any]] = []
         if resuming:
             stored = read_json(out / MANIFEST, "manifest", "use --overwrite to start again, or a new --out")
+            movable = {*free, *extend}
+            self.changed = [line for line in settings_differ(_settings(stored), manifest, _UNCOMPARED)
+                            if line.split(":")[0] in movable or line.split(".")[0] in movable]  # fmt: skip
             shards = [s for s in stored["shards"] if (out / s["file"]).is_file()]
             for s in shards:
                 self.done.update(self._ids(s, stored.get("input_hashes"), hashes))
-            if stored.get("n_layers") is not None:
-                self.manifest.setdefault("n_layers", stored["n_layers"])
+            for key in (
+                "n_layers",
+                "regraded",
+            ):  # the model's depth; the store's regrade log (studies.regrade)
+                if stored.get(key) is not None:
+                    self.manifest.setdefault(key, stored[key])
         elif out.exists():
             for old in [*out.glob("part-*.parquet*"), out / MANIFEST]:
                 old.unlink(missing_ok=True)
@@ -287,17 +315,7 @@ class ShardWriter:
         return _settings(self.manifest)
 
     def _write_file(self, path: Path, table: pa.Table) -> None:
-        meta = {**(table.schema.metadata or {}), _SETTINGS_KEY: json.dumps(self._shard_settings()).encode(),
-                _FREE_KEY: json.dumps(sorted(self._free)).encode()}  # fmt: skip
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
-            with tmp.open("rb+") as f:
-                os.fsync(f.fileno())
-            tmp.replace(path)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise write_error(path, exc) from exc
+        _write_shard(path, table, self._shard_settings(), self._free)
 
     def write_table(self, table: pa.Table, n_layers: int | None = None) -> None:
         """Commit ``table`` as the next shard: written whole, renamed, then listed in the manifest."""
@@ -314,14 +332,17 @@ class ShardWriter:
         write_json(self.out / MANIFEST, self.manifest)
         self.done.update(str(i) for i in table.column("id").to_pylist())
         self._written += 1
+        self._last_commit = time.monotonic()
 
     def write(self, record: dict[str, Any]) -> None:
-        """Buffer one result; a shard is committed every ``shard_rows`` records (and at ``close``)."""
+        """Buffer one result; a shard is committed every ``shard_rows`` records or ``commit_s`` seconds."""
         self._buffer.append(record)
-        if len(self._buffer) >= self.shard_rows:
+        late = self.commit_s is not None and time.monotonic() - self._last_commit >= self.commit_s
+        if len(self._buffer) >= self.shard_rows or late:
             self.flush()
 
     def flush(self) -> None:
+        """Commit the buffered records as one shard (a generation batch, the end of a run)."""
         if self._buffer:
             table = to_table(self._buffer, float16=bool(self.manifest.get("store", {}).get("float16")))
             self._buffer = []
@@ -339,14 +360,3 @@ class ShardWriter:
         else:  # an error mid-run: keep what is whole, as the JSONL writer does
             with contextlib.suppress(Exception):
                 self.flush()
-
-
-def read_inputs(path: Path, skip_bad: bool = False) -> tuple[list[InputRecord], list[Any]]:
-    """Input records from JSONL, or from a Parquet file with the same columns (by its ``.parquet`` name)."""
-    from depthlens.studies.records import read_records
-
-    if path.suffix == ".parquet":
-        if not path.is_file():
-            raise InputError(f"input file {str(path)!r} does not exist")
-        return read_parquet_records(path, skip_bad)
-    return read_records(path, skip_bad)

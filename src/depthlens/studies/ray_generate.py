@@ -9,14 +9,13 @@ system is needed between machines); ``thinkn --from``, ``correlate`` and ``repor
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, ReadoutConfig, SamplingConfig
 from depthlens.errors import ClusterError, DepthlensError, InputError, StoreError
-from depthlens.studies.ray_score import import_ray, worker_error
+from depthlens.studies.ray_score import actor_env, import_ray, worker_error
 from depthlens.studies.tasks import Question
 from depthlens.studies.thinkn import GenerationReport
 
@@ -32,6 +31,9 @@ class _Collect:
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
+
+    def flush(self) -> None:
+        """Nothing to commit here: the driver commits the call's records as one shard."""
 
 
 class _Sampler:
@@ -67,7 +69,7 @@ class _Sampler:
             records.extend(sink.records)
         for r in records:
             r["n_layers"] = self.lm.n_layers  # for the driver's manifest, dropped before writing
-        return to_table(records)
+        return to_table(records, float16=s["float16"])
 
 
 def generate_store_ray(
@@ -86,6 +88,7 @@ def generate_store_ray(
     task: dict[str, Any] | None = None,
     answers: AnswerConfig = AnswerConfig(),
     engine: EngineConfig = EngineConfig(),
+    float16: bool = False,
     workers: int = 1,
     cpus: float = 1.0,
     gpus: float = 0.0,
@@ -104,6 +107,8 @@ def generate_store_ray(
         RESUME_FREE,
         SAMPLES,
         SHARDS,
+        remove_other_format,
+        samples_entry,
         store_manifest,
         write_questions,
     )
@@ -112,18 +117,21 @@ def generate_store_ray(
         raise InputError(
             f"--pool {pool}, --batch-size {batch_size}, --workers {workers}: each must be 1 or more"
         )
-    if (out_dir / SAMPLES).exists():
+    if (out_dir / SAMPLES).exists() and not overwrite:
         raise StoreError(
-            f"{out_dir} holds a samples.jsonl store; give --ray a new --out (or run without --ray)"
+            f"{out_dir} holds a {SAMPLES} store, which --ray cannot continue; give a new --out, or resume it "
+            "without --ray"
         )
+    if overwrite:
+        remove_other_format(out_dir, "parquet")
     manifest = store_manifest(
         model, None, questions, pool, seed, batch_size, sampling, readout, dtr, task or {}, answers, engine,
-        store={"format": "parquet", "float16": False},
+        **samples_entry("parquet", float16),
     )  # fmt: skip
     writer = ShardWriter(out_dir / SHARDS, manifest, resume, overwrite, MANIFEST_DEFAULTS, None,
                          free=RESUME_FREE, extend=RESUME_EXTEND)  # fmt: skip
     write_questions(out_dir, questions)
-    report = GenerationReport()
+    report = GenerationReport(changed=writer.changed)
     rows = []
     for q in questions:
         done = [f"{q.id}#{i}" for i in range(pool) if f"{q.id}#{i}" in writer.done]
@@ -141,14 +149,14 @@ def generate_store_ray(
     context.enable_progress_bars = False
     context.actor_init_retry_on_errors = False
     settings = {"sampling": sampling, "readout": readout, "dtr": dtr, "answers": answers, "engine": engine,
-                "pool": pool, "seed": seed, "batch_size": batch_size, "threads": max(1, int(cpus))}  # fmt: skip
+                "pool": pool, "seed": seed, "batch_size": batch_size, "threads": max(1, int(cpus)),
+                "float16": float16}  # fmt: skip
     kwargs = {"device": "cuda" if gpus > 0 else "cpu", **(load_kwargs or {})}
-    env = {k: os.environ[k] for k in ("DEPTHLENS_FAULT_RAY_KILL_ONCE",) if k in os.environ}
     dataset = ray.data.from_items(rows, override_num_blocks=max(1, -(-len(rows) // block_questions)))
     sampled = dataset.map_batches(
         _Sampler, fn_constructor_args=(model, kwargs, list(questions), settings), batch_size=block_questions,
         batch_format="pyarrow", compute=ActorPoolStrategy(size=workers), num_cpus=cpus, num_gpus=gpus,
-        runtime_env={"env_vars": env} if env else None,
+        runtime_env=actor_env(cpus),
         max_restarts=_RESTARTS, max_task_retries=_RESTARTS,
     )  # fmt: skip
     n_layers = writer.manifest.get("n_layers")

@@ -87,6 +87,19 @@ def connect(address: str | None = None, num_cpus: int | None = None, timeout_s: 
     return str(ray.get_runtime_context().gcs_address)
 
 
+def actor_env(cpus: float) -> dict[str, Any]:
+    """The runtime environment of an actor with ``cpus`` CPUs: that many OpenMP threads in every thread of it.
+
+    Ray runs an actor's calls on another thread than its ``__init__``, and OpenMP's thread count is per thread:
+    ``torch.set_num_threads`` in ``__init__`` left the calls at one thread per core (measured: a 1-CPU actor ran
+    two busy threads). The environment variable sets the default for every thread before torch starts.
+    """
+    threads = str(max(1, int(cpus)))
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    env.update({k: os.environ[k] for k in (_RAY_KILL_ONCE,) if k in os.environ})  # fault injection (tests)
+    return {"env_vars": env}
+
+
 def worker_error(exc: BaseException) -> str:
     """The failing worker's own one-line error out of Ray's wrapped traceback."""
     text = str(exc)
@@ -172,14 +185,16 @@ def _input_dataset(
     ``local://`` paths cannot be read) are sent from the driver's own reading (which knows the line numbers).
     """
     if not bad and all("id" in r.data for r in records) and not ray.util.client.ray.is_connected():
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        from depthlens.studies.stores import input_shards
 
-        reader = ray.data.read_parquet if in_path.suffix == ".parquet" else ray.data.read_text
+        shards = input_shards(in_path)
+        reader = ray.data.read_text if shards is None else ray.data.read_parquet
+        paths = str(in_path.resolve()) if shards is None else [str(p.resolve()) for p in shards]
         # Read on the driver's node (the input need not be on every node of a cluster), split there into blocks
         # of about ``block_rows`` lines for the actors. No CPU is reserved for it: the actors may hold them all.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        dataset = reader(str(in_path.resolve()), override_num_blocks=max(1, -(-len(records) // block_rows)),
-                         num_cpus=0, ray_remote_args={"scheduling_strategy": here})  # fmt: skip
+        here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
+        dataset = reader(paths, override_num_blocks=max(1, -(-len(records) // block_rows)), num_cpus=0,
+                         label_selector=here)  # fmt: skip
         return dataset, {r.id for r in todo}
     rows = [{"id": r.id, "line": r.line, "data": json.dumps(r.data, ensure_ascii=False)} for r in todo]
     return ray.data.from_items(rows, override_num_blocks=max(1, -(-len(rows) // block_rows))), None
@@ -213,15 +228,20 @@ def score_ray(
     ``workers`` actors, each with ``cpus`` CPUs (its torch threads) and ``gpus`` GPUs; ``block_rows`` records per
     block, and so per shard at most. The numbers equal ``score_file``'s for the same records and settings.
     """
-    from depthlens.studies.parquet_store import ShardWriter, read_inputs
+    from depthlens.studies.parquet_store import ShardWriter
     from depthlens.studies.records import BadLine
     from depthlens.studies.score import MANIFEST_DEFAULTS, refuse_same_file, score_manifest
+    from depthlens.studies.stores import read_inputs, results_format
 
     if workers < 1 or cpus <= 0 or gpus < 0 or block_rows < 1:
         raise InputError(
             f"--workers {workers}, --cpus {cpus:g}, --gpus {gpus:g}: need 1+ workers, CPUs > 0, GPUs ≥ 0"
         )
     refuse_same_file(in_path, out_path)
+    if results_format(out_path) == "jsonl":
+        raise InputError(
+            f"--out {out_path}: scoring on Ray writes a sharded Parquet store; give a directory name"
+        )
     records, skipped = read_inputs(in_path, skip_bad=skip_bad)
     store = {"format": "parquet", "float16": float16}
     manifest = score_manifest(model, None, in_path, readout, dtr, tcb, tokens, store)
@@ -246,12 +266,11 @@ def score_ray(
     settings = {"readout": readout, "dtr": dtr, "tcb": tcb, "tokens": tokens, "batch_size": batch_size,
                 "skip_bad": skip_bad, "float16": float16}  # fmt: skip
     kwargs = {"device": "cuda" if gpus > 0 else "cpu", **(load_kwargs or {})}
-    env = {k: os.environ[k] for k in (_RAY_KILL_ONCE,) if k in os.environ}
     dataset, pending = _input_dataset(ray, in_path, records, todo, skipped, block_rows)
     scored = dataset.map_batches(
         _Scorer, fn_constructor_args=(model, kwargs, settings, max(1, int(cpus)), pending),
         batch_size=block_rows, batch_format="pyarrow", compute=ActorPoolStrategy(size=workers),
-        num_cpus=cpus, num_gpus=gpus, runtime_env={"env_vars": env} if env else None,
+        num_cpus=cpus, num_gpus=gpus, runtime_env=actor_env(cpus),
         max_restarts=_RESTARTS, max_task_retries=_RESTARTS,
     )  # fmt: skip
     n_layers = writer.manifest.get("n_layers")

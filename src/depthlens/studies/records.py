@@ -17,9 +17,9 @@ import hashlib
 import json
 import os
 import signal
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from depthlens.errors import InputError, StoreError
 
@@ -97,37 +97,62 @@ def read_records(path: Path, skip_bad: bool = False) -> tuple[list[InputRecord],
     """Parse and check every line of ``path``; malformed lines raise, or are collected with ``skip_bad``."""
     if not path.is_file():
         raise InputError(f"input file {str(path)!r} does not exist")
-    records: list[InputRecord] = []
-    bad: list[BadLine] = []
-    seen: dict[str, int] = {}
+    collected = RecordCollector(skip_bad)
     with path.open("rb") as f:
         for number, raw in enumerate(f, start=1):
-            where = f"{path}:{number}"
-            try:
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise InputError(f"{where}: not UTF-8 text (byte {exc.start + 1})") from None
-                if not text.strip():
-                    continue
-                try:
-                    data = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-                except RecursionError:
-                    raise InputError(f"{where}: JSON nested too deeply") from None
-                check_record(data, where)
-                record_id = str(data.get("id", f"line-{number}"))
-                if record_id in seen:
-                    raise InputError(f"{where}: id {record_id!r} already used on line {seen[record_id]}")
-            except InputError as exc:
-                if not skip_bad:
-                    raise InputError(f"{exc} (pass --skip-bad to skip such lines)") from None
-                bad.append(BadLine(number, str(exc)))
-                continue
-            seen[record_id] = number
-            records.append(InputRecord(record_id, number, data))
-    return records, bad
+            collected.add(
+                number, f"{path}:{number}", lambda raw=raw, number=number: _parse_line(raw, path, number)
+            )
+    return collected.records, collected.bad
+
+
+def _parse_line(raw: bytes, path: Path, number: int) -> object | None:
+    """One JSONL input line as JSON (None for a blank line)."""
+    where = f"{path}:{number}"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{where}: not UTF-8 text (byte {exc.start + 1})") from None
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise InputError(f"{where}: JSON nested too deeply") from None
+
+
+class RecordCollector:
+    """Input records checked one by one (shape, types, a unique id); a bad one raises, or with ``skip_bad`` is
+    listed in ``bad``. ``unit`` names what a number counts: JSONL lines, Parquet rows."""
+
+    def __init__(self, skip_bad: bool, unit: str = "line") -> None:
+        self.skip_bad, self.unit = skip_bad, unit
+        self.records: list[InputRecord] = []
+        self.bad: list[BadLine] = []
+        self._seen: dict[str, int] = {}
+
+    def add(self, number: int, where: str, parse: Callable[[], object | None]) -> None:
+        """Check the record ``parse`` returns (None: nothing there, e.g. a blank line) as record ``number``."""
+        try:
+            data = parse()
+            if data is None:
+                return
+            check_record(data, where)
+            data = cast(dict[str, Any], data)  # check_record refuses anything else
+            record_id = str(data.get("id", f"line-{number}"))
+            if record_id in self._seen:
+                raise InputError(
+                    f"{where}: id {record_id!r} already used on {self.unit} {self._seen[record_id]}"
+                )
+        except InputError as exc:
+            if not self.skip_bad:
+                raise InputError(f"{exc} (pass --skip-bad to skip such {self.unit}s)") from None
+            self.bad.append(BadLine(number, str(exc)))
+            return
+        self._seen[record_id] = number
+        self.records.append(InputRecord(record_id, number, data))
 
 
 def manifest_path(out: Path) -> Path:
@@ -295,15 +320,31 @@ def check_output(
     are compared: the model's layer count can be left out before loading; None skips the comparison); ``free``,
     ``extend`` and ``defaults`` as in ``ResultWriter``. A refusal names every setting that differs.
     """
-    meta = manifest_path(out)
     exists = out.exists() and out.stat().st_size > 0
+    return resume_check(out, manifest_path(out), exists, manifest, resume, overwrite, defaults,
+                        {*_UNCOMPARED, *free}, extend)  # fmt: skip
+
+
+def resume_check(
+    out: Path,
+    meta: Path,
+    exists: bool,
+    manifest: dict[str, Any] | None,
+    resume: bool,
+    overwrite: bool,
+    defaults: dict[str, dict[str, Any]] | None,
+    ignore: Collection[str],
+    extend: Collection[str],
+) -> bool:
+    """``check_output`` for a store of any format: ``out`` with its manifest ``meta``, ``exists`` when it holds
+    records; the settings in ``ignore`` are not compared."""
     if exists and resume:
         if not meta.exists():
             raise StoreError(f"{out} has no manifest ({meta.name}); it was not written by depthlens")
         if manifest is not None:
             stored = read_json(meta, "manifest", "use --overwrite to start again, or a new --out")
             previous = _comparable(stored, manifest, defaults, extend)
-            mismatch = settings_differ(previous, manifest, {*_UNCOMPARED, *free})
+            mismatch = settings_differ(previous, manifest, ignore)
             if mismatch:
                 raise StoreError(
                     f"cannot resume {out}: "
@@ -368,6 +409,8 @@ class ResultWriter:
                 _drop(out, stale)
                 self.rescored = sorted(stale)
             self.done = set(finished) - stale
+            if "regraded" in stored:  # the store's regrade log (studies.regrade) outlives a resumed run
+                manifest = {**manifest, "regraded": stored["regraded"]}
             resuming = True
         else:
             resuming = False
@@ -397,6 +440,9 @@ class ResultWriter:
             self._file = _reopen_truncated(self.out, size, self._file)
             raise write_error(self.out, exc) from exc
         self._written += 1
+
+    def flush(self) -> None:
+        """Nothing to do: every record is on disk once ``write`` returns (``ShardWriter`` commits here)."""
 
     def close(self) -> None:
         with contextlib.suppress(OSError):  # a failed flush already raised from write(), the file cut back

@@ -3,10 +3,12 @@
 Each stored response keeps its text and finish, so its answer can be read again: ``regrade_store`` rebuilds the
 task's questions (reasoning-gym regenerates its entries from the manifest's seed and config, so the dataset's
 ``score_answer`` gets the real entry; other tasks are read back from ``questions.jsonl``), re-extracts and
-re-grades every response, and rewrites ``samples.jsonl`` atomically (a temporary file, fsynced, renamed over
-it). Nothing is lost: each record appends the answer fields it had before to its ``answer_history`` list, with
-the rules that produced them. The manifest records the rules now in force (``answers``) and a ``regraded`` log.
-Every summary already in the store is recomputed with its own voting settings.
+re-grades every response, and rewrites the responses atomically: ``samples.jsonl`` as a temporary file, fsynced,
+renamed over it; a sharded ``samples/`` store as new shards committed by its manifest
+(``parquet_store.rewrite_store``). Nothing is lost: each record appends the answer fields it had before to its
+``answer_history`` list, with the rules that produced them. The manifest records the rules now in force
+(``answers``) and a ``regraded`` log. Every summary already in the store is recomputed with its own voting
+settings.
 """
 
 from __future__ import annotations
@@ -23,10 +25,19 @@ from typing import Any
 
 from depthlens.config import AnswerConfig, DTRConfig, VotingConfig
 from depthlens.errors import StoreError
+from depthlens.studies.parquet_store import rewrite_store
 from depthlens.studies.records import iter_jsonl, manifest_path
 from depthlens.studies.store_answers import ANSWER_FIELDS, RULES, AnswerSummary, answer_fields, store_answers
 from depthlens.studies.tasks import HUB_TASKS, Question, infer_answer_type, load_task, parse_task_config
-from depthlens.studies.thinkn import QUESTIONS, SAMPLES, SHARDS, read_manifest, summarise, summary_files
+from depthlens.studies.thinkn import (
+    QUESTIONS,
+    SAMPLES,
+    SHARDS,
+    read_manifest,
+    samples_manifest,
+    summarise,
+    summary_files,
+)
 
 GRADED = ("answer", "answer_source", "vote_key", "grade", "correct", "task_score")
 
@@ -131,13 +142,6 @@ def regrade_store(
     takes today's defaults: no fallback). The prompt style is the store's: it is how the model was asked.
     """
     manifest = read_manifest(store)
-    if not (
-        store / SAMPLES
-    ).is_file():  # a sharded store (`generate --ray`): regrading rewrites samples.jsonl
-        raise StoreError(
-            f"{store} is a sharded store; convert it first with `depthlens export {store / SHARDS} --out "
-            f"{store / SAMPLES}`, then regrade"
-        )
     settings, rules_before = store_answers(manifest)
     if "answers" not in manifest:
         settings = dataclasses.replace(AnswerConfig(), prompt_style=settings.prompt_style)
@@ -147,31 +151,33 @@ def regrade_store(
         fallback=fallback if fallback is not None else settings.fallback,  # type: ignore[arg-type]
     )
     questions = rebuild_questions(store, manifest)
-    samples = store / SAMPLES
-    lines, old, new = [], [], []
-    changed_answer = changed_grade = 0
+    sharded = samples_manifest(store).parent == store / SHARDS
+    samples = store / (SHARDS if sharded else SAMPLES)
+    old, new = [], []
+    changed = Counter[str]()
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    for number, record in enumerate(iter_jsonl(samples), start=1):
+
+    def regrade(record: dict[str, Any]) -> dict[str, Any]:
         if record.get("status") == "failed":
-            lines.append(json.dumps(record, ensure_ascii=False) + "\n")
-            continue
+            return record
         question = questions.get(str(record.get("question_id")))
         if question is None or "text" not in record:
             raise StoreError(
-                f"{samples}:{number}: {'no text' if question else 'a question not in the store'}; "
-                "cannot regrade this response (the store is damaged or not from `depthlens generate`)"
+                f"{samples}: response {record.get('id')!r}: "
+                f"{'no text' if question else 'a question not in the store'}; "
+                "cannot regrade it (the store is damaged or not from `depthlens generate`)"
             )
         fields = answer_fields(question, record["text"], record.get("finish", "eos"), rules, timeout_s)
         previous = {k: record.get(k) for k in GRADED}
-        changed_answer += previous["vote_key"] != fields["vote_key"]
-        changed_grade += previous["grade"] != fields["grade"]
+        changed["answer"] += previous["vote_key"] != fields["vote_key"]
+        changed["grade"] += previous["grade"] != fields["grade"]
         history = [*record.get("answer_history", []), {**previous, "rules": rules_before, "until": now}]
         old.append({k: record.get(k) for k in ANSWER_FIELDS})
         record.update(fields, answer_history=history)
         new.append({k: record.get(k) for k in ANSWER_FIELDS})
-        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
         on_record()
-    _write_atomically(samples, lines)
+        return record
+
     updated = {
         **manifest,
         "answers": {**rules.to_dict(), "rules": RULES},
@@ -180,7 +186,12 @@ def regrade_store(
             {"at": now, "from_rules": rules_before, "rules": RULES, "command": " ".join(sys.argv)},
         ],
     }
-    _write_atomically(manifest_path(samples), [json.dumps(updated, indent=2) + "\n"])
+    if sharded:  # new shards, then the manifest as the commit (parquet_store.rewrite_store)
+        rewrite_store(samples, updated, regrade)
+    else:
+        lines = [json.dumps(regrade(record), ensure_ascii=False) + "\n" for record in iter_jsonl(samples)]
+        _write_atomically(samples, lines)
+        _write_atomically(manifest_path(samples), [json.dumps(updated, indent=2) + "\n"])
     return RegradeReport(
         store,
         rules_before,
@@ -191,8 +202,8 @@ def regrade_store(
         dict(Counter(str(r["grade"]) for r in old)),
         dict(Counter(str(r["grade"]) for r in new)),
         len(new),
-        changed_answer,
-        changed_grade,
+        changed["answer"],
+        changed["grade"],
         _resummarise(store),
         {q.id: q.reference_issue for q in questions.values() if q.reference_issue},
     )

@@ -20,7 +20,7 @@ from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout
 from depthlens.models.load import LoadedModel
 from depthlens.models.tokens import token_texts
 from depthlens.readout.stream import TokenSequence, iter_readout, validate
-from depthlens.studies.records import BadLine, InputRecord, ResultWriter, check_record
+from depthlens.studies.records import BadLine, InputRecord, check_record
 
 SUMMARY_FIELDS = (
     "n_tokens", "dtr", "mean_settling_depth", "token_count", "reverse_token_count",
@@ -255,7 +255,7 @@ def score_file(
     resume: bool = False,
     overwrite: bool = False,
     skip_bad: bool = False,
-    float16: bool | None = None,
+    float16: bool = False,
     on_start: Callable[[int, int], None] = lambda total, done: None,
     on_record: Callable[[dict[str, Any]], None] = lambda result: None,
     on_rescore: Callable[[list[str]], None] = lambda ids: None,
@@ -264,18 +264,20 @@ def score_file(
 
     ``on_start(total, already_done)`` and ``on_record(result)`` drive a progress display. On ``resume``,
     records whose input changed since they were scored (the manifest keeps a hash per record) are dropped from
-    ``out_path`` and scored again; ``on_rescore`` gets their ids. ``float16`` None writes JSONL; True or False
-    a sharded Parquet store (a directory) with per-token floats at that width. The input may be JSONL or Parquet.
+    ``out_path`` and scored again; ``on_rescore`` gets their ids.
+
+    ``out_path`` is a sharded Parquet store (a directory; per-token floats as float32, or ``float16``) unless it
+    is named ``*.jsonl`` or is an existing JSONL file (``stores.results_format``). The input may be JSONL or
+    Parquet.
     """
-    from depthlens.studies.parquet_store import ShardWriter, read_inputs
+    from depthlens.studies.stores import open_results, read_inputs, results_format, store_entry
 
     refuse_same_file(in_path, out_path)
     records, skipped = read_inputs(in_path, skip_bad=skip_bad)
-    store = None if float16 is None else {"format": "parquet", "float16": float16}
+    store = store_entry(results_format(out_path), float16)
     manifest = score_manifest(lm.name, lm.n_layers, in_path, readout, dtr, tcb, tokens, store)
     hashes = {r.id: r.digest for r in records}
-    kind = ResultWriter if store is None else ShardWriter
-    with kind(
+    with open_results(
         out_path, manifest, resume=resume, overwrite=overwrite, defaults=MANIFEST_DEFAULTS, hashes=hashes
     ) as writer:
         on_rescore(writer.rescored)

@@ -22,6 +22,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import shutil
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -44,7 +45,7 @@ from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, settling_depth
 from depthlens.models.load import LoadedModel
 from depthlens.sampling.generate import GenerationBackend, Trace, make_backend
-from depthlens.studies.parquet_store import MANIFEST, iter_store
+from depthlens.studies.parquet_store import MANIFEST, ShardWriter, iter_store
 from depthlens.studies.records import (
     SAMPLES,
     ResultWriter,
@@ -56,6 +57,7 @@ from depthlens.studies.records import (
 )
 from depthlens.studies.score import as_token_ids
 from depthlens.studies.store_answers import ANSWER_FIELDS, RULES, AnswerSummary, answer_fields
+from depthlens.studies.stores import FORMATS, StoreFormat, open_results
 from depthlens.studies.tables import write_csv
 from depthlens.studies.tasks import Question
 from depthlens.voting.methods import Response, think_at_n
@@ -257,6 +259,8 @@ def generate_store(
     answers: AnswerConfig = AnswerConfig(),
     engine: EngineConfig = EngineConfig(),
     backend: GenerationBackend | None = None,
+    store: StoreFormat | None = None,
+    float16: bool = False,
     on_start: Callable[[int, int], None] = lambda total, done: None,
     on_batch: Callable[[int], None] = lambda n: None,
     on_token: Callable[[int], None] = lambda n: None,
@@ -265,15 +269,17 @@ def generate_store(
 
     ``engine`` picks the generation backend (recorded in the manifest); ``backend`` is one already built for
     these settings (e.g. sharing a started vLLM engine), else it is built from ``engine`` once there is
-    something to sample.
+    something to sample. ``store``: the responses' format (``samples_format``: a new store is Parquet unless
+    asked for as JSONL; a resumed one keeps its own), ``float16`` the width of a Parquet store's floats.
     """
     if pool < 1:
         raise InputError(f"--pool = {pool}; sample at least 1 response per question")
     if batch_size < 1:
         raise InputError(f"--batch-size = {batch_size}; use 1 or more")
+    fmt = samples_format(out_dir, store, resume, overwrite)
     manifest = store_manifest(lm.name, lm.n_layers, questions, pool, seed, batch_size, sampling, readout, dtr,
-                              task or {}, answers, engine)  # fmt: skip
-    previous = manifest_path(out_dir / SAMPLES)
+                              task or {}, answers, engine, **samples_entry(fmt, float16))  # fmt: skip
+    previous = samples_manifest(out_dir)
     if (
         resume
         and previous.is_file()
@@ -284,10 +290,12 @@ def generate_store(
             f"be read differently; run `depthlens regrade {out_dir}` first, then --resume"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        remove_other_format(out_dir, fmt)
     report = GenerationReport()
-    with ResultWriter(
-        out_dir / SAMPLES, manifest, resume=resume, overwrite=overwrite, defaults=MANIFEST_DEFAULTS,
-        free=RESUME_FREE, extend=RESUME_EXTEND,
+    with open_results(
+        samples_path(out_dir, fmt), manifest, resume=resume, overwrite=overwrite, defaults=MANIFEST_DEFAULTS,
+        free=RESUME_FREE, extend=RESUME_EXTEND, fmt=fmt, timed=False,  # a shard per batch
     ) as writer:  # fmt: skip
         report.changed = writer.changed
         write_questions(out_dir, questions)
@@ -315,7 +323,7 @@ def generate_store(
 def _generate_question(
     lm: LoadedModel,
     generator: GenerationBackend,
-    writer: ResultWriter,
+    writer: ResultWriter | ShardWriter,
     question: Question,
     pool: int,
     seed: int,
@@ -338,6 +346,7 @@ def _generate_question(
         except (InputError, RuntimeError) as exc:  # too long for the context, out of memory, ...
             for i in missing:
                 writer.write(failed_record(question, i, seeds[i - first], f"{type(exc).__name__}: {exc}"))
+            writer.flush()
             report.failed += len(missing)
             on_batch(len(missing))
             continue
@@ -345,6 +354,7 @@ def _generate_question(
             record = sample_record(lm, question, i, traces[i - first], dtr, answers, prompt=prompt or ())
             writer.write(record)
             report.count(record)
+        writer.flush()  # a batch is kept whole: one Parquet shard, or its JSONL lines
         on_batch(len(missing))
 
 
@@ -357,6 +367,59 @@ class StoreInfo:
     excluded: list[str]  # questions left out of voting (fewer usable responses than n)
     grades: dict[str, int]
     answers: AnswerSummary
+
+
+def samples_path(out_dir: Path, fmt: StoreFormat) -> Path:
+    """Where a store's responses are: ``samples/`` (a sharded Parquet store) or ``samples.jsonl``."""
+    return out_dir / (SHARDS if fmt == "parquet" else SAMPLES)
+
+
+def samples_format(
+    out_dir: Path, requested: StoreFormat | None, resume: bool = False, overwrite: bool = False
+) -> StoreFormat:
+    """The format a run writes the responses of ``out_dir`` in: the existing store's when resumed (``requested``
+    must agree) or neither resumed nor overwritten, else ``requested`` (default Parquet). Needs no model:
+    commands check it before loading one."""
+    if requested is not None and requested not in FORMATS:
+        raise InputError(f"--store {requested!r}: use one of {', '.join(FORMATS)}")
+    found = [f for f in FORMATS if samples_path(out_dir, f).exists()]  # type: ignore[arg-type]
+    if len(found) > 1:
+        raise StoreError(
+            f"{out_dir} holds both {SHARDS}/ and {SAMPLES}; keep one (move the other away), then rerun"
+        )
+    existing: StoreFormat | None = found[0] if found else None  # type: ignore[assignment]
+    if existing is not None and not resume and not overwrite:
+        return existing  # whose check then says it exists: --resume or --overwrite
+    if resume and existing is not None:
+        if requested is not None and requested != existing:
+            raise StoreError(
+                f"--store {requested}: the store in {out_dir} is {existing}; resume it without --store, or give "
+                "a new --out"
+            )
+        return existing
+    return requested or "parquet"
+
+
+def remove_other_format(out_dir: Path, fmt: StoreFormat) -> None:
+    """``--overwrite`` with a store of the other format in ``out_dir``: remove it, so one store remains."""
+    for other in FORMATS:
+        old = samples_path(out_dir, other)  # type: ignore[arg-type]
+        if other == fmt or not old.exists():
+            continue
+        if old.is_dir():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+            manifest_path(old).unlink(missing_ok=True)
+
+
+def samples_entry(fmt: StoreFormat, float16: bool) -> dict[str, Any]:
+    """The manifest entries of the responses' format: ``store`` for a Parquet store, nothing for JSONL."""
+    if fmt == "jsonl":
+        if float16:
+            raise InputError("--float16 applies to Parquet stores; leave out --store jsonl")
+        return {}
+    return {"store": {"format": "parquet", "float16": float16}}
 
 
 def samples_manifest(out_dir: Path) -> Path:

@@ -1,0 +1,117 @@
+"""Results stores, either format: which one a store has or gets, and one way to check, open and read it.
+
+A store is a sharded Parquet directory (``parquet_store``), the default for new stores, or a JSONL file
+(``records``): written where asked for (``score --out x.jsonl``, ``generate --store jsonl``), and every store
+written before Parquet. An existing store keeps its own format, so an old JSONL store resumes and reads as it
+always did; ``depthlens export`` writes any store out as one JSONL file. Inputs are JSONL or Parquet files with
+the same columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from depthlens.errors import InputError
+from depthlens.studies.parquet_store import ShardWriter, check_store, committed_shards
+from depthlens.studies.records import (
+    BadLine,
+    InputRecord,
+    RecordCollector,
+    ResultWriter,
+    check_output,
+    read_records,
+)
+
+StoreFormat = Literal["parquet", "jsonl"]
+FORMATS: tuple[str, ...] = get_args(StoreFormat)
+COMMIT_S = 30.0  # a Parquet results store commits what it holds at least this often (a kill loses no more)
+
+
+def results_format(out: Path) -> StoreFormat:
+    """The format of the results store at ``out``: an existing directory is Parquet and an existing file JSONL;
+    a new ``out`` is JSONL when its name ends in ``.jsonl``, else a Parquet store directory."""
+    if out.is_dir():
+        return "parquet"
+    return "jsonl" if out.exists() or out.suffix == ".jsonl" else "parquet"
+
+
+def store_entry(fmt: StoreFormat, float16: bool) -> dict[str, Any] | None:
+    """The manifest's ``store`` entry: how a Parquet store keeps its floats (None for JSONL, which has none)."""
+    if fmt == "jsonl":
+        if float16:
+            raise InputError("--float16 applies to Parquet stores; give --out a name without .jsonl")
+        return None
+    return {"format": "parquet", "float16": float16}
+
+
+def check_results(
+    out: Path,
+    manifest: dict[str, Any] | None,
+    resume: bool,
+    overwrite: bool = False,
+    defaults: dict[str, dict[str, Any]] | None = None,
+    free: Collection[str] = (),
+    extend: Collection[str] = (),
+    fmt: StoreFormat | None = None,
+) -> bool:
+    """Whether writing the store ``out`` resumes it (``records.check_output`` or ``parquet_store.check_store``,
+    by ``fmt``, default the store's own format); refusals name every setting that differs."""
+    check = check_store if (fmt or results_format(out)) == "parquet" else check_output
+    return check(out, manifest, resume, overwrite, defaults, free, extend)
+
+
+def open_results(
+    out: Path,
+    manifest: dict[str, Any],
+    *,
+    resume: bool,
+    overwrite: bool = False,
+    defaults: dict[str, dict[str, Any]] | None = None,
+    free: Collection[str] = (),
+    extend: Collection[str] = (),
+    hashes: dict[str, str] | None = None,
+    fmt: StoreFormat | None = None,
+    timed: bool = True,
+) -> ResultWriter | ShardWriter:
+    """A writer for the store ``out`` in ``fmt`` (default: the store's own format, see ``results_format``).
+
+    Both append records with ``write`` and keep what they hold on ``flush``: a JSONL line is on disk once
+    written; a Parquet shard is committed every 256 records, at each ``flush``, and (``timed``) once a record
+    comes ``COMMIT_S`` seconds or more after the last commit.
+    """
+    if (fmt or results_format(out)) == "jsonl":
+        return ResultWriter(out, manifest, resume, overwrite, defaults, free, extend, hashes)
+    return ShardWriter(out, manifest, resume, overwrite, defaults, hashes, free=free, extend=extend,
+                       commit_s=COMMIT_S if timed else None)  # fmt: skip
+
+
+def input_shards(path: Path) -> list[Path] | None:
+    """The Parquet files an input is read from: the file itself, a store's committed shards, or None (JSONL)."""
+    if path.is_dir():
+        return [path / name for name in committed_shards(path)]
+    return [path] if path.suffix == ".parquet" else None
+
+
+def read_inputs(path: Path, skip_bad: bool = False) -> tuple[list[InputRecord], list[BadLine]]:
+    """Input records from JSONL, a Parquet file with the same columns (by its ``.parquet`` name), or a Parquet
+    store (a directory: a sample store's ``samples/``, whose rows hold ``prompt_ids`` + ``token_ids``)."""
+    shards = input_shards(path)
+    if shards is None:
+        return read_records(path, skip_bad)
+    if not path.exists():
+        raise InputError(f"input file {str(path)!r} does not exist")
+    try:
+        rows = [row for shard in shards for row in pq.read_table(shard).to_pylist()]
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"input {str(path)!r} is not readable Parquet ({exc})") from None
+    collected = RecordCollector(skip_bad, unit="row")
+    for number, row in enumerate(rows, start=1):  # a column a row does not have is null: left out
+        collected.add(
+            number, f"{path}: row {number}", lambda row=row: {k: v for k, v in row.items() if v is not None}
+        )
+    return collected.records, collected.bad
