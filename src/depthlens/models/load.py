@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 from depthlens.errors import ConfigError, DepthlensError, ModelInstallError, ModelNotFoundError
 from depthlens.models import catalogue
 from depthlens.models.adapters import ModelParts, resolve_parts
+from depthlens.models.allocator import keep_freed_memory
 from depthlens.models.locate import hub_offline_reason, locate
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -140,6 +141,7 @@ def load(
             unreachable (or ``HF_HUB_OFFLINE`` is set).
     """
     source = locate(name)  # an unknown name fails here, before any weight is read
+    keep_freed_memory()  # readout buffers are reused, not page-faulted in again per chunk (models/allocator.py)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_device = resolve_device(device)
