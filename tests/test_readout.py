@@ -194,7 +194,7 @@ def test_compiled_kernel_equals_eager_and_falls_back(tiny_llama, monkeypatch):
     import warnings
 
     from depthlens.metrics import fused
-    from depthlens.metrics.token_table import chunk_divergences, chunk_settling
+    from depthlens.metrics.token_table import chunk_divergence_kinds, chunk_divergences, chunk_settling
 
     assert fused.use_compiled("auto", torch.device("cpu")) is False
     assert fused.use_compiled("auto", torch.device("cuda")) and fused.use_compiled("on", torch.device("cpu"))
@@ -209,6 +209,12 @@ def test_compiled_kernel_equals_eager_and_falls_back(tiny_llama, monkeypatch):
         from depthlens.metrics.dtr import settling_depth
 
         assert torch.equal(settle, settling_depth(eager, 0.3))
+    with warnings.catch_warnings():  # several kinds in one call: fused where a kernel exists, cosine walked
+        warnings.simplefilter("ignore")
+        mixed = [chunk_divergence_kinds(c, ("jsd", "cosine", "kl"), 8, compiled=True) for c in chunks]
+    for kind in ("jsd", "cosine", "kl"):
+        eager = torch.cat([chunk_divergences(c, kind) for c in chunks])
+        torch.testing.assert_close(torch.cat([m[kind] for m in mixed]), eager, atol=2e-5, rtol=1e-4)
 
     def broken(fn, **_):
         def fail(*a, **k):
@@ -222,3 +228,23 @@ def test_compiled_kernel_equals_eager_and_falls_back(tiny_llama, monkeypatch):
     with pytest.warns(RuntimeWarning, match="compiled readout unavailable .*no compiler here"):
         out = torch.cat([chunk_divergences(c, "jsd", compiled=True) for c in chunks])
     torch.testing.assert_close(out, torch.cat([chunk_divergences(c, "jsd") for c in chunks]))
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, "True False"),
+        ({"DEPTHLENS_MALLOC": "default"}, "False False"),
+        ({"MALLOC_TRIM_THRESHOLD_": "1"}, "False False"),
+    ],
+)
+def test_allocator_keeps_freed_buffers_once_unless_the_user_tuned_malloc(env, expected):
+    """glibc's thresholds are raised once per process (readout chunks reuse their buffers), never over a user's."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from depthlens.models.allocator import keep_freed_memory as k; print(k(), k())"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "DEPTHLENS_MALLOC"}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True)
+    assert out.stdout.strip() == (expected if sys.platform.startswith("linux") else "False False"), out.stderr

@@ -19,7 +19,7 @@ import torch
 from depthlens.config import DTRConfig, EngineConfig, ReadoutConfig, SamplingConfig
 from depthlens.errors import ConfigError
 from depthlens.metrics.dtr import deep_flags, settling_depth
-from depthlens.sampling.generate import AUTO_ENV, HFGenerator, vllm_available
+from depthlens.sampling.generate import AUTO_ENV, HFGenerator, Trace, vllm_available
 from depthlens.studies.tasks import load_task
 from depthlens.studies.thinkn import SAMPLES, SHARDS, generate_store, iter_samples, samples_manifest
 from tests.test_faults import chat_dir  # noqa: F401  (the tiny chat model, saved where the CLI loads it)
@@ -147,6 +147,28 @@ def test_fields_equal_the_hf_readout_of_the_same_tokens(real_model, llm_engine, 
     assert torch.equal(depth, hf_depth)
     n = real_model.n_layers
     assert torch.equal(deep_flags(depth, n, dtr.rho), deep_flags(hf_depth, n, dtr.rho))
+
+
+@needs_vllm
+def test_responses_that_begin_alike_are_read_once_with_their_own_values(real_model, llm_engine, prompt):
+    """The read-out window runs the lens once per distinct prefix (shared leading tokens are not fed again), and
+    each response still gets exactly the rows it gets when read out alone: identical responses, one a prefix of
+    another, a shared start then a fork, an empty one, one sharing nothing."""
+    gen = _vllm(
+        real_model, llm_engine, dataclasses.replace(SAMPLING, readout_tokens=6), ReadoutConfig(also=("kl",))
+    )
+    assert gen.engine_scores  # the path that feeds only the window
+    base = [11, 12, 13, 14, 15, 16, 17, 18]
+    fed = [base, [*base[:3], 40, 41, 42, 43], base, base[:5], [], [50, 51], [*base[:2], 60], base[:6]]
+    traces = [Trace(seed=i, token_ids=list(ids)) for i, ids in enumerate(fed)]
+    gen._read_out(prompt, traces)
+    for trace, ids in zip(traces, fed, strict=True):
+        alone = Trace(seed=0, token_ids=list(ids))
+        gen._read_out(prompt, [alone])
+        assert len(trace.divergence) == len(alone.divergence) == len(ids[:6])
+        if ids:
+            assert torch.allclose(torch.tensor(trace.divergence), torch.tensor(alone.divergence), atol=1e-5)
+            assert torch.allclose(torch.tensor(trace.also["kl"]), torch.tensor(alone.also["kl"]), atol=1e-5)
 
 
 @needs_vllm

@@ -50,30 +50,30 @@ def chunk_divergences(
 ) -> torch.Tensor:
     """D_{t,l} for one chunk, [c, L], reading its layers in blocks of about ``rows`` token-layer rows
     (0: one layer at a time); ``compiled``: one fused kernel per layer (``metrics.fused``) where the kind allows."""
-    step = compiled_step(chunk.lens, kind) if compiled else None
-    if step is None:
-        return chunk_divergence_kinds(chunk, (kind,), rows)[kind]
-    out = torch.zeros(len(chunk), chunk.n_layers)
-    for layer in range(1, chunk.n_layers):
-        out[:, layer - 1] = step(chunk.normed_rows(layer), chunk.final.logprobs).cpu()
-    return out
+    return chunk_divergence_kinds(chunk, (kind,), rows, compiled)[kind]
 
 
 def chunk_divergence_kinds(
-    chunk: ReadoutChunk, kinds: Sequence[Divergence], rows: int = 0
+    chunk: ReadoutChunk, kinds: Sequence[Divergence], rows: int = 0, compiled: bool = False
 ) -> dict[str, torch.Tensor]:
     """D_{t,l} of several divergence kinds in one walk over the layers: each kind → [c, L].
 
     The unembedding runs on blocks of layers (one large product); the log-softmax then follows layer by layer,
     each straight before that layer's divergences, so its [c, V] is still warm in cache (on a CPU twice as fast
-    as one log-softmax over the whole block first).
+    as one log-softmax over the whole block first). ``compiled``: a kind with a fused kernel (``metrics.fused``)
+    runs it layer by layer instead (its own unembedding product per kind; the others share the walk).
     """
     out = {kind: torch.zeros(len(chunk), chunk.n_layers) for kind in kinds}
     final = chunk.final
-    for first, logits, normed in chunk.logit_blocks(rows):
+    steps = {kind: compiled_step(chunk.lens, kind) if compiled else None for kind in kinds}
+    for kind, step in steps.items():
+        for layer in range(1, chunk.n_layers) if step is not None else ():
+            out[kind][:, layer - 1] = step(chunk.normed_rows(layer), final.logprobs).cpu()
+    walked = [kind for kind, step in steps.items() if step is None]
+    for first, logits, normed in chunk.logit_blocks(rows) if walked else ():
         for j in range(logits.shape[0]):
             logprobs = torch.log_softmax(logits[j], dim=-1)
-            for kind in kinds:
+            for kind in walked:
                 d = layer_divergence(kind, final.logprobs, logprobs, final.normed, normed[j])
                 out[kind][:, first - 1 + j] = d.cpu()
     return out
