@@ -96,16 +96,15 @@ LONG = "Write a long, detailed essay on the history of mathematics, from Babylon
 
 
 def _generator(name: str, lm, hf_lm, dtype: str, sampling, engine):
-    from depthlens.config import EngineConfig, ReadoutConfig
+    from depthlens.config import EngineConfig
     from depthlens.sampling.vllm_backend import VLLMGenerator
 
-    readout = ReadoutConfig(compile=engine.readout_compile)
     if name == "hf":
-        return HFGenerator(hf_lm, sampling, readout)
+        return HFGenerator(hf_lm, sampling)
     config = EngineConfig(
         backend="vllm", dtype=dtype, enforce_eager=engine.eager, max_model_len=engine.max_len
     )
-    return VLLMGenerator(lm, sampling, readout, engine=config, llm_engine=engine.llm)
+    return VLLMGenerator(lm, sampling, engine=config, llm_engine=engine.llm)
 
 
 @contextlib.contextmanager
@@ -159,14 +158,10 @@ def backends(args) -> dict:
     start = time.perf_counter()
     config = EngineConfig(backend="vllm", dtype=dtype, enforce_eager=not args.compile, max_model_len=max_len)
     engine = types.SimpleNamespace(
-        llm=start_engine(engine_source(lm.name), config),
-        max_len=max_len,
-        eager=not args.compile,
-        readout_compile=args.readout_compile,
+        llm=start_engine(engine_source(lm.name), config), max_len=max_len, eager=not args.compile
     )
     result: dict = {"model": args.model, "dtype": dtype, "hf_dtype": args.hf_dtype,
                     "readout_dtype": args.readout_dtype, "compiled_engine": args.compile,
-                    "readout_compile": args.readout_compile,
                     "max_new_tokens": args.max_new_tokens, "readout_tokens": args.readout_tokens,
                     "vllm_engine_start_s": round(time.perf_counter() - start, 1), "rows": [], "thinkn": []}  # fmt: skip
     prompt = _chat_prompt(lm, MESSAGE)
@@ -248,12 +243,6 @@ def main() -> None:
         "--compile",
         action="store_true",
         help="with --backend: vLLM's compiled engine (default: --enforce-eager)",
-    )
-    parser.add_argument(
-        "--readout-compile",
-        default="auto",
-        choices=["auto", "on", "off"],
-        help="with --backend: --compile of the readout",
     )
     parser.add_argument("--reps", type=int, default=1, help="with --backend: repetitions per n")
     parser.add_argument(

@@ -1,17 +1,18 @@
-"""Bytes per read-out token per layer per divergence kind: JSONL against Parquet float32 / float16 (issue 13, item 4).
+"""Bytes per read-out token, layer and divergence kind: a JSONL sample store against Parquet (issue 13, item 4).
 
-Scores N records of T completion tokens with ``--tokens`` on the real default model into JSONL, a float32 and a
-float16 Parquet store, and divides the divergence column's stored size by T × L (JSONL: the characters of the
-``divergence`` arrays, 6 decimals; Parquet: the column chunks' compressed size, zstd).
+Generates a real sample store on the default model (``generate`` with every token read out at every layer, JSD
+plus ``--also-divergences``), as JSONL — the store format before Parquet — and then writes the very same records
+as Parquet stores, float32 (the default) and float16, through ``ShardWriter`` (zstd). For each store: the bytes of
+the ``divergence`` values per token × layer (JSONL: the characters of the arrays; Parquet: the column chunks'
+compressed size), and the whole store's bytes per generated token.
 
-    python benchmarks/store_bytes.py --records 8 --tokens 64 --out docs/benchmarks/store_bytes.json
+    python benchmarks/store_bytes.py --questions 4 --pool 4 --max-new-tokens 96 --out docs/benchmarks/store_bytes.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import tempfile
 from pathlib import Path
 
@@ -31,41 +32,66 @@ def _column_bytes(store: Path, column: str) -> int:
     return total
 
 
+def _store_bytes(path: Path) -> int:
+    """A store's bytes: a JSONL file and its manifest, or a Parquet store directory."""
+    if path.is_file():
+        from depthlens.studies.records import manifest_path
+
+        return path.stat().st_size + manifest_path(path).stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--records", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--task", default="reasoning_gym:chain_sum")
+    parser.add_argument("--questions", type=int, default=4)
+    parser.add_argument("--pool", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--also", default="kl,cosine", help="further divergence kinds stored beside JSD")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
+    from depthlens.config import ReadoutConfig, SamplingConfig
     from depthlens.models.load import load
-    from depthlens.studies.records import iter_jsonl
-    from depthlens.studies.score import score_file
+    from depthlens.studies.parquet_store import ShardWriter
+    from depthlens.studies.tasks import load_task
+    from depthlens.studies.thinkn import SAMPLES, generate_store, iter_samples, samples_path
 
     lm = load(args.model, device="cpu")
-    rng = random.Random(0)
-    vocab = len(lm.tokenizer)
     tmp = Path(tempfile.mkdtemp(prefix="store-bytes-"))
-    src = tmp / "in.jsonl"
-    src.write_text("".join(json.dumps({"id": f"r{i}", "prompt_ids": [rng.randrange(3, vocab) for _ in range(16)],
-                                       "completion_ids": [rng.randrange(3, vocab) for _ in range(args.tokens)]})
-                           + "\n" for i in range(args.records)))  # fmt: skip
-    score_file(lm, src, tmp / "s.jsonl", tokens=True)
-    score_file(lm, src, tmp / "f32", tokens=True, float16=False)
-    score_file(lm, src, tmp / "f16", tokens=True, float16=True)
-    cells = args.records * args.tokens * lm.n_layers
-    json_bytes = sum(len(json.dumps(r["divergence"])) for r in iter_jsonl(tmp / "s.jsonl"))
+    questions = load_task(args.task, args.questions, seed=0)
+    also = tuple(k for k in args.also.split(",") if k)
+    generate_store(lm, tmp / "jsonl", questions, pool=args.pool, batch_size=args.pool, store="jsonl",
+                   sampling=SamplingConfig(max_new_tokens=args.max_new_tokens, readout_tokens=None),
+                   readout=ReadoutConfig(also=also))  # fmt: skip
+    records = list(iter_samples(tmp / "jsonl"))
+    manifest = json.loads((tmp / "jsonl" / f"{SAMPLES}.manifest.json").read_text())
+    for width in ("float32", "float16"):
+        store = {"format": "parquet", "float16": width == "float16"}
+        with ShardWriter(
+            tmp / width, {**manifest, "store": store}, resume=False, shard_rows=args.pool
+        ) as writer:
+            for record in records:
+                writer.write(record)
+    tokens = sum(r["n_tokens"] for r in records)
+    cells = tokens * lm.n_layers
+    json_cells = sum(len(json.dumps(r["divergence"])) for r in records)
     result = {
-        "model": args.model, "layers": lm.n_layers, "records": args.records, "tokens": args.tokens,
-        "json_bytes_per_cell": json_bytes / cells,
-        "parquet_float32_bytes_per_cell": _column_bytes(tmp / "f32", "divergence") / cells,
-        "parquet_float16_bytes_per_cell": _column_bytes(tmp / "f16", "divergence") / cells,
-        "whole_file_bytes": {"jsonl": (tmp / "s.jsonl").stat().st_size,
-                             "parquet_float32": sum(p.stat().st_size for p in (tmp / "f32").glob("*.parquet")),
-                             "parquet_float16": sum(p.stat().st_size for p in (tmp / "f16").glob("*.parquet"))},
+        "model": args.model, "layers": lm.n_layers, "task": args.task, "responses": len(records),
+        "generated_tokens": tokens, "divergence_kinds": ["jsd", *also],
+        "divergence_bytes_per_token_layer": {
+            "jsonl": round(json_cells / cells, 2),
+            "parquet_float32": round(_column_bytes(tmp / "float32", "divergence") / cells, 2),
+            "parquet_float16": round(_column_bytes(tmp / "float16", "divergence") / cells, 2),
+        },
+        "store_bytes_per_generated_token": {
+            "jsonl": round(_store_bytes(samples_path(tmp / "jsonl", "jsonl")) / tokens, 1),
+            "parquet_float32": round(_store_bytes(tmp / "float32") / tokens, 1),
+            "parquet_float16": round(_store_bytes(tmp / "float16") / tokens, 1),
+        },
     }  # fmt: skip
     print(json.dumps(result, indent=2))
     if args.out:

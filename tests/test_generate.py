@@ -124,23 +124,3 @@ def test_further_divergence_kinds_come_from_the_same_walk(tiny_chat):
         chunks = iter_readout(tiny_chat, [seq], ReadoutConfig(divergence=kind))
         table = reduce_readout(chunks, 1, tiny_chat.n_layers, kind)[0]
         assert torch.allclose(torch.tensor(trace.also[kind]), table.divergence, atol=2e-5)
-
-
-def test_compiled_readout_changes_no_token_and_no_row_beyond_float_error(tiny_chat):
-    """``--compile on``: the fused kernel reads out the generated tokens (same tokens, divergences within
-    float32 error of the eager walk; the eager fallback answers where no C++ compiler is found)."""
-    import warnings
-
-    sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=10, readout_tokens=6)
-    eager = HFGenerator(tiny_chat, sampling, ReadoutConfig(also=("cosine",))).sample(PROMPT, [3, 4])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        gen = HFGenerator(tiny_chat, sampling, ReadoutConfig(also=("cosine",), compile="on"))
-        assert gen.compiled
-        fused = gen.sample(PROMPT, [3, 4])
-    for a, b in zip(fused, eager, strict=True):
-        assert a.token_ids == b.token_ids and len(a.divergence) == len(b.divergence) == min(6, len(b))
-        torch.testing.assert_close(
-            torch.tensor(a.divergence), torch.tensor(b.divergence), atol=2e-5, rtol=1e-4
-        )
-        torch.testing.assert_close(torch.tensor(a.also["cosine"]), torch.tensor(b.also["cosine"]))

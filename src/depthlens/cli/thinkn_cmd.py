@@ -174,7 +174,6 @@ def _generate(
     ray: dict[str, Any] | None = None,
     store: str | None = None,
     float16: bool = False,
-    compile_kernel: str = "auto",
 ) -> GenerationReport:
     from depthlens.config import DTRConfig, ReadoutConfig, degenerate_settings
     from depthlens.models.locate import locate
@@ -182,7 +181,7 @@ def _generate(
     from depthlens.studies.thinkn import samples_entry, samples_format, samples_path
 
     also = tuple(k.strip() for k in also_divergences.split(",") if k.strip())
-    readout = ReadoutConfig(divergence=divergence, also=also, compile=compile_kernel)  # type: ignore[arg-type]
+    readout = ReadoutConfig(divergence=divergence, also=also)  # type: ignore[arg-type]
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
     # Everything that needs no model is checked before one loads: --out, the model's name, the task, --resume.
     fmt = samples_format(out, store, resume, overwrite)  # type: ignore[arg-type]
@@ -347,7 +346,6 @@ def generate(
     kv_cache_gib: opt.KvCacheGib = None,
     store_format: opt.StoreFormatOpt = None,
     float16: opt.Float16 = False,
-    compile_kernel: opt.CompileOpt = "auto",
     ray: opt.RayOpt = False,
     ray_address: opt.RayAddress = None,
     workers: opt.Workers = 1,
@@ -402,7 +400,6 @@ def generate(
         ray=ray_settings(ray, ray_address, workers, cpus, gpus),
         store=store_format,
         float16=float16,
-        compile_kernel=compile_kernel,
     )
 
 
@@ -541,7 +538,6 @@ def thinkn(
     kv_cache_gib: opt.KvCacheGib = None,
     store_format: opt.StoreFormatOpt = None,
     float16: opt.Float16 = False,
-    compile_kernel: opt.CompileOpt = "auto",
     ray: opt.RayOpt = False,
     ray_address: opt.RayAddress = None,
     workers: opt.Workers = 1,
@@ -624,7 +620,6 @@ def thinkn(
             ray=ray_settings(ray, ray_address, workers, cpus, gpus),
             store=store_format,
             float16=float16,
-            compile_kernel=compile_kernel,
         )
     stored = DTRConfig.from_dict(read_manifest(store)["dtr"])
     dtr = DTRConfig(

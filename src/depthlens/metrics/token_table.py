@@ -50,30 +50,30 @@ def chunk_divergences(
 ) -> torch.Tensor:
     """D_{t,l} for one chunk, [c, L], reading its layers in blocks of about ``rows`` token-layer rows
     (0: one layer at a time); ``compiled``: one fused kernel per layer (``metrics.fused``) where the kind allows."""
-    return chunk_divergence_kinds(chunk, (kind,), rows, compiled)[kind]
+    step = compiled_step(chunk.lens, kind) if compiled else None
+    if step is None:
+        return chunk_divergence_kinds(chunk, (kind,), rows)[kind]
+    out = torch.zeros(len(chunk), chunk.n_layers)
+    for layer in range(1, chunk.n_layers):
+        out[:, layer - 1] = step(chunk.normed_rows(layer), chunk.final.logprobs).cpu()
+    return out
 
 
 def chunk_divergence_kinds(
-    chunk: ReadoutChunk, kinds: Sequence[Divergence], rows: int = 0, compiled: bool = False
+    chunk: ReadoutChunk, kinds: Sequence[Divergence], rows: int = 0
 ) -> dict[str, torch.Tensor]:
     """D_{t,l} of several divergence kinds in one walk over the layers: each kind → [c, L].
 
     The unembedding runs on blocks of layers (one large product); the log-softmax then follows layer by layer,
     each straight before that layer's divergences, so its [c, V] is still warm in cache (on a CPU twice as fast
-    as one log-softmax over the whole block first). ``compiled``: a kind with a fused kernel (``metrics.fused``)
-    runs it layer by layer instead (its own unembedding product per kind; the others share the walk).
+    as one log-softmax over the whole block first).
     """
     out = {kind: torch.zeros(len(chunk), chunk.n_layers) for kind in kinds}
     final = chunk.final
-    steps = {kind: compiled_step(chunk.lens, kind) if compiled else None for kind in kinds}
-    for kind, step in steps.items():
-        for layer in range(1, chunk.n_layers) if step is not None else ():
-            out[kind][:, layer - 1] = step(chunk.normed_rows(layer), final.logprobs).cpu()
-    walked = [kind for kind, step in steps.items() if step is None]
-    for first, logits, normed in chunk.logit_blocks(rows) if walked else ():
+    for first, logits, normed in chunk.logit_blocks(rows):
         for j in range(logits.shape[0]):
             logprobs = torch.log_softmax(logits[j], dim=-1)
-            for kind in walked:
+            for kind in kinds:
                 d = layer_divergence(kind, final.logprobs, logprobs, final.normed, normed[j])
                 out[kind][:, first - 1 + j] = d.cpu()
     return out
@@ -135,11 +135,14 @@ def reduce_readout(
     tcb: TCBConfig | None = None,
     settle_at: float | None = None,
     compiled: bool = False,
+    rows: int = 0,
 ) -> list[TokenTable]:
     """Collect the chunks of ``n_sequences`` sequences into one TokenTable each (empty when no chunk came).
 
     With ``settle_at`` = g, only settling depths are found, by exact early exit (``chunk_settling``): no
     divergence table, each token read out up to its settling layer only. ``compiled``: the fused kernel per layer.
+    ``rows``: the eager divergence table unembeds blocks of layers of about that many token-layer rows (a chunk
+    shorter than ``rows`` then gets one large product for several layers instead of one small one per layer).
     """
     parts: list[list[tuple[torch.Tensor, ...]]] = [[] for _ in range(n_sequences)]
     tcb_parts: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(n_sequences)]
@@ -149,7 +152,7 @@ def reduce_readout(
         parts[chunk.seq_index].append(
             (
                 chunk.target_ids.cpu(),
-                chunk_divergences(chunk, kind, compiled=compiled)
+                chunk_divergences(chunk, kind, rows, compiled=compiled)
                 if settle_at is None
                 else chunk_settling(chunk, kind, settle_at, compiled=compiled),
                 base["log_prob"].cpu(),

@@ -2,10 +2,10 @@
 
 A readout chunk allocates logits and log-probabilities of [rows × vocab] floats (tens to hundreds of MB) and frees
 them a moment later. glibc serves blocks that large with a fresh ``mmap`` and gives them back on ``free``, so every
-chunk page-faults its buffers in again: measured on this 2-core machine, scoring 8 records on SmolLM2 spent 13 s of
-42 s in the kernel (6.6 M minor faults). With freed blocks kept for reuse it took 26 s (61 k faults) — see
-docs/performance.md. Peak memory is unchanged: the same buffers are live at the peak either way; the process only
-keeps (up to ``TRIM``) freed memory instead of handing it back.
+chunk page-faults its buffers in again: measured on a 2-core CPU, scoring 8 records on SmolLM2 on one thread spent
+13 s of 42 s in the kernel (6.6 M minor faults); with freed blocks kept for reuse, 27 s (61 k faults), the same
+peak RSS (docs/performance.md). The same buffers are live at the peak either way; the process only keeps (up to
+``TRIM``) freed memory instead of handing it back.
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ import torch
 from depthlens.config import Backend, EngineConfig, ReadoutConfig, SamplingConfig
 from depthlens.errors import ConfigError, InputError
 from depthlens.metrics.baselines import token_baselines, token_confidence
-from depthlens.metrics.fused import use_compiled
 from depthlens.metrics.token_table import chunk_divergence_kinds
 from depthlens.models.load import LoadedModel
 from depthlens.readout.stream import TokenSequence, chunk_sizes, lens_for, rows_chunk, validate
@@ -163,8 +162,9 @@ class HFGenerator:
         self.end_ids = end_token_ids(lm)
         vocab = self.lens.vocab_size or lm.parts.unembed.weight.shape[0]
         d_model = lm.parts.unembed.weight.shape[1]
-        self.block_rows = chunk_sizes(readout, vocab, d_model, lm.n_layers, 1)[1]  # token-layer rows a block
-        self.compiled = use_compiled(readout.compile, lm.device)  # the fused kernel (auto: on CUDA)
+        self.block_rows = chunk_sizes(readout, vocab, d_model, lm.n_layers, 1)[
+            1
+        ]  # token-layer rows per block
         self.on_token = on_token  # called with the number of tokens generated at each step (progress)
 
     def _reads(self, step: int) -> bool:
@@ -243,7 +243,7 @@ class HFGenerator:
             divergence: dict[str, list[list[float]]] = {}
             if hidden is not None:
                 chunk = rows_chunk(self.lm, self.lens, hidden, logits, tokens, start=state.step)
-                tables = chunk_divergence_kinds(chunk, kinds, self.block_rows, self.compiled)
+                tables = chunk_divergence_kinds(chunk, kinds, self.block_rows)
                 divergence = {kind: table.tolist() for kind, table in tables.items()}
             token_list = tokens.cpu().tolist()
             alive = []
