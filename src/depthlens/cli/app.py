@@ -121,9 +121,8 @@ def actor_load_kwargs(
     return kwargs
 
 
-_written: list[
-    Path
-] = []  # the store the running command writes its finished records to, once it has opened it
+# The store the running command writes its finished records to, once it has opened it.
+_written: list[Path] = []
 
 
 def writes_to(path: Path) -> None:
@@ -135,6 +134,7 @@ def _complete_lines(path: Path) -> int:
     """Finished records in a JSONL store (whole lines) or a Parquet store (rows of its committed shards)."""
     try:
         if path.is_dir():
+            # parquet_store.MANIFEST, not imported: pyarrow would slow the start of every command
             shards = json.loads((path / "manifest.json").read_bytes()).get("shards", [])
             return sum(int(s.get("rows", 0)) for s in shards)
         with path.open("rb") as f:

@@ -177,6 +177,15 @@ def chunk_sizes(config: ReadoutConfig, vocab: int, hidden: int, n_layers: int, b
     return segment, chunk
 
 
+def model_chunk_sizes(
+    lm: LoadedModel, lens: LogitLens, config: ReadoutConfig, batch: int = 1
+) -> tuple[int, int]:
+    """``chunk_sizes`` for ``lm`` read through ``lens``. The chunk's token count is also the rows of one
+    unembedding product in ``ReadoutChunk.logit_blocks``: a chunk shorter than that reads several layers in one."""
+    n_vocab = lens.vocab_size or lm.parts.unembed.weight.shape[0]
+    return chunk_sizes(config, n_vocab, lm.parts.unembed.weight.shape[1], lm.n_layers, batch)
+
+
 def _pad_batch(sequences: Sequence[TokenSequence], pad_id: int) -> torch.Tensor:
     rows = [list(s.prompt_ids) + list(s.completion_ids) for s in sequences]
     width = max(len(r) for r in rows)
@@ -223,9 +232,7 @@ def iter_readout(
         validate(lm, seq, f"sequence {i}")
     model = lm.model
     lens = lens_for(lm, config)
-    n_vocab = lens.vocab_size or lm.parts.unembed.weight.shape[0]
-    d_model = lm.parts.unembed.weight.shape[1]
-    segment, chunk = chunk_sizes(config, n_vocab, d_model, lm.n_layers, len(sequences))
+    segment, chunk = model_chunk_sizes(lm, lens, config, len(sequences))
     pad_id = 0
     if lm.tokenizer is not None:
         pad_id = lm.tokenizer.pad_token_id or lm.tokenizer.eos_token_id or 0

@@ -28,7 +28,7 @@ from depthlens.errors import ConfigError, InputError
 from depthlens.metrics.baselines import token_baselines, token_confidence
 from depthlens.metrics.token_table import chunk_divergence_kinds
 from depthlens.models.load import LoadedModel
-from depthlens.readout.stream import TokenSequence, chunk_sizes, lens_for, rows_chunk, validate
+from depthlens.readout.stream import TokenSequence, lens_for, model_chunk_sizes, rows_chunk, validate
 
 Finish = Literal["eos", "length", "paused"]
 
@@ -160,11 +160,7 @@ class HFGenerator:
         self.lens = lens_for(lm, readout)
         self.n_layers = lm.n_layers
         self.end_ids = end_token_ids(lm)
-        vocab = self.lens.vocab_size or lm.parts.unembed.weight.shape[0]
-        d_model = lm.parts.unembed.weight.shape[1]
-        self.block_rows = chunk_sizes(readout, vocab, d_model, lm.n_layers, 1)[
-            1
-        ]  # token-layer rows per block
+        self.block_rows = model_chunk_sizes(lm, self.lens, readout)[1]  # token-layer rows per lens product
         self.on_token = on_token  # called with the number of tokens generated at each step (progress)
 
     def _reads(self, step: int) -> bool:

@@ -42,7 +42,7 @@ from depthlens.errors import ConfigError, DepthlensError, InputError
 from depthlens.metrics.token_table import chunk_divergence_kinds
 from depthlens.models import catalogue
 from depthlens.models.load import LoadedModel
-from depthlens.readout.stream import TokenSequence, chunk_sizes, iter_readout, lens_for, validate
+from depthlens.readout.stream import TokenSequence, iter_readout, lens_for, model_chunk_sizes, validate
 from depthlens.sampling.generate import (
     VLLM_MISSING,
     Paused,
@@ -195,9 +195,7 @@ class VLLMGenerator:
         self.n_layers = lm.n_layers
         self.end_ids = end_token_ids(lm)
         self.on_token = on_token
-        lens = lens_for(lm, readout)
-        vocab = lens.vocab_size or lm.parts.unembed.weight.shape[0]
-        self.block_rows = chunk_sizes(readout, vocab, lm.parts.unembed.weight.shape[1], lm.n_layers, 1)[1]
+        self.block_rows = model_chunk_sizes(lm, lens_for(lm, readout), readout)[1]  # rows a lens product
         self.engine = llm_engine if llm_engine is not None else start_engine(engine_source(lm.name), engine)
         # Per-token fields from the engine's own logits where its logits processor runs; else re-scored.
         self.engine_scores = vllm_scores.registered(self.engine)

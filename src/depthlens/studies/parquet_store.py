@@ -161,6 +161,18 @@ def _write_shard(path: Path, table: pa.Table, settings: dict[str, Any], free: Co
         raise write_error(path, exc) from exc
 
 
+def _remove_unlisted(path: Path, listed: Collection[str]) -> None:
+    """Delete the shard files the manifest does not list: in flight when a run or a rewrite died."""
+    for orphan in path.glob("part-*.parquet*"):
+        if orphan.name not in listed:
+            orphan.unlink()
+
+
+def _float16(manifest: dict[str, Any]) -> bool:
+    """Whether the store ``manifest`` describes keeps its per-token floats as float16."""
+    return bool(manifest.get("store", {}).get("float16"))
+
+
 def rewrite_store(
     path: Path, manifest: dict[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]]
 ) -> None:
@@ -172,13 +184,10 @@ def rewrite_store(
     """
     stored = store_manifest(path)
     committed = _committed(path, stored)
-    listed = set(committed)
-    for orphan in path.glob("part-*.parquet*"):  # left by an interrupted rewrite or run
-        if orphan.name not in listed:
-            orphan.unlink()
+    _remove_unlisted(path, set(committed))  # left by an interrupted rewrite or run
     generation = 1 + max((int(m.group(1)) for name in committed if (m := re.search(r"\.r(\d+)\.parquet$", name))),
                          default=0)  # fmt: skip
-    float16 = bool(manifest.get("store", {}).get("float16"))
+    float16 = _float16(manifest)
     shards = []
     for i, name in enumerate(committed):
         table = read_shard(path / name, _settings(stored))
@@ -279,19 +288,14 @@ class ShardWriter:
             shards = [s for s in stored["shards"] if (out / s["file"]).is_file()]
             for s in shards:
                 self.done.update(self._ids(s, stored.get("input_hashes"), hashes))
-            for key in (
-                "n_layers",
-                "regraded",
-            ):  # the model's depth; the store's regrade log (studies.regrade)
+            # kept from the stored manifest: the model's depth, and the store's regrade log (studies.regrade)
+            for key in ("n_layers", "regraded"):
                 if stored.get(key) is not None:
                     self.manifest.setdefault(key, stored[key])
         elif out.exists():
             for old in [*out.glob("part-*.parquet*"), out / MANIFEST]:
                 old.unlink(missing_ok=True)
-        listed = {s["file"] for s in shards}
-        for orphan in out.glob("part-*.parquet*") if out.exists() else ():
-            if orphan.name not in listed:  # a shard in flight when the last run died: recomputed
-                orphan.unlink()
+        _remove_unlisted(out, {s["file"] for s in shards})  # in flight when the last run died: recomputed
         self.manifest["shards"] = shards
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / MANIFEST, self.manifest)
@@ -344,7 +348,7 @@ class ShardWriter:
     def flush(self) -> None:
         """Commit the buffered records as one shard (a generation batch, the end of a run)."""
         if self._buffer:
-            table = to_table(self._buffer, float16=bool(self.manifest.get("store", {}).get("float16")))
+            table = to_table(self._buffer, float16=_float16(self.manifest))
             self._buffer = []
             self.write_table(table)
 

@@ -15,11 +15,9 @@ from typing import Any
 
 from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, ReadoutConfig, SamplingConfig
 from depthlens.errors import ClusterError, DepthlensError, InputError, StoreError
-from depthlens.studies.ray_score import actor_env, import_ray, worker_error
+from depthlens.studies.ray_score import RESTARTS, actor_env, import_ray, worker_error
 from depthlens.studies.tasks import Question
 from depthlens.studies.thinkn import GenerationReport
-
-_RESTARTS = 3
 
 
 class _Collect:
@@ -157,7 +155,7 @@ def generate_store_ray(
         _Sampler, fn_constructor_args=(model, kwargs, list(questions), settings), batch_size=block_questions,
         batch_format="pyarrow", compute=ActorPoolStrategy(size=workers), num_cpus=cpus, num_gpus=gpus,
         runtime_env=actor_env(cpus),
-        max_restarts=_RESTARTS, max_task_retries=_RESTARTS,
+        max_restarts=RESTARTS, max_task_retries=RESTARTS,
     )  # fmt: skip
     n_layers = writer.manifest.get("n_layers")
     try:

@@ -26,9 +26,9 @@ EXTRA_HINT = "--ray needs the Ray extra: pip install 'depthlens[ray]'"
 # Fault injection for tests/test_ray.py: the first actor call that finds this file absent creates it and has
 # Ray kill its own actor, as an operator's ``ray.kill`` or a lost node would, mid-block.
 _RAY_KILL_ONCE = "DEPTHLENS_FAULT_RAY_KILL_ONCE"
-_RESTARTS = (
-    3  # a killed actor is restarted and its block retried this often; a model that fails to load is not
-)
+# A killed actor is restarted and its block retried this often (scoring and generation alike); a model that fails
+# to load is not.
+RESTARTS = 3
 
 
 def import_ray() -> Any:
@@ -271,7 +271,7 @@ def score_ray(
         _Scorer, fn_constructor_args=(model, kwargs, settings, max(1, int(cpus)), pending),
         batch_size=block_rows, batch_format="pyarrow", compute=ActorPoolStrategy(size=workers),
         num_cpus=cpus, num_gpus=gpus, runtime_env=actor_env(cpus),
-        max_restarts=_RESTARTS, max_task_retries=_RESTARTS,
+        max_restarts=RESTARTS, max_task_retries=RESTARTS,
     )  # fmt: skip
     n_layers = writer.manifest.get("n_layers")
     try:

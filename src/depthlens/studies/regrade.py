@@ -31,10 +31,9 @@ from depthlens.studies.store_answers import ANSWER_FIELDS, RULES, AnswerSummary,
 from depthlens.studies.tasks import HUB_TASKS, Question, infer_answer_type, load_task, parse_task_config
 from depthlens.studies.thinkn import (
     QUESTIONS,
-    SAMPLES,
-    SHARDS,
     read_manifest,
-    samples_manifest,
+    samples_path,
+    stored_format,
     summarise,
     summary_files,
 )
@@ -151,8 +150,8 @@ def regrade_store(
         fallback=fallback if fallback is not None else settings.fallback,  # type: ignore[arg-type]
     )
     questions = rebuild_questions(store, manifest)
-    sharded = samples_manifest(store).parent == store / SHARDS
-    samples = store / (SHARDS if sharded else SAMPLES)
+    fmt = stored_format(store)
+    samples = samples_path(store, fmt)
     old, new = [], []
     changed = Counter[str]()
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -186,7 +185,7 @@ def regrade_store(
             {"at": now, "from_rules": rules_before, "rules": RULES, "command": " ".join(sys.argv)},
         ],
     }
-    if sharded:  # new shards, then the manifest as the commit (parquet_store.rewrite_store)
+    if fmt == "parquet":  # new shards, then the manifest as the commit (parquet_store.rewrite_store)
         rewrite_store(samples, updated, regrade)
     else:
         lines = [json.dumps(regrade(record), ensure_ascii=False) + "\n" for record in iter_jsonl(samples)]

@@ -19,7 +19,7 @@ from depthlens.metrics.fused import use_compiled
 from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout, sequence_scores, tcb_summary
 from depthlens.models.load import LoadedModel
 from depthlens.models.tokens import token_texts
-from depthlens.readout.stream import TokenSequence, chunk_sizes, iter_readout, validate
+from depthlens.readout.stream import TokenSequence, iter_readout, lens_for, model_chunk_sizes, validate
 from depthlens.studies.records import BadLine, InputRecord, check_record
 
 SUMMARY_FIELDS = (
@@ -126,9 +126,7 @@ def score_records(
     if batch_size < 1:
         raise InputError(f"batch_size = {batch_size}; use 1 or more")
     batch: list[tuple[InputRecord, TokenSequence]] = []
-    # Token-layer rows per unembedding product: a chunk shorter than a full one reads several layers in one.
-    vocab, hidden = lm.parts.unembed.weight.shape
-    block_rows = chunk_sizes(readout, vocab, hidden, lm.n_layers, 1)[1]
+    block_rows = model_chunk_sizes(lm, lens_for(lm, readout), readout)[1]  # token-layer rows per lens product
 
     def flush() -> Iterator[dict[str, Any]]:
         seqs = [s for _, s in batch]

@@ -40,11 +40,14 @@ def results_format(out: Path) -> StoreFormat:
     return "jsonl" if out.exists() or out.suffix == ".jsonl" else "parquet"
 
 
-def store_entry(fmt: StoreFormat, float16: bool) -> dict[str, Any] | None:
-    """The manifest's ``store`` entry: how a Parquet store keeps its floats (None for JSONL, which has none)."""
+def store_entry(
+    fmt: StoreFormat, float16: bool, jsonl_fix: str = "give --out a name without .jsonl"
+) -> dict[str, Any] | None:
+    """The manifest's ``store`` entry: how a Parquet store keeps its floats (None for JSONL, which has none;
+    ``float16`` there is refused, the error saying ``jsonl_fix``)."""
     if fmt == "jsonl":
         if float16:
-            raise InputError("--float16 applies to Parquet stores; give --out a name without .jsonl")
+            raise InputError(f"--float16 applies to Parquet stores; {jsonl_fix}")
         return None
     return {"format": "parquet", "float16": float16}
 

@@ -49,7 +49,6 @@ from depthlens.studies.parquet_store import MANIFEST, ShardWriter, iter_store
 from depthlens.studies.records import (
     SAMPLES,
     ResultWriter,
-    iter_jsonl,
     manifest_path,
     read_json,
     settings_differ,
@@ -57,7 +56,7 @@ from depthlens.studies.records import (
 )
 from depthlens.studies.score import as_token_ids
 from depthlens.studies.store_answers import ANSWER_FIELDS, RULES, AnswerSummary, answer_fields
-from depthlens.studies.stores import FORMATS, StoreFormat, open_results
+from depthlens.studies.stores import FORMATS, StoreFormat, open_results, store_entry
 from depthlens.studies.tables import write_csv
 from depthlens.studies.tasks import Question
 from depthlens.voting.methods import Response, think_at_n
@@ -65,7 +64,7 @@ from depthlens.voting.trials import MethodSummary, ablation, run_trials
 
 STORE_VERSION = 1
 QUESTIONS = "questions.jsonl"
-SHARDS = "samples"  # a sharded store's responses: a Parquet store directory (``generate --ray``)
+SHARDS = "samples"  # the responses of a sharded store (the default): a Parquet store directory
 PER_TOKEN = ("log_prob", "entropy", "self_certainty", "confidence")
 REQUIRED = (
     "id",
@@ -415,34 +414,31 @@ def remove_other_format(out_dir: Path, fmt: StoreFormat) -> None:
 
 def samples_entry(fmt: StoreFormat, float16: bool) -> dict[str, Any]:
     """The manifest entries of the responses' format: ``store`` for a Parquet store, nothing for JSONL."""
-    if fmt == "jsonl":
-        if float16:
-            raise InputError("--float16 applies to Parquet stores; leave out --store jsonl")
-        return {}
-    return {"store": {"format": "parquet", "float16": float16}}
+    entry = store_entry(fmt, float16, jsonl_fix="leave out --store jsonl")
+    return {} if entry is None else {"store": entry}
+
+
+def stored_format(out_dir: Path) -> StoreFormat:
+    """The format of the responses in ``out_dir``: Parquet where ``samples/`` has its manifest and no
+    ``samples.jsonl`` is beside it, else JSONL (also where there is no store yet)."""
+    sharded = (out_dir / SHARDS / MANIFEST).is_file() and not (out_dir / SAMPLES).exists()
+    return "parquet" if sharded else "jsonl"
 
 
 def samples_manifest(out_dir: Path) -> Path:
     """The manifest of a store's responses: beside ``samples.jsonl``, or inside the sharded ``samples/``."""
-    sharded = out_dir / SHARDS / MANIFEST
-    return (
-        sharded
-        if sharded.is_file() and not (out_dir / SAMPLES).exists()
-        else manifest_path(out_dir / SAMPLES)
-    )
+    if stored_format(out_dir) == "parquet":
+        return out_dir / SHARDS / MANIFEST
+    return manifest_path(out_dir / SAMPLES)
 
 
 def iter_samples(out_dir: Path) -> Iterator[dict[str, Any]]:
     """A store's response records, from ``samples.jsonl`` or from every shard of ``samples/`` read as one."""
-    if samples_manifest(out_dir).parent.name == SHARDS:
-        yield from iter_store(out_dir / SHARDS)
-    else:
-        yield from iter_jsonl(out_dir / SAMPLES)
+    yield from iter_store(samples_path(out_dir, stored_format(out_dir)))
 
 
 def read_manifest(out_dir: Path) -> dict[str, Any]:
-    meta = samples_manifest(out_dir)
-    samples = out_dir / SAMPLES if meta.parent == out_dir else meta.parent
+    samples, meta = samples_path(out_dir, stored_format(out_dir)), samples_manifest(out_dir)
     if not samples.exists() or not meta.is_file():
         raise StoreError(
             f"{out_dir} is not a depthlens sample store (no {SAMPLES} with its manifest); "
