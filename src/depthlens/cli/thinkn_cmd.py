@@ -411,6 +411,7 @@ def _samples_manifest(out: Path) -> Path:
 
 
 def print_report(report: ThinkReport, store: Path | None = None) -> None:
+    from depthlens.cli.paired_view import PAIRED_COLUMNS, paired_cells, power_line
     from depthlens.voting.answers import RULES
 
     info = report.info
@@ -422,7 +423,7 @@ def print_report(report: ThinkReport, store: Path | None = None) -> None:
         title_justify="left",
     )
     table.add_column("method", no_wrap=True)  # never cut: the names are what --methods takes
-    for column in ("accuracy %", "tokens/q", "vs Cons@n", "paper cost"):
+    for column in ("accuracy %", "tokens/q", "vs Cons@n", "paper cost", *PAIRED_COLUMNS):
         table.add_column(column, justify="right")
     cons = next((s for s in report.summaries if s.method == "cons@n"), None)
     for s in report.summaries:
@@ -433,8 +434,11 @@ def print_report(report: ThinkReport, store: Path | None = None) -> None:
             f"{s.cost_mean:,.0f} ± {s.cost_std:,.0f}",
             ratio,
             f"{s.cost_paper_mean:,.0f}",
+            *paired_cells(report.paired, s.method),
         )
     console.print(table)
+    if (line := power_line(report.paired)) is not None:
+        err_console.print(line, highlight=False)
     err_console.print(info.answers.line(), highlight=False)
     if info.answers.rules != RULES:
         err_console.print(
@@ -658,7 +662,7 @@ def _online(**given: Any) -> None:
     )  # fmt: skip
     if store is not None:
         oc.run_replay(online=policy, store=store, dtr=dtr, trials=given["trials"], seed=given["seed"],
-                      sweep=given["sweep"])  # fmt: skip
+                      sweep=given["sweep"], n=given["n"])  # fmt: skip
         return
     sampling = SamplingConfig(
         given["temperature"], given["top_p"], given["max_new_tokens"],

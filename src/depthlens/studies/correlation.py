@@ -31,7 +31,9 @@ from depthlens.metrics.dtr import (
     matched_threshold,
     settling_depth,
 )
-from depthlens.metrics.stats import binned_correlation, bootstrap_ci, point_biserial, quantile_bins, spearman
+from depthlens.metrics.resampling import cluster_correlation_bootstrap, mean_bootstrap
+from depthlens.metrics.stats import binned_correlation, point_biserial_test, quantile_bins, spearman_test
+from depthlens.studies.inference import format_p
 from depthlens.studies.thinkn import REQUIRED, SAMPLES, damaged_record, iter_samples, read_manifest
 
 KIND_FIELD = {"kl": "divergence_kl", "cosine": "divergence_cosine", "jsd": "divergence_jsd",
@@ -235,6 +237,14 @@ class Correlation:
     point_biserial_ci: tuple[float | None, float | None]
     responses: int
     note: str = ""
+    # Question-level inference (definitions.md §4): two-sided bootstrap p of r = 0, from the interval's resamples;
+    # scipy's p (every response independent) beside it; the binned r's interval over questions.
+    spearman_p: float | None = None
+    point_biserial_p: float | None = None
+    spearman_p_iid: float | None = None
+    point_biserial_p_iid: float | None = None
+    binned_r_ci: tuple[float | None, float | None] = (None, None)
+    binned_r_p: float | None = None
 
 
 def metric_values(
@@ -275,19 +285,7 @@ def correlate(
     if np.ptp(values) == 0:
         return dataclasses.replace(none, note="the metric is constant over all responses")
 
-    rng = np.random.default_rng([cfg.seed, 1])
-    clusters, start = [], 0
-    for v, _ in groups:
-        clusters.append(np.arange(start, start + v.size))
-        start += v.size
-    clusters = [c for c in clusters if c.size]
-    rho = spearman(values, correct)
-    rho_ci = bootstrap_ci(lambda idx: spearman(values[idx], correct[idx]), clusters, cfg.bootstrap, rng)
-    pb = point_biserial(values, correct)
-    pb_ci = bootstrap_ci(lambda idx: point_biserial(values[idx], correct[idx]), clusters, cfg.bootstrap, rng)
-    result = dataclasses.replace(
-        none, spearman=rho, spearman_ci=rho_ci, point_biserial=pb, point_biserial_ci=pb_ci
-    )
+    result = dataclasses.replace(none, **_unbinned(groups, values, correct, cfg))
 
     if len(mixed) < cfg.min_questions:
         return dataclasses.replace(
@@ -296,27 +294,58 @@ def correlate(
             f"and ≥ {cfg.bins} responses; {len(mixed)} have them",
         )
     per_seed, used = [], []
+    per_question = np.full((cfg.seeds, len(mixed)), np.nan)  # [seed, question] binned r
     for s in range(cfg.seeds):
         seed_rng = np.random.default_rng([cfg.seed, 0, s])
         rs = []
-        for v, c in mixed:
+        for q, (v, c) in enumerate(mixed):
             if cfg.n is not None and cfg.n < v.size:
                 pick = seed_rng.choice(v.size, cfg.n, replace=False)
                 v, c = v[pick], c[pick]
             r = binned_correlation(v, c, cfg.bins, seed_rng)
             if r is not None:
                 rs.append(r)
+                per_question[s, q] = r
         if rs:
             per_seed.append(float(np.mean(rs)))
             used.append(len(rs))
     if not per_seed:
         return dataclasses.replace(result, note="binned r undefined in every seed (constant bins)")
+    # The paper's mean over questions, with its interval and p over question resamples of the per-question r
+    # (averaged over seeds first: the seeds re-bin the same responses, they are not new questions).
+    defined = ~np.isnan(per_question).all(axis=0)
+    binned = mean_bootstrap(np.nanmean(per_question[:, defined], axis=0), cfg.bootstrap, [cfg.seed, 3])
     return dataclasses.replace(
         result,
         binned_r=float(np.mean(per_seed)),
         binned_r_sd=float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else 0.0,
         questions_used=float(np.mean(used)),
+        binned_r_ci=(binned.low, binned.high),
+        binned_r_p=binned.p,
     )
+
+
+def _unbinned(
+    groups: Sequence[tuple[np.ndarray, np.ndarray]],
+    values: np.ndarray,
+    correct: np.ndarray,
+    cfg: CorrelationConfig,
+) -> dict[str, Any]:
+    """Spearman ρ and point-biserial r over all responses, each with scipy's p (responses independent) and the
+    question-bootstrap interval and p (the honest ones: responses to one question are not independent)."""
+    rho, pb = spearman_test(values, correct), point_biserial_test(values, correct)
+    rho_boot = cluster_correlation_bootstrap(groups, "spearman", cfg.bootstrap, [cfg.seed, 1])
+    pb_boot = cluster_correlation_bootstrap(groups, "pearson", cfg.bootstrap, [cfg.seed, 2])
+    return {
+        "spearman": rho.r if rho else None,
+        "spearman_p_iid": rho.p if rho else None,
+        "spearman_ci": (rho_boot.low, rho_boot.high),
+        "spearman_p": rho_boot.p,
+        "point_biserial": pb.r if pb else None,
+        "point_biserial_p_iid": pb.p if pb else None,
+        "point_biserial_ci": (pb_boot.low, pb_boot.high),
+        "point_biserial_p": pb_boot.p,
+    }
 
 
 def bin_profile(
@@ -359,14 +388,21 @@ def _row(store: Store, c: Correlation, settings: DTRSettings | None, metric: Stu
         "g": settings.g_by_kind.get(metric.kind) if settings and metric.kind else None,
         "binned_r": c.binned_r,
         "binned_r_sd": c.binned_r_sd,
+        "binned_r_lo": c.binned_r_ci[0],
+        "binned_r_hi": c.binned_r_ci[1],
+        "binned_r_p": c.binned_r_p,
         "questions_used": c.questions_used,
         "questions": len(store.questions()),
         "spearman": c.spearman,
         "spearman_lo": c.spearman_ci[0],
         "spearman_hi": c.spearman_ci[1],
+        "spearman_p": c.spearman_p,
+        "spearman_p_iid": c.spearman_p_iid,
         "point_biserial": c.point_biserial,
         "point_biserial_lo": c.point_biserial_ci[0],
         "point_biserial_hi": c.point_biserial_ci[1],
+        "point_biserial_p": c.point_biserial_p,
+        "point_biserial_p_iid": c.point_biserial_p_iid,
         "responses": c.responses,
         "accuracy": store.accuracy,
         "note": c.note,
@@ -457,7 +493,8 @@ def sweep(
                 "g": settings.g_by_kind.get(kind), "mean_dtr": float(values_all.mean()) if values_all.size else None,
                 "binned_r": c.binned_r, "point_biserial": c.point_biserial,
                 "point_biserial_lo": c.point_biserial_ci[0], "point_biserial_hi": c.point_biserial_ci[1],
-                "spearman": c.spearman, "note": c.note,
+                "point_biserial_p": c.point_biserial_p, "spearman": c.spearman, "spearman_p": c.spearman_p,
+                "note": c.note,
             })  # fmt: skip
     return rows
 
@@ -472,6 +509,23 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 def _ci(lo: float | None, hi: float | None) -> str:
     return "" if lo is None or hi is None else f" [{lo:+.2f}, {hi:+.2f}]"
+
+
+P_LEGEND = (
+    "p: two-sided p of r = 0 from the same question resamples; p_BH: Benjamini–Hochberg adjusted over every cell "
+    "of this table (one family per statistic); † marks p_BH < 0.05"
+)
+
+
+def _p(row: dict[str, Any], field: str, lead: str = "; ") -> str:
+    """`` p 0.012, p_BH 0.04†`` for a cell with a test; nothing for one without (older rows, no statistic)."""
+    if row.get(field) is None:
+        return ""
+    adjusted = row.get(f"{field}_bh")
+    text = f"{lead}p {format_p(row[field])}"
+    if adjusted is not None:
+        text += f", p_BH {format_p(adjusted)}" + ("†" if adjusted < 0.05 else "")
+    return text
 
 
 def table_one(rows: Sequence[dict[str, Any]]) -> str:
@@ -494,23 +548,26 @@ def table_one(rows: Sequence[dict[str, Any]]) -> str:
     def binned(r: dict[str, Any]) -> str:
         if r["binned_r"] is None:
             return "—"
-        return f"{r['binned_r']:+.2f} ± {r['binned_r_sd']:.2f} (q={r['questions_used']:.0f})"
+        return (f"{r['binned_r']:+.2f} ± {r['binned_r_sd']:.2f}{_ci(r.get('binned_r_lo'), r.get('binned_r_hi'))} "
+                f"(q={r['questions_used']:.0f}{_p(r, 'binned_r_p')})")  # fmt: skip
 
     def unbinned(r: dict[str, Any]) -> str:
         if r["point_biserial"] is None:
             return "—"
-        return (f"r_pb {_fmt(r['point_biserial'])}{_ci(r['point_biserial_lo'], r['point_biserial_hi'])}; "
-                f"ρ {_fmt(r['spearman'])}{_ci(r['spearman_lo'], r['spearman_hi'])}")  # fmt: skip
+        pb = f"{_fmt(r['point_biserial'])}{_ci(r['point_biserial_lo'], r['point_biserial_hi'])}"
+        rho = f"{_fmt(r['spearman'])}{_ci(r['spearman_lo'], r['spearman_hi'])}"
+        return f"r_pb {pb}{_p(r, 'point_biserial_p', ' ')}; ρ {rho}{_p(r, 'spearman_p', ' ')}"
 
     counts = {f"{r['model']} · {r['task']}": r for r in rows}
     lines = [
         "**Binned r** (definitions.md §4: 5 quantile bins per question, Pearson r of bin metric vs bin accuracy, "
         "averaged over questions and seeds; ± is the s.d. over seeds — 0 when each seed bins the whole pool and only "
-        "ties are re-broken —, q the questions with a defined r)",
+        "ties are re-broken —, [95 % interval] over question resamples of the per-question r, q the questions with a "
+        f"defined r; {P_LEGEND})",
         "",
         *table(binned),
         "",
-        "**Unbinned, per response**: point-biserial r and Spearman ρ with question-bootstrap 95 % CIs",
+        f"**Unbinned, per response**: point-biserial r and Spearman ρ with question-bootstrap 95 % CIs; {P_LEGEND}",
         "",
         *table(unbinned),
         "",

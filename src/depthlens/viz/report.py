@@ -28,13 +28,16 @@ from depthlens.studies.correlation import (
     sweep,
     table_one,
 )
+from depthlens.studies.inference import add_fdr
+from depthlens.studies.paired_tables import REPLAYS, pooled_rows, store_per_question, table_two_rows
 from depthlens.studies.parquet_store import MANIFEST
 from depthlens.studies.records import manifest_path, read_json
 from depthlens.studies.store_answers import AnswerSummary
-from depthlens.studies.tables import markdown_table, write_csv
+from depthlens.studies.tables import write_csv
 from depthlens.studies.thinkn import SAMPLES, SHARDS, summarise, summary_files, summary_stem
+from depthlens.viz.cost import draw_accuracy_cost, table_two_markdown
 from depthlens.viz.heatmap import draw_divergence_heatmap, write_heatmap_html
-from depthlens.viz.study import draw_accuracy_cost, draw_metric_bins, draw_sweeps, draw_token_settling
+from depthlens.viz.study import draw_metric_bins, draw_sweeps, draw_token_settling
 
 LABELS = {m.name: m.label for m in METRICS}
 
@@ -115,6 +118,9 @@ def write_correlation(
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [r for s in studies for r in s.rows]
     sweeps = [r for s in studies for r in s.sweeps]
+    # Each table one family (studies/inference.py); in place, so whoever prints the studies' rows sees it.
+    add_fdr(rows)
+    add_fdr(sweeps)
     paths = [write_csv(out_dir / "correlation.csv", rows)]
     (out_dir / "correlation.json").write_text(
         json.dumps({"config": config, "command": command, "rows": rows}, indent=2) + "\n"
@@ -230,6 +236,7 @@ def build_report(
         else "depthlens report"
     )
     studies, sections, thinkn_rows, commands = [], [], [], []
+    by_model: dict[str, list[dict[str, Any]]] = {}  # per model, each store's per-question accuracies
     for store in stores:
         on_store(store.label)
         study = study_store(store, out, cfg, dtr)
@@ -242,9 +249,16 @@ def build_report(
         summary = _thinkn(store, voting)
         if summary:
             commands.append(summary.get("command", ""))
-            thinkn_rows.extend({"store": store.label, **m} for m in summary["methods"])
+            replays = [
+                read_json(p, "online replay", "replay again") for p in sorted(store.path.glob(REPLAYS))
+            ]
+            commands += [r.get("command", "") for r in replays]
+            rows = table_two_rows(store.label, summary, replays)
+            thinkn_rows.extend(rows)
+            if (per_q := store_per_question(summary, replays)) is not None:
+                by_model.setdefault(store.model, []).append(per_q)
             study.figures["cost"] = draw_accuracy_cost(
-                summary["methods"],
+                rows,
                 out / f"fig5-cost-{_slug(store)}.png",
                 title=f"{store.label}: n = {summary['voting']['n']}, {summary['voting']['trials']} trials",
             )
@@ -267,12 +281,7 @@ def build_report(
         table_one(rows),
     ]
     if thinkn_rows:
-        lines += ["## Think@n and the baselines (Table 2)", "", markdown_table(
-            [{"store": r["store"], "method": r["method"],
-              "accuracy %": f"{100 * r['accuracy_mean']:.1f} ± {100 * r['accuracy_std']:.1f}",
-              "tokens / question": f"{r['cost_mean']:,.0f}",
-              "vs Cons@n": f"{r['cost_vs_cons']:.0%}" if r.get("cost_vs_cons") else "—"}
-             for r in thinkn_rows]), ""]  # fmt: skip
+        lines += table_two_markdown(thinkn_rows, pooled_rows(by_model))
     lines += [*sections, _limits(stores)]
     text = "\n".join(lines) + "\n"
     md = out / "report.md"
