@@ -215,7 +215,7 @@ def test_thinkn_from_a_store_prints_and_writes_the_paired_tests(study, monkeypat
         monkeypatch, capsys, "thinkn", "--from", study, "--n", "4", "--trials", "4", "--prefix", "4"
     )
     assert code == 0, err
-    assert "Δ vs Cons@n" in out and "think@n vs cons@n over 6 questions" in err and "80 % power needs" in err
+    assert "Δ points [95 %]" in out and "think@n vs cons@n over 6 question" in err
     summary = json.loads((study / "thinkn-n4-eta0.5-l4.json").read_text())
     rows = {m["method"]: m for m in summary["methods"]}
     assert rows["cons@n"]["p"] is None and 0 < rows["think@n"]["p"] <= 1
@@ -236,7 +236,10 @@ def test_report_table_two_has_online_replays_paired_tests_and_the_pooled_model(s
                            "--warmup", "2", "--max-n", "8", "--consensus", "0.8", "--deepconf-window", "4",
                            *common)  # fmt: skip
         assert code in (0, None), err
-        assert "Cons@n beside it: n = 4" in err and f"online {'think@n' if signal == 'dtr' else 'deepconf'}" in err
+        assert (
+            "Cons@n beside it: n = 4" in err
+            and f"online {'think@n' if signal == 'dtr' else 'deepconf'}" in err
+        )
     replay = json.loads((study / "online_replay-dtr.json").read_text())
     assert replay["cons_n"] == 4 and 0 < replay["paired"]["p"] <= 1
     assert len(replay["per_question"]["accuracy"]["online think@n"]) == 6
@@ -245,3 +248,21 @@ def test_report_table_two_has_online_replays_paired_tests_and_the_pooled_model(s
     assert "online think@n (max n 8, β 0.8)" in text and "online deepconf (max n 8, β 0.8)" in text
     assert "Pooled over each model's stores" in text and "Δ vs Cons@n, points [95 %]" in text
     assert "p_BH" in text and "power +2.0 / +3.3" in text
+
+
+def test_power_line_names_the_spread_the_power_and_the_questions_needed():
+    from depthlens.cli.paired_view import power_line
+    from depthlens.voting.paired import paired_comparisons
+
+    rng = np.random.default_rng(0)
+    cons = rng.integers(0, 2, 30).astype(float)
+    think = np.clip(cons + rng.choice([-1.0, 0.0, 0.0, 1.0], 30), 0, 1)
+    (c,) = paired_comparisons({"cons@n": cons, "think@n": think}, resamples=2000)
+    line = power_line([c])
+    need = [questions_needed(e, c.test.sd) for e in (0.020, 0.033)]
+    assert "over 30 questions" in line and f"80 % power needs {need[0]:,} / {need[1]:,} questions" in line
+    assert (
+        f"{c.power['2.0']:.2f} / {c.power['3.3']:.2f}" in line and c.power["2.0"] < 0.2
+    )  # 30 questions: hopeless
+    flat = paired_comparisons({"cons@n": cons, "think@n": cons})
+    assert "the same outcome on every question" in power_line(flat)

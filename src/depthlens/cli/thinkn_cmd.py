@@ -411,7 +411,7 @@ def _samples_manifest(out: Path) -> Path:
 
 
 def print_report(report: ThinkReport, store: Path | None = None) -> None:
-    from depthlens.cli.paired_view import PAIRED_COLUMNS, paired_cells, power_line
+    from depthlens.cli.paired_view import paired_table, power_line
     from depthlens.voting.answers import RULES
 
     info = report.info
@@ -423,7 +423,7 @@ def print_report(report: ThinkReport, store: Path | None = None) -> None:
         title_justify="left",
     )
     table.add_column("method", no_wrap=True)  # never cut: the names are what --methods takes
-    for column in ("accuracy %", "tokens/q", "vs Cons@n", "paper cost", *PAIRED_COLUMNS):
+    for column in ("accuracy %", "tokens/q", "vs Cons@n", "paper cost"):
         table.add_column(column, justify="right")
     cons = next((s for s in report.summaries if s.method == "cons@n"), None)
     for s in report.summaries:
@@ -434,11 +434,12 @@ def print_report(report: ThinkReport, store: Path | None = None) -> None:
             f"{s.cost_mean:,.0f} ± {s.cost_std:,.0f}",
             ratio,
             f"{s.cost_paper_mean:,.0f}",
-            *paired_cells(report.paired, s.method),
         )
     console.print(table)
-    if (line := power_line(report.paired)) is not None:
-        err_console.print(line, highlight=False)
+    if report.paired:
+        console.print(paired_table(report.paired))
+        if (line := power_line(report.paired)) is not None:
+            err_console.print(line, highlight=False)
     err_console.print(info.answers.line(), highlight=False)
     if info.answers.rules != RULES:
         err_console.print(
