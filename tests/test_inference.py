@@ -266,3 +266,22 @@ def test_power_line_names_the_spread_the_power_and_the_questions_needed():
     )  # 30 questions: hopeless
     flat = paired_comparisons({"cons@n": cons, "think@n": cons})
     assert "the same outcome on every question" in power_line(flat)
+
+
+def test_correlate_prints_and_writes_the_adjusted_p_beside_the_intervals(
+    study, monkeypatch, capsys, tmp_path
+):
+    code, out, err = run(monkeypatch, capsys, "correlate", study, "--out", tmp_path / "c", "--seeds", "2",
+                         "--bootstrap", "50", "--no-sweeps")  # fmt: skip
+    assert code in (0, None), err
+    assert "p_BH" in out
+    header = (tmp_path / "c" / "correlation.csv").read_text().splitlines()[0].split(",")
+    assert {
+        "point_biserial_p",
+        "point_biserial_p_bh",
+        "spearman_p_bh",
+        "binned_r_lo",
+        "binned_r_p_bh",
+    } <= set(header)
+    text = (tmp_path / "c" / "correlation.md").read_text()
+    assert "Benjamini–Hochberg" in text and ", p_BH " in text
