@@ -248,6 +248,22 @@ def test_report_table_two_has_online_replays_paired_tests_and_the_pooled_model(s
     assert "online think@n (max n 8, β 0.8)" in text and "online deepconf (max n 8, β 0.8)" in text
     assert "Pooled over each model's stores" in text and "Δ vs Cons@n, points [95 %]" in text
     assert "p_BH" in text and "power +2.0 / +3.3" in text
+    # Table 2's p_BH is over all its comparisons (17 offline methods + 2 online), not each summary's own family
+    from depthlens.metrics.resampling import fdr_adjust
+    from depthlens.studies.inference import format_p
+
+    summary = json.loads((study / "thinkn-n4-eta0.5-l4.json").read_text())
+    tested = [m for m in summary["methods"] if m["p"] is not None]
+    ps = [m["p"] for m in tested]
+    ps += [
+        json.loads((study / f"online_replay-{s}.json").read_text())["paired"]["p"]
+        for s in ("dtr", "confidence")
+    ]
+    table_bh = fdr_adjust(ps)[[m["method"] for m in tested].index("think@n")]
+    row = next(line for line in text.splitlines() if line.startswith("| tiny-llama · tiny | think@n |"))
+    header = next(line for line in text.splitlines() if line.startswith("| store | method |"))
+    cells = dict(zip(header.strip("|").split(" | "), row.strip("|").split(" | "), strict=True))
+    assert cells["p_BH"].strip().rstrip("†") == format_p(table_bh)
 
 
 def test_power_line_names_the_spread_the_power_and_the_questions_needed():

@@ -28,7 +28,7 @@ from depthlens.studies.correlation import (
     sweep,
     table_one,
 )
-from depthlens.studies.inference import add_fdr
+from depthlens.studies.inference import PAIRED_FIELDS, add_fdr
 from depthlens.studies.paired_tables import REPLAYS, pooled_rows, store_per_question, table_two_rows
 from depthlens.studies.parquet_store import MANIFEST
 from depthlens.studies.records import manifest_path, read_json
@@ -281,6 +281,9 @@ def build_report(
         table_one(rows),
     ]
     if thinkn_rows:
+        add_fdr(
+            thinkn_rows, PAIRED_FIELDS
+        )  # the whole Table 2 one family (a summary's own p_bh: its methods)
         lines += table_two_markdown(thinkn_rows, pooled_rows(by_model))
     lines += [*sections, _limits(stores)]
     text = "\n".join(lines) + "\n"
