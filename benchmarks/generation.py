@@ -30,7 +30,7 @@ import time
 
 from depthlens.config import SamplingConfig
 from depthlens.models.load import load
-from depthlens.sampling.generate import HFGenerator
+from depthlens.sampling.hf import HFGenerator
 from depthlens.studies.score import as_token_ids
 
 
@@ -53,9 +53,9 @@ def _hf_generate(lm, prompt: list[int], n: int, max_new_tokens: int, end_ids: se
 
 def compare(lm, prompt: list[int], ns: list[int], max_new_tokens: int) -> list[dict]:
     from depthlens.config import DTRConfig, VotingConfig
-    from depthlens.sampling.generate import end_token_ids
+    from depthlens.evals.answers import extract_answer
+    from depthlens.sampling.backend import end_token_ids
     from depthlens.studies.thinkn import think_at_n_live
-    from depthlens.voting.answers import extract_answer
 
     def key(trace) -> str | None:
         text = lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True)
@@ -97,7 +97,7 @@ LONG = "Write a long, detailed essay on the history of mathematics, from Babylon
 
 def _generator(name: str, lm, hf_lm, dtype: str, sampling, engine):
     from depthlens.config import EngineConfig
-    from depthlens.sampling.vllm_backend import VLLMGenerator
+    from depthlens.sampling.vllm.backend import VLLMGenerator
 
     if name == "hf":
         return HFGenerator(hf_lm, sampling)
@@ -147,9 +147,9 @@ def backends(args) -> dict:
     import types
 
     from depthlens.config import DTRConfig, EngineConfig, VotingConfig
-    from depthlens.sampling.vllm_backend import engine_source, start_engine
+    from depthlens.evals.answers import extract_answer
+    from depthlens.sampling.vllm.backend import engine_source, start_engine
     from depthlens.studies.thinkn import think_at_n_live
-    from depthlens.voting.answers import extract_answer
 
     dtype = args.dtype
     lm = load(args.model, dtype=args.readout_dtype)  # the vLLM backend's readout copy

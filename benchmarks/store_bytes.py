@@ -35,7 +35,7 @@ def _column_bytes(store: Path, column: str) -> int:
 def _store_bytes(path: Path) -> int:
     """A store's bytes: a JSONL file and its manifest, or a Parquet store directory."""
     if path.is_file():
-        from depthlens.studies.records import manifest_path
+        from depthlens.stores.files import manifest_path
 
         return path.stat().st_size + manifest_path(path).stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
@@ -55,10 +55,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from depthlens.config import ReadoutConfig, SamplingConfig
+    from depthlens.evals.loading import load_task
     from depthlens.models.load import load
-    from depthlens.studies.parquet_store import ShardWriter
-    from depthlens.studies.tasks import load_task
-    from depthlens.studies.thinkn import SAMPLES, generate_store, iter_samples, samples_path
+    from depthlens.stores.parquet import ShardWriter
+    from depthlens.stores.samples import SAMPLES, iter_samples, samples_path
+    from depthlens.studies.generate import generate_store
 
     lm = load(args.model, device="cpu")
     tmp = Path(tempfile.mkdtemp(prefix="store-bytes-"))

@@ -14,9 +14,9 @@ import types
 from collections import Counter
 from pathlib import Path
 
-from depthlens.studies.thinkn import iter_samples
-from depthlens.viz.report import find_stores
-from depthlens.voting.answers import answers_equivalent
+from depthlens.evals.answers import answers_equivalent
+from depthlens.stores.samples import iter_samples
+from depthlens.studies.report import find_stores
 
 OLD_RULES = "592f272^:src/depthlens/voting/answers.py"  # the commit before the answer rules
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from depthlens.studies.parquet_store import iter_store
+from depthlens.stores.parquet import iter_store
 from depthlens.viz.heatmap import draw_divergence_heatmap
 
 

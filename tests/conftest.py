@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from depthlens.models import catalogue
-from depthlens.sampling.generate import AUTO_ENV
+from depthlens.sampling.choose import AUTO_ENV
 
 # `make test` installs the vllm extra, where `--backend auto` means vLLM: the suite's CLI runs on tiny models test
 # the transformers sampler, as auto picks it without the extra; tests/test_vllm_backend.py names vllm itself.

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from depthlens.config import AnswerConfig
-from depthlens.studies.tasks import Question, grade, load_task
-from depthlens.voting.answers import NUMERIC, extract_answer
+from depthlens.evals.answers import NUMERIC, extract_answer
+from depthlens.evals.grading import grade
+from depthlens.evals.loading import load_task
+from depthlens.evals.tasks import Question
 
 DATA = Path(__file__).parent / "data"
 ROWS = [

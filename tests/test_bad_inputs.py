@@ -130,13 +130,13 @@ def _disk_full(d: Path, f: dict[str, Path]) -> list[str]:
 
 
 def _without_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
-    import depthlens.sampling.generate as generate
+    import depthlens.sampling.choose as generate
 
     monkeypatch.setattr(generate, "vllm_available", lambda: False)
 
 
 def _vllm_gguf(d: Path) -> list[str]:
-    from depthlens.sampling.generate import vllm_available
+    from depthlens.sampling.choose import vllm_available
 
     if not vllm_available():
         pytest.skip("needs the vllm extra")
@@ -257,9 +257,9 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def fixtures(tmp_path_factory):
+    from depthlens.evals.tasks import Question
     from depthlens.models.load import wrap
-    from depthlens.studies.tasks import Question
-    from depthlens.studies.thinkn import generate_store
+    from depthlens.studies.generate import generate_store
 
     tiny = tmp_path_factory.mktemp("tiny")
     tiny_model("llama").save_pretrained(tiny)

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from depthlens.cli.app import main
-from depthlens.studies.records import iter_jsonl
+from depthlens.stores.jsonl import iter_jsonl
 from tests.conftest import tiny_model
 
 

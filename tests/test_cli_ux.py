@@ -13,7 +13,7 @@ import pytest
 
 from depthlens.models import catalogue
 from depthlens.models.tokens import piece_bytes, readable, token_texts
-from depthlens.studies.records import iter_jsonl
+from depthlens.stores.jsonl import iter_jsonl
 from tests.conftest import tiny_model
 from tests.test_cli import run
 

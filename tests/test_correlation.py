@@ -12,6 +12,7 @@ import torch
 
 from depthlens.config import CorrelationConfig, DTRConfig, ReadoutConfig, SamplingConfig
 from depthlens.errors import InputError, StoreError
+from depthlens.evals.tasks import Question
 from depthlens.metrics.dtr import deep_flags, deep_threshold, matched_threshold, settling_depth
 from depthlens.metrics.stats import (
     average_ranks,
@@ -22,16 +23,12 @@ from depthlens.metrics.stats import (
     quantile_bins,
     spearman,
 )
-from depthlens.studies.correlation import (
-    METRIC_NAMES,
-    correlate,
-    load_store,
-    store_correlations,
-    sweep,
-    table_one,
-)
-from depthlens.studies.tasks import Question
-from depthlens.studies.thinkn import SAMPLES, generate_store
+from depthlens.stores.samples import SAMPLES
+from depthlens.studies.correlation import METRIC_NAMES, correlate, store_correlations
+from depthlens.studies.generate import generate_store
+from depthlens.studies.stored import load_store
+from depthlens.studies.sweeps import sweep
+from depthlens.studies.tables import table_one
 from tests.test_cli import run
 
 # --- statistics ---------------------------------------------------------------------------------------------

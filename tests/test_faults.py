@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from depthlens.studies.thinkn import iter_samples
+from depthlens.stores.samples import iter_samples
 from tests.conftest import tiny_model
 from tests.test_cli import run
 

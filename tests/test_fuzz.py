@@ -20,10 +20,11 @@ from depthlens.config import (
     VotingConfig,
 )
 from depthlens.errors import DepthlensError
-from depthlens.studies.correlation import load_store
-from depthlens.studies.records import read_records
-from depthlens.studies.tasks import parse_task_config
-from depthlens.studies.thinkn import SAMPLES, STORE_VERSION, load_pools, read_manifest
+from depthlens.evals.loading import parse_task_config
+from depthlens.stores.inputs import read_records
+from depthlens.stores.samples import SAMPLES, STORE_VERSION, read_manifest
+from depthlens.studies.stored import load_store
+from depthlens.studies.thinkn import load_pools
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

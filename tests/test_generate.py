@@ -9,7 +9,8 @@ from depthlens.config import ReadoutConfig, SamplingConfig
 from depthlens.errors import ConfigError, InputError
 from depthlens.metrics.token_table import reduce_readout
 from depthlens.readout.stream import TokenSequence, iter_readout
-from depthlens.sampling.generate import HFGenerator, next_token
+from depthlens.sampling.backend import next_token
+from depthlens.sampling.hf import HFGenerator
 
 PROMPT = [1, 5, 9, 14, 20, 7]
 

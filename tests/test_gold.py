@@ -9,10 +9,10 @@ from fractions import Fraction
 import pytest
 
 from depthlens.config import SamplingConfig
-from depthlens.studies.gold import expression_value, reference_disagrees
+from depthlens.evals.gold import expression_value, reference_disagrees
+from depthlens.evals.loading import load_task
+from depthlens.studies.generate import generate_store
 from depthlens.studies.regrade import regrade_store
-from depthlens.studies.tasks import load_task
-from depthlens.studies.thinkn import generate_store
 from tests.test_cli import run
 
 # The correlation study's basic_arithmetic settings (examples/correlation_study.sh).

@@ -11,13 +11,16 @@ import pytest
 from scipy import stats
 
 from depthlens.config import CorrelationConfig, ReadoutConfig, SamplingConfig, VotingConfig
+from depthlens.evals.tasks import Question
 from depthlens.metrics.paired import paired_power, paired_test, questions_needed
 from depthlens.metrics.resampling import cluster_correlation_bootstrap, fdr_adjust, mean_bootstrap
 from depthlens.metrics.stats import bootstrap_ci, pearson, point_biserial, spearman
-from depthlens.studies.correlation import METRICS, dtr_settings, load_store, metric_values, store_correlations
+from depthlens.stores.samples import SAMPLES
+from depthlens.studies.correlation import METRICS, dtr_settings, metric_values, store_correlations
+from depthlens.studies.generate import generate_store
 from depthlens.studies.inference import add_fdr
-from depthlens.studies.tasks import Question
-from depthlens.studies.thinkn import SAMPLES, generate_store, load_pools
+from depthlens.studies.stored import load_store
+from depthlens.studies.thinkn import load_pools
 from depthlens.voting.paired import compare_methods
 from depthlens.voting.trials import run_trials, trial_outcomes
 from tests.test_cli import run

@@ -10,10 +10,11 @@ import pytest
 
 from depthlens.config import DTRConfig, OnlineConfig, SamplingConfig
 from depthlens.errors import ConfigError, InputError
+from depthlens.evals.loading import load_task
+from depthlens.evals.tasks import Question
+from depthlens.stores.jsonl import iter_jsonl
+from depthlens.stores.samples import SAMPLES
 from depthlens.studies.online import DECISIONS, online_store, ordered_pools
-from depthlens.studies.records import iter_jsonl
-from depthlens.studies.tasks import Question, load_task
-from depthlens.studies.thinkn import SAMPLES
 from depthlens.voting.methods import Response
 from depthlens.voting.online import replay, replay_trials, stop_point, threshold
 from tests.test_cli import run
@@ -200,7 +201,7 @@ def test_real_model_live_equals_replay_and_cli_replays_it(real_model, monkeypatc
 def test_online_store_reads_answers_by_the_given_rules(tiny_chat, tmp_path):
     # --prompt-style / --answer-fallback reach the online store as they reach `generate`: manifest and records
     from depthlens.config import AnswerConfig
-    from depthlens.studies.records import manifest_path
+    from depthlens.stores.files import manifest_path
 
     rules = AnswerConfig(fallback="last-number")
     qs = [Question("q0", "1 + 2 =", "3")]

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from depthlens.errors import StoreError
-from depthlens.studies.parquet_store import MANIFEST, iter_store, to_table
-from depthlens.studies.records import iter_jsonl
+from depthlens.stores.formats import read_inputs
+from depthlens.stores.jsonl import iter_jsonl
+from depthlens.stores.parquet import MANIFEST, iter_store, to_table
 from depthlens.studies.score import score_file, score_summary
-from depthlens.studies.stores import read_inputs
 from tests.test_cli import run
 
 ROWS = [
@@ -136,9 +136,12 @@ def test_cli_parquet_score_then_export_gives_the_jsonl_records(tmp_path, monkeyp
 def test_a_sample_store_votes_and_correlates_alike_in_either_format(tiny_chat, tmp_path):
     """The same responses as JSONL (5-decimal text) and as Parquet (float32): the same votes, DTRs and tables."""
     from depthlens.config import DTRConfig, ReadoutConfig, SamplingConfig, VotingConfig
-    from depthlens.studies.correlation import dtr_settings, load_store
-    from depthlens.studies.tasks import Question
-    from depthlens.studies.thinkn import SHARDS, generate_store, iter_samples, summarise
+    from depthlens.evals.tasks import Question
+    from depthlens.stores.samples import SHARDS, iter_samples
+    from depthlens.studies.correlation import dtr_settings
+    from depthlens.studies.generate import generate_store
+    from depthlens.studies.stored import load_store
+    from depthlens.studies.thinkn import summarise
 
     questions = [Question(f"q{i}", f"{i} {i}", str(2 * i)) for i in range(3)]
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=8, readout_tokens=None)
@@ -167,14 +170,14 @@ def test_a_sample_store_votes_and_correlates_alike_in_either_format(tiny_chat, t
 def test_a_slow_run_commits_by_time_and_a_store_is_a_score_input(tiny_llama, tmp_path, monkeypatch):
     """A Parquet store commits what it holds every ``commit_s`` (a kill loses no more than that); its
     directory reads back as input, as JSONL does."""
-    from depthlens.studies import stores
+    from depthlens.stores import formats as stores
 
     monkeypatch.setattr(stores, "COMMIT_S", 0.0)  # every record arrives 'late': a shard each
     src = _write(tmp_path / "in.jsonl")
     score_file(tiny_llama, src, tmp_path / "store", tokens=True)
     manifest = json.loads((tmp_path / "store" / MANIFEST).read_text())
     assert [s["rows"] for s in manifest["shards"]] == [1] * len(ROWS)
-    from depthlens.studies.parquet_store import ShardWriter
+    from depthlens.stores.parquet import ShardWriter
 
     with ShardWriter(tmp_path / "inputs", {}, resume=False, shard_rows=4) as writer:
         for row in ROWS:

@@ -8,12 +8,17 @@ import pytest
 
 from depthlens.config import AnswerConfig, SamplingConfig, VotingConfig
 from depthlens.errors import StoreError
-from depthlens.studies.parquet_store import MANIFEST
-from depthlens.studies.records import iter_jsonl, manifest_path
+from depthlens.evals.answers import RULES
+from depthlens.evals.grading import grade
+from depthlens.evals.loading import load_task
+from depthlens.evals.tasks import Question, infer_answer_type
+from depthlens.stores.files import manifest_path
+from depthlens.stores.jsonl import iter_jsonl
+from depthlens.stores.parquet import MANIFEST
+from depthlens.stores.samples import SAMPLES, SHARDS, iter_samples
+from depthlens.studies.generate import generate_store
 from depthlens.studies.regrade import regrade_store
-from depthlens.studies.tasks import Question, grade, infer_answer_type, load_task
-from depthlens.studies.thinkn import SAMPLES, SHARDS, generate_store, iter_samples, summarise, summary_files
-from depthlens.voting.answers import RULES
+from depthlens.studies.thinkn import summarise, summary_files
 from tests.test_cli import run
 
 QUESTIONS = [Question("q0", "1 2", "3"), Question("q1", "4 5", "9")]
@@ -171,7 +176,7 @@ def test_a_sharded_store_is_regraded_by_new_shards_its_manifest_commits(tiny_cha
     shards = store / SHARDS
     before = {r["id"]: r for r in iter_samples(store)}
     old_files = sorted(p.name for p in shards.glob("part-*"))
-    from depthlens.studies import parquet_store
+    from depthlens.stores import parquet as parquet_store
 
     def cut(*_):  # the process dies after the new shards, before the manifest commits them
         raise OSError("killed")

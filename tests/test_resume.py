@@ -11,11 +11,12 @@ import pytest
 
 from depthlens.config import SamplingConfig, VotingConfig
 from depthlens.errors import StoreError
-from depthlens.studies import records
-from depthlens.studies.records import iter_jsonl
+from depthlens.evals.tasks import Question
+from depthlens.stores import jsonl as records
+from depthlens.stores.jsonl import iter_jsonl
+from depthlens.studies.generate import generate_store
 from depthlens.studies.score import score_file
-from depthlens.studies.tasks import Question
-from depthlens.studies.thinkn import generate_store, summarise
+from depthlens.studies.thinkn import summarise
 from tests.test_cli import run
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from depthlens.config import DTRConfig
 from depthlens.errors import InputError, StoreError
-from depthlens.studies.records import iter_jsonl, manifest_path
+from depthlens.stores.files import manifest_path
+from depthlens.stores.jsonl import iter_jsonl
 from depthlens.studies.score import SUMMARY_FIELDS, score, score_file
 
 

@@ -99,7 +99,7 @@ def test_tcb_commands_write_table_and_figure(real_model, monkeypatch, capsys, tm
 
 
 def test_every_template_renders_with_shots():
-    from depthlens.studies.tasks import Question
+    from depthlens.evals.tasks import Question
     from depthlens.studies.tcb_studies import TEMPLATES, _messages
 
     q, shot = Question("q", "1 + 2 =", "3"), Question("s", "4 + 4 =", "8")

@@ -10,17 +10,13 @@ import pytest
 
 from depthlens.config import DTRConfig, SamplingConfig, VotingConfig
 from depthlens.errors import InputError, StoreError
-from depthlens.studies.parquet_store import MANIFEST
-from depthlens.studies.tasks import Question, grade, load_task
-from depthlens.studies.thinkn import (
-    SAMPLES,
-    SHARDS,
-    generate_store,
-    iter_samples,
-    load_pools,
-    sample_seed,
-    summarise,
-)
+from depthlens.evals.grading import grade
+from depthlens.evals.loading import load_task
+from depthlens.evals.tasks import Question
+from depthlens.stores.parquet import MANIFEST
+from depthlens.stores.samples import SAMPLES, SHARDS, iter_samples
+from depthlens.studies.generate import generate_store, sample_seed
+from depthlens.studies.thinkn import load_pools, summarise
 from tests.test_cli import run
 
 DATA = Path(__file__).parent / "data"
@@ -216,9 +212,9 @@ def test_real_model_thinkn_end_to_end(real_model, monkeypatch, capsys, tmp_path)
 
 def test_live_think_at_n_finishes_only_the_kept(tiny_chat):
     """The deployed two-phase flow: same kept set and votes as ranking the full pool, at the exact cost."""
-    from depthlens.sampling.generate import HFGenerator
+    from depthlens.evals.answers import extract_answer, vote_key
+    from depthlens.sampling.hf import HFGenerator
     from depthlens.studies.thinkn import response_from_trace, think_at_n_live
-    from depthlens.voting.answers import extract_answer, vote_key
     from depthlens.voting.methods import think_at_n
 
     gen = HFGenerator(tiny_chat, SAMPLING)
@@ -244,7 +240,7 @@ def test_live_think_at_n_finishes_only_the_kept(tiny_chat):
 
 
 def test_task_config_sets_reasoning_gym_difficulty():
-    from depthlens.studies.tasks import parse_task_config
+    from depthlens.evals.loading import parse_task_config
 
     config = parse_task_config("min_terms=2,max_terms=2,max_digits=1, allow_negation=false")
     assert config == {"min_terms": 2, "max_terms": 2, "max_digits": 1, "allow_negation": False}

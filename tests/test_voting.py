@@ -9,7 +9,7 @@ import pytest
 
 from depthlens.config import VotingConfig
 from depthlens.errors import ConfigError, InputError
-from depthlens.voting.answers import ExtractionConfig, answers_equivalent, extract_answer, vote_key
+from depthlens.evals.answers import ExtractionConfig, answers_equivalent, extract_answer, vote_key
 from depthlens.voting.methods import METHODS, Response, percentile_kept, trace_confidence, vote
 from depthlens.voting.trials import ablation, draw, run_trials
 

@@ -13,11 +13,10 @@ import sys
 from pathlib import Path
 
 from depthlens.config import AnswerConfig
-from depthlens.studies.records import iter_jsonl
+from depthlens.evals.grading import grade, store_answers
+from depthlens.stores.jsonl import iter_jsonl
+from depthlens.stores.samples import SAMPLES, read_manifest
 from depthlens.studies.regrade import rebuild_questions
-from depthlens.studies.store_answers import store_answers
-from depthlens.studies.tasks import grade
-from depthlens.studies.thinkn import SAMPLES, read_manifest
 
 
 def rows(store: Path) -> list[dict[str, object]]:

@@ -9,7 +9,7 @@ import shlex
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -18,7 +18,7 @@ from rich.markup import escape
 from depthlens.errors import ConfigError, DepthlensError
 
 if TYPE_CHECKING:
-    from depthlens.config import EngineConfig
+    from depthlens.config import ModelSpec
     from depthlens.models.load import LoadedModel
 
 app = typer.Typer(
@@ -71,30 +71,19 @@ def warn(message: str) -> None:
     err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
 
 
-def load_model(
-    model: str,
-    device: str,
-    dtype: str,
-    trust_remote_code: bool,
-    blocks: str | None = None,
-    final_norm: str | None = None,
-    unembed: str | None = None,
-) -> LoadedModel:
-    """Load ``model`` for a command: a first install as a progress display, then a status line (``blocks``,
-    ``final_norm``, ``unembed``: module paths for an architecture without an adapter row, see ``depthlens.load``)."""
+def load_model(spec: ModelSpec) -> LoadedModel:
+    """Load the model ``spec`` names for a command: a first install as a progress display, then a status line."""
     from depthlens.cli.progress import install_with_progress, quiet_transformers
     from depthlens.models.locate import locate
 
-    source = locate(model)  # a name that points nowhere fails now, in milliseconds
+    source = locate(spec.name)  # a name that points nowhere fails now, in milliseconds
     if source.kind == "catalogue" and source.path is None:
-        install_with_progress(model, err_console)
+        install_with_progress(spec.name, err_console)
     from depthlens.models.load import load
 
     quiet_transformers()
-    with err_console.status(f"loading {model}") as status:
-        return load(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code,  # type: ignore[arg-type]
-                    blocks=blocks, final_norm=final_norm, unembed=unembed, progress=status.update,
-                    on_offline=warn)  # fmt: skip
+    with err_console.status(f"loading {spec.name}") as status:
+        return load(spec.name, progress=status.update, on_offline=warn, **spec.load_kwargs())
 
 
 class Terminated(KeyboardInterrupt):
@@ -103,22 +92,6 @@ class Terminated(KeyboardInterrupt):
 
 def _terminate(_signum: int, _frame: object) -> NoReturn:
     raise Terminated
-
-
-def actor_load_kwargs(
-    device: str,
-    dtype: str,
-    trust_remote_code: bool,
-    blocks: str | None,
-    final_norm: str | None,
-    unembed: str | None,
-) -> dict[str, Any]:
-    """How each Ray actor loads the model: as ``load_model`` would, its device left to --gpus unless named."""
-    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": trust_remote_code, "blocks": blocks,
-                              "final_norm": final_norm, "unembed": unembed}  # fmt: skip
-    if device not in ("auto", "cpu", "cuda"):
-        kwargs["device"] = device
-    return kwargs
 
 
 # The store the running command writes its finished records to, once it has opened it.
@@ -170,54 +143,17 @@ def _interrupted(exc: KeyboardInterrupt) -> NoReturn:
     sys.exit(143 if isinstance(exc, Terminated) else 130)
 
 
-def engine_config(
-    model: str,
-    backend: str,
-    dtype: str,
-    tensor_parallel_size: int = 1,
-    gpu_memory_utilization: float | None = None,
-    max_model_len: int | None = None,
-    enforce_eager: bool = False,
-    kv_cache_gib: float | None = None,
-    resumes: Path | None = None,
-) -> EngineConfig:
-    """The generation engine the options ask for (``auto`` resolved; vllm checked to be installed and able to
-    take ``model``), checked before any model loads. ``resumes``: the manifest of the run being resumed, whose
-    recorded backend ``auto`` keeps."""
-    from depthlens.config import EngineConfig
-    from depthlens.sampling.generate import resolve_backend
-
-    recorded = _recorded_backend(resumes) if resumes is not None else None
-    engine = EngineConfig(resolve_backend(backend, recorded), dtype, tensor_parallel_size, gpu_memory_utilization,
-                          max_model_len, enforce_eager, kv_cache_gib)  # fmt: skip
-    if engine.backend == "vllm":
-        from depthlens.sampling.vllm_backend import check_source  # imports no vllm
-
-        check_source(model)
-    return engine
-
-
-def _recorded_backend(manifest: Path) -> str | None:
-    """The backend a run's manifest records (a sample store's ``engine``, a TCB study's ``settings.engine``);
-    ``hf`` for runs from before backends were recorded; None where there is no readable manifest."""
-    try:
-        stored = json.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # nothing to resume, or a damaged manifest the resume check itself reports
-    if not isinstance(stored, dict):
-        return None
-    settings = stored.get("settings")
-    engine = stored.get("engine") or (settings.get("engine") if isinstance(settings, dict) else None)
-    return str(engine.get("backend", "hf")) if isinstance(engine, dict) else "hf"
-
-
 # Registration by import: each module adds its command to ``app``.
 from depthlens.cli import (  # noqa: E402, F401
+    correlate_cmd,
     export_cmd,
+    generate_cmd,
+    heatmap_cmd,
     models_cmd,
     regrade_cmd,
+    report_cmd,
     score_cmd,
-    study_cmd,
+    tasks_cmd,
     tcb_cmd,
     thinkn_cmd,
 )

@@ -27,8 +27,8 @@ def export(
     import json
 
     from depthlens.errors import InputError, StoreError
-    from depthlens.studies.parquet_store import iter_store, store_manifest
-    from depthlens.studies.records import manifest_path, write_error, write_json
+    from depthlens.stores.files import manifest_path, write_error, write_json
+    from depthlens.stores.parquet import iter_store, store_manifest
 
     if not store.exists():
         raise InputError(f"store {str(store)!r} does not exist")

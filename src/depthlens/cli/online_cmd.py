@@ -1,7 +1,9 @@
-"""``depthlens thinkn --online``: online Think@n live (--out) or replayed over a stored pool (--from)."""
+"""``depthlens thinkn --online`` (the ``thinkn`` verb's online mode): online Think@n live (--out) or replayed over a
+stored pool (--from)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -11,14 +13,7 @@ from rich.table import Table
 
 from depthlens.cli.app import console, err_console, load_model
 from depthlens.cli.progress import make_progress
-from depthlens.config import (
-    AnswerConfig,
-    DTRConfig,
-    EngineConfig,
-    OnlineConfig,
-    ReadoutConfig,
-    SamplingConfig,
-)
+from depthlens.config import DTRConfig, ModelSpec, OnlineConfig, OnlineRun
 from depthlens.errors import InputError
 
 if TYPE_CHECKING:
@@ -68,53 +63,32 @@ def online_config(
     return OnlineConfig(signal, warmup, max_n, consensus, eta, prefix, window, batch)  # type: ignore[arg-type]
 
 
-def task_info(
-    task: str, questions: int | None, task_seed: int, task_config: str | None, data: Path | None
-) -> dict[str, Any]:
-    """How the questions were made, as a store's manifest records it."""
-    return {"name": task, "questions": questions, "task_seed": task_seed, "task_config": task_config,
-            "data": str(data) if data else None}  # fmt: skip
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """How a stored pool is replayed: sampling orders (trials), their seed, and whether to sweep budgets."""
+
+    trials: int
+    seed: int
+    sweep: bool = False
+    n: int = 16  # Cons@n beside the replay, on the same questions (a pool sampled in full only)
 
 
-def run_live(
-    *,
-    online: OnlineConfig,
-    out: Path,
-    model: str,
-    task: str,
-    data: Path | None,
-    questions: int | None,
-    task_seed: int,
-    task_config: str | None,
-    seed: int,
-    sampling: SamplingConfig,
-    dtr: DTRConfig,
-    divergence: str,
-    device: str,
-    dtype: str,
-    trust_remote_code: bool,
-    resume: bool,
-    overwrite: bool,
-    answers: AnswerConfig,
-    engine: EngineConfig = EngineConfig(),
-) -> None:
-    from depthlens.studies.online import check_online, online_store
-    from depthlens.studies.tasks import load_task, parse_task_config
+def run_live(model: ModelSpec, run: OnlineRun) -> None:
+    """Online Think@n live: check the run, load the model, run it into its store, print the outcome."""
+    from depthlens.evals.loading import task_questions
+    from depthlens.studies.online import OnlineEvents, check_online, run_online
 
-    check_online(online, sampling)  # before the task, the model or any generation
-    qs = load_task(task, questions, task_seed, data, parse_task_config(task_config))
-    lm = load_model(model, device, dtype, trust_remote_code)
+    check_online(run.online, run.sampling)  # before the task, the model or any generation
+    assert run.task is not None
+    questions = task_questions(run.task)
+    lm = load_model(model)
     with make_progress(err_console) as progress:
-        done = progress.add_task("questions", total=len(qs))
+        done = progress.add_task("questions", total=len(questions))
         tokens = progress.add_task("tokens", total=None)
-        report = online_store(
-            lm, out, qs, online=online, seed=seed, sampling=sampling,
-            readout=ReadoutConfig(divergence=divergence), dtr=dtr,  # type: ignore[arg-type]
-            resume=resume, overwrite=overwrite, task=task_info(task, questions, task_seed, task_config, data),
-            answers=answers, engine=engine,
-            on_question=lambda o: progress.advance(done, 1), on_token=lambda n: progress.advance(tokens, n),
-        )  # fmt: skip
-    table = Table(title=f"online think@n · signal {online.signal} · {lm.name}", title_justify="left")
+        events = OnlineEvents(on_question=lambda o: progress.advance(done, 1),
+                              on_token=lambda n: progress.advance(tokens, n))  # fmt: skip
+        report = run_online(lm, run, questions, events=events)
+    table = Table(title=f"online think@n · signal {run.online.signal} · {lm.name}", title_justify="left")
     for column in ("questions", "accuracy %", "tokens / question", "stopped by"):
         table.add_column(column, justify="right")
     n = max(report.questions, 1)
@@ -123,33 +97,32 @@ def run_live(
         str(report.questions), f"{100 * report.correct / n:.1f}", f"{report.tokens / n:,.0f}", stops
     )
     console.print(table)
+    out = run.store.out
     err_console.print(
         f"decisions: {out / 'online.jsonl'} (replay with `depthlens thinkn --online --from {out}`)"
     )
 
 
-def run_replay(
-    *, online: OnlineConfig, store: Path, dtr: DTRConfig, trials: int, seed: int, sweep: bool, n: int = 16
-) -> None:
+def run_replay(online: OnlineConfig, store: Path, dtr: DTRConfig, replay: Replay) -> None:
+    """Replay the policy over a stored pool in its sampling order (and ``replay.trials`` − 1 shuffled ones)."""
+    trials, seed, sweep = replay.trials, replay.seed, replay.sweep
     from depthlens.cli.paired_view import power_line
+    from depthlens.stores.samples import read_manifest
     from depthlens.studies.online import budget_sweep
     from depthlens.studies.paired_tables import replay_paired
     from depthlens.studies.tables import write_csv
-    from depthlens.studies.thinkn import read_manifest
 
     manifest = read_manifest(store)
     with err_console.status("replaying"):
-        replayed = replay_paired(store, online, dtr, trials, seed, n)
+        replayed = replay_paired(store, online, dtr, trials, seed, replay.n)
     holes, summary = replayed.holes, replayed.summary
     if holes:
         err_console.print(f"[yellow]{len(holes)} question(s) left out (a failed or missing response):[/] "
                           + ", ".join(holes[:10]))  # fmt: skip
     _print_summaries([summary], f"online replay · {manifest['model']} · {store}")
-    c = replayed.comparison
-    if c is not None:
-        err_console.print(
-            f"Cons@n beside it: n = {n} drawn per trial.", power_line([c], c.method), highlight=False
-        )
+    if (c := replayed.comparison) is not None:
+        err_console.print(f"Cons@n beside it: n = {replay.n} drawn per trial.", power_line([c], c.method),
+                          highlight=False)  # fmt: skip
     payload: dict[str, Any] = {"store": str(store), "online": online.to_dict(), "dtr": dtr.to_dict(),
                                "summary": summary.to_dict()}  # fmt: skip
     (store / "online_replay.json").write_text(json.dumps(payload, indent=2) + "\n")

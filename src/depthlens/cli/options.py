@@ -207,3 +207,84 @@ Cpus = Annotated[
 Gpus = Annotated[
     float, typer.Option(min=0.0, callback=finite, help="GPUs per Ray actor (1: one actor per GPU).")
 ]
+
+# Sampling a store (generate, thinkn).
+Task = Annotated[
+    str,
+    typer.Option(
+        "--task",
+        help="reasoning_gym:<dataset>, aime2024, aime2025, hmmt_feb2025, gpqa_diamond, or a .jsonl file.",
+    ),
+]
+Data = Annotated[
+    Path | None,
+    typer.Option("--data", dir_okay=False, help="Local JSONL for a hub task (same columns), offline."),
+]
+Questions = Annotated[int | None, typer.Option("--questions", min=1, help="How many questions (default 50).")]
+TaskSeed = Annotated[int, typer.Option("--task-seed", help="Seed of generated tasks (reasoning-gym).")]
+TaskConfig = Annotated[
+    str | None,
+    typer.Option("--task-config", help="reasoning-gym generator settings, e.g. 'max_terms=3,max_digits=2'."),
+]
+Pool = Annotated[
+    int | None, typer.Option("--pool", min=1, help="Responses sampled per question (default 2·n for thinkn).")
+]
+Seed = Annotated[int, typer.Option("--seed", help="Seeds every response's sampler and the trials' draws.")]
+Temperature = Annotated[
+    float,
+    typer.Option("--temperature", callback=finite, help="Sampling temperature; 0 = greedy."),
+]
+TopP = Annotated[float, typer.Option("--top-p", callback=finite, help="Nucleus mass, in (0, 1].")]
+MaxNew = Annotated[int, typer.Option("--max-new-tokens", min=1, help="Most tokens generated per response.")]
+ReadoutTokens = Annotated[
+    str | None,
+    typer.Option(
+        "--readout-tokens",
+        help="Leading generated tokens read out at every layer in the generation pass: N or 'all' "
+        "(default: the prefix; 'all' with --ablation).",
+    ),
+]
+GenBatch = Annotated[int, typer.Option("--batch-size", min=1, help="Responses sampled together.")]
+OutDir = Annotated[Path, typer.Option("--out", file_okay=False, help="Store directory (created).")]
+Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted store.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing store.")]
+N = Annotated[int, typer.Option("--n", min=1, help="Responses drawn per question per trial.")]
+Eta = Annotated[
+    float,
+    typer.Option("--eta", callback=finite, help="Share of n kept by the selecting methods, in (0, 1]."),
+]
+PrefixOpt = Annotated[str, typer.Option("--prefix", help="ℓ_prefix in tokens, or 'full'.")]
+Trials = Annotated[int, typer.Option("--trials", min=1, help="Resamplings of n from each pool.")]
+Methods = Annotated[str | None, typer.Option("--methods", help="Comma-separated subset (default: all).")]
+Ablation = Annotated[
+    bool, typer.Option("--ablation", help="Also Think@n over ℓ_prefix ∈ {50,100,500,full} × η.")
+]
+FromStore = Annotated[
+    Path | None, typer.Option("--from", file_okay=False, help="Re-summarise this store; generate nothing.")
+]
+
+# The studies of stores (correlate, report).
+Stores = Annotated[
+    list[Path], typer.Argument(help="Sample stores (or folders of them) from `depthlens generate`.")
+]
+Bins = Annotated[int, typer.Option("--bins", min=3, help="Quantile bins per question (the paper: 5).")]
+Seeds = Annotated[int, typer.Option("--seeds", min=1, help="Repetitions of subsampling and tie-breaking.")]
+NPerQ = Annotated[
+    int | None,
+    typer.Option("--n", min=3, help="Responses drawn per question per seed (default: the whole pool)."),
+]
+Bootstrap = Annotated[
+    int, typer.Option("--bootstrap", min=1, help="Question resamples for the 95 % intervals.")
+]
+GKL = Annotated[
+    float | None,
+    typer.Option(
+        "--g-kl", callback=finite, help="Settling threshold for the KL DTR (default: matched to JSD's)."
+    ),
+]
+GCos = Annotated[
+    float | None,
+    typer.Option(
+        "--g-cosine", callback=finite, help="Settling threshold for the cosine DTR (default: matched)."
+    ),
+]

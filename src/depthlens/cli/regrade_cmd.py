@@ -77,7 +77,7 @@ def regrade(
     No model and no generation: reasoning-gym questions are regenerated from the store's seed and config, so
     each dataset's own scorer grades them. Each record keeps its previous answer in answer_history.
     """
-    from depthlens.cli.thinkn_cmd import answer_config
+    from depthlens.cli.specs import answer_config
     from depthlens.studies.regrade import regrade_store
 
     answer_config("paper", answer_type, answer_fallback or "none", None)  # checks the values before any work

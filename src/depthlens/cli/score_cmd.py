@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import actor_load_kwargs, app, console, err_console, load_model, warn, writes_to
+from depthlens.cli import specs
+from depthlens.cli.app import app, console, err_console, load_model, warn, writes_to
 from depthlens.cli.progress import make_progress
 from depthlens.errors import InputError
+
+if TYPE_CHECKING:
+    from depthlens.config import DTRConfig, ModelSpec, RayConfig, ScoreRun
 
 D = opt.DEFAULTS
 
@@ -77,75 +82,82 @@ def score(
 
     The metrics are defined in docs/definitions.md.
     """
-    from depthlens.config import DTRConfig, ReadoutConfig, TCBConfig, degenerate_settings
-    from depthlens.models.locate import locate
-    from depthlens.studies.stores import check_results, read_inputs, results_format, store_entry
+    from depthlens.config import DTRConfig, ReadoutConfig, ScoreRun, StoreSpec, TCBConfig
+    from depthlens.studies.score import ScoreEvents, run_score
 
     readout = ReadoutConfig(divergence=divergence, final_norm=final_norm, memory_mb=memory_mb,  # type: ignore[arg-type]
                             compile=compile_kernel)  # type: ignore[arg-type]  # fmt: skip
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix)  # type: ignore[arg-type]
     tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral) if tcb else None  # type: ignore[arg-type]
-    # Everything that needs no model is checked before one loads: the input, --out, the model's name, --resume.
-    ray = ray or ray_address is not None
+    store = StoreSpec(out_path, resume, overwrite, float16=float16)
+    run = ScoreRun(in_path, store, readout, dtr, tcb_config, tokens, batch_size, skip_bad)
+    model_spec = specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+    ray_config = specs.ray_config(ray, ray_address, workers, cpus, gpus, block_rows)
+    _check_before_loading(model, run, ray_config is not None)
+    if ray_config is not None:
+        _score_on_ray(model_spec, run, ray_config, quiet)
+        return
+    lm = load_model(model_spec)
+    with make_progress(err_console) as progress:
+        task = progress.add_task("scoring", total=None)
+        events = ScoreEvents(_on_start(progress, task, out_path), lambda _: progress.advance(task),
+                             on_rescore=_say_rescored)  # fmt: skip
+        skipped = run_score(lm, run, events)
+    _finish(out_path, skipped, lm.n_layers, dtr, quiet)
+
+
+def _check_before_loading(model: str, run: ScoreRun, ray: bool) -> None:
+    """Everything that needs no model, before one loads: the input, --out, the model's name, --resume."""
+    from depthlens.config import degenerate_settings
+    from depthlens.models.locate import locate
+    from depthlens.stores.formats import check_results, read_inputs, results_format, store_entry
+    from depthlens.studies.score import RESUME_RULES, score_manifest
+
+    out_path, spec = run.store.out, run.store
     fmt = results_format(out_path)
     if ray and fmt == "jsonl":
         raise InputError(f"--out {out_path}: --ray writes a sharded Parquet store; give a directory name")
-    store = store_entry(fmt, float16)
-    records, _ = read_inputs(in_path, skip_bad=skip_bad)
-    if check_results(out_path, None, resume, overwrite):  # resuming: are the settings the stored run's?
-        from depthlens.studies.score import MANIFEST_DEFAULTS, score_manifest
-
-        manifest = score_manifest(model, None, in_path, readout, dtr, tcb_config, tokens, store)
-        check_results(out_path, manifest, resume, overwrite, MANIFEST_DEFAULTS)
+    store = store_entry(fmt, spec.float16)
+    records, _ = read_inputs(run.source, skip_bad=run.skip_bad)
+    if check_results(
+        out_path, None, spec.resume, spec.overwrite
+    ):  # resuming: are the settings the stored run's?
+        manifest = score_manifest(model, None, run, store)
+        check_results(out_path, manifest, spec.resume, spec.overwrite, RESUME_RULES)
     if ray:
-        from depthlens.studies.ray_score import import_ray
+        from depthlens.scale.ray import import_ray
 
         import_ray()  # the missing extra is named before anything else happens
     locate(model)
-    from depthlens.studies.score import score_file
-
     if not records:
-        warn(f"{in_path} has no records; {out_path} will be empty")
-    for line in degenerate_settings(readout, dtr):
+        warn(f"{run.source} has no records; {out_path} will be empty")
+    for line in degenerate_settings(run.readout, run.dtr):
         warn(line)
-    if ray:
-        from depthlens.studies.ray_score import score_ray
 
-        load_kwargs = actor_load_kwargs(device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
-        with make_progress(err_console) as progress:
-            task = progress.add_task("scoring on Ray", total=None)
 
-            def on_ray_start(total: int, done: int) -> None:
-                writes_to(out_path)
-                progress.update(task, total=total, completed=done)
+def _on_start(progress: Any, task: Any, out_path: Path) -> Callable[[int, int], None]:
+    def on_start(total: int, done: int) -> None:
+        writes_to(out_path)
+        progress.update(task, total=total, completed=done)
 
-            skipped, n_layers = score_ray(
-                model, in_path, out_path, readout=readout, dtr=dtr, tcb=tcb_config, tokens=tokens,
-                batch_size=batch_size, resume=resume, overwrite=overwrite, skip_bad=skip_bad, float16=float16,
-                workers=workers, cpus=cpus, gpus=gpus, address=ray_address, block_rows=block_rows,
-                load_kwargs=load_kwargs, on_start=on_ray_start, on_records=lambda n: progress.advance(task, n),
-            )  # fmt: skip
-        _finish(out_path, skipped, n_layers or 0, g, rho, quiet)
-        return
-    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+    return on_start
+
+
+def _score_on_ray(model: ModelSpec, run: ScoreRun, ray: RayConfig, quiet: bool) -> None:
+    from depthlens.scale.score import score_on_ray
+    from depthlens.studies.score import ScoreEvents
+
     with make_progress(err_console) as progress:
-        task = progress.add_task("scoring", total=None)
-
-        def on_start(total: int, done: int) -> None:
-            writes_to(out_path)
-            progress.update(task, total=total, completed=done)
-
-        skipped = score_file(
-            lm, in_path, out_path, readout=readout, dtr=dtr, tcb=tcb_config, tokens=tokens, batch_size=batch_size,
-            resume=resume, overwrite=overwrite, skip_bad=skip_bad, float16=float16,
-            on_start=on_start, on_record=lambda _: progress.advance(task), on_rescore=_say_rescored,
-        )  # fmt: skip
-    _finish(out_path, skipped, lm.n_layers, g, rho, quiet)
+        task = progress.add_task("scoring on Ray", total=None)
+        events = ScoreEvents(_on_start(progress, task, run.store.out), on_block=lambda n: progress.advance(task, n),
+                             on_rescore=_say_rescored)  # fmt: skip
+        report = score_on_ray(model, run, ray, events)
+    _finish(run.store.out, report.skipped, report.n_layers or 0, run.dtr, quiet)
 
 
-def _finish(out_path: Path, skipped: list[Any], n_layers: int, g: float, rho: float, quiet: bool) -> None:
+def _finish(out_path: Path, skipped: list[Any], n_layers: int, dtr: DTRConfig, quiet: bool) -> None:
     """The end of a run: skipped records, a warning when DTR ranks nothing, the summary table."""
-    from depthlens.studies.parquet_store import iter_store
+    from depthlens.stores.parquet import iter_store
     from depthlens.studies.score import score_summary
 
     for bad in skipped:
@@ -153,7 +165,7 @@ def _finish(out_path: Path, skipped: list[Any], n_layers: int, g: float, rho: fl
     summary = score_summary(iter_store(out_path))
     if summary["deep_share"] in (0.0, 1.0):
         which, value = ("no", 0) if summary["deep_share"] == 0 else ("every", 1)
-        warn(f"{which} token of the whole input is deep-thinking at --g {g:g} --rho {rho:g}: DTR is {value} "
+        warn(f"{which} token of the whole input is deep-thinking at --g {dtr.g:g} --rho {dtr.rho:g}: DTR is {value} "
              "for every record and ranks nothing; choose another --g or --rho")  # fmt: skip
     if not quiet:
         print_summary(summary, n_layers)

@@ -6,16 +6,15 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, engine_config, err_console, load_model, writes_to
-
-if TYPE_CHECKING:
-    from depthlens.config import EngineConfig
+from depthlens.cli import specs
+from depthlens.cli.app import app, console, err_console, load_model, writes_to
+from depthlens.config import EngineConfig
 
 tcb_app = typer.Typer(
     help="Token Constraint Bound studies: regimes, geometry, prompts, trace (docs/definitions.md §6).",
@@ -37,7 +36,7 @@ def _units(
 ) -> Iterator[tuple[dict[str, Any], Callable[[str, Any], None]]]:
     """The study's finished units (from ``<out>/<name>.progress.jsonl`` on --resume) and the callback that
     appends each new one there as it finishes (fsynced: a kill loses at most the unit in flight)."""
-    from depthlens.studies.records import ResultWriter, iter_jsonl
+    from depthlens.stores.jsonl import ResultWriter, iter_jsonl
 
     path = _progress(out, name)
     manifest = {"study": name, "model": model, "settings": settings, "command": " ".join(sys.argv)}
@@ -52,7 +51,7 @@ def _progress(out: Path, name: str) -> Path:
 
 
 def _progress_manifest(out: Path, name: str) -> Path:
-    from depthlens.studies.records import manifest_path
+    from depthlens.stores.files import manifest_path
 
     return manifest_path(_progress(out, name))
 
@@ -99,19 +98,21 @@ def regimes(
 ) -> None:
     """corr(δ, √V_eff) and corr(δ, margin) on the diverse vs the low-V_eff prompt set (paper Table 1)."""
     from depthlens.config import TCBConfig
-    from depthlens.studies.tcb_studies import prompt_set
+    from depthlens.studies.tcb_studies import StudyRun, prompt_set
     from depthlens.studies.tcb_studies import regimes as run
     from depthlens.viz.tcb import draw_regimes
 
     tcb = TCBConfig(epsilon=epsilon)
-    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+    lm = load_model(
+        specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+    )
     sets = {"diverse": prompt_set("diverse"), "low_veff": prompt_set("low_veff")}
     settings = {"tcb": tcb.to_dict(), "split": split, "dtype": dtype}
     with (
         _units(out, "regimes", model, settings, resume, overwrite) as (done, on_unit),
         err_console.status("regimes"),
     ):
-        result = run(lm, sets, tcb, split, done, on_unit)
+        result = run(lm, sets, tcb, split, StudyRun(done, on_unit))
     _finish(out, "regimes", result, draw_regimes(result, out / "regimes.png"))
 
 
@@ -138,18 +139,20 @@ def geometry(
     overwrite: Overwrite = False,
 ) -> None:
     """How often δ_cluster > δ_orig > δ_disperse with o fixed, by V_eff band (paper Table 2)."""
+    from depthlens.studies.tcb_studies import StudyRun, prompt_set
     from depthlens.studies.tcb_studies import geometry as run
-    from depthlens.studies.tcb_studies import prompt_set
     from depthlens.viz.tcb import draw_geometry
 
-    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+    lm = load_model(
+        specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+    )
     prompts = [p["prompt"] for p in prompt_set("diverse") + prompt_set("low_veff")]
     settings = {"top_k": top_k, "cluster": cluster, "disperse": disperse, "dtype": dtype}
     with (
         _units(out, "geometry", model, settings, resume, overwrite) as (done, on_unit),
         err_console.status("geometry"),
     ):
-        result = run(lm, prompts, top_k, cluster, disperse, done, on_unit)
+        result = run(lm, prompts, top_k, cluster, disperse, StudyRun(done, on_unit))
     _finish(out, "geometry", result, draw_geometry(result, out / "geometry.png"))
 
 
@@ -189,8 +192,8 @@ def prompts(
 ) -> None:
     """Accuracy, answer perplexity and δ per prompt template × k-shot, greedy answers (paper §4.3–4.4)."""
     from depthlens.errors import InputError
-    from depthlens.studies.tasks import load_task, parse_task_config
-    from depthlens.studies.tcb_studies import TEMPLATES, prompt_variants
+    from depthlens.evals.loading import load_task, parse_task_config
+    from depthlens.studies.tcb_studies import TEMPLATES, StudyRun, prompt_variants
     from depthlens.viz.tcb import draw_prompt_variants
 
     try:
@@ -205,18 +208,21 @@ def prompts(
         )
     parsed_config = parse_task_config(task_config)
     load_task(task, 1, config=parsed_config)  # an unknown task or setting fails now, before the model loads
-    engine = engine_config(
-        model,
-        backend,
+    backend_name = specs.engine_backend(
+        backend, model, _progress_manifest(out, "prompts") if resume else None
+    )
+    engine = EngineConfig(
+        backend_name,
         dtype,
         tensor_parallel_size,
         gpu_memory_utilization,
         max_model_len,
         enforce_eager,
         kv_cache_gib,
-        resumes=_progress_manifest(out, "prompts") if resume else None,
     )
-    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+    lm = load_model(
+        specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+    )
     settings = {"task": task, "task_config": task_config, "templates": names, "shots": shot_list,
                 "max_new_tokens": max_new_tokens, "dtype": dtype, **_engine_setting(engine)}  # fmt: skip
     status = f"{len(names)} templates × {len(shot_list)} shot settings × {questions} questions"
@@ -224,8 +230,8 @@ def prompts(
         _units(out, "prompts", model, settings, resume, overwrite) as (done, on_unit),
         err_console.status(status),
     ):
-        result = prompt_variants(lm, task, questions, names, shot_list, max_new_tokens,
-                                 task_config=parsed_config, done=done, on_unit=on_unit, engine=engine)  # fmt: skip
+        result = prompt_variants(lm, task, questions, names, shot_list, max_new_tokens, parsed_config,
+                                 StudyRun(done, on_unit, engine))  # fmt: skip
     _finish(out, "prompts", result, draw_prompt_variants(result, out / "prompts.png"))
 
 
@@ -263,21 +269,22 @@ def trace(
     kv_cache_gib: opt.KvCacheGib = None,
 ) -> None:
     """δ and perplexity per generated token, sharp δ drops at low perplexity flagged (paper §4.5)."""
-    from depthlens.studies.tcb_studies import DropRule, generation_trace
+    from depthlens.studies.tcb_studies import DropRule, StudyRun, generation_trace
     from depthlens.viz.tcb import draw_generation_trace
 
-    engine = engine_config(
-        model,
-        backend,
+    backend_name = specs.engine_backend(backend, model, _progress_manifest(out, "trace") if resume else None)
+    engine = EngineConfig(
+        backend_name,
         dtype,
         tensor_parallel_size,
         gpu_memory_utilization,
         max_model_len,
         enforce_eager,
         kv_cache_gib,
-        resumes=_progress_manifest(out, "trace") if resume else None,
     )
-    lm = load_model(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+    lm = load_model(
+        specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+    )
     rule = DropRule(window, factor, max_perplexity)
     settings = {"prompt": prompt, "max_new_tokens": max_new_tokens, "rule": rule.__dict__, "chat": chat,
                 "dtype": dtype, **_engine_setting(engine)}  # fmt: skip
@@ -285,6 +292,6 @@ def trace(
         _units(out, "trace", model, settings, resume, overwrite) as (done, on_unit),
         err_console.status("generating"),
     ):
-        result = generation_trace(lm, prompt, max_new_tokens, rule, chat, done, on_unit, engine)
+        result = generation_trace(lm, prompt, max_new_tokens, rule, chat, StudyRun(done, on_unit, engine))
     _finish(out, "trace", result, draw_generation_trace(result, out / "trace.png"))
     console.print(result["summary"]["text"], highlight=False)

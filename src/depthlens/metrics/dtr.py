@@ -7,11 +7,12 @@ column is D_{t,L} = 0 by definition, so every token settles by layer L.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from depthlens.config import DeepRule
+from depthlens.config import DeepRule, DTRConfig
 
 
 def settling_depth(divergence_tl: torch.Tensor, g: float) -> torch.Tensor:
@@ -71,3 +72,11 @@ def matched_threshold(reference_tl: torch.Tensor, g: float, other_tl: torch.Tens
         raise ValueError("matched_threshold needs at least one token")
     deep_share = float((ref > g).double().mean())
     return float(np.quantile(oth, 1.0 - deep_share))
+
+
+def deep_from_divergence(
+    divergence: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig
+) -> torch.Tensor:
+    """Deep-thinking flags [R] of R read-out tokens from their stored [R][L] divergence rows (R may be 0)."""
+    table = torch.tensor(divergence, dtype=torch.float32).reshape(-1, n_layers)
+    return deep_flags(settling_depth(table, dtr.g), n_layers, dtr.rho, dtr.deep_rule)

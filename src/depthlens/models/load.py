@@ -142,8 +142,6 @@ def load(
     """
     source = locate(name)  # an unknown name fails here, before any weight is read
     keep_freed_memory()  # readout buffers are reused, not page-faulted in again per chunk (models/allocator.py)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
@@ -158,13 +156,24 @@ def load(
         on_offline(f"{source.offline}; looking for {name!r} in the local Hugging Face cache only")
         kwargs["local_files_only"] = True
     progress(f"loading {name}")
+    model, tokenizer = _from_pretrained(name, target, source, kwargs)
+    if getattr(model, "hf_quantizer", None) is not None and source.gguf_file:
+        model.hf_quantizer = None  # GGUF weights are dequantised on load; nothing quantised remains
+    model.to(torch_device)
+    return wrap(model, tokenizer, name=name, blocks=blocks, final_norm=final_norm, unembed=unembed)
+
+
+def _from_pretrained(name: str, target: str, source: Any, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """The model and its tokenizer (None where it has none) from ``target``; errors say what the file or name is."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     try:
-        tok_kwargs = {k: kwargs[k] for k in ("gguf_file", "local_files_only") if k in kwargs}
+        tok_kwargs = {
+            k: kwargs[k] for k in ("gguf_file", "local_files_only", "trust_remote_code") if k in kwargs
+        }
         model = AutoModelForCausalLM.from_pretrained(target, **kwargs)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(
-                target, trust_remote_code=trust_remote_code, **tok_kwargs
-            )
+            tokenizer = AutoTokenizer.from_pretrained(target, **tok_kwargs)
         except (OSError, ValueError):
             tokenizer = None
     except OSError as exc:
@@ -179,10 +188,7 @@ def load(
     except (ValueError, RuntimeError, struct.error, EOFError, KeyError, SafetensorError) as exc:
         # A file that is cut short or is not a model: GGUF parsing, safetensors headers, shape mismatches.
         raise _unreadable(name, exc) from exc
-    if getattr(model, "hf_quantizer", None) is not None and source.gguf_file:
-        model.hf_quantizer = None  # GGUF weights are dequantised on load; nothing quantised remains
-    model.to(torch_device)
-    return wrap(model, tokenizer, name=name, blocks=blocks, final_norm=final_norm, unembed=unembed)
+    return model, tokenizer
 
 
 def _first_line(exc: BaseException) -> str:

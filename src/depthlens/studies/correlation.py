@@ -15,14 +15,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from depthlens.config import CorrelationConfig, DTRConfig
-from depthlens.errors import InputError, StoreError
+from depthlens.errors import InputError
 from depthlens.metrics.baselines import sequence_baselines
 from depthlens.metrics.dtr import (
     deep_flags,
@@ -33,115 +32,7 @@ from depthlens.metrics.dtr import (
 )
 from depthlens.metrics.resampling import cluster_correlation_bootstrap, mean_bootstrap
 from depthlens.metrics.stats import binned_correlation, point_biserial_test, quantile_bins, spearman_test
-from depthlens.studies.inference import format_p
-from depthlens.studies.thinkn import REQUIRED, SAMPLES, damaged_record, iter_samples, read_manifest
-
-KIND_FIELD = {"kl": "divergence_kl", "cosine": "divergence_cosine", "jsd": "divergence_jsd",
-              "jsd-nat": "divergence_jsd-nat"}  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True, eq=False)  # identity equality: fields are arrays
-class StoredResponse:
-    """One graded response with the per-token values the metrics need."""
-
-    question_id: str
-    correct: bool
-    n_tokens: int
-    token_ids: list[int]  # to label heatmaps without re-reading the store
-    log_prob: np.ndarray  # [T]
-    entropy: np.ndarray  # [T]
-    self_certainty: np.ndarray  # [T]
-    divergence: dict[str, torch.Tensor]  # kind → [R, L], R = read-out tokens (all of T for full readout)
-
-
-@dataclasses.dataclass(frozen=True)
-class Store:
-    path: Path
-    manifest: dict[str, Any]
-    responses: list[StoredResponse]
-    failed: int
-
-    @property
-    def model(self) -> str:
-        return str(self.manifest.get("model", "?"))
-
-    @property
-    def task(self) -> str:
-        name = str((self.manifest.get("task") or {}).get("name", "?"))
-        return name.removeprefix("reasoning_gym:")
-
-    @property
-    def label(self) -> str:
-        return f"{self.model} · {self.task}"
-
-    @property
-    def n_layers(self) -> int:
-        return int(self.manifest["n_layers"])
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return stored_kinds(self.manifest)
-
-    @property
-    def readout_tokens(self) -> int | None:
-        """The read-out window (None = every token): DTR beyond it cannot be computed from this store."""
-        return self.manifest.get("sampling", {}).get("readout_tokens")
-
-    @property
-    def accuracy(self) -> float:
-        return float(np.mean([r.correct for r in self.responses])) if self.responses else float("nan")
-
-    def questions(self) -> dict[str, list[StoredResponse]]:
-        groups: dict[str, list[StoredResponse]] = {}
-        for r in self.responses:
-            groups.setdefault(r.question_id, []).append(r)
-        return groups
-
-
-def stored_kinds(manifest: dict[str, Any]) -> tuple[str, ...]:
-    """The divergence kinds a store holds: the primary one, then ``--also-divergences``."""
-    readout = manifest.get("readout", {})
-    return (readout.get("divergence", "jsd"), *readout.get("also", ()))
-
-
-def load_store(path: Path) -> Store:
-    """Read a sample store for the studies; a damaged or foreign store raises StoreError naming the line."""
-    manifest = read_manifest(path)
-    kinds = stored_kinds(manifest)
-    n_layers = int(manifest["n_layers"])
-    responses, failed = [], 0
-    for line, record in enumerate(iter_samples(path), start=1):
-        if record.get("status") == "failed":
-            failed += 1
-            continue
-        fields = [*REQUIRED, *(KIND_FIELD[k] for k in kinds[1:])]
-        missing = [k for k in fields if k not in record]
-        if missing:
-            raise StoreError(
-                f"{path / SAMPLES}:{line}: missing field(s) {missing}; the store is damaged or was not "
-                "written by `depthlens generate`"
-            )
-        try:
-            divergence = {kinds[0]: record["divergence"], **{k: record[KIND_FIELD[k]] for k in kinds[1:]}}
-            responses.append(
-                StoredResponse(
-                    question_id=str(record["question_id"]),
-                    correct=bool(record["correct"]),
-                    n_tokens=int(record["n_tokens"]),
-                    token_ids=list(record.get("token_ids", [])),
-                    log_prob=np.asarray(record["log_prob"], dtype=np.float64),
-                    entropy=np.asarray(record["entropy"], dtype=np.float64),
-                    self_certainty=np.asarray(record["self_certainty"], dtype=np.float64),
-                    divergence={
-                        k: torch.tensor(v, dtype=torch.float32).reshape(-1, n_layers)
-                        for k, v in divergence.items()
-                    },
-                )
-            )
-        except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
-            raise damaged_record(path / SAMPLES, line, exc) from None
-    return Store(path, manifest, responses, failed)
-
+from depthlens.studies.stored import Store, StoredResponse
 
 # ---------------------------------------------------------------------------------------------------------
 # Metrics: one row each. ``compute(response, settings)`` → the response's value (None when undefined).
@@ -293,6 +184,36 @@ def correlate(
             note=f"binned r needs ≥ {cfg.min_questions} questions with both right and wrong responses "
             f"and ≥ {cfg.bins} responses; {len(mixed)} have them",
         )
+    return _binned(result, mixed, cfg)
+
+
+def _unbinned(
+    groups: Sequence[tuple[np.ndarray, np.ndarray]],
+    values: np.ndarray,
+    correct: np.ndarray,
+    cfg: CorrelationConfig,
+) -> dict[str, Any]:
+    """Spearman ρ and point-biserial r over all responses, each with scipy's p (responses independent) and the
+    question-bootstrap interval and p (the honest ones: responses to one question are not independent)."""
+    rho, pb = spearman_test(values, correct), point_biserial_test(values, correct)
+    rho_boot = cluster_correlation_bootstrap(groups, "spearman", cfg.bootstrap, [cfg.seed, 1])
+    pb_boot = cluster_correlation_bootstrap(groups, "pearson", cfg.bootstrap, [cfg.seed, 2])
+    return {
+        "spearman": rho.r if rho else None,
+        "spearman_p_iid": rho.p if rho else None,
+        "spearman_ci": (rho_boot.low, rho_boot.high),
+        "spearman_p": rho_boot.p,
+        "point_biserial": pb.r if pb else None,
+        "point_biserial_p_iid": pb.p if pb else None,
+        "point_biserial_ci": (pb_boot.low, pb_boot.high),
+        "point_biserial_p": pb_boot.p,
+    }
+
+
+def _binned(
+    result: Correlation, mixed: Sequence[tuple[np.ndarray, np.ndarray]], cfg: CorrelationConfig
+) -> Correlation:
+    """``result`` with the paper's binned r over the questions with both right and wrong responses."""
     per_seed, used = [], []
     per_question = np.full((cfg.seeds, len(mixed)), np.nan)  # [seed, question] binned r
     for s in range(cfg.seeds):
@@ -323,29 +244,6 @@ def correlate(
         binned_r_ci=(binned.low, binned.high),
         binned_r_p=binned.p,
     )
-
-
-def _unbinned(
-    groups: Sequence[tuple[np.ndarray, np.ndarray]],
-    values: np.ndarray,
-    correct: np.ndarray,
-    cfg: CorrelationConfig,
-) -> dict[str, Any]:
-    """Spearman ρ and point-biserial r over all responses, each with scipy's p (responses independent) and the
-    question-bootstrap interval and p (the honest ones: responses to one question are not independent)."""
-    rho, pb = spearman_test(values, correct), point_biserial_test(values, correct)
-    rho_boot = cluster_correlation_bootstrap(groups, "spearman", cfg.bootstrap, [cfg.seed, 1])
-    pb_boot = cluster_correlation_bootstrap(groups, "pearson", cfg.bootstrap, [cfg.seed, 2])
-    return {
-        "spearman": rho.r if rho else None,
-        "spearman_p_iid": rho.p if rho else None,
-        "spearman_ci": (rho_boot.low, rho_boot.high),
-        "spearman_p": rho_boot.p,
-        "point_biserial": pb.r if pb else None,
-        "point_biserial_p_iid": pb.p if pb else None,
-        "point_biserial_ci": (pb_boot.low, pb_boot.high),
-        "point_biserial_p": pb_boot.p,
-    }
 
 
 def bin_profile(
@@ -439,146 +337,7 @@ def store_correlations(
     return rows, profiles
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Sweeps (Figure 4): DTR's settings varied on the stored divergences.
+def __getattr__(name: str) -> Any:  # names that moved out of this module (``depthlens._moved``)
+    from depthlens._moved import moved_attribute
 
-
-SWEEPS: dict[str, tuple[Any, ...]] = {
-    "g": (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
-    "rho": (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95),
-    "prefix": (10, 25, 50, 100, 200, None),
-    "divergence": ("jsd", "kl", "cosine"),
-    "deep_rule": ("spec", "paper-literal"),
-}
-
-
-def sweep(
-    store: Store,
-    cfg: CorrelationConfig = CorrelationConfig(),
-    dtr: DTRConfig = DTRConfig(),
-    grid: dict[str, Sequence[Any]] | None = None,
-) -> list[dict[str, Any]]:
-    """Mean DTR and its correlations with accuracy as one setting varies, the others at ``dtr``'s values."""
-    grid = dict(grid or SWEEPS)
-    base = dtr_settings(store, dtr)
-    rows = []
-    for param, values in grid.items():
-        for value in values:
-            kind = "jsd"
-            settings = base
-            if param == "g":
-                settings = dtr_settings(store, dataclasses.replace(dtr, g=value))
-            elif param == "rho":
-                settings = dataclasses.replace(base, dtr=dataclasses.replace(dtr, rho=value))
-            elif param == "prefix":
-                window = store.readout_tokens
-                if window is not None and (value is None or value > window):
-                    continue  # beyond the read-out window the stored divergences end
-                settings = dataclasses.replace(base, dtr=dataclasses.replace(dtr, prefix=value))
-            elif param == "deep_rule":
-                settings = dataclasses.replace(base, dtr=dataclasses.replace(dtr, deep_rule=value))
-            elif param == "divergence":
-                if value not in store.kinds:
-                    continue
-                kind = value
-            else:
-                raise InputError(f"unknown sweep parameter {param!r}; choose from {sorted(SWEEPS)}")
-            metric = StudyMetric("dtr", "DTR", lambda r, s, k=kind: s.ratio(r, k), kind)
-            groups = metric_values(store, metric, settings)
-            values_all = np.concatenate([v for v, _ in groups]) if groups else np.zeros(0)
-            c = correlate("dtr", groups, cfg)
-            rows.append({
-                "model": store.model, "task": store.task, "param": param,
-                "value": "full" if value is None else value,
-                "g": settings.g_by_kind.get(kind), "mean_dtr": float(values_all.mean()) if values_all.size else None,
-                "binned_r": c.binned_r, "point_biserial": c.point_biserial,
-                "point_biserial_lo": c.point_biserial_ci[0], "point_biserial_hi": c.point_biserial_ci[1],
-                "point_biserial_p": c.point_biserial_p, "spearman": c.spearman, "spearman_p": c.spearman_p,
-                "note": c.note,
-            })  # fmt: skip
-    return rows
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Tables.
-
-
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return "—" if value is None else f"{value:+.{digits}f}"
-
-
-def _ci(lo: float | None, hi: float | None) -> str:
-    return "" if lo is None or hi is None else f" [{lo:+.2f}, {hi:+.2f}]"
-
-
-P_LEGEND = (
-    "p: two-sided p of r = 0 from the same question resamples; p_BH: Benjamini–Hochberg adjusted over every cell "
-    "of this table (one family per statistic); † marks p_BH < 0.05"
-)
-
-
-def _p(row: dict[str, Any], field: str, lead: str = "; ") -> str:
-    """`` p 0.012, p_BH 0.04†`` for a cell with a test; nothing for one without (older rows, no statistic)."""
-    if row.get(field) is None:
-        return ""
-    adjusted = row.get(f"{field}_bh")
-    text = f"{lead}p {format_p(row[field])}"
-    if adjusted is not None:
-        text += f", p_BH {format_p(adjusted)}" + ("†" if adjusted < 0.05 else "")
-    return text
-
-
-def table_one(rows: Sequence[dict[str, Any]]) -> str:
-    """Markdown: the paper's binned r (metrics × model · task), then the unbinned statistics with 95 % CIs."""
-    columns = list(dict.fromkeys(f"{r['model']} · {r['task']}" for r in rows))
-    metrics = list(dict.fromkeys(r["metric"] for r in rows))
-    labels = {r["metric"]: r["label"] for r in rows}
-    cell = {(r["metric"], f"{r['model']} · {r['task']}"): r for r in rows}
-
-    def table(render: Callable[[dict[str, Any]], str]) -> list[str]:
-        out = ["| metric | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-        for m in metrics:
-            out.append(
-                f"| {labels[m]} | "
-                + " | ".join(render(cell[m, c]) if (m, c) in cell else "n/a" for c in columns)
-                + " |"
-            )
-        return out
-
-    def binned(r: dict[str, Any]) -> str:
-        if r["binned_r"] is None:
-            return "—"
-        return (f"{r['binned_r']:+.2f} ± {r['binned_r_sd']:.2f}{_ci(r.get('binned_r_lo'), r.get('binned_r_hi'))} "
-                f"(q={r['questions_used']:.0f}{_p(r, 'binned_r_p')})")  # fmt: skip
-
-    def unbinned(r: dict[str, Any]) -> str:
-        if r["point_biserial"] is None:
-            return "—"
-        pb = f"{_fmt(r['point_biserial'])}{_ci(r['point_biserial_lo'], r['point_biserial_hi'])}"
-        rho = f"{_fmt(r['spearman'])}{_ci(r['spearman_lo'], r['spearman_hi'])}"
-        return f"r_pb {pb}{_p(r, 'point_biserial_p', ' ')}; ρ {rho}{_p(r, 'spearman_p', ' ')}"
-
-    counts = {f"{r['model']} · {r['task']}": r for r in rows}
-    lines = [
-        "**Binned r** (definitions.md §4: 5 quantile bins per question, Pearson r of bin metric vs bin accuracy, "
-        "averaged over questions and seeds; ± is the s.d. over seeds — 0 when each seed bins the whole pool and only "
-        "ties are re-broken —, [95 % interval] over question resamples of the per-question r, q the questions with a "
-        f"defined r; {P_LEGEND})",
-        "",
-        *table(binned),
-        "",
-        f"**Unbinned, per response**: point-biserial r and Spearman ρ with question-bootstrap 95 % CIs; {P_LEGEND}",
-        "",
-        *table(unbinned),
-        "",
-        "Samples: "
-        + "; ".join(
-            f"{c}: {r['responses']} responses, {r['questions']} questions, accuracy {100 * r['accuracy']:.0f} %"
-            for c, r in counts.items()
-        )
-        + ".",
-    ]
-    notes = sorted({f"{r['model']} · {r['task']} · {r['label']}: {r['note']}" for r in rows if r["note"]})
-    if notes:
-        lines += ["", "Notes:", "", *[f"- {n}" for n in notes]]
-    return "\n".join(lines) + "\n"
+    return moved_attribute(__name__, name)

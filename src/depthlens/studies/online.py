@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 import numpy as np
 
@@ -34,30 +34,36 @@ from depthlens.config import (
     DTRConfig,
     EngineConfig,
     OnlineConfig,
+    OnlineRun,
     ReadoutConfig,
     SamplingConfig,
+    StoreSpec,
+    TaskSpec,
     VotingConfig,
 )
 from depthlens.errors import DepthlensError, InputError
+from depthlens.evals.tasks import Question
+from depthlens.metrics.dtr import deep_from_divergence
 from depthlens.models.load import LoadedModel
-from depthlens.sampling.generate import GenerationBackend, Trace, make_backend
-from depthlens.studies.records import ResultWriter, iter_jsonl
-from depthlens.studies.tasks import Question
-from depthlens.studies.thinkn import (
+from depthlens.sampling.backend import PER_TOKEN, GenerationBackend, Trace
+from depthlens.sampling.choose import make_backend
+from depthlens.stores.files import ResumeRules
+from depthlens.stores.jsonl import ResultWriter, iter_jsonl
+from depthlens.stores.samples import (
     MANIFEST_DEFAULTS,
     SAMPLES,
-    deep_from_divergence,
-    iter_samples,
-    prompt_ids,
+    damaged,
     read_manifest,
-    response_from_record,
-    sample_record,
-    sample_seed,
+    read_responses,
     store_manifest,
+    stored,
+    stored_rows,
     write_questions,
 )
+from depthlens.studies.generate import as_task, prompt_ids, sample_record, sample_seed
+from depthlens.studies.thinkn import response_from_record
 from depthlens.voting.methods import Response
-from depthlens.voting.online import OnlineOutcome, Sampler, replay_trials, run_policy, stop_point
+from depthlens.voting.online import SIGNALS, OnlineOutcome, Sampler, replay_trials, run_policy, stop_point
 from depthlens.voting.trials import run_trials
 
 DECISIONS = "online.jsonl"
@@ -65,13 +71,15 @@ DECISIONS = "online.jsonl"
 
 def check_online(online: OnlineConfig, sampling: SamplingConfig) -> None:
     """Reject settings the run cannot honour, before any model is loaded."""
-    if online.signal == "dtr" and online.prefix > sampling.max_new_tokens:
+    if not SIGNALS[online.signal].decides_at_prefix:
+        return
+    if online.prefix > sampling.max_new_tokens:
         raise InputError(
             f"--prefix {online.prefix} is longer than --max-new-tokens {sampling.max_new_tokens}: no response "
             "could reach the decision; lower --prefix or raise --max-new-tokens"
         )
     readout = sampling.readout_tokens
-    if online.signal == "dtr" and readout is not None and readout < online.prefix:
+    if readout is not None and readout < online.prefix:
         raise InputError(
             f"--readout-tokens {readout} is below --prefix {online.prefix}: the prefix DTR needs every prefix "
             "token read out"
@@ -82,18 +90,17 @@ def _rounded_response(trace: Trace, n_layers: int, dtr: DTRConfig) -> Response:
     """A trace exactly as its stored record will read back (5-decimal values), so decisions made now match a
     replay of the store bit for bit."""
 
-    def r5(values: Sequence[float]) -> np.ndarray:
-        return np.asarray([round(v, 5) for v in values], dtype=np.float64)
+    def kept(values: Sequence[float]) -> np.ndarray:
+        return np.asarray(stored(values), dtype=np.float64)
 
-    rows = [[round(v, 5) for v in row] for row in trace.divergence]
-    deep = deep_from_divergence(rows, n_layers, dtr).numpy()
-    return Response(None, False, len(trace), deep, r5(trace.self_certainty), r5(trace.confidence))
+    deep = deep_from_divergence(stored_rows(trace.divergence), n_layers, dtr).numpy()
+    return Response(None, False, len(trace), deep, kept(trace.self_certainty), kept(trace.confidence))
 
 
 def _cut_trace(trace: Trace, tokens: int) -> None:
     """Drop everything a run that stopped this response after ``tokens`` tokens would not have produced."""
     del trace.token_ids[tokens:]
-    for key in ("log_prob", "entropy", "self_certainty", "confidence", "divergence"):
+    for key in (*PER_TOKEN, "divergence"):
         del getattr(trace, key)[tokens:]
     for rows in trace.also.values():
         del rows[tokens:]
@@ -112,7 +119,7 @@ def generate_batch(
     if tau is None:  # warm-up: in full
         traces = backend.start(prompt, seeds).traces
         return traces, [None] * len(traces)
-    if online.signal == "dtr":
+    if SIGNALS[online.signal].decides_at_prefix:  # pause every response at ℓ, continue only those kept
         paused = backend.start(prompt, seeds, stop_after=online.prefix)
         stops = [stop_point(_rounded_response(t, n_layers, dtr), tau, online) for t in paused.traces]
         keep = [j for j, t in enumerate(paused.traces) if stops[j] is None and t.finish == "paused"]
@@ -135,43 +142,51 @@ class OnlineReport:
     correct: int = 0
     stops: dict[str, int] = dataclasses.field(default_factory=dict)
 
+    def add(self, line: dict[str, Any]) -> None:
+        """Count one finished question's decision line (run now, or read back from the store)."""
+        self.questions += 1
+        self.tokens += line["tokens"]
+        self.correct += bool(line["correct"])
+        self.stops[line["stop"]] = self.stops.get(line["stop"], 0) + 1
 
-def online_store(
+
+@dataclasses.dataclass(frozen=True)
+class OnlineEvents:
+    """Progress callbacks of a live online run: each finished question's outcome, each batch's response count,
+    each step's generated tokens."""
+
+    on_question: Callable[[OnlineOutcome], None] = lambda o: None
+    on_batch: Callable[[int], None] = lambda n: None
+    on_token: Callable[[int], None] = lambda n: None
+
+
+def run_online(
     lm: LoadedModel,
-    out_dir: Path,
+    run: OnlineRun,
     questions: Sequence[Question],
-    *,
-    online: OnlineConfig,
-    seed: int = 0,
-    sampling: SamplingConfig = SamplingConfig(),
-    readout: ReadoutConfig = ReadoutConfig(),
-    dtr: DTRConfig = DTRConfig(),
-    resume: bool = False,
-    overwrite: bool = False,
-    task: dict[str, Any] | None = None,
-    answers: AnswerConfig = AnswerConfig(),
-    engine: EngineConfig = EngineConfig(),
     backend: GenerationBackend | None = None,
-    on_question: Callable[[OnlineOutcome], None] = lambda o: None,
-    on_batch: Callable[[int], None] = lambda n: None,
-    on_token: Callable[[int], None] = lambda n: None,
+    events: OnlineEvents = OnlineEvents(),
 ) -> OnlineReport:
-    """Run the online policy live on every question into the store at ``out_dir``; resumable.
+    """Run the online policy live on every question into the store ``run.store``; resumable.
 
-    ``engine`` picks the generation backend (recorded in the manifest) unless ``backend`` is given.
+    ``run.engine`` picks the generation backend (recorded in the manifest) unless ``backend`` is given.
     """
-    check_online(online, sampling)
-    manifest = store_manifest(lm.name, lm.n_layers, questions, online.max_n, seed, online.batch_size, sampling,
-                              readout, dtr, task or {}, answers, engine, online=online.to_dict())  # fmt: skip
+    online, out_dir = run.online, run.store.out
+    check_online(online, run.sampling)
+    settings = {"task": run.task.to_dict() if run.task else {}, "pool": online.max_n, "seed": run.seed,
+                "batch_size": online.batch_size, "online": online.to_dict(), "sampling": run.sampling,
+                "readout": run.readout, "dtr": run.dtr, "engine": run.engine, "answers": run.answers}  # fmt: skip
+    manifest = store_manifest(lm.name, lm.n_layers, questions, settings)
     out_dir.mkdir(parents=True, exist_ok=True)
-    backend = backend or make_backend(lm, engine, sampling, readout, on_token)
+    backend = backend or make_backend(lm, run.engine, run.sampling, run.readout, events.on_token)
     report = OnlineReport()
+    rules, resume, overwrite = ResumeRules(MANIFEST_DEFAULTS), run.store.resume, run.store.overwrite
     with (
-        ResultWriter(out_dir / SAMPLES, manifest, resume, overwrite, MANIFEST_DEFAULTS) as samples,
-        ResultWriter(out_dir / DECISIONS, manifest, resume, overwrite, MANIFEST_DEFAULTS) as decided,
+        ResultWriter(out_dir / SAMPLES, manifest, resume, overwrite, rules) as samples,
+        ResultWriter(out_dir / DECISIONS, manifest, resume, overwrite, rules) as decided,
     ):
         write_questions(out_dir, questions)
-        stored = _stored_records(out_dir / SAMPLES, samples.done)
+        kept = _stored_records(out_dir / SAMPLES, samples.done)
         finished = {r["id"]: r for r in iter_jsonl(out_dir / DECISIONS) if r["id"] in decided.done}
         try:
             for question in questions:
@@ -180,15 +195,12 @@ def online_store(
                     report.skipped += 1
                 else:
                     outcome = _run_question(
-                        lm, backend, samples, stored, question, online, seed, dtr, answers, on_batch
+                        _OnlineJob(lm, backend, samples, kept, question, run), events.on_batch
                     )
-                    line = _decision_line(question, outcome, seed)
+                    line = _decision_line(question, outcome, run.seed)
                     decided.write(line)
-                    on_question(outcome)
-                report.questions += 1
-                report.tokens += line["tokens"]
-                report.correct += bool(line["correct"])
-                report.stops[line["stop"]] = report.stops.get(line["stop"], 0) + 1
+                    events.on_question(outcome)
+                report.add(line)
         except DepthlensError as exc:
             raise type(exc)(
                 f"{exc} — questions finished so far are kept in {out_dir}; rerun with --resume"
@@ -196,44 +208,82 @@ def online_store(
     return report
 
 
+class OnlineOptions(TypedDict, total=False):
+    """``online_store``'s keywords: ``OnlineRun``'s fields (the store's as ``resume``, ``overwrite``) and
+    ``OnlineEvents``' callbacks."""
+
+    online: Required[OnlineConfig]
+    seed: int
+    sampling: SamplingConfig
+    readout: ReadoutConfig
+    dtr: DTRConfig
+    answers: AnswerConfig
+    engine: EngineConfig
+    task: TaskSpec | dict[str, Any] | None
+    resume: bool
+    overwrite: bool
+    on_question: Callable[[OnlineOutcome], None]
+    on_batch: Callable[[int], None]
+    on_token: Callable[[int], None]
+
+
+def online_store(
+    lm: LoadedModel,
+    out_dir: Path,
+    questions: Sequence[Question],
+    backend: GenerationBackend | None = None,
+    **options: Unpack[OnlineOptions],
+) -> OnlineReport:
+    """``run_online`` with its run given as keywords (the Python API; the CLI builds an ``OnlineRun``)."""
+    store = StoreSpec(out_dir, options.pop("resume", False), options.pop("overwrite", False), "jsonl")
+    names = ("on_question", "on_batch", "on_token")
+    events = OnlineEvents(**{k: options.pop(k) for k in names if k in options})  # type: ignore[misc]
+    task = as_task(options.pop("task", None))
+    return run_online(lm, OnlineRun(store=store, task=task, **options), questions, backend, events)  # type: ignore[arg-type]
+
+
 def _stored_records(path: Path, done: set[str]) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in iter_jsonl(path) if r["id"] in done}
 
 
-def _run_question(
-    lm: LoadedModel,
-    backend: GenerationBackend,
-    writer: ResultWriter,
-    stored: dict[str, dict[str, Any]],
-    question: Question,
-    online: OnlineConfig,
-    seed: int,
-    dtr: DTRConfig,
-    answers: AnswerConfig,
-    on_batch: Callable[[int], None],
-) -> OnlineOutcome:
+@dataclasses.dataclass(frozen=True)
+class _OnlineJob:
+    """One question of a live online run: the model, the engine, where responses go, those already stored."""
+
+    lm: LoadedModel
+    backend: GenerationBackend
+    writer: ResultWriter
+    kept: dict[
+        str, dict[str, Any]
+    ]  # stored responses by id (read back on resume, added to as they are written)
+    question: Question
+    run: OnlineRun
+
+
+def _run_question(job: _OnlineJob, on_batch: Callable[[int], None]) -> OnlineOutcome:
+    lm, question, run = job.lm, job.question, job.run
     prompt: list[int] | None = None
 
     def sample(indices: Sequence[int], tau: float | None) -> list[Response]:
         nonlocal prompt
         ids = [f"{question.id}#{i}" for i in indices]
-        if not all(i in stored for i in ids):  # a batch cut by a kill is regenerated whole, same layout
-            prompt = prompt if prompt is not None else prompt_ids(lm, question, answers.prompt_style)
-            seeds = [sample_seed(seed, question.id, i) for i in indices]
-            traces, stops = generate_batch(backend, prompt, seeds, tau, online, dtr)
+        if not all(i in job.kept for i in ids):  # a batch cut by a kill is regenerated whole, same layout
+            prompt = prompt if prompt is not None else prompt_ids(lm, question, run.answers.prompt_style)
+            seeds = [sample_seed(run.seed, question.id, i) for i in indices]
+            traces, stops = generate_batch(job.backend, prompt, seeds, tau, run.online, run.dtr)
             for i, key, trace, stop in zip(indices, ids, traces, stops, strict=True):
-                record = sample_record(lm, question, i, trace, dtr, answers, prompt=prompt)
+                record = sample_record(lm, question, i, trace, run.dtr, run.answers, prompt=prompt)
                 record.update(phase="warm-up" if tau is None else "online", stopped_at=stop)
                 if stop is not None:
                     record["finish"] = "stopped"  # by the policy (it may have ended there by itself too)
-                if key not in stored:
-                    writer.write(record)
-                    stored[key] = record
+                if key not in job.kept:
+                    job.writer.write(record)
+                    job.kept[key] = record
             on_batch(len(indices))
-        return [response_from_record(stored[k], lm.n_layers, dtr) for k in ids]
+        return [response_from_record(job.kept[k], lm.n_layers, run.dtr) for k in ids]
 
     sampler: Sampler = sample
-    return run_policy(online, sampler)
+    return run_policy(run.online, sampler)
 
 
 def _decision_line(question: Question, outcome: OnlineOutcome, seed: int) -> dict[str, Any]:
@@ -258,17 +308,24 @@ def ordered_pools(out_dir: Path, dtr: DTRConfig) -> tuple[dict[str, list[Respons
     """
     manifest = read_manifest(out_dir)
     n_layers = int(manifest["n_layers"])
-    records: dict[str, dict[int, dict[str, Any]]] = {q: {} for q in manifest["questions"]}
-    for record in iter_samples(out_dir):
-        records.setdefault(record["question_id"], {})[int(record["sample"])] = record
+    records: dict[str, dict[int, tuple[str, dict[str, Any]]]] = {q: {} for q in manifest["questions"]}
+    for where, record in read_responses(out_dir):
+        records.setdefault(str(record["question_id"]), {})[int(record["sample"])] = (where, record)
     pools, holes = {}, []
     for q, by_index in records.items():
-        ok = all(by_index.get(i, {}).get("status") == "ok" for i in range(len(by_index)))
+        ok = all(by_index.get(i, ("", {}))[1].get("status") == "ok" for i in range(len(by_index)))
         if not by_index or not ok:
             holes.append(q)
             continue
-        pools[q] = [response_from_record(by_index[i], n_layers, dtr) for i in range(len(by_index))]
+        pools[q] = [_response(*by_index[i], n_layers, dtr) for i in range(len(by_index))]
     return pools, holes
+
+
+def _response(where: str, record: dict[str, Any], n_layers: int, dtr: DTRConfig) -> Response:
+    try:
+        return response_from_record(record, n_layers, dtr)
+    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+        raise damaged(where, exc) from None
 
 
 def budget_sweep(
@@ -293,12 +350,12 @@ def budget_sweep(
             rows.append({"method": s.method, "family": s.method, "budget": n, "consensus": None,
                          "accuracy_mean": s.accuracy_mean, "accuracy_std": s.accuracy_std,
                          "cost_mean": s.cost_mean, "cost_std": s.cost_std, "started_mean": float(n)})  # fmt: skip
-    for signal in ("dtr", "confidence"):
+    for signal in SIGNALS:
         for beta in consensus:
             for max_n in (n for n in budgets if n > online.warmup):
                 cfg = dataclasses.replace(online, signal=signal, consensus=beta, max_n=max_n)
                 s = replay_trials(pools, cfg, trials, seed)
-                family = "online think@n" if signal == "dtr" else "online deepconf"
+                family = SIGNALS[signal].family
                 rows.append({"method": f"{family} β={beta:g}", "family": family, "budget": max_n,
                              "consensus": beta, "accuracy_mean": s.accuracy_mean, "accuracy_std": s.accuracy_std,
                              "cost_mean": s.cost_mean, "cost_std": s.cost_std,

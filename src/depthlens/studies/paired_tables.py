@@ -21,9 +21,9 @@ import numpy as np
 from depthlens.config import DTRConfig, OnlineConfig, VotingConfig
 from depthlens.errors import InputError
 from depthlens.metrics.resampling import mean_bootstrap
+from depthlens.stores.files import write_json
+from depthlens.stores.samples import read_manifest
 from depthlens.studies.online import ordered_pools
-from depthlens.studies.records import write_json
-from depthlens.studies.thinkn import read_manifest
 from depthlens.voting.online import OnlineSummary, replay_outcomes, summarise_replay
 from depthlens.voting.paired import BASELINE, PAPER_GAPS, Comparison, paired_comparisons
 from depthlens.voting.trials import trial_outcomes
@@ -117,6 +117,7 @@ def table_two_rows(
                      "cost_mean": s["cost_mean"], "cost_std": s["cost_std"],
                      "cost_vs_cons": s["cost_mean"] / cons["cost_mean"] if cons and cons["cost_mean"] else None,
                      "accuracy_lo": replay.get("accuracy_lo"), "accuracy_hi": replay.get("accuracy_hi"),
+                     "command": replay.get("command"),
                      **replay["paired"]})  # fmt: skip
     return rows
 

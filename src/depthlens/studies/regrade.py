@@ -25,18 +25,15 @@ from typing import Any
 
 from depthlens.config import AnswerConfig, DTRConfig, VotingConfig
 from depthlens.errors import StoreError
-from depthlens.studies.parquet_store import rewrite_store
-from depthlens.studies.records import iter_jsonl, manifest_path
-from depthlens.studies.store_answers import ANSWER_FIELDS, RULES, AnswerSummary, answer_fields, store_answers
-from depthlens.studies.tasks import HUB_TASKS, Question, infer_answer_type, load_task, parse_task_config
-from depthlens.studies.thinkn import (
-    QUESTIONS,
-    read_manifest,
-    samples_path,
-    stored_format,
-    summarise,
-    summary_files,
-)
+from depthlens.evals.answers import RULES
+from depthlens.evals.grading import ANSWER_FIELDS, AnswerSummary, answer_fields, store_answers
+from depthlens.evals.loading import load_task, parse_task_config
+from depthlens.evals.tasks import HUB_TASKS, Question, infer_answer_type
+from depthlens.stores.files import manifest_path
+from depthlens.stores.jsonl import iter_jsonl
+from depthlens.stores.parquet import rewrite_store
+from depthlens.stores.samples import QUESTIONS, read_manifest, samples_path, stored_format
+from depthlens.studies.thinkn import summarise, summary_files
 
 GRADED = ("answer", "answer_source", "vote_key", "grade", "correct", "task_score")
 
@@ -128,6 +125,66 @@ def _write_atomically(path: Path, lines: list[str]) -> None:
         os.close(directory)
 
 
+@dataclasses.dataclass
+class _Regrader:
+    """Re-reads one response's answer under ``rules`` (a callable for ``rewrite_store``), keeping what it had before
+    in its ``answer_history`` and the answer fields before and after for the report."""
+
+    samples: Path
+    questions: dict[str, Question]
+    rules: AnswerConfig
+    rules_before: str
+    timeout_s: int
+    on_record: Callable[[], None]
+    now: str = dataclasses.field(
+        default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    )
+    old: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    new: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    changed: Counter[str] = dataclasses.field(default_factory=Counter)
+
+    def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
+        if record.get("status") == "failed":
+            return record
+        question = self.questions.get(str(record.get("question_id")))
+        if question is None or "text" not in record:
+            raise StoreError(
+                f"{self.samples}: response {record.get('id')!r}: "
+                f"{'no text' if question else 'a question not in the store'}; "
+                "cannot regrade it (the store is damaged or not from `depthlens generate`)"
+            )
+        fields = answer_fields(
+            question, record["text"], record.get("finish", "eos"), self.rules, self.timeout_s
+        )
+        previous = {k: record.get(k) for k in GRADED}
+        self.changed["answer"] += previous["vote_key"] != fields["vote_key"]
+        self.changed["grade"] += previous["grade"] != fields["grade"]
+        history = [
+            *record.get("answer_history", []),
+            {**previous, "rules": self.rules_before, "until": self.now},
+        ]
+        self.old.append({k: record.get(k) for k in ANSWER_FIELDS})
+        record.update(fields, answer_history=history)
+        self.new.append({k: record.get(k) for k in ANSWER_FIELDS})
+        self.on_record()
+        return record
+
+
+def _rules(
+    manifest: dict[str, Any], answer_type: str | None, fallback: str | None
+) -> tuple[AnswerConfig, str]:
+    """The rules a regrade reads the store under, and the rules that graded it so far."""
+    settings, rules_before = store_answers(manifest)
+    if "answers" not in manifest:
+        settings = dataclasses.replace(AnswerConfig(), prompt_style=settings.prompt_style)
+    rules = dataclasses.replace(
+        settings,
+        answer_type=answer_type if answer_type is not None else settings.answer_type,  # type: ignore[arg-type]
+        fallback=fallback if fallback is not None else settings.fallback,  # type: ignore[arg-type]
+    )
+    return rules, rules_before
+
+
 def regrade_store(
     store: Path,
     answer_type: str | None = None,
@@ -141,71 +198,32 @@ def regrade_store(
     takes today's defaults: no fallback). The prompt style is the store's: it is how the model was asked.
     """
     manifest = read_manifest(store)
-    settings, rules_before = store_answers(manifest)
-    if "answers" not in manifest:
-        settings = dataclasses.replace(AnswerConfig(), prompt_style=settings.prompt_style)
-    rules = dataclasses.replace(
-        settings,
-        answer_type=answer_type if answer_type is not None else settings.answer_type,  # type: ignore[arg-type]
-        fallback=fallback if fallback is not None else settings.fallback,  # type: ignore[arg-type]
-    )
+    rules, rules_before = _rules(manifest, answer_type, fallback)
     questions = rebuild_questions(store, manifest)
     fmt = stored_format(store)
     samples = samples_path(store, fmt)
-    old, new = [], []
-    changed = Counter[str]()
-    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-
-    def regrade(record: dict[str, Any]) -> dict[str, Any]:
-        if record.get("status") == "failed":
-            return record
-        question = questions.get(str(record.get("question_id")))
-        if question is None or "text" not in record:
-            raise StoreError(
-                f"{samples}: response {record.get('id')!r}: "
-                f"{'no text' if question else 'a question not in the store'}; "
-                "cannot regrade it (the store is damaged or not from `depthlens generate`)"
-            )
-        fields = answer_fields(question, record["text"], record.get("finish", "eos"), rules, timeout_s)
-        previous = {k: record.get(k) for k in GRADED}
-        changed["answer"] += previous["vote_key"] != fields["vote_key"]
-        changed["grade"] += previous["grade"] != fields["grade"]
-        history = [*record.get("answer_history", []), {**previous, "rules": rules_before, "until": now}]
-        old.append({k: record.get(k) for k in ANSWER_FIELDS})
-        record.update(fields, answer_history=history)
-        new.append({k: record.get(k) for k in ANSWER_FIELDS})
-        on_record()
-        return record
-
+    regrade = _Regrader(samples, questions, rules, rules_before, timeout_s, on_record)
     updated = {
         **manifest,
         "answers": {**rules.to_dict(), "rules": RULES},
         "regraded": [
             *manifest.get("regraded", []),
-            {"at": now, "from_rules": rules_before, "rules": RULES, "command": " ".join(sys.argv)},
+            {"at": regrade.now, "from_rules": rules_before, "rules": RULES, "command": " ".join(sys.argv)},
         ],
     }
-    if fmt == "parquet":  # new shards, then the manifest as the commit (parquet_store.rewrite_store)
+    if fmt == "parquet":  # new shards, then the manifest as the commit (stores.parquet.rewrite_store)
         rewrite_store(samples, updated, regrade)
     else:
         lines = [json.dumps(regrade(record), ensure_ascii=False) + "\n" for record in iter_jsonl(samples)]
         _write_atomically(samples, lines)
         _write_atomically(manifest_path(samples), [json.dumps(updated, indent=2) + "\n"])
+    old, new = regrade.old, regrade.new
     return RegradeReport(
-        store,
-        rules_before,
-        RULES,
-        rules,
-        AnswerSummary.of(manifest, old),
-        AnswerSummary.of(updated, new),
-        dict(Counter(str(r["grade"]) for r in old)),
-        dict(Counter(str(r["grade"]) for r in new)),
-        len(new),
-        changed["answer"],
-        changed["grade"],
-        _resummarise(store),
+        store, rules_before, RULES, rules, AnswerSummary.of(manifest, old), AnswerSummary.of(updated, new),
+        dict(Counter(str(r["grade"]) for r in old)), dict(Counter(str(r["grade"]) for r in new)), len(new),
+        regrade.changed["answer"], regrade.changed["grade"], _resummarise(store),
         {q.id: q.reference_issue for q in questions.values() if q.reference_issue},
-    )
+    )  # fmt: skip
 
 
 def _resummarise(store: Path) -> bool:

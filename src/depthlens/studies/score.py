@@ -1,26 +1,28 @@
 """Score responses: DTR, settling depths and the six baselines per record, from one forward pass each.
 
-``score`` works on records in memory and yields result dicts; ``score_file`` reads JSONL, writes JSONL as
-records finish, and resumes an interrupted run.
+``score`` works on records in memory and yields result dicts; ``score_file`` (``run_score``) reads JSONL or
+Parquet records, writes a results store as records finish, and resumes an interrupted run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from depthlens import __version__
-from depthlens.config import DTRConfig, ReadoutConfig, TCBConfig
+from depthlens.config import DTRConfig, ReadoutConfig, ScoreRun, StoreSpec, TCBConfig
 from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.metrics.fused import use_compiled
 from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout, sequence_scores, tcb_summary
 from depthlens.models.load import LoadedModel
 from depthlens.models.tokens import token_texts
 from depthlens.readout.stream import TokenSequence, iter_readout, lens_for, model_chunk_sizes, validate
-from depthlens.studies.records import BadLine, InputRecord, check_record
+from depthlens.stores.files import ResumeRules
+from depthlens.stores.inputs import BadLine, InputRecord, check_record
 
 SUMMARY_FIELDS = (
     "n_tokens", "dtr", "mean_settling_depth", "token_count", "reverse_token_count",
@@ -203,30 +205,24 @@ def score_summary(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 MANIFEST_DEFAULTS = {"readout": ReadoutConfig().to_dict(), "dtr": DTRConfig().to_dict()}
-"""Settings a manifest written before a field existed is read with (see ``records.check_output``)."""
+"""Settings a manifest written before a field existed is read with (``stores.files.ResumeRules``)."""
+RESUME_RULES = ResumeRules(defaults=MANIFEST_DEFAULTS)
 
 
 def score_manifest(
-    model: str,
-    n_layers: int | None,
-    in_path: Path,
-    readout: ReadoutConfig,
-    dtr: DTRConfig,
-    tcb: TCBConfig | None,
-    tokens: bool,
-    store: dict[str, Any] | None = None,
+    model: str, n_layers: int | None, run: ScoreRun, store: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """The manifest of a ``score_file`` run; ``n_layers`` None (model not loaded yet) leaves it out; ``store``
-    the Parquet store's own settings (``{"format": "parquet", "float16": …}``), None for JSONL."""
+    """The manifest of a ``score`` run; ``n_layers`` None (model not loaded yet) leaves it out; ``store`` the Parquet
+    store's own settings (``{"format": "parquet", "float16": …}``), None for JSONL."""
     manifest = {
         "depthlens_version": __version__,
         "model": model,
         "n_layers": n_layers,
-        "input": str(in_path),
-        "readout": readout.to_dict(),
-        "dtr": dtr.to_dict(),
-        "tcb": tcb.to_dict() if tcb is not None else None,
-        "tokens": tokens,
+        "input": str(run.source),
+        "readout": run.readout.to_dict(),
+        "dtr": run.dtr.to_dict(),
+        "tcb": run.tcb.to_dict() if run.tcb is not None else None,
+        "tokens": run.tokens,
         "command": " ".join(sys.argv),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
@@ -243,54 +239,47 @@ def refuse_same_file(in_path: Path, out_path: Path) -> None:
         raise InputError(f"--out {out_path} is the input file itself; write the scores to another file")
 
 
-def score_file(
-    lm: LoadedModel,
-    in_path: Path,
-    out_path: Path,
-    *,
-    readout: ReadoutConfig = ReadoutConfig(),
-    dtr: DTRConfig = DTRConfig(),
-    tcb: TCBConfig | None = TCBConfig(),
-    tokens: bool = False,
-    batch_size: int = 1,
-    resume: bool = False,
-    overwrite: bool = False,
-    skip_bad: bool = False,
-    float16: bool = False,
-    on_start: Callable[[int, int], None] = lambda total, done: None,
-    on_record: Callable[[dict[str, Any]], None] = lambda result: None,
-    on_rescore: Callable[[list[str]], None] = lambda ids: None,
-) -> list[BadLine]:
-    """Score every record of ``in_path`` into ``out_path``; returns the lines skipped (with ``skip_bad``).
+@dataclasses.dataclass(frozen=True)
+class ScoreEvents:
+    """Progress callbacks of a ``score`` run: the total and already-done records once the store is open, each
+    finished result (in-process) or block of results (Ray), and the ids of records scored again because their
+    input changed since (a resumed run)."""
 
-    ``on_start(total, already_done)`` and ``on_record(result)`` drive a progress display. On ``resume``,
-    records whose input changed since they were scored (the manifest keeps a hash per record) are dropped from
-    ``out_path`` and scored again; ``on_rescore`` gets their ids.
+    on_start: Callable[[int, int], None] = lambda total, done: None
+    on_record: Callable[[dict[str, Any]], None] = lambda result: None
+    on_block: Callable[[int], None] = lambda n: None
+    on_rescore: Callable[[list[str]], None] = lambda ids: None
 
-    ``out_path`` is a sharded Parquet store (a directory; per-token floats as float32, or ``float16``) unless it
-    is named ``*.jsonl`` or is an existing JSONL file (``stores.results_format``). The input may be JSONL or
-    Parquet.
+
+def run_score(lm: LoadedModel, run: ScoreRun, events: ScoreEvents = ScoreEvents()) -> list[BadLine]:
+    """Score every record of ``run.source`` into ``run.store``; returns the lines skipped (with ``skip_bad``).
+
+    On resume, records whose input changed since they were scored (the manifest keeps a hash per record) are
+    dropped from the store and scored again; ``events.on_rescore`` gets their ids. The store is a sharded Parquet
+    store (a directory; per-token floats as float32, or ``float16``) unless it is named ``*.jsonl`` or is an
+    existing JSONL file (``stores.formats.results_format``). The input may be JSONL or Parquet.
     """
-    from depthlens.studies.stores import open_results, read_inputs, results_format, store_entry
+    from depthlens.stores.formats import open_results, read_inputs, results_format, store_entry
 
-    refuse_same_file(in_path, out_path)
-    records, skipped = read_inputs(in_path, skip_bad=skip_bad)
-    store = store_entry(results_format(out_path), float16)
-    manifest = score_manifest(lm.name, lm.n_layers, in_path, readout, dtr, tcb, tokens, store)
+    out_path, spec = run.store.out, run.store
+    refuse_same_file(run.source, out_path)
+    records, skipped = read_inputs(run.source, skip_bad=run.skip_bad)
+    store = store_entry(results_format(out_path), spec.float16)
+    manifest = score_manifest(lm.name, lm.n_layers, run, store)
     hashes = {r.id: r.digest for r in records}
     with open_results(
-        out_path, manifest, resume=resume, overwrite=overwrite, defaults=MANIFEST_DEFAULTS, hashes=hashes
+        out_path, manifest, resume=spec.resume, overwrite=spec.overwrite, rules=RESUME_RULES, hashes=hashes
     ) as writer:
-        on_rescore(writer.rescored)
+        events.on_rescore(writer.rescored)
         todo = [r for r in records if r.id not in writer.done]
-        on_start(len(records), len(records) - len(todo))
+        events.on_start(len(records), len(records) - len(todo))
         try:
             for result in score_records(
-                lm, todo, readout=readout, dtr=dtr, tcb=tcb, tokens=tokens, batch_size=batch_size,
-                on_skip=skipped.append if skip_bad else None,
+                lm, todo, readout=run.readout, dtr=run.dtr, tcb=run.tcb, tokens=run.tokens,
+                batch_size=run.batch_size, on_skip=skipped.append if run.skip_bad else None,
             ):  # fmt: skip
                 writer.write(result)
-                on_record(result)
+                events.on_record(result)
         except DepthlensError as exc:
             if isinstance(exc, StoreError):  # the store's own error already says how to go on
                 raise
@@ -298,3 +287,40 @@ def score_file(
                 f"{exc} — results finished so far are kept in {out_path}; rerun with --resume"
             ) from exc
     return skipped
+
+
+class ScoreOptions(TypedDict, total=False):
+    """``score_file``'s keywords: ``ScoreRun``'s fields (the store's as ``resume``, ``overwrite``, ``float16``)
+    and ``ScoreEvents``' callbacks."""
+
+    readout: ReadoutConfig
+    dtr: DTRConfig
+    tcb: TCBConfig | None
+    tokens: bool
+    batch_size: int
+    skip_bad: bool
+    resume: bool
+    overwrite: bool
+    float16: bool
+    on_start: Callable[[int, int], None]
+    on_record: Callable[[dict[str, Any]], None]
+    on_block: Callable[[int], None]
+    on_rescore: Callable[[list[str]], None]
+
+
+def score_run(in_path: Path, out_path: Path, **options: Unpack[ScoreOptions]) -> tuple[ScoreRun, ScoreEvents]:
+    """The ``ScoreRun`` and callbacks ``score_file``'s keywords describe."""
+    store = StoreSpec(out_path, options.pop("resume", False), options.pop("overwrite", False),
+                      float16=options.pop("float16", False))  # fmt: skip
+    names = ("on_start", "on_record", "on_block", "on_rescore")
+    events = ScoreEvents(**{k: options.pop(k) for k in names if k in options})  # type: ignore[misc]
+    return ScoreRun(in_path, store, **options), events  # type: ignore[arg-type]
+
+
+def score_file(
+    lm: LoadedModel, in_path: Path, out_path: Path, **options: Unpack[ScoreOptions]
+) -> list[BadLine]:
+    """Score every record of ``in_path`` into ``out_path`` (``run_score`` with its run given as keywords, the
+    Python API); returns the lines skipped (with ``skip_bad``)."""
+    run, events = score_run(in_path, out_path, **options)
+    return run_score(lm, run, events)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from depthlens.studies.inference import format_p
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
@@ -48,3 +50,84 @@ def write_study(out_dir: Path, name: str, result: dict[str, Any], command: str) 
     table = markdown_table(summary if isinstance(summary, list) else [summary])
     (out_dir / f"{name}.md").write_text(f"# {name}\n\n`{command}`\n\n{table}", encoding="utf-8")
     return [*paths, out_dir / f"{name}.json", out_dir / f"{name}.md"]
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:+.{digits}f}"
+
+
+def _ci(lo: float | None, hi: float | None) -> str:
+    return "" if lo is None or hi is None else f" [{lo:+.2f}, {hi:+.2f}]"
+
+
+P_LEGEND = (
+    "p: two-sided p of r = 0 from the same question resamples; p_BH: Benjamini–Hochberg adjusted over every cell "
+    "of this table (one family per statistic); † marks p_BH < 0.05"
+)
+
+
+def _p(row: dict[str, Any], field: str, lead: str = "; ") -> str:
+    """`` p 0.012, p_BH 0.04†`` for a cell with a test; nothing for one without (older rows, no statistic)."""
+    if row.get(field) is None:
+        return ""
+    adjusted = row.get(f"{field}_bh")
+    text = f"{lead}p {format_p(row[field])}"
+    if adjusted is not None:
+        text += f", p_BH {format_p(adjusted)}" + ("†" if adjusted < 0.05 else "")
+    return text
+
+
+def table_one(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown: the paper's binned r (metrics × model · task), then the unbinned statistics with 95 % CIs."""
+    columns = list(dict.fromkeys(f"{r['model']} · {r['task']}" for r in rows))
+    metrics = list(dict.fromkeys(r["metric"] for r in rows))
+    labels = {r["metric"]: r["label"] for r in rows}
+    cell = {(r["metric"], f"{r['model']} · {r['task']}"): r for r in rows}
+
+    def table(render: Callable[[dict[str, Any]], str]) -> list[str]:
+        out = ["| metric | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+        for m in metrics:
+            out.append(
+                f"| {labels[m]} | "
+                + " | ".join(render(cell[m, c]) if (m, c) in cell else "n/a" for c in columns)
+                + " |"
+            )
+        return out
+
+    def binned(r: dict[str, Any]) -> str:
+        if r["binned_r"] is None:
+            return "—"
+        return (f"{r['binned_r']:+.2f} ± {r['binned_r_sd']:.2f}{_ci(r.get('binned_r_lo'), r.get('binned_r_hi'))} "
+                f"(q={r['questions_used']:.0f}{_p(r, 'binned_r_p')})")  # fmt: skip
+
+    def unbinned(r: dict[str, Any]) -> str:
+        if r["point_biserial"] is None:
+            return "—"
+        pb = f"{_fmt(r['point_biserial'])}{_ci(r['point_biserial_lo'], r['point_biserial_hi'])}"
+        rho = f"{_fmt(r['spearman'])}{_ci(r['spearman_lo'], r['spearman_hi'])}"
+        return f"r_pb {pb}{_p(r, 'point_biserial_p', ' ')}; ρ {rho}{_p(r, 'spearman_p', ' ')}"
+
+    counts = {f"{r['model']} · {r['task']}": r for r in rows}
+    lines = [
+        "**Binned r** (definitions.md §4: 5 quantile bins per question, Pearson r of bin metric vs bin accuracy, "
+        "averaged over questions and seeds; ± is the s.d. over seeds — 0 when each seed bins the whole pool and only "
+        "ties are re-broken —, [95 % interval] over question resamples of the per-question r, q the questions with a "
+        f"defined r; {P_LEGEND})",
+        "",
+        *table(binned),
+        "",
+        f"**Unbinned, per response**: point-biserial r and Spearman ρ with question-bootstrap 95 % CIs; {P_LEGEND}",
+        "",
+        *table(unbinned),
+        "",
+        "Samples: "
+        + "; ".join(
+            f"{c}: {r['responses']} responses, {r['questions']} questions, accuracy {100 * r['accuracy']:.0f} %"
+            for c, r in counts.items()
+        )
+        + ".",
+    ]
+    notes = sorted({f"{r['model']} · {r['task']} · {r['label']}: {r['note']}" for r in rows if r["note"]})
+    if notes:
+        lines += ["", "Notes:", "", *[f"- {n}" for n in notes]]
+    return "\n".join(lines) + "\n"

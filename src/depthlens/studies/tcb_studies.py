@@ -21,6 +21,9 @@ import torch
 
 from depthlens.config import EngineConfig, ReadoutConfig, SamplingConfig, TCBConfig
 from depthlens.errors import InputError
+from depthlens.evals.grading import grade
+from depthlens.evals.loading import load_task
+from depthlens.evals.tasks import MATH_INSTRUCTION, Question
 from depthlens.metrics.stats import pearson, spearman
 from depthlens.metrics.tcb import (
     Unembedding,
@@ -31,9 +34,9 @@ from depthlens.metrics.tcb import (
 )
 from depthlens.models.load import LoadedModel
 from depthlens.readout.stream import lens_for
-from depthlens.sampling.generate import GenerationBackend, make_backend
+from depthlens.sampling.backend import GenerationBackend
+from depthlens.sampling.choose import make_backend
 from depthlens.studies.score import as_token_ids, score
-from depthlens.studies.tasks import MATH_INSTRUCTION, Question, grade, load_task
 
 Units = dict[str, Any]
 """A study's finished units (a prompt, a question × template × shots, the trace) by key, each its rows.
@@ -47,6 +50,18 @@ OnUnit = Callable[[str, Any], None]
 
 def _ignore(_key: str, _rows: Any) -> None:
     """The default ``on_unit``: nothing is persisted."""
+
+
+@dataclasses.dataclass
+class StudyRun:
+    """How a study runs: the units an interrupted run finished (``done``, by key; filled in as units finish), the
+    callback that persists each new one, the engine that generates (``prompt_variants``, ``generation_trace``)
+    and the seed of the questions (``prompt_variants``)."""
+
+    done: Units = dataclasses.field(default_factory=dict)
+    on_unit: OnUnit = _ignore
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    seed: int = 0
 
 
 def prompt_set(name: str) -> list[dict[str, Any]]:
@@ -100,16 +115,16 @@ def regimes(
     sets: dict[str, list[dict[str, Any]]],
     tcb: TCBConfig = TCBConfig(),
     split: float = 4.0,
-    done: Units | None = None,
-    on_unit: OnUnit = _ignore,
+    run: StudyRun | None = None,
 ) -> dict:
     """Per prompt: δ, V_eff, margin at the next-token position; per set: corr(δ, √V_eff), corr(δ, margin).
 
     Beside the two prompt sets, all prompts pooled and split by their *measured* V_eff at ``split``: which
     regime a prompt is in is a property of the model's output there, not of how the prompt was chosen.
-    Units (for ``done`` / ``on_unit``, see ``Units``): one prompt, ``<set>/<id>``.
+    Units (see ``Units``): one prompt, ``<set>/<id>``.
     """
-    done = {} if done is None else done
+    run = run or StudyRun()
+    done, on_unit = run.done, run.on_unit
     unembed, norms = _unembedding(lm)
     rows, summary = [], []
     for set_name, prompts in sets.items():
@@ -175,15 +190,15 @@ def geometry(
     top_k: int = 10,
     cluster: float = 0.5,
     disperse: float = 1.5,
-    done: Units | None = None,
-    on_unit: OnUnit = _ignore,
+    run: StudyRun | None = None,
 ) -> dict:
     """Every position of ``prompts``: δ as the model is, with the top-k rows clustered (α = ``cluster``) and
     dispersed (α = ``disperse``) around their weighted centroid, o fixed; per V_eff band the share ordered
     δ_cluster > δ_orig > δ_disperse. Units: one prompt, ``prompt-<index>``."""
     if not (0 <= cluster < 1 < disperse):
         raise InputError(f"need 0 ≤ cluster < 1 < disperse; got cluster {cluster}, disperse {disperse}")
-    done = {} if done is None else done
+    run = run or StudyRun()
+    done, on_unit = run.done, run.on_unit
     unembed, norms = _unembedding(lm)
     rows = []
     for p_index, prompt in enumerate(prompts):
@@ -238,25 +253,23 @@ def prompt_variants(
     templates: Sequence[str] = tuple(TEMPLATES),
     shots: Sequence[int] = (0, 2),
     max_new_tokens: int = 96,
-    seed: int = 0,
     task_config: dict[str, Any] | None = None,
-    done: Units | None = None,
-    on_unit: OnUnit = _ignore,
-    engine: EngineConfig = EngineConfig(),
+    run: StudyRun | None = None,
 ) -> dict:
     """Greedy answers per template × shots: accuracy, perplexity of the answer, and its mean / median δ.
 
-    Units: one answered question, ``<template>/<shots>/<question id>``. ``engine`` generates the answers.
+    Units: one answered question, ``<template>/<shots>/<question id>``. ``run.engine`` generates the answers.
     """
-    done = {} if done is None else done
+    run = run or StudyRun()
+    done, on_unit = run.done, run.on_unit
     unknown = [t for t in templates if t not in TEMPLATES]
     if unknown:
         raise InputError(f"unknown template(s) {unknown}; known: {', '.join(TEMPLATES)}")
-    qs = load_task(task, questions, seed, config=task_config)
+    qs = load_task(task, questions, run.seed, config=task_config)
     # Worked examples from a far-away seed (nearby reasoning-gym seeds share items), never the question itself.
-    pool = load_task(task, max(shots, default=0) + len(qs), seed + 10_007, config=task_config)
+    pool = load_task(task, max(shots, default=0) + len(qs), run.seed + 10_007, config=task_config)
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, readout_tokens=0)
-    generator = make_backend(lm, engine, greedy)
+    generator = make_backend(lm, run.engine, greedy)
     rows, summary = [], []
     for template in templates:
         for k in shots:
@@ -313,18 +326,17 @@ def generation_trace(
     max_new_tokens: int = 64,
     rule: DropRule = DropRule(),
     chat: bool = True,
-    done: Units | None = None,
-    on_unit: OnUnit = _ignore,
-    engine: EngineConfig = EngineConfig(),
+    run: StudyRun | None = None,
 ) -> dict:
     """A greedy generation's per-token δ, V_eff and perplexity, with sharp δ drops at low perplexity flagged.
 
     One unit, ``trace``: the whole result (a single generation has nothing smaller worth keeping).
     """
-    if done and "trace" in done:
-        return done["trace"]
-    result = _generation_trace(lm, prompt, max_new_tokens, rule, chat, engine)
-    on_unit("trace", result)
+    run = run or StudyRun()
+    if "trace" in run.done:
+        return run.done["trace"]
+    result = _generation_trace(lm, prompt, max_new_tokens, rule, chat, run.engine)
+    run.on_unit("trace", result)
     return result
 
 

@@ -77,6 +77,28 @@ def _colour(value: float, vmax: float) -> str:
     return f"rgb({r},{g},{b})"
 
 
+_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>{heading}</title>
+<style>
+body {{ font: 13px system-ui, sans-serif; margin: 1.5em; }}
+table {{ border-collapse: collapse; }}
+td {{ width: 16px; height: 9px; padding: 0; }}
+td.settle {{ outline: 2px solid #2ca02c; outline-offset: -2px; }}
+td.deep {{ outline-color: #1f77b4; }}
+th.tok {{ writing-mode: vertical-rl; transform: rotate(180deg); font: 11px ui-monospace, monospace;
+  font-weight: normal; padding: 2px 0; text-align: left; white-space: pre; }}
+th.layer {{ font: 10px ui-monospace, monospace; font-weight: normal; padding-right: 4px; text-align: right; }}
+td:hover {{ outline: 2px solid #000; }}
+</style></head><body>
+<h3>{heading}</h3>
+<p>Rows: layers (top = final). Columns: generated tokens. Hover a cell for its value. Outlined: the layer where
+the token settles (green; blue when it settles only in the deep regime, a deep-thinking token).</p>
+<table><tr><th></th>{head}</tr>
+{rows}
+</table></body></html>
+"""
+"""The page ``write_heatmap_html`` fills in: one table, styles inline, no script."""
+
+
 def write_heatmap_html(
     record: dict[str, Any], path: Path, title: str | None = None, unit: str = "bits"
 ) -> Path:
@@ -116,25 +138,7 @@ def write_heatmap_html(
     heading = title or f"{record.get('id')}: divergence to the final layer ({unit})" + (
         f"; DTR = {dtr:.2f}" if dtr is not None else ""
     )
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(heading)}</title>
-<style>
-body {{ font: 13px system-ui, sans-serif; margin: 1.5em; }}
-table {{ border-collapse: collapse; }}
-td {{ width: 16px; height: 9px; padding: 0; }}
-td.settle {{ outline: 2px solid #2ca02c; outline-offset: -2px; }}
-td.deep {{ outline-color: #1f77b4; }}
-th.tok {{ writing-mode: vertical-rl; transform: rotate(180deg); font: 11px ui-monospace, monospace;
-  font-weight: normal; padding: 2px 0; text-align: left; white-space: pre; }}
-th.layer {{ font: 10px ui-monospace, monospace; font-weight: normal; padding-right: 4px; text-align: right; }}
-td:hover {{ outline: 2px solid #000; }}
-</style></head><body>
-<h3>{html.escape(heading)}</h3>
-<p>Rows: layers (top = final). Columns: generated tokens. Hover a cell for its value. Outlined: the layer where
-the token settles (green; blue when it settles only in the deep regime, a deep-thinking token).</p>
-<table><tr><th></th>{head}</tr>
-{chr(10).join(rows)}
-</table></body></html>
-"""
+    page = _PAGE.format(heading=html.escape(heading), head=head, rows=chr(10).join(rows))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")
     return path

@@ -1,14 +1,8 @@
-"""The studies of sample stores, drawn and written up: ``depthlens correlate`` and ``depthlens report``.
-
-Computation comes from ``studies`` (correlation, sweeps, Think@n voting); this module only draws figures and
-writes files. A *run directory* is a store or a folder of stores (found by their manifests, at any depth).
-"""
+"""The report of a run's stores, drawn and written up (``depthlens correlate``, ``depthlens report``): every figure
+of each store (Figures 1–5) and one Markdown and HTML page. Everything shown is computed by ``studies.report``."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,25 +10,12 @@ from typing import Any
 import numpy as np
 
 from depthlens.config import CorrelationConfig, DTRConfig, VotingConfig
-from depthlens.errors import DepthlensError, InputError
-from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, deep_threshold, settling_depth
-from depthlens.models.tokens import token_texts
-from depthlens.studies.correlation import (
-    METRICS,
-    Store,
-    StoredResponse,
-    load_store,
-    store_correlations,
-    sweep,
-    table_one,
-)
-from depthlens.studies.inference import PAIRED_FIELDS, add_fdr
-from depthlens.studies.paired_tables import REPLAYS, pooled_rows, store_per_question, table_two_rows
-from depthlens.studies.parquet_store import MANIFEST
-from depthlens.studies.records import manifest_path, read_json
-from depthlens.studies.store_answers import AnswerSummary
-from depthlens.studies.tables import write_csv
-from depthlens.studies.thinkn import SAMPLES, SHARDS, summarise, summary_files, summary_stem
+from depthlens.evals.grading import AnswerSummary
+from depthlens.metrics.dtr import deep_threshold
+from depthlens.studies.correlation import METRICS
+from depthlens.studies.report import ReportData, StoreStudy, prepare_report, slug
+from depthlens.studies.stored import Store
+from depthlens.studies.tables import table_one
 from depthlens.viz.cost import draw_accuracy_cost, table_two_markdown
 from depthlens.viz.heatmap import draw_divergence_heatmap, write_heatmap_html
 from depthlens.viz.study import draw_metric_bins, draw_sweeps, draw_token_settling
@@ -42,144 +23,40 @@ from depthlens.viz.study import draw_metric_bins, draw_sweeps, draw_token_settli
 LABELS = {m.name: m.label for m in METRICS}
 
 
-def find_stores(run_dir: Path) -> list[Path]:
-    """Every sample store at or under ``run_dir``, sorted; InputError naming what to do when there is none."""
-    if not run_dir.is_dir():
-        raise InputError(
-            f"{run_dir} is not a directory; give a store written by `depthlens generate` or a folder of them"
-        )
-    jsonl = {p.parent for p in run_dir.rglob(manifest_path(Path(SAMPLES)).name)}
-    sharded = {p.parent.parent for p in run_dir.rglob(f"{SHARDS}/{MANIFEST}")}  # `generate --ray` stores
-    found = sorted(jsonl | sharded)
-    if not found:
-        raise InputError(
-            f"no sample store under {run_dir} (looked for {SAMPLES} with its manifest); "
-            "create one with `depthlens generate --readout-tokens all`"
-        )
-    return found
-
-
-def _slug(store: Store) -> str:
-    return f"{store.model}-{store.task}".replace("/", "_").replace(" ", "_").replace(":", "_")
-
-
-@dataclasses.dataclass
-class StoreStudy:
-    store: Store
-    rows: list[dict[str, Any]]
-    sweeps: list[dict[str, Any]]
-    figures: dict[str, Path]
-
-
-def study_store(
-    store: Store,
-    out_dir: Path,
-    cfg: CorrelationConfig,
-    dtr: DTRConfig,
-    g_by_kind: dict[str, float | None] | None = None,
-    with_sweeps: bool = True,
-) -> StoreStudy:
-    """Table-1 rows, sweeps and Figures 1 and 4 of one store.
-
-    A store read out only over a prefix gives DTR over that prefix (said in each row's note).
-    """
-    window = store.readout_tokens
-    if window is not None and (dtr.prefix is None or dtr.prefix > window):
-        dtr = dataclasses.replace(dtr, prefix=window)
-    rows, profiles = store_correlations(store, cfg, dtr, g_by_kind)
-    if window is not None:
-        for row in rows:
-            if row["metric"].startswith("dtr"):
-                row["note"] = (
-                    row["note"] + "; " if row["note"] else ""
-                ) + f"DTR over the first {dtr.prefix} tokens"
+def draw_study(study: StoreStudy, out_dir: Path, dtr: DTRConfig) -> dict[str, Path]:
+    """Every figure of one store's study that its data allow: Figure 1 (bins), 4 (sweeps), 2 and 3 (the example
+    response), 5 (accuracy vs cost from its Think@n summary)."""
+    store, name = study.store, slug(study.store)
     figures: dict[str, Path] = {}
-    slug = _slug(store)
-    if any(profiles.values()):
+    if any(study.profiles.values()):
         figures["bins"] = draw_metric_bins(
-            profiles,
+            study.profiles,
             LABELS,
-            out_dir / f"fig1-bins-{slug}.png",
+            out_dir / f"fig1-bins-{name}.png",
             title=f"{store.label}: accuracy by metric bin",
         )
-    sweeps: list[dict[str, Any]] = []
-    if with_sweeps:
-        sweeps = sweep(store, cfg, dtr)
+    if study.sweeps:
         figures["sweeps"] = draw_sweeps(
-            sweeps, out_dir / f"fig4-sweeps-{slug}.png", title=f"{store.label}: DTR sensitivity"
+            study.sweeps, out_dir / f"fig4-sweeps-{name}.png", title=f"{store.label}: DTR sensitivity"
         )
-    return StoreStudy(store, rows, sweeps, figures)
-
-
-def write_correlation(
-    out_dir: Path, studies: Sequence[StoreStudy], config: dict[str, Any], command: str
-) -> list[Path]:
-    """correlation.csv / .json / .md (Table 1 over all stores) and sweeps.csv."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = [r for s in studies for r in s.rows]
-    sweeps = [r for s in studies for r in s.sweeps]
-    # Each table one family (studies/inference.py); in place, so whoever prints the studies' rows sees it.
-    add_fdr(rows)
-    add_fdr(sweeps)
-    paths = [write_csv(out_dir / "correlation.csv", rows)]
-    (out_dir / "correlation.json").write_text(
-        json.dumps({"config": config, "command": command, "rows": rows}, indent=2) + "\n"
-    )
-    paths.append(out_dir / "correlation.json")
-    (out_dir / "correlation.md").write_text(
-        f"# Correlation with accuracy\n\n`{command}`\n\n{table_one(rows)}"
-    )
-    paths.append(out_dir / "correlation.md")
-    if sweeps:
-        paths.append(write_csv(out_dir / "sweeps.csv", sweeps))
-    return paths
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Figures 2 and 3 from a stored response.
-
-
-def example_response(store: Store) -> StoredResponse | None:
-    """The response a reader is shown: a correct one of median length (else any of median length)."""
-    full = [r for r in store.responses if r.divergence["jsd"].shape[0] == r.n_tokens and r.n_tokens > 0]
-    pick = [r for r in full if r.correct] or full
-    if not pick:
-        return None
-    lengths = np.array([r.n_tokens for r in pick])
-    return pick[int(np.argsort(lengths)[len(pick) // 2])]
-
-
-def heatmap_record(
-    response: StoredResponse, tokens: Sequence[str], dtr: DTRConfig, n_layers: int, kind: str = "jsd"
-) -> dict[str, Any]:
-    """A stored response as the heatmap drawers take it (the fields ``depthlens score --tokens`` writes)."""
-    table = response.divergence[kind]
-    settling = settling_depth(table, dtr.g)
-    deep = deep_flags(settling, n_layers, dtr.rho, dtr.deep_rule)
-    return {
-        "id": f"{response.question_id}",
-        "tokens": list(tokens)[: table.shape[0]],
-        "divergence": table.tolist(),
-        "settling_depth": settling.tolist(),
-        "deep": deep.tolist(),
-        "dtr": deep_thinking_ratio(deep),
-    }
-
-
-def token_labels(response: StoredResponse, tokenizer: Any | None) -> list[str]:
-    """The response's tokens as strings (ids when no tokenizer is at hand)."""
-    if tokenizer is not None:
-        return token_texts(tokenizer, response.token_ids)
-    return [f"#{i}" for i in response.token_ids]
+    if study.example is not None:
+        figures.update(draw_token_figures(study.example, out_dir, name, dtr, store.n_layers))
+    if study.summary:
+        v = study.summary["voting"]
+        figures["cost"] = draw_accuracy_cost(
+            study.table_two or study.summary["methods"], out_dir / f"fig5-cost-{name}.png",
+            title=f"{store.label}: n = {v['n']}, {v['trials']} trials",
+        )  # fmt: skip
+    return figures
 
 
 def draw_token_figures(
-    record: dict[str, Any], out_dir: Path, slug: str, dtr: DTRConfig, n_layers: int
+    record: dict[str, Any], out_dir: Path, name: str, dtr: DTRConfig, n_layers: int
 ) -> dict[str, Path]:
     """Figure 2 (PNG and interactive HTML) and Figure 3 for the record's most deeply settling token."""
     figures = {
-        "heatmap": draw_divergence_heatmap(record, out_dir / f"fig2-heatmap-{slug}.png"),
-        "heatmap_html": write_heatmap_html(record, out_dir / f"fig2-heatmap-{slug}.html"),
+        "heatmap": draw_divergence_heatmap(record, out_dir / f"fig2-heatmap-{name}.png"),
+        "heatmap_html": write_heatmap_html(record, out_dir / f"fig2-heatmap-{name}.html"),
     }
     settling = np.asarray(record["settling_depth"])
     # The paper's Figure 3 shows a deep-thinking token that settles before the very last layer; else the deepest.
@@ -189,34 +66,10 @@ def draw_token_figures(
         record["divergence"][t],
         dtr.g,
         deep_threshold(n_layers, dtr.rho, dtr.deep_rule),
-        out_dir / f"fig3-token-{slug}.png",
+        out_dir / f"fig3-token-{name}.png",
         token=record["tokens"][t] if t < len(record["tokens"]) else str(t),
     )
     return figures
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The report page.
-
-
-def _thinkn(store: Store, voting: VotingConfig | None) -> dict[str, Any] | None:
-    """The store's Think@n summary: the latest one `depthlens thinkn` wrote, else voted now (n = half the pool)."""
-    written = summary_files(store.path)
-    if written and voting is None:
-        return read_json(
-            written[-1], "summary", "delete it, or rerun `depthlens thinkn --from` with --overwrite"
-        )
-    pool = int(store.manifest.get("pool", 0))
-    if pool < 2:
-        return None
-    window = store.readout_tokens
-    prefix = 50 if window is None else min(50, window)
-    voting = voting or VotingConfig(n=max(2, pool // 2), prefix=prefix)
-    try:
-        summarise(store.path, voting)
-    except DepthlensError:
-        return None
-    return read_json(store.path / f"{summary_stem(voting)}.json", "summary", "vote again")
 
 
 def build_report(
@@ -227,64 +80,28 @@ def build_report(
     tokenizer_for: Callable[[str], Any | None] = lambda model: None,
     on_store: Callable[[str], None] = lambda label: None,
 ) -> Path:
-    """Write ``run_dir/report/report.md`` and ``report.html`` with every table and figure of the run."""
-    stores = [load_store(p) for p in find_stores(run_dir)]
-    out = run_dir / "report"
-    command = (
-        " ".join(["depthlens", *sys.argv[1:]])
-        if sys.argv and sys.argv[0].endswith("depthlens")
-        else "depthlens report"
-    )
-    studies, sections, thinkn_rows, commands = [], [], [], []
-    by_model: dict[str, list[dict[str, Any]]] = {}  # per model, each store's per-question accuracies
-    for store in stores:
-        on_store(store.label)
-        study = study_store(store, out, cfg, dtr)
-        studies.append(study)
-        example = example_response(store)
-        if example is not None:
-            tokens = token_labels(example, tokenizer_for(store.model))
-            record = heatmap_record(example, tokens, dtr, store.n_layers)
-            study.figures.update(draw_token_figures(record, out, _slug(store), dtr, store.n_layers))
-        summary = _thinkn(store, voting)
-        if summary:
-            commands.append(summary.get("command", ""))
-            replays = [
-                read_json(p, "online replay", "replay again") for p in sorted(store.path.glob(REPLAYS))
-            ]
-            commands += [r.get("command", "") for r in replays]
-            rows = table_two_rows(store.label, summary, replays)
-            thinkn_rows.extend(rows)
-            if (per_q := store_per_question(summary, replays)) is not None:
-                by_model.setdefault(store.model, []).append(per_q)
-            study.figures["cost"] = draw_accuracy_cost(
-                rows,
-                out / f"fig5-cost-{_slug(store)}.png",
-                title=f"{store.label}: n = {summary['voting']['n']}, {summary['voting']['trials']} trials",
-            )
-        sections.append(_store_section(study, summary, out))
-    write_correlation(out, studies, {"correlation": cfg.to_dict(), "dtr": dtr.to_dict()}, command)
-    rows = [r for s in studies for r in s.rows]
-    lines = [
-        f"# depthlens report: {run_dir}",
-        "",
-        "## How this was made",
-        "",
-        "```",
-        *sorted({s.manifest.get("command", "?") for s in stores}),
-        *sorted({c for c in commands if c and c != command and "thinkn" in c}),
-        command,
-        "```",
-        "",
-        "## Correlation with accuracy (Table 1)",
-        "",
-        table_one(rows),
-    ]
-    if thinkn_rows:
-        add_fdr(
-            thinkn_rows, PAIRED_FIELDS
-        )  # the whole Table 2 one family (a summary's own p_bh: its methods)
-        lines += table_two_markdown(thinkn_rows, pooled_rows(by_model))
+    """``depthlens report``: the run's studies (``studies.report.prepare_report``), then ``write_report``."""
+    return write_report(prepare_report(run_dir, cfg, dtr, voting, tokenizer_for, on_store))
+
+
+def write_report(data: ReportData) -> Path:
+    """Draw every store's figures and write ``run_dir/report/report.md`` and ``report.html``."""
+    out = data.run_dir / "report"
+    stores = [s.store for s in data.studies]
+    sections, commands = [], []
+    for study in data.studies:
+        figures = draw_study(study, out, data.dtr)
+        if study.summary:
+            commands.append(study.summary.get("command", ""))
+            commands += [r.get("command", "") for r in study.table_two if r.get("command")]
+        sections.append(_store_section(study, figures, out))
+    rows = [r for s in data.studies for r in s.rows]
+    lines = [f"# depthlens report: {data.run_dir}", "", "## How this was made", "", "```",
+             *sorted({s.manifest.get("command", "?") for s in stores}),
+             *sorted({c for c in commands if c and c != data.command and "thinkn" in c}),
+             data.command, "```", "", "## Correlation with accuracy (Table 1)", "", table_one(rows)]  # fmt: skip
+    if data.table_two:
+        lines += table_two_markdown(data.table_two, data.pooled)
     lines += [*sections, _limits(stores)]
     text = "\n".join(lines) + "\n"
     md = out / "report.md"
@@ -293,9 +110,9 @@ def build_report(
     return md
 
 
-def _store_section(study: StoreStudy, summary: dict[str, Any] | None, out: Path) -> str:
-    store = study.store
-    f = {k: v.relative_to(out).as_posix() for k, v in study.figures.items()}
+def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> str:
+    store, summary = study.store, study.summary
+    f = {k: v.relative_to(out).as_posix() for k, v in figures.items()}
     lines = [f"## {store.label}", "", f"Store `{store.path}`: {len(store.responses)} responses to "
              f"{len(store.questions())} questions, accuracy {100 * store.accuracy:.0f} %"
              + (f", {store.failed} failed" if store.failed else "") + ".", ""]  # fmt: skip
@@ -351,3 +168,9 @@ def _write_html(markdown: str, path: Path) -> Path:
         encoding="utf-8",
     )
     return path
+
+
+def __getattr__(name: str) -> Any:  # names that moved out of this module (``depthlens._moved``)
+    from depthlens._moved import moved_attribute
+
+    return moved_attribute(__name__, name)

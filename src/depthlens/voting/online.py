@@ -75,11 +75,50 @@ class OnlineOutcome:
     decisions: tuple[Decision, ...]
 
 
+def _prefix_dtr(r: Response, cfg: OnlineConfig) -> float:
+    return r.prefix_dtr(cfg.prefix)
+
+
+def _lowest_group(r: Response, cfg: OnlineConfig) -> float:
+    return trace_confidence(r.confidence, "lowest", cfg.window)
+
+
+def _stop_at_prefix(r: Response, tau: float, cfg: OnlineConfig) -> int | None:
+    return None if r.prefix_dtr(cfg.prefix) >= tau else min(cfg.prefix, r.length)
+
+
+def _stop_below_group(r: Response, tau: float, cfg: OnlineConfig) -> int | None:
+    if r.length < cfg.window:
+        return None
+    sums = np.cumsum(np.concatenate([[0.0], r.confidence]))
+    groups = (sums[cfg.window :] - sums[: -cfg.window]) / cfg.window  # group ending at token window + j
+    below = np.flatnonzero(groups < tau)
+    if len(below) == 0:
+        return None
+    return int(below[0]) + cfg.window
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineSignal:
+    """One online signal, a registry row: a response's signal over what it generated (the warm-up's, which sets
+    τ), where the policy stops a response given τ, the name of its method family, and whether the decision falls
+    at token ℓ (every response is paused there and only the kept ones continue) or at any token."""
+
+    family: str
+    value: Callable[[Response, OnlineConfig], float]
+    stop: Callable[[Response, float, OnlineConfig], int | None]
+    decides_at_prefix: bool
+
+
+SIGNALS: dict[str, OnlineSignal] = {
+    "dtr": OnlineSignal("online think@n", _prefix_dtr, _stop_at_prefix, decides_at_prefix=True),
+    "confidence": OnlineSignal("online deepconf", _lowest_group, _stop_below_group, decides_at_prefix=False),
+}
+
+
 def signal(r: Response, cfg: OnlineConfig) -> float:
     """A response's signal over what it generated: prefix DTR, or its lowest group confidence."""
-    if cfg.signal == "dtr":
-        return r.prefix_dtr(cfg.prefix)
-    return trace_confidence(r.confidence, "lowest", cfg.window)
+    return SIGNALS[cfg.signal].value(r, cfg)
 
 
 def threshold(signals: Sequence[float], keep: float) -> float:
@@ -89,16 +128,7 @@ def threshold(signals: Sequence[float], keep: float) -> float:
 
 def stop_point(r: Response, tau: float, cfg: OnlineConfig) -> int | None:
     """Where the policy stops a response (its token count then), or None when it runs to its end."""
-    if cfg.signal == "dtr":
-        return None if r.prefix_dtr(cfg.prefix) >= tau else min(cfg.prefix, r.length)
-    if r.length < cfg.window:
-        return None
-    sums = np.cumsum(np.concatenate([[0.0], r.confidence]))
-    groups = (sums[cfg.window :] - sums[: -cfg.window]) / cfg.window  # group ending at token window + j
-    below = np.flatnonzero(groups < tau)
-    if len(below) == 0:
-        return None
-    return int(below[0]) + cfg.window
+    return SIGNALS[cfg.signal].stop(r, tau, cfg)
 
 
 def cut(r: Response, tokens: int) -> Response:

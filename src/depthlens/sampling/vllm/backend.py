@@ -43,14 +43,8 @@ from depthlens.metrics.token_table import chunk_divergence_kinds
 from depthlens.models import catalogue
 from depthlens.models.load import LoadedModel
 from depthlens.readout.stream import TokenSequence, iter_readout, lens_for, model_chunk_sizes, validate
-from depthlens.sampling.generate import (
-    VLLM_MISSING,
-    Paused,
-    Trace,
-    end_token_ids,
-    kept_positions,
-    token_scores,
-)
+from depthlens.sampling.backend import Paused, Trace, end_token_ids, kept_positions, token_scores
+from depthlens.sampling.choose import VLLM_MISSING
 
 _FINISH = {"stop": "eos", "length": "length"}
 # Request ids unique in this process: generators may share one engine, and its scores are kept by request id.
@@ -141,7 +135,7 @@ def start_engine(source: str, config: EngineConfig) -> Any:
         raise ConfigError(VLLM_MISSING) from None
     args = engine_args(source, config)
     if _engine_scores_possible():
-        from depthlens.sampling.vllm_scores import TokenScores
+        from depthlens.sampling.vllm.scores import TokenScores
 
         args["logits_processors"] = [TokenScores]
     try:
@@ -186,7 +180,7 @@ class VLLMGenerator:
         llm_engine: Any | None = None,
     ) -> None:
         """``llm_engine``: an engine already started for ``lm`` (``start_engine``) to share; else one is started."""
-        from depthlens.sampling import vllm_scores
+        from depthlens.sampling.vllm import scores as vllm_scores
 
         self.lm = lm
         self.sampling = sampling
@@ -204,7 +198,7 @@ class VLLMGenerator:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        from depthlens.sampling import vllm_scores
+        from depthlens.sampling.vllm import scores as vllm_scores
 
         cfg = self.sampling
         scores = self.engine_scores
@@ -311,7 +305,7 @@ class VLLMGenerator:
 
     def _collect_scores(self, batch: _Batch) -> None:
         """Move the engine's recorded scores of ``batch``'s requests into it (a request's positions only grow)."""
-        from depthlens.sampling import vllm_scores
+        from depthlens.sampling.vllm import scores as vllm_scores
 
         taken = vllm_scores.drain(self.engine, batch.request_ids)
         for request_id, scores in taken.items():

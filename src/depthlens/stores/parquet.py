@@ -25,14 +25,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
-from depthlens.studies.records import (
-    iter_jsonl,
+from depthlens.stores.files import (
+    ResumeRules,
+    changed_settings,
+    manifest_path,
     read_json,
     resume_check,
     settings_differ,
     write_error,
     write_json,
 )
+from depthlens.stores.jsonl import KILL_AFTER, iter_jsonl_located
 
 MANIFEST = "manifest.json"
 _PART = "part-{:06d}.parquet"
@@ -40,7 +43,6 @@ _SETTINGS_KEY = b"depthlens.settings"
 _FREE_KEY = b"depthlens.free"  # settings a resumed run may change (batch size, more questions): not compared
 # Keys that neither change a record's result nor belong in a shard's settings.
 _UNCOMPARED = {"command", "started", "input_hashes", "shards", "n_layers", "regraded"}
-_KILL_AFTER = "DEPTHLENS_FAULT_KILL_AFTER"  # as records._KILL_AFTER, counted in shards (tests/test_ray.py)
 
 
 def is_store(path: Path) -> bool:
@@ -203,8 +205,15 @@ def rewrite_store(
 
 def iter_store(path: Path) -> Iterator[dict[str, Any]]:
     """The records of a results store: a JSONL file, or a sharded Parquet store read as one."""
+    for _, record in iter_store_located(path):
+        yield record
+
+
+def iter_store_located(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, record) for every record of a results store, as ``iter_store``; ``where`` names the file and line
+    (JSONL) or the shard and row (Parquet), for errors about one record."""
     if not path.is_dir():
-        yield from iter_jsonl(path)
+        yield from iter_jsonl_located(path)
         return
     manifest = store_manifest(path)
     committed = _committed(path, manifest)
@@ -215,13 +224,12 @@ def iter_store(path: Path) -> Iterator[dict[str, Any]]:
             "copied in); rerun that command (with --resume), or move the shard away"
         )
     for name in committed:
-        yield from table_records(read_shard(path / name, _settings(manifest)))
+        rows = table_records(read_shard(path / name, _settings(manifest)))
+        yield from ((f"{path / name} row {i}", record) for i, record in enumerate(rows, start=1))
 
 
 def store_manifest(path: Path) -> dict[str, Any]:
     """The manifest of a JSONL results file or of a Parquet store."""
-    from depthlens.studies.records import manifest_path
-
     if path.is_dir() and not is_store(path):
         raise StoreError(f"{path}: a directory without {MANIFEST}; not a depthlens Parquet store")
     meta = path / MANIFEST if path.is_dir() else manifest_path(path)
@@ -233,16 +241,13 @@ def check_store(
     manifest: dict[str, Any] | None,
     resume: bool,
     overwrite: bool = False,
-    defaults: dict[str, dict[str, Any]] | None = None,
-    free: Collection[str] = (),
-    extend: Collection[str] = (),
+    rules: ResumeRules = ResumeRules(),
 ) -> bool:
-    """As ``records.check_output`` for a store directory: whether writing resumes it; refusals name settings."""
+    """As ``jsonl.check_output`` for a store directory: whether writing resumes it; refusals name settings."""
     if out.exists() and not out.is_dir():
         raise StoreError(f"{out} is a file; a Parquet store is a directory — give a new --out")
     exists = out.is_dir() and any(out.iterdir())
-    return resume_check(out, out / MANIFEST, exists, manifest, resume, overwrite, defaults,
-                        {*_UNCOMPARED, *free}, extend)  # fmt: skip
+    return resume_check(out, out / MANIFEST, exists, manifest, resume, overwrite, rules, _UNCOMPARED)
 
 
 class ShardWriter:
@@ -254,15 +259,15 @@ class ShardWriter:
         manifest: dict[str, Any],
         resume: bool,
         overwrite: bool = False,
-        defaults: dict[str, dict[str, Any]] | None = None,
+        rules: ResumeRules = ResumeRules(),
         hashes: dict[str, str] | None = None,
+        *,
         shard_rows: int = 256,
-        free: Collection[str] = (),
-        extend: Collection[str] = (),
         commit_s: float | None = None,
     ) -> None:
-        """Open ``out`` for a new run, or (``resume``) continue one written with the same settings; records whose
-        input ``hashes`` changed since are dropped from their shards (``rescored`` lists them).
+        """Open ``out`` for a new run, or (``resume``) continue one written with the same settings (``rules``: as
+        ``ResultWriter``'s); records whose input ``hashes`` changed since are dropped from their shards
+        (``rescored`` lists them).
 
         Buffered records are committed as a shard every ``shard_rows`` records, at ``flush``, and (with
         ``commit_s``) once a record is written ``commit_s`` seconds or more after the last commit.
@@ -274,17 +279,15 @@ class ShardWriter:
         self._buffer: list[dict[str, Any]] = []
         self._last_commit = time.monotonic()
         self._written = 0
-        self._kill_after = int(os.environ.get(_KILL_AFTER, "-1"))
+        self._kill_after = int(os.environ.get(KILL_AFTER, "-1"))
         manifest = {**manifest, "input_hashes": hashes} if hashes is not None else dict(manifest)
-        resuming = check_store(out, manifest, resume, overwrite, defaults, free, extend)
-        self._free = {*free, *extend}  # may differ between shards: not part of a shard's settings
+        resuming = check_store(out, manifest, resume, overwrite, rules)
+        self._free = rules.movable  # may differ between shards: not part of a shard's settings
         self.manifest: dict[str, Any] = {**manifest, "shards": []}
         shards: list[dict[str, Any]] = []
         if resuming:
             stored = read_json(out / MANIFEST, "manifest", "use --overwrite to start again, or a new --out")
-            movable = {*free, *extend}
-            self.changed = [line for line in settings_differ(_settings(stored), manifest, _UNCOMPARED)
-                            if line.split(":")[0] in movable or line.split(".")[0] in movable]  # fmt: skip
+            self.changed = changed_settings(_settings(stored), manifest, rules, _UNCOMPARED)
             shards = [s for s in stored["shards"] if (out / s["file"]).is_file()]
             for s in shards:
                 self.done.update(self._ids(s, stored.get("input_hashes"), hashes))

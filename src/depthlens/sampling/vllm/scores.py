@@ -13,7 +13,7 @@ seen (vLLM appends async-scheduling placeholders to that list, so it stays exact
 (chunked prefill) also yields logits whose sample is thrown away; its scores land on position 0 and are
 overwritten by the step that really samples token 0 — the last write of a position wins.
 
-This module imports vllm at the top: only ``sampling.vllm_backend`` imports it, and only once vllm is chosen.
+This module imports vllm at the top: only ``sampling.vllm.backend`` imports it, and only once vllm is chosen.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from depthlens.metrics.baselines import distribution_scores
+from depthlens.sampling.backend import PER_TOKEN
 
 TAG = "depthlens"  # extra_args key: the request's name in the scores
 TOP_K = "depthlens_confidence_top_k"  # extra_args key: k of DeepConf's confidence
-FIELDS = ("entropy", "self_certainty", "confidence")
+FIELDS = PER_TOKEN[1:]  # entropy, self-certainty, confidence; log p is vLLM's own logprobs output
 
 Scores = dict[int, tuple[float, float, float]]  # token position → (entropy, self-certainty, confidence)
 

@@ -1,7 +1,7 @@
 """Results stores, either format: which one a store has or gets, and one way to check, open and read it.
 
-A store is a sharded Parquet directory (``parquet_store``), the default for new stores, or a JSONL file
-(``records``): written where asked for (``score --out x.jsonl``, ``generate --store jsonl``), and every store
+A store is a sharded Parquet directory (``stores.parquet``), the default for new stores, or a JSONL file
+(``stores.jsonl``): written where asked for (``score --out x.jsonl``, ``generate --store jsonl``), and every store
 written before Parquet. An existing store keeps its own format, so an old JSONL store resumes and reads as it
 always did; ``depthlens export`` writes any store out as one JSONL file. Inputs are JSONL or Parquet files with
 the same columns.
@@ -9,27 +9,49 @@ the same columns.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from depthlens.config import StoreFormat
 from depthlens.errors import InputError
-from depthlens.studies.parquet_store import ShardWriter, check_store, committed_shards
-from depthlens.studies.records import (
-    BadLine,
-    InputRecord,
-    RecordCollector,
-    ResultWriter,
-    check_output,
-    read_records,
-)
+from depthlens.stores.files import ResumeRules
+from depthlens.stores.inputs import BadLine, InputRecord, RecordCollector, read_records
+from depthlens.stores.jsonl import ResultWriter, check_output
+from depthlens.stores.parquet import ShardWriter, check_store, committed_shards
 
-StoreFormat = Literal["parquet", "jsonl"]
-FORMATS: tuple[str, ...] = get_args(StoreFormat)
 COMMIT_S = 30.0  # a Parquet results store commits what it holds at least this often (a kill loses no more)
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """One store format, a registry row: how a run checks it may write (resume, overwrite) and opens its writer."""
+
+    check: Callable[..., bool]  # (out, manifest, resume, overwrite, rules) -> whether writing resumes it
+    open: Callable[
+        ..., ResultWriter | ShardWriter
+    ]  # (out, manifest, resume, overwrite, rules, hashes, timed)
+
+
+def _open_jsonl(out: Path, manifest: dict[str, Any], resume: bool, overwrite: bool, rules: ResumeRules,
+                hashes: dict[str, str] | None, timed: bool) -> ResultWriter:  # fmt: skip
+    return ResultWriter(out, manifest, resume, overwrite, rules, hashes)  # every record is on disk as written
+
+
+def _open_parquet(out: Path, manifest: dict[str, Any], resume: bool, overwrite: bool, rules: ResumeRules,
+                  hashes: dict[str, str] | None, timed: bool) -> ShardWriter:  # fmt: skip
+    return ShardWriter(out, manifest, resume, overwrite, rules, hashes, commit_s=COMMIT_S if timed else None)
+
+
+REGISTRY: dict[str, Format] = {
+    "parquet": Format(check_store, _open_parquet),
+    "jsonl": Format(check_output, _open_jsonl),
+}
+FORMATS: tuple[str, ...] = tuple(REGISTRY)  # the names, the default first
 
 
 def results_format(out: Path) -> StoreFormat:
@@ -57,15 +79,12 @@ def check_results(
     manifest: dict[str, Any] | None,
     resume: bool,
     overwrite: bool = False,
-    defaults: dict[str, dict[str, Any]] | None = None,
-    free: Collection[str] = (),
-    extend: Collection[str] = (),
+    rules: ResumeRules = ResumeRules(),
     fmt: StoreFormat | None = None,
 ) -> bool:
-    """Whether writing the store ``out`` resumes it (``records.check_output`` or ``parquet_store.check_store``,
-    by ``fmt``, default the store's own format); refusals name every setting that differs."""
-    check = check_store if (fmt or results_format(out)) == "parquet" else check_output
-    return check(out, manifest, resume, overwrite, defaults, free, extend)
+    """Whether writing the store ``out`` resumes it (``jsonl.check_output`` or ``parquet.check_store``, by
+    ``fmt``, default the store's own format); refusals name every setting that differs."""
+    return REGISTRY[fmt or results_format(out)].check(out, manifest, resume, overwrite, rules)
 
 
 def open_results(
@@ -74,9 +93,7 @@ def open_results(
     *,
     resume: bool,
     overwrite: bool = False,
-    defaults: dict[str, dict[str, Any]] | None = None,
-    free: Collection[str] = (),
-    extend: Collection[str] = (),
+    rules: ResumeRules = ResumeRules(),
     hashes: dict[str, str] | None = None,
     fmt: StoreFormat | None = None,
     timed: bool = True,
@@ -87,10 +104,7 @@ def open_results(
     written; a Parquet shard is committed every 256 records, at each ``flush``, and (``timed``) once a record
     comes ``COMMIT_S`` seconds or more after the last commit.
     """
-    if (fmt or results_format(out)) == "jsonl":
-        return ResultWriter(out, manifest, resume, overwrite, defaults, free, extend, hashes)
-    return ShardWriter(out, manifest, resume, overwrite, defaults, hashes, free=free, extend=extend,
-                       commit_s=COMMIT_S if timed else None)  # fmt: skip
+    return REGISTRY[fmt or results_format(out)].open(out, manifest, resume, overwrite, rules, hashes, timed)
 
 
 def input_shards(path: Path) -> list[Path] | None:

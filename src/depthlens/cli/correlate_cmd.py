@@ -1,0 +1,103 @@
+"""``depthlens correlate``: DTR and the baselines against accuracy (Table 1, Figures 1 and 4), from stores only."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from depthlens.cli import options as opt
+from depthlens.cli.app import app, console, err_console
+from depthlens.cli.progress import make_progress
+from depthlens.config import CorrelationConfig, DTRConfig
+
+D = opt.DEFAULTS
+_C = CorrelationConfig()
+
+
+@app.command("correlate", short_help="DTR and the baselines against accuracy, from stores.")
+def correlate(
+    stores: opt.Stores,
+    out: Annotated[Path, typer.Option("--out", file_okay=False, help="Directory for tables and figures.")],
+    bins: opt.Bins = _C.bins,
+    seeds: opt.Seeds = _C.seeds,
+    n: opt.NPerQ = None,
+    bootstrap: opt.Bootstrap = _C.bootstrap,
+    g: opt.G = D["g"],
+    rho: opt.Rho = D["rho"],
+    deep_rule: opt.DeepRuleOpt = D["deep_rule"],
+    g_kl: opt.GKL = None,
+    g_cosine: opt.GCos = None,
+    sweeps: Annotated[
+        bool, typer.Option("--sweeps/--no-sweeps", help="Also the g/ρ/prefix/kind sweeps.")
+    ] = True,
+) -> None:
+    """DTR and the six baselines against accuracy (Table 1, Figures 1 and 4), from stores only.
+
+    The study is defined in docs/definitions.md §4.
+    """
+    from depthlens.studies.report import find_stores, study_store, write_correlation
+    from depthlens.studies.stored import load_store
+    from depthlens.viz.report import draw_study
+
+    cfg = CorrelationConfig(bins=bins, seeds=seeds, n=n, bootstrap=bootstrap)
+    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
+    paths = [p for s in stores for p in find_stores(s)]
+    studies = []
+    with make_progress(err_console) as progress:
+        task = progress.add_task("stores", total=len(paths))
+        for path in paths:
+            progress.update(task, description=str(path))
+            study = study_store(load_store(path), cfg, dtr, {"kl": g_kl, "cosine": g_cosine}, sweeps)
+            draw_study(study, out, dtr)  # Figures 1 and 4
+            studies.append(study)
+            progress.advance(task)
+    written = write_correlation(
+        out,
+        studies,
+        {"correlation": cfg.to_dict(), "dtr": dtr.to_dict()},
+        " ".join(["depthlens", *sys.argv[1:]]),
+    )
+    _print_table([r for s in studies for r in s.rows])
+    err_console.print(f"wrote {', '.join(p.name for p in written)} and figures to {out}")
+
+
+def _print_table(rows: list[dict]) -> None:
+    columns = list(dict.fromkeys(f"{r['model']} · {r['task']}" for r in rows))
+    from depthlens.studies.inference import format_p
+
+    table = Table(
+        title="binned r (paper) · point-biserial r [95 % CI] p_BH (Benjamini–Hochberg over the table; † < 0.05)",
+        title_justify="left",
+    )
+    table.add_column("metric")
+    for c in columns:
+        table.add_column(c, justify="right")
+    cells = {(r["label"], f"{r['model']} · {r['task']}"): r for r in rows}
+    for label in dict.fromkeys(r["label"] for r in rows):
+        out = []
+        for c in columns:
+            r = cells.get((label, c))
+            if r is None or (r["binned_r"] is None and r["point_biserial"] is None):
+                out.append("—")
+                continue
+            binned = "—" if r["binned_r"] is None else f"{r['binned_r']:+.2f}"
+            pb = "—" if r["point_biserial"] is None else f"{r['point_biserial']:+.2f}"
+            ci = (
+                ""
+                if r["point_biserial_lo"] is None
+                else f" [{r['point_biserial_lo']:+.2f}, {r['point_biserial_hi']:+.2f}]"
+            )
+            adjusted = r.get("point_biserial_p_bh")
+            flag = (
+                "" if adjusted is None else f" p_BH {format_p(adjusted)}" + ("†" if adjusted < 0.05 else "")
+            )
+            out.append(f"{binned} · {pb}{ci}{flag}")
+        table.add_row(label, *out)
+    console.print(table)
+    for r in rows:
+        if r["note"] and r["metric"] == "dtr":
+            err_console.print(f"[yellow]{r['model']} · {r['task']}:[/] {r['note']}", highlight=False)

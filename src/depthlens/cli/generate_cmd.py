@@ -1,0 +1,202 @@
+"""``depthlens generate``: sample a pool per question into a resumable store, every token's layers read out (also
+the sampling half of ``depthlens thinkn --out``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from depthlens.cli import options as opt
+from depthlens.cli import specs
+from depthlens.cli.app import app, err_console, load_model, warn, writes_to
+from depthlens.cli.progress import make_progress
+from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, GenerateRun, SamplingConfig, StoreSpec
+from depthlens.errors import InputError
+
+if TYPE_CHECKING:
+    from depthlens.config import ModelSpec, RayConfig, StoreFormat
+    from depthlens.evals.tasks import Question
+    from depthlens.studies.generate import GenerationReport
+
+D = opt.DEFAULTS
+_S = SamplingConfig()
+_A = AnswerConfig()
+
+
+def run_generation(model: ModelSpec, run: GenerateRun, ray: RayConfig | None) -> GenerationReport:
+    """Check everything that needs no model (``--out``, the model's name, the task, ``--resume``), then sample
+    here or on Ray actors, and say what was written."""
+    from depthlens.evals.loading import task_questions
+    from depthlens.models.locate import locate
+    from depthlens.stores.formats import check_results
+    from depthlens.stores.samples import RESUME_RULES, samples_entry, samples_format, samples_path
+    from depthlens.studies.generate import run_manifest
+
+    out, spec = run.store.out, run.store
+    fmt = samples_format(out, spec.format, spec.resume, spec.overwrite)
+    samples_entry(fmt, spec.float16)  # --float16 with a JSONL store is refused here
+    if ray is not None:
+        from depthlens.scale.ray import import_ray
+
+        if fmt == "jsonl":
+            raise InputError(f"--ray writes a sharded Parquet store and {out} is a JSONL one; resume it without "
+                             "--ray, or leave out --store jsonl")  # fmt: skip
+        import_ray()  # the missing extra is named before anything else happens
+    samples = samples_path(out, fmt)
+    resuming = check_results(samples, None, spec.resume, spec.overwrite, fmt=fmt)
+    locate(model.name)
+    assert run.task is not None  # the CLI always names its task
+    questions = task_questions(run.task)
+    if resuming:  # are the settings the stored run's?
+        manifest = run_manifest(model.name, None, questions, run, fmt)
+        check_results(samples, manifest, spec.resume, spec.overwrite, RESUME_RULES, fmt)
+    from depthlens.config import degenerate_settings
+
+    for line in degenerate_settings(run.readout, run.dtr):
+        warn(line)
+    here = ray is None
+    report = (
+        _generate_here(model, run, questions, fmt) if here else _generate_on_ray(model, run, questions, ray)
+    )
+    _say_generated(report, run.answers, run.store)
+    return report
+
+
+def _generate_here(
+    model: ModelSpec, run: GenerateRun, questions: list[Question], fmt: StoreFormat
+) -> GenerationReport:
+    """Generation in this process (the model loaded here), with a progress display."""
+    from depthlens.stores.samples import samples_path
+    from depthlens.studies.generate import GenerationEvents, generate
+
+    lm = load_model(model)
+    with make_progress(err_console) as progress:
+        responses = progress.add_task("responses", total=None)
+        tokens = progress.add_task("tokens", total=None)
+
+        def on_start(total: int, done: int) -> None:
+            writes_to(samples_path(run.store.out, fmt))
+            progress.update(responses, total=total, completed=done)
+
+        events = GenerationEvents(on_start, lambda n: progress.advance(responses, n),
+                                  lambda n: progress.advance(tokens, n))  # fmt: skip
+        return generate(lm, run, questions, events=events)
+
+
+def _generate_on_ray(
+    model: ModelSpec, run: GenerateRun, questions: list[Question], ray: RayConfig
+) -> GenerationReport:
+    """Generation on Ray actors into the sharded store out/samples/."""
+    from depthlens.scale.generate import generate_on_ray
+    from depthlens.stores.samples import SHARDS
+    from depthlens.studies.generate import GenerationEvents
+
+    with make_progress(err_console) as progress:
+        responses = progress.add_task("responses on Ray", total=None)
+
+        def on_start(total: int, done: int) -> None:
+            writes_to(run.store.out / SHARDS)
+            progress.update(responses, total=total, completed=done)
+
+        events = GenerationEvents(on_start, lambda n: progress.advance(responses, n))
+        return generate_on_ray(model, run, questions, ray, events)
+
+
+def _say_generated(report: GenerationReport, answers: AnswerConfig, store: StoreSpec) -> None:
+    """What a generation run wrote, on stderr."""
+    for line in report.changed:
+        err_console.print(f"resumed with a changed setting: {line}", highlight=False, soft_wrap=True)
+    grades = ", ".join(f"{k} {v}" for k, v in sorted(report.grades.items()))
+    sources = ", ".join(f"{k} {v}" for k, v in sorted(report.sources.items()))
+    err_console.print(
+        f"wrote {report.written} responses ({report.tokens} tokens; {grades or 'none graded'}) to {store.out}"
+        + (f", {report.skipped} already there" if report.skipped else "")
+        + (f", [red]{report.failed} failed[/] (kept as status 'failed')" if report.failed else "")
+    )
+    if report.written:
+        err_console.print(
+            f"answers by source: {sources}; {report.truncated} of {report.written} cut at --max-new-tokens "
+            f"({answers.prompt_style} prompts, fallback {answers.fallback})"
+        )
+    if report.grades.get("unparsed"):
+        err_console.print(
+            f"{report.grades['unparsed']} answers Math-Verify could not parse were counted wrong"
+        )
+
+
+def resumed_manifest(store: StoreSpec) -> Path | None:
+    """The manifest of the sample store a resumed run continues (whose backend ``--backend auto`` keeps)."""
+    from depthlens.stores.samples import samples_manifest
+
+    return samples_manifest(store.out) if store.resume else None
+
+
+@app.command("generate", short_help="Sample responses, read out, into a resumable store.")
+def generate(
+    out: opt.OutDir,
+    task: opt.Task = "reasoning_gym:basic_arithmetic",
+    model: opt.Model = D["model"],
+    data: opt.Data = None,
+    questions: opt.Questions = None,
+    task_seed: opt.TaskSeed = 0,
+    task_config: opt.TaskConfig = None,
+    pool: Annotated[int, typer.Option("--pool", min=1, help="Responses sampled per question.")] = 8,
+    seed: opt.Seed = 0,
+    temperature: opt.Temperature = _S.temperature,
+    top_p: opt.TopP = _S.top_p,
+    max_new_tokens: opt.MaxNew = _S.max_new_tokens,
+    readout_tokens: opt.ReadoutTokens = None,
+    batch_size: opt.GenBatch = 16,
+    g: opt.G = D["g"],
+    rho: opt.Rho = D["rho"],
+    deep_rule: opt.DeepRuleOpt = D["deep_rule"],
+    divergence: opt.DivergenceOpt = D["divergence"],
+    also_divergences: opt.AlsoDivergences = "",
+    prompt_style: opt.PromptStyleOpt = _A.prompt_style,
+    answer_type: opt.AnswerTypeOpt = None,
+    answer_fallback: opt.AnswerFallbackOpt = _A.fallback,
+    device: opt.Device = "auto",
+    dtype: opt.DType = "auto",
+    trust_remote_code: opt.TrustRemoteCode = False,
+    blocks: opt.Blocks = None,
+    final_norm_path: opt.FinalNormPath = None,
+    unembed: opt.Unembed = None,
+    resume: opt.Resume = False,
+    overwrite: opt.Overwrite = False,
+    backend: opt.BackendOpt = "auto",
+    tensor_parallel_size: opt.TensorParallel = 1,
+    gpu_memory_utilization: opt.GpuMemory = None,
+    max_model_len: opt.MaxModelLen = None,
+    enforce_eager: opt.EnforceEager = False,
+    kv_cache_gib: opt.KvCacheGib = None,
+    store_format: opt.StoreFormatOpt = None,
+    float16: opt.Float16 = False,
+    ray: opt.RayOpt = False,
+    ray_address: opt.RayAddress = None,
+    workers: opt.Workers = 1,
+    cpus: opt.Cpus = 1.0,
+    gpus: opt.Gpus = 0.0,
+) -> None:
+    """Sample responses per question into a resumable store, with each token's layer readout.
+
+    The store feeds `depthlens thinkn --from` and `depthlens correlate` (docs/definitions.md §4–5).
+    """
+    answers = specs.answer_config(prompt_style, answer_type, answer_fallback, task)
+    window = specs.readout_tokens(readout_tokens, _S.readout_tokens)
+    sampling = SamplingConfig(temperature, top_p, max_new_tokens, window)
+    store = StoreSpec(out, resume, overwrite, store_format, float16)  # type: ignore[arg-type]
+    backend_name = specs.engine_backend(backend, model, resumed_manifest(store))
+    run = GenerateRun(
+        store, pool, seed, batch_size, sampling,
+        specs.readout_config(divergence, also_divergences), DTRConfig(g, rho, deep_rule),  # type: ignore[arg-type]
+        answers, EngineConfig(backend_name, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len,
+                              enforce_eager, kv_cache_gib),
+        specs.task_spec(task, questions, task_seed, task_config, data),
+    )  # fmt: skip
+    run_generation(
+        specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed),
+        run,
+        specs.ray_config(ray, ray_address, workers, cpus, gpus),
+    )

@@ -1,0 +1,131 @@
+"""Command-line options → the run's specs (``depthlens.config``), built once per command and passed whole.
+
+Each builder takes one group of options, checks what needs no model, and says which flag is wrong; nothing here
+loads a model or imports torch, so a bad option fails in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import get_args
+
+from depthlens.config import (
+    AnswerConfig,
+    AnswerType,
+    Backend,
+    Fallback,
+    ModelSpec,
+    PromptStyle,
+    RayConfig,
+    ReadoutConfig,
+    TaskSpec,
+)
+from depthlens.errors import InputError
+
+
+def model_spec(
+    model: str,
+    device: str,
+    dtype: str,
+    trust_remote_code: bool,
+    blocks: str | None = None,
+    final_norm_path: str | None = None,
+    unembed: str | None = None,
+) -> ModelSpec:
+    """``--model`` and how to load it (``--blocks`` / ``--final-norm-path`` / ``--unembed``: an architecture
+    without an adapter row)."""
+    return ModelSpec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+
+
+def task_spec(
+    task: str, questions: int | None, task_seed: int, task_config: str | None, data: Path | None
+) -> TaskSpec:
+    """``--task`` and its settings, as the store's manifest records them."""
+    return TaskSpec(task, questions, task_seed, task_config, str(data) if data else None)
+
+
+def answer_config(
+    prompt_style: str, answer_type: str | None, fallback: str, task: str | None
+) -> AnswerConfig:
+    """The answer settings of --prompt-style, --answer-type and --answer-fallback (checked)."""
+    for option, value, literal in (
+        ("--prompt-style", prompt_style, PromptStyle),
+        ("--answer-type", answer_type, AnswerType),
+        ("--answer-fallback", fallback, Fallback),
+    ):
+        if value is not None and value not in get_args(literal):
+            raise InputError(f"{option} {value!r}: use one of {', '.join(get_args(literal))}")
+    rules = AnswerConfig(prompt_style, answer_type, fallback)  # type: ignore[arg-type]
+    if task is not None and rules.prompt_style == "native" and not task.startswith("reasoning_gym:"):
+        raise InputError(
+            f"--prompt-style native asks in reasoning-gym's own format, so it needs a reasoning_gym task, "
+            f"not {task!r}; use --prompt-style paper"
+        )
+    return rules
+
+
+def readout_config(divergence: str, also_divergences: str = "") -> ReadoutConfig:
+    """``--divergence`` and ``--also-divergences`` (comma-separated)."""
+    also = tuple(k.strip() for k in also_divergences.split(",") if k.strip())
+    return ReadoutConfig(divergence=divergence, also=also)  # type: ignore[arg-type]
+
+
+def readout_tokens(value: str | None, default: int | None) -> int | None:
+    """``--readout-tokens N|all`` (None: ``default``)."""
+    if value is None:
+        return default
+    if value == "all":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"--readout-tokens {value!r}: give a number of tokens or 'all'") from None
+
+
+def prefix(value: str) -> int | None:
+    """``--prefix N|full``."""
+    if value == "full":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"--prefix {value!r}: give a number of tokens or 'full'") from None
+
+
+def ray_config(
+    ray: bool, address: str | None, workers: int, cpus: float, gpus: float, block: int | None = None
+) -> RayConfig | None:
+    """Ray's settings, or None to run in this process (``--ray-address`` implies ``--ray``)."""
+    if not ray and address is None:
+        return None
+    return RayConfig(workers, cpus, gpus, address, block)
+
+
+def engine_backend(backend: str, model: str, resumes: Path | None = None) -> Backend:
+    """``--backend`` resolved (``auto``: the backend the run being resumed recorded — ``resumes`` is its manifest
+    —, else ``$DEPTHLENS_BACKEND``, else vllm where installed) and checked: vllm installed and able to take
+    ``model``, before any model loads."""
+    from depthlens.sampling.choose import resolve_backend
+
+    recorded = recorded_backend(resumes) if resumes is not None else None
+    chosen = resolve_backend(backend, recorded)
+    if chosen == "vllm":
+        from depthlens.sampling.vllm.backend import check_source  # imports no vllm
+
+        check_source(model)
+    return chosen
+
+
+def recorded_backend(manifest: Path) -> str | None:
+    """The backend a run's manifest records (a sample store's ``engine``, a TCB study's ``settings.engine``);
+    ``hf`` for runs from before backends were recorded; None where there is no readable manifest."""
+    try:
+        stored = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # nothing to resume, or a damaged manifest the resume check itself reports
+    if not isinstance(stored, dict):
+        return None
+    settings = stored.get("settings")
+    engine = stored.get("engine") or (settings.get("engine") if isinstance(settings, dict) else None)
+    return str(engine.get("backend", "hf")) if isinstance(engine, dict) else "hf"

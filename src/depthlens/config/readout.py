@@ -1,0 +1,143 @@
+"""How hidden states become divergences, settling depths and DTR, and the Token Constraint Bound's settings
+(docs/definitions.md §1–2, §6)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+from depthlens.config.base import Config, check_choice, invalid
+from depthlens.errors import ConfigError
+
+Divergence = Literal["jsd", "jsd-nat", "kl", "cosine"]
+"""``jsd``: Jensen–Shannon divergence in bits (base 2, bounded by 1); ``jsd-nat``: the same in nats;
+``kl``: KL(p_L ‖ p_l) in nats; ``cosine``: 1 − cos(norm(h_l), norm(h_L))."""
+
+DIVERGENCE_MAX: dict[str, tuple[float, str]] = {
+    "jsd": (1.0, "1 bit"),
+    "jsd-nat": (math.log(2), "ln 2 ≈ 0.693 nats"),
+    "cosine": (2.0, "2"),
+}
+"""The largest value each bounded divergence can take (KL is unbounded), and how to say it."""
+
+Compile = Literal["auto", "on", "off"]
+"""``auto``: a compiled (fused) readout kernel on CUDA, eager elsewhere; ``on``: compiled on any device (on a
+CPU it pays ~20 s of compilation once, then runs at the matmul's pace); ``off``: eager everywhere."""
+
+DeepRule = Literal["spec", "paper-literal"]
+"""``spec``: deep when c_t ≥ ⌈ρ·L⌉ (docs/definitions.md §2, the paper's figures); ``paper-literal``: c_t ≥ ⌈(1−ρ)·L⌉
+(the paper's Algorithm 1 as printed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadoutConfig(Config):
+    """How hidden states become per-layer distributions and divergences (docs/definitions.md §1).
+
+    Attributes:
+        divergence: which divergence to the final layer is measured (see ``Divergence``).
+        final_norm: apply the model's final norm before the unembedding at layers < L (the logit lens);
+            False is the ``--no-final-norm`` ablation, never the default.
+        memory_mb: budget for the readout's working tensors (vocab-sized chunks and the forward segment);
+            chunk sizes are derived from it so peak memory does not grow with sequence length or depth.
+        compile: fuse unembedding, log-softmax and divergence into one compiled kernel per layer (see
+            ``Compile``); falls back to eager, with a warning, where compilation is unavailable.
+        early_exit: when only sequence scores are asked (no per-token divergences), walk each token's layers
+            only up to its settling depth — the same results, fewer unembedding products.
+        also: further divergences measured in the same layer walk and stored beside the primary one (the
+            KL / cosine ablation of the correlation study costs no extra unembedding product).
+        vocab_size: cut logits to this many rows (padded vocabularies); None = the tokenizer's length.
+    """
+
+    divergence: Divergence = "jsd"
+    final_norm: bool = True
+    memory_mb: int = 512
+    vocab_size: int | None = None
+    early_exit: bool = True
+    compile: Compile = "auto"
+    also: tuple[Divergence, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_choice("ReadoutConfig", "divergence", self.divergence, Divergence)
+        check_choice("ReadoutConfig", "compile", self.compile, Compile)
+        object.__setattr__(self, "also", tuple(k for k in dict.fromkeys(self.also) if k != self.divergence))
+        for kind in self.also:
+            check_choice("ReadoutConfig", "also", kind, Divergence)
+        if self.memory_mb < 16:
+            raise invalid("ReadoutConfig", "memory_mb", self.memory_mb, "must be ≥ 16")
+        if self.vocab_size is not None and self.vocab_size < 2:
+            raise ConfigError(
+                f"ReadoutConfig.vocab_size = {self.vocab_size}; a distribution needs ≥ 2 tokens"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class DTRConfig(Config):
+    """Settling and deep-thinking settings (docs/definitions.md §2).
+
+    Attributes:
+        g: settling threshold on the cumulative-minimum divergence (units of the divergence: bits for jsd).
+        rho: depth fraction defining the deep regime.
+        deep_rule: how ρ becomes a layer threshold (see ``DeepRule``).
+        prefix: when set, ``dtr_prefix`` is also reported over the first ``prefix`` completion tokens.
+    """
+
+    g: float = 0.5
+    rho: float = 0.85
+    deep_rule: DeepRule = "spec"
+    prefix: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.g) and self.g >= 0):
+            raise invalid("DTRConfig", "g", self.g, "must be a finite number ≥ 0", "default 0.5")
+        if not (0 < self.rho <= 1):
+            raise invalid("DTRConfig", "rho", self.rho, "must be in (0, 1]", "default 0.85")
+        check_choice("DTRConfig", "deep_rule", self.deep_rule, DeepRule)
+        if self.prefix is not None and self.prefix < 1:
+            raise invalid("DTRConfig", "prefix", self.prefix, "must be ≥ 1 token", "or None for no prefix")
+
+
+VEff = Literal["ipr", "exp-entropy"]
+"""``ipr``: 1 / Σ o_i² (inverse participation ratio, docs/definitions.md §6 default); ``exp-entropy``: exp H(o)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TCBConfig(Config):
+    """Token Constraint Bound settings (docs/definitions.md §6).
+
+    Attributes:
+        epsilon: the tolerated output change ε in δ_TCB = ε / ‖J‖_F.
+        v_eff: which effective-vocabulary size is reported as ``v_eff``.
+        spectral: also report ``tcb_spectral`` = ε / ‖J‖_2 (power iteration; costs ~2 unembedding products per
+            iteration).
+        power_iterations: the most power-iteration steps for the spectral norm.
+    """
+
+    epsilon: float = 1.0
+    v_eff: VEff = "ipr"
+    spectral: bool = False
+    power_iterations: int = 100
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise invalid("TCBConfig", "epsilon", self.epsilon, "must be a finite number > 0", "default 1.0")
+        check_choice("TCBConfig", "v_eff", self.v_eff, VEff)
+        if self.power_iterations < 1:
+            raise invalid("TCBConfig", "power_iterations", self.power_iterations, "must be ≥ 1")
+
+
+def degenerate_settings(readout: ReadoutConfig, dtr: DTRConfig) -> list[str]:
+    """Warnings (one line each) for settings that run but cannot mean much; the run goes on regardless."""
+    warnings = []
+    bound = DIVERGENCE_MAX.get(readout.divergence)
+    if bound is not None and dtr.g >= bound[0]:
+        warnings.append(
+            f"--g {dtr.g:g} is not below the largest {readout.divergence} divergence ({bound[1]}): every token "
+            "settles at layer 1 and DTR is 0"
+        )
+    if not readout.final_norm and readout.divergence not in ("jsd", "jsd-nat"):
+        warnings.append(
+            f"--no-final-norm with --divergence {readout.divergence}: without the final norm, {readout.divergence} "
+            "has no common scale with g, so settling and DTR may be all or nothing; the ablation is meant for jsd"
+        )
+    return warnings

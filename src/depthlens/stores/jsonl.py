@@ -1,0 +1,199 @@
+"""JSONL results stores: one JSON object per finished record, appended and fsynced as it completes, plus
+``<out>.manifest.json`` holding the configuration (written whole to a temporary name, then renamed); ``resume``
+re-opens the file, drops a torn last line and reports the finished ids. See docs/reliability.md."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from depthlens.errors import StoreError
+from depthlens.stores.files import (
+    ResumeRules,
+    changed_settings,
+    manifest_path,
+    read_json,
+    resume_check,
+    write_error,
+    write_json,
+)
+
+# Fault injection for the tests (tests/test_faults.py): after this many records the process SIGKILLs itself
+# halfway through writing the next one, leaving the torn line a real kill -9 or power cut would.
+KILL_AFTER = "DEPTHLENS_FAULT_KILL_AFTER"
+_UNCOMPARED = {"command", "started", "input_hashes"}
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a results file or store; a cut or foreign line raises StoreError naming it."""
+    for _, record in iter_jsonl_located(path):
+        yield record
+
+
+def iter_jsonl_located(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(``FILE:LINE``, record) for every record of ``path``, as ``iter_jsonl``."""
+    fix = "rerun the command that wrote it with --resume (it drops a torn last line), or delete that line"
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{number}"
+            if not raw.endswith(b"\n"):
+                raise StoreError(f"{where}: the last line is cut short (an interrupted write); {fix}")
+            try:
+                record = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                raise StoreError(f"{where}: not a JSON record (a line cut or edited); {fix}") from None
+            if not isinstance(record, dict):
+                raise StoreError(f"{where}: not a JSON object; {fix}")
+            yield where, record
+
+
+def _finished(out: Path) -> list[str]:
+    """Ids already written to ``out`` in order; a torn last line (a crash mid-write) is cut off."""
+    done: list[str] = []
+    good_bytes = 0
+    with out.open("rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                done.append(str(json.loads(raw)["id"]))
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+                break
+            good_bytes += len(raw)
+    if good_bytes != out.stat().st_size:
+        with out.open("r+b") as f:
+            f.truncate(good_bytes)
+    return done
+
+
+def _stale(stored: object, hashes: dict[str, str] | None, finished: list[str]) -> set[str]:
+    """Finished ids whose input record changed since they were written (unknown without stored hashes)."""
+    if not isinstance(stored, dict) or hashes is None:
+        return set()
+    return {i for i in finished if i in stored and i in hashes and stored[i] != hashes[i]}
+
+
+def _drop(out: Path, ids: set[str]) -> None:
+    """Rewrite ``out`` without the records ``ids`` (to a temporary name, then renamed: never half-done)."""
+    tmp = out.with_name(out.name + ".tmp")
+    with out.open("rb") as src, tmp.open("wb") as dst:
+        for raw in src:
+            if str(json.loads(raw)["id"]) not in ids:
+                dst.write(raw)
+        dst.flush()
+        os.fsync(dst.fileno())
+    tmp.replace(out)
+
+
+def _reopen_truncated(out: Path, size: int, handle: TextIO) -> TextIO:
+    with contextlib.suppress(OSError):  # the failed write's buffer cannot be flushed either
+        handle.close()
+    with out.open("r+b") as f:
+        f.truncate(size)
+    return out.open("a", encoding="utf-8")
+
+
+def check_output(
+    out: Path,
+    manifest: dict[str, Any] | None,
+    resume: bool,
+    overwrite: bool = False,
+    rules: ResumeRules = ResumeRules(),
+) -> bool:
+    """Whether writing the JSONL store ``out`` resumes it (``files.resume_check``); needs no model, so commands
+    call it before loading one."""
+    exists = out.exists() and out.stat().st_size > 0
+    return resume_check(out, manifest_path(out), exists, manifest, resume, overwrite, rules, _UNCOMPARED)
+
+
+class ResultWriter:
+    """Appends one JSON line per finished record and fsyncs it, so an interrupted run keeps its work."""
+
+    def __init__(
+        self,
+        out: Path,
+        manifest: dict[str, Any],
+        resume: bool,
+        overwrite: bool = False,
+        rules: ResumeRules = ResumeRules(),
+        hashes: dict[str, str] | None = None,
+    ) -> None:
+        """Open ``out`` for a new run, or (``resume``) for continuing one written with the same settings.
+
+        Args:
+            out: the JSONL file.
+            manifest: this run's settings; a resumed run must match the stored ones (see ``rules``).
+            resume: continue an existing ``out``.
+            overwrite: replace an existing ``out``.
+            rules: which settings may differ or grow on resume, and older manifests' defaults.
+            hashes: a content hash per input record id; on resume, records whose input changed since they were
+                written are dropped from ``out`` (``rescored`` lists them) so this run writes them afresh.
+        """
+        self.out = out
+        self.done: set[str] = set()
+        self.rescored: list[str] = []
+        self.changed: list[str] = []  # the ``free`` / ``extend`` settings this resumed run changed
+        self._written = 0
+        meta = manifest_path(out)
+        if hashes is not None:
+            manifest = {**manifest, "input_hashes": hashes}
+        if check_output(out, manifest, resume, overwrite, rules):
+            stored = read_json(meta, "manifest", "use --overwrite to start again, or a new --out")
+            self.changed = changed_settings(stored, manifest, rules, _UNCOMPARED)
+            finished = _finished(out)
+            stale = _stale(stored.get("input_hashes"), hashes, finished)
+            if stale:
+                _drop(out, stale)
+                self.rescored = sorted(stale)
+            self.done = set(finished) - stale
+            if "regraded" in stored:  # the store's regrade log (studies.regrade) outlives a resumed run
+                manifest = {**manifest, "regraded": stored["regraded"]}
+            resuming = True
+        else:
+            resuming = False
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not resuming:
+            try:
+                out.write_text("")
+            except OSError as exc:
+                raise write_error(out, exc) from exc
+        write_json(meta, manifest)
+        self._file: TextIO = out.open("a", encoding="utf-8")
+        self._kill_after = int(os.environ.get(KILL_AFTER, "-1"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, ensure_ascii=False) + "\n"
+        if self._written == self._kill_after:
+            self._file.write(line[: len(line) // 2])
+            self._file.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        size = os.fstat(self._file.fileno()).st_size
+        try:
+            self._file.write(line)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            # Leave no torn record behind: cut the file back to its last whole line.
+            self._file = _reopen_truncated(self.out, size, self._file)
+            raise write_error(self.out, exc) from exc
+        self._written += 1
+
+    def flush(self) -> None:
+        """Nothing to do: every record is on disk once ``write`` returns (``ShardWriter`` commits here)."""
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # a failed flush already raised from write(), the file cut back
+            self._file.close()
+
+    def __enter__(self) -> ResultWriter:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

@@ -1,0 +1,266 @@
+"""The sample store (``depthlens generate`` / ``thinkn --out``): its files, its manifest, its record schema, the
+one rounding rule of its floats, and the one reader every study uses (docs/architecture.md, "The sample store").
+
+A store is a directory:
+- ``questions.jsonl`` — the questions, reference answers and choices, as generated;
+- ``samples/`` — the responses as a sharded Parquet store (the default), or ``samples.jsonl`` (``--store jsonl``,
+  and every store written before Parquet) with ``samples.jsonl.manifest.json``;
+- ``thinkn-n<n>-eta<η>-l<ℓ>.json`` / ``.csv`` — one summary per voting setting (``studies.thinkn``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shutil
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from depthlens import __version__
+from depthlens.config import (
+    AnswerConfig,
+    DTRConfig,
+    EngineConfig,
+    ReadoutConfig,
+    SamplingConfig,
+    StoreFormat,
+)
+from depthlens.errors import InputError, StoreError
+from depthlens.evals.grading import RULES
+from depthlens.sampling.backend import PER_TOKEN
+from depthlens.stores.files import ResumeRules, manifest_path, read_json
+from depthlens.stores.formats import FORMATS, store_entry
+from depthlens.stores.parquet import MANIFEST, iter_store_located
+
+if TYPE_CHECKING:
+    from depthlens.evals.tasks import Question
+
+STORE_VERSION = 1
+QUESTIONS = "questions.jsonl"
+SHARDS = "samples"  # the responses of a sharded store (the default): a Parquet store directory
+SAMPLES = "samples.jsonl"  # or, in a JSONL store, one line per response
+REQUIRED = (
+    "id",
+    "question_id",
+    "sample",
+    "status",
+    "n_tokens",
+    "vote_key",
+    "correct",
+    *PER_TOKEN,
+    "divergence",
+)
+"""The fields of a usable (``status: ok``) response record that voting and the studies read."""
+
+STORED_DIGITS = 5
+"""Per-token floats are stored rounded to 5 decimals (a divergence row costs ~9 bytes per layer in JSONL). A live
+online run decides on values rounded the same way, so a replay of its store makes its decisions bit for bit."""
+
+
+def stored(values: Sequence[float]) -> list[float]:
+    """``values`` as a store keeps them (``STORED_DIGITS`` decimals)."""
+    return [round(v, STORED_DIGITS) for v in values]
+
+
+def stored_rows(rows: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Rows of per-layer values (a divergence table) as a store keeps them."""
+    return [stored(row) for row in rows]
+
+
+MANIFEST_DEFAULTS = {
+    "sampling": SamplingConfig().to_dict(),
+    "readout": ReadoutConfig().to_dict(),
+    "dtr": DTRConfig().to_dict(),
+    "engine": EngineConfig().to_dict(),  # stores written before the engine was recorded: hf
+}
+"""Settings a manifest written before a field existed is read with."""
+# Batch size and a longer question list change no stored response (a response's seed is its own; a changed batch
+# size rounds batched products differently, so floats may differ in the last kept digit), so a resumed run may
+# change them. The KV cache's size changes no token either, and a run resumed after running out of it must be able
+# to raise it.
+RESUME_RULES = ResumeRules(
+    defaults=MANIFEST_DEFAULTS,
+    free=("batch_size", "task.questions", "engine.kv_cache_gib", "engine.gpu_memory_utilization"),
+    extend=("questions",),
+)
+
+
+def store_manifest(
+    model: str, n_layers: int | None, questions: Sequence[Question], settings: dict[str, Any]
+) -> dict[str, Any]:
+    """The manifest of a sample store: ``settings`` holds pool, seed, batch_size, task, sampling, readout, dtr,
+    engine, answers (the configs themselves) and any extra entries (``store``, ``online``). ``n_layers`` None (the
+    model not loaded yet) and ``answers`` None leave those entries out (a check before loading compares only the
+    entries it is given)."""
+    settings = dict(settings)
+    configs = {key: settings.pop(key) for key in ("sampling", "readout", "dtr", "engine", "answers")}
+    answers: AnswerConfig | None = configs["answers"]
+    manifest = {
+        "store_version": STORE_VERSION,
+        "depthlens_version": __version__,
+        "model": model,
+        "n_layers": n_layers,
+        "task": settings.pop("task"),
+        "questions": [q.id for q in questions],
+        **settings,
+        "sampling": configs["sampling"].to_dict(),
+        "readout": configs["readout"].to_dict(),
+        "dtr": configs["dtr"].to_dict(),
+        "engine": configs["engine"].to_dict(),
+        "answers": {**answers.to_dict(), "rules": RULES} if answers is not None else None,
+        "command": " ".join(sys.argv),
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    return {k: v for k, v in manifest.items() if v is not None or k not in ("n_layers", "answers")}
+
+
+def write_questions(out_dir: Path, questions: Sequence[Question]) -> None:
+    (out_dir / QUESTIONS).write_text(
+        "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n" for q in questions), encoding="utf-8"
+    )
+
+
+def samples_path(out_dir: Path, fmt: StoreFormat) -> Path:
+    """Where a store's responses are: ``samples/`` (a sharded Parquet store) or ``samples.jsonl``."""
+    return out_dir / (SHARDS if fmt == "parquet" else SAMPLES)
+
+
+def samples_format(
+    out_dir: Path, requested: StoreFormat | None, resume: bool = False, overwrite: bool = False
+) -> StoreFormat:
+    """The format a run writes the responses of ``out_dir`` in: the existing store's when resumed (``requested``
+    must agree) or neither resumed nor overwritten, else ``requested`` (default Parquet). Needs no model:
+    commands check it before loading one."""
+    if requested is not None and requested not in FORMATS:
+        raise InputError(f"--store {requested!r}: use one of {', '.join(FORMATS)}")
+    found = [f for f in FORMATS if samples_path(out_dir, f).exists()]  # type: ignore[arg-type]
+    if len(found) > 1:
+        raise StoreError(
+            f"{out_dir} holds both {SHARDS}/ and {SAMPLES}; keep one (move the other away), then rerun"
+        )
+    existing: StoreFormat | None = found[0] if found else None  # type: ignore[assignment]
+    if existing is not None and not resume and not overwrite:
+        return existing  # whose check then says it exists: --resume or --overwrite
+    if resume and existing is not None:
+        if requested is not None and requested != existing:
+            raise StoreError(
+                f"--store {requested}: the store in {out_dir} is {existing}; resume it without --store, or give "
+                "a new --out"
+            )
+        return existing
+    return requested or "parquet"
+
+
+def remove_other_format(out_dir: Path, fmt: StoreFormat) -> None:
+    """``--overwrite`` with a store of the other format in ``out_dir``: remove it, so one store remains."""
+    for other in FORMATS:
+        old = samples_path(out_dir, other)  # type: ignore[arg-type]
+        if other == fmt or not old.exists():
+            continue
+        if old.is_dir():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+            manifest_path(old).unlink(missing_ok=True)
+
+
+def samples_entry(fmt: StoreFormat, float16: bool) -> dict[str, Any]:
+    """The manifest entries of the responses' format: ``store`` for a Parquet store, nothing for JSONL."""
+    entry = store_entry(fmt, float16, jsonl_fix="leave out --store jsonl")
+    return {} if entry is None else {"store": entry}
+
+
+def stored_format(out_dir: Path) -> StoreFormat:
+    """The format of the responses in ``out_dir``: Parquet where ``samples/`` has its manifest and no
+    ``samples.jsonl`` is beside it, else JSONL (also where there is no store yet)."""
+    sharded = (out_dir / SHARDS / MANIFEST).is_file() and not (out_dir / SAMPLES).exists()
+    return "parquet" if sharded else "jsonl"
+
+
+def samples_manifest(out_dir: Path) -> Path:
+    """The manifest of a store's responses: beside ``samples.jsonl``, or inside the sharded ``samples/``."""
+    if stored_format(out_dir) == "parquet":
+        return out_dir / SHARDS / MANIFEST
+    return manifest_path(out_dir / SAMPLES)
+
+
+def iter_samples(out_dir: Path) -> Iterator[dict[str, Any]]:
+    """A store's response records, from ``samples.jsonl`` or from every shard of ``samples/`` read as one."""
+    for _, record in iter_store_located(samples_path(out_dir, stored_format(out_dir))):
+        yield record
+
+
+def read_manifest(out_dir: Path) -> dict[str, Any]:
+    """The store's manifest, checked: a version this depthlens reads, and the fields readers rely on."""
+    samples, meta = samples_path(out_dir, stored_format(out_dir)), samples_manifest(out_dir)
+    if not samples.exists() or not meta.is_file():
+        raise StoreError(
+            f"{out_dir} is not a depthlens sample store (no {SAMPLES} or {SHARDS}/ with its manifest); "
+            "create one with `depthlens generate`"
+        )
+    manifest = read_json(meta, "store's manifest", "regenerate the store (`depthlens generate --overwrite`)")
+    version = manifest.get("store_version")
+    if version != STORE_VERSION:
+        raise StoreError(
+            f"{out_dir} is a version-{version} store; this depthlens ({__version__}) reads "
+            f"version {STORE_VERSION} — regenerate it, or use the depthlens that wrote it"
+        )
+    wrong = _wrong_fields(manifest)
+    if wrong:
+        raise StoreError(
+            f"{meta}: field(s) {wrong} missing or of the wrong type; the manifest was edited or damaged — "
+            "regenerate the store"
+        )
+    return manifest
+
+
+def _wrong_fields(manifest: dict[str, Any]) -> list[str]:
+    kinds = {"n_layers": int, "questions": list, "pool": int, "dtr": dict, "model": str}
+    wrong = [k for k, kind in kinds.items() if not isinstance(manifest.get(k), kind)]
+    if "questions" not in wrong and not all(isinstance(q, str) for q in manifest["questions"]):
+        wrong.append("questions")  # question ids key the pools: strings only
+    readout = manifest.get("readout", {})
+    also = readout.get("also", []) if isinstance(readout, dict) else None
+    if (
+        not isinstance(readout, dict)
+        or not isinstance(readout.get("divergence", ""), str)
+        or not (isinstance(also, list) and all(isinstance(k, str) for k in also))
+    ):
+        wrong.append("readout")
+    return wrong
+
+
+def stored_kinds(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The divergence kinds a store holds: the primary one (``divergence``), then ``--also-divergences``."""
+    readout = manifest.get("readout", {})
+    return (readout.get("divergence", "jsd"), *readout.get("also", ()))
+
+
+def kind_field(kind: str, manifest: dict[str, Any]) -> str:
+    """The record field holding divergence ``kind``: ``divergence`` for the primary one, else ``divergence_<kind>``."""
+    return "divergence" if kind == stored_kinds(manifest)[0] else f"divergence_{kind}"
+
+
+def damaged(where: str, exc: Exception) -> StoreError:
+    """A store record whose fields do not have the types `depthlens generate` writes."""
+    return StoreError(
+        f"{where}: a field has the wrong type or shape ({type(exc).__name__}: {exc}); the store is damaged "
+        "or was not written by `depthlens generate`"
+    )
+
+
+def read_responses(out_dir: Path, fields: Sequence[str] = REQUIRED) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The one reader of a store's responses: (where, record) for each, ``where`` naming the file and line (JSONL)
+    or the shard and row (Parquet). A usable record (``status: ok``) missing any of ``fields`` raises StoreError
+    naming it; failed ones (``status: failed``) are yielded as they are, for the caller to count."""
+    for where, record in iter_store_located(samples_path(out_dir, stored_format(out_dir))):
+        if record.get("status") != "failed":
+            missing = [k for k in fields if k not in record]
+            if missing:
+                raise StoreError(
+                    f"{where}: missing field(s) {missing}; the store is damaged or was not written by "
+                    "`depthlens generate`"
+                )
+        yield where, record

@@ -1,0 +1,322 @@
+"""Sample a pool of responses per question into a resumable sample store (``depthlens generate``).
+
+Responses are generated a batch at a time per question; batch b of question q always holds the same pool
+indices and seeds, and a resumed run regenerates an unfinished batch whole, so the store — hence every
+summary — is the same as an uninterrupted run's. A resumed run may change ``--batch-size`` (after running out
+of memory) and add questions: every response keeps its own seed, so it samples the same tokens, but batched
+matrix products round differently by batch shape, so stored floats may differ in the last kept digit from a
+run with the first batch size (measured on CPU: tokens identical, log-probabilities within 1e-5).
+
+The store's files and schema are ``stores.samples``'s; this module fills it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Required, TypedDict, Unpack
+
+from depthlens.config import (
+    AnswerConfig,
+    DTRConfig,
+    EngineConfig,
+    GenerateRun,
+    ReadoutConfig,
+    SamplingConfig,
+    StoreFormat,
+    StoreSpec,
+    TaskSpec,
+)
+from depthlens.errors import DepthlensError, InputError, StoreError
+from depthlens.evals.grading import answer_fields
+from depthlens.evals.tasks import Question
+from depthlens.metrics.dtr import deep_from_divergence, deep_thinking_ratio
+from depthlens.models.load import LoadedModel
+from depthlens.sampling.backend import PER_TOKEN, GenerationBackend, Trace
+from depthlens.sampling.choose import make_backend
+from depthlens.stores.files import read_json
+from depthlens.stores.formats import open_results
+from depthlens.stores.jsonl import ResultWriter
+from depthlens.stores.parquet import ShardWriter
+from depthlens.stores.samples import (
+    RESUME_RULES,
+    remove_other_format,
+    samples_entry,
+    samples_format,
+    samples_manifest,
+    samples_path,
+    store_manifest,
+    stored,
+    stored_rows,
+    write_questions,
+)
+from depthlens.studies.score import as_token_ids
+
+
+def sample_seed(seed: int, question_id: str, index: int) -> int:
+    """A response's own seed: stable across runs, batch sizes, pool sizes and Python versions."""
+    digest = hashlib.sha256(f"{seed}:{question_id}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def prompt_ids(lm: LoadedModel, question: Question, prompt_style: str = "paper") -> list[int]:
+    """The question as the model is prompted: its chat template when it has one, else the plain messages."""
+    tok = lm.tokenizer
+    if tok is None:
+        raise InputError(f"model {lm.name} has no tokenizer; generation needs one")
+    messages = question.messages(prompt_style)
+    if getattr(tok, "chat_template", None):
+        return as_token_ids(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    plain = "\n\n".join(m["content"] for m in messages)
+    return as_token_ids(tok(plain + "\n\n", add_special_tokens=True)["input_ids"])
+
+
+def sample_record(
+    lm: LoadedModel,
+    question: Question,
+    index: int,
+    trace: Trace,
+    dtr: DTRConfig,
+    rules: AnswerConfig = AnswerConfig(),
+    timeout_s: int = 5,
+    prompt: Sequence[int] = (),
+) -> dict[str, Any]:
+    """One stored response: tokens, text, graded answer, and the per-token values voting and studies need.
+
+    ``prompt_ids`` (the prompt as fed) and ``token_ids`` make the line a ``depthlens score`` input by itself.
+    Per-token floats are kept as ``stores.samples.stored`` rounds them.
+    """
+    text = lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True) if lm.tokenizer else ""
+    deep = deep_from_divergence(trace.divergence, lm.n_layers, dtr)
+    return {
+        "id": f"{question.id}#{index}",
+        "question_id": question.id,
+        "sample": index,
+        "seed": trace.seed,
+        "status": "ok",
+        "finish": trace.finish,
+        "n_tokens": len(trace),
+        "text": text,
+        "prompt_ids": list(prompt),
+        "token_ids": trace.token_ids,
+        **answer_fields(question, text, trace.finish, rules, timeout_s),
+        "dtr_readout": deep_thinking_ratio(deep),
+        **{key: stored(getattr(trace, key)) for key in PER_TOKEN},
+        "divergence": stored_rows(trace.divergence),
+        **{f"divergence_{kind}": stored_rows(rows) for kind, rows in trace.also.items()},
+    }
+
+
+def failed_record(question: Question, index: int, seed: int, error: str) -> dict[str, Any]:
+    """A response whose generation failed: kept in the store (and reported), never silently dropped."""
+    return {
+        "id": f"{question.id}#{index}",
+        "question_id": question.id,
+        "sample": index,
+        "seed": seed,
+        "status": "failed",
+        "error": error,
+    }
+
+
+def run_manifest(
+    model: str, n_layers: int | None, questions: Sequence[Question], run: GenerateRun, fmt: StoreFormat
+) -> dict[str, Any]:
+    """The manifest ``run`` writes (``n_layers`` None: before the model is loaded, for the early resume check)."""
+    settings = {"task": run.task.to_dict() if run.task else {}, "pool": run.pool, "seed": run.seed,
+                "batch_size": run.batch_size, **samples_entry(fmt, run.store.float16), "sampling": run.sampling,
+                "readout": run.readout, "dtr": run.dtr, "engine": run.engine, "answers": run.answers}  # fmt: skip
+    return store_manifest(model, n_layers, questions, settings)
+
+
+@dataclasses.dataclass
+class GenerationReport:
+    written: int = 0
+    skipped: int = 0  # already in the store (resume)
+    failed: int = 0
+    grades: Counter[str] = dataclasses.field(default_factory=Counter)
+    sources: Counter[str] = dataclasses.field(default_factory=Counter)
+    truncated: int = 0  # responses cut at --max-new-tokens
+    tokens: int = 0
+    changed: list[str] = dataclasses.field(default_factory=list)  # settings a resumed run changed
+
+    def count(self, record: dict[str, Any]) -> None:
+        """Count one response written to the store (a failed one, or one with its grade and answer source)."""
+        if record.get("status") == "failed":
+            self.failed += 1
+            return
+        self.written += 1
+        self.tokens += record["n_tokens"]
+        self.grades[record["grade"]] += 1
+        self.sources[record["answer_source"]] += 1
+        self.truncated += record["finish"] == "length"
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationEvents:
+    """Progress callbacks of a generation run: the total and already-done responses once the store is open, each
+    finished batch's response count, each step's generated tokens."""
+
+    on_start: Callable[[int, int], None] = lambda total, done: None
+    on_batch: Callable[[int], None] = lambda n: None
+    on_token: Callable[[int], None] = lambda n: None
+
+
+def generate(
+    lm: LoadedModel,
+    run: GenerateRun,
+    questions: Sequence[Question],
+    backend: GenerationBackend | None = None,
+    events: GenerationEvents = GenerationEvents(),
+) -> GenerationReport:
+    """Sample ``run.pool`` responses per question into the store ``run.store``; resumable.
+
+    ``backend``: one already built for these settings (e.g. sharing a started vLLM engine), else one is built from
+    ``run.engine`` once there is something to sample.
+    """
+    out_dir, spec = run.store.out, run.store
+    fmt = samples_format(out_dir, spec.format, spec.resume, spec.overwrite)
+    manifest = run_manifest(lm.name, lm.n_layers, questions, run, fmt)
+    _refuse_pre_rules_resume(out_dir, spec.resume)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if spec.overwrite:
+        remove_other_format(out_dir, fmt)
+    report = GenerationReport()
+    with open_results(
+        samples_path(out_dir, fmt),
+        manifest,
+        resume=spec.resume,
+        overwrite=spec.overwrite,
+        rules=RESUME_RULES,
+        fmt=fmt,
+        timed=False,
+    ) as writer:  # fmt: skip  (a shard per batch)
+        report.changed = writer.changed
+        write_questions(out_dir, questions)
+        total = len(questions) * run.pool
+        report.skipped = sum(1 for q in questions for i in range(run.pool) if f"{q.id}#{i}" in writer.done)
+        events.on_start(total, report.skipped)
+        if report.skipped == total:  # nothing to sample: start no engine
+            return report
+        generator = backend or make_backend(lm, run.engine, run.sampling, run.readout, events.on_token)
+        try:
+            for question in questions:
+                generate_question(QuestionJob(lm, generator, writer, question, run), report, events.on_batch)
+        except DepthlensError as exc:
+            if isinstance(exc, StoreError):  # the store's own error already says how to go on
+                raise
+            raise type(exc)(
+                f"{exc} — responses finished so far are kept in {out_dir}; rerun with --resume"
+            ) from exc
+    return report
+
+
+def _refuse_pre_rules_resume(out_dir: Path, resume: bool) -> None:
+    previous = samples_manifest(out_dir)
+    if (
+        resume
+        and previous.is_file()
+        and "answers" not in read_json(previous, "manifest", "regenerate the store")
+    ):
+        raise StoreError(
+            f"cannot resume {out_dir}: it was written before the answer rules, so its answers and new ones would "
+            f"be read differently; run `depthlens regrade {out_dir}` first, then --resume"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class QuestionJob:
+    """One question's pool to sample: the model (tokenizer, depth), the engine, where records go, the run."""
+
+    lm: LoadedModel
+    generator: GenerationBackend
+    writer: ResultWriter | ShardWriter | Any  # anything with ``done``, ``write`` and ``flush``
+    question: Question
+    run: GenerateRun
+
+
+def generate_question(job: QuestionJob, report: GenerationReport, on_batch: Callable[[int], None]) -> None:
+    """Sample the responses of ``job.question`` the writer does not have yet, a batch at a time (same batches and
+    seeds whatever is missing), each batch written and flushed whole."""
+    lm, run, question, writer = job.lm, job.run, job.question, job.writer
+    prompt: list[int] | None = None
+    for first in range(0, run.pool, run.batch_size):
+        indices = list(range(first, min(first + run.batch_size, run.pool)))
+        missing = [i for i in indices if f"{question.id}#{i}" not in writer.done]
+        if not missing:
+            continue
+        seeds = [
+            sample_seed(run.seed, question.id, i) for i in indices
+        ]  # the whole batch: same layout as before
+        try:
+            prompt = prompt if prompt is not None else prompt_ids(lm, question, run.answers.prompt_style)
+            traces = job.generator.start(prompt, seeds).traces
+        except (InputError, RuntimeError) as exc:  # too long for the context, out of memory, ...
+            for i in missing:
+                writer.write(failed_record(question, i, seeds[i - first], f"{type(exc).__name__}: {exc}"))
+            writer.flush()
+            report.failed += len(missing)
+            on_batch(len(missing))
+            continue
+        for i in missing:
+            record = sample_record(
+                lm, question, i, traces[i - first], run.dtr, run.answers, prompt=prompt or ()
+            )
+            writer.write(record)
+            report.count(record)
+        writer.flush()  # a batch is kept whole: one Parquet shard, or its JSONL lines
+        on_batch(len(missing))
+
+
+class GenerateOptions(TypedDict, total=False):
+    """``generate_store``'s keywords: ``GenerateRun``'s fields (the store's as ``resume``, ``overwrite``,
+    ``store`` = its format and ``float16``), and ``GenerationEvents``' callbacks."""
+
+    pool: Required[int]
+    seed: int
+    batch_size: int
+    sampling: SamplingConfig
+    readout: ReadoutConfig
+    dtr: DTRConfig
+    answers: AnswerConfig
+    engine: EngineConfig
+    task: TaskSpec | dict[str, Any] | None
+    resume: bool
+    overwrite: bool
+    store: StoreFormat | None
+    float16: bool
+    on_start: Callable[[int, int], None]
+    on_batch: Callable[[int], None]
+    on_token: Callable[[int], None]
+
+
+def as_task(task: TaskSpec | dict[str, Any] | None) -> TaskSpec | None:
+    """A task given as the dict a manifest records (``{"name": …, "task_seed": …}``) as a ``TaskSpec``."""
+    return TaskSpec.from_dict(task) if isinstance(task, dict) else task
+
+
+def generate_run(out_dir: Path, **options: Unpack[GenerateOptions]) -> tuple[GenerateRun, GenerationEvents]:
+    """The ``GenerateRun`` and callbacks ``generate_store``'s keywords describe."""
+    store = StoreSpec(out_dir, options.pop("resume", False), options.pop("overwrite", False),
+                      options.pop("store", None), options.pop("float16", False))  # fmt: skip
+    events = GenerationEvents(
+        **{k: options.pop(k) for k in ("on_start", "on_batch", "on_token") if k in options}
+    )
+    task = as_task(options.pop("task", None))
+    return GenerateRun(store=store, task=task, **options), events  # type: ignore[arg-type, misc]
+
+
+def generate_store(
+    lm: LoadedModel,
+    out_dir: Path,
+    questions: Sequence[Question],
+    backend: GenerationBackend | None = None,
+    **options: Unpack[GenerateOptions],
+) -> GenerationReport:
+    """Sample ``pool`` responses per question into the store at ``out_dir``; resumable (the Python API: keywords
+    as ``GenerateOptions``; the CLI builds a ``GenerateRun`` and calls ``generate``)."""
+    run, events = generate_run(out_dir, **options)
+    return generate(lm, run, questions, backend, events)
