@@ -172,6 +172,8 @@ def test_paired_test_on_zero_one_outcomes_is_the_exact_mcnemar_test():
     assert t.difference == pytest.approx(6 / 12) and t.low <= 0.5 <= t.high
     same = paired_test(a, a)
     assert same.p == 1.0 and same.difference == 0 and same.wins == same.losses == 0
+    one = paired_test([1.0, 0.5, 0.2], [1.0, 0.5, 0.0])  # a single question differs: both signs as extreme
+    assert one.p == 1.0 and one.wins == 1 and one.exact
 
 
 def test_paired_test_of_trial_means_weighs_the_size_of_each_win():

@@ -61,6 +61,8 @@ def paired_test(a: Sequence[float], b: Sequence[float], resamples: int = 10_000,
     interval = mean_bootstrap(d, resamples, rng)
     if nonzero.size == 0:
         return PairedTest(d.size, 0.0, 0.0, 0.0, 1.0, 0, 0, sd, True)
+    if nonzero.size == 1:  # its two sign patterns are equally extreme: p = 1 exactly (scipy needs two values)
+        return PairedTest(d.size, float(d.mean()), interval.low, interval.high, 1.0, wins, losses, sd, True)
     # Zeros flip to themselves, so they are left out of the permutations (the statistic's scale changes, its
     # ordering does not: the p-value is the same).
     exact = nonzero.size <= EXACT_UP_TO

@@ -80,10 +80,18 @@ def accuracy_interval(row: dict[str, Any]) -> tuple[float, float, bool]:
     return max(0.0, mean - std), min(100.0, mean + std), False
 
 
-def spread_labels(wanted: Sequence[float], sizes: Sequence[float], low: float, high: float) -> list[float]:
+def spread_labels(
+    wanted: Sequence[float],
+    sizes: Sequence[float],
+    low: float,
+    high: float,
+    xs: Sequence[float] | None = None,
+) -> list[float]:
     """Label centres as near ``wanted`` as possible with no two overlapping (label i is ``sizes[i]`` tall), inside
-    [low, high] when they fit there."""
-    order = sorted(range(len(wanted)), key=lambda i: wanted[i])
+    [low, high] when they fit there. Points at one height stack leftmost on top (``xs``), so the lines from the
+    points to the labels on the right do not cross."""
+    xs = xs if xs is not None else [0.0] * len(wanted)
+    order = sorted(range(len(wanted)), key=lambda i: (wanted[i], -xs[i]))
     placed = [wanted[i] for i in order]
     size = [sizes[i] for i in order]
     for k in range(len(placed)):  # push up clear of the one below
@@ -121,7 +129,7 @@ def draw_accuracy_cost(rows: Sequence[dict[str, Any]], path: Path, title: str = 
     fig.subplots_adjust(left=0.09, right=0.60, top=0.92, bottom=0.11)
     line = (top - bottom) * 0.16 / (fig.get_figheight() * 0.81)  # one 8-point text line, in data units
     sizes = [line * (1.25 + lb.count("\n")) for lb in labels]
-    heights = spread_labels([100 * p["accuracy_mean"] for p in points], sizes, bottom, top)
+    heights = spread_labels([100 * p["accuracy_mean"] for p in points], sizes, bottom, top, xs)
     for p, x, label, h in zip(points, xs, labels, heights, strict=True):
         bold = any(m in COLOURS for m in p["methods"])
         ax.annotate(label, xy=(x, 100 * p["accuracy_mean"]), xytext=(1.03, h), textcoords=("axes fraction", "data"),

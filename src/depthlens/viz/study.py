@@ -122,7 +122,7 @@ def draw_sweeps(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> 
         if param == "prefix":
             ax.set_xticks(xs, labels)
         if param == "g":
-            twin.legend(fontsize=7, loc="lower right")
+            twin.legend(fontsize=7, loc="upper right")  # mean DTR falls with g: that corner is free
     ax = axes[3]
     bars = [r for r in rows if r["param"] in ("divergence", "deep_rule")]
     names = [f"{r['value']}" for r in bars]
