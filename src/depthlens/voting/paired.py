@@ -8,9 +8,10 @@ trials (the method's expected accuracy on that question's pool under random draw
 accuracy column averages), and the test runs over questions, the independent draws from the task
 (``metrics.paired``: sign-flip permutation test, paired bootstrap interval, t-test power).
 
-The deep-thinking paper's gaps (its Table 2, AIME25, n = 48; docs/definitions.md §5): Think@n − Cons@n = +2.0 points (GPT-OSS-120B, 94.7 vs 92.7) and
-+3.3 points (Qwen3-4B-Thinking, 90.0 vs 86.7). ``questions_for`` says how many questions a study like this one —
-same spread of per-question differences — would need to detect each at α = 0.05 with 80 % power.
+The deep-thinking paper's gaps (its Table 2, AIME25, n = 48; docs/definitions.md §5): Think@n − Cons@n = +2.0
+points (GPT-OSS-120B, 94.7 vs 92.7) and +3.3 points (Qwen3-4B-Thinking, 90.0 vs 86.7). ``questions_for`` says how
+many questions a study like this one — same spread of per-question differences — would need to detect each at
+α = 0.05 with 80 % power.
 """
 
 from __future__ import annotations
