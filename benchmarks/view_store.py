@@ -31,10 +31,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from depthlens.config import AnswerConfig, DTRConfig, ReadoutConfig, SamplingConfig
-from depthlens.studies.parquet_store import ShardWriter, to_table
-from depthlens.studies.tasks import Question
-from depthlens.studies.thinkn import SHARDS, sample_seed, samples_entry, store_manifest, write_questions
+from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, ReadoutConfig, SamplingConfig
+from depthlens.evals.tasks import Question
+from depthlens.stores.parquet import ShardWriter, to_table
+from depthlens.stores.samples import SHARDS, samples_entry, store_manifest, write_questions
+from depthlens.studies.generate import sample_seed
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
@@ -87,9 +88,19 @@ def build(out: Path, args: argparse.Namespace) -> None:
     rng = np.random.default_rng(0)
     questions = [Question(f"q{i:04d}", f"What is {i} + {i}?", str(2 * i % 7)) for i in range(args.questions)]
     sampling = SamplingConfig(max_new_tokens=2 * args.tokens, readout_tokens=None)
-    manifest = store_manifest("synthetic", args.layers, questions, args.pool, 0, args.shard, sampling,
-                              ReadoutConfig(), DTRConfig(), {"name": "synthetic", "questions": args.questions},
-                              AnswerConfig(), **samples_entry("parquet", False))  # fmt: skip
+    settings = {
+        "task": {"name": "synthetic", "questions": args.questions},
+        "pool": args.pool,
+        "seed": 0,
+        "batch_size": args.shard,
+        **samples_entry("parquet", False),
+        "sampling": sampling,
+        "readout": ReadoutConfig(),
+        "dtr": DTRConfig(),
+        "engine": EngineConfig(),
+        "answers": AnswerConfig(),
+    }
+    manifest = store_manifest("synthetic", args.layers, questions, settings)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     write_questions(out, questions)
     example = {"id": "x", "question_id": "x", "sample": 0, "seed": 0, "status": "ok", "finish": "eos", "n_tokens": 1,

@@ -24,9 +24,10 @@ from depthlens.errors import InputError
 from depthlens.metrics.dtr import settling_depth
 from depthlens.models.load import load_tokenizer
 from depthlens.models.tokens import token_texts
+from depthlens.stores.jsonl import iter_jsonl
+from depthlens.stores.samples import SHARDS, iter_samples, read_manifest
 from depthlens.studies.online import DECISIONS
-from depthlens.studies.records import iter_jsonl
-from depthlens.studies.thinkn import SHARDS, iter_samples, load_pools, read_manifest
+from depthlens.studies.thinkn import load_pools
 from depthlens.view.store import open_store
 from depthlens.voting.methods import think_at_n
 from depthlens.voting.trials import draw, run_trials

@@ -17,8 +17,9 @@ import torch
 
 from depthlens.config import DTRConfig, VotingConfig
 from depthlens.metrics.dtr import settling_depth
-from depthlens.studies.records import iter_jsonl
-from depthlens.studies.thinkn import iter_samples, load_pools, read_manifest
+from depthlens.stores.jsonl import iter_jsonl
+from depthlens.stores.samples import iter_samples, read_manifest
+from depthlens.studies.thinkn import load_pools
 from depthlens.voting.methods import think_at_n
 from depthlens.voting.trials import draw
 from tests.test_cli import run

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 from depthlens.cli.app import main
-from depthlens.studies.parquet_store import ShardWriter, store_manifest
-from depthlens.studies.thinkn import SHARDS, iter_samples
+from depthlens.stores.parquet import ShardWriter, store_manifest
+from depthlens.stores.samples import SHARDS, iter_samples
 from tests.conftest import tiny_model
 
 TASK = ["--task", "reasoning_gym:chain_sum", "--task-config", "min_terms=2,max_terms=2,max_digits=1"]

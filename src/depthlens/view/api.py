@@ -9,7 +9,7 @@ from typing import Any
 
 from depthlens.config import VotingConfig
 from depthlens.errors import DepthlensError, InputError
-from depthlens.studies.records import read_json
+from depthlens.stores.files import read_json
 from depthlens.studies.score import score_summary
 from depthlens.studies.thinkn import summary_files, summary_stem
 from depthlens.view.detail import scalar

@@ -21,15 +21,15 @@ from collections.abc import Sequence
 from typing import Any, overload
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from depthlens.config import DTRConfig, VotingConfig
 from depthlens.errors import DepthlensError
+from depthlens.evals.grading import AnswerSummary
 from depthlens.metrics.dtr import deep_flags, settling_depth
-from depthlens.studies.store_answers import AnswerSummary
-from depthlens.studies.thinkn import REQUIRED, response_from_record
-from depthlens.view.access import JsonlSource, Location, ParquetSource
+from depthlens.stores.access import JsonlSource, Location, ParquetSource, ShardArrays, release_unused
+from depthlens.stores.samples import REQUIRED
+from depthlens.studies.thinkn import response_from_record
 from depthlens.view.jobs import Background
 from depthlens.view.store import ViewStore
 from depthlens.voting.methods import METHODS, Response
@@ -76,31 +76,24 @@ class Pool(Sequence[Response]):
         return self._stored[i].response()
 
 
-def shard_responses(table: pa.Table, n_layers: int, dtr: DTRConfig) -> list[Stored | None]:
+def shard_responses(shard: ShardArrays, n_layers: int, dtr: DTRConfig) -> list[Stored | None]:
     """Each row of a shard (``VOTING_COLUMNS``) as ``Stored``; None for a failed response."""
-    columns = {name: table.column(name).combine_chunks() for name in table.column_names}
-    divergence = columns["divergence"]
-    lengths = divergence.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
-    flat = np.array(
-        divergence.flatten().flatten().to_numpy(zero_copy_only=False), dtype=np.float32
-    )  # writable
-    rows = torch.from_numpy(flat.reshape(-1, n_layers))  # [all read-out tokens of the shard, L]
-    deep = deep_flags(settling_depth(rows, dtr.g), n_layers, dtr.rho, dtr.deep_rule).numpy()
+    lengths, rows = shard.lists["divergence"]  # rows: [all read-out tokens of the shard, L]
+    table = torch.from_numpy(
+        rows.astype(np.float32, copy=False)
+    )  # float16 stores: as response_from_record reads them
+    deep = deep_flags(settling_depth(table, dtr.g), n_layers, dtr.rho, dtr.deep_rule).numpy()
     ends = np.cumsum(lengths)
-    status = columns["status"].to_pylist()
-    key, correct, n_tokens = (columns[c].to_pylist() for c in ("vote_key", "correct", "n_tokens"))
+    certainty, confidence = shard.row_values("self_certainty"), shard.row_values("confidence")
+    status, key, correct, n_tokens = (shard.scalars[c] for c in ("status", "vote_key", "correct", "n_tokens"))
     out: list[Stored | None] = []
-    for i in range(table.num_rows):
+    for i in range(shard.rows):
         if status[i] == "failed":
             out.append(None)
             continue
         out.append(Stored(key[i], bool(correct[i]), int(n_tokens[i]), deep[ends[i] - lengths[i] : ends[i]],
-                          _floats(columns["self_certainty"], i), _floats(columns["confidence"], i)))  # fmt: skip
+                          certainty[i], confidence[i]))  # fmt: skip
     return out
-
-
-def _floats(column: pa.Array, i: int) -> np.ndarray:
-    return column[i].values.to_numpy(zero_copy_only=False)
 
 
 class VotingIndex:
@@ -128,7 +121,7 @@ class VotingIndex:
                 self._build_jsonl(store.source, index, stop)
             else:
                 self._build_parquet(store.source, index, stop)
-        except (DepthlensError, ValueError, TypeError, KeyError, RuntimeError, pa.ArrowException) as exc:
+        except (DepthlensError, ValueError, TypeError, KeyError, RuntimeError, OSError) as exc:
             self.error = f"the voting index could not be built ({type(exc).__name__}: {exc})"
         give_back_memory()
         self.ready.set()
@@ -136,17 +129,17 @@ class VotingIndex:
     def _build_parquet(
         self, source: ParquetSource, index: dict[Location, int], stop: threading.Event
     ) -> None:
-        for part, table in source.tables(VOTING_COLUMNS):
+        for part, shard in source.arrays(VOTING_COLUMNS):
             if stop.is_set():
                 return
-            lacking = [c for c in VOTING_COLUMNS if c not in table.column_names]
+            lacking = [c for c in VOTING_COLUMNS if c not in shard.scalars and c not in shard.lists]
             if lacking:
                 self._note(
                     f"{source.directory / source.names[part]}: lacks {lacking}; its responses do not vote"
                 )
             else:
                 for row, stored in enumerate(
-                    shard_responses(table, int(self.store.n_layers or 0), self.store.dtr)
+                    shard_responses(shard, int(self.store.n_layers or 0), self.store.dtr)
                 ):
                     if stored is not None and (i := index.get(Location(part, row))) is not None:
                         self._stored[i] = stored
@@ -230,7 +223,7 @@ def give_back_memory() -> None:
     """Hand the pass's freed buffers back to the system: shard after shard of decompressed columns and settling
     tables leaves the allocators' free lists holding several times the index (measured: +230 MB for 21 MB kept
     over 60 shards; `malloc_trim` and Arrow's ``release_unused`` return most of it)."""
-    pa.default_memory_pool().release_unused()
+    release_unused()
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.malloc_trim(0)

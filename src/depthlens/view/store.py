@@ -5,8 +5,8 @@ run: ``questions.jsonl``, ``samples/`` or ``samples.jsonl`` with its manifest, m
 ``thinkn-*.json`` summaries) and a *score store* (``score``: a Parquet store directory, or a ``.jsonl`` file with
 its ``.manifest.json`` beside it). A path that is neither is refused, naming both, before any server starts.
 
-A damaged store opens: the manifest is read with the library's own readers and checks (``thinkn.read_manifest``,
-``parquet_store.store_manifest``); where they refuse, the refusal becomes a notice and the settings are taken
+A damaged store opens: the manifest is read with the library's own readers and checks (``stores.samples.read_manifest``,
+``stores.parquet.store_manifest``); where they refuse, the refusal becomes a notice and the settings are taken
 from what is left (a shard's own recorded settings, the divergences' width). Only the records' light fields are
 held (``access``); everything per token is read when a response is opened.
 """
@@ -18,16 +18,15 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from depthlens.config import DTRConfig
 from depthlens.errors import DepthlensError, InputError
-from depthlens.studies import thinkn
+from depthlens.stores import samples
+from depthlens.stores.access import JsonlSource, Location, ParquetSource
+from depthlens.stores.files import manifest_path
+from depthlens.stores.jsonl import iter_jsonl
+from depthlens.stores.parquet import MANIFEST, store_manifest
+from depthlens.stores.samples import SAMPLES
 from depthlens.studies.online import DECISIONS
-from depthlens.studies.parquet_store import MANIFEST, store_manifest
-from depthlens.studies.records import SAMPLES, iter_jsonl, manifest_path
-from depthlens.view.access import JsonlSource, Location, ParquetSource
 
 Kind = Literal["samples", "scores", "tcb"]
 TRACE = "trace.progress.jsonl"  # `depthlens tcb trace`'s record: per generated token δ, V_eff, perplexity
@@ -45,9 +44,9 @@ def identify(path: Path) -> tuple[Kind, Path]:
     if not path.exists():
         raise InputError(f"{path}: no such file or directory; give {EXPECTED}")
     if path.is_dir():
-        if (path / thinkn.SHARDS).is_dir() or (path / SAMPLES).is_file():
+        if (path / samples.SHARDS).is_dir() or (path / SAMPLES).is_file():
             return "samples", path
-        if path.name == thinkn.SHARDS and (path.parent / thinkn.QUESTIONS).is_file():
+        if path.name == samples.SHARDS and (path.parent / samples.QUESTIONS).is_file():
             return "samples", path.parent  # the samples/ directory itself
         if (path / MANIFEST).is_file() or any(path.glob("part-*.parquet")):
             return "scores", path
@@ -100,7 +99,7 @@ class ViewStore:
         return self.source.read_rows([self.locations[i] for i in indices], columns)
 
     def usable(self, question: str) -> list[int]:
-        """A question's responses voting uses (``thinkn.load_pools``: all but failed ones), in store order."""
+        """A question's responses voting uses (``studies.thinkn.load_pools``: all but failed ones), in store order."""
         return [i for i in self.questions[question].records if self.records[i].get("status") != "failed"]
 
 
@@ -127,7 +126,7 @@ def open_store(path: Path) -> ViewStore:
         notices.append(f"{missing_id} record(s) without an id; not shown")
     n_layers = manifest.get("n_layers") if isinstance(manifest.get("n_layers"), int) else None
     if n_layers is None and kind != "tcb":
-        n_layers = _layers(source, notices)
+        n_layers = _layers(source)
     store = ViewStore(
         root, kind, manifest, source, notices, records, locations, by_id, n_layers, _dtr(manifest, notices)
     )
@@ -142,15 +141,15 @@ def open_store(path: Path) -> ViewStore:
 
 
 def _open_samples(root: Path, notices: list[str]) -> tuple[dict[str, Any], ParquetSource | JsonlSource]:
-    sharded = (root / thinkn.SHARDS).is_dir() and not (root / SAMPLES).exists()
+    sharded = (root / samples.SHARDS).is_dir() and not (root / SAMPLES).exists()
     try:
-        manifest = thinkn.read_manifest(root)
+        manifest = samples.read_manifest(root)
     except DepthlensError as exc:
         notices.append(f"{exc} — shown: what the store's records hold")
-        manifest = _read_loose(root / thinkn.SHARDS / MANIFEST if sharded else manifest_path(root / SAMPLES))
+        manifest = _read_loose(root / samples.SHARDS / MANIFEST if sharded else manifest_path(root / SAMPLES))
     if sharded:
-        source: ParquetSource | JsonlSource = ParquetSource(root / thinkn.SHARDS, _listed(manifest), notices)
-        manifest = {**_shard_settings(source), **manifest}
+        source: ParquetSource | JsonlSource = ParquetSource(root / samples.SHARDS, _listed(manifest), notices)
+        manifest = {**source.settings(), **manifest}
     else:
         source = JsonlSource(root / SAMPLES, notices)
     return manifest, source
@@ -164,7 +163,7 @@ def _open_scores(root: Path, notices: list[str]) -> tuple[dict[str, Any], Parque
         manifest = _read_loose(root / MANIFEST if root.is_dir() else manifest_path(root))
     if root.is_dir():
         source: ParquetSource | JsonlSource = ParquetSource(root, _listed(manifest), notices)
-        return {**_shard_settings(source), **manifest}, source
+        return {**source.settings(), **manifest}, source
     return manifest, JsonlSource(root, notices)
 
 
@@ -187,29 +186,10 @@ def _listed(manifest: dict[str, Any]) -> list[str] | None:
     return None
 
 
-def _shard_settings(source: ParquetSource) -> dict[str, Any]:
-    """The settings the first readable shard was written with (each shard carries its store's, bar the shards'
-    list and the model's depth): a fallback where the manifest is damaged."""
-    if not source.names:
-        return {}
-    meta = pq.read_schema(source.directory / source.names[0]).metadata or {}
-    try:
-        settings = json.loads(meta.get(b"depthlens.settings", b"{}"))
-    except ValueError:
-        return {}
-    return settings if isinstance(settings, dict) else {}
-
-
-def _layers(source: ParquetSource | JsonlSource, notices: list[str]) -> int | None:
+def _layers(source: ParquetSource | JsonlSource) -> int | None:
     """The model's depth from the stored divergences' width, where no manifest says it."""
     if isinstance(source, ParquetSource):
-        for part in range(len(source.names)):
-            for field in source.columns(part):
-                if field.name == "divergence" and pa.types.is_list(field.type):
-                    inner = field.type.value_type
-                    if pa.types.is_fixed_size_list(inner):
-                        return int(inner.list_size)
-        return None
+        return source.matrix_width("divergence")
     for _, record in source.records():
         rows = record.get("divergence")
         if isinstance(rows, list) and rows and isinstance(rows[0], list):
@@ -231,7 +211,7 @@ def _read_questions(store: ViewStore) -> None:
     """Gold answers from ``questions.jsonl`` and each question's records, in the manifest's order."""
     order = [str(q) for q in store.manifest.get("questions", []) if isinstance(q, str | int)]
     store.questions = {q: Question(q) for q in order}
-    path = store.path / thinkn.QUESTIONS
+    path = store.path / samples.QUESTIONS
     try:
         for row in iter_jsonl(path):
             q = store.questions.setdefault(str(row.get("id")), Question(str(row.get("id"))))

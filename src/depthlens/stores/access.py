@@ -1,4 +1,5 @@
-"""On-demand reads of a results store: a few columns of every record, or the columns of one record.
+"""On-demand reads of a results store (for ``depthlens view``): a few columns of every record, or the columns of
+one record.
 
 The explorer never reads a store whole. A sharded Parquet store's committed shards are opened once for their
 footers (row counts, row groups, columns); the *light* columns every listing needs (scalars: ids, answers,
@@ -30,6 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from depthlens.stores.parquet import _SETTINGS_KEY
+
 HEAVY_SCALARS = ("text",)  # a scalar column too large to hold for every row (a response's whole text)
 
 
@@ -39,6 +42,46 @@ class Location:
 
     part: int
     row: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardArrays:
+    """Some columns of a shard's rows as numpy: scalars as lists; per-token lists as (lengths [rows], values
+    [their total] or, for ``[T × L]`` rows, [their total, L]) — a pass over a store without a Python float per
+    value."""
+
+    rows: int
+    scalars: dict[str, list[Any]]
+    lists: dict[str, tuple[np.ndarray, np.ndarray]]
+
+    def row_values(self, name: str) -> list[np.ndarray]:
+        """Column ``name``'s per-row arrays (views into one buffer)."""
+        lengths, values = self.lists[name]
+        ends = np.cumsum(lengths)
+        return [values[end - length : end] for length, end in zip(lengths, ends, strict=True)]
+
+
+def _arrays(table: pa.Table) -> ShardArrays:
+    scalars, lists = {}, {}
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        array = column.combine_chunks()
+        if not pa.types.is_list(array.type):
+            scalars[name] = array.to_pylist()
+            continue
+        lengths = array.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+        inner = array.flatten()
+        if pa.types.is_fixed_size_list(inner.type):
+            width = inner.type.list_size
+            values = np.array(inner.flatten().to_numpy(zero_copy_only=False)).reshape(-1, width)  # writable
+        else:
+            values = np.array(inner.to_numpy(zero_copy_only=False))
+        lists[name] = (lengths, values)
+    return ShardArrays(table.num_rows, scalars, lists)
+
+
+def release_unused() -> None:
+    """Hand Arrow's freed buffers back to the system (after a pass over a whole store)."""
+    pa.default_memory_pool().release_unused()
 
 
 def _is_light(field: pa.Field) -> bool:
@@ -157,13 +200,33 @@ class ParquetSource:
             for row, record in enumerate(table.to_pylist() if table is not None else []):
                 yield Location(part, row), record
 
-    def tables(self, columns: Sequence[str]) -> Iterator[tuple[int, pa.Table]]:
-        """Each readable shard's ``columns`` (those it has), shard by shard: what a pass over the store needs."""
+    def arrays(self, columns: Sequence[str]) -> Iterator[tuple[int, ShardArrays]]:
+        """Each readable shard's ``columns`` (those it has) as numpy, shard by shard: a pass over the store."""
         for part in range(len(self.names)):
             present = [c for c in columns if c in {f.name for f in self.columns(part)}]
             table = self._read(part, lambda f, p=present: f.read(columns=p, use_threads=False))
             if table is not None:
-                yield part, table
+                yield part, _arrays(table)
+
+    def settings(self) -> dict[str, Any]:
+        """The settings the first readable shard was written with (every shard carries its store's, bar the
+        shards' list and the model's depth): what is left where the manifest is damaged."""
+        if not self._schemas:
+            return {}
+        try:
+            settings = json.loads((self._schemas[0].metadata or {}).get(_SETTINGS_KEY, b"{}"))
+        except ValueError:
+            return {}
+        return settings if isinstance(settings, dict) else {}
+
+    def matrix_width(self, name: str = "divergence") -> int | None:
+        """L of a ``[T × L]`` column (the model's depth, for the divergences), from the first shard that has it."""
+        for schema in self._schemas:
+            if name in schema.names:
+                kind = schema.field(name).type
+                if pa.types.is_list(kind) and pa.types.is_fixed_size_list(kind.value_type):
+                    return int(kind.value_type.list_size)
+        return None
 
     def read(self, location: Location, columns: Sequence[str] | None = None) -> dict[str, Any]:
         """One record: ``columns`` of it (None = all), from the row group that holds it."""
