@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from depthlens.errors import DepthlensError
 from depthlens.metrics.dtr import deep_flags, deep_threshold, settling_depth
 from depthlens.view.store import ViewStore
 
@@ -72,10 +73,12 @@ class Labeller:
         try:
             if self.model:
                 from depthlens.models.load import load_tokenizer
+                from depthlens.models.locate import locate
 
+                locate(self.model)  # a name that points nowhere fails here, without importing transformers
                 self._tokenizer = load_tokenizer(self.model)
-        except (ImportError, OSError, ValueError, RuntimeError) as exc:
-            self.note = f"({type(exc).__name__}: {exc})"
+        except (DepthlensError, ImportError, OSError, ValueError, RuntimeError) as exc:
+            self.note = f"({exc})"
         if self._tokenizer is None:
             self.note = (
                 f"no tokenizer of {self.model or 'the model'} is available here {self.note or ''}; tokens are "

@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import dataclasses
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, overload
 
@@ -58,7 +59,12 @@ class Stored:
 
 
 class Pool(Sequence[Response]):
-    """A question's responses, each made a ``Response`` (float64) only when voting reads it."""
+    """A question's responses, each made a ``Response`` (float64) only when voting reads it.
+
+    Each read also yields the GIL (``time.sleep(0)``): voting runs for minutes on a large store, in pure Python on
+    a background thread, and a page request waiting for the GIL would otherwise wait out the interpreter's 5 ms
+    switch interval at every pyarrow or socket call it makes (measured: a response 0.2 s idle, ~1 s beside a vote).
+    """
 
     def __init__(self, stored: list[Stored]) -> None:
         self._stored = stored
@@ -71,6 +77,7 @@ class Pool(Sequence[Response]):
     @overload
     def __getitem__(self, i: slice) -> list[Response]: ...
     def __getitem__(self, i: int | slice) -> Response | list[Response]:
+        time.sleep(0)
         if isinstance(i, slice):
             return [s.response() for s in self._stored[i]]
         return self._stored[i].response()
@@ -79,10 +86,8 @@ class Pool(Sequence[Response]):
 def shard_responses(shard: ShardArrays, n_layers: int, dtr: DTRConfig) -> list[Stored | None]:
     """Each row of a shard (``VOTING_COLUMNS``) as ``Stored``; None for a failed response."""
     lengths, rows = shard.lists["divergence"]  # rows: [all read-out tokens of the shard, L]
-    table = torch.from_numpy(
-        rows.astype(np.float32, copy=False)
-    )  # float16 stores: as response_from_record reads them
-    deep = deep_flags(settling_depth(table, dtr.g), n_layers, dtr.rho, dtr.deep_rule).numpy()
+    rows = rows.astype(np.float32, copy=False)  # a float16 store widened, as response_from_record reads it
+    deep = deep_flags(settling_depth(torch.from_numpy(rows), dtr.g), n_layers, dtr.rho, dtr.deep_rule).numpy()
     ends = np.cumsum(lengths)
     certainty, confidence = shard.row_values("self_certainty"), shard.row_values("confidence")
     status, key, correct, n_tokens = (shard.scalars[c] for c in ("status", "vote_key", "correct", "n_tokens"))

@@ -44,6 +44,10 @@ async function responseView(main, rid, params, mine) {
     el("span", {class: "tok deep sample"}, "deep-thinking token"), el("span", {class: "tok nr sample"}, "not read out"),
     el("span", {class: "tok ws sample"}, "␣ ↵ whitespace"), el("span", {class: "tok byte sample"}, "⟨e2⟩ part of a character"));
   const tokens = el("div", {id: "tokens", class: "tokens"}, data.tokens.map((label, t) => tokenSpan(label, t)));
+  tokens.addEventListener("click", (event) => {  // one listener for every token
+    const span = event.target.closest(".tok[data-i]");
+    if (span) selectToken(Number(span.dataset.i));
+  });
   const panel = el("aside", {id: "token-panel"}, el("p", {class: "wait"}, "select a token to see its divergence at every layer (← → move)"));
   const toggle = el("button", {id: "show-heatmap", disabled: !data.readout, hidden: data.kind === "tcb"},
     "token × layer heatmap");
@@ -81,7 +85,6 @@ function tokenSpan(label, t) {
     ? `token ${t} · settles at layer ${RESPONSE.settling_depth[t]}${RESPONSE.deep[t] ? " · deep-thinking" : ""}`
     : `token ${t} · not read out`;
   const span = el("span", {class: classes.join(" ").trim(), style, "data-i": t, title}, label);
-  span.addEventListener("click", () => selectToken(t));
   return label.includes("↵") ? [span, el("br")] : span;
 }
 
@@ -145,6 +148,37 @@ function layerTable(t) {
 
 // Token × layer: columns are tokens, rows layers (final on top); each token's settling layer is marked, deep
 // tokens have a blue tick below; a click selects the token.
+// The cells, one pixel each (token across, layer up), coloured from the palette: an ImageData filled in one loop,
+// drawn scaled without smoothing — not one fillRect a cell (a long response has hundreds of thousands).
+function heatmapCells(T, L) {
+  if (RESPONSE.cells) return RESPONSE.cells;
+  const rgb = RUN.palette.map((c) => c.match(/\d+/g).map(Number));
+  let vmax = 1;
+  if (RESPONSE.unit !== "bits") {  // a loop, not Math.max(...): a long response has more values than arguments fit
+    vmax = 0;
+    for (const v of RESPONSE.divergence) if (v > vmax) vmax = v;
+    vmax = vmax || 1;
+  }
+  const image = new ImageData(T, L);
+  const top = rgb.length - 1;
+  for (let t = 0; t < T; t++) {
+    for (let l = 0; l < L; l++) {
+      const v = RESPONSE.divergence[t * L + l];
+      const [r, g, b] = rgb[Math.round(Math.max(0, Math.min(1, (v || 0) / vmax)) * top)];
+      const at = ((L - 1 - l) * T + t) * 4;
+      image.data[at] = r; image.data[at + 1] = g; image.data[at + 2] = b; image.data[at + 3] = 255;
+    }
+  }
+  const cells = document.createElement("canvas");
+  cells.width = T;
+  cells.height = L;
+  cells.getContext("2d").putImageData(image, 0, 0);
+  RESPONSE.cells = cells;
+  return cells;
+}
+
+// Token × layer: columns are tokens, rows layers (final on top); each token's settling layer is marked, deep
+// tokens have a blue tick below; a click selects the token.
 function drawHeatmap(wrap) {
   const T = RESPONSE.readout, L = RESPONSE.n_layers;
   const cw = Math.max(1, Math.min(16, Math.floor(1200 / Math.max(1, T))));
@@ -162,22 +196,15 @@ function drawHeatmap(wrap) {
   canvas.width = T * cw;
   canvas.height = L * ch + 6;
   const ctx = canvas.getContext("2d");
-  let vmax = 1;
-  if (RESPONSE.unit !== "bits") {  // a loop, not Math.max(...): a long response has more values than arguments fit
-    vmax = 0;
-    for (const v of RESPONSE.divergence) if (v > vmax) vmax = v;
-    vmax = vmax || 1;
-  }
+  ctx.imageSmoothingEnabled = false;
+  ctx.drawImage(heatmapCells(T, L), 0, 0, T * cw, L * ch);
+  ctx.fillStyle = "#1f77b4";
   for (let t = 0; t < T; t++) {
-    const row = divergenceRow(t);
-    for (let l = 0; l < L; l++) {
-      ctx.fillStyle = paletteColour(RUN.palette, Math.min(1, (row[l] ?? 0) / vmax));
-      ctx.fillRect(t * cw, (L - 1 - l) * ch, cw, ch);
+    if (cw >= 4) {
+      ctx.strokeStyle = RESPONSE.deep[t] ? "#1f77b4" : "#2ca02c";
+      ctx.strokeRect(t * cw + 0.5, (L - RESPONSE.settling_depth[t]) * ch + 0.5, cw - 1, ch - 1);
     }
-    const depth = RESPONSE.settling_depth[t];
-    ctx.strokeStyle = RESPONSE.deep[t] ? "#1f77b4" : "#2ca02c";
-    if (cw >= 4) ctx.strokeRect(t * cw + 0.5, (L - depth) * ch + 0.5, cw - 1, ch - 1);
-    if (RESPONSE.deep[t]) { ctx.fillStyle = "#1f77b4"; ctx.fillRect(t * cw, L * ch + 2, cw, 4); }
+    if (RESPONSE.deep[t]) ctx.fillRect(t * cw, L * ch + 2, cw, 4);
   }
   if (SELECTED !== null && SELECTED < T) {
     ctx.strokeStyle = "#00bcd4";
