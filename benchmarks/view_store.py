@@ -151,6 +151,11 @@ class Server:
     def json(self, path: str) -> dict:
         return json.loads(self.get(path)[1])
 
+    def cpu_s(self) -> float:
+        """The server process's CPU seconds so far (every thread: user + system)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def rss_mb(self) -> float:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
         return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
@@ -191,15 +196,16 @@ def measure(server: Server, ids: list[str], questions: list[str], repeats: int) 
     quick_s = _until(server, "/api/voting", ("partial", "ready"))
     table_s = quick_s + _until(server, "/api/voting", ("ready",))
     questions_s = table_s + _until(server, "/api/questions?page=0&size=50&sort=agreement", ("ready",))
+    cpu = server.cpu_s()
     pages = [sum(server.get(p)[0] for p in FIRST_PAGE) for _ in range(repeats)]
+    page_cpu = (server.cpu_s() - cpu) / repeats  # nothing runs in the background now: this is the pages' work
+    cpu = server.cpu_s()
+    times, sizes = _responses(server, ids)
+    response_cpu = (server.cpu_s() - cpu) / len(ids)
     rss = [server.rss_mb()]
-    times, sizes, details = [], [], []
-    for start in range(
-        0, len(ids), 10
-    ):  # 10 responses, a question, a page of questions; RSS after each round
-        batch, batch_sizes = _responses(server, ids[start : start + 10])
-        times += batch
-        sizes += batch_sizes
+    details = []
+    for start in range(0, len(ids), 10):  # 10 responses, a question, a page of questions; then the RSS
+        _responses(server, ids[start : start + 10])
         details.append(server.get(f"/api/question?id={questions[start % len(questions)]}")[0])
         server.get(f"/api/questions?page={(start // 10) % (len(questions) // 50 + 1)}&size=50&sort=agreement")
         rss.append(server.rss_mb())
@@ -209,6 +215,7 @@ def measure(server: Server, ids: list[str], questions: list[str], repeats: int) 
         "index_s": index_s, "voting_quick_s": quick_s, "voting_table_s": table_s,
         "questions_with_methods_s": questions_s,
         "first_page_idle_s_median": statistics.median(pages), "first_page_idle_all": pages,
+        "first_page_cpu_s": page_cpu, "response_cpu_s": response_cpu,
         "response_s_median": statistics.median(times), "response_s_p90": times[int(0.9 * len(times))],
         "response_s_max": times[-1], "response_kb_median": statistics.median(sizes) / 1024,
         "question_s_median": statistics.median(details), "rss_mb": rss,

@@ -41,6 +41,8 @@ def view(
 
     Read-only: nothing is written into the store. Every script and style ships with depthlens (no network).
     """
+    import os
+    import sys
     import time
 
     from depthlens.view.store import open_store
@@ -70,7 +72,11 @@ def view(
     try:
         stopped = serve(make_app(explorer), sock, on_ready=ready, open_browser=open_browser)
     finally:
-        explorer.stop.set()
-    if stopped:
-        err_console.print(f"stopped ({stopped}); the store was only read", highlight=False)
-        raise typer.Exit(143 if stopped == "SIGTERM" else 130)
+        explorer.close()
+    err_console.print(f"stopped ({stopped or 'by itself'}); the store was only read", highlight=False)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Exit here, not through the interpreter's shutdown: a background vote or the tokenizer's import may still be
+    # running on a daemon thread, and finalizing the interpreter under Arrow or torch code aborts the process
+    # (measured: SIGABRT, "terminate called without an active exception"). Nothing is left to write: read-only.
+    os._exit({"SIGTERM": 143, "SIGINT": 130}.get(stopped or "", 0))

@@ -49,6 +49,7 @@ class Explorer:
     voting: VotingConfig
     questions: list[dict[str, Any]]
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = dataclasses.field(default_factory=list)
 
     @classmethod
     def of(cls, store: ViewStore) -> Explorer:
@@ -61,9 +62,17 @@ class Explorer:
         """Build the voting index on a daemon thread (stopped by ``stop``); the tokenizer follows the first
         page (``Labeller.start``)."""
         if self.index is not None:
-            threading.Thread(
+            thread = threading.Thread(
                 target=self.index.build, args=(self.stop,), name="view-index", daemon=True
-            ).start()
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def close(self, wait_s: float = 10.0) -> None:
+        """Stop the index build and wait for it to leave Arrow and torch (it checks ``stop`` between shards)."""
+        self.stop.set()
+        for thread in self._threads:
+            thread.join(timeout=wait_s)
 
 
 def _int(request: Request, name: str, default: int, low: int = 0, high: int | None = None) -> int:
