@@ -91,8 +91,12 @@ def test_voting_table_is_what_thinkn_from_prints(view_stores, tmp_path, monkeypa
     _, api = client(view_stores["answers"])
     shown = settled(api, "/api/voting", n=n, eta=eta, prefix=prefix, trials=4)
     assert shown["state"] == "ready"
+    printed = _printed_table(out)  # the table, then the paired table under it (4 columns)
     cells = [[r["method"], r["accuracy"], r["tokens"], r["vs_cons"], r["paper"]] for r in shown["rows"]]
-    assert cells == _printed_table(out)
+    assert cells == [row for row in printed if len(row) == 5]
+    paired = [[r["method"], r["difference"], r["p"], r["won_lost"]] for r in shown["paired"]]
+    assert paired == [row for row in printed if len(row) == 4]
+    assert len(paired) == len(cells) - 1  # every method but Cons@n, the baseline
     assert shown["notes"][0] in " ".join(err.split())  # the answers line, as printed (rich wraps stderr)
     assert " ".join(shown["title"].split()) in " ".join(out.split())  # rich wraps the title to the table
 
@@ -100,8 +104,10 @@ def test_voting_table_is_what_thinkn_from_prints(view_stores, tmp_path, monkeypa
 def test_each_questions_results_average_to_the_table(view_stores):
     explorer, _ = client(view_stores["answers"])
     voting = VotingConfig(n=3, eta=0.5, prefix=4, trials=5)
-    per_q = explorer.index.per_question(voting)
-    for s in run_trials(explorer.index.pools(voting.n)[0], voting):
+    vote = explorer.index.vote(voting)
+    per_q = vote.per_question
+    assert vote.summaries == run_trials(explorer.index.pools(voting.n)[0], voting)
+    for s in vote.summaries:
         mean = sum(per_q[q][s.method] for q in per_q) / len(per_q)
         # same outcomes, summed over questions then trials instead of trials then questions: float reordering
         assert math.isclose(mean, s.accuracy_mean, rel_tol=1e-12, abs_tol=1e-12), s.method

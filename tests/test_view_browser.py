@@ -101,7 +101,9 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
     assert code in (0, None), err
     page.goto(serve(store))
     page.wait_for_selector("#voting.ready tbody tr", timeout=WAIT_MS)  # every row (DeepConf's come last)
-    assert _cells(page, "#voting tbody tr") == _printed_table(out)
+    printed = _printed_table(out)  # the voting table (5 columns), then the paired table (4)
+    assert _cells(page, "#voting tbody tr") == [row for row in printed if len(row) == 5]
+    assert _cells(page, "#paired tbody tr") == [row for row in printed if len(row) == 4]
     page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
 
     # question → its responses, Think@n's marks on trial 0's draw

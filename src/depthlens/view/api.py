@@ -10,6 +10,7 @@ from typing import Any
 from depthlens.config import VotingConfig
 from depthlens.errors import DepthlensError, InputError
 from depthlens.stores.files import read_json
+from depthlens.studies.inference import paired_cells
 from depthlens.studies.score import score_summary
 from depthlens.studies.thinkn import summary_files, summary_stem
 from depthlens.view.detail import scalar
@@ -17,6 +18,7 @@ from depthlens.view.pools import Failed, VotingIndex, answer_summary, draw_detai
 from depthlens.view.store import ViewStore
 from depthlens.viz.heatmap import _colour
 from depthlens.voting.methods import METHODS, Response, trace_confidence
+from depthlens.voting.paired import Comparison
 
 RUN_FIELDS = ("model", "n_layers", "task", "study", "pool", "seed", "sampling", "readout", "dtr", "engine", "answers",
               "online", "store", "input", "tokens", "tcb", "settings", "command", "started",
@@ -83,13 +85,13 @@ def voting_table(store: ViewStore, index: VotingIndex, voting: VotingConfig) -> 
     if not pools:
         return {"state": "empty", "note": f"no question has n = {voting.n} usable responses; lower n"}
     quick = index.later(voting, "quick")  # queued first: Think@n's row shows before DeepConf's are done
-    summaries = index.later(voting, "table")
-    state = "ready" if summaries is not None else "partial"
-    summaries = summaries if summaries is not None else quick
-    if summaries is None:
+    vote = index.later(voting, "vote")
+    for failed in (quick, vote):
+        if isinstance(failed, Failed):
+            return {"state": "error", "note": failed.message}
+    if vote is None and quick is None:
         return {"state": "voting", "questions": len(pools), "trials": voting.trials}
-    if isinstance(summaries, Failed):
-        return {"state": "error", "note": summaries.message}
+    state, summaries = ("ready", vote.summaries) if vote is not None else ("partial", quick)
     cons = next((s for s in summaries if s.method == "cons@n"), None)
     rows = []
     for s in summaries:
@@ -124,7 +126,21 @@ def voting_table(store: ViewStore, index: VotingIndex, voting: VotingConfig) -> 
         notes.append(
             f"the DeepConf rows follow (every trace's group confidences, {voting.trials} draws each)"
         )
-    return {"state": state, "title": title, "rows": rows, "notes": notes, "stem": summary_stem(voting)}
+    paired = paired_rows(vote.paired) if vote is not None else []
+    return {"state": state, "title": title, "rows": rows, "notes": notes, "stem": summary_stem(voting),
+            "paired": paired, "paired_title": f"vs {vote.paired[0].baseline} on the same questions (paired)"
+            if vote is not None and vote.paired else None}  # fmt: skip
+
+
+def paired_rows(paired: list[Comparison]) -> list[dict[str, str]]:
+    """The paired table ``thinkn --from`` prints under its table (cli/paired_view.py, the same cells): each method
+    against Cons@n on the same questions — the difference in points [95 %], p · p_BH, won / lost."""
+    rows = []
+    for c in paired:
+        difference, p = paired_cells(paired, c.method)
+        rows.append({"method": c.method, "difference": difference, "p": p,
+                     "won_lost": f"{c.test.wins} / {c.test.losses}"})  # fmt: skip
+    return rows
 
 
 def _building(index: VotingIndex) -> dict[str, Any]:
@@ -177,12 +193,13 @@ def questions_page(
                                ("sort", query["sort"], keys)):  # fmt: skip
         if value not in known:
             raise InputError(f"{name} {value!r}: use one of {', '.join(known)}")
-    per_q = index.later(voting, "questions") if index.ready.is_set() and not index.error else None
+    vote = index.later(voting, "vote") if index.ready.is_set() and not index.error else None
     state = _building(index)["state"] if not index.ready.is_set() or index.error else "voting"
-    if isinstance(per_q, Failed):
-        per_q, state = None, "error"
-    elif per_q is not None:
-        state = "ready"
+    per_q = None
+    if isinstance(vote, Failed):
+        state = "error"
+    elif vote is not None:
+        per_q, state = vote.per_question, "ready"
     rows = [{**r, "methods": None if per_q is None else per_q.get(r["id"])} for r in base]
     if wanted != "all":
         if per_q is None:

@@ -34,7 +34,8 @@ from depthlens.studies.thinkn import response_from_record
 from depthlens.view.jobs import Background
 from depthlens.view.store import ViewStore
 from depthlens.voting.methods import METHODS, Response
-from depthlens.voting.trials import MethodSummary, draw, run_trials
+from depthlens.voting.paired import Comparison, compare_methods, per_question_accuracy
+from depthlens.voting.trials import MethodSummary, draw, run_trials, trial_outcomes
 
 QUICK = tuple(m for m in METHODS if not m.startswith("deepconf"))
 VOTING_COLUMNS = ("status", "question_id", "vote_key", "correct", "n_tokens", "divergence",
@@ -186,26 +187,20 @@ class VotingIndex:
         method's numbers do not depend on which others run: the draws are seeded per trial and question)."""
         return run_trials(self.pools(voting.n)[0], voting, methods)
 
-    def per_question(self, voting: VotingConfig) -> dict[str, dict[str, float]]:
-        """Each question's accuracy per method, averaged over the trials' draws (``trials.draw``, ``METHODS``);
-        their mean over questions is ``run_trials``' accuracy."""
-        pools = self.pools(voting.n)[0]
-        result = {}
-        for qi, q in enumerate(sorted(pools)):
-            totals = dict.fromkeys(METHODS, 0.0)
-            for trial in range(voting.trials):
-                drawn = [pools[q][i] for i in draw(len(pools[q]), voting.n, voting.seed, trial, qi)]
-                for name, method in METHODS.items():
-                    totals[name] += method(drawn, voting).accuracy
-            result[q] = {m: v / voting.trials for m, v in totals.items()}
-        return result
+    def vote(self, voting: VotingConfig) -> Vote:
+        """Every method on every trial's draws (``trial_outcomes``, once): the table, each question's accuracy per
+        method and the paired comparisons with Cons@n — what ``thinkn --from`` derives from the same outcomes."""
+        outcomes = trial_outcomes(self.pools(voting.n)[0], voting)
+        accuracy = per_question_accuracy(outcomes)
+        per_question = {q: {m: float(a[i]) for m, a in accuracy.items()}
+                        for i, q in enumerate(outcomes.questions)}  # fmt: skip
+        return Vote(outcomes.summaries(), per_question, compare_methods(outcomes, seed=voting.seed))
 
     def later(self, voting: VotingConfig, what: str) -> Any:
-        """For ``voting``, computed in the background: ``quick`` (the table without the DeepConf rows, which
-        cost most: their group confidences), ``table`` (every method) or ``questions`` (``per_question``). The
-        result, a ``Failed`` when voting refused the settings, or None while it is computed."""
-        jobs = {"quick": (0, lambda: self.summaries(voting, QUICK)), "table": (1, lambda: self.summaries(voting)),
-                "questions": (2, lambda: self.per_question(voting))}  # fmt: skip
+        """For ``voting``, computed in the background: ``quick`` (the table without the DeepConf rows, which cost
+        most: their group confidences) or ``vote`` (everything, ``vote``). The result, a ``Failed`` when voting
+        refused the settings, or None while it is computed."""
+        jobs = {"quick": (0, lambda: self.summaries(voting, QUICK)), "vote": (1, lambda: self.vote(voting))}
         priority, compute = jobs[what]
 
         def attempt() -> Any:
@@ -215,6 +210,15 @@ class VotingIndex:
                 return Failed(str(exc))
 
         return self._background.later((voting, what), voting, priority, attempt)
+
+
+@dataclasses.dataclass(frozen=True)
+class Vote:
+    """One vote over the store: the summaries (the table), accuracy per question per method, the paired table."""
+
+    summaries: list[MethodSummary]
+    per_question: dict[str, dict[str, float]]
+    paired: list[Comparison]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -131,8 +131,14 @@ async function votingTable(params, mine) {
   const rows = data.rows.map((r) => el("tr", {"data-method": r.method, class: r.method === "think@n" ? "think" : null},
     el("td", {class: "method"}, r.method), el("td", {class: "num"}, r.accuracy), el("td", {class: "num"}, r.tokens),
     el("td", {class: "num"}, r.vs_cons), el("td", {class: "num"}, r.paper)));
+  const paired = data.paired.length ? [el("h4", {}, data.paired_title),
+    el("table", {id: "paired"}, el("thead", {}, el("tr", {}, ["method", "Δ points [95 %]", "p · p_BH", "won / lost"]
+      .map((h) => el("th", {}, h)))), el("tbody", {}, data.paired.map((r) => el("tr", {"data-method": r.method,
+      class: r.method === "think@n" ? "think" : null}, el("td", {class: "method"}, r.method),
+      el("td", {class: "num"}, r.difference), el("td", {class: "num"}, r.p), el("td", {class: "num"}, r.won_lost)))))]
+    : [];
   body.replaceChildren(el("table", {id: "voting", class: data.state}, el("thead", {}, head), el("tbody", {}, rows)),
-    el("ul", {id: "voting-notes"}, data.notes.map((n) => el("li", {}, n))));
+    el("ul", {id: "voting-notes"}, data.notes.map((n) => el("li", {}, n))), ...paired);
   if (data.state === "partial") setTimeout(() => mine === generation && votingTable(params, mine), 800);
 }
 
