@@ -110,7 +110,7 @@ def open_results(
 def input_shards(path: Path) -> list[Path] | None:
     """The Parquet files an input is read from: the file itself, a store's committed shards, or None (JSONL)."""
     if path.is_dir():
-        return [path / name for name in committed_shards(path)]
+        return committed_shards(path)
     return [path] if path.suffix == ".parquet" else None
 
 

@@ -32,7 +32,8 @@ from depthlens.evals.grading import RULES
 from depthlens.sampling.backend import PER_TOKEN
 from depthlens.stores.files import ResumeRules, manifest_path, read_json
 from depthlens.stores.formats import FORMATS, store_entry
-from depthlens.stores.parquet import MANIFEST, iter_store_located
+from depthlens.stores.layout import is_store, manifest_file
+from depthlens.stores.parquet import iter_store_located
 
 if TYPE_CHECKING:
     from depthlens.evals.tasks import Question
@@ -175,14 +176,14 @@ def samples_entry(fmt: StoreFormat, float16: bool) -> dict[str, Any]:
 def stored_format(out_dir: Path) -> StoreFormat:
     """The format of the responses in ``out_dir``: Parquet where ``samples/`` has its manifest and no
     ``samples.jsonl`` is beside it, else JSONL (also where there is no store yet)."""
-    sharded = (out_dir / SHARDS / MANIFEST).is_file() and not (out_dir / SAMPLES).exists()
+    sharded = is_store(out_dir / SHARDS) and not (out_dir / SAMPLES).exists()
     return "parquet" if sharded else "jsonl"
 
 
 def samples_manifest(out_dir: Path) -> Path:
     """The manifest of a store's responses: beside ``samples.jsonl``, or inside the sharded ``samples/``."""
     if stored_format(out_dir) == "parquet":
-        return out_dir / SHARDS / MANIFEST
+        return manifest_file(out_dir / SHARDS)
     return manifest_path(out_dir / SAMPLES)
 
 
