@@ -17,6 +17,11 @@ from rich.markup import escape
 
 from depthlens.errors import ConfigError, DepthlensError
 
+try:  # typer ≥ 0.24 carries its own click
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover - an older typer on the real click
+    from click.exceptions import UsageError  # type: ignore[assignment,no-redef]
+
 if TYPE_CHECKING:
     from depthlens.config import ModelSpec
     from depthlens.models.load import LoadedModel
@@ -107,8 +112,9 @@ def _complete_lines(path: Path) -> int:
     """Finished records in a JSONL store (whole lines) or a Parquet store (rows of its committed shards)."""
     try:
         if path.is_dir():
-            # parquet_store.MANIFEST, not imported: pyarrow would slow the start of every command
-            shards = json.loads((path / "manifest.json").read_bytes()).get("shards", [])
+            # stores.layout's manifest names, not imported: pyarrow would slow the start of every command
+            meta = next((path / n for n in ("_manifest.json", "manifest.json") if (path / n).is_file()), None)
+            shards = json.loads(meta.read_bytes()).get("shards", []) if meta else []
             return sum(int(s.get("rows", 0)) for s in shards)
         with path.open("rb") as f:
             return sum(1 for raw in f if raw.endswith(b"\n") and raw.strip())
@@ -145,6 +151,7 @@ def _interrupted(exc: KeyboardInterrupt) -> NoReturn:
 
 # Registration by import: each module adds its command to ``app``.
 from depthlens.cli import (  # noqa: E402, F401
+    check_cmd,
     correlate_cmd,
     export_cmd,
     generate_cmd,
@@ -174,7 +181,18 @@ def main() -> None:
         library.addHandler(_WarnHandler(logging.WARNING))
     library.propagate = False
     try:
-        app()
+        code = app(standalone_mode=False)
+    except UsageError as exc:  # typer's own option checks (``--n 0``): one line naming the option, as ours
+        if type(exc).__name__ == "NoArgsIsHelpError":  # ``depthlens`` alone: the help, as before
+            exc.show()
+            sys.exit(exc.exit_code)
+        err_console.print(f"[bold red]error:[/] {escape(usage_line(exc))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except typer.Abort as exc:  # Ctrl-C, which typer turns into Abort outside its standalone mode
+        interrupt = _cause(exc, KeyboardInterrupt)
+        if interrupt is None:
+            raise
+        _interrupted(interrupt)
     except DepthlensError as exc:
         # escaped: a message may hold brackets (pip install 'depthlens[vllm]') that are not markup
         err_console.print(f"[bold red]error:[/] {escape(error_line(exc))}", highlight=False, soft_wrap=True)
@@ -195,3 +213,13 @@ def main() -> None:
         if interrupt is None:
             raise
         _interrupted(interrupt)
+    if isinstance(code, int) and code:
+        sys.exit(code)
+
+
+def usage_line(exc: UsageError) -> str:
+    """A usage error of typer's (a value out of range, an unknown or missing option) as one line that names the
+    option and where the command's options are listed."""
+    message = " ".join(exc.format_message().split())
+    command = " ".join(exc.ctx.command_path.split()[1:]) if exc.ctx is not None else ""
+    return f"{message[:1].lower()}{message[1:]}; see `depthlens {command + ' ' if command else ''}--help`"

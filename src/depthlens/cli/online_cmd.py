@@ -118,8 +118,10 @@ def run_replay(online: OnlineConfig, store: Path, dtr: DTRConfig, replay: Replay
     with err_console.status("replaying"):
         summary = replay_trials(pools, online, trials, seed)
     _print_summaries([summary], f"online replay · {manifest['model']} · {store}")
-    payload: dict[str, Any] = {"store": str(store), "online": online.to_dict(), "dtr": dtr.to_dict(),
-                               "summary": summary.to_dict()}  # fmt: skip
+    from depthlens.stores.state import store_state
+
+    payload: dict[str, Any] = {"store": str(store), "store_state": store_state(store), "online": online.to_dict(),
+                               "dtr": dtr.to_dict(), "summary": summary.to_dict()}  # fmt: skip
     (store / "online_replay.json").write_text(json.dumps(payload, indent=2) + "\n")
     if sweep:
         from depthlens.viz.online import draw_budget_curves

@@ -77,7 +77,9 @@ def damaged_copy(store: Path, name: str) -> Path:
 
 def numbers_present(store: Path) -> list[int]:
     """The shard numbers of every shard file in ``store``, hidden ones included."""
-    return [int(m.group(1)) for p in store.iterdir() if (m := _NUMBER.match(p.name))] if store.is_dir() else []
+    return (
+        [int(m.group(1)) for p in store.iterdir() if (m := _NUMBER.match(p.name))] if store.is_dir() else []
+    )
 
 
 def next_number(store: Path, manifest: dict[str, Any]) -> int:

@@ -27,7 +27,7 @@ _held: dict[Path, tuple[int, int]] = {}  # lock file → (fd, depth): a process 
 
 def lock_path(store: Path) -> Path:
     """The lock file of ``store``: inside a store directory, beside a store file."""
-    if store.is_dir() or not store.suffix:
+    if store.is_dir() or (not store.suffix and not store.is_file()):
         return store / LOCK
     return store.with_name(f".{store.name}.lock")
 

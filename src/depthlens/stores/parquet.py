@@ -70,7 +70,9 @@ def _check_settings(path: Path, table: pa.Table, settings: dict[str, Any]) -> No
 
 def read_shard(path: Path, settings: dict[str, Any] | None = None) -> pa.Table:
     """One shard file; refused when it was written with other ``settings`` than its store's (naming each)."""
-    table = layout.read_table(path, "move it out of the store and rerun the command that wrote it with --resume")
+    table = layout.read_table(
+        path, "move it out of the store and rerun the command that wrote it with --resume"
+    )
     if settings is not None:
         _check_settings(path, table, settings)
     return table
@@ -152,7 +154,9 @@ def check_store(
     """As ``jsonl.check_output`` for a store directory: whether writing resumes it; refusals name settings."""
     if out.exists() and not out.is_dir():
         raise StoreError(f"{out} is a file; a Parquet store is a directory — give a new --out")
-    return resume_check(out, manifest_file(out), has_records(out), manifest, resume, overwrite, rules, _UNCOMPARED)
+    return resume_check(
+        out, manifest_file(out), has_records(out), manifest, resume, overwrite, rules, _UNCOMPARED
+    )
 
 
 def _float16(manifest: dict[str, Any]) -> bool:
@@ -226,7 +230,9 @@ class ShardWriter:
         self.out, self.shard_rows, self.commit_s = out, shard_rows, commit_s
         self.done: set[str] = set()
         self.rescored: list[str] = []
-        self.recomputed: list[str] = []  # shards lost or cut since the last run: their records are computed again
+        self.recomputed: list[
+            str
+        ] = []  # shards lost or cut since the last run: their records are computed again
         self.changed: list[str] = []  # the ``free`` / ``extend`` settings this resumed run changed
         self._buffer: list[dict[str, Any]] = []
         self._last_commit = time.monotonic()
@@ -249,7 +255,9 @@ class ShardWriter:
         shards: list[dict[str, Any]] = []
         stored: dict[str, Any] = {}
         if resuming:
-            stored = read_json(manifest_file(out), "manifest", "use --overwrite to start again, or a new --out")
+            stored = read_json(
+                manifest_file(out), "manifest", "use --overwrite to start again, or a new --out"
+            )
             self.changed = changed_settings(_settings(stored), manifest, rules, _UNCOMPARED)
             found = recover(out, stored, _settings(manifest))
             shards, self.recomputed = found.kept, found.dropped

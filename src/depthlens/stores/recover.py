@@ -52,7 +52,9 @@ def publish(
             old.replace(layout.superseded(store, shard["file"]))
     for shard in new:
         layout.staged(store, shard["file"]).replace(store / shard["file"])
-    (store / layout.LEGACY_MANIFEST).unlink(missing_ok=True)  # a store moved to this layout: the new one rules
+    (store / layout.LEGACY_MANIFEST).unlink(
+        missing_ok=True
+    )  # a store moved to this layout: the new one rules
     layout.fsync_dir(store)
 
 
@@ -61,7 +63,9 @@ def replace_store_files(store: Path) -> None:
     if not store.is_dir():
         return
     for path in store.iterdir():
-        ours = path.suffix == ".parquet" or path.name.startswith((".part-", "part-", "._manifest", "_manifest"))
+        ours = path.suffix == ".parquet" or path.name.startswith(
+            (".part-", "part-", "._manifest", "_manifest")
+        )
         if path.is_file() and path.name != LOCK and (ours or path.name == layout.LEGACY_MANIFEST):
             path.unlink()
 
@@ -77,11 +81,12 @@ def _leftovers(store: Path, listed: set[str], replaced: set[str], legacy: bool) 
     store of the earlier layout) shards renamed into place but never listed — set aside, not deleted."""
     for path in list(store.iterdir()):
         name = path.name
-        if name in replaced and name not in listed:  # a regrade died between its commit and its renames
-            path.unlink()
-        elif name.startswith(".part-") and name.endswith((".tmp", ".old")) and name[1:-4] not in listed:
-            path.unlink()
-        elif legacy and name.startswith("part-") and name.endswith(".parquet.tmp"):
+        in_flight = (
+            (name in replaced and name not in listed)  # a regrade died between its commit and its renames
+            or (name.startswith(".part-") and name.endswith((".tmp", ".old")) and name[1:-4] not in listed)
+            or (legacy and name.startswith("part-") and name.endswith(".parquet.tmp"))
+        )
+        if in_flight:
             path.unlink()
         elif legacy and name.startswith("part-") and name.endswith(".parquet") and name not in listed:
             path.replace(store / f".{name}.unlisted")

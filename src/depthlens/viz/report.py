@@ -92,7 +92,8 @@ def write_report(data: ReportData) -> Path:
         figures = draw_study(study, out, data.dtr)
         if study.summary:
             commands.append(study.summary.get("command", ""))
-            thinkn_rows.extend({"store": study.store.label, **m} for m in study.summary["methods"])
+            mark = " (stale)" if study.summary.get("stale") else ""  # a summary of another state of the store
+            thinkn_rows.extend({"store": study.store.label + mark, **m} for m in study.summary["methods"])
         sections.append(_store_section(study, figures, out))
     rows = [r for s in data.studies for r in s.rows]
     lines = [f"# depthlens report: {data.run_dir}", "", "## How this was made", "", "```",
@@ -120,6 +121,8 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
     lines = [f"## {store.label}", "", f"Store `{store.path}`: {len(store.responses)} responses to "
              f"{len(store.questions())} questions, accuracy {100 * store.accuracy:.0f} %"
              + (f", {store.failed} failed" if store.failed else "") + ".", ""]  # fmt: skip
+    if summary and summary.get("stale"):
+        lines += [f"**Stale Think@n summary**: {summary['stale']}.", ""]
     if (
         summary and "answers" in summary
     ):  # how the accuracies above read their answers (docs/definitions.md §5)
