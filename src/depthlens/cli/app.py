@@ -91,8 +91,9 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         return load(spec.name, progress=status.update, on_offline=warn, **spec.load_kwargs())
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C: finished records are on disk already (each is fsynced as it completes)."""
+class Terminated(BaseException):
+    """SIGTERM, handled like Ctrl-C: finished records are on disk already (each is fsynced as it completes).
+    Not a KeyboardInterrupt: typer turns those into a bare exit code 130, and this one must say 143."""
 
 
 def _terminate(_signum: int, _frame: object) -> NoReturn:
@@ -128,7 +129,7 @@ def continue_command(argv: list[str]) -> str:
     return shlex.join(["depthlens", *args, "--resume"])
 
 
-def _cause(exc: BaseException, kind: type[KeyboardInterrupt]) -> KeyboardInterrupt | None:
+def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
     """The ``kind`` exception ``exc`` was raised from, if any (walking the chain of causes)."""
     seen: BaseException | None = exc
     while seen is not None:
@@ -138,7 +139,7 @@ def _cause(exc: BaseException, kind: type[KeyboardInterrupt]) -> KeyboardInterru
     return None
 
 
-def _interrupted(exc: KeyboardInterrupt) -> NoReturn:
+def _interrupted(exc: BaseException) -> NoReturn:
     what = "terminated" if isinstance(exc, Terminated) else "interrupted"
     if _written:
         kept = _complete_lines(_written[0])
@@ -188,11 +189,8 @@ def main() -> None:
             sys.exit(exc.exit_code)
         err_console.print(f"[bold red]error:[/] {escape(usage_line(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except typer.Abort as exc:  # Ctrl-C, which typer turns into Abort outside its standalone mode
-        interrupt = _cause(exc, KeyboardInterrupt)
-        if interrupt is None:
-            raise
-        _interrupted(interrupt)
+    except Terminated as exc:
+        _interrupted(exc)
     except DepthlensError as exc:
         # escaped: a message may hold brackets (pip install 'depthlens[vllm]') that are not markup
         err_console.print(f"[bold red]error:[/] {escape(error_line(exc))}", highlight=False, soft_wrap=True)
@@ -213,8 +211,9 @@ def main() -> None:
         if interrupt is None:
             raise
         _interrupted(interrupt)
-    if isinstance(code, int) and code:
-        sys.exit(code)
+    if code == 130:  # typer's answer to a KeyboardInterrupt (Ctrl-C) outside its standalone mode
+        _interrupted(KeyboardInterrupt())
+    sys.exit(code if isinstance(code, int) else 0)  # as typer's standalone mode ends, so callers see one exit
 
 
 def usage_line(exc: UsageError) -> str:

@@ -185,19 +185,25 @@ def rewrite_store(
         shards = recover(path, stored, _settings(stored), strict=True).kept
         number, run_id = layout.next_number(path, stored), stored.get("run_id") or new_run_id()
         meta = _meta(_settings(manifest), [], run_id)
-        new = []
-        for i, shard in enumerate(shards):
-            file = layout.locate(path, shard)
-            assert file is not None  # recover() keeps present shards only
-            table = read_shard(file, _settings(stored))
-            records = [change(r) for r in table_records(table)]
-            name = layout.shard_name(number)
-            number += 1
-            _kill_point(path, name, i)
-            meta[layout.FREE_KEY] = json.dumps(layout.shard_settings(table)[1]).encode()
-            new.append(write_staged(path, name, to_table(records, float16=_float16(manifest)), meta))
-        committed = {**manifest, "layout": 2, "run_id": run_id, "next_shard": number}
-        publish(path, committed, new, replaced=shards)
+        new: list[dict[str, Any]] = []
+        try:
+            for i, shard in enumerate(shards):
+                file = layout.locate(path, shard)
+                assert file is not None  # recover() keeps present shards only
+                table = read_shard(file, _settings(stored))
+                records = [change(r) for r in table_records(table)]
+                name = layout.shard_name(number + i)
+                _kill_point(path, name, i)
+                meta[layout.FREE_KEY] = json.dumps(layout.shard_settings(table)[1]).encode()
+                new.append(write_staged(path, name, to_table(records, float16=_float16(manifest)), meta))
+            committed = {**manifest, "layout": 2, "run_id": run_id, "next_shard": number + len(shards),
+                         "shards": new}  # fmt: skip
+            publish(path, committed, new, replaced=shards)
+        except BaseException:
+            if json.loads(manifest_file(path).read_bytes()).get("shards") != new:  # not committed: leave nothing
+                for shard in new:
+                    layout.staged(path, shard["file"]).unlink(missing_ok=True)
+            raise
 
 
 def _meta(settings: dict[str, Any], free: Collection[str], run_id: str) -> dict[bytes, bytes]:
