@@ -220,5 +220,9 @@ def usage_line(exc: UsageError) -> str:
     """A usage error of typer's (a value out of range, an unknown or missing option) as one line that names the
     option and where the command's options are listed."""
     message = " ".join(exc.format_message().split())
-    command = " ".join(exc.ctx.command_path.split()[1:]) if exc.ctx is not None else ""
+    names, ctx = [], exc.ctx
+    while ctx is not None and ctx.parent is not None:  # the verb (and sub-verb), without the program's name
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    command = " ".join(reversed(names))
     return f"{message[:1].lower()}{message[1:]}; see `depthlens {command + ' ' if command else ''}--help`"

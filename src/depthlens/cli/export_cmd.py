@@ -51,10 +51,11 @@ def export(
 
     if not store.exists():
         raise InputError(f"store {str(store)!r} does not exist")
+    stored = store_manifest(store)  # a store at all?
     refuse_inside(out, store)
     if out.exists() and not overwrite:
         raise StoreError(f"{out} already exists; pass --overwrite to replace it")
-    manifest = {k: v for k, v in store_manifest(store).items()
+    manifest = {k: v for k, v in stored.items()
                 if k not in ("shards", "store", "layout", "next_shard", "superseded")}  # fmt: skip
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     count = 0

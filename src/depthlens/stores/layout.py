@@ -182,16 +182,20 @@ def shard_problem(
     """Check one listed shard without reading its rows: present, its size (and with ``verify`` its hash)."""
     path = locate(store, shard)
     if path is None:
-        return None, Problem(store / shard["file"], "missing", "a shard the manifest lists is missing",
-                             resume_remedy(store, manifest, shard))  # fmt: skip
+        return None, Problem(
+            store / shard["file"],
+            "missing",
+            "a shard the manifest lists is missing",
+            resume_remedy(store, manifest, shard).replace("sets this file aside and ", ""),
+        )
     size = path.stat().st_size
     if isinstance(shard.get("bytes"), int) and size != shard["bytes"]:
         run = _run_of(path)
         if run is not None and manifest.get("run_id") and run != manifest["run_id"]:
             return path, _foreign(path, run, manifest)
-        what = "cut short" if run is None else "changed since it was committed"
-        return path, Problem(path, "cut", f"{what} ({size} bytes, {shard['bytes']} when committed)",
-                             resume_remedy(store, manifest, shard))  # fmt: skip
+        what = (f"cut short ({size} bytes, fewer than committed)" if size < shard["bytes"] or run is None
+                else "changed since it was committed (its size differs)")  # fmt: skip
+        return path, Problem(path, "cut", what, resume_remedy(store, manifest, shard))
     if verify and isinstance(shard.get("sha256"), str) and file_sha256(path) != shard["sha256"]:
         return path, Problem(path, "changed", "its content changed since it was committed (sha256 differs)",
                              resume_remedy(store, manifest, shard))  # fmt: skip
@@ -226,7 +230,7 @@ def _run_of(path: Path) -> str | None:
 
 
 def _foreign(path: Path, run: str, manifest: dict[str, Any]) -> Problem:
-    return Problem(path, "foreign", f"a shard of another run ({run}; this store's run is {manifest['run_id']})",
+    return Problem(path, "foreign", f"a shard of another run ({run}), not of this store's",
                    "move it out of the store; `--resume` then computes the records the manifest lists under this "
                    "name")  # fmt: skip
 

@@ -200,7 +200,9 @@ def rewrite_store(
                          "shards": new}  # fmt: skip
             publish(path, committed, new, replaced=shards)
         except BaseException:
-            if json.loads(manifest_file(path).read_bytes()).get("shards") != new:  # not committed: leave nothing
+            if (
+                json.loads(manifest_file(path).read_bytes()).get("shards") != new
+            ):  # not committed: leave nothing
                 for shard in new:
                     layout.staged(path, shard["file"]).unlink(missing_ok=True)
             raise
