@@ -188,7 +188,15 @@ def shard_problem(
             "a shard the manifest lists is missing",
             resume_remedy(store, manifest, shard).replace("sets this file aside and ", ""),
         )
-    size = path.stat().st_size
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:  # published (renamed) between finding and reading it: the caller looks again
+        return None, Problem(
+            store / shard["file"],
+            "missing",
+            "a shard the manifest lists is missing",
+            resume_remedy(store, manifest, shard).replace("sets this file aside and ", ""),
+        )
     if isinstance(shard.get("bytes"), int) and size != shard["bytes"]:
         run = _run_of(path)
         if run is not None and manifest.get("run_id") and run != manifest["run_id"]:
@@ -254,6 +262,8 @@ def read_table(path: Path, fix: str) -> pa.Table:
     """One shard file as a table; an unreadable one raises StoreError naming it and ``fix``."""
     try:
         return pq.read_table(path)
+    except FileNotFoundError:
+        raise
     except (OSError, pa.ArrowException) as exc:
         detail = re.sub(r"^Could not open Parquet input source '[^']*': ", "", str(exc))
         raise StoreError(f"{path}: not a readable Parquet shard ({detail}); {fix}") from None

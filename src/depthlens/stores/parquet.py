@@ -110,10 +110,7 @@ def iter_store_located(path: Path, verify: bool = False) -> Iterator[tuple[str, 
         raise StoreError(extra[0].message())
     seen: dict[str, str] = {}
     for shard in shards:
-        file, problem = layout.shard_problem(path, manifest, shard, verify)
-        if problem is not None or file is None:
-            raise StoreError(_changed_while_read(path, manifest) or problem.message())  # type: ignore[union-attr]
-        table = layout.read_table(file, layout.resume_remedy(path, manifest, shard))
+        file, table = _read_listed(path, manifest, shard, verify)
         problem = layout.table_problem(path, file, manifest, shard, table)
         if problem is not None:
             raise StoreError(problem.message())
@@ -126,6 +123,23 @@ def iter_store_located(path: Path, verify: bool = False) -> Iterator[tuple[str, 
                                  + layout.resume_remedy(path, manifest, shard))  # fmt: skip
             seen[rid] = shard["file"]
             yield f"{where} row {i}", record
+
+
+def _read_listed(
+    path: Path, manifest: dict[str, Any], shard: dict[str, Any], verify: bool
+) -> tuple[Path, pa.Table]:
+    """A listed shard, found and read; a writer publishing it (a rename) meanwhile makes the reader look again."""
+    for attempt in range(3):
+        file, problem = layout.shard_problem(path, manifest, shard, verify)
+        if problem is not None or file is None:
+            if problem is not None and problem.kind == "missing" and attempt < 2:
+                continue
+            raise StoreError(_changed_while_read(path, manifest) or problem.message())  # type: ignore[union-attr]
+        try:
+            return file, layout.read_table(file, layout.resume_remedy(path, manifest, shard))
+        except FileNotFoundError:
+            continue
+    raise StoreError(f"{path / shard['file']}: kept moving while it was read; read the store again")
 
 
 def store_manifest(path: Path) -> dict[str, Any]:
