@@ -92,9 +92,8 @@ def score(
     run = ScoreRun(in_path, store, readout, dtr, tcb_config, tokens, batch_size, skip_bad)
     model_spec = specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     ray_config = specs.ray_config(ray, ray_address, workers, cpus, gpus, block_rows)
-    from depthlens.stores.guard import new_out
+    from depthlens.stores.guard import new_out, refuse_same_file
     from depthlens.stores.lock import store_lock
-    from depthlens.studies.score import refuse_same_file
 
     refuse_same_file(run.source, out_path)  # before anything is created or loaded
     refuse_inside_input(run.source, out_path)

@@ -10,14 +10,16 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from depthlens.errors import InputError
 from depthlens.stores.files import manifest_path
-from depthlens.stores.layout import manifest_file
 from depthlens.stores.lock import lock_path
 
 
 def committed(store: Path) -> bool:
     """Whether the results store ``store`` (a Parquet directory or a JSONL file) holds a committed record."""
     if store.is_dir():
+        from depthlens.stores.layout import manifest_file  # pyarrow: only once there is a store to look at
+
         try:
             return bool(json.loads(manifest_file(store).read_bytes()).get("shards"))
         except (OSError, ValueError, AttributeError):
@@ -44,3 +46,9 @@ def new_out(out: Path, *stores: Path) -> Iterator[None]:
         if not existed and out.exists() and not any(committed(s) for s in stores or (out,)):
             _remove(out)
         raise
+
+
+def refuse_same_file(in_path: Path, out_path: Path) -> None:
+    """Scores never replace their own input (``--overwrite`` included): nothing a user has is lost."""
+    if out_path.exists() and in_path.exists() and out_path.resolve() == in_path.resolve():
+        raise InputError(f"--out {out_path} is the input file itself; write the scores to another file")
