@@ -32,7 +32,9 @@ def _records(rng: np.random.Generator, first: int, rows: int, tokens: int, layer
 
 
 def _median(values: list[float]) -> str:
-    return f"{statistics.median(values) * 1e3:.2f} ms (min {min(values) * 1e3:.2f}, max {max(values) * 1e3:.2f})"
+    return (
+        f"{statistics.median(values) * 1e3:.2f} ms (min {min(values) * 1e3:.2f}, max {max(values) * 1e3:.2f})"
+    )
 
 
 def main() -> None:
