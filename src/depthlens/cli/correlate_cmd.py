@@ -35,6 +35,7 @@ def correlate(
         bool, typer.Option("--sweeps/--no-sweeps", help="Also the g/ρ/prefix/kind sweeps.")
     ] = True,
     store_format: opt.StoreFormatOpt = None,
+    verify: opt.Verify = False,
 ) -> None:
     """DTR and the six baselines against accuracy (Table 1, Figures 1 and 4), from stores only.
 
@@ -45,13 +46,14 @@ def correlate(
     cfg = CorrelationConfig(bins=bins, seeds=seeds, n=n, bootstrap=bootstrap)
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
     from depthlens.cli.export_cmd import refuse_inside
+    from depthlens.stores.parquet import verifying
     from depthlens.stores.samples import SAMPLES, SHARDS, picking
 
     paths = [p for s in stores for p in find_stores(s)]
     for path in paths:  # tables and figures never land inside a store they read
         refuse_inside(out, path / SHARDS)
         refuse_inside(out, path / SAMPLES)
-    with picking(store_format):  # type: ignore[arg-type]
+    with picking(store_format), verifying(verify):  # type: ignore[arg-type]
         _correlate(paths, out, cfg, dtr, g_kl, g_cosine, sweeps)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -42,12 +42,9 @@ def export(
 
     The JSONL file reads like a `depthlens score` output of the same run (per-token floats at the store's width).
     """
-    import json
-    import os
 
     from depthlens.errors import InputError, StoreError
-    from depthlens.stores.files import manifest_path, write_error, write_json
-    from depthlens.stores.parquet import iter_store, store_manifest
+    from depthlens.stores.parquet import store_manifest
 
     if not store.exists():
         raise InputError(f"store {str(store)!r} does not exist")
@@ -57,6 +54,21 @@ def export(
         raise StoreError(f"{out} already exists; pass --overwrite to replace it")
     manifest = {k: v for k, v in stored.items()
                 if k not in ("shards", "store", "layout", "next_shard", "superseded")}  # fmt: skip
+    from depthlens.stores.lock import store_lock
+
+    with store_lock(out):  # the export is a store of its own: one writer
+        count = _write_export(store, out, manifest, verify)
+    err_console.print(f"wrote {count} records to {out}", highlight=False)
+
+
+def _write_export(store: Path, out: Path, manifest: dict[str, Any], verify: bool) -> int:
+    """Every record of ``store`` into ``out`` (a temporary name, then renamed), its manifest beside it."""
+    import json
+    import os
+
+    from depthlens.stores.files import manifest_path, write_error, write_json
+    from depthlens.stores.parquet import iter_store
+
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     count = 0
     try:
@@ -70,4 +82,4 @@ def export(
         raise write_error(out, exc) from exc
     finally:
         tmp.unlink(missing_ok=True)  # every failure (a damaged shard included) leaves no temporary file
-    err_console.print(f"wrote {count} records to {out}", highlight=False)
+    return count

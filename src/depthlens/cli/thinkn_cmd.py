@@ -236,6 +236,7 @@ def thinkn(
     enforce_eager: opt.EnforceEager = False,
     kv_cache_gib: opt.KvCacheGib = None,
     store_format: opt.StoreFormatOpt = None,
+    verify: opt.Verify = False,
     float16: opt.Float16 = False,
     ray: opt.RayOpt = False,
     ray_address: opt.RayAddress = None,
@@ -268,9 +269,13 @@ def thinkn(
                        SamplingConfig(temperature, top_p, max_new_tokens, specs.readout_tokens(readout_tokens, window)),
                        engine, specs.readout_config(divergence or D["divergence"]))  # fmt: skip
 
+    from depthlens.stores.parquet import verifying
     from depthlens.stores.samples import picking
 
-    with picking(store_format if from_store is not None else None):  # --store picks one of two stores to read
+    with (
+        picking(store_format if from_store is not None else None),
+        verifying(verify),
+    ):  # --store picks one of two stores to read
         if from_store is not None:
             honoured(from_store, divergence)
         if online or sweep:

@@ -39,11 +39,28 @@ def check(path: Path, verify: bool = True) -> list[CheckReport]:
         raise StoreError(f"{path}: neither a Parquet store ({layout.MANIFEST}), a JSONL store nor a sample store "
                          f"({SHARDS}/ or {SAMPLES}); nothing to check")  # fmt: skip
     reports = [check_parquet(s, verify) if s.is_dir() else check_jsonl(s) for s in found]
+    if len(found) == 1 and found[0].parent == path:  # a sample store: are its summaries of its present state?
+        reports[0].notes += _derived(path)
     if len(found) > 1:
         reports[0].problems.append(layout.Problem(path, "two stores", f"holds both {SHARDS}/ and {SAMPLES}",
                                                   "read one with --store parquet or --store jsonl, or move the "
                                                   "other out of the directory"))  # fmt: skip
     return reports
+
+
+def _derived(out_dir: Path) -> list[str]:
+    """A note per summary or replay computed from another state of the store than the present one."""
+    from depthlens.stores.state import stale
+
+    notes = []
+    for path in sorted([*out_dir.glob("thinkn-*.json"), *out_dir.glob("online_replay.json")]):
+        try:
+            why = stale(json.loads(path.read_bytes()), out_dir)
+        except (OSError, ValueError, StoreError):
+            continue
+        if why:
+            notes.append(f"{path}: {why} — rerun the command that wrote it (with --overwrite) for this state")
+    return notes
 
 
 def _held(store: Path, report: CheckReport) -> None:

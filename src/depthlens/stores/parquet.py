@@ -10,6 +10,7 @@ a time (``stores.lock``); readers follow the manifest they read first, so they s
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import signal
@@ -89,6 +90,19 @@ def _changed_while_read(path: Path, snapshot: dict[str, Any]) -> str | None:
     return None
 
 
+_verify: contextvars.ContextVar[bool] = contextvars.ContextVar("verify_shards", default=False)
+
+
+@contextlib.contextmanager
+def verifying(on: bool = True) -> Iterator[None]:
+    """Readers in the block also check every shard's sha256 against the manifest (``--verify``)."""
+    token = _verify.set(on)
+    try:
+        yield
+    finally:
+        _verify.reset(token)
+
+
 def iter_store(path: Path, verify: bool = False) -> Iterator[dict[str, Any]]:
     """The records of a results store: a JSONL file, or a sharded Parquet store read as one."""
     for _, record in iter_store_located(path, verify):
@@ -103,6 +117,7 @@ def iter_store_located(path: Path, verify: bool = False) -> Iterator[tuple[str, 
     if not path.is_dir():
         yield from iter_jsonl_located(path)
         return
+    verify = verify or _verify.get()
     manifest = store_manifest(path)
     shards = layout.entries(path, manifest)
     extra = layout.unlisted(path, [s["file"] for s in shards], manifest)
