@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import ClassVar
 
@@ -74,9 +75,12 @@ def world(tmp_path_factory):
 
 class StoreStates(RuleBasedStateMachine):
     world: ClassVar[dict] = {}
+    steps: ClassVar[Counter[str]] = (
+        Counter()
+    )  # what the sequences did, for the test to check its own coverage
 
-    @initialize()
-    def start(self):
+    @initialize(questions=st.integers(1, 3))
+    def start(self, questions):
         self.root = self.world["root"]
         self.out = self.root / f"s{len(list(self.root.glob('s*')))}"
         self.questions = 0  # questions asked so far
@@ -85,6 +89,7 @@ class StoreStates(RuleBasedStateMachine):
             set()
         )  # shards lost or cut: readers must refuse naming one; --resume recomputes
         self.foreign: set[str] = set()  # files of another run: readers and resume refuse naming one
+        self.write(questions)  # every sequence starts from a written store, so every fault applies at once
 
     # ---- what happens to a store ------------------------------------------------------------------------------
 
@@ -106,6 +111,7 @@ class StoreStates(RuleBasedStateMachine):
     @rule(questions=st.integers(1, 3))
     def write(self, questions):
         """generate (or --resume) with the first ``questions`` questions, to the end."""
+        self.steps["write"] += 1
         from depthlens.studies.generate import generate_store
 
         questions = max(questions, self.questions)  # the question list may only grow
@@ -117,6 +123,7 @@ class StoreStates(RuleBasedStateMachine):
     @precondition(lambda self: not self.foreign and self.out.exists())
     @rule(kill_after=st.integers(0, 3), questions=st.integers(1, 3))
     def killed_write(self, kill_after, questions):
+        self.steps["killed_write"] += 1
         questions = max(questions, self.questions)
         expected = self._expected_after(questions, kill_after)
         code = self._child("generate", questions, kill_after)
@@ -129,6 +136,7 @@ class StoreStates(RuleBasedStateMachine):
     @precondition(lambda self: self.committed and not self.damaged and not self.foreign)
     @rule(killed=st.booleans(), kill_after=st.integers(0, 2))
     def regrade(self, killed, kill_after):
+        self.steps["regrade"] += 1
         from depthlens.studies.regrade import regrade_store
 
         if killed:
@@ -139,6 +147,7 @@ class StoreStates(RuleBasedStateMachine):
     @precondition(lambda self: self.committed and not self.damaged and not self.foreign)
     @rule()
     def export(self):
+        self.steps["export"] += 1
         from depthlens.cli.app import main
 
         target = self.root / "export.jsonl"
@@ -153,6 +162,7 @@ class StoreStates(RuleBasedStateMachine):
     @rule(which=st.integers(0, 10), cut=st.booleans())
     def damage(self, which, cut):
         """A committed shard lost, or cut short."""
+        self.steps["damage"] += 1
         shards = json.loads((self.out / SHARDS / layout.MANIFEST).read_text())["shards"]
         present = [
             s for s in shards if (self.out / SHARDS / s["file"]).is_file() and s["file"] not in self.damaged
@@ -173,6 +183,7 @@ class StoreStates(RuleBasedStateMachine):
     @rule(which=st.integers(0, 10), listed=st.booleans())
     def foreign_shard(self, which, listed):
         """A shard of another run copied in: over a listed name, or under a name of its own."""
+        self.steps["foreign_shard"] += 1
         others = sorted(self.world["other"].glob("part-*.parquet"))
         shards = json.loads((self.out / SHARDS / layout.MANIFEST).read_text())["shards"]
         names = [s["file"] for s in shards if s["file"] not in self.damaged]
@@ -188,6 +199,7 @@ class StoreStates(RuleBasedStateMachine):
     @rule()
     def follow_the_remedy(self):
         """'move it out of the store' — and put back what the copy replaced (a user's backup)."""
+        self.steps["follow_the_remedy"] += 1
         name, saved = self.saved
         (self.out / SHARDS / name).unlink()
         if saved is not None:
@@ -229,6 +241,12 @@ def test_a_store_survives_any_sequence_of_faults(world, monkeypatch):
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     StoreStates.world = world
     runner = StoreStates.TestCase
-    runner.settings = settings(max_examples=3, stateful_step_count=8, deadline=None,
+    runner.settings = settings(max_examples=3, stateful_step_count=8, deadline=None, derandomize=True,
                                suppress_health_check=list(HealthCheck))  # fmt: skip
+    StoreStates.steps.clear()
     runner().runTest()
+    print(dict(StoreStates.steps))
+    # derandomized (the same sequences every run); a run that met no fault at all would prove nothing
+    assert (
+        StoreStates.steps["killed_write"] + StoreStates.steps["damage"] + StoreStates.steps["foreign_shard"]
+    )

@@ -313,8 +313,8 @@ def _check_schema(where: str, record: dict[str, Any], manifest: dict[str, Any], 
             f"{where}: holds the divergence fields {sorted(present)}, the manifest says {sorted(fields)} "
             f"(kinds {', '.join(kinds)}); " + MANIFEST_FIX.format(store=out_dir)
         )
-    rows = record.get("divergence") or []
-    if rows and isinstance(rows[0], list) and len(rows[0]) != manifest["n_layers"]:
+    rows = record.get("divergence")
+    if isinstance(rows, list) and rows and isinstance(rows[0], list) and len(rows[0]) != manifest["n_layers"]:
         raise StoreError(
             f"{where}: divergence rows of {len(rows[0])} layers, the manifest says n_layers {manifest['n_layers']}; "
             + MANIFEST_FIX.format(store=out_dir)
