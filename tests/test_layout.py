@@ -39,6 +39,7 @@ MOVED = [  # (old module, name, where it lives now)
     ("depthlens.studies.thinkn", "samples_path", "depthlens.stores.samples"),
     ("depthlens.studies.correlation", "load_store", "depthlens.studies.stored"),
     ("depthlens.viz.report", "find_stores", "depthlens.studies.report"),
+    ("depthlens.viz.study", "draw_accuracy_cost", "depthlens.viz.cost"),
 ]
 
 

@@ -84,7 +84,12 @@ def _correlate(paths: list[Path], out: Path, cfg: CorrelationConfig, dtr: DTRCon
 
 def _print_table(rows: list[dict]) -> None:
     columns = list(dict.fromkeys(f"{r['model']} · {r['task']}" for r in rows))
-    table = Table(title="binned r (paper) · point-biserial r [95 % CI]", title_justify="left")
+    from depthlens.studies.inference import format_p
+
+    table = Table(
+        title="binned r (paper) · point-biserial r [95 % CI] p_BH (Benjamini–Hochberg over the table; † < 0.05)",
+        title_justify="left",
+    )
     table.add_column("metric")
     for c in columns:
         table.add_column(c, justify="right")
@@ -103,7 +108,11 @@ def _print_table(rows: list[dict]) -> None:
                 if r["point_biserial_lo"] is None
                 else f" [{r['point_biserial_lo']:+.2f}, {r['point_biserial_hi']:+.2f}]"
             )
-            out.append(f"{binned} · {pb}{ci}")
+            adjusted = r.get("point_biserial_p_bh")
+            flag = (
+                "" if adjusted is None else f" p_BH {format_p(adjusted)}" + ("†" if adjusted < 0.05 else "")
+            )
+            out.append(f"{binned} · {pb}{ci}{flag}")
         table.add_row(label, *out)
     console.print(table)
     for r in rows:

@@ -70,6 +70,7 @@ class Replay:
     trials: int
     seed: int
     sweep: bool = False
+    n: int = 16  # Cons@n beside the replay, on the same questions (a pool sampled in full only)
 
 
 def run_live(model: ModelSpec, run: OnlineRun) -> None:
@@ -121,19 +122,23 @@ def _print_live(run: OnlineRun, report: Any, name: str) -> None:
 def run_replay(online: OnlineConfig, store: Path, dtr: DTRConfig, replay: Replay) -> None:
     """Replay the policy over a stored pool in its sampling order (and ``replay.trials`` − 1 shuffled ones)."""
     trials, seed, sweep = replay.trials, replay.seed, replay.sweep
+    from depthlens.cli.paired_view import power_line
     from depthlens.stores.samples import read_manifest
-    from depthlens.studies.online import budget_sweep, ordered_pools
+    from depthlens.studies.online import budget_sweep
+    from depthlens.studies.paired_tables import replay_paired
     from depthlens.studies.tables import write_csv
-    from depthlens.voting.online import replay_trials
 
     manifest = read_manifest(store)
-    pools, holes = ordered_pools(store, dtr)
+    with err_console.status("replaying"):
+        replayed = replay_paired(store, online, dtr, trials, seed, replay.n)
+    holes, summary = replayed.holes, replayed.summary
     if holes:
         err_console.print(f"[yellow]{len(holes)} question(s) left out (a failed or missing response):[/] "
                           + ", ".join(holes[:10]))  # fmt: skip
-    with err_console.status("replaying"):
-        summary = replay_trials(pools, online, trials, seed)
     _print_summaries([summary], f"online replay · {manifest['model']} · {store}")
+    if (c := replayed.comparison) is not None:
+        err_console.print(f"Cons@n beside it: n = {replay.n} drawn per trial.", power_line([c], c.method),
+                          highlight=False)  # fmt: skip
     from depthlens.stores.state import store_state
 
     payload: dict[str, Any] = {"store": str(store), "store_state": store_state(store), "online": online.to_dict(),
@@ -149,7 +154,7 @@ def run_replay(online: OnlineConfig, store: Path, dtr: DTRConfig, replay: Replay
             rows, store / "online_sweep.png", title=f"{manifest['model']} · accuracy vs tokens"
         )
         err_console.print(f"sweep: {store / 'online_sweep.csv'}, {figure}")
-    err_console.print(f"summary: {store / 'online_replay.json'}")
+    err_console.print(f"summary: {store / 'online_replay.json'}, {replayed.path.name} (with the paired test)")
 
 
 def _print_summaries(summaries: list[OnlineSummary], title: str) -> None:

@@ -128,6 +128,12 @@ def print_report(report: ThinkReport, store: Path | None = None) -> None:
             f"{s.cost_paper_mean:,.0f}",
         )
     console.print(table)
+    if report.paired:
+        from depthlens.cli.paired_view import paired_table, power_line
+
+        console.print(paired_table(report.paired))
+        if (line := power_line(report.paired)) is not None:
+            err_console.print(line, highlight=False)
     _print_notes(report, store)
     if report.ablation:
         _print_ablation(report.ablation)
@@ -289,7 +295,7 @@ def thinkn(
                 raise InputError("--sweep replays the online policy: pass it with --online --from DIR")
             policy = oc.online_config(signal, warmup, max_n, consensus, eta, specs.prefix(prefix), deepconf_window,
                                       batch_size or _O.batch_size)  # fmt: skip
-            _online(store, policy, dtr_for(from_store, g, rho, deep_rule), oc.Replay(trials, seed, sweep),
+            _online(store, policy, dtr_for(from_store, g, rho, deep_rule), oc.Replay(trials, seed, sweep, n),
                     lambda: sampled(policy.prefix), task_spec, from_store is not None)  # fmt: skip
             return
         voting = VotingConfig(n, eta, specs.prefix(prefix), trials, seed, deepconf_window)
