@@ -33,7 +33,9 @@ import pyarrow as pa
 
 from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, ReadoutConfig, SamplingConfig
 from depthlens.evals.tasks import Question
-from depthlens.stores.parquet import ShardWriter, to_table
+from depthlens.stores.arrow import to_table
+from depthlens.stores.layout import is_store
+from depthlens.stores.parquet import ShardWriter
 from depthlens.stores.samples import SHARDS, samples_entry, store_manifest, write_questions
 from depthlens.studies.generate import sample_seed
 
@@ -269,7 +271,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     store = args.store or Path(tempfile.mkdtemp(prefix="view-store-")) / "store"
-    if not (store / SHARDS / "manifest.json").is_file():
+    if not is_store(store / SHARDS):
         begin = time.perf_counter()
         build(store, args)
         print(f"built {store} in {time.perf_counter() - begin:.0f} s", file=sys.stderr)

@@ -74,7 +74,7 @@ def test_the_one_reader_names_the_shard_and_row_of_a_damaged_record(tiny_chat, t
         lambda p: ordered_pools(p, tiny_chat_dtr()),
     ):
         with pytest.raises(
-            StoreError, match=r"samples/part-000000\.r1\.parquet row 1: missing field\(s\) \['vote_key'\]"
+            StoreError, match=r"samples/part-000001\.parquet row 1: missing field\(s\) \['vote_key'\]"
         ):
             read(tmp_path / "s")
 

@@ -199,7 +199,7 @@ def test_driver_killed_then_resumed_equals_an_uninterrupted_run(local_ray, setup
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == -9, err.decode()[-2000:]
-    committed = json.loads((out / "manifest.json").read_text())["shards"]
+    committed = json.loads((out / "_manifest.json").read_text())["shards"]
     assert len(committed) == 1 and list(out.glob("*.tmp"))  # one shard committed, one torn in flight
     _score_ray(d, src, out, workers=1, resume=True)
     assert not list(out.glob("*.tmp"))

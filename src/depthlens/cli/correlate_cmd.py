@@ -34,18 +34,35 @@ def correlate(
     sweeps: Annotated[
         bool, typer.Option("--sweeps/--no-sweeps", help="Also the g/ρ/prefix/kind sweeps.")
     ] = True,
+    store_format: opt.StoreFormatOpt = None,
+    verify: opt.Verify = False,
 ) -> None:
     """DTR and the six baselines against accuracy (Table 1, Figures 1 and 4), from stores only.
 
     The study is defined in docs/definitions.md §4.
     """
-    from depthlens.studies.report import find_stores, study_store, write_correlation
-    from depthlens.studies.stored import load_store
-    from depthlens.viz.report import draw_study
+    from depthlens.studies.report import find_stores
 
     cfg = CorrelationConfig(bins=bins, seeds=seeds, n=n, bootstrap=bootstrap)
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
+    from depthlens.cli.export_cmd import refuse_inside
+    from depthlens.stores.parquet import verifying
+    from depthlens.stores.samples import SAMPLES, SHARDS, picking
+
     paths = [p for s in stores for p in find_stores(s)]
+    for path in paths:  # tables and figures never land inside a store they read
+        refuse_inside(out, path / SHARDS)
+        refuse_inside(out, path / SAMPLES)
+    with picking(store_format), verifying(verify):  # type: ignore[arg-type]
+        _correlate(paths, out, cfg, dtr, g_kl, g_cosine, sweeps)
+
+
+def _correlate(paths: list[Path], out: Path, cfg: CorrelationConfig, dtr: DTRConfig, g_kl: float | None,
+               g_cosine: float | None, sweeps: bool) -> None:  # fmt: skip
+    from depthlens.studies.report import study_store, write_correlation
+    from depthlens.studies.stored import load_store
+    from depthlens.viz.report import draw_study
+
     studies = []
     with make_progress(err_console) as progress:
         task = progress.add_task("stores", total=len(paths))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
+import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,7 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from depthlens.stores.parquet import _SETTINGS_KEY
+from depthlens.errors import StoreError
+from depthlens.stores import layout
 
 HEAVY_SCALARS = ("text",)  # a scalar column too large to hold for every row (a response's whole text)
 
@@ -84,6 +86,21 @@ def release_unused() -> None:
     pa.default_memory_pool().release_unused()
 
 
+def _entries(directory: Path, manifest: dict[str, Any] | None, notices: list[str]) -> list[dict[str, Any]]:
+    """The shard entries ``manifest`` commits, checked as the readers check them (``layout.entries``); where it is
+    damaged, what of its list is still usable, else the data files on disk (visible ones, in name order)."""
+    if manifest is not None:
+        try:
+            return layout.entries(directory, manifest)
+        except StoreError as exc:
+            notices.append(f"{exc} — shown: the shards it lists, each checked")
+            shards = manifest.get("shards")
+            if isinstance(shards, list) and all(isinstance(e, dict) and isinstance(e.get("file"), str)
+                                                for e in shards):  # fmt: skip
+                return shards
+    return [{"file": name} for name in layout.visible_files(directory)] if directory.is_dir() else []
+
+
 def _is_light(field: pa.Field) -> bool:
     kind = field.type
     nested = pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind) or pa.types.is_struct(kind)
@@ -127,27 +144,34 @@ def json_row(record: dict[str, Any], columns: Sequence[str] | None) -> dict[str,
 
 
 class ParquetSource:
-    """The committed shards of a Parquet store, read on demand."""
+    """The shards one manifest commits (a snapshot of the store), read on demand."""
 
-    def __init__(self, directory: Path, listed: Sequence[str] | None, notices: list[str]) -> None:
-        """``listed``: the shards the manifest commits, in order (None: no readable manifest — the shards found
-        on disk are read, in name order)."""
+    def __init__(self, directory: Path, manifest: dict[str, Any] | None, notices: list[str]) -> None:
+        """``manifest``: the store's manifest as read once at open (None: none readable — the shards found on
+        disk are read, in name order). Its shards are found where ``stores.layout`` says a committed shard is
+        (its name, or its hidden name while it is published or after a regrade replaced it) and checked as the
+        library's readers check them; what fails becomes a notice."""
         self.directory, self.notices = directory, notices
         self.names: list[str] = []
+        self._entries: list[dict[str, Any]] = []
+        self._paths: list[Path] = []  # where each shard was found at open
         self._meta: list[pq.FileMetaData] = []
         self._schemas: list[pa.Schema] = []
         self._starts: list[list[int]] = []  # first row of each row group, per shard
         self._light: list[pa.Table | None] = []  # read with the footer, handed out once by ``scan``
-        on_disk = sorted(p.name for p in directory.glob("part-*.parquet"))
-        names = list(listed) if listed is not None else on_disk
+        self._notes: dict[int, str] = {}  # why a shard could not be read after open
+        shards = _entries(directory, manifest, notices)
         # a few shards at a time: Arrow reads without the GIL, and a store has hundreds of small footers
         with ThreadPoolExecutor(max_workers=4, thread_name_prefix="view-open") as pool:
-            for name, opened in zip(names, pool.map(self._open, names), strict=True):
+            opened_all = pool.map(lambda e: self._open(manifest or {}, e), shards)
+            for shard, opened in zip(shards, opened_all, strict=True):
                 if isinstance(opened, str):
                     notices.append(opened)
                     continue
-                meta, light = opened
-                self.names.append(name)
+                path, meta, light = opened
+                self.names.append(shard["file"])
+                self._entries.append(shard)
+                self._paths.append(path)
                 self._meta.append(meta)
                 self._schemas.append(meta.schema.to_arrow_schema())
                 self._light.append(light)
@@ -156,33 +180,60 @@ class ParquetSource:
                     starts.append(first)
                     first += meta.row_group(g).num_rows
                 self._starts.append(starts)
-        unlisted = sorted(set(on_disk) - set(names))
+        self._note_others(manifest, [s["file"] for s in shards])
+
+    def _note_others(self, manifest: dict[str, Any] | None, listed: list[str]) -> None:
+        """Files beside the committed shards: data files no commit lists, shards being written."""
+        problems = layout.unlisted(self.directory, listed, manifest) if manifest is not None else []
+        unlisted = [p.path for p in problems]
         if unlisted:
-            notices.append(
-                f"{directory / unlisted[0]}" + (f" and {len(unlisted) - 1} more" if len(unlisted) > 1 else "")
-                + ": shard(s) the manifest does not list (left by an interrupted run, or copied in); not shown"
+            self.notices.append(
+                f"{unlisted[0]}" + (f" and {len(unlisted) - 1} more" if len(unlisted) > 1 else "")
+                + ": data file(s) the manifest does not list (left by an interrupted run, or copied in); not shown"
             )  # fmt: skip
-        writing = sorted(p.name for p in directory.glob("part-*.parquet.tmp"))
+        committed = {p.name for p in self._paths}
+        writing = sorted(
+            p.name for p in self.directory.glob(".part-*.parquet.tmp") if p.name not in committed
+        )
         if writing:
-            notices.append(
-                f"{directory / writing[0]}: a shard still being written (or left by a killed run); shown is what "
-                "was committed when the page opened"
+            self.notices.append(
+                f"{self.directory / writing[0]}: a shard being written (not committed when the page opened, or "
+                "left by a killed run); shown is the store as committed then"
             )
 
-    def _open(self, name: str) -> tuple[pq.FileMetaData, pa.Table] | str:
-        """A shard's footer and light columns, or the notice saying why it cannot be read."""
-        path = self.directory / name
-        if not path.is_file():
-            return f"{path}: the manifest lists this shard but it is missing; its records are not shown"
-        try:
-            shard = pq.ParquetFile(path)
-            light = [f.name for f in shard.schema_arrow if _is_light(f)]
-            return shard.metadata, shard.read(columns=light, use_threads=False)
-        except (OSError, pa.ArrowException) as exc:
-            return f"{path}: not a readable Parquet shard ({exc}); its records are not shown"
+    def _open(
+        self, manifest: dict[str, Any], shard: dict[str, Any]
+    ) -> tuple[Path, pq.FileMetaData, pa.Table] | str:
+        """A shard's place, footer and light columns, or the notice saying why it cannot be read."""
+        path, problem = layout.shard_problem(self.directory, manifest, shard, verify=False)
+        if problem is None and path is not None:
+            try:
+                file = pq.ParquetFile(path)
+                light = [f.name for f in file.schema_arrow if _is_light(f)]
+                table = file.read(columns=light, use_threads=False)
+                problem = layout.table_problem(self.directory, path, manifest, shard,
+                                               table.replace_schema_metadata(file.schema_arrow.metadata))  # fmt: skip
+                if problem is None:
+                    return path, file.metadata, table
+            except (OSError, pa.ArrowException) as exc:
+                return f"{path}: not a readable Parquet shard ({exc}); its records are not shown"
+        return f"{problem.message() if problem else shard['file']}; its records are not shown meanwhile"
 
     def _file(self, part: int) -> pq.ParquetFile:
-        return pq.ParquetFile(self.directory / self.names[part], metadata=self._meta[part])
+        """The shard as the snapshot committed it. A commit since may have moved it (published from its hidden
+        name, or set aside by a regrade: ``layout.locate`` finds it); once a later write removes a replaced
+        shard, its records are gone from disk and the read fails naming why."""
+        try:
+            return pq.ParquetFile(self._paths[part], metadata=self._meta[part])
+        except FileNotFoundError:
+            path = layout.locate(self.directory, self._entries[part])  # names are never reused: same bytes
+            if path is None:
+                raise FileNotFoundError(
+                    f"{self.directory / self.names[part]}: gone since the page opened (the store was rewritten "
+                    "since: restart `depthlens view` to see its new state)"
+                ) from None
+            self._paths[part] = path
+            return pq.ParquetFile(path, metadata=self._meta[part])
 
     def columns(self, part: int) -> list[pa.Field]:
         return list(self._schemas[part])
@@ -214,7 +265,7 @@ class ParquetSource:
         if not self._schemas:
             return {}
         try:
-            settings = json.loads((self._schemas[0].metadata or {}).get(_SETTINGS_KEY, b"{}"))
+            settings = json.loads((self._schemas[0].metadata or {}).get(layout.SETTINGS_KEY, b"{}"))
         except ValueError:
             return {}
         return settings if isinstance(settings, dict) else {}
@@ -250,15 +301,18 @@ class ParquetSource:
                 )
             table = groups[(location.part, group)]
             if table is None:
-                raise KeyError(location)
+                raise LookupError(self._notes[location.part])
             out.append(arrow_row(table.slice(location.row - starts[group], 1)))
         return out
 
     def _read(self, part: int, read: Callable[[pq.ParquetFile], pa.Table]) -> pa.Table | None:
         try:
             return read(self._file(part))
+        except FileNotFoundError as exc:  # gone since the snapshot (``_file``)
+            note = str(exc)
         except (OSError, pa.ArrowException) as exc:  # damaged after its footer was read
             note = f"{self.directory / self.names[part]}: unreadable ({exc}); its records are not shown"
+            self._notes[part] = note
             if note not in self.notices:
                 self.notices.append(note)
             return None
@@ -273,6 +327,9 @@ class JsonlSource:
     def __init__(self, path: Path, notices: list[str]) -> None:
         self.path, self.notices = path, notices
         self.names = [path.name]
+        self.end = 0  # the snapshot: the bytes read at open (a writer appends after them)
+        self._inode: int | None = None  # a rewrite (regrade, resume dropping lines) renames a new file in
+        self._size = 0
 
     def scan(self, columns: Sequence[str] | None = None) -> Iterator[tuple[Location, dict[str, Any]]]:
         """Each whole, readable line's light fields; a torn or foreign line becomes a notice."""
@@ -292,12 +349,16 @@ class JsonlSource:
     def _lines(self) -> Iterator[tuple[int, dict[str, Any]]]:
         offset = 0
         with self.path.open("rb") as f:
+            opened = os.fstat(f.fileno())
+            self._inode, self._size = opened.st_ino, opened.st_size
             for number, raw in enumerate(f, start=1):
                 start, offset = offset, offset + len(raw)
                 if not raw.strip():
                     continue
                 where = f"{self.path}:{number}"
-                if not raw.endswith(b"\n"):
+                if raw.endswith(b"\n"):
+                    self.end = offset
+                else:
                     self._note(
                         f"{where}: the last line is cut short (a run still writing, or interrupted); not shown"
                     )
@@ -311,6 +372,10 @@ class JsonlSource:
                     continue
                 yield start, record
 
+    def changed(self, stat: os.stat_result) -> bool:
+        """Whether the file (``stat``: as it is now) is no longer the one read at open: replaced, or grown."""
+        return self._inode is not None and (stat.st_ino != self._inode or stat.st_size != self._size)
+
     def _note(self, line: str) -> None:
         if line not in self.notices:
             self.notices.append(line)
@@ -323,6 +388,9 @@ class JsonlSource:
     ) -> list[dict[str, Any]]:
         out = []
         with self.path.open("rb") as f:
+            if self._inode is not None and os.fstat(f.fileno()).st_ino != self._inode:
+                raise LookupError(f"{self.path}: rewritten since the page opened (a regrade or a resumed run); "
+                                  "restart `depthlens view` to see its new state")  # fmt: skip
             for location in locations:
                 f.seek(location.row)
                 out.append(json_row(json.loads(f.readline()), columns))

@@ -98,6 +98,12 @@ def dtr_settings(
             "kind) — generate with --divergence jsd"
         )
     given = {k: g for k, g in (g_by_kind or {}).items() if g is not None}
+    never = sorted(k for k in given if k not in store.kinds)
+    if never:  # an option the store cannot honour is an error, never silently ignored
+        raise InputError(
+            f"--g-{never[0]}: {store.path} holds no {never[0]} divergence (it holds {', '.join(store.kinds)}); "
+            f"leave out --g-{never[0]}, or generate with --also-divergences {never[0]}"
+        )
     thresholds = {"jsd": dtr.g, "jsd-nat": dtr.g * math.log(2.0)}
     unmatched = [k for k in store.kinds if k not in thresholds and k not in given]
     if unmatched:  # match each to JSD's share of deep tokens, over every stored token

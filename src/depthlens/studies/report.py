@@ -21,8 +21,9 @@ from depthlens.errors import DepthlensError, InputError
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, settling_depth
 from depthlens.models.tokens import token_texts
 from depthlens.stores.files import manifest_path, read_json
-from depthlens.stores.parquet import MANIFEST
+from depthlens.stores.layout import is_store
 from depthlens.stores.samples import SAMPLES, SHARDS
+from depthlens.stores.state import stale, store_state
 from depthlens.studies.correlation import store_correlations
 from depthlens.studies.inference import PAIRED_FIELDS, add_fdr
 from depthlens.studies.paired_tables import REPLAYS, pooled_rows, store_per_question, table_two_rows
@@ -39,7 +40,7 @@ def find_stores(run_dir: Path) -> list[Path]:
             f"{run_dir} is not a directory; give a store written by `depthlens generate` or a folder of them"
         )
     jsonl = {p.parent for p in run_dir.rglob(manifest_path(Path(SAMPLES)).name)}
-    sharded = {p.parent.parent for p in run_dir.rglob(f"{SHARDS}/{MANIFEST}")}  # `generate --ray` stores
+    sharded = {p.parent for p in run_dir.rglob(SHARDS) if is_store(p)}
     found = sorted(jsonl | sharded)
     if not found:
         raise InputError(
@@ -155,9 +156,13 @@ def thinkn_summary(store: Store, voting: VotingConfig | None) -> dict[str, Any] 
     """The store's Think@n summary: the latest one `depthlens thinkn` wrote, else voted now (n = half the pool)."""
     written = summary_files(store.path)
     if written and voting is None:
-        return read_json(
-            written[-1], "summary", "delete it, or rerun `depthlens thinkn --from` with --overwrite"
-        )
+        summary = read_json(written[-1], "summary", "it is derived from the store: rerun `depthlens thinkn "
+                            f"--from {store.path} --overwrite` with its settings")  # fmt: skip
+        why = stale(summary, store.path)
+        if why is not None:  # shown as such on the page, never as this state's
+            summary["stale"] = (f"{written[-1].name} is not a summary of the store as it is now: {why}; rerun "
+                                f"`depthlens thinkn --from {store.path} --overwrite` with its settings")  # fmt: skip
+        return summary
     pool = int(store.manifest.get("pool", 0))
     if pool < 2:
         return None
@@ -213,11 +218,18 @@ def prepare_report(
             replays = [
                 read_json(p, "online replay", "replay again") for p in sorted(store.path.glob(REPLAYS))
             ]
-            study.table_two = table_two_rows(store.label, study.summary, replays)
+            stale = (
+                " (stale)" if study.summary.get("stale") else ""
+            )  # a summary of another state of the store
+            study.table_two = table_two_rows(store.label + stale, study.summary, replays)
             study.per_question = store_per_question(study.summary, replays)
         studies.append(study)
+    states = {str(s.store.path): store_state(s.store.path) for s in studies}  # what the report was made from
     write_correlation(
-        run_dir / "report", studies, {"correlation": cfg.to_dict(), "dtr": dtr.to_dict()}, command
+        run_dir / "report",
+        studies,
+        {"correlation": cfg.to_dict(), "dtr": dtr.to_dict(), "store_states": states},
+        command,
     )
     by_model: dict[str, list[Any]] = {}
     for study in studies:

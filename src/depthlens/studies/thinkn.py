@@ -24,6 +24,7 @@ from depthlens.metrics.dtr import deep_from_divergence
 from depthlens.sampling.backend import GenerationBackend, Trace
 from depthlens.stores.files import read_json, settings_differ, write_json
 from depthlens.stores.samples import damaged, read_manifest, read_responses
+from depthlens.stores.state import stale, store_state
 from depthlens.studies.tables import write_csv
 from depthlens.voting.methods import Response, think_at_n
 from depthlens.voting.paired import Comparison, accuracy_intervals, compare_methods, per_question_table
@@ -151,13 +152,18 @@ def _write_summary(
         "methods_asked": list(methods or []),
         "ablation_asked": report.ablation is not None,
     }
+    state = store_state(out_dir)
     if path.exists() and not overwrite:
-        earlier = read_json(path, "summary", "delete it or pass --overwrite")
+        earlier = read_json(
+            path, "summary", "it is derived from the store: pass --overwrite to vote it again"
+        )
         differ = settings_differ({k: earlier.get(k) for k in settings}, settings, ())
         if differ:
+            old = stale(earlier, out_dir)
             raise StoreError(
-                f"{path} holds a summary voted with other settings ({'; '.join(differ)}); pass --overwrite "
-                "to replace it, or keep it and vote into another store copy"
+                f"{path} holds a summary voted with other settings ({'; '.join(differ)})"
+                + (f", and {old}" if old else "")
+                + "; pass --overwrite to replace it, or vote with its settings"
             )
     cons = next((s for s in report.summaries if s.method == "cons@n"), None)
     rows = []
@@ -170,6 +176,7 @@ def _write_summary(
         rows.append({**row, **paired.get(s.method, blank)})
     payload = {
         "store": str(out_dir),
+        "store_state": state,  # which committed state of the store this summary was voted over
         "model": report.info.manifest["model"],
         "task": report.info.manifest.get("task"),
         **settings,

@@ -15,7 +15,7 @@ from depthlens.studies.score import score_summary
 from depthlens.studies.thinkn import summary_files, summary_stem
 from depthlens.view.detail import scalar
 from depthlens.view.pools import Failed, VotingIndex, answer_summary, draw_detail, question_pool
-from depthlens.view.store import ViewStore
+from depthlens.view.store import ViewStore, changed_since
 from depthlens.viz.heatmap import _colour
 from depthlens.voting.methods import METHODS, Response, trace_confidence
 from depthlens.voting.paired import Comparison
@@ -61,7 +61,9 @@ def run_info(store: ViewStore, index: VotingIndex | None, voting: VotingConfig) 
         "voting": _voting_dict(voting),
         "methods": list(METHODS),
         "palette": PALETTE,
-        "notices": list(store.notices),
+        "notices": list(store.notices) + [line for line in [changed_since(store)] if line],
+        "run_id": store.manifest.get("run_id"),
+        "state": store.state,
         "index": None
         if index is None
         else {"done": index.done, "total": index.total, "ready": index.ready.is_set()},

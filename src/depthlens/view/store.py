@@ -24,16 +24,18 @@ from depthlens.stores import samples
 from depthlens.stores.access import JsonlSource, Location, ParquetSource
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
-from depthlens.stores.parquet import MANIFEST, store_manifest
+from depthlens.stores.layout import MANIFEST, is_store, manifest_file
+from depthlens.stores.parquet import store_manifest
 from depthlens.stores.samples import SAMPLES
+from depthlens.stores.state import manifest_state
 from depthlens.studies.online import DECISIONS
 
 Kind = Literal["samples", "scores", "tcb"]
 TRACE = "trace.progress.jsonl"  # `depthlens tcb trace`'s record: per generated token δ, V_eff, perplexity
 EXPECTED = (
-    "a sample store directory (from `depthlens generate` or `thinkn --out`: samples/ with its manifest.json, or "
+    f"a sample store directory (from `depthlens generate` or `thinkn --out`: samples/ with its {MANIFEST}, or "
     "samples.jsonl with samples.jsonl.manifest.json), a score store (from `depthlens score`: a directory with "
-    "manifest.json and part-*.parquet shards, or a .jsonl file with its .manifest.json beside it) or a TCB "
+    f"{MANIFEST} and part-*.parquet shards, or a .jsonl file with its .manifest.json beside it) or a TCB "
     f"trace (from `depthlens tcb trace`: a directory with {TRACE})"
 )
 
@@ -48,7 +50,7 @@ def identify(path: Path) -> tuple[Kind, Path]:
             return "samples", path
         if path.name == samples.SHARDS and (path.parent / samples.QUESTIONS).is_file():
             return "samples", path.parent  # the samples/ directory itself
-        if (path / MANIFEST).is_file() or any(path.glob("part-*.parquet")):
+        if is_store(path) or any(path.glob("part-*.parquet")):
             return "scores", path
         if (path / TRACE).is_file():
             return "tcb", path
@@ -89,6 +91,9 @@ class ViewStore:
     dtr: DTRConfig
     questions: dict[str, Question] = dataclasses.field(default_factory=dict)
     online: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # online.jsonl by question
+    state: str | None = (
+        None  # the committed state shown (``stores.state``): a Parquet store's, from its manifest
+    )
 
     def read(self, index: int, columns: list[str] | None = None) -> dict[str, Any]:
         """Record ``index`` with its per-token columns (``columns``: those wanted; None = all)."""
@@ -130,6 +135,7 @@ def open_store(path: Path) -> ViewStore:
     store = ViewStore(
         root, kind, manifest, source, notices, records, locations, by_id, n_layers, _dtr(manifest, notices)
     )
+    store.state = _state(manifest, source)
     if kind == "samples":
         _read_questions(store)
         _read_online(store)
@@ -146,9 +152,11 @@ def _open_samples(root: Path, notices: list[str]) -> tuple[dict[str, Any], Parqu
         manifest = samples.read_manifest(root)
     except DepthlensError as exc:
         notices.append(f"{exc} — shown: what the store's records hold")
-        manifest = _read_loose(root / samples.SHARDS / MANIFEST if sharded else manifest_path(root / SAMPLES))
+        manifest = _read_loose(
+            manifest_file(root / samples.SHARDS) if sharded else manifest_path(root / SAMPLES)
+        )
     if sharded:
-        source: ParquetSource | JsonlSource = ParquetSource(root / samples.SHARDS, _listed(manifest), notices)
+        source: ParquetSource | JsonlSource = ParquetSource(root / samples.SHARDS, manifest or None, notices)
         manifest = {**source.settings(), **manifest}
     else:
         source = JsonlSource(root / SAMPLES, notices)
@@ -160,9 +168,9 @@ def _open_scores(root: Path, notices: list[str]) -> tuple[dict[str, Any], Parque
         manifest = store_manifest(root)
     except DepthlensError as exc:
         notices.append(f"{exc} — shown: what the store's records hold")
-        manifest = _read_loose(root / MANIFEST if root.is_dir() else manifest_path(root))
+        manifest = _read_loose(manifest_file(root) if root.is_dir() else manifest_path(root))
     if root.is_dir():
-        source: ParquetSource | JsonlSource = ParquetSource(root, _listed(manifest), notices)
+        source: ParquetSource | JsonlSource = ParquetSource(root, manifest or None, notices)
         return {**source.settings(), **manifest}, source
     return manifest, JsonlSource(root, notices)
 
@@ -175,15 +183,6 @@ def _read_loose(path: Path) -> dict[str, Any]:
     except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def _listed(manifest: dict[str, Any]) -> list[str] | None:
-    shards = manifest.get("shards")
-    if isinstance(shards, list) and all(
-        isinstance(s, dict) and isinstance(s.get("file"), str) for s in shards
-    ):
-        return [s["file"] for s in shards]
-    return None
 
 
 def _layers(source: ParquetSource | JsonlSource) -> int | None:
@@ -238,3 +237,36 @@ def _read_online(store: ViewStore) -> None:
 
 def _text(value: object) -> str | None:
     return None if value is None else str(value)
+
+
+def _state(manifest: dict[str, Any], source: ParquetSource | JsonlSource) -> str | None:
+    """The fingerprint of the snapshot read, where it is cheap: a Parquet store's, from the manifest read at open
+    (a JSONL store's is a hash of the whole file: not computed here)."""
+    if not isinstance(source, ParquetSource) or not isinstance(manifest.get("shards"), list):
+        return None
+    try:
+        return manifest_state(manifest, source.directory)
+    except (AttributeError, TypeError, OSError):  # a damaged manifest's entries
+        return None
+
+
+def changed_since(store: ViewStore) -> str | None:
+    """What a writer committed since the page opened (None: nothing): the page keeps showing its snapshot, and
+    says so. A Parquet store's manifest is read again (small), a JSONL file's size and identity are looked at."""
+    source = store.source
+    if isinstance(source, ParquetSource):
+        if store.state is None:
+            return None
+        now = _state(_read_loose(manifest_file(source.directory)), source)
+        if now in (None, store.state):
+            return None
+        return (f"the store has committed a new state ({now}) since this page opened ({store.state}); shown is "
+                "the state as it was — restart `depthlens view` to see the new one")  # fmt: skip
+    try:
+        stat = source.path.stat()
+    except OSError:
+        return f"{source.path} is gone since this page opened; shown is what was read then"
+    if source.changed(stat):
+        return (f"{source.path} has changed since this page opened (a writer appended or rewrote it); shown is "
+                "what was committed then — restart `depthlens view` to see the rest")  # fmt: skip
+    return None

@@ -116,6 +116,8 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
     lines = [f"## {store.label}", "", f"Store `{store.path}`: {len(store.responses)} responses to "
              f"{len(store.questions())} questions, accuracy {100 * store.accuracy:.0f} %"
              + (f", {store.failed} failed" if store.failed else "") + ".", ""]  # fmt: skip
+    if summary and summary.get("stale"):
+        lines += [f"**Stale Think@n summary**: {summary['stale']}.", ""]
     if (
         summary and "answers" in summary
     ):  # how the accuracies above read their answers (docs/definitions.md §5)

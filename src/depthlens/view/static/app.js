@@ -94,6 +94,7 @@ function runHeader(main) {
   if (s.readout) lines.push(["readout", `${s.readout.divergence}${s.readout.also && s.readout.also.length ? " + " + s.readout.also.join(", ") : ""}`]);
   if (s.answers) lines.push(["answers", Object.entries(s.answers).map(([k, v]) => `${k} ${v}`).join(", ")]);
   if (s.online) lines.push(["online", Object.entries(s.online).map(([k, v]) => `${k} ${v}`).join(", ")]);
+  if (RUN.run_id || RUN.state) lines.push(["store", [RUN.state && `state ${RUN.state}`, RUN.run_id && `run ${RUN.run_id}`].filter(Boolean).join(" · ")]);
   if (RUN.summaries.length) lines.push(["summaries", RUN.summaries.join(", ")]);
   if (s.command) lines.push(["command", s.command]);
   main.append(el("section", {id: "run"}, el("h2", {}, `${s.model || "store"} · ${task || s.study || RUN.kind}`),
