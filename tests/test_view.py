@@ -295,3 +295,49 @@ def test_a_path_that_is_not_a_store_is_refused_naming_what_was_expected(tmp_path
     code, _, err = run(monkeypatch, capsys, "view", tmp_path / "notes.txt")
     assert code == 2
     assert re.fullmatch(r"error: \S+notes\.txt: not a depthlens store \(a file .*\n", err)
+
+
+def test_a_writer_commits_while_the_page_is_open_and_the_page_keeps_its_snapshot(view_stores, tmp_path):
+    from depthlens.stores.parquet import rewrite_store, store_manifest
+    from depthlens.stores.state import store_state
+
+    store = _damaged(view_stores, tmp_path, "answers")  # a copy: a writer commits into it below
+    state, run_id = store_state(store), store_manifest(store / SHARDS)["run_id"]
+    explorer, api = client(store)
+    run = api.get("/api/run").json()
+    assert (run["state"], run["run_id"], run["notices"]) == (state, run_id, [])
+    rid = next(iter(explorer.store.by_id))
+    text = api.get("/api/response", params={"id": rid}).json()["text"]
+
+    def regrade() -> None:  # a commit through the store's own writer, under the lock the view never takes
+        rewrite_store(store / SHARDS, store_manifest(store / SHARDS), lambda r: {**r, "text": "rewritten"})
+
+    regrade()  # the replaced shards are kept under hidden names until the next write
+    notices = api.get("/api/run").json()["notices"]
+    assert len(notices) == 1 and f"new state ({store_state(store)})" in notices[0] and state in notices[0]
+    assert api.get("/api/response", params={"id": rid}).json()["text"] == text  # the snapshot's, not the new
+    assert settled(api, "/api/voting", n=2)["state"] == "ready"
+    regrade()  # ... which removes them: the snapshot's records are gone from disk, and the page says so
+    gone = api.get("/api/response", params={"id": rid})
+    assert gone.status_code == 404 and "gone since the page opened" in gone.json()["error"]
+    _, fresh = client(store)  # a page opened now shows the new state
+    assert fresh.get("/api/response", params={"id": rid}).json()["text"] == "rewritten"
+    assert fresh.get("/api/run").json()["state"] == store_state(store) != state
+
+
+def test_a_jsonl_store_appended_or_replaced_while_the_page_is_open(view_stores, tmp_path):
+    store = _damaged(view_stores, tmp_path, "samples_jsonl")
+    path = store / "samples.jsonl"
+    explorer, api = client(store)
+    rid = next(iter(explorer.store.by_id))
+    assert api.get("/api/response", params={"id": rid}).status_code == 200
+    lines = path.read_bytes().splitlines(keepends=True)
+    with path.open("ab") as f:  # a writer appends a record: lines read at open are where they were
+        f.write(lines[0])
+    assert any("has changed since this page opened" in n for n in api.get("/api/run").json()["notices"])
+    assert api.get("/api/response", params={"id": rid}).json()["id"] == rid
+    replacement = store / "samples.jsonl.new"  # a rewrite renames a new file in: offsets no longer hold
+    replacement.write_bytes(b"".join(reversed(lines)))
+    replacement.replace(path)
+    moved = api.get("/api/response", params={"id": rid})
+    assert moved.status_code == 404 and "rewritten since the page opened" in moved.json()["error"]

@@ -217,7 +217,7 @@ class ParquetSource:
                     return path, file.metadata, table
             except (OSError, pa.ArrowException) as exc:
                 return f"{path}: not a readable Parquet shard ({exc}); its records are not shown"
-        return f"{problem.message() if problem else shard['file']}; its records are not shown meanwhile"
+        return f"{problem.message() if problem else shard['file']}; its records are not shown"
 
     def _file(self, part: int) -> pq.ParquetFile:
         """The shard as the snapshot committed it. A commit since may have moved it (published from its hidden
@@ -312,10 +312,10 @@ class ParquetSource:
             note = str(exc)
         except (OSError, pa.ArrowException) as exc:  # damaged after its footer was read
             note = f"{self.directory / self.names[part]}: unreadable ({exc}); its records are not shown"
-            self._notes[part] = note
-            if note not in self.notices:
-                self.notices.append(note)
-            return None
+        self._notes[part] = note
+        if note not in self.notices:
+            self.notices.append(note)
+        return None
 
     def rows(self) -> int:
         return sum(m.num_rows for m in self._meta)
