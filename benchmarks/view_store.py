@@ -280,6 +280,7 @@ def main() -> None:
 
     shards = sorted((store / SHARDS).glob("part-*.parquet"))
     tokens = int(ds.dataset(shards).to_table(columns=["n_tokens"]).column("n_tokens").to_numpy().sum())
+    load = [os.getloadavg()[0]]  # the 1-minute load average before and after: the timings are wall times
     server = Server(store)
     try:
         run = server.json("/api/run")
@@ -292,6 +293,7 @@ def main() -> None:
                   **measure(server, ids, questions, args.repeats)}  # fmt: skip
         result["browser"] = browser(server.url, ids[0], max(1, args.repeats // 2))
         result["rss_mb_after_browser"] = server.rss_mb()
+        result["load_1m_before_after"] = [*load, os.getloadavg()[0]]
     finally:
         server.stop()
     text = json.dumps(result, indent=2)
