@@ -297,15 +297,19 @@ def test_a_path_that_is_not_a_store_is_refused_naming_what_was_expected(tmp_path
     assert re.fullmatch(r"error: \S+notes\.txt: not a depthlens store \(a file .*\n", err)
 
 
-def test_a_writer_commits_while_the_page_is_open_and_the_page_keeps_its_snapshot(view_stores, tmp_path):
+def test_a_writer_commits_while_the_page_is_open_and_the_page_keeps_its_snapshot(
+    view_stores, tmp_path, monkeypatch, capsys
+):
     from depthlens.stores.parquet import rewrite_store, store_manifest
     from depthlens.stores.state import store_state
 
     store = _damaged(view_stores, tmp_path, "answers")  # a copy: a writer commits into it below
     state, run_id = store_state(store), store_manifest(store / SHARDS)["run_id"]
+    code, _, err = run(monkeypatch, capsys, "thinkn", "--from", store, "--n", "2", "--trials", "2")
+    assert code in (0, None), err  # a summary of this state: the page opens with its settings
     explorer, api = client(store)
-    run = api.get("/api/run").json()
-    assert (run["state"], run["run_id"], run["notices"]) == (state, run_id, [])
+    info = api.get("/api/run").json()
+    assert (info["state"], info["run_id"], info["notices"]) == (state, run_id, [])
     rid = next(iter(explorer.store.by_id))
     text = api.get("/api/response", params={"id": rid}).json()["text"]
 
@@ -320,9 +324,12 @@ def test_a_writer_commits_while_the_page_is_open_and_the_page_keeps_its_snapshot
     regrade()  # ... which removes them: the snapshot's records are gone from disk, and the page says so
     gone = api.get("/api/response", params={"id": rid})
     assert gone.status_code == 404 and "gone since the page opened" in gone.json()["error"]
-    _, fresh = client(store)  # a page opened now shows the new state
+    _, fresh = client(store)  # a page opened now shows the new state, and that the summary is of the old one
     assert fresh.get("/api/response", params={"id": rid}).json()["text"] == "rewritten"
-    assert fresh.get("/api/run").json()["state"] == store_state(store) != state
+    info = fresh.get("/api/run").json()
+    assert info["state"] == store_state(store) != state
+    assert any(f"was voted over state {state} of the store, which is now at {info['state']}" in n
+               for n in info["notices"])  # fmt: skip
 
 
 def test_a_jsonl_store_appended_or_replaced_while_the_page_is_open(view_stores, tmp_path):

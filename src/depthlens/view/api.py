@@ -32,9 +32,16 @@ def default_voting(store: ViewStore) -> VotingConfig:
     files = summary_files(store.path) if store.kind == "samples" else []
     if files:
         try:
-            return VotingConfig.from_dict(read_json(files[-1], "summary", "")["voting"])
+            summary = read_json(files[-1], "summary", "")
+            voting = VotingConfig.from_dict(summary["voting"])
         except (DepthlensError, KeyError, TypeError):
             store.notices.append(f"{files[-1]}: a summary whose settings could not be read; defaults used")
+        else:
+            voted = summary.get("store_state")  # the state it was voted over (stores.state), where it says
+            if store.state is not None and isinstance(voted, str) and voted != store.state:
+                store.notices.append(f"{files[-1].name} was voted over state {voted} of the store, which is now at "
+                                     f"{store.state}: the table here is voted over the state shown")  # fmt: skip
+            return voting
     sizes = [len(store.usable(q)) for q in store.questions] or [1]
     sampling = store.manifest.get("sampling")
     readout = sampling.get("readout_tokens") if isinstance(sampling, dict) else None
