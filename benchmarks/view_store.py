@@ -224,32 +224,58 @@ def measure(server: Server, ids: list[str], questions: list[str], repeats: int) 
     }  # fmt: skip
 
 
-def browser(url: str, rid: str, repeats: int) -> dict | None:
-    """First page and a response's heatmap as Chromium draws them (None without chromium or playwright)."""
+# Installed before the page's own scripts: the moment (ms after navigation start, in the page) the questions
+# table first has a row — the first page as the reader sees it, without Playwright's round trips.
+FIRST_ROW = """new MutationObserver((_, seen) => { if (document.querySelector('#questions tbody tr')) {
+  window.__firstRowMs = performance.now(); seen.disconnect(); } })
+  .observe(document, {subtree: true, childList: true});"""
+# A click on a response's heatmap link as the page handles it: the hash changes, the response is fetched and drawn;
+# seconds until the canvas is in the page and a frame has been painted, timed in the page.
+HEATMAP = """async (target) => { const begin = performance.now(); location.hash = target;
+  await new Promise((done) => { const look = () => document.querySelector('#heatmap') ? done() :
+    requestAnimationFrame(look); look(); });
+  await new Promise((done) => requestAnimationFrame(() => done()));
+  return (performance.now() - begin) / 1000; }"""
+
+
+def browser(url: str, rids: list[str], repeats: int) -> dict | None:
+    """First page and a response's heatmap as Chromium draws them (None without chromium or playwright): timed
+    from Playwright (navigation → drawn, its round trips to the browser included) and inside the page (another
+    response each time: nothing of it read before)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         return None
     if not Path("/usr/bin/chromium").is_file():
         return None
-    first, heatmap = [], []
+    first, first_in_page, heatmap, heatmap_in_page = [], [], [], []
+
+    def target(rid: str) -> str:
+        return f"#/r/{rid.replace('#', '%23')}?view=heatmap"
+
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path="/usr/bin/chromium", args=FLAGS)
-        for _ in range(repeats):
+        for i in range(repeats):
             page = chromium.new_page()
+            page.add_init_script(FIRST_ROW)
             begin = time.perf_counter()
             page.goto(url)
             page.wait_for_selector("#questions tbody tr", timeout=60_000)
             first.append(time.perf_counter() - begin)
+            first_in_page.append(page.evaluate("() => window.__firstRowMs") / 1000)
             page.wait_for_selector("#voting.ready tbody tr", timeout=600_000)
             begin = time.perf_counter()
-            page.goto(f"{url}#/r/{rid.replace('#', '%23')}?view=heatmap")
+            page.goto(f"{url}{target(rids[2 * i])}")
             page.wait_for_selector("#heatmap", timeout=60_000)
             page.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
             heatmap.append(time.perf_counter() - begin)
+            page.goto(f"{url}#/")  # back to the run; then another heatmap as a click opens it, in the page
+            page.wait_for_selector("#questions tbody tr", timeout=60_000)
+            heatmap_in_page.append(page.evaluate(HEATMAP, target(rids[2 * i + 1])))
             page.close()
         chromium.close()
-    return {"first_page_s": first, "heatmap_s": heatmap}
+    return {"first_page_s": first, "first_page_in_page_s": first_in_page, "heatmap_s": heatmap,
+            "heatmap_in_page_s": heatmap_in_page}  # fmt: skip
 
 
 def main() -> None:
@@ -284,14 +310,17 @@ def main() -> None:
     server = Server(store)
     try:
         run = server.json("/api/run")
-        ids = random.Random(0).sample(sorted(f"q{i:04d}#{j}" for i in range(args.questions) for j in range(args.pool)),
-                                      args.responses)  # fmt: skip
+        every = sorted(f"q{i:04d}#{j}" for i in range(args.questions) for j in range(args.pool))
+        ids = random.Random(0).sample(every, args.responses)
+        unread = [
+            r for r in random.Random(1).sample(every, args.responses) if r not in set(ids)
+        ]  # for chromium
         questions = [f"q{i:04d}" for i in range(args.questions)]
         result = {"store": str(store), "store_gb": size / 1e9, "responses": run["records"],
                   "tokens": tokens, "layers": args.layers,
                   "server_start_s": server.start_s, "store_opened_s": server.opened_s,
                   **measure(server, ids, questions, args.repeats)}  # fmt: skip
-        result["browser"] = browser(server.url, ids[0], max(1, args.repeats // 2))
+        result["browser"] = browser(server.url, unread[: 2 * args.repeats], args.repeats)
         result["rss_mb_after_browser"] = server.rss_mb()
         result["load_1m_before_after"] = [*load, os.getloadavg()[0]]
     finally:
