@@ -12,9 +12,9 @@ things of a store — a few small columns of every row, and all columns of one r
 knows — and footers, column projection and one row-group read answer both directly. A filter on ``id`` would
 scan the id column of every shard per request; DuckDB would add a dependency for the same reads.
 
-Damage does not stop the reading: a shard the manifest lists but that is missing or unreadable, a shard it does
-not list, a shard still being written (``*.tmp``), a torn or foreign JSONL line — each becomes a notice naming
-the file, and the rest is read. Nothing here writes.
+Damage does not stop the reading: what the library's readers refuse (``stores.layout``'s checks of a listed shard,
+a data file no commit lists), a shard being written, a torn or foreign JSONL line — each becomes a notice naming
+the file, and the rest is read. One manifest is read: a snapshot. Nothing here writes or takes the lock.
 """
 
 from __future__ import annotations
@@ -184,17 +184,15 @@ class ParquetSource:
 
     def _note_others(self, manifest: dict[str, Any] | None, listed: list[str]) -> None:
         """Files beside the committed shards: data files no commit lists, shards being written."""
-        problems = layout.unlisted(self.directory, listed, manifest) if manifest is not None else []
-        unlisted = [p.path for p in problems]
+        unlisted = [p.path for p in layout.unlisted(self.directory, listed, manifest)] if manifest else []
         if unlisted:
             self.notices.append(
                 f"{unlisted[0]}" + (f" and {len(unlisted) - 1} more" if len(unlisted) > 1 else "")
                 + ": data file(s) the manifest does not list (left by an interrupted run, or copied in); not shown"
             )  # fmt: skip
         committed = {p.name for p in self._paths}
-        writing = sorted(
-            p.name for p in self.directory.glob(".part-*.parquet.tmp") if p.name not in committed
-        )
+        writing = sorted(p.name for p in self.directory.glob(".part-*.parquet.tmp")
+                         if p.name not in committed)  # fmt: skip
         if writing:
             self.notices.append(
                 f"{self.directory / writing[0]}: a shard being written (not committed when the page opened, or "
@@ -205,19 +203,29 @@ class ParquetSource:
         self, manifest: dict[str, Any], shard: dict[str, Any]
     ) -> tuple[Path, pq.FileMetaData, pa.Table] | str:
         """A shard's place, footer and light columns, or the notice saying why it cannot be read."""
-        path, problem = layout.shard_problem(self.directory, manifest, shard, verify=False)
-        if problem is None and path is not None:
+        for _ in range(2):  # a writer publishing the shard (a rename) meanwhile: look for it again
+            path, problem = layout.shard_problem(self.directory, manifest, shard, verify=False)
+            if problem is not None or path is None:
+                break
             try:
                 file = pq.ParquetFile(path)
                 light = [f.name for f in file.schema_arrow if _is_light(f)]
                 table = file.read(columns=light, use_threads=False)
-                problem = layout.table_problem(self.directory, path, manifest, shard,
-                                               table.replace_schema_metadata(file.schema_arrow.metadata))  # fmt: skip
-                if problem is None:
-                    return path, file.metadata, table
+            except FileNotFoundError:
+                continue
             except (OSError, pa.ArrowException) as exc:
                 return f"{path}: not a readable Parquet shard ({exc}); its records are not shown"
-        return f"{problem.message() if problem else shard['file']}; its records are not shown"
+            problem = layout.table_problem(self.directory, path, manifest, shard,
+                                           table.replace_schema_metadata(file.schema_arrow.metadata))  # fmt: skip
+            if problem is None:
+                return path, file.metadata, table
+            break
+        where = (
+            problem.message()
+            if problem
+            else f"{self.directory / shard['file']}: kept moving while it was read"
+        )
+        return f"{where}; its records are not shown"
 
     def _file(self, part: int) -> pq.ParquetFile:
         """The shard as the snapshot committed it. A commit since may have moved it (published from its hidden
@@ -262,11 +270,9 @@ class ParquetSource:
     def settings(self) -> dict[str, Any]:
         """The settings the first readable shard was written with (every shard carries its store's, bar the
         shards' list and the model's depth): what is left where the manifest is damaged."""
-        if not self._schemas:
-            return {}
         try:
-            settings = json.loads((self._schemas[0].metadata or {}).get(layout.SETTINGS_KEY, b"{}"))
-        except ValueError:
+            settings = layout.shard_settings(self._schemas[0].empty_table())[0]
+        except (IndexError, ValueError):  # no readable shard, or its metadata cut
             return {}
         return settings if isinstance(settings, dict) else {}
 
@@ -317,9 +323,6 @@ class ParquetSource:
             self.notices.append(note)
         return None
 
-    def rows(self) -> int:
-        return sum(m.num_rows for m in self._meta)
-
 
 class JsonlSource:
     """A JSONL results file, one line per record: read once for offsets and light fields, then line by line."""
@@ -334,9 +337,8 @@ class JsonlSource:
     def scan(self, columns: Sequence[str] | None = None) -> Iterator[tuple[Location, dict[str, Any]]]:
         """Each whole, readable line's light fields; a torn or foreign line becomes a notice."""
         for offset, record in self._lines():
-            light = {
-                k: v for k, v in record.items() if not isinstance(v, list | dict) and k not in HEAVY_SCALARS
-            }
+            light = {k: v for k, v in record.items()
+                     if not isinstance(v, list | dict) and k not in HEAVY_SCALARS}  # fmt: skip
             if columns is not None:
                 light = {k: v for k, v in light.items() if k in columns}
             yield Location(0, offset), light
