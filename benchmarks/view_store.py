@@ -34,9 +34,9 @@ import pyarrow as pa
 from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, ReadoutConfig, SamplingConfig
 from depthlens.evals.tasks import Question
 from depthlens.stores.arrow import to_table
-from depthlens.stores.layout import is_store
+from depthlens.stores.layout import is_legacy, is_store, manifest_file
 from depthlens.stores.parquet import ShardWriter
-from depthlens.stores.samples import SHARDS, samples_entry, store_manifest, write_questions
+from depthlens.stores.samples import RESUME_RULES, SHARDS, samples_entry, store_manifest, write_questions
 from depthlens.studies.generate import sample_seed
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -115,6 +115,19 @@ def build(out: Path, args: argparse.Namespace) -> None:
         for q in questions:
             for first in range(0, args.pool, args.shard):
                 writer.write_table(_batch(rng, q, first, args, schema), n_layers=args.layers)
+
+
+def current_layout(store: Path) -> None:
+    """A store built before issue 34's layout, moved to it as the next ``--resume`` would: a resumed writer that
+    writes nothing (``recover`` + ``publish``: each shard's bytes, sha256 and ids, and a run id, in _manifest.json)."""
+    shards = store / SHARDS
+    stored = json.loads(manifest_file(shards).read_text())
+    begin = time.perf_counter()
+    writer = ShardWriter(
+        shards, {k: v for k, v in stored.items() if k != "shards"}, resume=True, rules=RESUME_RULES
+    )
+    writer.close()
+    print(f"moved {store} to the current layout in {time.perf_counter() - begin:.0f} s", file=sys.stderr)
 
 
 class Server:
@@ -301,6 +314,8 @@ def main() -> None:
         begin = time.perf_counter()
         build(store, args)
         print(f"built {store} in {time.perf_counter() - begin:.0f} s", file=sys.stderr)
+    elif is_legacy(store / SHARDS):
+        current_layout(store)
     size = sum(p.stat().st_size for p in store.rglob("*") if p.is_file())
     import pyarrow.dataset as ds
 
