@@ -167,3 +167,11 @@ def tiny_chat():
     from depthlens.models.load import wrap
 
     return wrap(tiny_model("llama"), CharTokenizer(), name="tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def view_stores(tmp_path_factory):
+    """Stores written by the CLI for the explorer's tests (``depthlens view``): see tests/view_stores.py."""
+    from tests.view_stores import build_stores
+
+    return build_stores(tmp_path_factory.getbasetemp() / "view-stores")

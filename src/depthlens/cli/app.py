@@ -182,6 +182,7 @@ from depthlens.cli import (  # noqa: E402, F401
     tasks_cmd,
     tcb_cmd,
     thinkn_cmd,
+    view_cmd,
 )
 
 

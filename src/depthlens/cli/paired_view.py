@@ -7,19 +7,8 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
-from depthlens.studies.inference import format_p
+from depthlens.studies.inference import paired_cells
 from depthlens.voting.paired import PAPER_GAPS, Comparison
-
-
-def paired_cells(paired: Sequence[Comparison], method: str) -> tuple[str, str]:
-    """The method's difference from Cons@n in points with its paired-bootstrap interval, and its p-values."""
-    c = next((c for c in paired if c.method == method), None)
-    if c is None:
-        return "—", "—"
-    t = c.test
-    interval = "" if t.low is None or t.high is None else f" [{100 * t.low:+.1f}, {100 * t.high:+.1f}]"
-    flag = "†" if c.p_bh < 0.05 else ""
-    return f"{100 * t.difference:+.1f}{interval}", f"{format_p(t.p)} · {format_p(c.p_bh)}{flag}"
 
 
 def paired_table(paired: Sequence[Comparison]) -> Table:

@@ -25,22 +25,26 @@ DERIVED = ("thinkn-*.json", "thinkn-*.csv", "thinkn.json", "thinkn.csv", "online
 
 def store_state(out_dir: Path) -> str:
     """The fingerprint of the committed responses of the sample store ``out_dir`` (16 hex digits)."""
-    digest = hashlib.sha256()
     if stored_format(out_dir) == "parquet":
         manifest = read_json(samples_manifest(out_dir), "manifest", "see `depthlens check`")
-        shards = [(s.get("file"), s.get("sha256") or s.get("rows")) for s in manifest.get("shards", [])]
-        digest.update(json.dumps([manifest.get("run_id"), shards]).encode())
-        if not all(isinstance(s.get("sha256"), str) for s in manifest.get("shards", [])):
-            for (
-                name,
-                _,
-            ) in shards:  # a store of the earlier layout: its shards' sizes stand in for their hashes
-                path = out_dir / SHARDS / str(name)
-                digest.update(str(path.stat().st_size if path.is_file() else -1).encode())
-    else:
-        with samples_path(out_dir, "jsonl").open("rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
+        return manifest_state(manifest, out_dir / SHARDS)
+    digest = hashlib.sha256()
+    with samples_path(out_dir, "jsonl").open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def manifest_state(manifest: dict[str, Any], shards_dir: Path) -> str:
+    """The fingerprint of the Parquet store ``shards_dir`` as ``manifest`` commits it: a hash of its run id and its
+    shards' hashes, nothing re-read (a reader holding one manifest gets the state of exactly that snapshot)."""
+    digest = hashlib.sha256()
+    shards = [(s.get("file"), s.get("sha256") or s.get("rows")) for s in manifest.get("shards", [])]
+    digest.update(json.dumps([manifest.get("run_id"), shards]).encode())
+    if not all(isinstance(s.get("sha256"), str) for s in manifest.get("shards", [])):
+        for name, _ in shards:  # a store of the earlier layout: its shards' sizes stand in for their hashes
+            path = shards_dir / str(name)
+            digest.update(str(path.stat().st_size if path.is_file() else -1).encode())
     return digest.hexdigest()[:16]
 
 

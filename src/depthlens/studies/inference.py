@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from depthlens.metrics.resampling import fdr_adjust
+from depthlens.voting.paired import Comparison
 
 FDR_FIELDS = ("point_biserial_p", "spearman_p", "binned_r_p")
 """The p-value columns of Table 1 (and of the sweeps), each a family of its own."""
@@ -45,3 +46,15 @@ def format_p(p: float | None) -> str:
     if p is None:
         return "—"
     return "<0.001" if p < 0.001 else f"{p:.2g}" if p < 0.1 else f"{p:.2f}"
+
+
+def paired_cells(paired: Sequence[Comparison], method: str) -> tuple[str, str]:
+    """The method's difference from Cons@n in points with its paired-bootstrap interval, and its p-values · p_BH
+    († p_BH < 0.05): the cells ``thinkn`` prints (cli/paired_view.py) and ``view`` shows."""
+    c = next((c for c in paired if c.method == method), None)
+    if c is None:
+        return "—", "—"
+    t = c.test
+    interval = "" if t.low is None or t.high is None else f" [{100 * t.low:+.1f}, {100 * t.high:+.1f}]"
+    flag = "†" if c.p_bh < 0.05 else ""
+    return f"{100 * t.difference:+.1f}{interval}", f"{format_p(t.p)} · {format_p(c.p_bh)}{flag}"

@@ -1,0 +1,279 @@
+"""The JSON the page is drawn from: one function per view, each a thin layer over the store's readers and the
+voting code. Every page of the explorer is one of these answers (``app`` serves them under ``/api/``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from depthlens.config import VotingConfig
+from depthlens.errors import DepthlensError, InputError
+from depthlens.stores.files import read_json
+from depthlens.studies.inference import paired_cells
+from depthlens.studies.score import score_summary
+from depthlens.studies.thinkn import summary_files, summary_stem
+from depthlens.view.detail import scalar
+from depthlens.view.pools import Failed, VotingIndex, answer_summary, draw_detail, question_pool
+from depthlens.view.store import ViewStore, changed_since
+from depthlens.viz.heatmap import _colour
+from depthlens.voting.methods import METHODS, Response, trace_confidence
+from depthlens.voting.paired import Comparison
+
+RUN_FIELDS = ("model", "n_layers", "task", "study", "pool", "seed", "sampling", "readout", "dtr", "engine", "answers",
+              "online", "store", "input", "tokens", "tcb", "settings", "command", "started",
+              "depthlens_version")  # fmt: skip
+PALETTE = [_colour(i / 63, 1.0) for i in range(64)]  # the heatmap's colours (viz.heatmap), light → dark
+
+
+def default_voting(store: ViewStore) -> VotingConfig:
+    """The settings the page opens with: the store's latest ``thinkn`` summary's, else the defaults with n cut
+    to the pool and ℓ to the tokens read out."""
+    files = summary_files(store.path) if store.kind == "samples" else []
+    if files:
+        try:
+            summary = read_json(files[-1], "summary", "")
+            voting = VotingConfig.from_dict(summary["voting"])
+        except (DepthlensError, KeyError, TypeError):
+            store.notices.append(f"{files[-1]}: a summary whose settings could not be read; defaults used")
+        else:
+            voted = summary.get("store_state")  # the state it was voted over (stores.state), where it says
+            if store.state is not None and isinstance(voted, str) and voted != store.state:
+                store.notices.append(f"{files[-1].name} was voted over state {voted} of the store, which is now at "
+                                     f"{store.state}: the table here is voted over the state shown")  # fmt: skip
+            return voting
+    sizes = [len(store.usable(q)) for q in store.questions] or [1]
+    sampling = store.manifest.get("sampling")
+    readout = sampling.get("readout_tokens") if isinstance(sampling, dict) else None
+    prefix = VotingConfig().prefix  # ... or what the store read out, where that is less: Think@n ranks on it
+    if isinstance(readout, int) and readout >= 1 and prefix is not None:
+        prefix = min(prefix, readout)
+    return VotingConfig(n=max(1, min(VotingConfig().n, max(sizes))), prefix=prefix)
+
+
+def run_info(store: ViewStore, index: VotingIndex | None, voting: VotingConfig) -> dict[str, Any]:
+    """The run: what was asked of which model with which settings, how much the store holds, what is damaged."""
+    failed = sum(r.get("status") == "failed" for r in store.records)
+    info = {
+        "path": str(store.path),
+        "kind": store.kind,
+        "settings": {k: store.manifest[k] for k in RUN_FIELDS if k in store.manifest},
+        "n_layers": store.n_layers,
+        "dtr": dataclasses.asdict(store.dtr),
+        "records": len(store.records),
+        "failed": failed,
+        "questions": len(store.questions),
+        "online": bool(store.online),
+        "summaries": [p.name for p in summary_files(store.path)] if store.kind == "samples" else [],
+        "voting": _voting_dict(voting),
+        "methods": list(METHODS),
+        "palette": PALETTE,
+        "notices": list(store.notices) + [line for line in [changed_since(store)] if line],
+        "run_id": store.manifest.get("run_id"),
+        "state": store.state,
+        "index": None
+        if index is None
+        else {"done": index.done, "total": index.total, "ready": index.ready.is_set()},
+    }
+    if store.kind == "scores":
+        summary = score_summary(store.records)
+        info["summary"] = {k: scalar(v) for k, v in summary.items() if not isinstance(v, dict)}
+    return info
+
+
+def _voting_dict(voting: VotingConfig) -> dict[str, Any]:
+    return {**voting.to_dict(), "prefix": "full" if voting.prefix is None else voting.prefix}
+
+
+def voting_table(store: ViewStore, index: VotingIndex, voting: VotingConfig) -> dict[str, Any]:
+    """The voting table as ``thinkn --from`` prints it (cli/thinkn_cmd.print_report): the same summaries
+    (``run_trials``), the same cells, and the notes it prints under the table."""
+    if not index.ready.is_set() or index.error:
+        return _building(index)
+    pools, excluded = index.pools(voting.n)
+    if not pools:
+        return {"state": "empty", "note": f"no question has n = {voting.n} usable responses; lower n"}
+    quick = index.later(voting, "quick")  # queued first: Think@n's row shows before DeepConf's are done
+    vote = index.later(voting, "vote")
+    for failed in (quick, vote):
+        if isinstance(failed, Failed):
+            return {"state": "error", "note": failed.message}
+    if vote is None and quick is None:
+        return {"state": "voting", "questions": len(pools), "trials": voting.trials}
+    state, summaries = ("ready", vote.summaries) if vote is not None else ("partial", quick)
+    cons = next((s for s in summaries if s.method == "cons@n"), None)
+    rows = []
+    for s in summaries:
+        ratio = f"{s.cost_mean / cons.cost_mean:.0%}" if cons and cons.cost_mean else "—"
+        rows.append({
+            "method": s.method,
+            "accuracy": f"{100 * s.accuracy_mean:.1f} ± {100 * s.accuracy_std:.1f}",
+            "tokens": f"{s.cost_mean:,.0f} ± {s.cost_std:,.0f}",
+            "vs_cons": ratio,
+            "paper": f"{s.cost_paper_mean:,.0f}",
+            "values": dataclasses.asdict(s),
+        })  # fmt: skip
+    task = (
+        (store.manifest.get("task") or {}).get("name", "?")
+        if isinstance(store.manifest.get("task"), dict)
+        else "?"
+    )
+    prefix = "full" if voting.prefix is None else voting.prefix
+    title = (f"{store.manifest.get('model', '?')} · {task} · n={voting.n} η={voting.eta} ℓ={prefix} · "
+             f"{voting.trials} trials × {len(pools)} questions")  # fmt: skip
+    notes = [answer_summary(store).line()]
+    unanswered = {s.method: s.no_answer for s in summaries if s.no_answer}
+    if unanswered:
+        notes.append("votes with no answer (wrong), questions per trial: "
+                     + ", ".join(f"{m} {v:g}" for m, v in unanswered.items()))  # fmt: skip
+    if excluded:
+        notes.append(
+            f"{len(excluded)} question(s) left out (fewer than n usable responses): "
+            + ", ".join(excluded[:10])
+        )
+    if state == "partial":
+        notes.append(
+            f"the DeepConf rows follow (every trace's group confidences, {voting.trials} draws each)"
+        )
+    paired = paired_rows(vote.paired) if vote is not None else []
+    return {"state": state, "title": title, "rows": rows, "notes": notes, "stem": summary_stem(voting),
+            "paired": paired, "paired_title": f"vs {vote.paired[0].baseline} on the same questions (paired)"
+            if vote is not None and vote.paired else None}  # fmt: skip
+
+
+def paired_rows(paired: list[Comparison]) -> list[dict[str, str]]:
+    """The paired table ``thinkn --from`` prints under its table (cli/paired_view.py, the same cells): each method
+    against Cons@n on the same questions — the difference in points [95 %], p · p_BH, won / lost."""
+    rows = []
+    for c in paired:
+        difference, p = paired_cells(paired, c.method)
+        rows.append({"method": c.method, "difference": difference, "p": p,
+                     "won_lost": f"{c.test.wins} / {c.test.losses}"})  # fmt: skip
+    return rows
+
+
+def _building(index: VotingIndex) -> dict[str, Any]:
+    if index.error:
+        return {"state": "error", "note": index.error}
+    return {"state": "building", "done": index.done, "total": index.total}
+
+
+def question_rows(store: ViewStore) -> list[dict[str, Any]]:
+    """Every question's gold answer and the pool's votes (from the light fields only)."""
+    return [question_row(store, qid) for qid in store.questions]
+
+
+def question_row(store: ViewStore, qid: str) -> dict[str, Any]:
+    """A question's gold answer, the pool's votes (most first; whether that answer is right), its agreement (the
+    top answer's share of the usable responses) and, for an online run, what the run answered."""
+    q = store.questions[qid]
+    usable = [store.records[i] for i in store.usable(qid)]
+    votes: dict[str, dict[str, Any]] = {}
+    for r in usable:
+        key = r.get("vote_key")
+        if key is None:
+            continue
+        vote = votes.setdefault(key, {"key": key, "answer": r.get("answer"), "votes": 0, "correct": False})
+        vote["votes"] += 1
+        vote["correct"] = vote["correct"] or bool(r.get("correct"))
+    ranked = sorted(votes.values(), key=lambda v: -v["votes"])
+    online = store.online.get(qid)
+    return {
+        "id": qid, "gold": q.gold, "question": (q.text or "")[:240], "responses": len(usable),
+        "failed": len(q.records) - len(usable), "votes": ranked,
+        "agreement": ranked[0]["votes"] / len(usable) if ranked and usable else 0.0,
+        "pool_right": sum(bool(r.get("correct")) for r in usable) / len(usable) if usable else None,
+        "online": None if online is None else {k: online.get(k) for k in ("answer", "correct", "stop", "tokens",
+                                                                         "started")},
+    }  # fmt: skip
+
+
+def questions_page(
+    base: list[dict[str, Any]], index: VotingIndex, voting: VotingConfig, query: dict[str, Any]
+) -> dict[str, Any]:
+    """A page of questions (``base``: ``question_rows``), filtered by a method's right/wrong and sorted
+    (``query``: page, size, sort, order, filter, method)."""
+    method, wanted = query["method"], query["filter"]
+    tests = {"right": lambda a: a == 1.0, "wrong": lambda a: a == 0.0, "mixed": lambda a: 0.0 < a < 1.0}
+    keys = {"id": lambda r: r["id"], "agreement": lambda r: (r["agreement"], r["id"]),
+            "responses": lambda r: (r["responses"], r["id"]),
+            "accuracy": lambda r: ((r["methods"] or {}).get(method, -1.0), r["id"])}  # fmt: skip
+    for name, value, known in (("method", method, METHODS), ("filter", wanted, ["all", *tests]),
+                               ("sort", query["sort"], keys)):  # fmt: skip
+        if value not in known:
+            raise InputError(f"{name} {value!r}: use one of {', '.join(known)}")
+    vote = index.later(voting, "vote") if index.ready.is_set() and not index.error else None
+    state = _building(index)["state"] if not index.ready.is_set() or index.error else "voting"
+    per_q = None
+    if isinstance(vote, Failed):
+        state = "error"
+    elif vote is not None:
+        per_q, state = vote.per_question, "ready"
+    rows = [{**r, "methods": None if per_q is None else per_q.get(r["id"])} for r in base]
+    if wanted != "all":
+        if per_q is None:
+            return {"state": state, "rows": [], "total": 0, "page": query["page"], "size": query["size"]}
+        rows = [r for r in rows if r["methods"] is not None and tests[wanted](r["methods"][method])]
+    rows.sort(key=keys[query["sort"]], reverse=query["order"] == "desc")
+    size, page = query["size"], query["page"]
+    return {"state": state, "total": len(rows), "page": page, "size": size,
+            "rows": rows[page * size : (page + 1) * size]}  # fmt: skip
+
+
+def question_detail(store: ViewStore, qid: str, voting: VotingConfig, trial: int) -> dict[str, Any]:
+    """A question, its pool's responses with their scores, and trial ``trial``'s draw voted by every method."""
+    q = store.questions[qid]
+    pool = question_pool(store, qid)
+    detail = draw_detail(store, qid, pool, voting, trial)
+    think = detail["methods"].get("think@n")
+    kept = set(think["kept"]) if think else set()
+    drawn = set(detail["drawn"])
+    responses = dict(pool)
+    decisions = {d.get("index"): d for d in (store.online.get(qid) or {}).get("decisions", [])}
+    rows = []
+    for i in q.records:
+        record = store.records[i]
+        r = responses.get(i)
+        rows.append({
+            **{k: scalar(v) for k, v in record.items()},
+            "think": None if i not in drawn else ("kept" if i in kept else "rejected"),
+            **_scores(r, voting),
+            "online": decisions.get(record.get("sample")),
+        })  # fmt: skip
+    return {**question_row(store, qid), "question": q.text, "choices": q.choices, "trial": trial, "draw": detail,
+            "rows": rows, "online_line": store.online.get(qid)}  # fmt: skip
+
+
+def _scores(r: Response | None, voting: VotingConfig) -> dict[str, Any]:
+    """A response's prefix DTR at ℓ, DTR over every read-out token, mean confidence and prefix self-certainty —
+    the numbers Think@n and its peers rank by (``Response``'s own methods)."""
+    if r is None:
+        return {"prefix_dtr": None, "dtr": None, "confidence": None, "self_certainty": None, "readout": None}
+    try:
+        prefix_dtr: float | None = r.prefix_dtr(voting.prefix)
+        why = None
+    except InputError as exc:
+        prefix_dtr, why = None, str(exc)
+    return {
+        "prefix_dtr": prefix_dtr,
+        "prefix_note": why,
+        "dtr": float(r.deep.mean()) if len(r.deep) else None,
+        "readout": len(r.deep),
+        "confidence": scalar(trace_confidence(r.confidence, "mean", voting.deepconf_window)),
+        "self_certainty": scalar(r.prefix_self_certainty(voting.prefix)),
+    }
+
+
+def records_page(store: ViewStore, query: dict[str, Any]) -> dict[str, Any]:
+    """A page of records with their light fields (a score store's metrics), sorted by any of them."""
+    key = query["sort"]
+    rows = [{k: scalar(v) for k, v in r.items()} for r in store.records]
+    if key != "store":
+        present = [r for r in rows if isinstance(r.get(key), int | float)]
+        absent = [r for r in rows if not isinstance(r.get(key), int | float)]
+        present.sort(key=lambda r: r[key], reverse=query["order"] == "desc")
+        rows = present + absent
+    size, page = query["size"], query["page"]
+    columns = list(dict.fromkeys(k for r in store.records[:200] for k in r))
+    return {"total": len(rows), "page": page, "size": size, "columns": columns,
+            "rows": rows[page * size : (page + 1) * size]}  # fmt: skip

@@ -1,0 +1,272 @@
+"""A store opened for viewing: which kind it is, its settings, its records' light fields, and what is damaged.
+
+Kinds (docs/architecture.md, the sample store): a *sample store* (``generate`` / ``thinkn --out`` / an online
+run: ``questions.jsonl``, ``samples/`` or ``samples.jsonl`` with its manifest, maybe ``online.jsonl`` and
+``thinkn-*.json`` summaries) and a *score store* (``score``: a Parquet store directory, or a ``.jsonl`` file with
+its ``.manifest.json`` beside it). A path that is neither is refused, naming both, before any server starts.
+
+A damaged store opens: the manifest is read with the library's own readers and checks (``stores.samples.read_manifest``,
+``stores.parquet.store_manifest``); where they refuse, the refusal becomes a notice and the settings are taken
+from what is left (a shard's own recorded settings, the divergences' width). Only the records' light fields are
+held (``access``); everything per token is read when a response is opened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from depthlens.config import DTRConfig
+from depthlens.errors import DepthlensError, InputError
+from depthlens.stores import samples
+from depthlens.stores.access import JsonlSource, Location, ParquetSource
+from depthlens.stores.files import manifest_path
+from depthlens.stores.jsonl import iter_jsonl
+from depthlens.stores.layout import MANIFEST, is_store, manifest_file
+from depthlens.stores.parquet import store_manifest
+from depthlens.stores.samples import SAMPLES
+from depthlens.stores.state import manifest_state
+from depthlens.studies.online import DECISIONS
+
+Kind = Literal["samples", "scores", "tcb"]
+TRACE = "trace.progress.jsonl"  # `depthlens tcb trace`'s record: per generated token δ, V_eff, perplexity
+EXPECTED = (
+    f"a sample store directory (from `depthlens generate` or `thinkn --out`: samples/ with its {MANIFEST}, or "
+    "samples.jsonl with samples.jsonl.manifest.json), a score store (from `depthlens score`: a directory with "
+    f"{MANIFEST} and part-*.parquet shards, or a .jsonl file with its .manifest.json beside it) or a TCB "
+    f"trace (from `depthlens tcb trace`: a directory with {TRACE})"
+)
+
+
+def identify(path: Path) -> tuple[Kind, Path]:
+    """The kind of store at ``path`` and its root (a sample store's directory, a score store's directory or
+    file); InputError naming what was expected when it is none. Reads no record."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory; give {EXPECTED}")
+    if path.is_dir():
+        if (path / samples.SHARDS).is_dir() or (path / SAMPLES).is_file():
+            return "samples", path
+        if path.name == samples.SHARDS and (path.parent / samples.QUESTIONS).is_file():
+            return "samples", path.parent  # the samples/ directory itself
+        if is_store(path) or any(path.glob("part-*.parquet")):
+            return "scores", path
+        if (path / TRACE).is_file():
+            return "tcb", path
+    elif path.name == SAMPLES:
+        return "samples", path.parent
+    elif path.name == TRACE:
+        return "tcb", path.parent
+    elif path.suffix == ".jsonl" and manifest_path(path).is_file():
+        return "scores", path
+    what = "a directory" if path.is_dir() else "a file"
+    raise InputError(
+        f"{path}: not a depthlens store ({what} with none of the files one holds); give {EXPECTED}"
+    )
+
+
+@dataclasses.dataclass
+class Question:
+    """A sample store's question: its gold answer (from ``questions.jsonl``) and its records in store order."""
+
+    id: str
+    gold: str | None = None
+    text: str | None = None
+    choices: list[str] = dataclasses.field(default_factory=list)
+    records: list[int] = dataclasses.field(default_factory=list)  # indices into ``ViewStore.records``
+
+
+@dataclasses.dataclass
+class ViewStore:
+    path: Path
+    kind: Kind
+    manifest: dict[str, Any]
+    source: ParquetSource | JsonlSource
+    notices: list[str]
+    records: list[dict[str, Any]]  # light fields of every readable record, in store order
+    locations: list[Location]
+    by_id: dict[str, int]
+    n_layers: int | None
+    dtr: DTRConfig
+    questions: dict[str, Question] = dataclasses.field(default_factory=dict)
+    online: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # online.jsonl by question
+    state: str | None = (
+        None  # the committed state shown (``stores.state``): a Parquet store's, from its manifest
+    )
+
+    def read(self, index: int, columns: list[str] | None = None) -> dict[str, Any]:
+        """Record ``index`` with its per-token columns (``columns``: those wanted; None = all)."""
+        return self.source.read(self.locations[index], columns)
+
+    def read_rows(self, indices: list[int], columns: list[str] | None = None) -> list[dict[str, Any]]:
+        """Several records at once (each shard's row group read once)."""
+        return self.source.read_rows([self.locations[i] for i in indices], columns)
+
+    def usable(self, question: str) -> list[int]:
+        """A question's responses voting uses (``studies.thinkn.load_pools``: all but failed ones), in store order."""
+        return [i for i in self.questions[question].records if self.records[i].get("status") != "failed"]
+
+
+def open_store(path: Path) -> ViewStore:
+    """Open ``path`` for viewing (see the module docstring); InputError when it is not a store."""
+    kind, root = identify(path.expanduser())
+    notices: list[str] = []
+    if kind == "samples":
+        manifest, source = _open_samples(root, notices)
+    elif kind == "tcb":
+        manifest, source = _read_loose(manifest_path(root / TRACE)), JsonlSource(root / TRACE, notices)
+    else:
+        manifest, source = _open_scores(root, notices)
+    records, locations, by_id = [], [], {}
+    missing_id = 0
+    for location, record in source.scan():
+        if not isinstance(record.get("id"), str | int):
+            missing_id += 1
+            continue
+        by_id[str(record["id"])] = len(records)
+        records.append(record)
+        locations.append(location)
+    if missing_id:
+        notices.append(f"{missing_id} record(s) without an id; not shown")
+    n_layers = manifest.get("n_layers") if isinstance(manifest.get("n_layers"), int) else None
+    if n_layers is None and kind != "tcb":
+        n_layers = _layers(source)
+    store = ViewStore(
+        root, kind, manifest, source, notices, records, locations, by_id, n_layers, _dtr(manifest, notices)
+    )
+    store.state = _state(manifest, source)
+    if kind == "samples":
+        _read_questions(store)
+        _read_online(store)
+    elif kind == "tcb":
+        for i, record in enumerate(store.records):  # the trace's summary beside its id (one record)
+            summary = (store.read(i).get("rows") or {}).get("summary") or {}
+            record.update({k: v for k, v in summary.items() if not isinstance(v, dict | list)})
+    return store
+
+
+def _open_samples(root: Path, notices: list[str]) -> tuple[dict[str, Any], ParquetSource | JsonlSource]:
+    sharded = (root / samples.SHARDS).is_dir() and not (root / SAMPLES).exists()
+    try:
+        manifest = samples.read_manifest(root)
+    except DepthlensError as exc:
+        notices.append(f"{exc} — shown: what the store's records hold")
+        manifest = _read_loose(
+            manifest_file(root / samples.SHARDS) if sharded else manifest_path(root / SAMPLES)
+        )
+    if sharded:
+        source: ParquetSource | JsonlSource = ParquetSource(root / samples.SHARDS, manifest or None, notices)
+        manifest = {**source.settings(), **manifest}
+    else:
+        source = JsonlSource(root / SAMPLES, notices)
+    return manifest, source
+
+
+def _open_scores(root: Path, notices: list[str]) -> tuple[dict[str, Any], ParquetSource | JsonlSource]:
+    try:
+        manifest = store_manifest(root)
+    except DepthlensError as exc:
+        notices.append(f"{exc} — shown: what the store's records hold")
+        manifest = _read_loose(manifest_file(root) if root.is_dir() else manifest_path(root))
+    if root.is_dir():
+        source: ParquetSource | JsonlSource = ParquetSource(root, manifest or None, notices)
+        return {**source.settings(), **manifest}, source
+    return manifest, JsonlSource(root, notices)
+
+
+def _read_loose(path: Path) -> dict[str, Any]:
+    """Whatever of a manifest still parses as a JSON object ({} when nothing does): a refused manifest's settings
+    may still name the model and the DTR settings."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _layers(source: ParquetSource | JsonlSource) -> int | None:
+    """The model's depth from the stored divergences' width, where no manifest says it."""
+    if isinstance(source, ParquetSource):
+        return source.matrix_width("divergence")
+    for _, record in source.records():
+        rows = record.get("divergence")
+        if isinstance(rows, list) and rows and isinstance(rows[0], list):
+            return len(rows[0])
+    return None
+
+
+def _dtr(manifest: dict[str, Any], notices: list[str]) -> DTRConfig:
+    if "study" in manifest:  # a TCB study reads out no layers: no DTR settings to miss
+        return DTRConfig()
+    try:
+        return DTRConfig.from_dict(manifest["dtr"])
+    except (KeyError, TypeError, DepthlensError):
+        notices.append("no readable DTR settings (g, ρ, deep rule) in the manifest; the defaults are used")
+        return DTRConfig()
+
+
+def _read_questions(store: ViewStore) -> None:
+    """Gold answers from ``questions.jsonl`` and each question's records, in the manifest's order."""
+    order = [str(q) for q in store.manifest.get("questions", []) if isinstance(q, str | int)]
+    store.questions = {q: Question(q) for q in order}
+    path = store.path / samples.QUESTIONS
+    try:
+        for row in iter_jsonl(path):
+            q = store.questions.setdefault(str(row.get("id")), Question(str(row.get("id"))))
+            q.gold, q.text = _text(row.get("answer")), _text(row.get("question"))
+            q.choices = [str(c) for c in row.get("choices") or []]
+    except (OSError, DepthlensError) as exc:
+        store.notices.append(f"{path}: {exc}; gold answers are not shown where it was not read")
+    for i, record in enumerate(store.records):
+        qid = str(record.get("question_id"))
+        store.questions.setdefault(qid, Question(qid)).records.append(i)
+
+
+def _read_online(store: ViewStore) -> None:
+    """An online run's decisions (``online.jsonl``): per question, where each response was stopped and why."""
+    path = store.path / DECISIONS
+    if not path.is_file():
+        return
+    try:
+        for line in iter_jsonl(path):
+            store.online[str(line.get("id"))] = line
+    except DepthlensError as exc:
+        store.notices.append(f"{exc} — the online decisions after it are not shown")
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _state(manifest: dict[str, Any], source: ParquetSource | JsonlSource) -> str | None:
+    """The fingerprint of the snapshot read, where it is cheap: a Parquet store's, from the manifest read at open
+    (a JSONL store's is a hash of the whole file: not computed here)."""
+    if not isinstance(source, ParquetSource) or not isinstance(manifest.get("shards"), list):
+        return None
+    try:
+        return manifest_state(manifest, source.directory)
+    except (AttributeError, TypeError, OSError):  # a damaged manifest's entries
+        return None
+
+
+def changed_since(store: ViewStore) -> str | None:
+    """What a writer committed since the page opened (None: nothing): the page keeps showing its snapshot, and
+    says so. A Parquet store's manifest is read again (small), a JSONL file's size and identity are looked at."""
+    source = store.source
+    if isinstance(source, ParquetSource):
+        if store.state is None:
+            return None
+        now = _state(_read_loose(manifest_file(source.directory)), source)
+        if now in (None, store.state):
+            return None
+        return (f"the store has committed a new state ({now}) since this page opened ({store.state}); shown is "
+                "the state as it was — restart `depthlens view` to see the new one")  # fmt: skip
+    try:
+        stat = source.path.stat()
+    except OSError:
+        return f"{source.path} is gone since this page opened; shown is what was read then"
+    if source.changed(stat):
+        return (f"{source.path} has changed since this page opened (a writer appended or rewrote it); shown is "
+                "what was committed then — restart `depthlens view` to see the rest")  # fmt: skip
+    return None

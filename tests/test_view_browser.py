@@ -1,0 +1,218 @@
+"""``depthlens view`` in a real browser: Debian's chromium driven by Playwright follows question → response →
+token, changes η, opens the heatmap, and checks what the page shows against the store's own numbers and what
+``thinkn --from`` prints. Where chromium or playwright is missing they skip, saying why — except where they are
+required (CI: ``$CI`` or ``$DEPTHLENS_BROWSER_TESTS`` set, as .ci/run sets it after installing chromium): there
+they fail, naming what is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+import pytest
+import torch
+
+from depthlens.config import DTRConfig, VotingConfig
+from depthlens.metrics.dtr import settling_depth
+from depthlens.stores.jsonl import iter_jsonl
+from depthlens.stores.samples import iter_samples, read_manifest
+from depthlens.studies.thinkn import load_pools
+from depthlens.voting.methods import think_at_n
+from depthlens.voting.trials import draw
+from tests.test_cli import run
+from tests.test_view import _printed_table
+
+
+def _required() -> bool:
+    """CI must run these tests (.ci/run installs chromium and says so): there a missing browser fails them, so a
+    broken install cannot pass as a skip. A developer machine without chromium skips them, saying why."""
+    flag = os.environ.get("DEPTHLENS_BROWSER_TESTS", os.environ.get("CI", ""))
+    return flag.lower() not in ("", "0", "false", "no", "optional")
+
+
+def _chromium() -> str | None:
+    """Debian's chromium: $DEPTHLENS_CHROMIUM, else ``chromium`` (or ``chromium-browser``) on PATH."""
+    named = os.environ.get("DEPTHLENS_CHROMIUM")
+    if named:
+        return named if Path(named).is_file() else None
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _missing() -> str | None:
+    if _chromium() is None:
+        return ("Debian's chromium is not installed (apt-get install chromium, or point $DEPTHLENS_CHROMIUM at a "
+                "chromium executable); .ci/run installs it")  # fmt: skip
+    if importlib.util.find_spec("playwright") is None or importlib.util.find_spec("uvicorn") is None:
+        return "playwright or uvicorn is not installed (pip install -e '.[dev,view]')"
+    return None
+
+
+MISSING = _missing()
+if MISSING is not None and not _required():
+    pytest.skip(MISSING, allow_module_level=True)
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+WAIT_MS = 30_000
+
+
+def js_fixed(value: float, digits: int) -> str:
+    """``Number.prototype.toFixed``: the exact binary value rounded half up (Python's format rounds half even)."""
+    return str(Decimal(value).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+
+
+@pytest.fixture
+def serve() -> Iterator:
+    """``serve(store)`` → the URL of the explorer over ``store``, on uvicorn in a thread of this process."""
+    import uvicorn
+
+    from depthlens.view.app import Explorer, make_app
+    from depthlens.view.server import bind, url
+    from depthlens.view.store import open_store
+
+    servers = []
+
+    def start(path: Path) -> str:
+        explorer = Explorer.of(open_store(path))
+        explorer.start()
+        sock = bind("127.0.0.1", 0)
+        server = uvicorn.Server(uvicorn.Config(make_app(explorer), log_level="warning", lifespan="off"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        servers.append((server, thread, sock))
+        return url(sock)
+
+    yield start
+    for server, thread, sock in servers:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _browser_present() -> None:
+    """Where the tests are required (CI) and the browser is missing: fail each, naming what is missing (before the
+    stores are built: session-scoped and autouse, it runs first)."""
+    if MISSING is not None:
+        pytest.fail(f"the browser tests are required here (CI) but {MISSING}", pytrace=False)
+
+
+@pytest.fixture
+def page() -> Iterator:
+    from playwright import sync_api
+
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=FLAGS)
+        tab = browser.new_page(viewport={"width": 1400, "height": 900})
+        errors: list[str] = []
+        tab.on("pageerror", lambda e: errors.append(str(e)))
+        tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        yield tab
+        browser.close()
+        assert not errors, errors
+
+
+def _cells(page, selector: str) -> list[list[str]]:
+    return page.eval_on_selector_all(
+        selector, "rows => rows.map(r => [...r.cells].map(c => c.innerText.trim()))"
+    )
+
+
+def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, tmp_path, monkeypatch, capsys):
+    store = view_stores["answers"]
+    copy = tmp_path / "copy"  # thinkn --from writes its summary into the store it reads
+    shutil.copytree(store, copy)
+    voting = VotingConfig(n=4, eta=0.5, prefix=50, trials=10)  # the page's defaults here: n cut to the pool
+    code, out, err = run(monkeypatch, capsys, "thinkn", "--from", copy, "--n", "4", "--eta", "0.5", "--prefix", "50",
+                         "--trials", "10")  # fmt: skip
+    assert code in (0, None), err
+    page.goto(serve(store))
+    page.wait_for_selector("#voting.ready tbody tr", timeout=WAIT_MS)  # every row (DeepConf's come last)
+    printed = _printed_table(out)  # the voting table (5 columns), then the paired table (4)
+    assert _cells(page, "#voting tbody tr") == [row for row in printed if len(row) == 5]
+    assert _cells(page, "#paired tbody tr") == [row for row in printed if len(row) == 4]
+    page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
+
+    # question → its responses, Think@n's marks on trial 0's draw
+    page.wait_for_selector(
+        "#questions tbody tr td.mark .right, #questions tbody tr td.mark .wrong", timeout=WAIT_MS
+    )
+    qid = page.eval_on_selector("#questions tbody tr", "r => r.dataset.id")
+    page.click(f'#questions tbody tr[data-id="{qid}"] a')
+    page.wait_for_selector("#responses tbody tr", timeout=WAIT_MS)
+    dtr = DTRConfig.from_dict(read_manifest(store)["dtr"])
+    pools, _ = load_pools(store, dtr, voting.n)
+    ids = [r["id"] for r in iter_samples(store) if r["question_id"] == qid]
+    picks = draw(len(pools[qid]), voting.n, voting.seed, 0, sorted(pools).index(qid))
+
+    def kept_shown() -> list[str]:
+        return page.eval_on_selector_all("#responses tbody tr.kept", "rows => rows.map(r => r.dataset.id)")
+
+    for eta in (0.5, 0.75, 0.25):
+        if eta != 0.5:  # η changed on the page: Think@n selects again
+            page.fill("#set-eta", str(eta))
+            page.press("#set-eta", "Enter")
+            kept = math.ceil(eta * 4)
+            page.wait_for_function(f"document.querySelectorAll('#responses tbody tr.kept').length === {kept}",
+                                   timeout=WAIT_MS)  # fmt: skip
+        outcome = think_at_n([pools[qid][p] for p in picks], VotingConfig(n=4, eta=eta, prefix=50))
+        assert kept_shown() == [ids[picks[k]] for k in outcome.kept]
+    script = "rows => rows.map(r => [r.dataset.id, r.querySelector('[data-field=prefix_dtr]').innerText])"
+    shown = dict(page.eval_on_selector_all("#responses tbody tr", script))
+    assert shown == {i: js_fixed(r.prefix_dtr(50), 3) for i, r in zip(ids, pools[qid], strict=True)}
+    page.screenshot(path=str(tmp_path / "question.png"), full_page=True)
+
+    # response → its tokens; a token → its divergence at every layer; the heatmap
+    rid = kept_shown()[0]
+    record = next(r for r in iter_samples(store) if r["id"] == rid)
+    page.click(f'#responses tbody tr[data-id="{rid}"] a')
+    page.wait_for_selector("#tokens .tok", timeout=WAIT_MS)
+    assert page.eval_on_selector_all("#tokens .tok", "s => s.length") == record["n_tokens"]
+    depth = settling_depth(torch.tensor(record["divergence"]), dtr.g).tolist()
+    page.click('#tokens .tok[data-i="2"]')
+    assert page.inner_text('#token-facts [data-field="settling depth"]') == f"layer {depth[2]} of 3"
+    page.click("#token-panel details summary")
+    values = page.eval_on_selector_all("#layer-values td.num", "cells => cells.map(c => c.innerText)")
+    assert values == [
+        js_fixed(v, 5) for v in record["divergence"][2]
+    ]  # the stored float32, as toFixed shows it
+    page.click("#show-heatmap")
+    box = page.locator("#heatmap").bounding_box()
+    assert box and box["width"] > 0
+    page.mouse.click(
+        box["x"] + box["width"] * (5.5 / record["n_tokens"]), box["y"] + 4
+    )  # the column of token 5
+    page.wait_for_function(
+        "document.querySelector('#token-panel h3').innerText.startsWith('token 5')", timeout=WAIT_MS
+    )
+    page.screenshot(path=str(tmp_path / "response.png"), full_page=True)
+
+
+def test_score_store_records_in_chromium(view_stores, serve, page, tmp_path):
+    page.goto(serve(view_stores["scores"]))
+    page.wait_for_selector("#records tbody tr", timeout=WAIT_MS)
+    first = page.eval_on_selector("#records tbody tr", "r => r.dataset.id")
+    stored = next(r for r in iter_samples(view_stores["samples_jsonl"]) if r["id"] == first)
+    page.click(f'#records tbody tr[data-id="{first}"] a')
+    page.wait_for_selector("#tokens .tok", timeout=WAIT_MS)
+    assert page.eval_on_selector_all("#tokens .tok", "s => s.length") == stored["n_tokens"]
+    page.screenshot(path=str(tmp_path / "record.png"), full_page=True)
+
+
+def test_tcb_trace_in_chromium(view_stores, serve, page):
+    (line,) = iter_jsonl(view_stores["tcb"] / "trace.progress.jsonl")
+    rows = line["rows"]["rows"]
+    page.goto(serve(view_stores["tcb"]) + "#/r/trace")
+    page.wait_for_selector("#tokens .tok", timeout=WAIT_MS)
+    assert page.eval_on_selector_all("#tokens .tok", "s => s.length") == len(rows)
+    assert page.eval_on_selector_all("#tokens .tok.drop", "s => s.length") == sum(
+        r["sharp_drop"] for r in rows
+    )
+    page.click('#tokens .tok[data-i="1"]')
+    assert page.inner_text('#token-facts [data-field="tcb"]') == js_fixed(round(rows[1]["tcb"], 6), 4)

@@ -1,0 +1,110 @@
+"""Stores for the explorer's tests (``depthlens view``), written by the CLI with the tiny llama and a character
+tokenizer saved where the CLI loads it (as tests/test_faults.py does): built once per session, each test copies
+what it damages.
+
+- ``samples``: ``generate`` into a sharded Parquet store (3 questions × pool 4, every token read out, g = 0.012
+  so the 3-layer model's tokens settle at different layers); ``samples_jsonl``: the same as JSONL;
+- ``answers``: the Parquet store's responses with varied answers (the random model states none), rewritten
+  through the store's own writer under its own manifest, so votes, ties and right / wrong have something to do;
+- ``online``: a live ``thinkn --online`` run (warm-up 2, up to 6 responses, batch 1, decision at ℓ = 3, η 0.25);
+- ``scores`` / ``scores_jsonl``: ``score --tokens`` of the JSONL store's responses;
+- ``tcb``: a ``tcb trace`` (per generated token δ, V_eff, perplexity; no layers).
+"""
+
+from __future__ import annotations
+
+import shutil
+import string
+import sys
+from pathlib import Path
+
+from depthlens.cli.app import main
+from depthlens.stores.parquet import ShardWriter, store_manifest
+from depthlens.stores.samples import SHARDS, iter_samples
+from tests.conftest import tiny_model
+
+TASK = ["--task", "reasoning_gym:chain_sum", "--task-config", "min_terms=2,max_terms=2,max_digits=1"]
+SAMPLE = [*TASK, "--max-new-tokens", "10", "--readout-tokens", "all", "--g", "0.012", "--temperature", "1.0",
+          "--answer-fallback", "last-number", "--device", "cpu"]  # fmt: skip
+
+
+def cli(*args: object) -> None:
+    """Run ``depthlens ARGS`` in this process; a failure raises with its exit code."""
+    saved = sys.argv
+    sys.argv = ["depthlens", *map(str, args)]
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise AssertionError(f"depthlens {' '.join(map(str, args))} exited {exc.code}") from None
+    finally:
+        sys.argv = saved
+
+
+def save_chat_model(path: Path) -> Path:
+    """The tiny llama with a character-level fast tokenizer and a chat template, saved where the CLI loads it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for char in string.printable:
+        if char not in "\x0b\x0c\r":
+            vocab.setdefault(char, len(vocab))  # 101 tokens: the tiny model's vocabulary
+    chars = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    chars.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    chars.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=chars, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    tiny_model("llama").save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _answered(source: Path, out: Path) -> None:
+    """``source``'s store with answers spread over a few values (right where the key is "1"), rewritten whole
+    through ``ShardWriter`` under the same manifest."""
+    shutil.copytree(source, out, ignore=shutil.ignore_patterns(SHARDS))
+    manifest = {k: v for k, v in store_manifest(source / SHARDS).items() if k != "shards"}
+    records = list(iter_samples(source))
+    with ShardWriter(out / SHARDS, manifest, resume=False, shard_rows=4) as writer:
+        for position, record in enumerate(records):
+            key = str((record["sample"] + position // 4) % 3)
+            record.update(answer=key, vote_key=key, answer_source="boxed", correct=key == "1",
+                          grade="correct" if key == "1" else "wrong")  # fmt: skip
+            if record["sample"] == 3 and position // 4 == 0:
+                record.update(
+                    answer=None, vote_key=None, answer_source="none", correct=False, grade="no_answer"
+                )
+            writer.write(record)
+
+
+_BUILT: dict[Path, dict[str, Path]] = {}  # one build per session root (two test modules ask for it)
+
+
+def build_stores(root: Path) -> dict[str, Path]:
+    """Every store of the module docstring under ``root`` (built once per ``root``)."""
+    if root in _BUILT:
+        return _BUILT[root]
+    model = save_chat_model(root / "tiny-chat")
+    out = {name: root / name for name in ("samples", "samples_jsonl", "answers", "online")}
+    common = ["--model", model, *SAMPLE]
+    cli("generate", *common, "--questions", "3", "--pool", "4", "--batch-size", "4", "--out", out["samples"])
+    cli("generate", *common, "--questions", "3", "--pool", "4", "--batch-size", "4", "--store", "jsonl",
+        "--out", out["samples_jsonl"])  # fmt: skip
+    _answered(out["samples"], out["answers"])
+    cli("thinkn", "--online", *common, "--questions", "2", "--warmup", "2", "--max-n", "6", "--batch-size", "1",
+        "--prefix", "3", "--eta", "0.25", "--consensus", "1", "--out", out["online"])  # fmt: skip
+    out["scores"] = root / "scores"
+    out["scores_jsonl"] = root / "scores.jsonl"
+    for target in (out["scores"], out["scores_jsonl"]):
+        cli("score", "--model", model, "--in", out["samples_jsonl"] / "samples.jsonl", "--out", target, "--tokens",
+            "--g", "0.012", "--device", "cpu")  # fmt: skip
+    out["tcb"] = root / "tcb"
+    cli("tcb", "trace", "--model", model, "--device", "cpu", "--max-new-tokens", "8", "--out", out["tcb"])
+    _BUILT[root] = out
+    return out
