@@ -4,7 +4,8 @@ The policy is described in docs/architecture.md (online Think@n).
 
 Per question, responses are taken in sampling order (index 0, 1, 2, … — the order of their seeds):
 
-1. Warm-up: responses 0..w−1 run to their end; τ = np.percentile(their signals, 100·(1 − keep)).
+1. Warm-up: responses 0..w−1 run to their end; τ = np.percentile(their signals, 100·(1 − keep)), or the fixed
+   ``threshold`` where one is given.
 2. Then batches of ``batch_size`` responses (the last one cut to ``max_n``): each is stopped where the policy says
    (``stop_point``) and then casts no vote, or runs to its end and votes.
 3. After the warm-up and after each batch: stop if the leading answer holds ≥ β of the answered votes
@@ -182,7 +183,9 @@ def run_policy(cfg: OnlineConfig, sample: Sampler) -> OnlineOutcome:
         started += len(indices)
         warm = tau is None
         if warm:
-            tau = threshold([signals[i] for i in indices], cfg.keep)
+            tau = (
+                threshold([signals[i] for i in indices], cfg.keep) if cfg.threshold is None else cfg.threshold
+            )
         leader, first, share, answered = _tally(seen, voters, signals)
         for i, r, stop, reason in pending:
             decisions.append(
