@@ -69,7 +69,11 @@ class ServerProcess:
     def __init__(self, args: list[str], log: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(SRC),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        }
         command = [sys.executable, "-c", "from depthlens.cli.app import main; main()", "serve", *args,
                    "--port", str(self.port)]  # fmt: skip
         self.log = log
@@ -80,11 +84,15 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
-                    if response.status == 200:
-                        return
+                raise RuntimeError(
+                    f"the server exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}"
+                )
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{self.url}/health", timeout=5) as answer,
+            ):
+                if answer.status == 200:
+                    return
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"the server did not answer within {timeout} s:\n{self.log.read_text()[-3000:]}")

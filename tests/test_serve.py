@@ -63,12 +63,18 @@ def test_models_and_a_plain_completion(client, model):
     r = client.completions.create(model=model, prompt="12+3=", max_tokens=8, n=3, seed=7, logprobs=0)
     assert isinstance(r, Completion) and r.object == "text_completion" and len(r.choices) == 3
     counts = [_depth(c)["token_count"] for c in r.choices]
-    assert r.usage.completion_tokens == sum(counts) and r.usage.prompt_tokens == 5  # BOS + 4 characters
+    assert (
+        r.usage.completion_tokens == sum(counts) and r.usage.prompt_tokens == 5
+    )  # a character tokenizer without BOS
     for c in r.choices:
         assert c.finish_reason in ("stop", "length") and isinstance(c.text, str)
         assert len(c.logprobs.token_logprobs) == _depth(c)["token_count"]
         d = _depth(c)
-        assert 0 <= d["dtr"] <= 1 and 1 <= d["mean_settling_depth"] <= 3 and d["readout_tokens"] == d["token_count"]
+        assert (
+            0 <= d["dtr"] <= 1
+            and 1 <= d["mean_settling_depth"] <= 3
+            and d["readout_tokens"] == d["token_count"]
+        )
     again = client.completions.create(model=model, prompt="12+3=", max_tokens=8, n=3, seed=7)
     assert [c.text for c in again.choices] == [c.text for c in r.choices]  # seeded: reproducible
     assert r.model_extra["depthlens"]["backend"] == "hf"
@@ -77,11 +83,10 @@ def test_models_and_a_plain_completion(client, model):
 def test_depth_is_the_readout_of_the_returned_tokens(client, model, model_dir):
     """Per-token values: settling depths and DTR follow from the returned divergence rows (definitions §2), and
     those rows equal a teacher-forced readout of the same prompt and tokens."""
-    from depthlens.config import DTRConfig
     from depthlens.metrics.dtr import deep_flags, settling_depth
+    from depthlens.metrics.token_table import chunk_divergence_kinds
     from depthlens.models.load import load
     from depthlens.readout.stream import TokenSequence, iter_readout
-    from depthlens.metrics.token_table import chunk_divergence_kinds
 
     r = client.completions.create(model=model, prompt="7*8=", max_tokens=12, seed=1,
                                   extra_body={"depthlens": {"tokens": True, "g": G, "prefix": 5}})  # fmt: skip
@@ -126,7 +131,9 @@ def test_streaming_chat_carries_per_token_values_and_usage(client, model):
             finish, summary = choice.finish_reason, extra
     expected = whole.choices[0]
     assert text == expected.message.content and finish == expected.finish_reason
-    assert [o for o, _ in offsets] == [sum(n for _, n in offsets[:i]) for i in range(len(offsets))]  # contiguous
+    assert [o for o, _ in offsets] == [
+        sum(n for _, n in offsets[:i]) for i in range(len(offsets))
+    ]  # contiguous
     assert rows == _depth(expected)["tokens"]["settling_depth"]
     assert summary["dtr"] == _depth(expected)["dtr"]
     assert usage.completion_tokens == whole.usage.completion_tokens
@@ -145,8 +152,12 @@ def test_async_clients_at_once_get_what_they_get_alone(server, model):
 
     together = asyncio.run(main())
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=TIMEOUT)
-    alone = [client.chat.completions.create(model=model, messages=[{"role": "user", "content": f"q{i}"}],
-                                            max_tokens=6, seed=i).choices[0].message.content for i in range(4)]  # fmt: skip
+    alone = []
+    for i in range(4):
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=6, seed=i
+        )
+        alone.append(reply.choices[0].message.content)
     assert together == alone
 
 
@@ -155,7 +166,9 @@ def test_stop_strings_end_the_sample(client, model):
     text, pieces = first.choices[0].text, first.choices[0].logprobs.tokens
     stop = text[10:12]
     assert len(stop) == 2
-    cut = client.completions.create(model=model, prompt="abc", max_tokens=30, seed=11, stop=[stop, "\x00never"])
+    cut = client.completions.create(
+        model=model, prompt="abc", max_tokens=30, seed=11, stop=[stop, "\x00never"]
+    )
     assert cut.choices[0].text == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
     # generation ended at the token that completed the stop string (special tokens decode to nothing)
     needed = next(k for k in range(len(pieces) + 1) if stop in "".join(pieces[:k]))
@@ -168,7 +181,9 @@ def test_think_at_n_keeps_the_deepest_prefixes_and_stops_the_rest_at_l(client, m
     think = _depth(r.choices[0])["think"]
     samples = think["samples"]
     assert len(samples) == 6 and think["stopped"] == 3
-    ranked = sorted(range(6), key=lambda i: (-samples[i]["prefix_dtr"], i))[:3]  # ties keep the earlier response
+    ranked = sorted(range(6), key=lambda i: (-samples[i]["prefix_dtr"], i))[
+        :3
+    ]  # ties keep the earlier response
     assert think["kept"] == sorted(ranked) == [s["index"] for s in samples if s["kept"]]
     for s in samples:
         assert s["generated"] == s["tokens"]  # nothing generated past what the trace holds
@@ -225,21 +240,46 @@ BAD = {
     "unknown model": ({"model": "gpt-4", "prompt": "x"}, 404, "model", "model_not_found"),
     "n over --max-n": ({"prompt": "x", "n": 1000}, 400, "n", "invalid_value"),
     "max_tokens over --max-tokens": ({"prompt": "x", "max_tokens": 65}, 400, "max_tokens", "invalid_value"),
-    "prompt over the context": ({"prompt": "x" * 250, "max_tokens": 10}, 400, "max_tokens",
-                                "context_length_exceeded"),  # fmt: skip
-    "unknown depthlens option": ({"prompt": "x", "depthlens": {"bogus": 1}}, 422, "depthlens.bogus",
-                                 "unknown_field"),  # fmt: skip
-    "unknown think option": ({"prompt": "x", "depthlens": {"think": {"k": 1}}}, 422, "depthlens.think.k",
-                             "unknown_field"),  # fmt: skip
+    "prompt over the context": (
+        {"prompt": "x" * 250, "max_tokens": 10},
+        400,
+        "max_tokens",
+        "context_length_exceeded",
+    ),
+    "unknown depthlens option": (
+        {"prompt": "x", "depthlens": {"bogus": 1}},
+        422,
+        "depthlens.bogus",
+        "unknown_field",
+    ),
+    "unknown think option": (
+        {"prompt": "x", "depthlens": {"think": {"k": 1}}},
+        422,
+        "depthlens.think.k",
+        "unknown_field",
+    ),
     "prompt of the wrong type": ({"prompt": {"text": "x"}}, 422, "prompt", "invalid_type"),
     "n of the wrong type": ({"prompt": "x", "n": "2"}, 422, "n", "invalid_type"),
     "top logprobs on hf": ({"prompt": "x", "logprobs": 3}, 400, "logprobs", "unsupported"),
-    "a penalty it cannot honour": ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty", "unsupported"),
+    "a penalty it cannot honour": (
+        {"prompt": "x", "presence_penalty": 0.5},
+        400,
+        "presence_penalty",
+        "unsupported",
+    ),
     "think with n": ({"prompt": "x", "n": 2, "depthlens": {"think": {"n": 4}}}, 400, "n", "invalid_value"),
-    "eta out of range": ({"prompt": "x", "depthlens": {"think": {"eta": 1.5}}}, 400, "depthlens.think.eta",
-                         "invalid_value"),  # fmt: skip
-    "an unknown answer type": ({"prompt": "x", "depthlens": {"answer_type": "poem"}}, 400,
-                               "depthlens.answer_type", "invalid_value"),  # fmt: skip
+    "eta out of range": (
+        {"prompt": "x", "depthlens": {"think": {"eta": 1.5}}},
+        400,
+        "depthlens.think.eta",
+        "invalid_value",
+    ),
+    "an unknown answer type": (
+        {"prompt": "x", "depthlens": {"answer_type": "poem"}},
+        400,
+        "depthlens.answer_type",
+        "invalid_value",
+    ),
 }
 
 
@@ -281,7 +321,9 @@ def test_a_client_that_disconnects_has_its_request_aborted(server, model):
         for line in response.iter_lines():
             if line.startswith("data: "):
                 break  # one chunk, then hang up
-    assert wait_for(lambda: server.health()["active"] == 0 and server.health().get("cancelled", 0) > before, 60)
+    assert wait_for(
+        lambda: server.health()["active"] == 0 and server.health().get("cancelled", 0) > before, 60
+    )
 
 
 # ---- a second server: API key, the bounded queue, SIGTERM ---------------------------------------------------------
@@ -296,7 +338,10 @@ def test_api_key_queue_limit_and_sigterm_finishes_in_flight(model_dir, tmp_path)
         body = {"model": str(model_dir), "prompt": "x", "max_tokens": 4}
         assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT).status_code == 401
         auth = {"Authorization": "Bearer sesame"}
-        assert httpx.post(f"{server.url}/v1/completions", json=body, headers=auth, timeout=TIMEOUT).status_code == 200
+        assert (
+            httpx.post(f"{server.url}/v1/completions", json=body, headers=auth, timeout=TIMEOUT).status_code
+            == 200
+        )
         long = {**body, "max_tokens": 250, "n": 256}  # seconds of work, so SIGTERM finds it running
         results: list[httpx.Response] = []
         worker = threading.Thread(target=lambda: results.append(
@@ -324,7 +369,9 @@ def test_sigterm_aborts_what_the_grace_period_does_not_cover(model_dir, tmp_path
 
         def read() -> None:
             try:
-                with httpx.stream("POST", f"{server.url}/v1/completions", json=long, timeout=TIMEOUT) as response:
+                with httpx.stream(
+                    "POST", f"{server.url}/v1/completions", json=long, timeout=TIMEOUT
+                ) as response:
                     for line in response.iter_lines():
                         seen.append(line)
             except httpx.HTTPError as exc:  # the server closed the connection mid-stream

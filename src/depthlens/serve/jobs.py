@@ -179,7 +179,7 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
         prefix_dtr = response_from_trace(t, backend.n_layers, job.depth.dtr).prefix_dtr(voting.prefix)
         samples.append({"index": i, "seed": t.seed, "prefix_dtr": prefix_dtr, "kept": i in kept, "answer": text,
                         "vote_key": key, "tokens": len(t), "generated": backend.engine_tokens(t),
-                        "finish": t.finish})  # fmt: skip
+                        "finish": t.finish, "text": final_text(ctx.tokenizer, t.token_ids, job.stop)})  # fmt: skip
     finished = [len(traces[i]) for i in kept]
     saved = _saved(finished, [len(t) for i, t in enumerate(traces) if i not in kept], 0)
     think = {"n": voting.n, "eta": voting.eta, "prefix": voting.prefix, "answer": answer, "voted": chosen,
@@ -229,7 +229,8 @@ def _online(ctx: _Context, p: int, prompt: list[int]) -> Choice:
     decisions = [d.to_dict() for d in outcome.decisions]
     for d in decisions:
         trace, text, key = seen[d["index"]]
-        d.update(seed=trace.seed, answer=text, vote_key=key, generated=backend.engine_tokens(trace))
+        d.update(seed=trace.seed, answer=text, vote_key=key, generated=backend.engine_tokens(trace),
+                 text=final_text(ctx.tokenizer, trace.token_ids, job.stop))
     voters = [d["index"] for d in decisions if d["votes"] and d["key"] == outcome.answer]
     chosen = voters[0] if voters else min(d["index"] for d in decisions if d["votes"])
     finished = [d["tokens"] for d in decisions if d["stopped_at"] is None]
