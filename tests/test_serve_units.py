@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import signal
+import socket
 
 import pytest
 import torch
@@ -163,3 +165,41 @@ def test_saved_tokens_and_json_without_nan():
     assert _saved([], [4], 3) == 0
     assert finite({"a": [1.0, float("nan")], "b": -math.inf, "c": torch.tensor(1).item()}) == {
         "a": [1.0, None], "b": None, "c": 1}  # fmt: skip
+
+
+def _cli(monkeypatch, capsys, *args):
+    from tests.test_cli import run
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return run(monkeypatch, capsys, "serve", *args)
+    finally:  # the command makes SIGTERM / SIGINT no-ops around its server: give the test process its own back
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+
+
+def test_serve_refuses_bad_options_before_loading_anything(monkeypatch, capsys):
+    import depthlens.cli.serve_cmd as serve_cmd
+
+    code, _, err = _cli(monkeypatch, capsys, "--backend", "nope")
+    assert code == 2 and "error: --backend 'nope' is not one of auto, hf, vllm" in err
+    code, _, err = _cli(monkeypatch, capsys, "--readout-tokens", "many")
+    assert code == 2 and "--readout-tokens 'many'" in err
+    code, _, err = _cli(monkeypatch, capsys, "--model", "no-such-model-anywhere", "--backend", "hf")
+    assert code == 2 and "could not load model 'no-such-model-anywhere'" in err
+    monkeypatch.setattr(serve_cmd.importlib.util, "find_spec", lambda name: None)
+    code, _, err = _cli(monkeypatch, capsys, "--backend", "hf")
+    assert code == 2 and "pip install 'depthlens[serve]'" in err
+
+
+def test_a_port_in_use_is_one_error_line(monkeypatch, capsys, tmp_path):
+    from tests.serving import save_tiny_chat
+
+    model = save_tiny_chat(tmp_path / "m")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, _, err = _cli(monkeypatch, capsys, "--model", model, "--backend", "hf", "--device", "cpu",
+                            "--port", port)  # fmt: skip
+    assert code == 2 and f"error: could not serve on 127.0.0.1:{port}" in err

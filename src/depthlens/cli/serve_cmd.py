@@ -44,6 +44,9 @@ MaxTokens = Annotated[int, typer.Option("--max-tokens", min=1, help="Most tokens
 DefaultMax = Annotated[
     int, typer.Option("--default-max-tokens", min=1, help="A chat request's max_tokens when it gives none.")
 ]
+MaxPrompts = Annotated[
+    int, typer.Option("--max-prompts", min=1, help="Most prompts one completions request batches.")
+]
 MaxRunning = Annotated[
     int,
     typer.Option("--max-running", min=1, help="Requests running at once (vLLM batches them; hf runs one)."),
@@ -76,6 +79,7 @@ def serve(
     max_n: MaxN = 64,
     max_tokens: MaxTokens = 4096,
     default_max_tokens: DefaultMax = 512,
+    max_prompts: MaxPrompts = 16,
     max_running: MaxRunning = 32,
     max_queue: MaxQueue = 64,
     max_body_bytes: MaxBody = 1 << 20,
@@ -100,8 +104,8 @@ def serve(
     from depthlens.serve.settings import ServeConfig
 
     window = specs.readout_tokens(readout_tokens, 50)
-    settings = ServeConfig(served_model_name or model, api_key, max_n, max_tokens, default_max_tokens, 16, window,
-                           max_running, max_queue, max_body_bytes, shutdown_grace)  # fmt: skip
+    settings = ServeConfig(served_model_name or model, api_key, max_n, max_tokens, default_max_tokens, max_prompts,
+                           window, max_running, max_queue, max_body_bytes, shutdown_grace)  # fmt: skip
     chosen = specs.engine_backend(backend, model)
     engine_config = EngineConfig(chosen, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len,
                                  enforce_eager, kv_cache_gib)  # fmt: skip

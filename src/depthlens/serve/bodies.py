@@ -9,9 +9,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from depthlens.models.tokens import token_bytes
 from depthlens.serve.job import Job
 from depthlens.serve.jobs import Choice, Outcome
-from depthlens.serve.text import decode
 
 LogprobRows = Sequence[tuple[int, float, Sequence[tuple[int, float]]]]  # (token id, log p, top-k (id, log p))
 
@@ -49,18 +49,21 @@ def usage(outcome: Outcome) -> dict[str, int]:
 
 
 def logprobs(tokenizer: Any, rows: LogprobRows, chat: bool, with_top: bool, start: int = 0) -> dict[str, Any]:
-    """``logprobs`` of a choice (or of a chunk's tokens): chat's ``content`` list, or completions' columns."""
+    """``logprobs`` of a choice (or of a chunk's tokens): chat's ``content`` list (each token's text and the
+    bytes it stands for), or completions' columns."""
+    ids = sorted({token for token, _, top in rows for token in (token, *(t for t, _ in top))})
+    raw = dict(zip(ids, token_bytes(tokenizer, ids), strict=True)) if tokenizer is not None else {}
 
     def text(token: int) -> str:
-        return decode(tokenizer, [token])
+        return raw[token].decode("utf-8", errors="replace") if token in raw else ""
+
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        return {"token": text(token), "logprob": logprob, "bytes": list(raw.get(token, b""))}
 
     if chat:
-        content = []
-        for token, logprob, top in rows:
-            entry = {"token": text(token), "logprob": logprob, "bytes": list(text(token).encode())}
-            tops = [{"token": text(t), "logprob": p, "bytes": list(text(t).encode())} for t, p in top]
-            content.append({**entry, "top_logprobs": tops})
-        return {"content": content}
+        return {
+            "content": [{**entry(t, p), "top_logprobs": [entry(u, q) for u, q in top]} for t, p, top in rows]
+        }
     tokens = [text(token) for token, _, _ in rows]
     offsets, at = [], start
     for piece in tokens:

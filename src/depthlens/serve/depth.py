@@ -18,11 +18,18 @@ from depthlens.voting.methods import TRACE_SCORES, trace_confidence
 PER_TOKEN_FIELDS = ("log_prob", "entropy", "self_certainty", "confidence")
 
 
-def readout_columns(rows: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig) -> dict[str, list]:
-    """Settling depth, deep flag and divergence row of each read-out token (each token's row alone decides)."""
+def _settling(
+    rows: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Settling depths c_t and deep flags of read-out rows [R][L] (each token's row alone decides its own)."""
     table = torch.tensor(rows, dtype=torch.float32).reshape(-1, n_layers)
     settle = settling_depth(table, dtr.g) if len(table) else torch.zeros(0, dtype=torch.long)
-    deep = deep_flags(settle, n_layers, dtr.rho, dtr.deep_rule)
+    return settle, deep_flags(settle, n_layers, dtr.rho, dtr.deep_rule)
+
+
+def readout_columns(rows: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig) -> dict[str, list]:
+    """Settling depth, deep flag and divergence row of each read-out token."""
+    settle, deep = _settling(rows, n_layers, dtr)
     return {"settling_depth": settle.tolist(), "deep": deep.tolist(), "divergence": [list(r) for r in rows]}
 
 
@@ -38,9 +45,7 @@ def summary(trace: Trace, n_layers: int, dtr: DTRConfig, window: int, tokens: bo
     """DTR (over the read-out tokens and over the first ℓ), mean settling depth and every baseline of ``trace``;
     with ``tokens``, the per-token values too. ``window``: DeepConf's group size for its trace scores."""
     rows = trace.divergence
-    table = torch.tensor(rows, dtype=torch.float32).reshape(-1, n_layers)
-    settle = settling_depth(table, dtr.g) if len(table) else torch.zeros(0, dtype=torch.long)
-    deep = deep_flags(settle, n_layers, dtr.rho, dtr.deep_rule)
+    settle, deep = _settling(rows, n_layers, dtr)
     baselines = sequence_baselines(
         torch.tensor(trace.log_prob, dtype=torch.float64),
         torch.tensor(trace.entropy, dtype=torch.float64),
@@ -62,5 +67,10 @@ def summary(trace: Trace, n_layers: int, dtr: DTRConfig, window: int, tokens: bo
         "seed": trace.seed,
     }
     if tokens:
-        out["tokens"] = {**token_columns(trace, 0, len(trace)), **readout_columns(rows, n_layers, dtr)}
+        columns = {
+            "settling_depth": settle.tolist(),
+            "deep": deep.tolist(),
+            "divergence": [list(r) for r in rows],
+        }
+        out["tokens"] = {**token_columns(trace, 0, len(trace)), **columns}
     return out

@@ -1,10 +1,11 @@
 """OpenAI-style errors: every failure answers ``{"error": {"message", "type", "param", "code"}}``, never a traceback.
 
-Statuses (docs/serve.md): 400 a request that cannot be served as given (malformed JSON, a value beyond a limit or
-the context, options that contradict each other), 401 a missing or wrong API key, 404 an unknown model or route,
-413 a body over ``--max-body-bytes``, 422 a body that is JSON but not the schema (a wrong type, an unknown field
-or ``depthlens`` option), 429 the queue is full (``Retry-After``), 503 the server is shutting down or its engine
-failed, 500 anything unforeseen — logged here with its traceback, answered with its type and message only.
+Statuses (docs/serve.md): 400 a request that cannot be served as given (malformed JSON, a value out of its range
+or not one of its choices, beyond a limit or the context, options that contradict each other), 401 a missing or
+wrong API key, 404 an unknown model or route, 413 a body over ``--max-body-bytes``, 422 a body that is JSON but not
+the schema (a wrong type, an unknown field or ``depthlens`` option, a missing field), 429 the queue is full
+(``Retry-After``), 503 the server is shutting down or its engine failed, 500 anything unforeseen — logged here
+with its traceback, answered with its type and message only.
 """
 
 from __future__ import annotations

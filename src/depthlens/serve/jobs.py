@@ -229,8 +229,13 @@ def _online(ctx: _Context, p: int, prompt: list[int]) -> Choice:
     decisions = [d.to_dict() for d in outcome.decisions]
     for d in decisions:
         trace, text, key = seen[d["index"]]
-        d.update(seed=trace.seed, answer=text, vote_key=key, generated=backend.engine_tokens(trace),
-                 text=final_text(ctx.tokenizer, trace.token_ids, job.stop))
+        d.update(
+            seed=trace.seed,
+            answer=text,
+            vote_key=key,
+            generated=backend.engine_tokens(trace),
+            text=final_text(ctx.tokenizer, trace.token_ids, job.stop),
+        )
     voters = [d["index"] for d in decisions if d["votes"] and d["key"] == outcome.answer]
     chosen = voters[0] if voters else min(d["index"] for d in decisions if d["votes"])
     finished = [d["tokens"] for d in decisions if d["stopped_at"] is None]

@@ -22,9 +22,8 @@ class Sample:
     trace: Trace
     tokens: list[int] = dataclasses.field(default_factory=list)
     log_prob: list[float] = dataclasses.field(default_factory=list)
-    top: list[list[tuple[int, float]]] = dataclasses.field(
-        default_factory=list
-    )  # top-k (id, log p) per token
+    # the top-k (token id, log p) of each token, when the group asks for them
+    top: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
     scores: dict[int, tuple[float, float, float]] = dataclasses.field(default_factory=dict)
     rows: list[list[list[float]]] = dataclasses.field(default_factory=list)  # per token, per kind, L floats
     engine_finish: str | None = None  # vLLM's finish reason
@@ -54,6 +53,7 @@ class Group:
     spec: GroupSpec
     samples: list[Sample]
     keep: set[int] | None = None  # the caller's phase-two decision
+    cancelled: bool = False  # the caller gave up: no decision will come
     paused: bool = False
     done: bool = False
     error: BaseException | None = None

@@ -8,12 +8,12 @@ the ``TokenScores`` logits processor (``sampling.vllm.scores``) and the divergen
 ``DepthSource`` (``sampling.vllm.depth``: today the re-scoring copy, with issue 29 the engine's own readout) into
 each response's ``Trace``, then calls the group's ``Watch`` (stream, stop strings, per-token policy stops).
 
-Two phases without re-submission (docs/architecture.md, ENGINES.md): a group with ``pause_at`` = ℓ shows each
-trace only up to ℓ tokens; once every response has ℓ tokens (or has ended) the group is *paused*, its caller is
-woken, and the stepping thread waits (``decision_timeout``) for the caller's decision before it steps again — so
-the rejected responses are aborted in the engine at exactly ℓ tokens and the kept ones go on with their random
-streams never restarted. A caller slower than the timeout costs its rejected responses a few tokens (counted in
-``generated``), never a wrong trace.
+Two phases without re-submission, as ``VLLMGenerator`` runs them (docs/architecture.md): a group with
+``pause_at`` = ℓ shows each trace only up to ℓ tokens; once every response has ℓ tokens (or has ended) the group
+is *paused*, its caller is woken, and the stepping thread waits (``decision_timeout``) for the caller's decision
+before it steps again — so the rejected responses are aborted in the engine at exactly ℓ tokens and the kept ones
+go on with their random streams never restarted. A caller slower than the timeout costs its rejected responses a
+few tokens (counted in ``generated``), never a wrong trace.
 
 ``SessionBackend`` (``sampling.vllm.requests``) is the ``GenerationBackend`` a caller uses on top of a session.
 """
@@ -99,6 +99,7 @@ class EngineSession:
     def cancel(self, group: Group, error: BaseException | None = None) -> None:
         """Abort every running request of ``group``; its waiters get ``error`` (``GenerationCancelled``)."""
         with self.cond:
+            group.cancelled = True
             self._inbox.append(lambda: self._fail(group, error or GenerationCancelled()))
             self.cond.notify_all()
 
@@ -108,6 +109,7 @@ class EngineSession:
         with self.cond:
             while not (until() or group.error is not None or group.done):
                 if cancel is not None and cancel.is_set():
+                    group.cancelled = True
                     self._inbox.append(lambda: self._fail(group, GenerationCancelled()))
                     self.cond.notify_all()
                     cancel = None  # asked once; the failure wakes us
@@ -256,9 +258,8 @@ class EngineSession:
         if paused:
             with self.cond:
                 self.cond.notify_all()
-                self.cond.wait_for(
-                    lambda: all(g.keep is not None or g.done for g in paused), self.decision_timeout
-                )
+                decided = [lambda g=g: g.keep is not None or g.done or g.cancelled for g in paused]
+                self.cond.wait_for(lambda: all(d() for d in decided), self.decision_timeout)
 
     def _take(self, needs: list[DepthNeed]) -> dict[str, list[list[list[float]]]]:
         """The source's rows; a request it cannot read out (non-finite states, ...) fails its own group only."""
