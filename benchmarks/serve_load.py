@@ -61,7 +61,8 @@ def _start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen
     command = [sys.executable, "-c", "from depthlens.cli.app import main; main()", "serve", "--model", args.model,
                "--backend", args.backend, "--device", "cpu", "--port", str(port), "--readout-tokens",
                str(args.readout_tokens), "--max-running", str(args.concurrency),
-               *(["--enforce-eager"] if args.enforce_eager else [])]  # fmt: skip
+               *(["--enforce-eager"] if args.enforce_eager else []),
+               *(["--kv-cache-gib", str(args.kv_cache_gib)] if args.kv_cache_gib else [])]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     proc = subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -169,7 +170,9 @@ def generate_phase(args: argparse.Namespace, questions: list) -> dict:
     from depthlens.studies.generate import generate
 
     lm = load(args.model, device="cpu")
-    engine = EngineConfig(backend=args.backend, enforce_eager=args.enforce_eager)
+    engine = EngineConfig(
+        backend=args.backend, enforce_eager=args.enforce_eager, kv_cache_gib=args.kv_cache_gib
+    )
     sampling = SamplingConfig(temperature=0.6, top_p=0.95, max_new_tokens=args.max_tokens,
                               readout_tokens=args.readout_tokens)  # fmt: skip
     backend = make_backend(lm, engine, sampling)  # the engine starts here, before the clock
@@ -200,6 +203,7 @@ def main() -> None:
     parser.add_argument(
         "--enforce-eager", action="store_true", help="vLLM without torch.compile (both phases)."
     )
+    parser.add_argument("--kv-cache-gib", type=float, help="vLLM's KV cache in GiB (both phases).")
     parser.add_argument("--skip-generate", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

@@ -14,7 +14,6 @@ import contextlib
 import json
 import math
 import secrets
-import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -113,7 +112,9 @@ class Server:
         top = request_depthlens(job, self.engine.name, self.engine.n_layers)
         cancel = self.runner.admit()
         if job.stream:
-            return StreamingResponse(self.events(env, job, top, cancel), media_type="text/event-stream")
+            work = lambda push: run_job(self.engine, job, self.tokenizer, cancel, push)  # noqa: E731
+            events = self.runner.stream(work, cancel)  # started now: its slot is freed even if never sent
+            return StreamingResponse(self.sse(env, job, top, events), media_type="text/event-stream")
         try:
             outcome = await self.runner.call(
                 lambda: run_job(self.engine, job, self.tokenizer, cancel), cancel, request
@@ -126,13 +127,20 @@ class Server:
             _json(response_body(env, job, outcome, self.tokenizer, top)), media_type="application/json"
         )
 
-    async def events(
-        self, env: Envelope, job: Job, top: dict[str, Any], cancel: threading.Event
+    async def sse(
+        self, env: Envelope, job: Job, top: dict[str, Any], events: AsyncIterator[dict[str, Any]]
     ) -> AsyncIterator[str]:
-        """The SSE stream: a chunk per event, the usage chunk when asked, ``[DONE]``."""
+        """The SSE stream: a chunk per event, the usage chunk when asked, ``[DONE]``. Closed early (the client
+        left), it closes ``events``, which cancels the request's work."""
+        async with contextlib.aclosing(events):  # type: ignore[type-var]
+            async for line in self._lines(env, job, top, events):
+                yield line
+
+    async def _lines(
+        self, env: Envelope, job: Job, top: dict[str, Any], events: AsyncIterator[dict[str, Any]]
+    ) -> AsyncIterator[str]:
         started: set[int] = set()
-        work = lambda push: run_job(self.engine, job, self.tokenizer, cancel, push)  # noqa: E731
-        async for event in self.runner.stream(work, cancel):
+        async for event in events:
             if event["type"] == "error":
                 try:
                     error = _failure(event["error"])

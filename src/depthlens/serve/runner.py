@@ -101,11 +101,13 @@ class Runner:
         finally:
             gone.cancel()
 
-    async def stream(
+    def stream(
         self, work: Callable[[Callable[[dict[str, Any]], None]], T], cancel: threading.Event
     ) -> AsyncIterator[dict[str, Any]]:
-        """``work(push)`` on a request thread; yields what it pushes, then ``{"type": "done", "outcome": ...}``
-        (or ``{"type": "error", "error": exc}``). Closing the iterator early (a client that left) cancels it."""
+        """Start ``work(push)`` on a request thread now; the iterator returned yields what it pushes, then
+        ``{"type": "done", "outcome": ...}`` (or ``{"type": "error", "error": exc}``). Closing the iterator early
+        (a client that left) cancels the work. Started here, not on first iteration, so its slot is freed even if
+        the response is never sent."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
@@ -122,15 +124,7 @@ class Runner:
                 push({"type": "error", "error": exc})
 
         self.submit(run, cancel)
-        ended = False
-        try:
-            while not ended:
-                event = await queue.get()
-                ended = event["type"] in ("done", "error")
-                yield event
-        finally:
-            if not ended:
-                cancel.set()  # the client left mid-stream (or the server cancelled the handler)
+        return _drain(queue, cancel)
 
     def health(self) -> dict[str, Any]:
         return {"active": self.active, "running_limit": self.running, "capacity": self.capacity,
@@ -149,3 +143,17 @@ async def _disconnected(request: Request) -> None:
     """Returns once the client has disconnected."""
     while not await request.is_disconnected():
         await asyncio.sleep(0.2)
+
+
+async def _drain(
+    queue: asyncio.Queue[dict[str, Any]], cancel: threading.Event
+) -> AsyncIterator[dict[str, Any]]:
+    ended = False
+    try:
+        while not ended:
+            event = await queue.get()
+            ended = event["type"] in ("done", "error")
+            yield event
+    finally:
+        if not ended:
+            cancel.set()  # the client left mid-stream (or the server cancelled the handler)

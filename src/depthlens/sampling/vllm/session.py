@@ -143,9 +143,9 @@ class EngineSession:
                 if self._closing and not self._inbox and not self._groups:
                     return
                 commands, self._inbox = self._inbox, []
-            for command in commands:
-                command()
             try:
+                for command in commands:
+                    command()
                 if not self._groups:
                     continue
                 if not self.engine.has_unfinished_requests():
