@@ -97,6 +97,43 @@ def _foreign_shard(store: Path) -> None:
     shutil.copy(store / "samples" / "part-000000.parquet", store / "samples" / "part-000007.parquet")
 
 
+def _lost_shard(store: Path) -> None:
+    (store / "samples" / "part-000001.parquet").unlink()
+
+
+def _other_run_shard(store: Path) -> None:
+    """A shard of another run with the same settings (a copy of the store generated again) under a listed name."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(store / "samples" / "part-000000.parquet")
+    meta = {**table.schema.metadata, b"depthlens.run_id": b"0123456789abcdef"}
+    pq.write_table(table.replace_schema_metadata(meta), store / "samples" / "part-000000.parquet")
+
+
+def _wrong_layers(store: Path) -> None:
+    meta = store / "samples" / "_manifest.json"
+    data = json.loads(meta.read_text())
+    data["n_layers"] += 1
+    meta.write_text(json.dumps(data))
+
+
+def _both_formats(d: Path, f: dict[str, Path]) -> Path:
+    store = _store_copy(d, f, lambda s: None, "sharded")
+    shutil.copy(f["store"] / "samples.jsonl", store / "samples.jsonl")
+    shutil.copy(f["store"] / "samples.jsonl.manifest.json", store / "samples.jsonl.manifest.json")
+    return store
+
+
+def _questions(d: Path, *rows: object) -> Path:
+    return _records(d / "q.jsonl", *rows)
+
+
+def _chat(d: Path, f: dict[str, Path]) -> str:
+    """The tiny chat model, copied under DIR so that messages naming it read the same in every run."""
+    shutil.copytree(f["chat"], d / "chat")
+    return str(d / "chat")
+
+
 def _cut_middle(store: Path) -> None:
     lines = (store / "samples.jsonl").read_text().splitlines(keepends=True)
     lines[1] = lines[1][: len(lines[1]) // 2] + "\n"
@@ -228,29 +265,102 @@ CASES = [
          "error: --store 'csv': use one of parquet, jsonl"),
     Case("export-not-a-store", "`export` of a directory that is not a results store",
          lambda d, f: ["export", str(d), "--out", str(d / "x.jsonl")],
-         "error: DIR: a directory without manifest.json; not a depthlens Parquet store"),
+         "error: DIR: a directory without _manifest.json; not a depthlens Parquet store"),
     Case("report-cut-line", "`report` on a JSONL store with a line cut in the middle",
          lambda d, f: ["report", str(_store_copy(d, f, _cut_middle))],
-         "error: DIR/store/samples.jsonl:2: not a JSON record (a line cut or edited); rerun the command "
-         "that wrote it with --resume (it drops a torn last line), or delete that line"),
+         "error: DIR/store/samples.jsonl:2: not a JSON record (a line cut or edited); rerun the command t"
+         "hat wrote it with --resume: it sets that line aside (in samples.jsonl.damaged) and computes its"
+         " record again"),
     Case("thinkn-torn-end", "`thinkn --from` on a JSONL store whose last line is torn",
          lambda d, f: ["thinkn", "--from", str(_store_copy(d, f, _torn_end)), "--n", "2"],
          "error: DIR/store/samples.jsonl:4: the last line is cut short (an interrupted write); rerun the "
-         "command that wrote it with --resume (it drops a torn last line), or delete that line"),
+         "command that wrote it with --resume: it drops the cut line and computes that record again"),
     Case("correlate-cut-manifest", "`correlate` on a JSONL store whose manifest is cut",
          lambda d, f: ["correlate", str(_store_copy(d, f, _cut_manifest)), "--out", str(d / "c")],
-         "error: DIR/store/samples.jsonl.manifest.json: the store's manifest is cut or is not JSON "
-         "(Expecting property name enclosed in double quotes at line 6); regenerate the store "
-         "(`depthlens generate --overwrite`)"),
+         "error: DIR/store/samples.jsonl.manifest.json: the store's manifest is cut or is not JSON (Expec"
+         "ting property name enclosed in double quotes at line 6); a manifest is written whole, so it was"
+         " edited or damaged outside depthlens: restore it from a copy of the store (the responses are un"
+         "touched; `depthlens check DIR/store` lists them)"),
     Case("report-cut-shard", "`report` on a sharded store with a shard cut short",
          lambda d, f: ["report", str(_store_copy(d, f, _cut_shard, "sharded"))],
-         "error: DIR/store/samples/part-000001.parquet: not a readable Parquet shard (Parquet magic bytes not "
-         "found in footer. Either the file is corrupted or this is not a parquet file.); delete it and rerun the "
-         "command that wrote the store with --resume (its records are computed again)"),
+         "error: DIR/store/samples/part-000001.parquet: cut short (200 bytes, fewer than committed); reru"
+         "n the command that wrote the store with --resume: it sets this file aside and computes its 1 re"
+         "cord(s) again (`depthlens check DIR/store/samples` lists every problem)"),
     Case("thinkn-unlisted-shard", "`thinkn --from` on a sharded store with a shard its manifest does not list",
          lambda d, f: ["thinkn", "--from", str(_store_copy(d, f, _foreign_shard, "sharded")), "--n", "2"],
-         "error: DIR/store/samples/part-000007.parquet: a shard the manifest does not list (left by an "
-         "interrupted run or regrade, or copied in); rerun that command (with --resume), or move the shard away"),
+         "error: DIR/store/samples/part-000007.parquet: a data file the manifest does not list (of this r"
+         "un): Parquet readers of the directory would read it; move it out of the store"),
+    Case("lost-shard", "`report` on a sharded store with a committed shard missing",
+         lambda d, f: ["report", str(_store_copy(d, f, _lost_shard, "sharded"))],
+         "error: DIR/store/samples/part-000001.parquet: a shard the manifest lists is missing; rerun the "
+         "command that wrote the store with --resume: it computes its 1 record(s) again (`depthlens check"
+         " DIR/store/samples` lists every problem)"),
+    Case("other-run-shard", "`thinkn --from` on a sharded store with a shard of another run under a listed name",
+         lambda d, f: ["thinkn", "--from", str(_store_copy(d, f, _other_run_shard, "sharded")), "--n", "2"],
+         "error: DIR/store/samples/part-000000.parquet: a shard of another run (0123456789abcdef), not of"
+         " this store's; move it out of the store; `--resume` then computes the records the manifest list"
+         "s under this name"),
+    Case("manifest-layers", "`thinkn --from` on a store whose manifest's `n_layers` disagrees with its shards",
+         lambda d, f: ["thinkn", "--from", str(_store_copy(d, f, _wrong_layers, "sharded")), "--n", "2"],
+         "error: DIR/store/samples/part-000000.parquet row 1: divergence rows of 3 layers, the manifest s"
+         "ays n_layers 4; a manifest is written whole, so it was edited or damaged outside depthlens: res"
+         "tore it from a copy of the store (the responses are untouched; `depthlens check DIR/store` list"
+         "s them)"),
+    Case("two-stores", "`thinkn --from` on a directory holding a Parquet and a JSONL store",
+         lambda d, f: ["thinkn", "--from", str(_both_formats(d, f)), "--n", "2"],
+         "error: DIR/store holds two stores of responses, DIR/store/samples/ (parquet) and DIR/store/samp"
+         "les.jsonl (jsonl); pick one with --store parquet or --store jsonl, or move the other out of the"
+         " directory"),
+    Case("divergence-not-stored", "`thinkn --from --divergence kl` on a store generated with jsd",
+         lambda d, f: ["thinkn", "--from", str(_store_copy(d, f, lambda s: None, "sharded")), "--n", "2",
+                       "--divergence", "kl"],
+         "error: --divergence kl: DIR/store holds jsd divergences and votes on jsd; leave out --divergenc"
+         "e, or generate a store with --divergence kl"),
+    Case("g-kl-not-stored", "`correlate --g-kl` on a store without KL divergences",
+         lambda d, f: ["correlate", str(_store_copy(d, f, lambda s: None, "sharded")), "--out", str(d / "c"),
+                       "--g-kl", "0.5"],
+         "error: --g-kl: DIR/store holds no kl divergence (it holds jsd); leave out --g-kl, or generate w"
+         "ith --also-divergences kl"),
+    Case("export-into-store", "`export --out` inside the store it reads",
+         lambda d, f: ["export", str(_store_copy(d, f, lambda s: None, "sharded") / "samples"), "--out",
+                       str(d / "store" / "samples" / "all.jsonl")],
+         "error: --out DIR/store/samples/all.jsonl: inside the store DIR/store/samples (or where its resp"
+         "onses are kept); write the export outside it"),
+    Case("n-zero", "`thinkn --n 0`", lambda d, f: ["thinkn", "--from", str(d), "--n", "0"],
+         "error: invalid value for '--n': Input should be greater than or equal to 1; see `depthlens thin"
+         "kn --help`"),
+    Case("workers-zero", "`generate --workers 0`", lambda d, f: ["generate", "--out", str(d / "s"), "--workers", "0"],
+         "error: invalid value for '--workers': Input should be greater than or equal to 1; see `depthlen"
+         "s generate --help`"),
+    Case("batch-size-zero", "`score --batch-size 0`",
+         lambda d, f: [*_score(d, f, GOOD), "--batch-size", "0"],
+         "error: invalid value for '--batch-size': Input should be greater than or equal to 1; see `depth"
+         "lens score --help`"),
+    Case("prompt-and-messages", "an input record with both `prompt` and `messages`",
+         lambda d, f: _score(d, f, {"prompt": "a", "messages": [{"role": "user", "content": "a"}],
+                                    "completion": "b"}),
+         "error: DIR/in.jsonl:1: has both 'prompt' and 'messages'; give one of them (pass --skip-bad to s"
+         "kip such lines)"),
+    Case("question-not-text", "a question file whose `question` is not a string",
+         lambda d, f: ["generate", "--model", _chat(d, f), "--task", str(_questions(d, {"question": 3, "answer": 1})),
+                       "--out", str(d / "s"), "--device", "cpu"],
+         "error: DIR/q.jsonl:1: 'question' must be a string, got int"),
+    Case("choices-not-list", "a question file whose `choices` is not a list of strings",
+         lambda d, f: ["generate", "--model", _chat(d, f), "--task",
+                       str(_questions(d, {"question": "pick", "answer": "A", "choices": "A,B"})),
+                       "--out", str(d / "s"), "--device", "cpu"],
+         "error: DIR/q.jsonl:1: 'choices' must be a list of strings, got \"A,B\""),
+    Case("data-without-hub-task", "`--data` with a task that reads none (a reasoning-gym task)",
+         lambda d, f: ["generate", "--model", _chat(d, f), "--task", "reasoning_gym:chain_sum", "--data",
+                       str(_questions(d, {"question": "q", "answer": 1})), "--out", str(d / "s"), "--device", "cpu"],
+         "error: --data gives the rows of a hub task (aime2024, aime2025, hmmt_feb2025, gpqa_diamond); ta"
+         "sk 'reasoning_gym:chain_sum' takes none — a question file is itself the task: --task FILE.jsonl"),
+    Case("question-too-long", "a question longer than the model's context",
+         lambda d, f: ["generate", "--model", _chat(d, f), "--task",
+                       str(_questions(d, {"id": "long", "question": "1 + 1 " * 40, "answer": 2})),
+                       "--out", str(d / "s"), "--device", "cpu", "--max-new-tokens", "2"],
+         "error: question 'long': its prompt is 330 tokens, DIR/chat's context is 256; no response fits —"
+         " shorten or leave out that question, or use a longer-context model"),
 ]
 # fmt: on
 
@@ -272,7 +382,14 @@ def fixtures(tmp_path_factory):
     generate_store(lm, store, questions, pool=2, sampling=sampling, store="jsonl")  # as stores before Parquet
     sharded = tmp_path_factory.mktemp("sharded")
     generate_store(lm, sharded, questions, pool=2, sampling=sampling, batch_size=1)
-    return {"tiny": tiny, "store": store, "sharded": sharded}
+    from tests.test_faults import save_chat_model
+
+    return {
+        "tiny": tiny,
+        "store": store,
+        "sharded": sharded,
+        "chat": save_chat_model(tmp_path_factory.mktemp("chat")),
+    }
 
 
 def run_case(case: Case, tmp_path: Path, fixtures: dict[str, Path], monkeypatch) -> tuple[int, str]:

@@ -33,6 +33,11 @@ SRC = Path(__file__).parent.parent / "src"
 @pytest.fixture(scope="module")
 def chat_dir(tmp_path_factory):
     """The tiny llama with a character-level fast tokenizer and a chat template, saved where the CLI loads it."""
+    return save_chat_model(tmp_path_factory.mktemp("tiny-chat"))
+
+
+def save_chat_model(path: Path) -> Path:
+    """Save the tiny llama with a character-level fast tokenizer and a chat template at ``path``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -50,7 +55,6 @@ def chat_dir(tmp_path_factory):
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant: {% endif %}"
     )
-    path = tmp_path_factory.mktemp("tiny-chat")
     tiny_model("llama").save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -105,20 +109,29 @@ def _snapshot(out: Path) -> dict[str, object]:
     for path in files:
         if path.suffix == ".png" or path.name.endswith(".manifest.json") or path.suffix == ".md":
             continue  # figures embed timestamps; manifests the command line; .md the command too
-        if path.suffix == ".parquet":  # a shard: its rows and the settings it was written with
+        if path.name.startswith((".", "_depthlens.lock")):
+            continue  # hidden: a lock, a shard set aside
+        if (
+            path.suffix == ".parquet"
+        ):  # a shard: its rows and the settings it was written with (not its run id)
             table = pq.read_table(path)
-            snap[path.name] = (table.to_pylist(), table.schema.metadata)
+            meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"depthlens.run_id"}
+            snap[path.name] = (table.to_pylist(), meta)
             continue
-        if path.name == "manifest.json":  # a Parquet store's
+        if path.name == "_manifest.json":  # a Parquet store's: its shards' hashes cover their run id
             data = json.loads(path.read_text())
+            data["shards"] = [
+                {k: v for k, v in s.items() if k not in ("bytes", "sha256")} for s in data["shards"]
+            ]
             snap[f"{path.parent.name}/{path.name}"] = {k: v for k, v in data.items()
-                                                       if k not in ("command", "started")}  # fmt: skip
+                                                       if k not in ("command", "started", "run_id")}  # fmt: skip
             continue
         text = path.read_text(encoding="utf-8")
         if path.suffix == ".json":
             data = json.loads(text)
             data.pop("command", None)
             data.pop("store", None)  # the store's own path
+            data.pop("store_state", None)  # a Parquet store's state includes its run id, new for every run
             snap[path.name] = data
         else:
             snap[path.name] = text
@@ -152,8 +165,8 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
         assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
         written = cut if not progress else cut / progress
         if sharded:  # k committed shards and a torn one in flight
-            assert len(json.loads((written / "manifest.json").read_text())["shards"]) == k
-            assert len(list(written.glob("*.parquet.tmp"))) == 1
+            assert len(json.loads((written / "_manifest.json").read_text())["shards"]) == k
+            assert len(list(written.glob(".part-*.parquet.tmp"))) == 1
         else:
             lines = written.read_text().split("\n")
             assert len(lines) == k + 1 and lines[-1], "the kill leaves k whole records and a torn one"

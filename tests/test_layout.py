@@ -39,6 +39,7 @@ MOVED = [  # (old module, name, where it lives now)
     ("depthlens.studies.thinkn", "samples_path", "depthlens.stores.samples"),
     ("depthlens.studies.correlation", "load_store", "depthlens.studies.stored"),
     ("depthlens.viz.report", "find_stores", "depthlens.studies.report"),
+    ("depthlens.viz.study", "draw_accuracy_cost", "depthlens.viz.cost"),
 ]
 
 
@@ -73,7 +74,7 @@ def test_the_one_reader_names_the_shard_and_row_of_a_damaged_record(tiny_chat, t
         lambda p: ordered_pools(p, tiny_chat_dtr()),
     ):
         with pytest.raises(
-            StoreError, match=r"samples/part-000000\.r1\.parquet row 1: missing field\(s\) \['vote_key'\]"
+            StoreError, match=r"samples/part-000001\.parquet row 1: missing field\(s\) \['vote_key'\]"
         ):
             read(tmp_path / "s")
 

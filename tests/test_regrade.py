@@ -176,7 +176,7 @@ def test_a_sharded_store_is_regraded_by_new_shards_its_manifest_commits(tiny_cha
     shards = store / SHARDS
     before = {r["id"]: r for r in iter_samples(store)}
     old_files = sorted(p.name for p in shards.glob("part-*"))
-    from depthlens.stores import parquet as parquet_store
+    from depthlens.stores import recover as parquet_store  # where the commit's manifest is written
 
     def cut(*_):  # the process dies after the new shards, before the manifest commits them
         raise OSError("killed")

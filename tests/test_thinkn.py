@@ -138,7 +138,13 @@ def test_killed_run_resumes_to_the_same_store_and_summary(tiny_chat, tmp_path, f
 
 
 def test_failed_generation_is_recorded_not_dropped(tiny_chat, tmp_path):
-    long = Question("long", "1 " * 200, "1")
+    too_long = Question(
+        "long", "1 " * 200, "1"
+    )  # its prompt alone exceeds the context: refused before sampling
+    with pytest.raises(InputError, match=r"question 'long': its prompt is .* no response fits"):
+        generate_store(tiny_chat, tmp_path / "s", [QUESTIONS[0], too_long], pool=2, sampling=SAMPLING)
+    assert not (tmp_path / "s").exists()
+    long = Question("long", "1 " * 88, "1")  # fits (251 of 256 tokens), its responses do not: they fail
     report = generate_store(tiny_chat, tmp_path / "s", [QUESTIONS[0], long], pool=2, sampling=SAMPLING)
     assert report.failed == 2
     failed = [r for r in _records(tmp_path / "s") if r["status"] == "failed"]

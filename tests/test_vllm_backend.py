@@ -256,7 +256,7 @@ def test_kill_then_resume_equals_an_uninterrupted_run(real_model, llm_engine, tm
     """kill -9 while the second batch's shard is written (the CLI on vLLM, in a subprocess), then --resume: the
     store equals an uninterrupted one. The uninterrupted run and the resume share the module's engine
     (in-process)."""
-    from depthlens.cli.online_cmd import task_info
+    from depthlens.cli.specs import task_spec as task_info
     from depthlens.sampling.vllm.backend import VLLMGenerator
 
     task = "reasoning_gym:basic_arithmetic"

@@ -40,6 +40,7 @@ HOMES: dict[str, tuple[str, ...]] = {
         "depthlens.studies.stored", "depthlens.stores.samples", "depthlens.studies.sweeps", "depthlens.studies.tables",
     ),
     "depthlens.viz.report": ("depthlens.studies.report",),
+    "depthlens.viz.study": ("depthlens.viz.cost",),
 }  # fmt: skip
 RENAMED = {"damaged_record": "damaged", "_generate_question": "generate_question"}
 

@@ -17,6 +17,11 @@ from rich.markup import escape
 
 from depthlens.errors import ConfigError, DepthlensError
 
+try:  # typer ≥ 0.24 carries its own click
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover - an older typer on the real click
+    from click.exceptions import UsageError  # type: ignore[assignment,no-redef]
+
 if TYPE_CHECKING:
     from depthlens.config import ModelSpec
     from depthlens.models.load import LoadedModel
@@ -86,8 +91,9 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         return load(spec.name, progress=status.update, on_offline=warn, **spec.load_kwargs())
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C: finished records are on disk already (each is fsynced as it completes)."""
+class Terminated(BaseException):
+    """SIGTERM, handled like Ctrl-C: finished records are on disk already (each is fsynced as it completes).
+    Not a KeyboardInterrupt: typer turns those into a bare exit code 130, and this one must say 143."""
 
 
 def _terminate(_signum: int, _frame: object) -> NoReturn:
@@ -107,8 +113,9 @@ def _complete_lines(path: Path) -> int:
     """Finished records in a JSONL store (whole lines) or a Parquet store (rows of its committed shards)."""
     try:
         if path.is_dir():
-            # parquet_store.MANIFEST, not imported: pyarrow would slow the start of every command
-            shards = json.loads((path / "manifest.json").read_bytes()).get("shards", [])
+            # stores.layout's manifest names, not imported: pyarrow would slow the start of every command
+            meta = next((path / n for n in ("_manifest.json", "manifest.json") if (path / n).is_file()), None)
+            shards = json.loads(meta.read_bytes()).get("shards", []) if meta else []
             return sum(int(s.get("rows", 0)) for s in shards)
         with path.open("rb") as f:
             return sum(1 for raw in f if raw.endswith(b"\n") and raw.strip())
@@ -122,7 +129,7 @@ def continue_command(argv: list[str]) -> str:
     return shlex.join(["depthlens", *args, "--resume"])
 
 
-def _cause(exc: BaseException, kind: type[KeyboardInterrupt]) -> KeyboardInterrupt | None:
+def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
     """The ``kind`` exception ``exc`` was raised from, if any (walking the chain of causes)."""
     seen: BaseException | None = exc
     while seen is not None:
@@ -132,7 +139,7 @@ def _cause(exc: BaseException, kind: type[KeyboardInterrupt]) -> KeyboardInterru
     return None
 
 
-def _interrupted(exc: KeyboardInterrupt) -> NoReturn:
+def _interrupted(exc: BaseException) -> NoReturn:
     what = "terminated" if isinstance(exc, Terminated) else "interrupted"
     if _written:
         kept = _complete_lines(_written[0])
@@ -145,6 +152,7 @@ def _interrupted(exc: KeyboardInterrupt) -> NoReturn:
 
 # Registration by import: each module adds its command to ``app``.
 from depthlens.cli import (  # noqa: E402, F401
+    check_cmd,
     correlate_cmd,
     export_cmd,
     generate_cmd,
@@ -175,7 +183,15 @@ def main() -> None:
         library.addHandler(_WarnHandler(logging.WARNING))
     library.propagate = False
     try:
-        app()
+        code = app(standalone_mode=False)
+    except UsageError as exc:  # typer's own option checks (``--n 0``): one line naming the option, as ours
+        if type(exc).__name__ == "NoArgsIsHelpError":  # ``depthlens`` alone: the help, as before
+            exc.show()
+            sys.exit(exc.exit_code)
+        err_console.print(f"[bold red]error:[/] {escape(usage_line(exc))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except Terminated as exc:
+        _interrupted(exc)
     except DepthlensError as exc:
         # escaped: a message may hold brackets (pip install 'depthlens[vllm]') that are not markup
         err_console.print(f"[bold red]error:[/] {escape(error_line(exc))}", highlight=False, soft_wrap=True)
@@ -196,3 +212,18 @@ def main() -> None:
         if interrupt is None:
             raise
         _interrupted(interrupt)
+    if code == 130:  # typer's answer to a KeyboardInterrupt (Ctrl-C) outside its standalone mode
+        _interrupted(KeyboardInterrupt())
+    sys.exit(code if isinstance(code, int) else 0)  # as typer's standalone mode ends, so callers see one exit
+
+
+def usage_line(exc: UsageError) -> str:
+    """A usage error of typer's (a value out of range, an unknown or missing option) as one line that names the
+    option and where the command's options are listed."""
+    message = " ".join(exc.format_message().split())
+    names, ctx = [], exc.ctx
+    while ctx is not None and ctx.parent is not None:  # the verb (and sub-verb), without the program's name
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    command = " ".join(reversed(names))
+    return f"{message[:1].lower()}{message[1:]}; see `depthlens {command + ' ' if command else ''}--help`"

@@ -34,18 +34,35 @@ def correlate(
     sweeps: Annotated[
         bool, typer.Option("--sweeps/--no-sweeps", help="Also the g/ρ/prefix/kind sweeps.")
     ] = True,
+    store_format: opt.StoreFormatOpt = None,
+    verify: opt.Verify = False,
 ) -> None:
     """DTR and the six baselines against accuracy (Table 1, Figures 1 and 4), from stores only.
 
     The study is defined in docs/definitions.md §4.
     """
-    from depthlens.studies.report import find_stores, study_store, write_correlation
-    from depthlens.studies.stored import load_store
-    from depthlens.viz.report import draw_study
+    from depthlens.studies.report import find_stores
 
     cfg = CorrelationConfig(bins=bins, seeds=seeds, n=n, bootstrap=bootstrap)
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
+    from depthlens.cli.export_cmd import refuse_inside
+    from depthlens.stores.parquet import verifying
+    from depthlens.stores.samples import SAMPLES, SHARDS, picking
+
     paths = [p for s in stores for p in find_stores(s)]
+    for path in paths:  # tables and figures never land inside a store they read
+        refuse_inside(out, path / SHARDS)
+        refuse_inside(out, path / SAMPLES)
+    with picking(store_format), verifying(verify):  # type: ignore[arg-type]
+        _correlate(paths, out, cfg, dtr, g_kl, g_cosine, sweeps)
+
+
+def _correlate(paths: list[Path], out: Path, cfg: CorrelationConfig, dtr: DTRConfig, g_kl: float | None,
+               g_cosine: float | None, sweeps: bool) -> None:  # fmt: skip
+    from depthlens.studies.report import study_store, write_correlation
+    from depthlens.studies.stored import load_store
+    from depthlens.viz.report import draw_study
+
     studies = []
     with make_progress(err_console) as progress:
         task = progress.add_task("stores", total=len(paths))
@@ -67,7 +84,12 @@ def correlate(
 
 def _print_table(rows: list[dict]) -> None:
     columns = list(dict.fromkeys(f"{r['model']} · {r['task']}" for r in rows))
-    table = Table(title="binned r (paper) · point-biserial r [95 % CI]", title_justify="left")
+    from depthlens.studies.inference import format_p
+
+    table = Table(
+        title="binned r (paper) · point-biserial r [95 % CI] p_BH (Benjamini–Hochberg over the table; † < 0.05)",
+        title_justify="left",
+    )
     table.add_column("metric")
     for c in columns:
         table.add_column(c, justify="right")
@@ -86,7 +108,11 @@ def _print_table(rows: list[dict]) -> None:
                 if r["point_biserial_lo"] is None
                 else f" [{r['point_biserial_lo']:+.2f}, {r['point_biserial_hi']:+.2f}]"
             )
-            out.append(f"{binned} · {pb}{ci}")
+            adjusted = r.get("point_biserial_p_bh")
+            flag = (
+                "" if adjusted is None else f" p_BH {format_p(adjusted)}" + ("†" if adjusted < 0.05 else "")
+            )
+            out.append(f"{binned} · {pb}{ci}{flag}")
         table.add_row(label, *out)
     console.print(table)
     for r in rows:

@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from depthlens.cli.app import app, err_console
+
+
+def refuse_inside(out: Path, store: Path) -> None:
+    """Writes never land inside a store: ``out`` may be neither the store, a file in it, its manifest, nor a file
+    in a sample store's directory (it would read as that store's responses)."""
+    from depthlens.errors import InputError
+    from depthlens.stores.files import manifest_path
+    from depthlens.stores.samples import SAMPLES, SHARDS
+
+    target, source = out.resolve(), store.resolve()
+    inside = target == source or source in target.parents or target == manifest_path(source)
+    sample_store = (target.parent / SHARDS).is_dir() or (target.parent / SAMPLES).is_file()
+    if inside or (sample_store and target.name in (SAMPLES, manifest_path(Path(SAMPLES)).name)):
+        raise InputError(f"--out {out}: inside the store {store} (or where its responses are kept); write the export "
+                         "outside it")  # fmt: skip
 
 
 @app.command("export", short_help="Write a Parquet results store out as one JSONL file.")
@@ -19,34 +34,52 @@ def export(
         Path, typer.Option("--out", "-o", help="The JSONL file to write (its manifest beside it).")
     ],
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out.")] = False,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Also check every shard's sha256 against the manifest.")
+    ] = False,
 ) -> None:
     """Write every record of STORE to one JSONL file, in shard order, and its manifest beside it.
 
     The JSONL file reads like a `depthlens score` output of the same run (per-token floats at the store's width).
     """
-    import json
 
     from depthlens.errors import InputError, StoreError
-    from depthlens.stores.files import manifest_path, write_error, write_json
-    from depthlens.stores.parquet import iter_store, store_manifest
+    from depthlens.stores.parquet import store_manifest
 
     if not store.exists():
         raise InputError(f"store {str(store)!r} does not exist")
+    stored = store_manifest(store)  # a store at all?
+    refuse_inside(out, store)
     if out.exists() and not overwrite:
         raise StoreError(f"{out} already exists; pass --overwrite to replace it")
-    if out.resolve() == store.resolve():
-        raise InputError(f"--out {out} is the store itself; write the export to another file")
-    manifest = {k: v for k, v in store_manifest(store).items() if k not in ("shards", "store")}
-    tmp = out.with_name(out.name + ".tmp")
+    manifest = {k: v for k, v in stored.items()
+                if k not in ("shards", "store", "layout", "next_shard", "superseded")}  # fmt: skip
+    from depthlens.stores.lock import store_lock
+
+    with store_lock(out):  # the export is a store of its own: one writer
+        count = _write_export(store, out, manifest, verify)
+    err_console.print(f"wrote {count} records to {out}", highlight=False)
+
+
+def _write_export(store: Path, out: Path, manifest: dict[str, Any], verify: bool) -> int:
+    """Every record of ``store`` into ``out`` (a temporary name, then renamed), its manifest beside it."""
+    import json
+    import os
+
+    from depthlens.stores.files import manifest_path, write_error, write_json
+    from depthlens.stores.parquet import iter_store
+
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     count = 0
     try:
         with tmp.open("w", encoding="utf-8") as f:
-            for record in iter_store(store):
+            for record in iter_store(store, verify=verify):
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
                 count += 1
+        write_json(manifest_path(out), manifest)
         tmp.replace(out)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise write_error(out, exc) from exc
-    write_json(manifest_path(out), manifest)
-    err_console.print(f"wrote {count} records to {out}", highlight=False)
+    finally:
+        tmp.unlink(missing_ok=True)  # every failure (a damaged shard included) leaves no temporary file
+    return count

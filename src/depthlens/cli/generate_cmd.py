@@ -28,11 +28,7 @@ _A = AnswerConfig()
 def run_generation(model: ModelSpec, run: GenerateRun, ray: RayConfig | None) -> GenerationReport:
     """Check everything that needs no model (``--out``, the model's name, the task, ``--resume``), then sample
     here or on Ray actors, and say what was written."""
-    from depthlens.evals.loading import task_questions
-    from depthlens.models.locate import locate
-    from depthlens.stores.formats import check_results
-    from depthlens.stores.samples import RESUME_RULES, samples_entry, samples_format, samples_path
-    from depthlens.studies.generate import run_manifest
+    from depthlens.stores.samples import samples_entry, samples_format, samples_path
 
     out, spec = run.store.out, run.store
     fmt = samples_format(out, spec.format, spec.resume, spec.overwrite)
@@ -44,6 +40,26 @@ def run_generation(model: ModelSpec, run: GenerateRun, ray: RayConfig | None) ->
             raise InputError(f"--ray writes a sharded Parquet store and {out} is a JSONL one; resume it without "
                              "--ray, or leave out --store jsonl")  # fmt: skip
         import_ray()  # the missing extra is named before anything else happens
+    samples = samples_path(out, fmt)
+    from depthlens.stores.guard import new_out
+    from depthlens.stores.lock import store_lock
+
+    # One writer from here on (a second is refused now, naming this one), and a run that fails before its first
+    # record leaves no --out behind.
+    with new_out(out, samples_path(out, "parquet"), samples_path(out, "jsonl")), store_lock(samples):
+        return _checked_generation(model, run, ray, fmt)
+
+
+def _checked_generation(
+    model: ModelSpec, run: GenerateRun, ray: RayConfig | None, fmt: StoreFormat
+) -> GenerationReport:
+    from depthlens.evals.loading import task_questions
+    from depthlens.models.locate import locate
+    from depthlens.stores.formats import check_results
+    from depthlens.stores.samples import RESUME_RULES, samples_path
+    from depthlens.studies.generate import run_manifest
+
+    out, spec = run.store.out, run.store
     samples = samples_path(out, fmt)
     resuming = check_results(samples, None, spec.resume, spec.overwrite, fmt=fmt)
     locate(model.name)

@@ -70,24 +70,41 @@ class Replay:
     trials: int
     seed: int
     sweep: bool = False
+    n: int = 16  # Cons@n beside the replay, on the same questions (a pool sampled in full only)
 
 
 def run_live(model: ModelSpec, run: OnlineRun) -> None:
     """Online Think@n live: check the run, load the model, run it into its store, print the outcome."""
     from depthlens.evals.loading import task_questions
-    from depthlens.studies.online import OnlineEvents, check_online, run_online
+    from depthlens.studies.online import check_online
 
     check_online(run.online, run.sampling)  # before the task, the model or any generation
     assert run.task is not None
     questions = task_questions(run.task)
+    from depthlens.stores.guard import new_out
+    from depthlens.studies.online import DECISIONS
+
+    out = run.store.out
+    # a failure before the first record leaves no --out
+    with new_out(out, out / "samples.jsonl", out / DECISIONS):
+        report, name = _live(model, run, questions)
+    _print_live(run, report, name)
+
+
+def _live(model: ModelSpec, run: OnlineRun, questions: list[Any]) -> tuple[Any, str]:
+    from depthlens.studies.online import OnlineEvents, run_online
+
     lm = load_model(model)
     with make_progress(err_console) as progress:
         done = progress.add_task("questions", total=len(questions))
         tokens = progress.add_task("tokens", total=None)
         events = OnlineEvents(on_question=lambda o: progress.advance(done, 1),
                               on_token=lambda n: progress.advance(tokens, n))  # fmt: skip
-        report = run_online(lm, run, questions, events=events)
-    table = Table(title=f"online think@n · signal {run.online.signal} · {lm.name}", title_justify="left")
+        return run_online(lm, run, questions, events=events), lm.name
+
+
+def _print_live(run: OnlineRun, report: Any, name: str) -> None:
+    table = Table(title=f"online think@n · signal {run.online.signal} · {name}", title_justify="left")
     for column in ("questions", "accuracy %", "tokens / question", "stopped by"):
         table.add_column(column, justify="right")
     n = max(report.questions, 1)
@@ -105,21 +122,27 @@ def run_live(model: ModelSpec, run: OnlineRun) -> None:
 def run_replay(online: OnlineConfig, store: Path, dtr: DTRConfig, replay: Replay) -> None:
     """Replay the policy over a stored pool in its sampling order (and ``replay.trials`` − 1 shuffled ones)."""
     trials, seed, sweep = replay.trials, replay.seed, replay.sweep
+    from depthlens.cli.paired_view import power_line
     from depthlens.stores.samples import read_manifest
-    from depthlens.studies.online import budget_sweep, ordered_pools
+    from depthlens.studies.online import budget_sweep
+    from depthlens.studies.paired_tables import replay_paired
     from depthlens.studies.tables import write_csv
-    from depthlens.voting.online import replay_trials
 
     manifest = read_manifest(store)
-    pools, holes = ordered_pools(store, dtr)
+    with err_console.status("replaying"):
+        replayed = replay_paired(store, online, dtr, trials, seed, replay.n)
+    holes, summary = replayed.holes, replayed.summary
     if holes:
         err_console.print(f"[yellow]{len(holes)} question(s) left out (a failed or missing response):[/] "
                           + ", ".join(holes[:10]))  # fmt: skip
-    with err_console.status("replaying"):
-        summary = replay_trials(pools, online, trials, seed)
     _print_summaries([summary], f"online replay · {manifest['model']} · {store}")
-    payload: dict[str, Any] = {"store": str(store), "online": online.to_dict(), "dtr": dtr.to_dict(),
-                               "summary": summary.to_dict()}  # fmt: skip
+    if (c := replayed.comparison) is not None:
+        err_console.print(f"Cons@n beside it: n = {replay.n} drawn per trial.", power_line([c], c.method),
+                          highlight=False)  # fmt: skip
+    from depthlens.stores.state import store_state
+
+    payload: dict[str, Any] = {"store": str(store), "store_state": store_state(store), "online": online.to_dict(),
+                               "dtr": dtr.to_dict(), "summary": summary.to_dict()}  # fmt: skip
     (store / "online_replay.json").write_text(json.dumps(payload, indent=2) + "\n")
     if sweep:
         from depthlens.viz.online import draw_budget_curves
@@ -131,7 +154,7 @@ def run_replay(online: OnlineConfig, store: Path, dtr: DTRConfig, replay: Replay
             rows, store / "online_sweep.png", title=f"{manifest['model']} · accuracy vs tokens"
         )
         err_console.print(f"sweep: {store / 'online_sweep.csv'}, {figure}")
-    err_console.print(f"summary: {store / 'online_replay.json'}")
+    err_console.print(f"summary: {store / 'online_replay.json'}, {replayed.path.name} (with the paired test)")
 
 
 def _print_summaries(summaries: list[OnlineSummary], title: str) -> None:

@@ -288,3 +288,6 @@ GCos = Annotated[
         "--g-cosine", callback=finite, help="Settling threshold for the cosine DTR (default: matched)."
     ),
 ]
+Verify = Annotated[
+    bool, typer.Option("--verify", help="Also check every shard's sha256 against the store's manifest.")
+]

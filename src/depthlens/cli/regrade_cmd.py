@@ -71,6 +71,7 @@ def regrade(
             help="none or last-number (default: the store's own; a store from before the answer rules: none).",
         ),
     ] = None,
+    store_format: opt.StoreFormatOpt = None,
 ) -> None:
     """Re-extract and re-grade stored responses under the current answer rules, in place (docs/definitions.md §5).
 
@@ -81,7 +82,9 @@ def regrade(
     from depthlens.studies.regrade import regrade_store
 
     answer_config("paper", answer_type, answer_fallback or "none", None)  # checks the values before any work
+    from depthlens.stores.samples import picking
+
     for store in stores:
-        with err_console.status(f"regrading {store}"):
+        with picking(store_format), err_console.status(f"regrading {store}"):  # type: ignore[arg-type]
             report = regrade_store(store, answer_type, answer_fallback)
         print_regrade(report)

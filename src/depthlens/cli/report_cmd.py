@@ -26,6 +26,8 @@ def report(
     g: opt.G = D["g"],
     rho: opt.Rho = D["rho"],
     deep_rule: opt.DeepRuleOpt = D["deep_rule"],
+    store_format: opt.StoreFormatOpt = None,
+    verify: opt.Verify = False,
 ) -> None:
     """One Markdown and HTML page with the run's tables, figures and the commands that made it."""
     from depthlens.models.load import load_tokenizer
@@ -33,7 +35,10 @@ def report(
 
     cfg = CorrelationConfig(bins=bins, seeds=seeds, bootstrap=bootstrap)
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
-    with err_console.status("building the report") as status:
+    from depthlens.stores.parquet import verifying
+    from depthlens.stores.samples import picking
+
+    with picking(store_format), verifying(verify), err_console.status("building the report") as status:  # type: ignore[arg-type]
         md = build_report(run_dir, cfg, dtr, tokenizer_for=load_tokenizer,
                           on_store=lambda label: status.update(f"studying {label}"))  # fmt: skip
     console.print(f"report: {md}  (and {md.with_suffix('.html')})")

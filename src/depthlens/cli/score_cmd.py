@@ -83,7 +83,6 @@ def score(
     The metrics are defined in docs/definitions.md.
     """
     from depthlens.config import DTRConfig, ReadoutConfig, ScoreRun, StoreSpec, TCBConfig
-    from depthlens.studies.score import ScoreEvents, run_score
 
     readout = ReadoutConfig(divergence=divergence, final_norm=final_norm, memory_mb=memory_mb,  # type: ignore[arg-type]
                             compile=compile_kernel)  # type: ignore[arg-type]  # fmt: skip
@@ -93,10 +92,33 @@ def score(
     run = ScoreRun(in_path, store, readout, dtr, tcb_config, tokens, batch_size, skip_bad)
     model_spec = specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     ray_config = specs.ray_config(ray, ray_address, workers, cpus, gpus, block_rows)
-    _check_before_loading(model, run, ray_config is not None)
-    if ray_config is not None:
-        _score_on_ray(model_spec, run, ray_config, quiet)
-        return
+    from depthlens.stores.guard import new_out, refuse_same_file
+    from depthlens.stores.lock import store_lock
+
+    refuse_same_file(run.source, out_path)  # before anything is created or loaded
+    refuse_inside_input(run.source, out_path)
+    with (
+        new_out(out_path),
+        store_lock(out_path),
+    ):  # one writer; a run failing before its first record leaves no --out
+        _check_before_loading(model, run, ray_config is not None)
+        if ray_config is not None:
+            _score_on_ray(model_spec, run, ray_config, quiet)
+            return
+        _score_here(model_spec, run, quiet)
+
+
+def refuse_inside_input(source: Path, out: Path) -> None:
+    """Scores never land inside the store they read (``--in runs/a/samples --out runs/a/samples/x``)."""
+    src, target = source.resolve(), out.resolve()
+    if source.is_dir() and (target == src or src in target.parents):
+        raise InputError(f"--out {out} is inside the input store {source}; write the scores outside it")
+
+
+def _score_here(model_spec: ModelSpec, run: ScoreRun, quiet: bool) -> None:
+    from depthlens.studies.score import ScoreEvents, run_score
+
+    out_path, dtr = run.store.out, run.dtr
     lm = load_model(model_spec)
     with make_progress(err_console) as progress:
         task = progress.add_task("scoring", total=None)

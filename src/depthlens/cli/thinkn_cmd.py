@@ -128,6 +128,12 @@ def print_report(report: ThinkReport, store: Path | None = None) -> None:
             f"{s.cost_paper_mean:,.0f}",
         )
     console.print(table)
+    if report.paired:
+        from depthlens.cli.paired_view import paired_table, power_line
+
+        console.print(paired_table(report.paired))
+        if (line := power_line(report.paired)) is not None:
+            err_console.print(line, highlight=False)
     _print_notes(report, store)
     if report.ablation:
         _print_ablation(report.ablation)
@@ -215,7 +221,9 @@ def thinkn(
     g: GOpt = None,
     rho: RhoOpt = None,
     deep_rule: DeepRuleOpt = None,
-    divergence: opt.DivergenceOpt = D["divergence"],
+    divergence: Annotated[
+        str | None, typer.Option("--divergence", help="jsd (bits), jsd-nat, kl or cosine (default jsd).")
+    ] = None,
     prompt_style: opt.PromptStyleOpt = _A.prompt_style,
     answer_type: opt.AnswerTypeOpt = None,
     answer_fallback: opt.AnswerFallbackOpt = _A.fallback,
@@ -234,6 +242,7 @@ def thinkn(
     enforce_eager: opt.EnforceEager = False,
     kv_cache_gib: opt.KvCacheGib = None,
     store_format: opt.StoreFormatOpt = None,
+    verify: opt.Verify = False,
     float16: opt.Float16 = False,
     ray: opt.RayOpt = False,
     ray_address: opt.RayAddress = None,
@@ -264,31 +273,53 @@ def thinkn(
         return Sampled(specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed),
                        specs.answer_config(prompt_style, answer_type, answer_fallback, task),
                        SamplingConfig(temperature, top_p, max_new_tokens, specs.readout_tokens(readout_tokens, window)),
-                       engine, specs.readout_config(divergence))  # fmt: skip
+                       engine, specs.readout_config(divergence or D["divergence"]))  # fmt: skip
 
-    if online or sweep:
-        if ray or ray_address is not None:
-            raise InputError("--ray samples a pool for offline voting; run --online without --ray")
-        if store_format is not None or float16:
-            raise InputError(
-                "--store and --float16 set the format of an offline pool; an online store is JSONL"
-            )
-        if not online:
-            raise InputError("--sweep replays the online policy: pass it with --online --from DIR")
-        policy = oc.online_config(signal, warmup, max_n, consensus, eta, specs.prefix(prefix), deepconf_window,
-                                  batch_size or _O.batch_size)  # fmt: skip
-        _online(store, policy, dtr_for(from_store, g, rho, deep_rule), oc.Replay(trials, seed, sweep),
-                lambda: sampled(policy.prefix), task_spec, from_store is not None)  # fmt: skip
-        return
-    voting = VotingConfig(n, eta, specs.prefix(prefix), trials, seed, deepconf_window)
-    chosen = method_list(methods)
-    if out is not None:
-        new = sampled(None if ablation else voting.prefix)
-        size = pool if pool is not None else 2 * n
-        run = GenerateRun(store, size, seed, batch_size or 16, new.sampling, new.readout,
-                          dtr_for(None, g, rho, deep_rule), new.answers, new.engine, task_spec)  # fmt: skip
-        run_generation(new.model, run, specs.ray_config(ray, ray_address, workers, cpus, gpus))
-    vote(store.out, voting, dtr_for(store.out, g, rho, deep_rule), chosen, ablation, overwrite)
+    from depthlens.stores.parquet import verifying
+    from depthlens.stores.samples import picking
+
+    with (
+        picking(store_format if from_store is not None else None),
+        verifying(verify),
+    ):  # --store picks one of two stores to read
+        if from_store is not None:
+            honoured(from_store, divergence)
+        if online or sweep:
+            if ray or ray_address is not None:
+                raise InputError("--ray samples a pool for offline voting; run --online without --ray")
+            if (store_format is not None and from_store is None) or float16:
+                raise InputError(
+                    "--store and --float16 set the format of an offline pool; an online store is JSONL"
+                )
+            if not online:
+                raise InputError("--sweep replays the online policy: pass it with --online --from DIR")
+            policy = oc.online_config(signal, warmup, max_n, consensus, eta, specs.prefix(prefix), deepconf_window,
+                                      batch_size or _O.batch_size)  # fmt: skip
+            _online(store, policy, dtr_for(from_store, g, rho, deep_rule), oc.Replay(trials, seed, sweep, n),
+                    lambda: sampled(policy.prefix), task_spec, from_store is not None)  # fmt: skip
+            return
+        voting = VotingConfig(n, eta, specs.prefix(prefix), trials, seed, deepconf_window)
+        chosen = method_list(methods)
+        if out is not None:
+            new = sampled(None if ablation else voting.prefix)
+            size = pool if pool is not None else 2 * n
+            run = GenerateRun(store, size, seed, batch_size or 16, new.sampling, new.readout,
+                              dtr_for(None, g, rho, deep_rule), new.answers, new.engine, task_spec)  # fmt: skip
+            run_generation(new.model, run, specs.ray_config(ray, ray_address, workers, cpus, gpus))
+        vote(store.out, voting, dtr_for(store.out, g, rho, deep_rule), chosen, ablation, overwrite)
+
+
+def honoured(store: Path, divergence: str | None) -> None:
+    """An option a stored pool cannot honour is an error naming what the store holds: Think@n votes on the
+    divergence the store was generated with."""
+    from depthlens.stores.samples import kinds_line, read_manifest, stored_kinds
+
+    manifest = read_manifest(store)
+    if divergence is not None and divergence != stored_kinds(manifest)[0]:
+        raise InputError(
+            f"--divergence {divergence}: {store} holds {kinds_line(manifest)} divergences and votes on "
+            f"{stored_kinds(manifest)[0]}; leave out --divergence, or generate a store with --divergence {divergence}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -203,6 +203,11 @@ def load_task(
     """
     if count is not None and count < 1:
         raise InputError(f"--questions = {count}; ask for at least 1")
+    if data is not None and name not in HUB_TASKS:  # never silently ignored
+        raise InputError(
+            f"--data gives the rows of a hub task ({', '.join(HUB_TASKS)}); task {name!r} takes none — a question "
+            "file is itself the task: --task FILE.jsonl"
+        )
     if name.startswith("reasoning_gym:"):
         return _reasoning_gym(name.split(":", 1)[1], count or 50, seed, config or {}, check_references)
     if config:
@@ -216,10 +221,8 @@ def load_task(
         rows = _read_jsonl(path)
         questions = []
         for i, row in enumerate(rows):
-            for col in ("question", "answer"):
-                if col not in row:
-                    raise InputError(f"{path}:{i + 1}: missing {col!r}; each line needs question, answer")
-            choices = tuple(str(c) for c in row.get("choices") or ())
+            _check_question_row(path, i + 1, row)
+            choices = tuple(row.get("choices") or ())
             answer = str(row["answer"])
             if choices and answer not in LETTERS[: len(choices)]:
                 if answer not in choices:
@@ -242,6 +245,20 @@ def load_task(
         f"unknown task {name!r}; use reasoning_gym:<dataset> (e.g. reasoning_gym:basic_arithmetic), "
         f"{', '.join(HUB_TASKS)}, or a .jsonl file; `depthlens tasks` lists all"
     )
+
+
+def _check_question_row(path: Path, line: int, row: dict[str, Any]) -> None:
+    """A question file's line: ``question`` a string, ``answer`` given, ``choices`` (if any) a list of strings."""
+    for col in ("question", "answer"):
+        if col not in row:
+            raise InputError(f"{path}:{line}: missing {col!r}; each line needs question, answer")
+    if not isinstance(row["question"], str):
+        raise InputError(f"{path}:{line}: 'question' must be a string, got {type(row['question']).__name__}")
+    choices = row.get("choices")
+    if choices is not None and not (isinstance(choices, list) and all(isinstance(c, str) for c in choices)):
+        raise InputError(
+            f"{path}:{line}: 'choices' must be a list of strings, got {json.dumps(choices)[:60]}"
+        )
 
 
 def task_questions(task: TaskSpec) -> list[Question]:

@@ -17,7 +17,7 @@ from typing import Any, Unpack
 from depthlens.config import GenerateRun, ModelSpec, RayConfig
 from depthlens.errors import StoreError
 from depthlens.evals.tasks import Question
-from depthlens.scale.ray import actor_load_kwargs, connect, import_ray, run_on_actors
+from depthlens.scale.ray import actor_load_kwargs, connect, import_ray, note_actor_start, run_on_actors
 from depthlens.stores.parquet import ShardWriter
 from depthlens.stores.samples import RESUME_RULES, SAMPLES, SHARDS, remove_other_format, write_questions
 from depthlens.studies.generate import (
@@ -55,6 +55,7 @@ class _Sampler:
         run: GenerateRun,
         threads: int,
     ) -> None:
+        note_actor_start()
         import torch
 
         from depthlens.models.load import load

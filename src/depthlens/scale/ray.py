@@ -22,6 +22,9 @@ EXTRA_HINT = "--ray needs the Ray extra: pip install 'depthlens[ray]'"
 # Fault injection for tests/test_ray.py: the first actor call that finds this file absent creates it and has
 # Ray kill its own actor, as an operator's ``ray.kill`` or a lost node would, mid-block.
 RAY_KILL_ONCE = "DEPTHLENS_FAULT_RAY_KILL_ONCE"
+# For tests/test_ray.py: each actor start appends its pid to this file, so a test counts starts (a restart after a
+# kill; no retry loop after a failed load) instead of timing them on a machine whose speed it does not know.
+RAY_STARTS = "DEPTHLENS_FAULT_RAY_STARTS"
 # A killed actor is restarted and its block retried this often (scoring and generation alike); a model that fails
 # to load is not.
 RESTARTS = 3
@@ -92,7 +95,7 @@ def actor_env(cpus: float) -> dict[str, Any]:
     """
     threads = str(max(1, int(cpus)))
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    env.update({k: os.environ[k] for k in (RAY_KILL_ONCE,) if k in os.environ})  # fault injection (tests)
+    env.update({k: os.environ[k] for k in (RAY_KILL_ONCE, RAY_STARTS) if k in os.environ})  # (tests)
     return {"env_vars": env}
 
 
@@ -159,6 +162,14 @@ def run_on_actors(
             "fix the cause and rerun with --resume"
         ) from None
     return n_layers
+
+
+def note_actor_start() -> None:
+    """Append this actor's pid to ``RAY_STARTS``'s file, where a test asked for it (see ``RAY_STARTS``)."""
+    log = os.environ.get(RAY_STARTS)
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()}\n")
 
 
 def maybe_kill_self() -> None:

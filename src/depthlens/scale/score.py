@@ -11,12 +11,19 @@ import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict, Unpack
+from typing import Any, Unpack
 
-from depthlens.config import DTRConfig, ModelSpec, RayConfig, ReadoutConfig, ScoreRun, TCBConfig
+from depthlens.config import ModelSpec, RayConfig, ScoreRun
 from depthlens.errors import InputError
-from depthlens.scale.ray import actor_load_kwargs, connect, import_ray, maybe_kill_self, run_on_actors
-from depthlens.studies.score import ScoreEvents, score_run
+from depthlens.scale.ray import (
+    actor_load_kwargs,
+    connect,
+    import_ray,
+    maybe_kill_self,
+    note_actor_start,
+    run_on_actors,
+)
+from depthlens.studies.score import ScoreEvents, ScoreOptions, score_run
 
 
 class _Scorer:
@@ -30,6 +37,7 @@ class _Scorer:
         threads: int,
         pending: set[str] | None = None,
     ) -> None:
+        note_actor_start()
         import torch
 
         from depthlens.models.load import load
@@ -159,28 +167,18 @@ def score_on_ray(
     return RayScoreReport(skipped, n_layers, writer.rescored)
 
 
-class RayScoreOptions(TypedDict, total=False):
+class RayScoreOptions(ScoreOptions, total=False):
     """``score_ray``'s keywords: ``score_file``'s, Ray's (``workers``, ``cpus``, ``gpus``, ``address``,
-    ``block_rows``) and how each actor loads the model (``load_kwargs``, as ``depthlens.load`` takes them)."""
+    ``block_rows``), how each actor loads the model (``load_kwargs``, as ``depthlens.load`` takes them), and
+    ``on_records`` (the Ray name of ``on_block``)."""
 
-    readout: ReadoutConfig
-    dtr: DTRConfig
-    tcb: TCBConfig | None
-    tokens: bool
-    batch_size: int
-    skip_bad: bool
-    resume: bool
-    overwrite: bool
-    float16: bool
     workers: int
     cpus: float
     gpus: float
     address: str | None
     block_rows: int
     load_kwargs: dict[str, Any]
-    on_start: Callable[[int, int], None]
     on_records: Callable[[int], None]
-    on_rescore: Callable[[list[str]], None]
 
 
 def score_ray(

@@ -55,16 +55,18 @@ def read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
 
 def write_json(path: Path, data: object) -> None:
     """Write ``data`` whole or not at all: to a temporary name, fsynced, then renamed over ``path``."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # hidden from Parquet readers; one per process
     try:
         with tmp.open("w", encoding="utf-8") as f:
             f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(path)
-    except OSError as exc:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        raise write_error(path, exc) from exc
+        if isinstance(exc, OSError):
+            raise write_error(path, exc) from exc
+        raise
 
 
 def write_error(path: Path, exc: OSError) -> StoreError:

@@ -22,7 +22,7 @@ from depthlens.errors import InputError
 from depthlens.stores.files import ResumeRules
 from depthlens.stores.inputs import BadLine, InputRecord, RecordCollector, read_records
 from depthlens.stores.jsonl import ResultWriter, check_output
-from depthlens.stores.parquet import ShardWriter, check_store, committed_shards
+from depthlens.stores.parquet import ShardWriter, check_store, committed_shards, iter_store
 
 COMMIT_S = 30.0  # a Parquet results store commits what it holds at least this often (a kill loses no more)
 
@@ -110,7 +110,7 @@ def open_results(
 def input_shards(path: Path) -> list[Path] | None:
     """The Parquet files an input is read from: the file itself, a store's committed shards, or None (JSONL)."""
     if path.is_dir():
-        return [path / name for name in committed_shards(path)]
+        return committed_shards(path)
     return [path] if path.suffix == ".parquet" else None
 
 
@@ -122,10 +122,13 @@ def read_inputs(path: Path, skip_bad: bool = False) -> tuple[list[InputRecord], 
         return read_records(path, skip_bad)
     if not path.exists():
         raise InputError(f"input file {str(path)!r} does not exist")
-    try:
-        rows = [row for shard in shards for row in pq.read_table(shard).to_pylist()]
-    except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"input {str(path)!r} is not readable Parquet ({exc})") from None
+    if path.is_dir():  # a store: its committed records, each shard checked as every reader checks it
+        rows = list(iter_store(path))
+    else:
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"input {str(path)!r} is not readable Parquet ({exc})") from None
     collected = RecordCollector(skip_bad, unit="row")
     for number, row in enumerate(rows, start=1):  # a column a row does not have is null: left out
         collected.add(

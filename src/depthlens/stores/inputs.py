@@ -58,6 +58,8 @@ def check_record(data: object, where: str) -> None:
     """Raise InputError unless ``data`` has one of the accepted shapes with the right types."""
     if not isinstance(data, dict):
         raise InputError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if "prompt" in data and "messages" in data:  # which one was meant? never guessed
+        raise InputError(f"{where}: has both 'prompt' and 'messages'; give one of them")
     shape = next((s for s in _SHAPES if all(k in data for k in s)), None)
     if shape is None:
         raise InputError(

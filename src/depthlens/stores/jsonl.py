@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -22,11 +23,12 @@ from depthlens.stores.files import (
     write_error,
     write_json,
 )
+from depthlens.stores.lock import store_lock
 
 # Fault injection for the tests (tests/test_faults.py): after this many records the process SIGKILLs itself
 # halfway through writing the next one, leaving the torn line a real kill -9 or power cut would.
 KILL_AFTER = "DEPTHLENS_FAULT_KILL_AFTER"
-_UNCOMPARED = {"command", "started", "input_hashes"}
+_UNCOMPARED = {"command", "started", "input_hashes", "run_id"}
 
 
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
@@ -37,14 +39,20 @@ def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 
 def iter_jsonl_located(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """(``FILE:LINE``, record) for every record of ``path``, as ``iter_jsonl``."""
-    fix = "rerun the command that wrote it with --resume (it drops a torn last line), or delete that line"
+    fix = (
+        "rerun the command that wrote it with --resume: it sets that line aside (in "
+        f"{path.name}.damaged) and computes its record again"
+    )
     with path.open("rb") as f:
         for number, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
             where = f"{path}:{number}"
             if not raw.endswith(b"\n"):
-                raise StoreError(f"{where}: the last line is cut short (an interrupted write); {fix}")
+                raise StoreError(
+                    f"{where}: the last line is cut short (an interrupted write); rerun the command that wrote it "
+                    "with --resume: it drops the cut line and computes that record again"
+                )
             try:
                 record = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
@@ -55,22 +63,44 @@ def iter_jsonl_located(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _finished(out: Path) -> list[str]:
-    """Ids already written to ``out`` in order; a torn last line (a crash mid-write) is cut off."""
+    """Ids already written to ``out`` in order. A torn last line (a crash mid-write) is cut off; a whole line that
+    is not a record (edited or damaged outside depthlens) is moved to ``<out>.damaged``, so its record is computed
+    again and nothing else is touched."""
     done: list[str] = []
-    good_bytes = 0
+    good: list[bytes] = []
+    bad: list[bytes] = []
     with out.open("rb") as f:
         for raw in f:
             if not raw.endswith(b"\n"):
-                break
+                break  # torn: dropped
             try:
                 done.append(str(json.loads(raw)["id"]))
+                good.append(raw)
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-                break
-            good_bytes += len(raw)
-    if good_bytes != out.stat().st_size:
+                if raw.strip():
+                    bad.append(raw)
+    size = sum(len(r) for r in good)
+    if bad:
+        with out.with_name(out.name + ".damaged").open("ab") as f:
+            f.writelines(bad)
+        _rewrite(out, good)
+    elif size != out.stat().st_size:
         with out.open("r+b") as f:
-            f.truncate(good_bytes)
+            f.truncate(size)
     return done
+
+
+def _rewrite(out: Path, lines: list[bytes]) -> None:
+    """Replace ``out`` with ``lines`` whole (a temporary name, fsynced, renamed)."""
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as dst:
+            dst.writelines(lines)
+            dst.flush()
+            os.fsync(dst.fileno())
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _stale(stored: object, hashes: dict[str, str] | None, finished: list[str]) -> set[str]:
@@ -82,14 +112,8 @@ def _stale(stored: object, hashes: dict[str, str] | None, finished: list[str]) -
 
 def _drop(out: Path, ids: set[str]) -> None:
     """Rewrite ``out`` without the records ``ids`` (to a temporary name, then renamed: never half-done)."""
-    tmp = out.with_name(out.name + ".tmp")
-    with out.open("rb") as src, tmp.open("wb") as dst:
-        for raw in src:
-            if str(json.loads(raw)["id"]) not in ids:
-                dst.write(raw)
-        dst.flush()
-        os.fsync(dst.fileno())
-    tmp.replace(out)
+    with out.open("rb") as src:
+        _rewrite(out, [raw for raw in src if str(json.loads(raw)["id"]) not in ids])
 
 
 def _reopen_truncated(out: Path, size: int, handle: TextIO) -> TextIO:
@@ -137,6 +161,17 @@ class ResultWriter:
                 written are dropped from ``out`` (``rescored`` lists them) so this run writes them afresh.
         """
         self.out = out
+        self._lock = contextlib.ExitStack()
+        self._lock.enter_context(store_lock(out))
+        try:
+            self._open(manifest, resume, overwrite, rules, hashes)
+        except BaseException:
+            self._lock.close()
+            raise
+
+    def _open(self, manifest: dict[str, Any], resume: bool, overwrite: bool, rules: ResumeRules,
+              hashes: dict[str, str] | None) -> None:  # fmt: skip
+        out = self.out
         self.done: set[str] = set()
         self.rescored: list[str] = []
         self.changed: list[str] = []  # the ``free`` / ``extend`` settings this resumed run changed
@@ -155,8 +190,10 @@ class ResultWriter:
             self.done = set(finished) - stale
             if "regraded" in stored:  # the store's regrade log (studies.regrade) outlives a resumed run
                 manifest = {**manifest, "regraded": stored["regraded"]}
+            manifest = {**manifest, "run_id": stored.get("run_id") or uuid.uuid4().hex[:16]}
             resuming = True
         else:
+            manifest = {**manifest, "run_id": uuid.uuid4().hex[:16]}
             resuming = False
         out.parent.mkdir(parents=True, exist_ok=True)
         if not resuming:
@@ -189,8 +226,13 @@ class ResultWriter:
         """Nothing to do: every record is on disk once ``write`` returns (``ShardWriter`` commits here)."""
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):  # a failed flush already raised from write(), the file cut back
-            self._file.close()
+        try:
+            with contextlib.suppress(
+                OSError
+            ):  # a failed flush already raised from write(), the file cut back
+                self._file.close()
+        finally:
+            self._lock.close()
 
     def __enter__(self) -> ResultWriter:
         return self

@@ -1,239 +1,176 @@
 """Sharded Parquet stores: per-token arrays as typed list columns, committed shard by shard.
 
-A store is a directory: ``part-NNNNNN.parquet`` shards and ``manifest.json`` (settings, input hashes and the list
-of committed shards). A shard is written whole under a temporary name, fsynced and renamed, then the manifest is
-rewritten (also whole, then renamed): the manifest is the commit, so a crash loses at most the shards in flight.
-Every shard also carries the settings it was written with in its Parquet metadata, so shards of runs with
-different settings are never read as one store. Per-token divergences ``[T × L]`` are a
-``list<fixed_size_list<float32, L>>`` column (float16 on request); other per-token floats ``list<float32>``.
+The layout, the commit and the checks are ``stores.layout``'s: a shard is written whole under a hidden name and
+fsynced, the manifest listing it (rows, bytes, sha256, ids) is renamed into place — the commit —, then the shard is
+renamed to its visible ``part-N.parquet``, a name never used before in the store. Every shard carries the store's
+run id and settings in its Parquet metadata, so shards of other runs are never read as this store's. One writer at
+a time (``stores.lock``); readers follow the manifest they read first, so they see one committed state.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
-import re
 import signal
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+import uuid
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
-from depthlens.stores.files import (
-    ResumeRules,
-    changed_settings,
-    manifest_path,
-    read_json,
-    resume_check,
-    settings_differ,
-    write_error,
-    write_json,
-)
+from depthlens.stores import layout
+from depthlens.stores.arrow import table_records, to_table
+from depthlens.stores.files import ResumeRules, changed_settings, read_json, resume_check, settings_differ
 from depthlens.stores.jsonl import KILL_AFTER, iter_jsonl_located
+from depthlens.stores.layout import MANIFEST, is_store, manifest_file
+from depthlens.stores.lock import LOCK, store_lock
+from depthlens.stores.recover import publish, recover, replace_store_files, write_staged
 
-MANIFEST = "manifest.json"
-_PART = "part-{:06d}.parquet"
-_SETTINGS_KEY = b"depthlens.settings"
-_FREE_KEY = b"depthlens.free"  # settings a resumed run may change (batch size, more questions): not compared
+__all__ = ["MANIFEST", "ShardWriter", "is_store", "iter_store", "iter_store_located", "read_shard", "rewrite_store",
+           "store_manifest", "table_records", "to_table"]  # fmt: skip
+
 # Keys that neither change a record's result nor belong in a shard's settings.
-_UNCOMPARED = {"command", "started", "input_hashes", "shards", "n_layers", "regraded"}
-
-
-def is_store(path: Path) -> bool:
-    """Whether ``path`` is a Parquet store directory (one with a manifest.json)."""
-    return path.is_dir() and (path / MANIFEST).is_file()
-
-
-def _float_list(values: list[Any], width: pa.DataType) -> pa.Array:
-    return pa.array([None if v is None else np.asarray(v, dtype=width.to_pandas_dtype()) for v in values],
-                    type=pa.list_(width))  # fmt: skip
-
-
-def _matrix_list(values: list[Any], width: pa.DataType) -> pa.Array:
-    """Rows of ``[T × L]`` matrices as ``list<fixed_size_list<width, L>>`` (L from the first non-empty row)."""
-    n_layers = next((len(v[0]) for v in values if v), 0)
-    dtype = width.to_pandas_dtype()
-    offsets, flat = [0], []
-    for v in values:
-        rows = np.asarray(v, dtype=dtype).reshape(-1, n_layers) if v else np.zeros((0, n_layers), dtype)
-        # a record without the matrix (None) is stored as an empty list: readers see no rows either way
-        flat.append(rows.reshape(-1))
-        offsets.append(offsets[-1] + len(rows))
-    inner = pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(flat), type=width), n_layers)
-    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), inner)
-
-
-def _kind(values: list[Any]) -> str:
-    """``matrix`` for rows of float rows, ``floats`` for float lists, else ``other`` (Arrow infers the type)."""
-    first = next((v for v in values if isinstance(v, list) and v), None)
-    if first is None:
-        return "other"
-    if isinstance(first[0], list):
-        row = next((r for v in values if isinstance(v, list) for r in v if r), [])
-        return "matrix" if row and isinstance(row[0], float) else "other"
-    return "floats" if any(isinstance(x, float) for x in first) else "other"
-
-
-def to_table(results: Iterable[dict[str, Any]], float16: bool = False) -> pa.Table:
-    """Result dicts (``score``'s, or a sample store's responses) as one Arrow table: per-token float lists at the
-    store's width, ``[T × L]`` float rows (divergences) as ``list<fixed_size_list<width, L>>``."""
-    rows = list(results)
-    width = pa.float16() if float16 else pa.float32()
-    keys: dict[str, None] = {}
-    for r in rows:
-        keys.update(dict.fromkeys(r))
-    columns = {}
-    for key in keys:
-        values = [r.get(key) for r in rows]
-        kind = _kind(values)
-        if kind == "matrix":
-            columns[key] = _matrix_list(values, width)
-        elif kind == "floats":
-            columns[key] = _float_list(values, width)
-        else:
-            columns[key] = pa.array(values)
-    return pa.table(columns)
-
-
-def table_records(table: pa.Table) -> Iterator[dict[str, Any]]:
-    """The records of a shard as dicts, as ``to_table`` got them (per-token floats widened to Python floats); a
-    list a record did not have (null in its row) is left out, as it was."""
-    lists = {f.name for f in table.schema if pa.types.is_list(f.type)}
-    for row in table.to_pylist():
-        yield {k: v for k, v in row.items() if v is not None or k not in lists}
+_UNCOMPARED = {"command", "started", "input_hashes", "shards", "n_layers", "regraded", "layout", "run_id",
+               "next_shard", "superseded"}  # fmt: skip
 
 
 def _settings(manifest: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in manifest.items() if k not in _UNCOMPARED}
 
 
-def _committed(out: Path, manifest: dict[str, Any]) -> list[str]:
-    shards = manifest.get("shards")
-    if not isinstance(shards, list) or not all(isinstance(s, dict) and isinstance(s.get("file"), str)
-                                               for s in shards):  # fmt: skip
-        raise StoreError(f"{out / MANIFEST}: no list of shards; not a depthlens Parquet store")
-    return [s["file"] for s in shards]
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
 
 
-def committed_shards(path: Path) -> list[str]:
-    """The shard files the manifest of the store ``path`` commits, in order."""
-    return _committed(path, store_manifest(path))
+def committed_shards(path: Path) -> list[Path]:
+    """The committed shard files of the store ``path``, in order, each checked for presence and size."""
+    manifest = store_manifest(path)
+    found = []
+    for shard in layout.entries(path, manifest):
+        file, problem = layout.shard_problem(path, manifest, shard, verify=False)
+        if problem is not None or file is None:
+            raise StoreError(problem.message() if problem else f"{path / shard['file']}: missing")
+        found.append(file)
+    return found
+
+
+def _check_settings(path: Path, table: pa.Table, settings: dict[str, Any]) -> None:
+    stored, free = layout.shard_settings(table)
+    differ = settings_differ(stored, settings, free)
+    if differ:
+        raise StoreError(
+            f"{path}: this shard was written with other settings than its store ({'; '.join(differ)}); move it "
+            "out of the store (`depthlens check` lists every such file)"
+        )
 
 
 def read_shard(path: Path, settings: dict[str, Any] | None = None) -> pa.Table:
-    """One shard; refused when it was written with other ``settings`` than its store's (naming each)."""
-    try:
-        table = pq.read_table(path)
-    except (OSError, pa.ArrowException) as exc:
-        detail = re.sub(r"^Could not open Parquet input source '[^']*': ", "", str(exc))
-        raise StoreError(
-            f"{path}: not a readable Parquet shard ({detail}); delete it and rerun the command that wrote the "
-            "store with --resume (its records are computed again)"
-        ) from None
+    """One shard file; refused when it was written with other ``settings`` than its store's (naming each)."""
+    table = layout.read_table(
+        path, "move it out of the store and rerun the command that wrote it with --resume"
+    )
     if settings is not None:
-        meta = table.schema.metadata or {}
-        stored = json.loads(meta.get(_SETTINGS_KEY, b"{}"))
-        differ = settings_differ(stored, settings, json.loads(meta.get(_FREE_KEY, b"[]")))
-        if differ:
-            raise StoreError(
-                f"{path}: this shard was written with other settings than its store ({'; '.join(differ)}); "
-                "move it to a store of its own"
-            )
+        _check_settings(path, table, settings)
     return table
 
 
-def _write_shard(path: Path, table: pa.Table, settings: dict[str, Any], free: Collection[str]) -> None:
-    """Write ``table`` whole to ``path`` (a temporary name, fsynced, renamed) with its store's settings."""
-    meta = {**(table.schema.metadata or {}), _SETTINGS_KEY: json.dumps(settings).encode(),
-            _FREE_KEY: json.dumps(sorted(free)).encode()}  # fmt: skip
-    tmp = path.with_name(path.name + ".tmp")
+def _changed_while_read(path: Path, snapshot: dict[str, Any]) -> str | None:
+    """Why a listed shard vanished during a read: the store committed another state since (a regrade)."""
     try:
-        pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
-        with tmp.open("rb+") as f:
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise write_error(path, exc) from exc
+        now = json.loads(manifest_file(path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    if now.get("shards") != snapshot.get("shards"):
+        return f"{path}: the store was rewritten while it was read (by a regrade or a resumed run); read it again"
+    return None
 
 
-def _remove_unlisted(path: Path, listed: Collection[str]) -> None:
-    """Delete the shard files the manifest does not list: in flight when a run or a rewrite died."""
-    for orphan in path.glob("part-*.parquet*"):
-        if orphan.name not in listed:
-            orphan.unlink()
+_verify: contextvars.ContextVar[bool] = contextvars.ContextVar("verify_shards", default=False)
 
 
-def _float16(manifest: dict[str, Any]) -> bool:
-    """Whether the store ``manifest`` describes keeps its per-token floats as float16."""
-    return bool(manifest.get("store", {}).get("float16"))
+@contextlib.contextmanager
+def verifying(on: bool = True) -> Iterator[None]:
+    """Readers in the block also check every shard's sha256 against the manifest (``--verify``)."""
+    token = _verify.set(on)
+    try:
+        yield
+    finally:
+        _verify.reset(token)
 
 
-def rewrite_store(
-    path: Path, manifest: dict[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]]
-) -> None:
-    """Pass every record of the store ``path`` through ``change`` and commit the result with ``manifest``.
-
-    The new shards are written beside the old ones under new names; the manifest, renamed into place, is the
-    commit; the old shards are deleted after it. A crash before the commit leaves the old store whole (the new,
-    unlisted shards are removed by the next rewrite or resumed run).
-    """
-    stored = store_manifest(path)
-    committed = _committed(path, stored)
-    _remove_unlisted(path, set(committed))  # left by an interrupted rewrite or run
-    generation = 1 + max((int(m.group(1)) for name in committed if (m := re.search(r"\.r(\d+)\.parquet$", name))),
-                         default=0)  # fmt: skip
-    float16 = _float16(manifest)
-    shards = []
-    for i, name in enumerate(committed):
-        table = read_shard(path / name, _settings(stored))
-        free = json.loads((table.schema.metadata or {}).get(_FREE_KEY, b"[]"))
-        new = to_table([change(r) for r in table_records(table)], float16=float16)
-        new_name = f"part-{i:06d}.r{generation}.parquet"
-        _write_shard(path / new_name, new, _settings(manifest), free)
-        shards.append({"file": new_name, "rows": new.num_rows})
-    write_json(path / MANIFEST, {**manifest, "shards": shards})
-    for name in committed:
-        (path / name).unlink(missing_ok=True)
-
-
-def iter_store(path: Path) -> Iterator[dict[str, Any]]:
+def iter_store(path: Path, verify: bool = False) -> Iterator[dict[str, Any]]:
     """The records of a results store: a JSONL file, or a sharded Parquet store read as one."""
-    for _, record in iter_store_located(path):
+    for _, record in iter_store_located(path, verify):
         yield record
 
 
-def iter_store_located(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(where, record) for every record of a results store, as ``iter_store``; ``where`` names the file and line
-    (JSONL) or the shard and row (Parquet), for errors about one record."""
+def iter_store_located(path: Path, verify: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, record) for every committed record of a results store, as ``iter_store``; ``where`` names the file
+    and line (JSONL) or the shard and row (Parquet). A shard that is missing, cut (size, rows), changed (its hash,
+    with ``verify``), of another run, or holding ids listed elsewhere is refused naming it and the safe remedy; so
+    is a data file the manifest does not list. Files a writer has not committed yet are not looked at."""
     if not path.is_dir():
         yield from iter_jsonl_located(path)
         return
+    verify = verify or _verify.get()
     manifest = store_manifest(path)
-    committed = _committed(path, manifest)
-    extra = sorted({p.name for p in path.glob("part-*.parquet")} - set(committed))
+    shards = layout.entries(path, manifest)
+    extra = layout.unlisted(path, [s["file"] for s in shards], manifest)
     if extra:
-        raise StoreError(
-            f"{path / extra[0]}: a shard the manifest does not list (left by an interrupted run or regrade, or "
-            "copied in); rerun that command (with --resume), or move the shard away"
-        )
-    for name in committed:
-        rows = table_records(read_shard(path / name, _settings(manifest)))
-        yield from ((f"{path / name} row {i}", record) for i, record in enumerate(rows, start=1))
+        raise StoreError(extra[0].message())
+    seen: dict[str, str] = {}
+    for shard in shards:
+        file, table = _read_listed(path, manifest, shard, verify)
+        problem = layout.table_problem(path, file, manifest, shard, table)
+        if problem is not None:
+            raise StoreError(problem.message())
+        _check_settings(file, table, _settings(manifest))
+        where = path / shard["file"]
+        for i, record in enumerate(table_records(table), start=1):
+            rid = str(record.get("id"))
+            if rid in seen:
+                raise StoreError(f"{where} row {i}: id {rid!r} is also in {seen[rid]}; "
+                                 + layout.resume_remedy(path, manifest, shard))  # fmt: skip
+            seen[rid] = shard["file"]
+            yield f"{where} row {i}", record
+
+
+def _read_listed(
+    path: Path, manifest: dict[str, Any], shard: dict[str, Any], verify: bool
+) -> tuple[Path, pa.Table]:
+    """A listed shard, found and read; a writer publishing it (a rename) meanwhile makes the reader look again."""
+    for attempt in range(3):
+        file, problem = layout.shard_problem(path, manifest, shard, verify)
+        if problem is not None or file is None:
+            if problem is not None and problem.kind == "missing" and attempt < 2:
+                continue
+            raise StoreError(_changed_while_read(path, manifest) or problem.message())  # type: ignore[union-attr]
+        try:
+            return file, layout.read_table(file, layout.resume_remedy(path, manifest, shard))
+        except FileNotFoundError:
+            continue
+    raise StoreError(f"{path / shard['file']}: kept moving while it was read; read the store again")
 
 
 def store_manifest(path: Path) -> dict[str, Any]:
     """The manifest of a JSONL results file or of a Parquet store."""
+    from depthlens.stores.files import manifest_path
+
     if path.is_dir() and not is_store(path):
         raise StoreError(f"{path}: a directory without {MANIFEST}; not a depthlens Parquet store")
-    meta = path / MANIFEST if path.is_dir() else manifest_path(path)
-    return read_json(meta, "manifest", "rerun the command that wrote it with --resume")
+    meta = manifest_file(path) if path.is_dir() else manifest_path(path)
+    return read_json(meta, "manifest", "a manifest is written whole, so something outside depthlens changed it: "
+                     f"restore it from a copy of the store (`depthlens check {path}` lists what is there)")  # fmt: skip
+
+
+def has_records(out: Path) -> bool:
+    """Whether the store directory ``out`` holds anything but its lock file."""
+    return out.is_dir() and any(p.name != LOCK for p in out.iterdir())
 
 
 def check_store(
@@ -246,8 +183,63 @@ def check_store(
     """As ``jsonl.check_output`` for a store directory: whether writing resumes it; refusals name settings."""
     if out.exists() and not out.is_dir():
         raise StoreError(f"{out} is a file; a Parquet store is a directory — give a new --out")
-    exists = out.is_dir() and any(out.iterdir())
-    return resume_check(out, out / MANIFEST, exists, manifest, resume, overwrite, rules, _UNCOMPARED)
+    return resume_check(
+        out, manifest_file(out), has_records(out), manifest, resume, overwrite, rules, _UNCOMPARED
+    )
+
+
+def _float16(manifest: dict[str, Any]) -> bool:
+    """Whether the store ``manifest`` describes keeps its per-token floats as float16."""
+    return bool(manifest.get("store", {}).get("float16"))
+
+
+def _kill_point(out: Path, name: str, count: int) -> None:
+    """Fault injection (tests): die with the ``count``-th shard half-written, as a kill -9 would leave it."""
+    if count == int(os.environ.get(KILL_AFTER, "-1")):
+        layout.staged(out, name).write_bytes(b"PAR1")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def rewrite_store(
+    path: Path, manifest: dict[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]]
+) -> None:
+    """Pass every record of the store ``path`` through ``change`` and commit the result with ``manifest``.
+
+    The new shards are written under new names; one manifest rename commits them all (readers switch at once);
+    the old shards are then renamed to hidden names, kept for readers that started before (removed by the next
+    write). A crash before the commit leaves the old store whole.
+    """
+    with store_lock(path):
+        stored = store_manifest(path)
+        shards = recover(path, stored, _settings(stored), strict=True).kept
+        number, run_id = layout.next_number(path, stored), stored.get("run_id") or new_run_id()
+        meta = _meta(_settings(manifest), [], run_id)
+        new: list[dict[str, Any]] = []
+        try:
+            for i, shard in enumerate(shards):
+                file = layout.locate(path, shard)
+                assert file is not None  # recover() keeps present shards only
+                table = read_shard(file, _settings(stored))
+                records = [change(r) for r in table_records(table)]
+                name = layout.shard_name(number + i)
+                _kill_point(path, name, i)
+                meta[layout.FREE_KEY] = json.dumps(layout.shard_settings(table)[1]).encode()
+                new.append(write_staged(path, name, to_table(records, float16=_float16(manifest)), meta))
+            committed = {**manifest, "layout": 2, "run_id": run_id, "next_shard": number + len(shards),
+                         "shards": new}  # fmt: skip
+            publish(path, committed, new, replaced=shards)
+        except BaseException:
+            if (
+                json.loads(manifest_file(path).read_bytes()).get("shards") != new
+            ):  # not committed: leave nothing
+                for shard in new:
+                    layout.staged(path, shard["file"]).unlink(missing_ok=True)
+            raise
+
+
+def _meta(settings: dict[str, Any], free: Collection[str], run_id: str) -> dict[bytes, bytes]:
+    return {layout.SETTINGS_KEY: json.dumps(settings).encode(), layout.FREE_KEY: json.dumps(sorted(free)).encode(),
+            layout.RUN_KEY: run_id.encode()}  # fmt: skip
 
 
 class ShardWriter:
@@ -267,7 +259,7 @@ class ShardWriter:
     ) -> None:
         """Open ``out`` for a new run, or (``resume``) continue one written with the same settings (``rules``: as
         ``ResultWriter``'s); records whose input ``hashes`` changed since are dropped from their shards
-        (``rescored`` lists them).
+        (``rescored`` lists them). Holds the store's write lock until ``close``.
 
         Buffered records are committed as a shard every ``shard_rows`` records, at ``flush``, and (with
         ``commit_s``) once a record is written ``commit_s`` seconds or more after the last commit.
@@ -275,68 +267,87 @@ class ShardWriter:
         self.out, self.shard_rows, self.commit_s = out, shard_rows, commit_s
         self.done: set[str] = set()
         self.rescored: list[str] = []
+        self.recomputed: list[
+            str
+        ] = []  # shards lost or cut since the last run: their records are computed again
         self.changed: list[str] = []  # the ``free`` / ``extend`` settings this resumed run changed
         self._buffer: list[dict[str, Any]] = []
         self._last_commit = time.monotonic()
         self._written = 0
-        self._kill_after = int(os.environ.get(KILL_AFTER, "-1"))
+        self._lock = contextlib.ExitStack()
+        self._lock.enter_context(store_lock(out))
+        try:
+            self._open(manifest, resume, overwrite, rules, hashes)
+        except BaseException:
+            self._lock.close()
+            raise
+
+    def _open(self, manifest: dict[str, Any], resume: bool, overwrite: bool, rules: ResumeRules,
+              hashes: dict[str, str] | None) -> None:  # fmt: skip
+        out = self.out
         manifest = {**manifest, "input_hashes": hashes} if hashes is not None else dict(manifest)
         resuming = check_store(out, manifest, resume, overwrite, rules)
         self._free = rules.movable  # may differ between shards: not part of a shard's settings
-        self.manifest: dict[str, Any] = {**manifest, "shards": []}
+        self.manifest: dict[str, Any] = {**manifest, "layout": 2, "shards": []}
         shards: list[dict[str, Any]] = []
+        stored: dict[str, Any] = {}
         if resuming:
-            stored = read_json(out / MANIFEST, "manifest", "use --overwrite to start again, or a new --out")
+            stored = read_json(
+                manifest_file(out), "manifest", "use --overwrite to start again, or a new --out"
+            )
             self.changed = changed_settings(_settings(stored), manifest, rules, _UNCOMPARED)
-            shards = [s for s in stored["shards"] if (out / s["file"]).is_file()]
-            for s in shards:
-                self.done.update(self._ids(s, stored.get("input_hashes"), hashes))
+            found = recover(out, stored, _settings(manifest))
+            shards, self.recomputed = found.kept, found.dropped
+            self.manifest["run_id"] = stored.get("run_id") or new_run_id()
             # kept from the stored manifest: the model's depth, and the store's regrade log (studies.regrade)
             for key in ("n_layers", "regraded"):
                 if stored.get(key) is not None:
                     self.manifest.setdefault(key, stored[key])
-        elif out.exists():
-            for old in [*out.glob("part-*.parquet*"), out / MANIFEST]:
-                old.unlink(missing_ok=True)
-        _remove_unlisted(out, {s["file"] for s in shards})  # in flight when the last run died: recomputed
-        self.manifest["shards"] = shards
+        else:
+            self.manifest["run_id"] = new_run_id()
+        self._next = layout.next_number(out, stored)
+        if not resuming:
+            replace_store_files(out)
         out.mkdir(parents=True, exist_ok=True)
-        write_json(out / MANIFEST, self.manifest)
+        self.manifest["next_shard"] = self._next
+        publish(out, {**self.manifest, "shards": shards}, [], replaced=[])
+        self.manifest["shards"] = shards
+        for shard in list(shards):
+            self.done.update(self._ids(shard, stored.get("input_hashes"), hashes))
 
     def _ids(self, shard: dict[str, Any], stored: object, hashes: dict[str, str] | None) -> list[str]:
-        """The ids of a committed shard; those whose input changed are cut out of it (rewritten whole)."""
-        path = self.out / shard["file"]
-        table = read_shard(path, self._shard_settings())
-        ids = [str(i) for i in table.column("id").to_pylist()]
-        if isinstance(stored, dict) and hashes is not None:
-            stale = {i for i in ids if i in stored and i in hashes and stored[i] != hashes[i]}
-            if stale:
-                keep = pa.array([i not in stale for i in ids])
-                self._write_file(path, table.filter(keep))
-                shard["rows"] = len(ids) - len(stale)
-                self.rescored.extend(sorted(stale))
-                ids = [i for i in ids if i not in stale]
-        return ids
+        """The ids of a committed shard; those whose input changed are cut out of it (a new shard replaces it)."""
+        ids = list(shard.get("ids") or [])
+        if not (isinstance(stored, dict) and hashes is not None):
+            return ids
+        stale = {i for i in ids if i in stored and i in hashes and stored[i] != hashes[i]}
+        if stale:
+            path = layout.locate(self.out, shard)
+            assert path is not None
+            table = read_shard(path)
+            kept = table.filter(pa.array([str(i) not in stale for i in table.column("id").to_pylist()]))
+            self._commit(kept, replaced=[shard])
+            self.rescored.extend(sorted(stale))
+        return [i for i in ids if i not in stale]
 
-    def _shard_settings(self) -> dict[str, Any]:
-        return _settings(self.manifest)
-
-    def _write_file(self, path: Path, table: pa.Table) -> None:
-        _write_shard(path, table, self._shard_settings(), self._free)
+    def _commit(self, table: pa.Table, replaced: list[dict[str, Any]]) -> None:
+        name = layout.shard_name(self._next)
+        self._next += 1
+        _kill_point(self.out, name, self._written)
+        shard = write_staged(self.out, name, table, _meta(_settings(self.manifest), self._free,
+                                                          self.manifest["run_id"]))  # fmt: skip
+        kept = [s for s in self.manifest["shards"] if s not in replaced]
+        self.manifest["shards"] = [*kept, shard] if table.num_rows else kept
+        self.manifest["next_shard"] = self._next
+        publish(self.out, self.manifest, [shard] if table.num_rows else [], replaced)
 
     def write_table(self, table: pa.Table, n_layers: int | None = None) -> None:
-        """Commit ``table`` as the next shard: written whole, renamed, then listed in the manifest."""
+        """Commit ``table`` as the next shard: written whole, listed in the manifest, then published."""
         if table.num_rows == 0:
             return
-        name = _PART.format(len(self.manifest["shards"]))
-        if self._written == self._kill_after:  # fault injection: die with a shard half-written
-            (self.out / (name + ".tmp")).write_bytes(b"PAR1")
-            os.kill(os.getpid(), signal.SIGKILL)
-        self._write_file(self.out / name, table)
         if n_layers is not None:
             self.manifest["n_layers"] = n_layers
-        self.manifest["shards"].append({"file": name, "rows": table.num_rows})
-        write_json(self.out / MANIFEST, self.manifest)
+        self._commit(table, replaced=[])
         self.done.update(str(i) for i in table.column("id").to_pylist())
         self._written += 1
         self._last_commit = time.monotonic()
@@ -356,7 +367,10 @@ class ShardWriter:
             self.write_table(table)
 
     def close(self) -> None:
-        self.flush()
+        try:
+            self.flush()
+        finally:
+            self._lock.close()
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -364,6 +378,9 @@ class ShardWriter:
     def __exit__(self, kind: object, *_: object) -> None:
         if kind is None:
             self.close()
-        else:  # an error mid-run: keep what is whole, as the JSONL writer does
+            return
+        try:  # an error mid-run: keep what is whole, as the JSONL writer does
             with contextlib.suppress(Exception):
                 self.flush()
+        finally:
+            self._lock.close()

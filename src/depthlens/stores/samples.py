@@ -10,6 +10,8 @@ A store is a directory:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime
 import json
 import shutil
@@ -32,12 +34,17 @@ from depthlens.evals.grading import RULES
 from depthlens.sampling.backend import PER_TOKEN
 from depthlens.stores.files import ResumeRules, manifest_path, read_json
 from depthlens.stores.formats import FORMATS, store_entry
-from depthlens.stores.parquet import MANIFEST, iter_store_located
+from depthlens.stores.layout import is_store, manifest_file
+from depthlens.stores.parquet import iter_store_located
 
 if TYPE_CHECKING:
     from depthlens.evals.tasks import Question
 
 STORE_VERSION = 1
+MANIFEST_FIX = (
+    "a manifest is written whole, so it was edited or damaged outside depthlens: restore it from a copy of the "
+    "store (the responses are untouched; `depthlens check {store}` lists them)"
+)
 QUESTIONS = "questions.jsonl"
 SHARDS = "samples"  # the responses of a sharded store (the default): a Parquet store directory
 SAMPLES = "samples.jsonl"  # or, in a JSONL store, one line per response
@@ -136,10 +143,10 @@ def samples_format(
     if requested is not None and requested not in FORMATS:
         raise InputError(f"--store {requested!r}: use one of {', '.join(FORMATS)}")
     found = [f for f in FORMATS if samples_path(out_dir, f).exists()]  # type: ignore[arg-type]
-    if len(found) > 1:
-        raise StoreError(
-            f"{out_dir} holds both {SHARDS}/ and {SAMPLES}; keep one (move the other away), then rerun"
-        )
+    if len(found) > 1 and (overwrite or (resume and requested is not None)):
+        found = [requested or "parquet"]  # the flag picks one; --overwrite removes the other
+    elif len(found) > 1:
+        raise _two_stores(out_dir)
     existing: StoreFormat | None = found[0] if found else None  # type: ignore[assignment]
     if existing is not None and not resume and not overwrite:
         return existing  # whose check then says it exists: --resume or --overwrite
@@ -172,17 +179,45 @@ def samples_entry(fmt: StoreFormat, float16: bool) -> dict[str, Any]:
     return {} if entry is None else {"store": entry}
 
 
+_picked: contextvars.ContextVar[StoreFormat | None] = contextvars.ContextVar("picked_format", default=None)
+
+
+@contextlib.contextmanager
+def picking(fmt: StoreFormat | None) -> Iterator[None]:
+    """Read the responses in ``fmt`` where a directory holds both formats (``--store`` of a reading command)."""
+    if fmt is not None and fmt not in FORMATS:
+        raise InputError(f"--store {fmt!r}: use one of {', '.join(FORMATS)}")
+    token = _picked.set(fmt)
+    try:
+        yield
+    finally:
+        _picked.reset(token)
+
+
+def _two_stores(out_dir: Path) -> StoreError:
+    return StoreError(
+        f"{out_dir} holds two stores of responses, {out_dir / SHARDS}/ (parquet) and {out_dir / SAMPLES} (jsonl); "
+        "pick one with --store parquet or --store jsonl, or move the other out of the directory"
+    )
+
+
 def stored_format(out_dir: Path) -> StoreFormat:
-    """The format of the responses in ``out_dir``: Parquet where ``samples/`` has its manifest and no
-    ``samples.jsonl`` is beside it, else JSONL (also where there is no store yet)."""
-    sharded = (out_dir / SHARDS / MANIFEST).is_file() and not (out_dir / SAMPLES).exists()
+    """The format of the responses in ``out_dir``: Parquet where ``samples/`` has its manifest, JSONL where
+    ``samples.jsonl`` is (also where there is no store yet). A directory with both is refused naming them, unless
+    a reading command picked one (``picking``)."""
+    sharded, jsonl = is_store(out_dir / SHARDS), (out_dir / SAMPLES).exists()
+    if sharded and jsonl:
+        picked = _picked.get()
+        if picked is None:
+            raise _two_stores(out_dir)
+        return picked
     return "parquet" if sharded else "jsonl"
 
 
 def samples_manifest(out_dir: Path) -> Path:
     """The manifest of a store's responses: beside ``samples.jsonl``, or inside the sharded ``samples/``."""
     if stored_format(out_dir) == "parquet":
-        return out_dir / SHARDS / MANIFEST
+        return manifest_file(out_dir / SHARDS)
     return manifest_path(out_dir / SAMPLES)
 
 
@@ -200,18 +235,17 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
             f"{out_dir} is not a depthlens sample store (no {SAMPLES} or {SHARDS}/ with its manifest); "
             "create one with `depthlens generate`"
         )
-    manifest = read_json(meta, "store's manifest", "regenerate the store (`depthlens generate --overwrite`)")
+    manifest = read_json(meta, "store's manifest", MANIFEST_FIX.format(store=out_dir))
     version = manifest.get("store_version")
     if version != STORE_VERSION:
         raise StoreError(
             f"{out_dir} is a version-{version} store; this depthlens ({__version__}) reads "
-            f"version {STORE_VERSION} — regenerate it, or use the depthlens that wrote it"
+            f"version {STORE_VERSION} — read it with the depthlens that wrote it"
         )
     wrong = _wrong_fields(manifest)
     if wrong:
         raise StoreError(
-            f"{meta}: field(s) {wrong} missing or of the wrong type; the manifest was edited or damaged — "
-            "regenerate the store"
+            f"{meta}: field(s) {wrong} missing or of the wrong type; " + MANIFEST_FIX.format(store=out_dir)
         )
     return manifest
 
@@ -253,8 +287,10 @@ def damaged(where: str, exc: Exception) -> StoreError:
 
 def read_responses(out_dir: Path, fields: Sequence[str] = REQUIRED) -> Iterator[tuple[str, dict[str, Any]]]:
     """The one reader of a store's responses: (where, record) for each, ``where`` naming the file and line (JSONL)
-    or the shard and row (Parquet). A usable record (``status: ok``) missing any of ``fields`` raises StoreError
-    naming it; failed ones (``status: failed``) are yielded as they are, for the caller to count."""
+    or the shard and row (Parquet). A usable record (``status: ok``) missing any of ``fields``, or whose
+    divergences disagree with the manifest (layers, kinds), raises StoreError naming it; failed ones
+    (``status: failed``) are yielded as they are, for the caller to count."""
+    manifest = read_manifest(out_dir)
     for where, record in iter_store_located(samples_path(out_dir, stored_format(out_dir))):
         if record.get("status") != "failed":
             missing = [k for k in fields if k not in record]
@@ -263,4 +299,29 @@ def read_responses(out_dir: Path, fields: Sequence[str] = REQUIRED) -> Iterator[
                     f"{where}: missing field(s) {missing}; the store is damaged or was not written by "
                     "`depthlens generate`"
                 )
+            _check_schema(where, record, manifest, out_dir)
         yield where, record
+
+
+def _check_schema(where: str, record: dict[str, Any], manifest: dict[str, Any], out_dir: Path) -> None:
+    """A record's divergences as its manifest describes them: ``n_layers`` values a row, one field per kind."""
+    kinds = stored_kinds(manifest)
+    fields = {kind_field(k, manifest) for k in kinds}
+    present = {k for k in record if k == "divergence" or k.startswith("divergence_")}
+    if present - fields or (fields - present and "divergence" in present):
+        raise StoreError(
+            f"{where}: holds the divergence fields {sorted(present)}, the manifest says {sorted(fields)} "
+            f"(kinds {', '.join(kinds)}); " + MANIFEST_FIX.format(store=out_dir)
+        )
+    rows = record.get("divergence")
+    if isinstance(rows, list) and rows and isinstance(rows[0], list) and len(rows[0]) != manifest["n_layers"]:
+        raise StoreError(
+            f"{where}: divergence rows of {len(rows[0])} layers, the manifest says n_layers {manifest['n_layers']}; "
+            + MANIFEST_FIX.format(store=out_dir)
+        )
+
+
+def kinds_line(manifest: dict[str, Any]) -> str:
+    """What divergences a store holds, for errors about an option it cannot honour."""
+    kinds = stored_kinds(manifest)
+    return f"{kinds[0]}" + (f" (also {', '.join(kinds[1:])})" if kinds[1:] else "")

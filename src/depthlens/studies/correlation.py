@@ -30,7 +30,8 @@ from depthlens.metrics.dtr import (
     matched_threshold,
     settling_depth,
 )
-from depthlens.metrics.stats import binned_correlation, bootstrap_ci, point_biserial, quantile_bins, spearman
+from depthlens.metrics.resampling import cluster_correlation_bootstrap, mean_bootstrap
+from depthlens.metrics.stats import binned_correlation, point_biserial_test, quantile_bins, spearman_test
 from depthlens.studies.stored import Store, StoredResponse
 
 # ---------------------------------------------------------------------------------------------------------
@@ -97,6 +98,12 @@ def dtr_settings(
             "kind) — generate with --divergence jsd"
         )
     given = {k: g for k, g in (g_by_kind or {}).items() if g is not None}
+    never = sorted(k for k in given if k not in store.kinds)
+    if never:  # an option the store cannot honour is an error, never silently ignored
+        raise InputError(
+            f"--g-{never[0]}: {store.path} holds no {never[0]} divergence (it holds {', '.join(store.kinds)}); "
+            f"leave out --g-{never[0]}, or generate with --also-divergences {never[0]}"
+        )
     thresholds = {"jsd": dtr.g, "jsd-nat": dtr.g * math.log(2.0)}
     unmatched = [k for k in store.kinds if k not in thresholds and k not in given]
     if unmatched:  # match each to JSD's share of deep tokens, over every stored token
@@ -127,6 +134,14 @@ class Correlation:
     point_biserial_ci: tuple[float | None, float | None]
     responses: int
     note: str = ""
+    # Question-level inference (definitions.md §4): two-sided bootstrap p of r = 0, from the interval's resamples;
+    # scipy's p (every response independent) beside it; the binned r's interval over questions.
+    spearman_p: float | None = None
+    point_biserial_p: float | None = None
+    spearman_p_iid: float | None = None
+    point_biserial_p_iid: float | None = None
+    binned_r_ci: tuple[float | None, float | None] = (None, None)
+    binned_r_p: float | None = None
 
 
 def metric_values(
@@ -167,19 +182,7 @@ def correlate(
     if np.ptp(values) == 0:
         return dataclasses.replace(none, note="the metric is constant over all responses")
 
-    rng = np.random.default_rng([cfg.seed, 1])
-    clusters, start = [], 0
-    for v, _ in groups:
-        clusters.append(np.arange(start, start + v.size))
-        start += v.size
-    clusters = [c for c in clusters if c.size]
-    rho = spearman(values, correct)
-    rho_ci = bootstrap_ci(lambda idx: spearman(values[idx], correct[idx]), clusters, cfg.bootstrap, rng)
-    pb = point_biserial(values, correct)
-    pb_ci = bootstrap_ci(lambda idx: point_biserial(values[idx], correct[idx]), clusters, cfg.bootstrap, rng)
-    result = dataclasses.replace(
-        none, spearman=rho, spearman_ci=rho_ci, point_biserial=pb, point_biserial_ci=pb_ci
-    )
+    result = dataclasses.replace(none, **_unbinned(groups, values, correct, cfg))
 
     if len(mixed) < cfg.min_questions:
         return dataclasses.replace(
@@ -190,31 +193,62 @@ def correlate(
     return _binned(result, mixed, cfg)
 
 
+def _unbinned(
+    groups: Sequence[tuple[np.ndarray, np.ndarray]],
+    values: np.ndarray,
+    correct: np.ndarray,
+    cfg: CorrelationConfig,
+) -> dict[str, Any]:
+    """Spearman ρ and point-biserial r over all responses, each with scipy's p (responses independent) and the
+    question-bootstrap interval and p (the honest ones: responses to one question are not independent)."""
+    rho, pb = spearman_test(values, correct), point_biserial_test(values, correct)
+    rho_boot = cluster_correlation_bootstrap(groups, "spearman", cfg.bootstrap, [cfg.seed, 1])
+    pb_boot = cluster_correlation_bootstrap(groups, "pearson", cfg.bootstrap, [cfg.seed, 2])
+    return {
+        "spearman": rho.r if rho else None,
+        "spearman_p_iid": rho.p if rho else None,
+        "spearman_ci": (rho_boot.low, rho_boot.high),
+        "spearman_p": rho_boot.p,
+        "point_biserial": pb.r if pb else None,
+        "point_biserial_p_iid": pb.p if pb else None,
+        "point_biserial_ci": (pb_boot.low, pb_boot.high),
+        "point_biserial_p": pb_boot.p,
+    }
+
+
 def _binned(
     result: Correlation, mixed: Sequence[tuple[np.ndarray, np.ndarray]], cfg: CorrelationConfig
 ) -> Correlation:
     """``result`` with the paper's binned r over the questions with both right and wrong responses."""
     per_seed, used = [], []
+    per_question = np.full((cfg.seeds, len(mixed)), np.nan)  # [seed, question] binned r
     for s in range(cfg.seeds):
         seed_rng = np.random.default_rng([cfg.seed, 0, s])
         rs = []
-        for v, c in mixed:
+        for q, (v, c) in enumerate(mixed):
             if cfg.n is not None and cfg.n < v.size:
                 pick = seed_rng.choice(v.size, cfg.n, replace=False)
                 v, c = v[pick], c[pick]
             r = binned_correlation(v, c, cfg.bins, seed_rng)
             if r is not None:
                 rs.append(r)
+                per_question[s, q] = r
         if rs:
             per_seed.append(float(np.mean(rs)))
             used.append(len(rs))
     if not per_seed:
         return dataclasses.replace(result, note="binned r undefined in every seed (constant bins)")
+    # The paper's mean over questions, with its interval and p over question resamples of the per-question r
+    # (averaged over seeds first: the seeds re-bin the same responses, they are not new questions).
+    defined = ~np.isnan(per_question).all(axis=0)
+    binned = mean_bootstrap(np.nanmean(per_question[:, defined], axis=0), cfg.bootstrap, [cfg.seed, 3])
     return dataclasses.replace(
         result,
         binned_r=float(np.mean(per_seed)),
         binned_r_sd=float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else 0.0,
         questions_used=float(np.mean(used)),
+        binned_r_ci=(binned.low, binned.high),
+        binned_r_p=binned.p,
     )
 
 
@@ -258,14 +292,21 @@ def _row(store: Store, c: Correlation, settings: DTRSettings | None, metric: Stu
         "g": settings.g_by_kind.get(metric.kind) if settings and metric.kind else None,
         "binned_r": c.binned_r,
         "binned_r_sd": c.binned_r_sd,
+        "binned_r_lo": c.binned_r_ci[0],
+        "binned_r_hi": c.binned_r_ci[1],
+        "binned_r_p": c.binned_r_p,
         "questions_used": c.questions_used,
         "questions": len(store.questions()),
         "spearman": c.spearman,
         "spearman_lo": c.spearman_ci[0],
         "spearman_hi": c.spearman_ci[1],
+        "spearman_p": c.spearman_p,
+        "spearman_p_iid": c.spearman_p_iid,
         "point_biserial": c.point_biserial,
         "point_biserial_lo": c.point_biserial_ci[0],
         "point_biserial_hi": c.point_biserial_ci[1],
+        "point_biserial_p": c.point_biserial_p,
+        "point_biserial_p_iid": c.point_biserial_p_iid,
         "responses": c.responses,
         "accuracy": store.accuracy,
         "note": c.note,

@@ -40,6 +40,7 @@ from depthlens.sampling.choose import make_backend
 from depthlens.stores.files import read_json
 from depthlens.stores.formats import open_results
 from depthlens.stores.jsonl import ResultWriter
+from depthlens.stores.lock import store_lock
 from depthlens.stores.parquet import ShardWriter
 from depthlens.stores.samples import (
     RESUME_RULES,
@@ -53,6 +54,7 @@ from depthlens.stores.samples import (
     stored_rows,
     write_questions,
 )
+from depthlens.stores.state import remove_derived
 from depthlens.studies.score import as_token_ids
 
 
@@ -181,9 +183,38 @@ def generate(
     fmt = samples_format(out_dir, spec.format, spec.resume, spec.overwrite)
     manifest = run_manifest(lm.name, lm.n_layers, questions, run, fmt)
     _refuse_pre_rules_resume(out_dir, spec.resume)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if spec.overwrite:
-        remove_other_format(out_dir, fmt)
+    refuse_too_long(lm, questions, run.answers.prompt_style)
+    with store_lock(samples_path(out_dir, fmt)):
+        if spec.overwrite:
+            remove_other_format(out_dir, fmt)
+            remove_derived(out_dir)  # the summaries of the run this one replaces
+        return _generate_into(lm, run, questions, fmt, manifest, backend, events)
+
+
+def refuse_too_long(lm: LoadedModel, questions: Sequence[Question], prompt_style: str) -> None:
+    """Refuse, before anything is sampled, a question whose prompt leaves no room in the model's context."""
+    limit = lm.max_positions
+    if limit is None or lm.tokenizer is None:
+        return
+    for question in questions:
+        length = len(prompt_ids(lm, question, prompt_style))
+        if length >= limit:
+            raise InputError(
+                f"question {question.id!r}: its prompt is {length} tokens, {lm.name}'s context is {limit}; no "
+                "response fits — shorten or leave out that question, or use a longer-context model"
+            )
+
+
+def _generate_into(
+    lm: LoadedModel,
+    run: GenerateRun,
+    questions: Sequence[Question],
+    fmt: StoreFormat,
+    manifest: dict[str, Any],
+    backend: GenerationBackend | None,
+    events: GenerationEvents,
+) -> GenerationReport:
+    out_dir, spec = run.store.out, run.store
     report = GenerationReport()
     with open_results(
         samples_path(out_dir, fmt),

@@ -60,6 +60,7 @@ from depthlens.stores.samples import (
     stored_rows,
     write_questions,
 )
+from depthlens.stores.state import remove_derived
 from depthlens.studies.generate import as_task, prompt_ids, sample_record, sample_seed
 from depthlens.studies.thinkn import response_from_record
 from depthlens.voting.methods import Response
@@ -185,6 +186,8 @@ def run_online(
         ResultWriter(out_dir / SAMPLES, manifest, resume, overwrite, rules) as samples,
         ResultWriter(out_dir / DECISIONS, manifest, resume, overwrite, rules) as decided,
     ):
+        if overwrite:
+            remove_derived(out_dir)  # the replays of the run this one replaces
         write_questions(out_dir, questions)
         kept = _stored_records(out_dir / SAMPLES, samples.done)
         finished = {r["id"]: r for r in iter_jsonl(out_dir / DECISIONS) if r["id"] in decided.done}

@@ -31,6 +31,7 @@ from depthlens.evals.loading import load_task, parse_task_config
 from depthlens.evals.tasks import HUB_TASKS, Question, infer_answer_type
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
+from depthlens.stores.lock import store_lock
 from depthlens.stores.parquet import rewrite_store
 from depthlens.stores.samples import QUESTIONS, read_manifest, samples_path, stored_format
 from depthlens.studies.thinkn import summarise, summary_files
@@ -112,12 +113,15 @@ def rebuild_questions(store: Path, manifest: dict[str, Any]) -> dict[str, Questi
 
 def _write_atomically(path: Path, lines: list[str]) -> None:
     """Replace ``path`` whole or not at all: a temporary file beside it, fsynced, renamed over it."""
-    tmp = path.with_name(path.name + ".regrade-tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.writelines(lines)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.regrade-tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)  # the rename itself survives a power cut
@@ -196,7 +200,15 @@ def regrade_store(
 
     ``answer_type`` / ``fallback``: None keeps the store's own settings (a store from before the answer rules
     takes today's defaults: no fallback). The prompt style is the store's: it is how the model was asked.
+    Holds the store's write lock throughout (a second writer is refused naming it).
     """
+    with store_lock(samples_path(store, stored_format(store))):
+        return _regrade_locked(store, answer_type, fallback, timeout_s, on_record)
+
+
+def _regrade_locked(
+    store: Path, answer_type: str | None, fallback: str | None, timeout_s: int, on_record: Callable[[], None]
+) -> RegradeReport:
     manifest = read_manifest(store)
     rules, rules_before = _rules(manifest, answer_type, fallback)
     questions = rebuild_questions(store, manifest)

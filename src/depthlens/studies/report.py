@@ -21,9 +21,12 @@ from depthlens.errors import DepthlensError, InputError
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, settling_depth
 from depthlens.models.tokens import token_texts
 from depthlens.stores.files import manifest_path, read_json
-from depthlens.stores.parquet import MANIFEST
+from depthlens.stores.layout import is_store
 from depthlens.stores.samples import SAMPLES, SHARDS
+from depthlens.stores.state import stale, store_state
 from depthlens.studies.correlation import store_correlations
+from depthlens.studies.inference import PAIRED_FIELDS, add_fdr
+from depthlens.studies.paired_tables import REPLAYS, pooled_rows, store_per_question, table_two_rows
 from depthlens.studies.stored import Store, StoredResponse, load_store
 from depthlens.studies.sweeps import sweep
 from depthlens.studies.tables import table_one, write_csv
@@ -37,7 +40,7 @@ def find_stores(run_dir: Path) -> list[Path]:
             f"{run_dir} is not a directory; give a store written by `depthlens generate` or a folder of them"
         )
     jsonl = {p.parent for p in run_dir.rglob(manifest_path(Path(SAMPLES)).name)}
-    sharded = {p.parent.parent for p in run_dir.rglob(f"{SHARDS}/{MANIFEST}")}  # `generate --ray` stores
+    sharded = {p.parent for p in run_dir.rglob(SHARDS) if is_store(p)}
     found = sorted(jsonl | sharded)
     if not found:
         raise InputError(
@@ -63,6 +66,10 @@ class StoreStudy:
     sweeps: list[dict[str, Any]]
     example: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None
+    table_two: list[dict[str, Any]] = dataclasses.field(
+        default_factory=list
+    )  # methods + online replays, paired
+    per_question: dict[str, Any] | None = None  # per method, accuracy per question: pooled per model
 
 
 def study_store(
@@ -94,6 +101,9 @@ def write_correlation(
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [r for s in studies for r in s.rows]
     sweeps = [r for s in studies for r in s.sweeps]
+    # Each table one family (studies/inference.py); in place, so whoever prints the studies' rows sees it.
+    add_fdr(rows)
+    add_fdr(sweeps)
     paths = [write_csv(out_dir / "correlation.csv", rows)]
     (out_dir / "correlation.json").write_text(
         json.dumps({"config": config, "command": command, "rows": rows}, indent=2) + "\n"
@@ -146,9 +156,13 @@ def thinkn_summary(store: Store, voting: VotingConfig | None) -> dict[str, Any] 
     """The store's Think@n summary: the latest one `depthlens thinkn` wrote, else voted now (n = half the pool)."""
     written = summary_files(store.path)
     if written and voting is None:
-        return read_json(
-            written[-1], "summary", "delete it, or rerun `depthlens thinkn --from` with --overwrite"
-        )
+        summary = read_json(written[-1], "summary", "it is derived from the store: rerun `depthlens thinkn "
+                            f"--from {store.path} --overwrite` with its settings")  # fmt: skip
+        why = stale(summary, store.path)
+        if why is not None:  # shown as such on the page, never as this state's
+            summary["stale"] = (f"{written[-1].name} is not a summary of the store as it is now: {why}; rerun "
+                                f"`depthlens thinkn --from {store.path} --overwrite` with its settings")  # fmt: skip
+        return summary
     pool = int(store.manifest.get("pool", 0))
     if pool < 2:
         return None
@@ -170,6 +184,10 @@ class ReportData:
     studies: list[StoreStudy]
     dtr: DTRConfig
     command: str  # the command that made the report
+    table_two: list[dict[str, Any]] = dataclasses.field(
+        default_factory=list
+    )  # every store's, p_bh over them all
+    pooled: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # per model, its stores together
 
 
 def prepare_report(
@@ -196,8 +214,27 @@ def prepare_report(
             tokens = token_labels(example, tokenizer_for(store.model))
             study.example = heatmap_record(example, tokens, dtr, store.n_layers)
         study.summary = thinkn_summary(store, voting)
+        if study.summary:
+            replays = [
+                read_json(p, "online replay", "replay again") for p in sorted(store.path.glob(REPLAYS))
+            ]
+            stale = (
+                " (stale)" if study.summary.get("stale") else ""
+            )  # a summary of another state of the store
+            study.table_two = table_two_rows(store.label + stale, study.summary, replays)
+            study.per_question = store_per_question(study.summary, replays)
         studies.append(study)
+    states = {str(s.store.path): store_state(s.store.path) for s in studies}  # what the report was made from
     write_correlation(
-        run_dir / "report", studies, {"correlation": cfg.to_dict(), "dtr": dtr.to_dict()}, command
+        run_dir / "report",
+        studies,
+        {"correlation": cfg.to_dict(), "dtr": dtr.to_dict(), "store_states": states},
+        command,
     )
-    return ReportData(run_dir, studies, dtr, command)
+    by_model: dict[str, list[Any]] = {}
+    for study in studies:
+        if study.per_question is not None:
+            by_model.setdefault(study.store.model, []).append(study.per_question)
+    table_two = [r for s in studies for r in s.table_two]
+    add_fdr(table_two, PAIRED_FIELDS)  # the whole Table 2 one family (a summary's own p_bh: its methods)
+    return ReportData(run_dir, studies, dtr, command, table_two, pooled_rows(by_model))

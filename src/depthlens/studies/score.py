@@ -22,6 +22,7 @@ from depthlens.models.load import LoadedModel
 from depthlens.models.tokens import token_texts
 from depthlens.readout.stream import TokenSequence, iter_readout, lens_for, model_chunk_sizes, validate
 from depthlens.stores.files import ResumeRules
+from depthlens.stores.guard import refuse_same_file
 from depthlens.stores.inputs import BadLine, InputRecord, check_record
 
 SUMMARY_FIELDS = (
@@ -231,12 +232,6 @@ def score_manifest(
     if n_layers is None:
         del manifest["n_layers"]
     return manifest
-
-
-def refuse_same_file(in_path: Path, out_path: Path) -> None:
-    """Scores never replace their own input (``--overwrite`` included): nothing a user has is lost."""
-    if out_path.exists() and in_path.exists() and out_path.resolve() == in_path.resolve():
-        raise InputError(f"--out {out_path} is the input file itself; write the scores to another file")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,6 +63,7 @@ def sweep(
                 "g": settings.g_by_kind.get(kind), "mean_dtr": float(values_all.mean()) if values_all.size else None,
                 "binned_r": c.binned_r, "point_biserial": c.point_biserial,
                 "point_biserial_lo": c.point_biserial_ci[0], "point_biserial_hi": c.point_biserial_ci[1],
-                "spearman": c.spearman, "note": c.note,
+                "point_biserial_p": c.point_biserial_p, "spearman": c.spearman, "spearman_p": c.spearman_p,
+                "note": c.note,
             })  # fmt: skip
     return rows

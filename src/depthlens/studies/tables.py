@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from depthlens.studies.inference import format_p
+
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
     """Rows (dicts with the same keys) as CSV; the header is the first row's keys."""
@@ -58,6 +60,23 @@ def _ci(lo: float | None, hi: float | None) -> str:
     return "" if lo is None or hi is None else f" [{lo:+.2f}, {hi:+.2f}]"
 
 
+P_LEGEND = (
+    "p: two-sided p of r = 0 from the same question resamples; p_BH: Benjamini–Hochberg adjusted over every cell "
+    "of this table (one family per statistic); † marks p_BH < 0.05"
+)
+
+
+def _p(row: dict[str, Any], field: str, lead: str = "; ") -> str:
+    """`` p 0.012, p_BH 0.04†`` for a cell with a test; nothing for one without (older rows, no statistic)."""
+    if row.get(field) is None:
+        return ""
+    adjusted = row.get(f"{field}_bh")
+    text = f"{lead}p {format_p(row[field])}"
+    if adjusted is not None:
+        text += f", p_BH {format_p(adjusted)}" + ("†" if adjusted < 0.05 else "")
+    return text
+
+
 def table_one(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown: the paper's binned r (metrics × model · task), then the unbinned statistics with 95 % CIs."""
     columns = list(dict.fromkeys(f"{r['model']} · {r['task']}" for r in rows))
@@ -78,23 +97,26 @@ def table_one(rows: Sequence[dict[str, Any]]) -> str:
     def binned(r: dict[str, Any]) -> str:
         if r["binned_r"] is None:
             return "—"
-        return f"{r['binned_r']:+.2f} ± {r['binned_r_sd']:.2f} (q={r['questions_used']:.0f})"
+        return (f"{r['binned_r']:+.2f} ± {r['binned_r_sd']:.2f}{_ci(r.get('binned_r_lo'), r.get('binned_r_hi'))} "
+                f"(q={r['questions_used']:.0f}{_p(r, 'binned_r_p')})")  # fmt: skip
 
     def unbinned(r: dict[str, Any]) -> str:
         if r["point_biserial"] is None:
             return "—"
-        return (f"r_pb {_fmt(r['point_biserial'])}{_ci(r['point_biserial_lo'], r['point_biserial_hi'])}; "
-                f"ρ {_fmt(r['spearman'])}{_ci(r['spearman_lo'], r['spearman_hi'])}")  # fmt: skip
+        pb = f"{_fmt(r['point_biserial'])}{_ci(r['point_biserial_lo'], r['point_biserial_hi'])}"
+        rho = f"{_fmt(r['spearman'])}{_ci(r['spearman_lo'], r['spearman_hi'])}"
+        return f"r_pb {pb}{_p(r, 'point_biserial_p', ' ')}; ρ {rho}{_p(r, 'spearman_p', ' ')}"
 
     counts = {f"{r['model']} · {r['task']}": r for r in rows}
     lines = [
         "**Binned r** (definitions.md §4: 5 quantile bins per question, Pearson r of bin metric vs bin accuracy, "
         "averaged over questions and seeds; ± is the s.d. over seeds — 0 when each seed bins the whole pool and only "
-        "ties are re-broken —, q the questions with a defined r)",
+        "ties are re-broken —, [95 % interval] over question resamples of the per-question r, q the questions with a "
+        f"defined r; {P_LEGEND})",
         "",
         *table(binned),
         "",
-        "**Unbinned, per response**: point-biserial r and Spearman ρ with question-bootstrap 95 % CIs",
+        f"**Unbinned, per response**: point-biserial r and Spearman ρ with question-bootstrap 95 % CIs; {P_LEGEND}",
         "",
         *table(unbinned),
         "",

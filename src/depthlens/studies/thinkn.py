@@ -24,9 +24,11 @@ from depthlens.metrics.dtr import deep_from_divergence
 from depthlens.sampling.backend import GenerationBackend, Trace
 from depthlens.stores.files import read_json, settings_differ, write_json
 from depthlens.stores.samples import damaged, read_manifest, read_responses
+from depthlens.stores.state import stale, store_state
 from depthlens.studies.tables import write_csv
 from depthlens.voting.methods import Response, think_at_n
-from depthlens.voting.trials import MethodSummary, ablation, run_trials
+from depthlens.voting.paired import Comparison, accuracy_intervals, compare_methods, per_question_table
+from depthlens.voting.trials import MethodSummary, ablation, trial_outcomes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +95,10 @@ class ThinkReport:
     voting: VotingConfig
     dtr: DTRConfig
     ablation: list[dict[str, Any]] | None = None
+    # Each method against Cons@n over questions, and each method's 95 % accuracy interval over questions.
+    paired: list[Comparison] = dataclasses.field(default_factory=list)
+    intervals: dict[str, tuple[float | None, float | None]] = dataclasses.field(default_factory=dict)
+    per_question: dict[str, Any] | None = None  # accuracy per method per question (trial means): for pooling
 
 
 def summarise(
@@ -116,9 +122,10 @@ def summarise(
             f"{out_dir}: no question has {voting.n} usable responses (pool {manifest['pool']}, "
             f"{len(info.failed)} failed); lower --n or generate more"
         )
-    summaries = run_trials(pools, voting, methods)
+    outcomes = trial_outcomes(pools, voting, methods)
     table = ablation(pools, voting) if with_ablation else None
-    report = ThinkReport(summaries, info, voting, dtr, table)
+    report = ThinkReport(outcomes.summaries(), info, voting, dtr, table, compare_methods(outcomes, seed=voting.seed),
+                         accuracy_intervals(outcomes, seed=voting.seed), per_question_table(outcomes))  # fmt: skip
     _write_summary(out_dir, report, methods, overwrite)
     return report
 
@@ -145,22 +152,31 @@ def _write_summary(
         "methods_asked": list(methods or []),
         "ablation_asked": report.ablation is not None,
     }
+    state = store_state(out_dir)
     if path.exists() and not overwrite:
-        earlier = read_json(path, "summary", "delete it or pass --overwrite")
+        earlier = read_json(
+            path, "summary", "it is derived from the store: pass --overwrite to vote it again"
+        )
         differ = settings_differ({k: earlier.get(k) for k in settings}, settings, ())
         if differ:
+            old = stale(earlier, out_dir)
             raise StoreError(
-                f"{path} holds a summary voted with other settings ({'; '.join(differ)}); pass --overwrite "
-                "to replace it, or keep it and vote into another store copy"
+                f"{path} holds a summary voted with other settings ({'; '.join(differ)})"
+                + (f", and {old}" if old else "")
+                + "; pass --overwrite to replace it, or vote with its settings"
             )
     cons = next((s for s in report.summaries if s.method == "cons@n"), None)
     rows = []
+    paired = {c.method: c.row() for c in report.paired}
+    blank = dict.fromkeys(next(iter(paired.values()), {}))  # the baseline's row: the same columns, empty
     for s in report.summaries:
         row = s.to_dict()
         row["cost_vs_cons"] = s.cost_mean / cons.cost_mean if cons and cons.cost_mean else None
-        rows.append(row)
+        row["accuracy_lo"], row["accuracy_hi"] = report.intervals.get(s.method, (None, None))
+        rows.append({**row, **paired.get(s.method, blank)})
     payload = {
         "store": str(out_dir),
+        "store_state": state,  # which committed state of the store this summary was voted over
         "model": report.info.manifest["model"],
         "task": report.info.manifest.get("task"),
         **settings,
@@ -172,6 +188,7 @@ def _write_summary(
         "answers": report.info.answers.to_dict(),
         "methods": rows,
         "ablation": report.ablation,
+        "per_question": report.per_question,
         "command": " ".join(sys.argv),
     }
     write_csv(out_dir / f"{stem}.csv", rows)

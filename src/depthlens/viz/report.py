@@ -15,9 +15,10 @@ from depthlens.metrics.dtr import deep_threshold
 from depthlens.studies.correlation import METRICS
 from depthlens.studies.report import ReportData, StoreStudy, prepare_report, slug
 from depthlens.studies.stored import Store
-from depthlens.studies.tables import markdown_table, table_one
+from depthlens.studies.tables import table_one
+from depthlens.viz.cost import draw_accuracy_cost, table_two_markdown
 from depthlens.viz.heatmap import draw_divergence_heatmap, write_heatmap_html
-from depthlens.viz.study import draw_accuracy_cost, draw_metric_bins, draw_sweeps, draw_token_settling
+from depthlens.viz.study import draw_metric_bins, draw_sweeps, draw_token_settling
 
 LABELS = {m.name: m.label for m in METRICS}
 
@@ -43,7 +44,7 @@ def draw_study(study: StoreStudy, out_dir: Path, dtr: DTRConfig) -> dict[str, Pa
     if study.summary:
         v = study.summary["voting"]
         figures["cost"] = draw_accuracy_cost(
-            study.summary["methods"], out_dir / f"fig5-cost-{name}.png",
+            study.table_two or study.summary["methods"], out_dir / f"fig5-cost-{name}.png",
             title=f"{store.label}: n = {v['n']}, {v['trials']} trials",
         )  # fmt: skip
     return figures
@@ -87,25 +88,20 @@ def write_report(data: ReportData) -> Path:
     """Draw every store's figures and write ``run_dir/report/report.md`` and ``report.html``."""
     out = data.run_dir / "report"
     stores = [s.store for s in data.studies]
-    sections, thinkn_rows, commands = [], [], []
+    sections, commands = [], []
     for study in data.studies:
         figures = draw_study(study, out, data.dtr)
         if study.summary:
             commands.append(study.summary.get("command", ""))
-            thinkn_rows.extend({"store": study.store.label, **m} for m in study.summary["methods"])
+            commands += [r.get("command", "") for r in study.table_two if r.get("command")]
         sections.append(_store_section(study, figures, out))
     rows = [r for s in data.studies for r in s.rows]
     lines = [f"# depthlens report: {data.run_dir}", "", "## How this was made", "", "```",
              *sorted({s.manifest.get("command", "?") for s in stores}),
              *sorted({c for c in commands if c and c != data.command and "thinkn" in c}),
              data.command, "```", "", "## Correlation with accuracy (Table 1)", "", table_one(rows)]  # fmt: skip
-    if thinkn_rows:
-        lines += ["## Think@n and the baselines (Table 2)", "", markdown_table(
-            [{"store": r["store"], "method": r["method"],
-              "accuracy %": f"{100 * r['accuracy_mean']:.1f} ± {100 * r['accuracy_std']:.1f}",
-              "tokens / question": f"{r['cost_mean']:,.0f}",
-              "vs Cons@n": f"{r['cost_vs_cons']:.0%}" if r.get("cost_vs_cons") else "—"}
-             for r in thinkn_rows]), ""]  # fmt: skip
+    if data.table_two:
+        lines += table_two_markdown(data.table_two, data.pooled)
     lines += [*sections, _limits(stores)]
     text = "\n".join(lines) + "\n"
     md = out / "report.md"
@@ -120,6 +116,8 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
     lines = [f"## {store.label}", "", f"Store `{store.path}`: {len(store.responses)} responses to "
              f"{len(store.questions())} questions, accuracy {100 * store.accuracy:.0f} %"
              + (f", {store.failed} failed" if store.failed else "") + ".", ""]  # fmt: skip
+    if summary and summary.get("stale"):
+        lines += [f"**Stale Think@n summary**: {summary['stale']}.", ""]
     if (
         summary and "answers" in summary
     ):  # how the accuracies above read their answers (docs/definitions.md §5)

@@ -1,6 +1,6 @@
 """Figures of the deep-thinking studies: metric vs accuracy by bins (Fig 1), one token's settling (Fig 3),
-the sensitivity sweeps (Fig 4) and accuracy vs cost per Think@n method (Fig 5). Drawing only: every number
-arrives computed; PNG or SVG by the path's suffix.
+the sensitivity sweeps (Fig 4); Figure 5 (accuracy vs cost per Think@n method) is viz/cost.py. Drawing only:
+every number arrives computed; PNG or SVG by the path's suffix.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def draw_sweeps(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> 
         if param == "prefix":
             ax.set_xticks(xs, labels)
         if param == "g":
-            twin.legend(fontsize=7, loc="lower right")
+            twin.legend(fontsize=7, loc="upper right")  # mean DTR falls with g: that corner is free
     ax = axes[3]
     bars = [r for r in rows if r["param"] in ("divergence", "deep_rule")]
     names = [f"{r['value']}" for r in bars]
@@ -139,30 +139,7 @@ def draw_sweeps(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> 
     return _save(fig, path)
 
 
-def draw_accuracy_cost(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path:
-    """Figure 5: accuracy against tokens per question for each Think@n method (mean ± std over trials)."""
-    if not rows:
-        raise InputError("no Think@n summary rows to draw")
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    colours = {"think@n": "#d62728", "cons@n": "#1f77b4"}
-    span = max(r["cost_mean"] for r in rows) - min(r["cost_mean"] for r in rows) or 1.0
-    stacked: dict[int, int] = {}  # methods at the same cost (full-cost ones) get labels on alternating sides
-    for r in sorted(rows, key=lambda r: -r["accuracy_mean"]):
-        highlight = r["method"] in colours
-        colour = colours.get(r["method"], "#7f7f7f")
-        ax.errorbar(r["cost_mean"], 100 * r["accuracy_mean"], xerr=r.get("cost_std"), yerr=100 * r["accuracy_std"],
-                    fmt="o", ms=8 if highlight else 5, capsize=3, color=colour)  # fmt: skip
-        slot = round(20 * r["cost_mean"] / span)
-        side = stacked.get(slot, 0)
-        stacked[slot] = side + 1
-        left = side % 2 == 1
-        ax.annotate(r["method"], (r["cost_mean"], 100 * r["accuracy_mean"]), textcoords="offset points",
-                    xytext=(-6 if left else 6, 3), ha="right" if left else "left", fontsize=8,
-                    weight="bold" if highlight else "normal")  # fmt: skip
-    ax.margins(x=0.18, y=0.08)
-    ax.set_xlabel("tokens generated per question")
-    ax.set_ylabel("accuracy %")
-    ax.set_title(title or "accuracy vs cost per method", fontsize=10)
-    ax.grid(alpha=0.3)
-    return _save(fig, path)
+def __getattr__(name: str) -> Any:  # names that moved out of this module (``depthlens._moved``)
+    from depthlens._moved import moved_attribute
+
+    return moved_attribute(__name__, name)

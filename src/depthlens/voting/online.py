@@ -269,23 +269,46 @@ def sampling_order(pool_size: int, seed: int, trial: int, question: int) -> list
     return np.random.default_rng([seed, trial, question]).permutation(pool_size).tolist()
 
 
+@dataclasses.dataclass(frozen=True, eq=False)  # identity equality: fields are arrays
+class ReplayOutcomes:
+    """Every question's outcome in every sampling order: arrays [orders, questions] (questions sorted), the rows a
+    paired comparison with offline methods on the same questions needs (``voting.paired``)."""
+
+    questions: tuple[str, ...]
+    accuracy: np.ndarray
+    cost: np.ndarray
+    started: np.ndarray
+    consensus: np.ndarray  # 1 where sampling stopped by consensus
+
+
+def replay_outcomes(
+    pools: dict[str, Sequence[Response]], cfg: OnlineConfig, trials: int, seed: int = 0
+) -> ReplayOutcomes:
+    """``replay`` over ``trials`` sampling orders of every question's pool (order 0 = as stored)."""
+    if not pools:
+        raise InputError("no questions with responses to replay")
+    questions = sorted(pools)
+    shape = (trials, len(questions))
+    out = ReplayOutcomes(tuple(questions), *(np.zeros(shape) for _ in range(4)))
+    for trial in range(trials):
+        for qi, q in enumerate(questions):
+            pool = pools[q]
+            o = replay([pool[i] for i in sampling_order(len(pool), seed, trial, qi)], cfg)
+            out.accuracy[trial, qi], out.cost[trial, qi] = o.correct, o.tokens
+            out.started[trial, qi], out.consensus[trial, qi] = o.started, o.stop == "consensus"
+    return out
+
+
 def replay_trials(
     pools: dict[str, Sequence[Response]], cfg: OnlineConfig, trials: int, seed: int = 0
 ) -> OnlineSummary:
     """``replay`` over ``trials`` sampling orders of every question's pool (order 0 = as stored)."""
-    if not pools:
-        raise InputError("no questions with responses to replay")
-    accuracy, cost, started, stopped = [], [], [], []
-    for trial in range(trials):
-        outcomes = [
-            replay([pool[i] for i in sampling_order(len(pool), seed, trial, qi)], cfg)
-            for qi, pool in enumerate(pools[q] for q in sorted(pools))
-        ]
-        accuracy.append(float(np.mean([o.correct for o in outcomes])))
-        cost.append(float(np.mean([o.tokens for o in outcomes])))
-        started.append(float(np.mean([o.started for o in outcomes])))
-        stopped.append(float(np.mean([o.stop == "consensus" for o in outcomes])))
+    return summarise_replay(replay_outcomes(pools, cfg, trials, seed), cfg)
 
+
+def summarise_replay(outcomes: ReplayOutcomes, cfg: OnlineConfig) -> OnlineSummary:
+    """Mean ± std over sampling orders of the per-order means over questions."""
+    accuracy, cost = outcomes.accuracy.mean(1).tolist(), outcomes.cost.mean(1).tolist()
     return OnlineSummary(
         cfg.signal,
         cfg.consensus,
@@ -294,8 +317,8 @@ def replay_trials(
         _std(accuracy),
         float(np.mean(cost)),
         _std(cost),
-        float(np.mean(started)),
-        float(np.mean(stopped)),
-        trials,
-        len(pools),
+        float(np.mean(outcomes.started.mean(1))),
+        float(np.mean(outcomes.consensus.mean(1))),
+        outcomes.accuracy.shape[0],
+        len(outcomes.questions),
     )

@@ -44,10 +44,42 @@ def draw(pool_size: int, n: int, seed: int, trial: int, question: int) -> list[i
     return sorted(rng.choice(pool_size, size=n, replace=False).tolist())
 
 
-def run_trials(
+@dataclasses.dataclass(frozen=True, eq=False)  # identity equality: fields are arrays
+class TrialOutcomes:
+    """Every method's outcome on every question in every trial: arrays [trials, questions] per method.
+
+    The per-question rows are what a paired comparison between methods needs (``voting.paired``): the methods
+    voted on the same draws, so question q's difference between two methods is paired.
+    """
+
+    questions: tuple[str, ...]
+    accuracy: dict[str, np.ndarray]
+    cost: dict[str, np.ndarray]
+    cost_paper: dict[str, np.ndarray]
+    unanswered: dict[str, np.ndarray]  # 1 where the method's vote had no answer
+
+    def summaries(self) -> list[MethodSummary]:
+        """Mean ± std over trials of the per-trial means over questions."""
+        return [
+            MethodSummary(
+                m,
+                float(np.mean(self.accuracy[m].mean(1))),
+                _std(self.accuracy[m].mean(1).tolist()),
+                float(np.mean(self.cost[m].mean(1))),
+                _std(self.cost[m].mean(1).tolist()),
+                float(np.mean(self.cost_paper[m].mean(1))),
+                self.accuracy[m].shape[0],
+                len(self.questions),
+                float(np.mean(self.unanswered[m].sum(1))),
+            )
+            for m in self.accuracy
+        ]
+
+
+def trial_outcomes(
     pools: Mapping[str, Sequence[Response]], cfg: VotingConfig, methods: Sequence[str] | None = None
-) -> list[MethodSummary]:
-    """Every method's accuracy and cost, mean ± std over ``cfg.trials`` draws of n per question."""
+) -> TrialOutcomes:
+    """Every method on ``cfg.trials`` draws of n per question (see the module docstring for the draws)."""
     names = list(METHODS) if methods is None else list(methods)
     unknown = [m for m in names if m not in METHODS]
     if unknown:
@@ -61,41 +93,27 @@ def run_trials(
             f"question {q!r} has {size} responses but n = {cfg.n} are drawn per trial ({len(small)} question(s) "
             f"short); lower --n or generate a larger --pool"
         )
-    accuracy = {m: [] for m in names}
-    cost = {m: [] for m in names}
-    paper = {m: [] for m in names}
-    unanswered = {m: [] for m in names}
     questions = sorted(pools)
+    shape = (cfg.trials, len(questions))
+    out = TrialOutcomes(tuple(questions), *({m: np.zeros(shape) for m in names} for _ in range(4)))
     for trial in range(cfg.trials):
-        per_q = {m: ([], [], [], []) for m in names}
         for qi, q in enumerate(questions):
             pool = pools[q]
             drawn = [pool[i] for i in draw(len(pool), cfg.n, cfg.seed, trial, qi)]
             for m in names:
                 outcome = METHODS[m](drawn, cfg)
-                per_q[m][0].append(outcome.accuracy)
-                per_q[m][1].append(outcome.cost)
-                per_q[m][2].append(outcome.cost_paper)
-                per_q[m][3].append(outcome.answer is None and outcome.voted)
-        for m in names:
-            accuracy[m].append(float(np.mean(per_q[m][0])))
-            cost[m].append(float(np.mean(per_q[m][1])))
-            paper[m].append(float(np.mean(per_q[m][2])))
-            unanswered[m].append(float(np.sum(per_q[m][3])))
-    return [
-        MethodSummary(
-            m,
-            float(np.mean(accuracy[m])),
-            _std(accuracy[m]),
-            float(np.mean(cost[m])),
-            _std(cost[m]),
-            float(np.mean(paper[m])),
-            cfg.trials,
-            len(questions),
-            float(np.mean(unanswered[m])),
-        )
-        for m in names
-    ]
+                out.accuracy[m][trial, qi] = outcome.accuracy
+                out.cost[m][trial, qi] = outcome.cost
+                out.cost_paper[m][trial, qi] = outcome.cost_paper
+                out.unanswered[m][trial, qi] = outcome.answer is None and outcome.voted
+    return out
+
+
+def run_trials(
+    pools: Mapping[str, Sequence[Response]], cfg: VotingConfig, methods: Sequence[str] | None = None
+) -> list[MethodSummary]:
+    """Every method's accuracy and cost, mean ± std over ``cfg.trials`` draws of n per question."""
+    return trial_outcomes(pools, cfg, methods).summaries()
 
 
 def ablation(

@@ -1,0 +1,46 @@
+"""``depthlens check``: a store's files against its manifest (like ``git fsck``), with the safe remedy for each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from depthlens.cli.app import app, console
+
+
+@app.command("check", short_help="Check a store's files against its manifest; say how to mend each problem.")
+def check(
+    store: Annotated[
+        Path, typer.Argument(help="A sample store, a Parquet results store (directory) or a JSONL store.")
+    ],
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Check sizes and row counts only, not every shard's sha256.")
+    ] = False,
+) -> None:
+    """Verify every shard against the manifest — present, its size, row count, ids, run and content hash — and
+    list what is missing, cut, changed, of another run, or not listed, each with its one safe remedy.
+
+    Reads only. Exit code 0 when the store is whole, 1 when a problem was found.
+    """
+    from depthlens.stores.check import check as check_store
+
+    reports = check_store(store, verify=not quick)
+    problems = 0
+    for report in reports:
+        console.print(f"{report.store}: {report.shards} shard(s), {report.records} committed record(s)"
+                      if report.store.is_dir() else f"{report.store}: {report.records} record(s)",
+                      highlight=False, soft_wrap=True)  # fmt: skip
+        for note in report.notes:
+            console.print(f"  note: {note}", highlight=False, soft_wrap=True)
+        for p in report.problems:
+            console.print(
+                f"  {p.kind}: {p.path}: {p.detail}\n    remedy: {p.remedy}", highlight=False, soft_wrap=True
+            )
+        problems += len(report.problems)
+    console.print(
+        f"{problems} problem(s)" if problems else "ok: every committed record is whole", highlight=False
+    )
+    if problems:
+        raise typer.Exit(1)

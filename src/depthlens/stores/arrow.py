@@ -1,0 +1,69 @@
+"""Result records as Arrow tables and back: per-token float lists at the store's width (float32, or float16 on
+request), ``[T × L]`` float rows (divergences) as ``list<fixed_size_list<width, L>>``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+
+def _float_list(values: list[Any], width: pa.DataType) -> pa.Array:
+    return pa.array([None if v is None else np.asarray(v, dtype=width.to_pandas_dtype()) for v in values],
+                    type=pa.list_(width))  # fmt: skip
+
+
+def _matrix_list(values: list[Any], width: pa.DataType) -> pa.Array:
+    """Rows of ``[T × L]`` matrices as ``list<fixed_size_list<width, L>>`` (L from the first non-empty row)."""
+    n_layers = next((len(v[0]) for v in values if v), 0)
+    dtype = width.to_pandas_dtype()
+    offsets, flat = [0], []
+    for v in values:
+        rows = np.asarray(v, dtype=dtype).reshape(-1, n_layers) if v else np.zeros((0, n_layers), dtype)
+        # a record without the matrix (None) is stored as an empty list: readers see no rows either way
+        flat.append(rows.reshape(-1))
+        offsets.append(offsets[-1] + len(rows))
+    inner = pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(flat), type=width), n_layers)
+    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), inner)
+
+
+def _kind(values: list[Any]) -> str:
+    """``matrix`` for rows of float rows, ``floats`` for float lists, else ``other`` (Arrow infers the type)."""
+    first = next((v for v in values if isinstance(v, list) and v), None)
+    if first is None:
+        return "other"
+    if isinstance(first[0], list):
+        row = next((r for v in values if isinstance(v, list) for r in v if r), [])
+        return "matrix" if row and isinstance(row[0], float) else "other"
+    return "floats" if any(isinstance(x, float) for x in first) else "other"
+
+
+def to_table(results: Iterable[dict[str, Any]], float16: bool = False) -> pa.Table:
+    """Result dicts (``score``'s, or a sample store's responses) as one Arrow table: per-token float lists at the
+    store's width, ``[T × L]`` float rows (divergences) as ``list<fixed_size_list<width, L>>``."""
+    rows = list(results)
+    width = pa.float16() if float16 else pa.float32()
+    keys: dict[str, None] = {}
+    for r in rows:
+        keys.update(dict.fromkeys(r))
+    columns = {}
+    for key in keys:
+        values = [r.get(key) for r in rows]
+        kind = _kind(values)
+        if kind == "matrix":
+            columns[key] = _matrix_list(values, width)
+        elif kind == "floats":
+            columns[key] = _float_list(values, width)
+        else:
+            columns[key] = pa.array(values)
+    return pa.table(columns)
+
+
+def table_records(table: pa.Table) -> Iterator[dict[str, Any]]:
+    """The records of a shard as dicts, as ``to_table`` got them (per-token floats widened to Python floats); a
+    list a record did not have (null in its row) is left out, as it was."""
+    lists = {f.name for f in table.schema if pa.types.is_list(f.type)}
+    for row in table.to_pylist():
+        yield {k: v for k, v in row.items() if v is not None or k not in lists}

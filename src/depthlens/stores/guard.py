@@ -1,0 +1,54 @@
+"""A run that fails before its first record leaves no ``--out`` behind: an empty store left by a failed pre-flight
+(a Ray cluster that does not answer, a model that does not load) would block the rerun and later read as
+damaged. What holds a committed record is never removed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from depthlens.errors import InputError
+from depthlens.stores.files import manifest_path
+from depthlens.stores.lock import lock_path
+
+
+def committed(store: Path) -> bool:
+    """Whether the results store ``store`` (a Parquet directory or a JSONL file) holds a committed record."""
+    if store.is_dir():
+        from depthlens.stores.layout import manifest_file  # pyarrow: only once there is a store to look at
+
+        try:
+            return bool(json.loads(manifest_file(store).read_bytes()).get("shards"))
+        except (OSError, ValueError, AttributeError):
+            return any(p.suffix == ".parquet" for p in store.iterdir())  # unreadable: keep it
+    return store.is_file() and store.stat().st_size > 0
+
+
+def _remove(out: Path) -> None:
+    if out.is_dir():
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for path in (out, manifest_path(out), lock_path(out)):
+        path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def new_out(out: Path, *stores: Path) -> Iterator[None]:
+    """Run the block; if it fails and ``out`` did not exist before it, remove ``out`` unless one of ``stores``
+    (the results stores under ``out``; default ``out`` itself) holds a committed record."""
+    existed = out.exists()
+    try:
+        yield
+    except BaseException:
+        if not existed and out.exists() and not any(committed(s) for s in stores or (out,)):
+            _remove(out)
+        raise
+
+
+def refuse_same_file(in_path: Path, out_path: Path) -> None:
+    """Scores never replace their own input (``--overwrite`` included): nothing a user has is lost."""
+    if out_path.exists() and in_path.exists() and out_path.resolve() == in_path.resolve():
+        raise InputError(f"--out {out_path} is the input file itself; write the scores to another file")

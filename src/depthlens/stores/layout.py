@@ -1,0 +1,274 @@
+"""The on-disk layout of a sharded Parquet store, and how one shard is checked against the manifest.
+
+A store is a directory that Parquet readers (``pd.read_parquet``, ``pyarrow.dataset``, DuckDB's
+``read_parquet('STORE/*.parquet')``, Polars) read as a table of exactly its committed records:
+
+- ``part-NNNNNN.parquet`` — committed shards, numbered from a counter that never goes back, so a name is never
+  used twice (``next_shard`` in the manifest; a resumed run also skips every number present on disk);
+- ``_manifest.json`` — the index and the commit: settings, the store's ``run_id``, and per shard its ``file``,
+  ``rows``, ``bytes``, ``sha256`` and ``ids``. Each shard carries the run id in its own Parquet metadata;
+- hidden files no Parquet reader looks at (a ``_`` or ``.`` prefix, and no ``.parquet`` suffix):
+  ``.part-N.parquet.tmp`` (a shard being written, or committed and not yet published under its name),
+  ``.part-N.parquet.old`` (replaced by a regrade, kept for readers that started before it until the next write),
+  ``.part-N.parquet.damaged`` (a cut shard ``--resume`` moved aside before recomputing it), ``_depthlens.lock``.
+
+A commit (Delta Lake's and Iceberg's rule): the shard is written whole under its hidden name and fsynced, then the
+manifest that lists it is renamed into place (the commit), then the shard is renamed to its visible name. So a
+Parquet reader never sees a file no commit lists, and depthlens's readers, which follow the manifest, read a
+committed shard from its hidden name in the moment before it is published. Stores written before this layout
+(``manifest.json`` among the shards, entries with ``file`` and ``rows`` only) are read as they are and moved to
+this layout by the next ``--resume``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from depthlens.errors import StoreError
+
+MANIFEST = "_manifest.json"
+LEGACY_MANIFEST = "manifest.json"  # stores written before the layout above
+SETTINGS_KEY = b"depthlens.settings"
+FREE_KEY = b"depthlens.free"  # settings a resumed run may change (batch size, more questions): not compared
+RUN_KEY = b"depthlens.run_id"
+_NUMBER = re.compile(r"^\.?part-(\d+)(?:\.r\d+)?\.parquet")
+
+
+def manifest_file(store: Path) -> Path:
+    """The manifest of the store ``store``: ``_manifest.json``, or a store's from before it, ``manifest.json``."""
+    new = store / MANIFEST
+    return store / LEGACY_MANIFEST if not new.is_file() and (store / LEGACY_MANIFEST).is_file() else new
+
+
+def is_store(path: Path) -> bool:
+    """Whether ``path`` is a Parquet store directory (one with a manifest)."""
+    return path.is_dir() and manifest_file(path).is_file()
+
+
+def is_legacy(store: Path) -> bool:
+    return manifest_file(store).name == LEGACY_MANIFEST
+
+
+def shard_name(number: int) -> str:
+    return f"part-{number:06d}.parquet"
+
+
+def staged(store: Path, name: str) -> Path:
+    return store / f".{name}.tmp"
+
+
+def superseded(store: Path, name: str) -> Path:
+    return store / f".{name}.old"
+
+
+def damaged_copy(store: Path, name: str) -> Path:
+    return store / f".{name}.damaged"
+
+
+def numbers_present(store: Path) -> list[int]:
+    """The shard numbers of every shard file in ``store``, hidden ones included."""
+    return (
+        [int(m.group(1)) for p in store.iterdir() if (m := _NUMBER.match(p.name))] if store.is_dir() else []
+    )
+
+
+def next_number(store: Path, manifest: dict[str, Any]) -> int:
+    """The next shard number: after every one ever committed (``next_shard``), listed, or present on disk."""
+    listed = [int(m.group(1)) for s in manifest.get("shards", []) if (m := _NUMBER.match(str(s.get("file"))))]
+    return max([int(manifest.get("next_shard", 0)) - 1, *listed, *numbers_present(store)], default=-1) + 1
+
+
+def visible_files(store: Path) -> list[str]:
+    """The data files a Parquet reader of the directory sees: every ``*.parquet`` without a ``_``/``.`` prefix."""
+    return sorted(p.name for p in store.iterdir() if p.suffix == ".parquet" and p.name[0] not in "._")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the renames in ``path`` survive a power cut (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def encode(table: pa.Table, meta: dict[bytes, bytes]) -> bytes:
+    """``table`` as the bytes of one Parquet file with ``meta`` in its schema metadata (zstd)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), **meta}), sink,
+                   compression="zstd")  # fmt: skip
+    return sink.getvalue().to_pybytes()
+
+
+def entry(name: str, table: pa.Table, data: bytes) -> dict[str, Any]:
+    """The manifest's entry of a shard: name, rows, bytes, content hash and the ids it holds."""
+    ids = [str(i) for i in table.column("id").to_pylist()] if "id" in table.column_names else []
+    return {"file": name, "rows": table.num_rows, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+            "ids": ids}  # fmt: skip
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def entries(store: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The manifest's shard entries, checked for shape and for ids listed under two shards."""
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(s, dict) and isinstance(s.get("file"), str)
+                                               for s in shards):  # fmt: skip
+        raise StoreError(f"{manifest_file(store)}: no list of shards; not a depthlens Parquet store")
+    owner: dict[str, str] = {}
+    for s in shards:
+        for i in s.get("ids") or []:
+            if i in owner:
+                raise StoreError(
+                    f"{store / s['file']}: holds id {i!r}, which the manifest also lists under {owner[i]}; "
+                    f"the manifest was edited — `depthlens check {store}` lists what is wrong"
+                )
+            owner[i] = s["file"]
+    return shards
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What is wrong with one file of a store, and the one safe remedy."""
+
+    path: Path
+    kind: str  # missing, cut, changed, foreign, unlisted, ids, unreadable
+    detail: str
+    remedy: str
+
+    def message(self) -> str:
+        return f"{self.path}: {self.detail}; {self.remedy}"
+
+
+def resume_remedy(store: Path, manifest: dict[str, Any], shard: dict[str, Any]) -> str:
+    rows = shard.get("rows", "its")
+    return (f"rerun the command that wrote the store with --resume: it sets this file aside and computes its {rows} "
+            f"record(s) again (`depthlens check {store}` lists every problem)")  # fmt: skip
+
+
+def locate(store: Path, shard: dict[str, Any]) -> Path | None:
+    """Where a committed shard is: its name, its hidden name in the moment before it is published, or (replaced
+    by a regrade while a reader read the store before it) its superseded name."""
+    for path in (store / shard["file"], staged(store, shard["file"]), superseded(store, shard["file"])):
+        if path.is_file():
+            return path
+    return None
+
+
+def shard_problem(
+    store: Path, manifest: dict[str, Any], shard: dict[str, Any], verify: bool
+) -> tuple[Path | None, Problem | None]:
+    """Check one listed shard without reading its rows: present, its size (and with ``verify`` its hash)."""
+    path = locate(store, shard)
+    if path is None:
+        return None, Problem(
+            store / shard["file"],
+            "missing",
+            "a shard the manifest lists is missing",
+            resume_remedy(store, manifest, shard).replace("sets this file aside and ", ""),
+        )
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:  # published (renamed) between finding and reading it: the caller looks again
+        return None, Problem(
+            store / shard["file"],
+            "missing",
+            "a shard the manifest lists is missing",
+            resume_remedy(store, manifest, shard).replace("sets this file aside and ", ""),
+        )
+    if isinstance(shard.get("bytes"), int) and size != shard["bytes"]:
+        run = _run_of(path)
+        if run is not None and manifest.get("run_id") and run != manifest["run_id"]:
+            return path, _foreign(path, run, manifest)
+        what = (f"cut short ({size} bytes, fewer than committed)" if size < shard["bytes"] or run is None
+                else "changed since it was committed (its size differs)")  # fmt: skip
+        return path, Problem(path, "cut", what, resume_remedy(store, manifest, shard))
+    if verify and isinstance(shard.get("sha256"), str) and file_sha256(path) != shard["sha256"]:
+        return path, Problem(path, "changed", "its content changed since it was committed (sha256 differs)",
+                             resume_remedy(store, manifest, shard))  # fmt: skip
+    return path, None
+
+
+def table_problem(
+    store: Path, path: Path, manifest: dict[str, Any], shard: dict[str, Any], table: pa.Table
+) -> Problem | None:
+    """Check a read shard against its entry: its run, its row count, the ids it holds."""
+    run = (table.schema.metadata or {}).get(RUN_KEY)
+    if run is not None and manifest.get("run_id") and run.decode() != manifest["run_id"]:
+        return _foreign(path, run.decode(), manifest)
+    if table.num_rows != shard.get("rows", table.num_rows):
+        return Problem(path, "cut", f"{table.num_rows} rows, {shard['rows']} when committed",
+                       resume_remedy(store, manifest, shard))  # fmt: skip
+    listed = shard.get("ids")
+    if isinstance(listed, list) and "id" in table.column_names:
+        ids = [str(i) for i in table.column("id").to_pylist()]
+        if ids != listed:
+            return Problem(path, "ids", "holds other ids than the manifest lists for it",
+                           resume_remedy(store, manifest, shard))  # fmt: skip
+    return None
+
+
+def _run_of(path: Path) -> str | None:
+    """The run id a Parquet file carries ('' for none); None when it is not readable Parquet."""
+    try:
+        return (pq.read_schema(path).metadata or {}).get(RUN_KEY, b"").decode()
+    except (OSError, pa.ArrowException, UnicodeDecodeError):
+        return None
+
+
+def _foreign(path: Path, run: str, manifest: dict[str, Any]) -> Problem:
+    return Problem(path, "foreign", f"a shard of another run ({run}), not of this store's",
+                   "move it out of the store; `--resume` then computes the records the manifest lists under this "
+                   "name")  # fmt: skip
+
+
+def unlisted_problem(store: Path, name: str, manifest: dict[str, Any]) -> Problem:
+    """A visible data file the manifest does not list: copied in, or of another run."""
+    path = store / name
+    run = _run_of(path)
+    whose = (f"of another run ({run})" if run and run != manifest.get("run_id")
+             else "of this run" if run else "of unknown origin")  # fmt: skip
+    return Problem(path, "unlisted", f"a data file the manifest does not list ({whose}): Parquet readers of the "
+                   "directory would read it", "move it out of the store")  # fmt: skip
+
+
+def unlisted(store: Path, listed: Iterable[str], manifest: dict[str, Any]) -> list[Problem]:
+    skip = {*listed, *manifest.get("superseded", [])}
+    return [unlisted_problem(store, name, manifest) for name in visible_files(store) if name not in skip]
+
+
+def read_table(path: Path, fix: str) -> pa.Table:
+    """One shard file as a table; an unreadable one raises StoreError naming it and ``fix``."""
+    try:
+        return pq.read_table(path)
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        detail = re.sub(r"^Could not open Parquet input source '[^']*': ", "", str(exc))
+        raise StoreError(f"{path}: not a readable Parquet shard ({detail}); {fix}") from None
+
+
+def shard_settings(table: pa.Table) -> tuple[dict[str, Any], list[str]]:
+    meta = table.schema.metadata or {}
+    return json.loads(meta.get(SETTINGS_KEY, b"{}")), json.loads(meta.get(FREE_KEY, b"[]"))

@@ -1,0 +1,169 @@
+"""Table 2 with its paired tests: online replays against Cons@n, and every method pooled over a model's stores.
+
+- ``replay_paired``: the online policy replayed over a store's pools (``voting.online``) and Cons@n voted on the same
+  questions (``voting.trials``), compared question by question (``voting.paired``); written beside the store as
+  ``online_replay-<signal>.json`` with the per-question accuracies.
+- ``pooled_comparisons``: a model's families together — the per-question accuracies every summary stores,
+  concatenated (questions of different families are independent draws too), so the test of "Think@n beats
+  Cons@n on this model" has every question behind it. Benjamini–Hochberg over the methods of the pooled table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from depthlens.config import DTRConfig, OnlineConfig, VotingConfig
+from depthlens.errors import InputError
+from depthlens.metrics.resampling import mean_bootstrap
+from depthlens.stores.files import write_json
+from depthlens.stores.samples import read_manifest
+from depthlens.studies.online import ordered_pools
+from depthlens.voting.online import OnlineSummary, replay_outcomes, summarise_replay
+from depthlens.voting.paired import BASELINE, PAPER_GAPS, Comparison, paired_comparisons
+from depthlens.voting.trials import trial_outcomes
+
+ONLINE_NAMES = {"dtr": "online think@n", "confidence": "online deepconf"}
+GAPS = tuple(PAPER_GAPS)
+REPLAYS = "online_replay-*.json"
+"""The replays a report puts beside a store's Think@n summary (``replay_paired`` writes them)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayReport:
+    summary: OnlineSummary
+    cons_n: int
+    comparison: Comparison | None  # None: a live online store, or pools smaller than n
+    holes: list[str]
+    path: Path
+
+
+def replay_paired(
+    store: Path, online: OnlineConfig, dtr: DTRConfig, trials: int, seed: int, n: int
+) -> ReplayReport:
+    """Replay ``online`` over the store and compare it with Cons@n (n drawn per trial) on the same questions."""
+    pools, holes = ordered_pools(store, dtr)
+    if not pools:
+        raise InputError(f"{store}: no question has a complete pool to replay")
+    outcomes = replay_outcomes(pools, online, trials, seed)
+    summary = summarise_replay(outcomes, online)
+    name = ONLINE_NAMES[online.signal]
+    accuracy = {name: outcomes.accuracy.mean(0)}
+    payload: dict[str, Any] = {"store": str(store), "online": online.to_dict(), "dtr": dtr.to_dict(), "method": name,
+                               "summary": summary.to_dict(), "cons_n": None, "paired": None,
+                               "command": " ".join(sys.argv)}  # fmt: skip
+    comparison = None
+    # A live online store keeps only what the policy let run, so only a pool sampled in full can also vote Cons@n.
+    if n <= min(len(p) for p in pools.values()) and "online" not in read_manifest(store):
+        voting = VotingConfig(n=n, eta=online.keep, prefix=online.prefix, trials=trials, seed=seed,
+                              deepconf_window=online.window)  # fmt: skip
+        cons = trial_outcomes(pools, voting, [BASELINE])
+        accuracy[BASELINE] = cons.accuracy[BASELINE].mean(0)
+        (comparison,) = paired_comparisons({BASELINE: accuracy[BASELINE], name: accuracy[name]}, seed=seed)
+        payload.update(cons_n=n, cons_cost_mean=float(cons.cost[BASELINE].mean()),
+                       cons_accuracy_mean=float(cons.accuracy[BASELINE].mean()), paired=comparison.row())  # fmt: skip
+    interval = mean_bootstrap(accuracy[name], 10_000, [seed, 2_000])  # Figure 5's bar, as for offline methods
+    payload.update(accuracy_lo=interval.low, accuracy_hi=interval.high)
+    payload["per_question"] = {"questions": list(outcomes.questions), "cost": _rounded(outcomes.cost.mean(0)),
+                               "accuracy": {k: _rounded(v) for k, v in accuracy.items()}}  # fmt: skip
+    path = store / f"online_replay-{online.signal}.json"
+    write_json(path, payload)
+    return ReplayReport(summary, n, comparison, holes, path)
+
+
+def _rounded(values: np.ndarray) -> list[float]:
+    return [round(float(v), 6) for v in values]
+
+
+def per_question(summary: dict[str, Any]) -> dict[str, np.ndarray] | None:
+    """A written summary's (or replay's) per-question accuracies, or None for one written before they were kept."""
+    table = summary.get("per_question")
+    if not table:
+        return None
+    return {m: np.asarray(v, dtype=np.float64) for m, v in table["accuracy"].items()}
+
+
+def pooled_comparisons(stores: Sequence[dict[str, np.ndarray]], seed: int = 0) -> list[Comparison]:
+    """Every method present in all of ``stores`` against Cons@n over all their questions together."""
+    common = [m for m in stores[0] if all(m in s for s in stores)] if stores else []
+    if BASELINE not in common:
+        return []
+    joined = {m: np.concatenate([s[m] for s in stores]) for m in common}
+    return paired_comparisons(joined, seed=seed)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Table 2 of a report: every store's methods and online replays, then each model's stores pooled.
+
+
+def table_two_rows(
+    label: str, summary: dict[str, Any], replays: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One row per voted method and per online replay compared on this summary's Cons@n (same n)."""
+    n = summary["voting"]["n"]
+    cons = next((m for m in summary["methods"] if m["method"] == BASELINE), None)
+    rows = [{"store": label, **m} for m in summary["methods"]]
+    for replay in replays:
+        if replay.get("cons_n") != n or replay.get("paired") is None:
+            continue  # compared with another Cons@n than this table's, or not at all
+        s = replay["summary"]
+        rows.append({"store": label, "method": f"{replay['method']} (max n {s['max_n']}, β {s['consensus']:g})",
+                     "accuracy_mean": s["accuracy_mean"], "accuracy_std": s["accuracy_std"],
+                     "cost_mean": s["cost_mean"], "cost_std": s["cost_std"],
+                     "cost_vs_cons": s["cost_mean"] / cons["cost_mean"] if cons and cons["cost_mean"] else None,
+                     "accuracy_lo": replay.get("accuracy_lo"), "accuracy_hi": replay.get("accuracy_hi"),
+                     "command": replay.get("command"),
+                     **replay["paired"]})  # fmt: skip
+    return rows
+
+
+def store_per_question(
+    summary: dict[str, Any], replays: Sequence[dict[str, Any]]
+) -> dict[str, np.ndarray] | None:
+    """The summary's per-question accuracies with those of the replays compared on the same Cons@n."""
+    table = per_question(summary)
+    if table is None:
+        return None
+    for replay in replays:
+        theirs = per_question(replay)
+        same = theirs is not None and replay.get("cons_n") == summary["voting"]["n"]
+        if same and np.array_equal(theirs.get(BASELINE), table[BASELINE]):  # the same draws: pairs line up
+            table[f"{replay['method']} (max n {replay['summary']['max_n']})"] = theirs[replay["method"]]
+    return table
+
+
+def pooled_rows(by_model: dict[str, list[dict[str, np.ndarray]]], seed: int = 0) -> list[dict[str, Any]]:
+    """Per model, every method against Cons@n over the questions of all its stores (one BH family per model)."""
+    rows = []
+    for model, stores in by_model.items():
+        for c in pooled_comparisons(stores, seed):
+            rows.append({"model": model, "stores": len(stores), "method": c.method, **c.row()})
+    return rows
+
+
+def paired_cell(row: dict[str, Any]) -> str:
+    """``+1.2 [−3.0, +5.4]`` points, or — for the baseline."""
+    if row.get("diff") is None:
+        return "—"
+    interval = (
+        "" if row.get("diff_lo") is None else f" [{100 * row['diff_lo']:+.1f}, {100 * row['diff_hi']:+.1f}]"
+    )
+    return f"{100 * row['diff']:+.1f}{interval}"
+
+
+def power_cell(row: dict[str, Any]) -> str:
+    """``0.07 / 0.12 (1,530 / 560)``: power for the paper's +2.0 / +3.3 points and questions for 80 % power."""
+    if row.get("diff") is None:
+        return "—"
+    power = " / ".join(
+        "—" if row.get(f"power_gap{g}") is None else f"{row[f'power_gap{g}']:.2f}" for g in GAPS
+    )
+    need = " / ".join(
+        "—" if row.get(f"questions_for_gap{g}") is None else f"{row[f'questions_for_gap{g}']:,}" for g in GAPS
+    )
+    return f"{power} ({need})"
