@@ -155,6 +155,11 @@ def _tally(
     return key, ordered[first] if first is not None else None, share, len(answered)
 
 
+def _tau(cfg: OnlineConfig, warmup: list[float]) -> float:
+    """τ: the fixed ``threshold`` where one is given, else the percentile of the warm-up's signals."""
+    return cfg.threshold if cfg.threshold is not None else threshold(warmup, cfg.keep)
+
+
 def run_policy(cfg: OnlineConfig, sample: Sampler) -> OnlineOutcome:
     """One question's online run: warm-up, threshold, batches of early-stopped responses, consensus stop."""
     seen: dict[int, Response] = {}
@@ -183,9 +188,7 @@ def run_policy(cfg: OnlineConfig, sample: Sampler) -> OnlineOutcome:
         started += len(indices)
         warm = tau is None
         if warm:
-            tau = (
-                threshold([signals[i] for i in indices], cfg.keep) if cfg.threshold is None else cfg.threshold
-            )
+            tau = _tau(cfg, [signals[i] for i in indices])
         leader, first, share, answered = _tally(seen, voters, signals)
         for i, r, stop, reason in pending:
             decisions.append(
