@@ -7,9 +7,11 @@
         --max-new-tokens 128 --thinkn-tokens 512 --thinkn-n 16 --out docs/benchmarks/backends.json
 
 With ``--backend``: one model and dtype per call; tokens/s of each backend at each n, hf and vllm alternating per
-n (sampling only, and with the vLLM backend's re-scoring readout, which is float32 on a CPU), wall and CPU
-seconds, after a warm-up call (vLLM's engine start, eager, is reported, not counted); and Think@n vs Cons@n wall
-and CPU time per backend (readout of the 50-token prefix included) at ``--thinkn-n`` with ``--thinkn-tokens``.
+n, wall and CPU seconds, after a warm-up call (vLLM's engine start is reported, not counted); with
+``--readout-tokens`` each timing is paired with one of the same seeds without the readout (the same tokens), and
+the difference is the readout's seconds (both backends read out inside their steps: hf in its forward pass, vLLM
+in its worker). Think@n vs Cons@n wall and CPU time per backend (readout of the 50-token prefix included) at
+``--thinkn-n`` with ``--thinkn-tokens``.
 
 With ``--compare``: for each n, depthlens's batched sampler against ``model.generate`` (same sampling settings,
 ``num_return_sequences=n``), and the Think@n two-phase flow (prefixes for all n, finish the top half) against
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -97,44 +100,37 @@ LONG = "Write a long, detailed essay on the history of mathematics, from Babylon
 
 def _generator(name: str, lm, hf_lm, dtype: str, sampling, engine):
     from depthlens.config import EngineConfig
-    from depthlens.sampling.vllm.backend import VLLMGenerator
+    from depthlens.models.info import info_of
+    from depthlens.sampling.vllm.generator import EngineGenerator
 
     if name == "hf":
         return HFGenerator(hf_lm, sampling)
     config = EngineConfig(
         backend="vllm", dtype=dtype, enforce_eager=engine.eager, max_model_len=engine.max_len
     )
-    return VLLMGenerator(lm, sampling, engine=config, llm_engine=engine.llm)
+    return EngineGenerator(info_of(lm), sampling, engine=config, llm_engine=engine.llm)
 
 
 @contextlib.contextmanager
 def _readout_clock(gen):
-    """Seconds spent in vLLM's re-scoring pass while the block runs (HF's readout is inside its steps: 0)."""
-    spent = [0.0]
-    read_out = getattr(gen, "_read_out", None)
-    if read_out is not None:
-
-        def timed(*args):
-            t = time.perf_counter()
-            read_out(*args)
-            spent[0] += time.perf_counter() - t
-
-        gen._read_out = timed
-    try:
-        yield spent
-    finally:
-        if read_out is not None:
-            gen._read_out = read_out
+    """Kept for the Think@n rows' shape: both backends read out inside their steps now (nothing to clock apart)."""
+    yield [0.0]
 
 
-def _timed_sample(gen, prompt: list[int], seeds: list[int]) -> tuple[list, float, float, float]:
+def _timed_sample(gen, prompt: list[int], seeds: list[int], bare=None) -> tuple[list, float, float, float]:
     """(traces, total seconds, of which readout seconds, CPU seconds of this process — on a shared machine the
-    fairer figure: wall time there is mostly waiting for a core)."""
-    with _readout_clock(gen) as spent:
-        start, cpu = time.perf_counter(), time.process_time()
-        traces = gen.sample(prompt, seeds)
-        total, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return traces, total, spent[0], cpu
+    fairer figure: wall time there is mostly waiting for a core). ``bare``: the same generator without the
+    readout; the readout's seconds are the difference of the two runs (the same seeds sample the same tokens)."""
+    start, cpu = time.perf_counter(), time.process_time()
+    traces = gen.sample(prompt, seeds)
+    total, cpu = time.perf_counter() - start, time.process_time() - cpu
+    readout = 0.0
+    if bare is not None:
+        start = time.perf_counter()
+        plain = bare.sample(prompt, seeds)
+        readout = total - (time.perf_counter() - start)
+        assert [t.token_ids for t in plain] == [t.token_ids for t in traces], "the readout changed the tokens"
+    return traces, total, readout, cpu
 
 
 def _load_time() -> float:
@@ -148,31 +144,38 @@ def backends(args) -> dict:
 
     from depthlens.config import DTRConfig, EngineConfig, VotingConfig
     from depthlens.evals.answers import extract_answer
-    from depthlens.sampling.vllm.backend import engine_source, start_engine
+    from depthlens.models.info import info_of
+    from depthlens.sampling.vllm.engine import JobSize, start_engine
     from depthlens.studies.thinkn import think_at_n_live
 
     dtype = args.dtype
-    lm = load(args.model, dtype=args.readout_dtype)  # the vLLM backend's readout copy
-    hf_lm = lm if args.hf_dtype == args.readout_dtype else load(args.model, dtype=args.hf_dtype)
+    lm = load(
+        args.model, dtype=args.hf_dtype
+    )  # hf's model; the vLLM backend uses only its tokenizer and config
+    hf_lm = lm
     max_len = max(2048, args.thinkn_tokens + 256)  # prompt + the longest response
     start = time.perf_counter()
     config = EngineConfig(backend="vllm", dtype=dtype, enforce_eager=not args.compile, max_model_len=max_len)
     engine = types.SimpleNamespace(
-        llm=start_engine(engine_source(lm.name), config), max_len=max_len, eager=not args.compile
+        llm=start_engine(info_of(lm), config, JobSize(max([*args.ns, args.thinkn_n, 2]), max_len)),
+        max_len=max_len,
+        eager=not args.compile,
     )
-    result: dict = {"model": args.model, "dtype": dtype, "hf_dtype": args.hf_dtype,
-                    "readout_dtype": args.readout_dtype, "compiled_engine": args.compile,
+    result: dict = {"model": args.model, "dtype": dtype, "hf_dtype": args.hf_dtype, "compiled_engine": args.compile,
                     "max_new_tokens": args.max_new_tokens, "readout_tokens": args.readout_tokens,
                     "vllm_engine_start_s": round(time.perf_counter() - start, 1), "rows": [], "thinkn": []}  # fmt: skip
     prompt = _chat_prompt(lm, MESSAGE)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, readout_tokens=args.readout_tokens)
     gens = {name: _generator(name, lm, hf_lm, dtype, sampling, engine) for name in args.backend}
+    bare = dataclasses.replace(sampling, readout_tokens=0)
+    bares = {name: _generator(name, lm, hf_lm, dtype, bare, engine) if args.readout_tokens else None
+             for name in args.backend}  # fmt: skip
     for gen in gens.values():
         gen.sample(prompt, [0, 1])  # warm-up
     for n in args.ns:
         for rep in range(args.reps):
             for name, gen in gens.items():
-                traces, seconds, readout_s, cpu_s = _timed_sample(gen, prompt, list(range(n)))
+                traces, seconds, readout_s, cpu_s = _timed_sample(gen, prompt, list(range(n)), bares[name])
                 tokens = sum(len(t) for t in traces)
                 row = {"backend": name, "n": n, "rep": rep, "tokens": tokens, "seconds": round(seconds, 2),
                        "readout_seconds": round(readout_s, 2),
@@ -234,9 +237,6 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", help="with --backend: the vLLM engine's weights dtype")
     parser.add_argument(
         "--hf-dtype", default="float32", help="with --backend: the hf sampler's weights dtype"
-    )
-    parser.add_argument(
-        "--readout-dtype", default="float32", help="with --backend: the vLLM backend's readout copy's dtype"
     )
     parser.add_argument("--ns", type=int, nargs="*", default=[8, 16, 48], help="with --backend")
     parser.add_argument(

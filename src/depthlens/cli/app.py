@@ -9,7 +9,7 @@ import shlex
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - an older typer on the real click
     from click.exceptions import UsageError  # type: ignore[assignment,no-redef]
 
 if TYPE_CHECKING:
-    from depthlens.config import ModelSpec
+    from depthlens.config import EngineConfig, ModelSpec
     from depthlens.models.load import LoadedModel
 
 app = typer.Typer(
@@ -89,6 +89,24 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     quiet_transformers()
     with err_console.status(f"loading {spec.name}") as status:
         return load(spec.name, progress=status.update, on_offline=warn, **spec.load_kwargs())
+
+
+def load_for(engine: EngineConfig, spec: ModelSpec) -> Any:
+    """What generation or scoring on ``engine`` needs of the model: for hf the loaded model (``load_model``); for
+    vllm only its tokenizer and config (``models.info``) — the engine reads the layers out itself, so no
+    transformers copy of the weights is loaded."""
+    if engine.backend != "vllm":
+        return load_model(spec)
+    from depthlens.cli.progress import install_with_progress, quiet_transformers
+    from depthlens.models.info import load_info
+    from depthlens.models.locate import locate
+
+    source = locate(spec.name)
+    if source.kind == "catalogue" and source.path is None:
+        install_with_progress(spec.name, err_console)
+    quiet_transformers()
+    with err_console.status(f"reading {spec.name}'s tokenizer and config"):
+        return load_info(spec.name, spec.trust_remote_code)
 
 
 class Terminated(BaseException):

@@ -10,7 +10,7 @@ import typer
 
 from depthlens.cli import options as opt
 from depthlens.cli import specs
-from depthlens.cli.app import app, err_console, load_model, warn, writes_to
+from depthlens.cli.app import app, err_console, load_for, warn, writes_to
 from depthlens.cli.progress import make_progress
 from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, GenerateRun, SamplingConfig, StoreSpec
 from depthlens.errors import InputError
@@ -87,7 +87,7 @@ def _generate_here(
     from depthlens.stores.samples import samples_path
     from depthlens.studies.generate import GenerationEvents, generate
 
-    lm = load_model(model)
+    lm = load_for(run.engine, model)
     with make_progress(err_console) as progress:
         responses = progress.add_task("responses", total=None)
         tokens = progress.add_task("tokens", total=None)
@@ -203,7 +203,8 @@ def generate(
     window = specs.readout_tokens(readout_tokens, _S.readout_tokens)
     sampling = SamplingConfig(temperature, top_p, max_new_tokens, window)
     store = StoreSpec(out, resume, overwrite, store_format, float16)  # type: ignore[arg-type]
-    backend_name = specs.engine_backend(backend, model, resumed_manifest(store))
+    job = specs.job_size(questions, pool, batch_size, sampling)  # what auto picks the backend for
+    backend_name = specs.engine_backend(backend, model, resumed_manifest(store), job)
     run = GenerateRun(
         store, pool, seed, batch_size, sampling,
         specs.readout_config(divergence, also_divergences), DTRConfig(g, rho, deep_rule),  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from depthlens.cli.app import console, err_console, load_model
+from depthlens.cli.app import console, err_console, load_for
 from depthlens.cli.progress import make_progress
 from depthlens.config import DTRConfig, ModelSpec, OnlineConfig, OnlineRun
 from depthlens.errors import InputError
@@ -94,7 +94,7 @@ def run_live(model: ModelSpec, run: OnlineRun) -> None:
 def _live(model: ModelSpec, run: OnlineRun, questions: list[Any]) -> tuple[Any, str]:
     from depthlens.studies.online import OnlineEvents, run_online
 
-    lm = load_model(model)
+    lm = load_for(run.engine, model)
     with make_progress(err_console) as progress:
         done = progress.add_task("questions", total=len(questions))
         tokens = progress.add_task("tokens", total=None)

@@ -154,9 +154,10 @@ BackendOpt = Annotated[
     str,
     typer.Option(
         "--backend",
-        help="Generation engine: hf (transformers), vllm (needs depthlens[vllm]) or auto = vllm where the extra "
-        "is installed (the faster: 2× the tokens/s at n = 48 on a 2-core CPU, docs/performance.md), else hf; "
-        "a resumed run keeps its recorded engine; $DEPTHLENS_BACKEND overrides auto.",
+        help="Generation engine: hf (transformers), vllm (needs depthlens[vllm]; reads the layers out inside "
+        "the engine) or auto = the one expected to finish this job first (hf for small jobs and .gguf files, "
+        "vllm past the measured break-even and on CUDA; docs/performance.md); a resumed run keeps its "
+        "recorded engine; $DEPTHLENS_BACKEND overrides auto.",
     ),
 ]
 TensorParallel = Annotated[
@@ -173,7 +174,10 @@ GpuMemory = Annotated[
 MaxModelLen = Annotated[
     int | None,
     typer.Option(
-        "--max-model-len", min=2, help="vLLM: longest prompt + response (default: the model's context)."
+        "--max-model-len",
+        min=2,
+        help="vLLM: longest prompt + response (default: the job's longest prompt + --max-new-tokens, "
+        "rounded up to a power of two ≥ 2048).",
     ),
 ]
 KvCacheGib = Annotated[
@@ -182,7 +186,7 @@ KvCacheGib = Annotated[
         "--kv-cache-gib",
         min=0.01,
         help="vLLM: KV cache size in GiB, given outright (default: by --gpu-memory-utilization on a GPU; on a "
-        "CPU a quarter of the available memory, at most 4).",
+        "CPU sized from the job: responses at once × longest sequence × KV bytes per token, × 1.25).",
     ),
 ]
 EnforceEager = Annotated[

@@ -11,12 +11,12 @@ from rich.table import Table
 
 from depthlens.cli import options as opt
 from depthlens.cli import specs
-from depthlens.cli.app import app, console, err_console, load_model, warn, writes_to
+from depthlens.cli.app import app, console, err_console, load_for, warn, writes_to
 from depthlens.cli.progress import make_progress
 from depthlens.errors import InputError
 
 if TYPE_CHECKING:
-    from depthlens.config import DTRConfig, ModelSpec, RayConfig, ScoreRun
+    from depthlens.config import DTRConfig, EngineConfig, ModelSpec, RayConfig, ScoreRun
 
 D = opt.DEFAULTS
 
@@ -77,6 +77,16 @@ def score(
     block_rows: Annotated[
         int, typer.Option(min=1, help="Records per Ray block, and per shard at most.")
     ] = 16,
+    backend: Annotated[
+        str,
+        typer.Option(
+            "--backend",
+            help="Readout engine: hf (transformers) or vllm (teacher forced through a vLLM engine that reads "
+            "the layers out itself; needs --no-tcb, not with --ray).",
+        ),
+    ] = "hf",
+    tensor_parallel_size: opt.TensorParallel = 1,
+    max_model_len: opt.MaxModelLen = None,
 ) -> None:
     """Score responses: DTR, mean settling depth and six baselines per record.
 
@@ -89,7 +99,10 @@ def score(
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix)  # type: ignore[arg-type]
     tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral) if tcb else None  # type: ignore[arg-type]
     store = StoreSpec(out_path, resume, overwrite, float16=float16)
-    run = ScoreRun(in_path, store, readout, dtr, tcb_config, tokens, batch_size, skip_bad)
+    engine = _engine(
+        backend, model, dtype, tcb, ray or ray_address is not None, tensor_parallel_size, max_model_len
+    )
+    run = ScoreRun(in_path, store, readout, dtr, tcb_config, tokens, batch_size, skip_bad, engine)
     model_spec = specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     ray_config = specs.ray_config(ray, ray_address, workers, cpus, gpus, block_rows)
     from depthlens.stores.guard import new_out, refuse_same_file
@@ -115,11 +128,32 @@ def refuse_inside_input(source: Path, out: Path) -> None:
         raise InputError(f"--out {out} is inside the input store {source}; write the scores outside it")
 
 
+def _engine(
+    backend: str, model: str, dtype: str, tcb: bool, ray: bool, tp: int, max_model_len: int | None
+) -> EngineConfig:
+    """``score --backend``'s engine (hf, or vllm with its settings), its conflicts refused before anything
+    loads."""
+    from depthlens.config import EngineConfig
+
+    if backend == "hf":
+        return EngineConfig()
+    if backend != "vllm":
+        raise InputError(f"--backend {backend!r}: score reads out on hf or vllm")
+    if tcb:
+        raise InputError(
+            "--backend vllm computes no TCB fields (they need the transformers readout); add --no-tcb"
+        )
+    if ray:
+        raise InputError("--backend vllm scores in this process; drop --ray (or use --backend hf)")
+    engine = EngineConfig(specs.engine_backend("vllm", model), dtype, tp, max_model_len=max_model_len)
+    return engine
+
+
 def _score_here(model_spec: ModelSpec, run: ScoreRun, quiet: bool) -> None:
     from depthlens.studies.score import ScoreEvents, run_score
 
     out_path, dtr = run.store.out, run.dtr
-    lm = load_model(model_spec)
+    lm = load_for(run.engine, model_spec)
     with make_progress(err_console) as progress:
         task = progress.add_task("scoring", total=None)
         events = ScoreEvents(_on_start(progress, task, out_path), lambda _: progress.advance(task),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 from depthlens.config import (
     AnswerConfig,
@@ -19,6 +19,7 @@ from depthlens.config import (
     PromptStyle,
     RayConfig,
     ReadoutConfig,
+    SamplingConfig,
     TaskSpec,
 )
 from depthlens.errors import InputError
@@ -102,14 +103,24 @@ def ray_config(
     return RayConfig(workers, cpus, gpus, address, block)
 
 
-def engine_backend(backend: str, model: str, resumes: Path | None = None) -> Backend:
+def job_size(questions: int | None, per_question: int, at_once: int, sampling: SamplingConfig) -> Any:
+    """The run's size (``sampling.choose.Job``), by which ``--backend auto`` picks the backend that finishes it
+    first: ``per_question`` responses of each question (a task's default question count taken as 100),
+    ``at_once`` of them together."""
+    from depthlens.sampling.choose import Job
+
+    responses = (questions or 100) * per_question
+    return Job(responses, sampling.max_new_tokens, min(at_once, per_question), sampling.readout_tokens)
+
+
+def engine_backend(backend: str, model: str, resumes: Path | None = None, job: Any = None) -> Backend:
     """``--backend`` resolved (``auto``: the backend the run being resumed recorded — ``resumes`` is its manifest
-    —, else ``$DEPTHLENS_BACKEND``, else vllm where installed) and checked: vllm installed and able to take
-    ``model``, before any model loads."""
+    —, else ``$DEPTHLENS_BACKEND``, else the one expected to finish ``job`` first, ``sampling.choose``) and
+    checked: vllm installed and able to take ``model``, before any model loads."""
     from depthlens.sampling.choose import resolve_backend
 
     recorded = recorded_backend(resumes) if resumes is not None else None
-    chosen = resolve_backend(backend, recorded)
+    chosen = resolve_backend(backend, recorded, model, job)
     if chosen == "vllm":
         from depthlens.sampling.vllm.backend import check_source  # imports no vllm
 

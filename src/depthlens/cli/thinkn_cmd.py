@@ -260,20 +260,16 @@ def thinkn(
     store = StoreSpec(from_store or out, resume, overwrite, store_format, float16)  # type: ignore[arg-type]
     task_spec = specs.task_spec(task, questions, task_seed, task_config, data)
 
-    def sampled(window: int | None) -> Sampled:  # how a new pool is sampled, built only where one is
-        engine = EngineConfig(
-            specs.engine_backend(backend, model, resumed_manifest(store)),
-            dtype,
-            tensor_parallel_size,
-            gpu_memory_utilization,
-            max_model_len,
-            enforce_eager,
-            kv_cache_gib,
-        )
+    def sampled(window: int | None, per_question: int, at_once: int) -> Sampled:  # built only where one is
+        window = specs.readout_tokens(readout_tokens, window)
+        sampling = SamplingConfig(temperature, top_p, max_new_tokens, window)
+        job = specs.job_size(questions, per_question, at_once, sampling)  # what auto picks the backend for
+        engine = EngineConfig(specs.engine_backend(backend, model, resumed_manifest(store), job), dtype,
+                              tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager,
+                              kv_cache_gib)  # fmt: skip
         return Sampled(specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed),
                        specs.answer_config(prompt_style, answer_type, answer_fallback, task),
-                       SamplingConfig(temperature, top_p, max_new_tokens, specs.readout_tokens(readout_tokens, window)),
-                       engine, specs.readout_config(divergence or D["divergence"]))  # fmt: skip
+                       sampling, engine, specs.readout_config(divergence or D["divergence"]))  # fmt: skip
 
     from depthlens.stores.parquet import verifying
     from depthlens.stores.samples import picking
@@ -295,14 +291,15 @@ def thinkn(
                 raise InputError("--sweep replays the online policy: pass it with --online --from DIR")
             policy = oc.online_config(signal, warmup, max_n, consensus, eta, specs.prefix(prefix), deepconf_window,
                                       batch_size or _O.batch_size)  # fmt: skip
-            _online(store, policy, dtr_for(from_store, g, rho, deep_rule), oc.Replay(trials, seed, sweep, n),
-                    lambda: sampled(policy.prefix), task_spec, from_store is not None)  # fmt: skip
+            live = lambda: sampled(policy.prefix, policy.max_n, policy.batch_size)  # noqa: E731
+            _online(store, policy, dtr_for(from_store, g, rho, deep_rule), oc.Replay(trials, seed, sweep, n), live,
+                    task_spec, from_store is not None)  # fmt: skip
             return
         voting = VotingConfig(n, eta, specs.prefix(prefix), trials, seed, deepconf_window)
         chosen = method_list(methods)
         if out is not None:
-            new = sampled(None if ablation else voting.prefix)
             size = pool if pool is not None else 2 * n
+            new = sampled(None if ablation else voting.prefix, size, batch_size or 16)
             run = GenerateRun(store, size, seed, batch_size or 16, new.sampling, new.readout,
                               dtr_for(None, g, rho, deep_rule), new.answers, new.engine, task_spec)  # fmt: skip
             run_generation(new.model, run, specs.ray_config(ray, ray_address, workers, cpus, gpus))

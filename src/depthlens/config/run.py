@@ -84,7 +84,8 @@ class RayConfig(Config):
 
 @dataclasses.dataclass(frozen=True)
 class ScoreRun:
-    """One ``score`` run: records from ``source`` scored into ``store``."""
+    """One ``score`` run: records from ``source`` scored into ``store`` (read out by transformers, or with
+    ``engine.backend`` vllm inside a vLLM engine)."""
 
     source: Path
     store: StoreSpec
@@ -94,6 +95,9 @@ class ScoreRun:
     tokens: bool = False
     batch_size: int = 1
     skip_bad: bool = False
+    engine: EngineConfig = dataclasses.field(
+        default_factory=EngineConfig
+    )  # vllm: teacher forced in the engine
 
 
 @dataclasses.dataclass(frozen=True)

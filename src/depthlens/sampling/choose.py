@@ -1,15 +1,31 @@
 """Which generation engine a run gets: ``--backend hf | vllm | auto``, and building it (vllm imported only when
-chosen, so ``depthlens --help`` and the core install never need it)."""
+chosen, so ``depthlens --help`` and the core install never need it).
+
+``auto`` picks the backend expected to finish the job first: a pure function of the job (responses, tokens each,
+how many run together, how many tokens are read out) and of constants measured on this project's reference CPU
+(docs/performance.md, "Choosing the backend"). The vLLM engine generates faster once started, but its start
+(weights, and a compiled graph from vLLM's cache) costs tens of seconds that the transformers sampler does not
+pay: where the job is small the start dominates and hf finishes first; past the break-even vLLM does. On a CUDA
+machine vLLM is chosen whenever it can load the model (its batching is not the CPU's; not measured here). A model
+vLLM cannot load as given — a ``.gguf`` file — is never sent to it.
+"""
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import importlib.util
+import math
 import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
 
 from depthlens.config import Backend, EngineConfig, ReadoutConfig, SamplingConfig
 from depthlens.errors import ConfigError
-from depthlens.models.load import LoadedModel
 from depthlens.sampling.backend import GenerationBackend
 from depthlens.sampling.hf import HFGenerator
 
@@ -26,16 +42,20 @@ def vllm_available() -> bool:
 AUTO_ENV = "DEPTHLENS_BACKEND"  # what ``--backend auto`` means on a machine, when set (hf or vllm)
 
 
-def resolve_backend(name: str, recorded: str | None = None) -> Backend:
-    """``auto`` → the backend ``recorded`` by the run being resumed, else ``$DEPTHLENS_BACKEND``, else vllm where
-    the extra is installed, else hf; ``vllm`` needs the extra.
-
-    vLLM is the default wherever it is installed because it was measured the faster (docs/performance.md): on a
-    2-core CPU 2× the transformers sampler's tokens/s at n = 48 (bfloat16 engine), once its engine has started
-    (7 s eager, 15 s compiled from the second start on).
+def resolve_backend(
+    name: str, recorded: str | None = None, model: str = "", job: Job | None = None
+) -> Backend:
+    """``auto`` → the backend ``recorded`` by the run being resumed, else ``$DEPTHLENS_BACKEND``, else the one
+    expected to finish ``job`` first (``pick_backend``: hf for small jobs, for a job of unknown size, for a model
+    vLLM cannot load such as a ``.gguf`` file, and where the extra is missing; vllm past the measured break-even,
+    and on CUDA); ``vllm`` needs the extra.
     """
     if name == "auto":
-        name = recorded or os.environ.get(AUTO_ENV) or ("vllm" if vllm_available() else "hf")
+        name = (
+            recorded
+            or os.environ.get(AUTO_ENV)
+            or pick_backend(model, job, vllm_available(), torch.cuda.is_available())
+        )
     if name not in ("hf", "vllm"):
         raise ConfigError(f"--backend {name!r} is not one of auto, hf, vllm")
     if name == "vllm" and not vllm_available():
@@ -44,16 +64,113 @@ def resolve_backend(name: str, recorded: str | None = None) -> Backend:
 
 
 def make_backend(
-    lm: LoadedModel,
+    lm: Any,
     engine: EngineConfig,
     sampling: SamplingConfig = SamplingConfig(),
     readout: ReadoutConfig = ReadoutConfig(),
     on_token: Callable[[int], None] = lambda n: None,
+    job: Any = None,
 ) -> GenerationBackend:
-    """The generation backend ``engine.backend`` names; vllm is imported only when chosen."""
+    """The generation backend ``engine.backend`` names; vllm is imported only when chosen.
+
+    ``lm``: a ``LoadedModel`` (hf), or for vllm a ``models.info.ModelInfo`` (tokenizer and config only: the engine
+    reads the layers out itself; a ``LoadedModel`` works too, only its tokenizer and config are used). ``job``:
+    the ``sampling.vllm.engine.JobSize`` the engine's KV cache is sized for.
+    """
     if engine.backend == "vllm":
         resolve_backend("vllm")  # the one-line install hint where the extra is missing
-        from depthlens.sampling.vllm.backend import VLLMGenerator
+        from depthlens.sampling.vllm.generator import EngineGenerator
 
-        return VLLMGenerator(lm, sampling, readout, engine, on_token=on_token)
+        return EngineGenerator(lm, sampling, readout, engine, on_token=on_token, job=job, progress=say)
     return HFGenerator(lm, sampling, readout, on_token=on_token)
+
+
+def say(line: str) -> None:
+    """A slow step's line on stderr (the vLLM engine's start), for people watching a run."""
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What a run generates: ``responses`` of up to ``max_new_tokens`` each, ``concurrent`` at a time, the first
+    ``readout_tokens`` of each read out at every layer (None: all)."""
+
+    responses: int
+    max_new_tokens: int
+    concurrent: int
+    readout_tokens: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.responses * self.max_new_tokens
+
+    @property
+    def read_tokens(self) -> int:
+        window = (
+            self.max_new_tokens
+            if self.readout_tokens is None
+            else min(self.readout_tokens, self.max_new_tokens)
+        )
+        return self.responses * window
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """Seconds a backend spends, measured on SmolLM2-135M (2-core CPU; docs/performance.md).
+
+    Attributes:
+        start_s: load (hf) or engine start with a warm compile cache (vllm), before the first token.
+        tokens_per_s: generation throughput (no readout) by concurrent responses, as (n, tokens/s) pairs.
+        read_s: seconds per read-out token (every layer's lens and divergences).
+    """
+
+    start_s: float
+    tokens_per_s: tuple[tuple[int, float], ...]
+    read_s: float
+
+    def rate(self, concurrent: int) -> float:
+        """tokens/s at ``concurrent`` responses: log-linear between the measured n, flat beyond them."""
+        ns = [n for n, _ in self.tokens_per_s]
+        rates = [r for _, r in self.tokens_per_s]
+        if concurrent <= ns[0]:
+            return rates[0] * concurrent / ns[0]  # fewer rows per step: fewer tokens per step
+        if concurrent >= ns[-1]:
+            return rates[-1]
+        k = bisect.bisect_right(ns, concurrent)
+        w = (math.log(concurrent) - math.log(ns[k - 1])) / (math.log(ns[k]) - math.log(ns[k - 1]))
+        return rates[k - 1] + w * (rates[k] - rates[k - 1])
+
+    def seconds(self, job: Job) -> float:
+        """Expected wall time of ``job``."""
+        return self.start_s + job.tokens / self.rate(max(1, job.concurrent)) + job.read_tokens * self.read_s
+
+
+# Measured with benchmarks/backend_choice.py (docs/performance.md, "Choosing the backend"); hf float32, vLLM
+# bfloat16 (both backends' defaults on a CPU).
+HF = Costs(start_s=2.6, tokens_per_s=((8, 83.5), (16, 113.1), (48, 167.8)), read_s=0.0125)
+VLLM = Costs(start_s=31.0, tokens_per_s=((8, 188.3), (16, 273.9), (48, 379.7)), read_s=0.0068)
+
+
+def is_gguf(model: str) -> bool:
+    return Path(model).expanduser().suffix == ".gguf"
+
+
+def pick_backend(
+    model: str, job: Job | None, vllm_installed: bool, cuda: bool, hf: Costs = HF, vllm: Costs = VLLM
+) -> Backend:
+    """The backend that finishes ``job`` first (hf where vLLM is missing or cannot load ``model``; vllm on CUDA;
+    without a job, hf — a job of unknown size is no reason to pay the engine's start)."""
+    if not vllm_installed or is_gguf(model):
+        return "hf"
+    if cuda:
+        return "vllm"
+    if job is None:
+        return "hf"
+    return "vllm" if vllm.seconds(job) < hf.seconds(job) else "hf"
+
+
+def break_even_tokens(concurrent: int, read_share: float = 0.0, hf: Costs = HF, vllm: Costs = VLLM) -> float:
+    """Generated tokens at which both backends take equally long (``read_share``: read-out tokens per generated
+    token), for the docs; inf where vLLM never catches up."""
+    saved = 1 / hf.rate(concurrent) - 1 / vllm.rate(concurrent) + read_share * (hf.read_s - vllm.read_s)
+    return (vllm.start_s - hf.start_s) / saved if saved > 0 else math.inf

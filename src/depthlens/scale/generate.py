@@ -58,12 +58,20 @@ class _Sampler:
         note_actor_start()
         import torch
 
+        from depthlens.models.info import load_info
         from depthlens.models.load import load
         from depthlens.sampling.choose import make_backend
+        from depthlens.studies.generate import engine_job
 
         torch.set_num_threads(threads)
-        self.lm = load(model, **load_kwargs)
-        self.generator = make_backend(self.lm, run.engine, run.sampling, run.readout)
+        if run.engine.backend == "vllm":  # the engine reads the layers out: tokenizer and config only
+            self.lm: Any = load_info(model, load_kwargs.get("trust_remote_code", False))
+        else:
+            self.lm = load(model, **load_kwargs)
+        job = engine_job(
+            self.lm, questions, run.sampling.max_new_tokens, run.batch_size, run.answers.prompt_style
+        )
+        self.generator = make_backend(self.lm, run.engine, run.sampling, run.readout, job=job)
         self.questions = {q.id: q for q in questions}
         self.run = run
 

@@ -76,6 +76,21 @@ def prompt_ids(lm: LoadedModel, question: Question, prompt_style: str = "paper")
     return as_token_ids(tok(plain + "\n\n", add_special_tokens=True)["input_ids"])
 
 
+def engine_job(
+    lm: LoadedModel,
+    questions: Sequence[Question],
+    max_new_tokens: int,
+    requests: int,
+    prompt_style: str = "paper",
+) -> Any:
+    """What a vLLM engine must hold at once for these questions (its KV cache is sized from it): ``requests``
+    responses of the longest prompt + ``max_new_tokens`` (a ``sampling.vllm.engine.JobSize``)."""
+    from depthlens.sampling.vllm.engine import JobSize  # imports no vllm
+
+    longest = max((len(prompt_ids(lm, q, prompt_style)) for q in questions), default=0)
+    return JobSize(requests, longest + max_new_tokens)
+
+
 def sample_record(
     lm: LoadedModel,
     question: Question,
@@ -232,7 +247,12 @@ def _generate_into(
         events.on_start(total, report.skipped)
         if report.skipped == total:  # nothing to sample: start no engine
             return report
-        generator = backend or make_backend(lm, run.engine, run.sampling, run.readout, events.on_token)
+        if backend is None:
+            job = engine_job(
+                lm, questions, run.sampling.max_new_tokens, run.batch_size, run.answers.prompt_style
+            )
+            backend = make_backend(lm, run.engine, run.sampling, run.readout, events.on_token, job)
+        generator = backend
         try:
             for question in questions:
                 generate_question(QuestionJob(lm, generator, writer, question, run), report, events.on_batch)

@@ -11,9 +11,11 @@ Store (a directory, a sample store that ``load_pools`` and ``replay`` read like 
 
 The run talks to the engine only through ``GenerationBackend``: a ``dtr`` batch is ``start``ed up to ℓ tokens
 and only the responses that clear τ are ``resume``d. The ``confidence`` signal can stop a response at any token;
-the protocol has no per-token stop, so on this path responses are generated to their end and cut where the
-policy stopped them — the same tokens, decisions and counted cost as a run that stopped there, but no wall time
-saved (an engine with a per-request stop, like vLLM's logits processors, saves it).
+the protocol has no per-token stop, so on the transformers path responses are generated to their end and cut
+where the policy stopped them — the same tokens, decisions and counted cost as a run that stopped there, but no
+wall time saved. The vLLM backend (``EngineGenerator.sample_stopping``) ends each response in the engine right
+after the token where the policy stops it (``_ConfidenceStop``: the same arithmetic, token by token), so the
+time is saved and the store is the same (tests/test_vllm_readout.py).
 
 Resume: a batch whose responses are all in the store is read back instead of generated; a batch cut by a kill is
 regenerated whole (same seeds, same batch layout) and only its missing responses are written, so a resumed run
@@ -52,6 +54,7 @@ from depthlens.stores.jsonl import ResultWriter, iter_jsonl
 from depthlens.stores.samples import (
     MANIFEST_DEFAULTS,
     SAMPLES,
+    STORED_DIGITS,
     damaged,
     read_manifest,
     read_responses,
@@ -61,7 +64,7 @@ from depthlens.stores.samples import (
     write_questions,
 )
 from depthlens.stores.state import remove_derived
-from depthlens.studies.generate import as_task, prompt_ids, sample_record, sample_seed
+from depthlens.studies.generate import as_task, engine_job, prompt_ids, sample_record, sample_seed
 from depthlens.studies.thinkn import response_from_record
 from depthlens.voting.methods import Response
 from depthlens.voting.online import SIGNALS, OnlineOutcome, Sampler, replay_trials, run_policy, stop_point
@@ -98,6 +101,22 @@ def rounded_response(trace: Trace, n_layers: int, dtr: DTRConfig) -> Response:
     return Response(None, False, len(trace), deep, kept(trace.self_certainty), kept(trace.confidence))
 
 
+class _ConfidenceStop:
+    """The confidence policy fed one token at a time: whether a response stops right after this token.
+
+    ``stop_point``'s arithmetic, incrementally: the running sum of the stored (5-decimal) confidences is the same
+    sequential float64 sum its ``np.cumsum`` forms, so the first group below τ — hence the stop — is the replay's.
+    """
+
+    def __init__(self, tau: float, online: OnlineConfig) -> None:
+        self.tau, self.window, self.sums = tau, online.window, [0.0]
+
+    def __call__(self, confidence: float) -> bool:
+        self.sums.append(self.sums[-1] + round(confidence, STORED_DIGITS))
+        n = len(self.sums) - 1
+        return n >= self.window and (self.sums[n] - self.sums[n - self.window]) / self.window < self.tau
+
+
 def _cut_trace(trace: Trace, tokens: int) -> None:
     """Drop everything a run that stopped this response after ``tokens`` tokens would not have produced."""
     del trace.token_ids[tokens:]
@@ -127,6 +146,10 @@ def generate_batch(
         if keep:
             backend.resume(paused, keep)
         return paused.traces, stops
+    if hasattr(
+        backend, "sample_stopping"
+    ):  # the vLLM backend ends each response in the engine where it stops
+        return backend.sample_stopping(prompt, seeds, lambda: _ConfidenceStop(tau, online))
     traces = backend.start(prompt, seeds).traces
     stops = [stop_point(rounded_response(t, n_layers, dtr), tau, online) for t in traces]
     for t, stop in zip(traces, stops, strict=True):
@@ -179,7 +202,10 @@ def run_online(
                 "readout": run.readout, "dtr": run.dtr, "engine": run.engine, "answers": run.answers}  # fmt: skip
     manifest = store_manifest(lm.name, lm.n_layers, questions, settings)
     out_dir.mkdir(parents=True, exist_ok=True)
-    backend = backend or make_backend(lm, run.engine, run.sampling, run.readout, events.on_token)
+    if backend is None:
+        requests = max(online.warmup, online.batch_size)
+        job = engine_job(lm, questions, run.sampling.max_new_tokens, requests, run.answers.prompt_style)
+        backend = make_backend(lm, run.engine, run.sampling, run.readout, events.on_token, job)
     report = OnlineReport()
     rules, resume, overwrite = ResumeRules(MANIFEST_DEFAULTS), run.store.resume, run.store.overwrite
     with (

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
 from depthlens import __version__
-from depthlens.config import DTRConfig, ReadoutConfig, ScoreRun, StoreSpec, TCBConfig
+from depthlens.config import DTRConfig, EngineConfig, ReadoutConfig, ScoreRun, StoreSpec, TCBConfig
 from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.metrics.fused import use_compiled
 from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout, sequence_scores, tcb_summary
@@ -165,6 +165,56 @@ def score_records(
         yield from flush()
 
 
+def score_records_on(
+    reader: Any,
+    lm: Any,
+    records: Iterable[InputRecord],
+    *,
+    dtr: DTRConfig = DTRConfig(),
+    tcb: TCBConfig | None = None,
+    tokens: bool = False,
+    batch_size: int = 1,
+    on_skip: Callable[[BadLine], None] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """``score_records`` with each batch's tables read by ``reader`` (its ``validate`` and ``tables``):
+    ``sampling.vllm.prefill.EngineScorer`` teacher forces the records through a vLLM engine that reads the layers
+    out itself, and ``lm`` is then a ``models.info.ModelInfo``. No TCB fields there."""
+    if tcb is not None:
+        raise InputError("the TCB fields need the transformers readout: add --no-tcb, or use --backend hf")
+    if batch_size < 1:
+        raise InputError(f"batch_size = {batch_size}; use 1 or more")
+    batch: list[tuple[InputRecord, TokenSequence]] = []
+    for record in [*records, None]:
+        if record is not None:
+            where = f"line {record.line} (id {record.id!r})" if record.line else f"record {record.id!r}"
+            try:
+                seq = tokenize(lm, record.data, where)
+                reader.validate(seq, where)
+            except InputError as exc:
+                if on_skip is None:
+                    raise InputError(f"{exc} (pass --skip-bad to skip such records)") from None
+                on_skip(BadLine(record.line, str(exc)))
+                continue
+            batch.append((record, seq))
+        if batch and (record is None or len(batch) >= batch_size):
+            tables = reader.tables([s for _, s in batch])
+            for (rec, seq), table in zip(batch, tables, strict=True):
+                yield _result(lm, rec, seq, table, dtr, None, tokens)
+            batch.clear()
+
+
+def engine_reader(info: Any, run: ScoreRun) -> Any:
+    """The reader of ``score --backend vllm``: an ``EngineScorer`` for ``run.engine``, its KV cache sized for
+    ``run.batch_size`` records of up to the engine's (or the model's) longest sequence."""
+    from depthlens.sampling.choose import say
+    from depthlens.sampling.vllm.engine import JobSize
+    from depthlens.sampling.vllm.prefill import EngineScorer
+
+    longest = run.engine.max_model_len or info.max_positions or 4096
+    job = JobSize(run.batch_size, longest)
+    return EngineScorer(info, run.readout, run.engine, job=job, progress=say)
+
+
 def score(
     lm: LoadedModel,
     records: Iterable[dict[str, Any]],
@@ -246,8 +296,14 @@ class ScoreEvents:
     on_rescore: Callable[[list[str]], None] = lambda ids: None
 
 
-def run_score(lm: LoadedModel, run: ScoreRun, events: ScoreEvents = ScoreEvents()) -> list[BadLine]:
+def run_score(
+    lm: LoadedModel, run: ScoreRun, events: ScoreEvents = ScoreEvents(), reader: Any = None
+) -> list[BadLine]:
     """Score every record of ``run.source`` into ``run.store``; returns the lines skipped (with ``skip_bad``).
+
+    ``run.engine`` vllm: the records are teacher forced through a vLLM engine that reads the layers out itself
+    (``score_records_on``; ``lm`` may then be a ``models.info.ModelInfo``); ``reader``: one already started for
+    these settings, else one is built (``engine_reader``).
 
     On resume, records whose input changed since they were scored (the manifest keeps a hash per record) are
     dropped from the store and scored again; ``events.on_rescore`` gets their ids. The store is a sharded Parquet
@@ -268,11 +324,18 @@ def run_score(lm: LoadedModel, run: ScoreRun, events: ScoreEvents = ScoreEvents(
         events.on_rescore(writer.rescored)
         todo = [r for r in records if r.id not in writer.done]
         events.on_start(len(records), len(records) - len(todo))
+        on_skip = skipped.append if run.skip_bad else None
+        if run.engine.backend == "vllm" and reader is None and todo:
+            reader = engine_reader(lm, run)
+        results = (
+            score_records_on(reader, lm, todo, dtr=run.dtr, tcb=run.tcb, tokens=run.tokens,
+                             batch_size=run.batch_size, on_skip=on_skip)
+            if reader is not None
+            else score_records(lm, todo, readout=run.readout, dtr=run.dtr, tcb=run.tcb, tokens=run.tokens,
+                               batch_size=run.batch_size, on_skip=on_skip)
+        )  # fmt: skip
         try:
-            for result in score_records(
-                lm, todo, readout=run.readout, dtr=run.dtr, tcb=run.tcb, tokens=run.tokens,
-                batch_size=run.batch_size, on_skip=skipped.append if run.skip_bad else None,
-            ):  # fmt: skip
+            for result in results:
                 writer.write(result)
                 events.on_record(result)
         except DepthlensError as exc:
@@ -294,6 +357,7 @@ class ScoreOptions(TypedDict, total=False):
     tokens: bool
     batch_size: int
     skip_bad: bool
+    engine: EngineConfig
     resume: bool
     overwrite: bool
     float16: bool

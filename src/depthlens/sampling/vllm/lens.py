@@ -1,0 +1,158 @@
+"""The logit lens over vLLM's own modules, and the readout of captured rows with depthlens's metric functions.
+
+Runs inside the engine's worker, on states the capture (``capture``) took from the engine's forward pass.
+``EngineLens`` is a ``LogitLens`` whose norm is the model's own final norm module and whose unembedding is the
+model's own ``compute_logits`` (``ParallelLMHead`` + ``LogitsProcessor``: the tensor-parallel gather, the padded
+vocabulary cut, soft-capping and logit scaling, exactly as the engine applies them to what it samples from).
+The divergences, their layer blocks and their log-softmax are ``metrics.token_table.chunk_divergence_kinds`` on
+a ``ReadoutChunk`` — the very code the transformers samplers and ``score`` run — so the two backends differ only
+in where the states come from.
+
+No vllm import: the model and its modules are passed in.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from depthlens.config import Divergence
+from depthlens.metrics.baselines import token_baselines
+from depthlens.metrics.token_table import chunk_divergence_kinds
+from depthlens.readout.lens import LogitLens
+from depthlens.readout.stream import LayerReadout, ReadoutChunk
+
+BASELINES = ("log_prob", "entropy", "self_certainty")  # per-token final-layer fields of a prefill readout
+
+
+class EngineLens(LogitLens):
+    """``LogitLens`` over a vLLM model: its final norm module and its ``compute_logits``."""
+
+    def __init__(
+        self,
+        norm: nn.Module,
+        compute_logits: Callable[[torch.Tensor], torch.Tensor | None],
+        vocab_size: int | None = None,
+        final_norm: bool = True,
+    ) -> None:
+        # parts stays None: nothing here reads the transformers modules (TCB is not computed in the engine).
+        self.parts = None  # type: ignore[assignment]
+        self.norm = norm
+        self.compute_logits = compute_logits
+        self.vocab_size = vocab_size
+        self.apply_norm = final_norm
+
+    def normed(self, hidden: torch.Tensor) -> torch.Tensor:
+        """norm(h) for residual states [..., d]; vLLM's norms take [tokens, d], so leading axes are flattened."""
+        if not self.apply_norm:
+            return hidden
+        flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+        out = self.norm(flat)
+        out = out[0] if isinstance(out, tuple) else out  # a fused add-norm returns (normed, residual)
+        return out.reshape(hidden.shape)
+
+    def logits_from_normed(self, normed: torch.Tensor) -> torch.Tensor:
+        """post(W_U · x) as float32 [..., V]: ``compute_logits`` already applies post (soft-cap, scale)."""
+        flat = normed.reshape(-1, normed.shape[-1]).contiguous()
+        logits = self.compute_logits(flat)
+        if logits is None:  # a tensor-parallel rank that gathers to another one (not vLLM's default)
+            raise RuntimeError(
+                "compute_logits returned no logits on this rank; the lens needs all-gathered logits"
+            )
+        if self.vocab_size is not None:
+            logits = logits[..., : self.vocab_size]
+        return logits.float().reshape(*normed.shape[:-1], logits.shape[-1])
+
+    def final_logits(self, model_logits: torch.Tensor) -> torch.Tensor:
+        if self.vocab_size is not None:
+            model_logits = model_logits[..., : self.vocab_size]
+        return model_logits.float()
+
+
+class Float32Head:
+    """The model's final norm and unembedding in float32, for a lens on lower-precision weights: a float32 copy of
+    the norm module and of this rank's unembedding shard, then the engine's own gather, vocabulary cut and logit
+    post-processing (``LogitsProcessor``: soft-cap, scale). Costs V × d × 4 bytes per rank (its shard)."""
+
+    def __init__(self, model: nn.Module, norm: nn.Module) -> None:
+        head, post = getattr(model, "lm_head", None), getattr(model, "logits_processor", None)
+        if head is None or post is None:
+            raise RuntimeError(f"{type(model).__name__} has no lm_head / logits_processor for a float32 lens")
+        self.norm = copy.deepcopy(norm).float()
+        self.weight = head.weight.detach().float()
+        self.tp_size = getattr(head, "tp_size", 1)
+        self.post = post
+
+    def compute_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        logits = torch.nn.functional.linear(normed.float(), self.weight)
+        if self.tp_size > 1:
+            logits = self.post._gather_logits(logits)  # all ranks join, as in LogitsProcessor._get_logits
+        logits = logits[..., : self.post.org_vocab_size]
+        if self.post.soft_cap is not None:
+            logits = torch.tanh(logits / self.post.soft_cap) * self.post.soft_cap
+        return logits * self.post.scale if self.post.scale != 1.0 else logits
+
+
+def first_nonfinite(hidden: Sequence[torch.Tensor], final_logits: torch.Tensor) -> torch.Tensor:
+    """Per row, the first layer (1-based; L for the final logits) whose state is NaN or infinite, else 0. [c]"""
+    layers = [*hidden, final_logits]
+    bad = torch.stack([(~torch.isfinite(x)).any(dim=-1) for x in layers])  # [L, c]
+    first = bad.int().argmax(dim=0) + 1
+    return torch.where(bad.any(dim=0), first, torch.zeros_like(first))
+
+
+def read_rows(
+    lens: EngineLens,
+    hidden: Sequence[torch.Tensor],
+    final_normed: torch.Tensor,
+    kinds: Sequence[Divergence],
+    rows: int,
+    targets: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Divergence rows of c positions: [c, kinds, L] float32 (column L − 1 is 0), NaN rows where a state is not
+    finite (``first_nonfinite`` says where; the driver raises, naming the token); and, given the tokens the
+    positions predict (``targets`` [c]), their final-layer log p, entropy and self-certainty [c, 3].
+
+    ``hidden``: L − 1 residual states [c, d] after blocks 1..L−1; ``final_normed``: the model's own normed last
+    state [c, d], whose ``compute_logits`` is the distribution the engine samples from.
+    """
+    n_layers = len(hidden) + 1
+    final_logits = lens.logits_from_normed(final_normed)
+    bad = first_nonfinite(hidden, final_logits)
+    final_logprobs = torch.log_softmax(final_logits, dim=-1)
+    chunk = ReadoutChunk(
+        seq_index=0,
+        start=0,
+        target_ids=torch.zeros(final_normed.shape[0], dtype=torch.long),
+        final=LayerReadout(n_layers, final_logprobs, final_normed.float()),
+        lens=lens,
+        _hidden=tuple(hidden),
+    )
+    tables = chunk_divergence_kinds(chunk, kinds, rows)
+    out = torch.stack([tables[k] for k in kinds], dim=1)
+    out[bad > 0] = float("nan")
+    if targets is None:
+        return out, None
+    base = token_baselines(final_logprobs, targets.to(final_logprobs.device))
+    return out, torch.stack([base[k].float() for k in BASELINES], dim=1)
+
+
+def walk_collectives(
+    lens: EngineLens, hidden: Sequence[torch.Tensor], final_normed: torch.Tensor, rows: int
+) -> None:
+    """What a tensor-parallel rank other than 0 runs instead of ``read_rows``: the same ``compute_logits`` calls
+    with the same shapes (each is a collective every rank must join), and none of the divergence arithmetic."""
+    lens.logits_from_normed(final_normed)
+    chunk = ReadoutChunk(
+        seq_index=0,
+        start=0,
+        target_ids=torch.zeros(final_normed.shape[0], dtype=torch.long),
+        final=LayerReadout(len(hidden) + 1, final_normed[:, :0], final_normed),
+        lens=lens,
+        _hidden=tuple(hidden),
+    )
+    for _ in chunk.logit_blocks(rows):
+        pass

@@ -1,0 +1,84 @@
+"""What the driver tells the engine's worker about the readout, as plain data (no vllm import).
+
+Two channels, as vLLM provides them:
+- engine-wide, in ``additional_config`` (``engine_readout_config``): that the worker captures the residual
+  stream, and of how many layers. It is part of the hash vLLM keys its compile caches on, so a cached graph
+  compiled without the capture is never handed back to an engine that needs it (and the other way round).
+- per request, in ``SamplingParams.extra_args`` (``RequestReadout``): which positions are read out and how
+  (window, divergence kinds, final norm, vocabulary cut, rows per unembedding product). Requests without it,
+  and positions outside their window, cost the worker nothing beyond the capture itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from depthlens.config import Divergence
+
+CONFIG_KEY = "depthlens_readout"  # additional_config key (engine-wide)
+REQUEST_KEY = "depthlens_readout"  # SamplingParams.extra_args key (per request)
+TAG_KEY = "depthlens_readout_tag"  # extra_args key naming the request in the drained readout
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineReadout:
+    """The engine-wide part: capture the residual stream after blocks 1..L−1 of an L-block model."""
+
+    n_layers: int
+    capture: str = "auto"  # auto | aux | hooks: how the worker takes the states (capture.install)
+
+    def to_config(self) -> dict[str, Any]:
+        return {CONFIG_KEY: {"n_layers": self.n_layers, "capture": self.capture}}
+
+    @staticmethod
+    def from_config(additional_config: Any) -> EngineReadout | None:
+        data = additional_config.get(CONFIG_KEY) if isinstance(additional_config, dict) else None
+        return EngineReadout(int(data["n_layers"]), str(data.get("capture", "auto"))) if data else None
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestReadout:
+    """One request's readout settings.
+
+    Attributes:
+        window: generated positions 0..window−1 are read out (None: every generated position).
+        kinds: divergence kinds measured, the primary one first.
+        final_norm: apply the model's final norm before the unembedding at layers < L (the logit lens).
+        vocab: cut every layer's logits to this many rows (the tokenizer's length), as the transformers lens does.
+        rows: token-layer rows per unembedding product (the memory budget's block size).
+        prompt_from: prefill readout: the prompt's tokens from this index on are a completion, each read out at
+            the position before it (teacher forcing); None for generation.
+        float32_lens: norm and unembed the captured states in float32 (a float32 copy of the final norm and of
+            the unembedding, made once per worker) where the engine runs in a lower precision; the states
+            themselves stay the engine's.
+    """
+
+    window: int | None
+    kinds: tuple[Divergence, ...] = ("jsd",)
+    final_norm: bool = True
+    vocab: int | None = None
+    rows: int = 0
+    prompt_from: int | None = None
+    float32_lens: bool = False
+
+    def to_extra(self) -> dict[str, Any]:
+        return {REQUEST_KEY: dataclasses.asdict(self) | {"kinds": list(self.kinds)}}
+
+    @staticmethod
+    def from_extra(extra: dict[str, Any] | None) -> RequestReadout | None:
+        data = (extra or {}).get(REQUEST_KEY)
+        if not data:
+            return None
+        return RequestReadout(**{**data, "kinds": tuple(data["kinds"])})
+
+    def group(self) -> tuple[Any, ...]:
+        """The settings rows must share to be read out in one lens walk (prefill rows also read the baselines)."""
+        return (
+            self.kinds,
+            self.final_norm,
+            self.vocab,
+            self.rows,
+            self.prompt_from is not None,
+            self.float32_lens,
+        )

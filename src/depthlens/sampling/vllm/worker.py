@@ -1,0 +1,175 @@
+"""The readout inside a vLLM worker: which rows of a step are read out, the lens over them, and what is kept.
+
+``ReadoutWorkerMixin`` goes in front of vLLM's worker class (``cpu_worker`` / ``gpu_worker``, passed to the
+engine as ``worker_cls``). After ``load_model`` it installs the capture (``capture.install``), before vLLM
+profiles and compiles the model. After each forward pass, in ``sample_tokens`` — before the engine samples —
+it reads out the rows of this step that a request asked for (``settings.RequestReadout``):
+
+- generation: the position the engine samples from, while the request's output is shorter than its window;
+  a partly prefilled prompt (chunked prefill) samples nothing and is skipped;
+- prefill readout (``prompt_from``): every position of the prompt that predicts one of its completion tokens.
+
+Rows of all requests with the same settings go through one lens walk. Only [kinds × L] float32 rows per token
+are kept, by request tag and position, until ``depthlens_take`` (called through ``collective_rpc``) hands them
+over and forgets them. Under tensor parallelism every rank runs the same ``compute_logits`` calls (each is a
+collective); rank 0 alone computes and keeps the divergences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from depthlens.sampling.vllm.capture import Capture, install
+from depthlens.sampling.vllm.lens import EngineLens, Float32Head, read_rows, walk_collectives
+from depthlens.sampling.vllm.settings import TAG_KEY, EngineReadout, RequestReadout
+
+# tag → (positions, rows [n, kinds, L], prefill baselines [n, 3] or None)
+Taken = dict[str, tuple[list[int], torch.Tensor, torch.Tensor | None]]
+
+
+@dataclasses.dataclass
+class _Rows:
+    """The rows of one step that share settings: flat batch rows, and whose position each one is."""
+
+    settings: RequestReadout
+    flat: list[int] = dataclasses.field(default_factory=list)
+    owners: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # (tag, position)
+    targets: list[int] = dataclasses.field(default_factory=list)  # prefill: the token each row predicts
+
+
+_NONE: tuple[list[int], list[int], list[int]] = ([], [], [])
+
+
+def _request_rows(
+    req: Any, settings: RequestReadout, start: int, scheduled: int
+) -> tuple[list[int], list[int], list[int]]:
+    """(flat rows, positions, predicted prompt tokens) the request's readout asks for in this step."""
+    computed, prompt = req.num_computed_tokens, req.num_prompt_tokens
+    if settings.prompt_from is not None:
+        # Teacher forcing: prompt index k ≥ prompt_from is completion token k − prompt_from, read at k − 1.
+        at = range(max(settings.prompt_from - 1, computed), min(prompt - 1, computed + scheduled))
+        ids = req.prompt_token_ids
+        flat = [start + q - computed for q in at]
+        return flat, [q + 1 - settings.prompt_from for q in at], [ids[q + 1] for q in at]
+    if computed + scheduled < prompt:
+        return _NONE  # a partial prefill: its sample is thrown away
+    position = len(req.output_token_ids)
+    if settings.window is not None and position >= settings.window:
+        return _NONE
+    return [start + scheduled - 1], [position], []
+
+
+class InEngineReadout:
+    """The worker's readout state: the capture, the lens modules and the rows kept until taken."""
+
+    def __init__(self, runner: Any, config: EngineReadout) -> None:
+        self.capture: Capture = install(runner, config)
+        self.model = runner.get_model()
+        self.n_layers = config.n_layers
+        self.kept: dict[str, dict[int, torch.Tensor]] = {}
+        self.base: dict[str, dict[int, torch.Tensor]] = {}  # prefill readout: [3] baselines per position
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        self.rank = get_tensor_model_parallel_rank()
+        self.float32: Float32Head | None = None  # made at the first request that asks for a float32 lens
+
+    def lens(self, settings: RequestReadout) -> EngineLens:
+        """The lens a request's settings ask for: the engine's own modules, or their float32 copies."""
+        if not settings.float32_lens:
+            return EngineLens(
+                self.capture.norm, self.model.compute_logits, settings.vocab, settings.final_norm
+            )
+        if self.float32 is None:
+            self.float32 = Float32Head(self.model, self.capture.norm)
+        return EngineLens(self.float32.norm, self.float32.compute_logits, settings.vocab, settings.final_norm)
+
+    def _groups(self, runner: Any, state: Any) -> list[_Rows]:
+        batch = runner.input_batch
+        starts = runner.query_start_loc.np
+        scheduled = state.scheduler_output.num_scheduled_tokens
+        groups: dict[tuple[Any, ...], _Rows] = {}
+        for row, req_id in enumerate(batch.req_ids[: batch.num_reqs]):
+            req = runner.requests.get(req_id)
+            params = req.sampling_params if req is not None else None
+            settings = RequestReadout.from_extra(params.extra_args) if params is not None else None
+            if settings is None or req_id not in scheduled:
+                continue
+            flat, positions, targets = _request_rows(req, settings, int(starts[row]), scheduled[req_id])
+            if flat:
+                tag = str(params.extra_args[TAG_KEY])
+                rows = groups.setdefault(settings.group(), _Rows(settings))
+                rows.flat.extend(flat)
+                rows.owners.extend((tag, p) for p in positions)
+                rows.targets.extend(targets)
+        return list(groups.values())
+
+    @torch.inference_mode()
+    def step(self, runner: Any) -> None:
+        """Read out this step's requested rows (called after the forward pass, before sampling)."""
+        state = runner.execute_model_state
+        if state is None:
+            return
+        for rows in self._groups(runner, state):
+            settings = rows.settings
+            lens = self.lens(settings)
+            size = max(1, settings.rows)
+            for lo in range(0, len(rows.flat), size):
+                flat = torch.tensor(
+                    rows.flat[lo : lo + size], dtype=torch.long, device=state.hidden_states.device
+                )
+                hidden = self.capture.states(state, flat)
+                final_normed = state.hidden_states[flat]
+                if settings.float32_lens:
+                    hidden, final_normed = tuple(h.float() for h in hidden), final_normed.float()
+                if self.rank != 0:
+                    walk_collectives(lens, hidden, final_normed, settings.rows)
+                    continue
+                targets = torch.tensor(rows.targets[lo : lo + size]) if rows.targets else None
+                values, base = read_rows(lens, hidden, final_normed, settings.kinds, settings.rows, targets)
+                for j, (tag, position) in enumerate(rows.owners[lo : lo + size]):
+                    self.kept.setdefault(tag, {})[position] = values[j].cpu()
+                    if base is not None:
+                        self.base.setdefault(tag, {})[position] = base[j].cpu()
+
+    def take(self, tags: list[str]) -> Taken | None:
+        """The rows kept for ``tags`` (forgotten here); None on ranks other than 0, which keep none."""
+        if self.rank != 0:
+            return None
+        out: Taken = {}
+        for tag in tags:
+            kept, base = self.kept.pop(tag, {}), self.base.pop(tag, None)
+            positions = sorted(kept)
+            if not positions:
+                out[tag] = ([], torch.zeros(0, 0, self.n_layers), None)
+                continue
+            rows = torch.stack([kept[p] for p in positions])
+            out[tag] = (positions, rows, torch.stack([base[p] for p in positions]) if base else None)
+        return out
+
+
+class ReadoutWorkerMixin:
+    """In front of a vLLM worker class: the in-engine readout, set up when ``additional_config`` asks for it."""
+
+    depthlens_readout: InEngineReadout | None = None
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        super().load_model(*args, **kwargs)  # type: ignore[misc]
+        config = EngineReadout.from_config(self.vllm_config.additional_config)  # type: ignore[attr-defined]
+        if config is not None:
+            self.depthlens_readout = InEngineReadout(self.model_runner, config)  # type: ignore[attr-defined]
+
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        if self.depthlens_readout is not None:
+            self.depthlens_readout.step(self.model_runner)  # type: ignore[attr-defined]
+        return super().sample_tokens(grammar_output)  # type: ignore[misc]
+
+    def depthlens_take(self, tags: list[str]) -> Taken | None:
+        """Called through ``collective_rpc``: the kept rows of ``tags``."""
+        return self.depthlens_readout.take(tags) if self.depthlens_readout is not None else None
+
+    def depthlens_capture(self) -> str | None:
+        """Called through ``collective_rpc``: which capture path this worker runs (None: no readout)."""
+        return self.depthlens_readout.capture.kind if self.depthlens_readout is not None else None
