@@ -10,9 +10,10 @@
    questions, one sample each, a seed per request) from ``--concurrency`` async openai clients at once; no new
    request is sent after ``--duration`` seconds. Per request: wall latency, generated tokens, errors. The server's
    RSS is sampled every 0.5 s.
-4. Stops the server (SIGTERM; its exit code is recorded), then runs the same questions, settings and backend
-   through `depthlens generate`'s own code (``studies.generate.generate``, pool 1 per question, the engine started
-   and warmed before the clock starts) and reports its tokens/s.
+4. Stops the server (SIGTERM; its exit code is recorded), then runs the questions the clients sent (all of them,
+   unless ``--duration`` cut the run short), with the same settings and backend, through `depthlens generate`'s own
+   code (``studies.generate.generate``, pool 1 per question, the engine started and warmed before the clock
+   starts) and reports its tokens/s.
 """
 
 from __future__ import annotations
@@ -165,11 +166,13 @@ def serve_phase(args: argparse.Namespace, prompts: list[list[int]]) -> dict:
 
 def generate_phase(args: argparse.Namespace, questions: list) -> dict:
     from depthlens.config import EngineConfig, GenerateRun, SamplingConfig, StoreSpec
+    from depthlens.models.info import load_info
     from depthlens.models.load import load
     from depthlens.sampling.choose import make_backend
     from depthlens.studies.generate import generate
 
-    lm = load(args.model, device="cpu")
+    # as `depthlens generate` loads it: vllm reads the layers out in its engine (tokenizer and config only here)
+    lm = load_info(args.model) if args.backend == "vllm" else load(args.model, device="cpu")
     engine = EngineConfig(
         backend=args.backend, enforce_eager=args.enforce_eager, kv_cache_gib=args.kv_cache_gib
     )
@@ -213,7 +216,8 @@ def main() -> None:
         "OMP_NUM_THREADS"), "load_average_before": os.getloadavg()}  # fmt: skip
     result["serve"] = serve_phase(args, prompts)
     if not args.skip_generate:
-        result["generate"] = generate_phase(args, questions)
+        sent = len(questions) - result["serve"]["not_sent"]  # the same work as the clients asked for
+        result["generate"] = generate_phase(args, questions[:sent])
         result["serve_vs_generate"] = result["serve"]["tokens_per_s"] / result["generate"]["tokens_per_s"]
     result["load_average_after"] = os.getloadavg()
     text = json.dumps(result, indent=2, default=str)

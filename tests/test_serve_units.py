@@ -157,6 +157,41 @@ def test_the_depth_object_follows_from_the_trace():
     assert empty["dtr"] is None and empty["confidence"] is None and empty["token_count"] == 0
 
 
+def test_engine_rows_are_taken_in_order_and_a_bad_request_fails_alone(tokenizer):
+    """What the session gets from the engine's worker: each request's new rows after those it has; a gap or a NaN
+    fails that request only (the rows themselves are checked against the transformers readout in
+    test_serve_vllm)."""
+    from depthlens.errors import NonFiniteError
+    from depthlens.models.info import ModelInfo
+    from depthlens.sampling.vllm.depth import EngineDepth
+    from depthlens.sampling.vllm.engine import EngineError
+
+    config = type("Config", (), {"num_hidden_layers": 3, "hidden_size": 64})()
+    info = ModelInfo(name="tiny", source="tiny", tokenizer=tokenizer, config=config, end_ids=frozenset({2}))
+    depth = EngineDepth(info)
+    args = depth.request_args("r0", 5)
+    settings = args["depthlens_readout"]
+    assert args["depthlens_readout_tag"] == "r0" and settings["window"] == 5
+    assert settings["vocab"] == len(tokenizer) and settings["kinds"] == ["jsd"] and settings["final_norm"]
+    rows = torch.rand(2, 1, 3)
+    held = {"ok": ([3, 4], rows, None), "gap": ([5], rows[:1], None), "nan": ([0, 1], rows.clone(), None),
+            "none": ([], torch.zeros(0, 0, 3), None)}  # fmt: skip
+    held["nan"][1][1, 0, 2] = float("nan")
+    asked = []
+
+    class Engine:  # the driver's side of collective_rpc: rank 0 holds the rows, other ranks None
+        def collective_rpc(self, method, args):
+            asked.append((method, args))
+            return [None, {tag: held[tag] for tag in args[0]}]
+
+    got, failed = depth.take(Engine(), {"ok": 3, "gap": 2, "nan": 0, "none": 7})
+    assert got == {"ok": rows.tolist()} and set(failed) == {"gap", "nan"}
+    assert isinstance(failed["gap"], EngineError) and "rows [5] after 2 rows" in str(failed["gap"])
+    assert isinstance(failed["nan"], NonFiniteError) and "token 1" in str(failed["nan"])
+    depth.release(Engine(), ["ok"])
+    assert asked[-1] == ("depthlens_take", (["ok"],))
+
+
 def test_saved_tokens_and_json_without_nan():
     from depthlens.serve.app import finite
     from depthlens.serve.jobs import _saved
@@ -190,6 +225,39 @@ def test_serve_refuses_bad_options_before_loading_anything(monkeypatch, capsys):
     monkeypatch.setattr(serve_cmd.importlib.util, "find_spec", lambda name: None)
     code, _, err = _cli(monkeypatch, capsys, "--backend", "hf")
     assert code == 2 and "pip install 'depthlens[serve]'" in err
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("vllm"), reason="needs the vllm extra")
+def test_vllm_serve_loads_no_transformers_model(monkeypatch, capsys, tmp_path):
+    """--backend vllm reads only the tokenizer and config: the engine holds the one copy of the weights."""
+    import depthlens.cli.app as app
+    import depthlens.cli.serve_cmd as serve_cmd
+    from depthlens.models.info import ModelInfo
+    from tests.serving import save_tiny_chat
+
+    model = save_tiny_chat(tmp_path / "m")
+    given = []
+    monkeypatch.setattr(app, "load_model", lambda spec: pytest.fail(f"{spec.name}'s weights were loaded"))
+    monkeypatch.setattr(serve_cmd, "_engine", lambda model, config, running: given.append(model) or "engine")
+    monkeypatch.setattr(serve_cmd, "_run", lambda engine, tokenizer, *rest: given.append(tokenizer))
+    code, _, err = _cli(monkeypatch, capsys, "--model", model, "--backend", "vllm", "--device", "cpu")
+    assert code == 0, err
+    info, tokenizer = given
+    assert isinstance(info, ModelInfo) and info.model is None and info.n_layers == 3
+    assert tokenizer is info.tokenizer  # prompts rendered and tokens decoded by the model's own
+
+
+def test_auto_serves_on_vllm_where_it_can(monkeypatch, tmp_path):
+    """A server's work has no end: auto is vllm where installed and able to load the model, not generate's
+    job-size rule; a .gguf file, a missing extra or $DEPTHLENS_BACKEND give hf."""
+    from depthlens.cli.serve_cmd import _backend
+    from depthlens.sampling.choose import vllm_available
+
+    monkeypatch.delenv("DEPTHLENS_BACKEND", raising=False)
+    assert _backend("auto", str(tmp_path)) == ("vllm" if vllm_available() else "hf")
+    assert _backend("auto", str(tmp_path / "model.gguf")) == "hf"
+    monkeypatch.setenv("DEPTHLENS_BACKEND", "hf")
+    assert _backend("auto", str(tmp_path)) == "hf"
 
 
 def test_a_port_in_use_is_one_error_line(monkeypatch, capsys, tmp_path):

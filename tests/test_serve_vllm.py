@@ -77,6 +77,7 @@ def test_concurrent_requests_share_engine_steps(server, model, client):
     steps = after["steps"] - before["steps"]
     assert steps < tokens / 2, (steps, tokens)  # batched: one step serves many requests' samples
     assert after["engine_requests"] == 0
+    assert after["capture"] == "aux"  # rows from the engine's own forward pass (llama: EAGLE-3's states)
 
 
 def test_think_keeps_one_phase_samples_and_aborts_the_rest_at_l(server, model, client):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import signal
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -11,18 +12,23 @@ import typer
 
 from depthlens.cli import options as opt
 from depthlens.cli import specs
-from depthlens.cli.app import app, err_console, load_model, warn
+from depthlens.cli.app import app, err_console, load_for, warn
 from depthlens.config import EngineConfig
 from depthlens.errors import ConfigError
 
 if TYPE_CHECKING:
-    from depthlens.models.load import LoadedModel
     from depthlens.serve.engines import Engine
     from depthlens.serve.settings import ServeConfig
 
 SERVE_MISSING = "depthlens serve needs the serve extra: pip install 'depthlens[serve]' (FastAPI and uvicorn)"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
+ServeBackendOpt = Annotated[
+    str,
+    typer.Option("--backend", help="vllm (one engine for every request: continuous batching; needs "
+                 "depthlens[vllm]), hf (transformers, one request at a time) or auto = vllm where installed and "
+                 "able to load the model, else hf ($DEPTHLENS_BACKEND, when set, decides auto)."),
+]  # fmt: skip
 Host = Annotated[
     str, typer.Option("--host", help="Address to bind; 127.0.0.1 (this machine only) by default.")
 ]
@@ -70,7 +76,7 @@ def _check_extra() -> None:
 @app.command("serve", short_help="An OpenAI-compatible server whose answers carry their depth.")
 def serve(
     model: opt.Model = opt.DEFAULTS["model"],
-    backend: opt.BackendOpt = "auto",
+    backend: ServeBackendOpt = "auto",
     host: Host = "127.0.0.1",
     port: Port = 8000,
     api_key: ApiKey = None,
@@ -106,25 +112,38 @@ def serve(
     window = specs.readout_tokens(readout_tokens, 50)
     settings = ServeConfig(served_model_name or model, api_key, max_n, max_tokens, default_max_tokens, max_prompts,
                            window, max_running, max_queue, max_body_bytes, shutdown_grace)  # fmt: skip
-    chosen = specs.engine_backend(backend, model)
+    chosen = _backend(backend, model)
     engine_config = EngineConfig(chosen, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len,
                                  enforce_eager, kv_cache_gib)  # fmt: skip
     if host not in LOOPBACK and api_key is None:
         warn(
             f"--host {host} answers other machines and no --api-key is set: anyone who reaches it can use it"
         )
-    lm = load_model(specs.model_spec(model, device, dtype, trust_remote_code))
+    # vllm: only the tokenizer and config — the engine holds the one copy of the weights and reads them out itself
+    model_or_info = load_for(engine_config, specs.model_spec(model, device, dtype, trust_remote_code))
     with err_console.status(f"starting the {chosen} engine"):
-        engine = _engine(lm, engine_config, max_running)
-    _run(engine, lm.tokenizer, settings, host, port, log_level)
+        engine = _engine(model_or_info, engine_config, max_running)
+    _run(engine, model_or_info.tokenizer, settings, host, port, log_level)
 
 
-def _engine(lm: LoadedModel, config: EngineConfig, max_running: int) -> Engine:
+def _backend(backend: str, model: str) -> str:
+    """``--backend`` for a server. ``auto`` is not the job-size rule of ``generate`` (a server's work has no end:
+    the engine's start is paid once, and only vllm batches many clients' requests): vllm where it is installed and
+    can load ``model``, else hf."""
+    from depthlens.sampling.choose import AUTO_ENV, is_gguf, vllm_available
+
+    if backend == "auto" and not os.environ.get(AUTO_ENV):
+        backend = "vllm" if vllm_available() and not is_gguf(model) else "hf"
+    return specs.engine_backend(backend, model)
+
+
+def _engine(model: Any, config: EngineConfig, max_running: int) -> Engine:
+    """``model``: a ``ModelInfo`` for vllm, a ``LoadedModel`` for hf (``cli.app.load_for``)."""
     from depthlens.serve.engines import HFEngine, VLLMEngine
 
     if config.backend == "vllm":
-        return VLLMEngine(lm, config, max_running=max_running)
-    return HFEngine(lm)
+        return VLLMEngine(model, config, max_running=max_running)
+    return HFEngine(model)
 
 
 def _run(engine: Engine, tokenizer: Any, settings: ServeConfig, host: str, port: int, log_level: str) -> None:

@@ -2,9 +2,9 @@
 
 - ``VLLMEngine``: one vLLM engine stepped by one thread for every request (``sampling.vllm.session``): continuous
   batching — the samples of every running request share each engine step, a request that arrives mid-way joins
-  the next one, and a stopped or disconnected sample is aborted in the engine. Its per-token divergences come from
-  the session's ``DepthSource`` (``sampling.vllm.depth``); when the in-engine readout (issue 29) lands, passing
-  its source here is the whole change.
+  the next one, and a stopped or disconnected sample is aborted in the engine. Its per-token divergences are read
+  out inside the engine, from the forward pass that sampled each token (``sampling.vllm.depth.EngineDepth``): no
+  transformers copy of the weights is loaded.
 - ``HFEngine``: the transformers sampler. Its step loop batches the n samples of *one* prompt (one prefill, one
   KV cache repeated n times), so the server runs one request at a time on it and queues the rest; it streams,
   stops at stop strings, aborts a disconnected request and stops Think@n's rejected samples at ℓ, but it cannot
@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from depthlens.config import EngineConfig, ReadoutConfig, SamplingConfig
+from depthlens.models.info import ModelInfo
 from depthlens.models.load import LoadedModel
 from depthlens.sampling.backend import Paused, Trace
 from depthlens.sampling.hf import HFGenerator
@@ -58,7 +59,7 @@ class Engine(Protocol):
     top_logprobs: bool  # whether it returns the top-k log-probabilities of each token
 
     def backend(
-        self, sampling: SamplingConfig, logprobs: int, eager: bool, cancel: threading.Event | None
+        self, sampling: SamplingConfig, logprobs: int, cancel: threading.Event | None
     ) -> ServeBackend: ...
 
     def health(self) -> dict[str, Any]: ...
@@ -126,7 +127,7 @@ class HFEngine:
         self.lock = threading.Lock()  # one request on the model at a time, whatever the thread pool does
 
     def backend(
-        self, sampling: SamplingConfig, logprobs: int, eager: bool, cancel: threading.Event | None
+        self, sampling: SamplingConfig, logprobs: int, cancel: threading.Event | None
     ) -> ServeBackend:
         return _Locked(HFBackend(HFGenerator(self.lm, sampling, self.readout), cancel), self.lock)
 
@@ -179,35 +180,35 @@ class VLLMEngine:
 
     def __init__(
         self,
-        lm: LoadedModel,
+        info: ModelInfo,
         engine: EngineConfig,
         readout: ReadoutConfig = ReadoutConfig(),
         max_running: int = 32,
         llm_engine: Any | None = None,
     ) -> None:
-        """``llm_engine``: an engine already started for ``lm`` (``sampling.vllm.backend.start_engine``)."""
-        from depthlens.sampling.backend import end_token_ids
-        from depthlens.sampling.vllm.backend import engine_source, start_engine
-        from depthlens.sampling.vllm.depth import RescoreDepth
+        """``info``: the model's tokenizer and config (no weights: the engine holds the only copy and reads the
+        layers out itself); ``llm_engine``: an engine already started for it (``sampling.vllm.engine.start_engine``)."""
+        from depthlens.sampling.vllm.depth import EngineDepth
+        from depthlens.sampling.vllm.engine import readout_capture, start_engine
         from depthlens.sampling.vllm.session import EngineSession
 
-        started = llm_engine if llm_engine is not None else start_engine(engine_source(lm.name), engine)
-        # The seam: the in-engine readout (issue 29) replaces RescoreDepth with its own DepthSource.
-        self.session = EngineSession(started, RescoreDepth(lm, readout), end_token_ids(lm), lm.n_layers)
-        self.n_layers = lm.n_layers
+        started = llm_engine if llm_engine is not None else start_engine(info, engine)
+        self.session = EngineSession(started, EngineDepth(info, readout), sorted(info.end_ids), info.n_layers)
+        self.capture = readout_capture(started)  # how the worker takes the residual stream: aux | hooks
+        self.n_layers = info.n_layers
         self.context = self.session.max_model_len
         self.max_running = max_running
 
     def backend(
-        self, sampling: SamplingConfig, logprobs: int, eager: bool, cancel: threading.Event | None
+        self, sampling: SamplingConfig, logprobs: int, cancel: threading.Event | None
     ) -> ServeBackend:
         from depthlens.sampling.vllm.requests import SessionBackend
 
-        return SessionBackend(self.session, sampling, Watch(), logprobs, eager, cancel)
+        return SessionBackend(self.session, sampling, Watch(), logprobs, cancel)
 
     def health(self) -> dict[str, Any]:
         failed = self.session.failed
-        return {"backend": self.name, "engine": "failed" if failed else "running",
+        return {"backend": self.name, "engine": "failed" if failed else "running", "capture": self.capture,
                 "engine_requests": self.session.running(), **self.session.stats,
                 **({"error": str(failed)} if failed else {})}  # fmt: skip
 

@@ -56,8 +56,8 @@ class _Context:
     push: Push | None
     generated: int = 0
 
-    def backend(self, logprobs: int = 0, eager: bool = False) -> ServeBackend:
-        return self.engine.backend(self.job.sampling, logprobs, eager, self.cancel)
+    def backend(self, logprobs: int = 0) -> ServeBackend:
+        return self.engine.backend(self.job.sampling, logprobs, self.cancel)
 
     def stream(self, first: int, push: Push | None, backend: ServeBackend) -> GroupStream:
         job = self.job
@@ -121,7 +121,7 @@ def _seeds(job: Job, p: int, indices: Sequence[int]) -> list[int]:
 
 def _sample(ctx: _Context, p: int, prompt: list[int]) -> list[Choice]:
     job = ctx.job
-    backend = ctx.backend(job.logprobs or 0, eager=job.stream and job.depth.tokens)
+    backend = ctx.backend(job.logprobs or 0)
     stream = ctx.stream(p * job.n, ctx.push, backend)
     backend.watch = Watch(stream.on_step, stream.ends)
     try:

@@ -1,91 +1,71 @@
-"""Where the engine session's per-token layer divergences come from: one seam, ``DepthSource``.
+"""The engine session's per-token layer divergences, read out inside the engine (``sampling.vllm.worker``).
 
-The engine session (``sampling.vllm.session``) samples with vLLM and asks its ``DepthSource``, after every engine
-step, for the divergence rows of the tokens its requests have produced. Two sources fit the seam:
-
-- ``RescoreDepth`` (today): the transformers copy of the same weights re-reads prompt + tokens teacher-forced
-  (``iter_readout``, the same lens and the same functions as every other readout), in blocks: a request's rows
-  come when it reaches a decision point (Think@n's ℓ, the end of its read-out window, its end), or every
-  ``block`` tokens for a request that streams them.
-- the in-engine readout (issue 29): the engine's worker computes each token's rows in the forward pass that
-  sampled it; its source passes the worker's per-request settings in ``request_args`` and drains the rows by
-  request in ``take`` (``collective_rpc``), every step, ignoring ``urgent``. Nothing else in the session or the
-  server changes.
+The engine's worker reads every layer out of the forward pass that samples each token — for the requests whose
+``SamplingParams.extra_args`` carry readout settings (``settings.RequestReadout``), up to each one's window — and
+keeps [kinds × L] float32 rows per token until they are taken. ``EngineDepth`` writes those settings for each
+request of the session (``request_args``), takes the rows the session's running requests gained in an engine
+step (``take``), and drops what the worker still holds for requests that have ended (``release``: rows past a
+stop, a rejected sample's rows past ℓ). There is one copy of the weights: the engine's.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 from depthlens.config import ReadoutConfig
-from depthlens.metrics.token_table import chunk_divergence_kinds
-from depthlens.models.load import LoadedModel
-from depthlens.readout.stream import TokenSequence, iter_readout, lens_for, model_chunk_sizes
+from depthlens.errors import DepthlensError
+from depthlens.models.info import ModelInfo
+from depthlens.readout.stream import chunk_sizes
+from depthlens.sampling.vllm.engine import EngineError
+from depthlens.sampling.vllm.generator import nonfinite_error, take_readout
+from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout
 
 Rows = list[list[list[float]]]
 """A run of tokens' rows: per token, per divergence kind (``ReadoutConfig.divergence`` first, then ``also``), L
 floats."""
 
 
-@dataclasses.dataclass(frozen=True)
-class DepthNeed:
-    """What one engine request needs read out: rows ``have``..``upto`` of its generated ``tokens``.
+class EngineDepth:
+    """The in-engine readout's settings for the session's requests, and its rows as they come."""
 
-    ``urgent``: the session waits on them (a decision point, the end of the window, the request's end); otherwise
-    they are wanted soon (a stream), and a source may wait to read a larger block.
-    """
-
-    tag: str
-    prompt: Sequence[int]
-    tokens: Sequence[int]
-    have: int
-    upto: int
-    urgent: bool
-
-
-class DepthSource(Protocol):
-    """The seam between the engine session and whatever reads the layers out."""
-
-    kinds: tuple[str, ...]
-
-    def request_args(self, tag: str) -> dict[str, Any]:
-        """What the engine must be told about request ``tag`` (``SamplingParams.extra_args``)."""
-        ...
-
-    def take(self, engine: Any, needs: Sequence[DepthNeed]) -> dict[str, Rows]:
-        """Rows for the needs, by tag: each a contiguous run starting at that need's ``have`` (possibly empty,
-        never past ``upto`` for a re-scoring source; every urgent need must be answered in full)."""
-        ...
-
-
-class RescoreDepth:
-    """Rows re-scored by the transformers copy ``lm`` in one batched teacher-forced pass per engine step."""
-
-    def __init__(self, lm: LoadedModel, readout: ReadoutConfig = ReadoutConfig(), block: int = 16) -> None:
-        self.lm = lm
-        self.readout = readout
+    def __init__(self, info: ModelInfo, readout: ReadoutConfig = ReadoutConfig()) -> None:
         self.kinds = (readout.divergence, *readout.also)
-        self.block = block  # tokens a streaming request waits for before a re-scoring pass
-        self.block_rows = model_chunk_sizes(lm, lens_for(lm, readout), readout)[1]
+        self.final_norm = readout.final_norm
+        self.vocab = readout.vocab_size or info.vocab_size
+        # token-layer rows per unembedding product: the memory budget EngineGenerator reads with
+        self.rows = chunk_sizes(readout, self.vocab, info.hidden_size, info.n_layers, 1)[1]
 
-    def request_args(self, tag: str) -> dict[str, Any]:
-        return {}
+    def request_args(self, tag: str, window: int | None) -> dict[str, Any]:
+        """``extra_args`` that make the worker read out generated tokens 0..``window``−1 of request ``tag``."""
+        settings = RequestReadout(window, self.kinds, self.final_norm, self.vocab, self.rows)
+        return {TAG_KEY: tag, **settings.to_extra()}
 
-    @torch.inference_mode()
-    def take(self, engine: Any, needs: Sequence[DepthNeed]) -> dict[str, Rows]:
-        due = [n for n in needs if n.upto > n.have and (n.urgent or n.upto - n.have >= self.block)]
-        if not due:
-            return {}
-        sequences = [
-            TokenSequence([*n.prompt, *n.tokens[: n.have]], list(n.tokens[n.have : n.upto])) for n in due
-        ]
-        out: dict[str, Rows] = {n.tag: [] for n in due}
-        for chunk in iter_readout(self.lm, sequences, self.readout):
-            tables = chunk_divergence_kinds(chunk, self.kinds, self.block_rows)
-            columns = [tables[kind].tolist() for kind in self.kinds]
-            out[due[chunk.seq_index].tag].extend(list(rows) for rows in zip(*columns, strict=True))
-        return out
+    def take(self, engine: Any, have: Mapping[str, int]) -> tuple[dict[str, Rows], dict[str, DepthlensError]]:
+        """The rows each request ``tag`` gained after its first ``have[tag]``, and the requests whose rows cannot
+        be used (a non-finite value, a gap): those fail alone."""
+        rows: dict[str, Rows] = {}
+        failed: dict[str, DepthlensError] = {}
+        for tag, (positions, table, _) in take_readout(engine, list(have)).items():
+            if not positions:
+                continue
+            start = have[tag]
+            if positions != list(range(start, start + len(positions))):
+                failed[tag] = EngineError(
+                    f"the engine's readout of request {tag} has rows {positions[:4]} after {start} rows, not the "
+                    "next ones; report it with the vLLM version"
+                )
+                continue
+            bad = torch.isnan(table).flatten(1).any(dim=1).nonzero()
+            if bad.numel():
+                failed[tag] = nonfinite_error(start + int(bad[0]))
+                continue
+            rows[tag] = table.tolist()
+        return rows, failed
+
+    def release(self, engine: Any, tags: Sequence[str]) -> None:
+        """Forget whatever the worker still holds for ``tags`` (requests that have ended)."""
+        if tags:
+            take_readout(engine, list(tags))

@@ -44,7 +44,6 @@ class GroupSpec:
     sampling: SamplingConfig
     watch: Watch = dataclasses.field(default_factory=Watch)
     logprobs: int = 0  # top-k log-probabilities wanted per token (vLLM's ``logprobs``)
-    eager: bool = False  # read rows out as soon as the source can (a stream), not only when due
     pause_at: int | None = None  # phase one's ℓ
 
 

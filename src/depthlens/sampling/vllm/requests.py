@@ -23,8 +23,8 @@ class SessionBackend:
     """A ``GenerationBackend`` over a shared engine session, for one caller.
 
     ``watch``: the per-step callbacks of every group this backend starts; ``logprobs``: top-k log-probabilities
-    kept per token (``top_logprobs``); ``eager``: rows read out as soon as the depth source can (a stream);
-    ``cancel``: set by the caller's owner (a client that left) to abort whatever this backend runs.
+    kept per token (``top_logprobs``); ``cancel``: set by the caller's owner (a client that left) to abort
+    whatever this backend runs.
     """
 
     def __init__(
@@ -33,14 +33,12 @@ class SessionBackend:
         sampling: SamplingConfig,
         watch: Watch = Watch(),
         logprobs: int = 0,
-        eager: bool = False,
         cancel: threading.Event | None = None,
     ) -> None:
         self.session = session
         self.sampling = sampling
         self.watch = watch
         self.logprobs = logprobs
-        self.eager = eager
         self.cancel = cancel
         self.n_layers = session.n_layers
         self.groups: list[Group] = []
@@ -51,7 +49,7 @@ class SessionBackend:
         budget = self.sampling.max_new_tokens
         pause = stop_after if stop_after is not None and stop_after < budget else None
         spec = GroupSpec(list(prompt_ids), [int(s) for s in seeds], self.sampling, self.watch, self.logprobs,
-                         self.eager, pause)  # fmt: skip
+                         pause)  # fmt: skip
         group = self.session.submit(spec)
         self.groups.append(group)
         self.session.wait(group, lambda: group.paused or group.done, self.cancel)

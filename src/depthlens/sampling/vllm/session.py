@@ -4,9 +4,9 @@
 *groups* — the n responses of one prompt, one engine request each (``n=1``, the response's own seed, token-id
 prompt, prefix caching) — and wait; the engine batches every running request of every group at each step. After
 each step the thread moves the new tokens, vLLM's raw log p (``logprobs``), the distribution scores recorded by
-the ``TokenScores`` logits processor (``sampling.vllm.scores``) and the divergence rows of the session's
-``DepthSource`` (``sampling.vllm.depth``: today the re-scoring copy, with issue 29 the engine's own readout) into
-each response's ``Trace``, then calls the group's ``Watch`` (stream, stop strings, per-token policy stops).
+the ``TokenScores`` logits processor (``sampling.vllm.scores``) and the divergence rows the engine's worker read
+out of the same forward pass (``sampling.vllm.depth.EngineDepth``: one copy of the weights) into each response's
+``Trace``, then calls the group's ``Watch`` (stream, stop strings, per-token policy stops).
 
 Two phases without re-submission, as ``VLLMGenerator`` runs them (docs/architecture.md): a group with
 ``pause_at`` = ℓ shows each trace only up to ℓ tokens; once every response has ℓ tokens (or has ended) the group
@@ -26,11 +26,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from depthlens.errors import DepthlensError, InputError
+from depthlens.errors import InputError
 from depthlens.sampling.backend import Trace
 from depthlens.sampling.live import GenerationCancelled
-from depthlens.sampling.vllm.backend import EngineError
-from depthlens.sampling.vllm.depth import DepthNeed, DepthSource
+from depthlens.sampling.vllm.depth import EngineDepth
+from depthlens.sampling.vllm.engine import EngineError, readout_capture
 from depthlens.sampling.vllm.groups import Group, GroupSpec, Sample, complete, extend, rows_done
 
 _TAGS = itertools.count()  # engine request ids unique in this process
@@ -42,7 +42,7 @@ class EngineSession:
     def __init__(
         self,
         engine: Any,
-        depth: DepthSource,
+        depth: EngineDepth,
         end_ids: Sequence[int],
         n_layers: int,
         decision_timeout: float = 5.0,
@@ -52,7 +52,12 @@ class EngineSession:
         if not vllm_scores.registered(engine):
             raise EngineError(
                 "this vLLM engine has no depthlens TokenScores logits processor (VLLM_USE_V2_MODEL_RUNNER is set?); "
-                "start it with sampling.vllm.backend.start_engine and the V1 model runner"
+                "start it with sampling.vllm.engine.start_engine and the V1 model runner"
+            )
+        if readout_capture(engine) is None:
+            raise EngineError(
+                "this vLLM engine was started without depthlens's in-engine readout; start it with "
+                "sampling.vllm.engine.start_engine"
             )
         self.engine = engine
         self.depth = depth
@@ -172,7 +177,7 @@ class EngineSession:
         extra = {
             vllm_scores.TAG: tag,
             vllm_scores.TOP_K: cfg.confidence_top_k,
-            **self.depth.request_args(tag),
+            **self.depth.request_args(tag, cfg.readout_tokens),
         }
         return SamplingParams(
             n=1,
@@ -236,20 +241,14 @@ class EngineSession:
         from depthlens.sampling.vllm import scores as vllm_scores
 
         live = [g for g in groups if not g.done]
-        tags = [s.tag for g in live for s in g.samples if not s.ended]
-        if tags:
-            for tag, scores in vllm_scores.drain(self.engine, tags).items():
+        running = [s for g in live for s in g.samples if not s.ended]
+        if running:
+            for tag, scores in vllm_scores.drain(self.engine, [s.tag for s in running]).items():
                 group, i = self._samples[tag]
                 group.samples[i].scores.update(scores)
-        needs = [n for g in self._groups if not g.done for n in self._needs(g)]
-        if needs:
-            taken = self._take(needs)
-            for tag, rows in taken.items():
-                group, i = self._samples[tag]
-                group.samples[i].rows.extend(rows)
-            live = list({id(g): g for g in [*live, *(self._samples[t][0] for t in taken)]}.values())
+            self._take(running)
         paused = []
-        for group in live:
+        for group in (g for g in live if not g.done):
             try:
                 if self._publish(group):
                     paused.append(group)
@@ -261,31 +260,17 @@ class EngineSession:
                 decided = [lambda g=g: g.keep is not None or g.done or g.cancelled for g in paused]
                 self.cond.wait_for(lambda: all(d() for d in decided), self.decision_timeout)
 
-    def _take(self, needs: list[DepthNeed]) -> dict[str, list[list[list[float]]]]:
-        """The source's rows; a request it cannot read out (non-finite states, ...) fails its own group only."""
-        try:
-            return self.depth.take(self.engine, needs)
-        except DepthlensError as exc:
-            for group in {id(g): g for g in (self._samples[n.tag][0] for n in needs)}.values():
-                self._fail(group, exc)
-            return {}
-
-    def _needs(self, group: Group) -> list[DepthNeed]:
-        window = group.spec.sampling.readout_tokens
-        limit = group.limit()
-        out = []
-        for s in group.samples:
-            if s.ended:
-                continue
-            shown = (
-                len(s.trace) if s.stopped else len(s.tokens) if limit is None else min(limit, len(s.tokens))
-            )
-            upto = shown if window is None else min(window, shown)
-            due = [x for x in (limit, window) if x is not None]
-            urgent = not s.running or any(len(s.tokens) >= x for x in due)
-            if upto > len(s.rows) and (urgent or group.spec.eager):
-                out.append(DepthNeed(s.tag, group.spec.prompt, s.tokens, len(s.rows), upto, urgent))
-        return out
+    def _take(self, samples: Sequence[Sample]) -> None:
+        """The rows the worker read out for ``samples`` since the last step; a request whose rows cannot be used
+        (non-finite states, ...) fails its own group only."""
+        rows, failed = self.depth.take(self.engine, {s.tag: len(s.rows) for s in samples})
+        for tag, new in rows.items():
+            group, i = self._samples[tag]
+            group.samples[i].rows.extend(new)
+        for tag, error in failed.items():
+            found = self._samples.get(tag)  # None once an earlier request of its group failed it
+            if found is not None:
+                self._fail(found[0], error)
 
     def _publish(self, group: Group) -> bool:
         """Extend the group's traces with what is complete; run its watch; mark ends, the pause and the end.
@@ -336,6 +321,7 @@ class EngineSession:
             for s in group.samples:
                 self._samples.pop(s.tag, None)
             self.cond.notify_all()
+        self.depth.release(self.engine, [s.tag for s in group.samples])  # rows past a stop, or past ℓ
 
     def _fail(self, group: Group, error: BaseException) -> None:
         if group.done:
