@@ -13,6 +13,7 @@ from tests.serving import serving
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.serve_model,  # ~1 min (a real engine's start): deselected by default, `pytest -m serve_model`
     pytest.mark.skipif(
         any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "openai")),
         reason="needs the serve extra and the openai client",
