@@ -8,7 +8,7 @@ the ``TokenScores`` logits processor (``sampling.vllm.scores``) and the divergen
 out of the same forward pass (``sampling.vllm.depth.EngineDepth``: one copy of the weights) into each response's
 ``Trace``, then calls the group's ``Watch`` (stream, stop strings, per-token policy stops).
 
-Two phases without re-submission, as ``VLLMGenerator`` runs them (docs/architecture.md): a group with
+Two phases without re-submission, as ``EngineGenerator`` runs them (docs/architecture.md): a group with
 ``pause_at`` = ℓ shows each trace only up to ℓ tokens; once every response has ℓ tokens (or has ended) the group
 is *paused*, its caller is woken, and the stepping thread waits (``decision_timeout``) for the caller's decision
 before it steps again — so the rejected responses are aborted in the engine at exactly ℓ tokens and the kept ones
