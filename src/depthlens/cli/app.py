@@ -179,6 +179,7 @@ from depthlens.cli import (  # noqa: E402, F401
     regrade_cmd,
     report_cmd,
     score_cmd,
+    serve_cmd,
     tasks_cmd,
     tcb_cmd,
     thinkn_cmd,

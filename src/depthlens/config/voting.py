@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+import math
+from typing import Any, Literal
 
 from depthlens.config.base import Config, check_choice, invalid
 from depthlens.errors import ConfigError
@@ -105,6 +106,8 @@ class OnlineConfig(Config):
         window: DeepConf's group size in tokens (``confidence``); their default 2,048.
         batch_size: later responses started together; the consensus check runs after each such batch, so a
             replay with the same batch size makes the same decisions.
+        threshold: a fixed τ (as the llama.cpp DeepConf fork's ``deepconf_threshold``) instead of the warm-up's
+            percentile; the warm-up still runs and votes. None = from the warm-up.
     """
 
     signal: Signal = "dtr"
@@ -115,6 +118,7 @@ class OnlineConfig(Config):
     prefix: int = 50
     window: int = 2048
     batch_size: int = 4
+    threshold: float | None = None
 
     def __post_init__(self) -> None:
         check_choice("OnlineConfig", "signal", self.signal, Signal)
@@ -138,3 +142,12 @@ class OnlineConfig(Config):
             raise ConfigError(f"--deepconf-window {self.window} must be ≥ 1 token")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size {self.batch_size}; use 1 or more")
+        if self.threshold is not None and not math.isfinite(self.threshold):
+            raise ConfigError(f"OnlineConfig.threshold = {self.threshold} must be a finite number, or None")
+
+    def to_dict(self) -> dict[str, Any]:
+        # Without a fixed τ the dict is the one stores written before ``threshold`` existed hold (their resume).
+        data = super().to_dict()
+        if data["threshold"] is None:
+            del data["threshold"]
+        return data

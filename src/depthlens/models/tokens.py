@@ -63,6 +63,12 @@ def readable(raw: bytes) -> str:
     return out.translate(_VISIBLE) or "∅"
 
 
+def token_bytes(tokenizer: Any, token_ids: Sequence[int]) -> list[bytes]:
+    """The bytes each token stands for (a character split across tokens is split here too)."""
+    byte_level = _is_byte_level(tokenizer)
+    return [piece_bytes(str(p), byte_level) for p in tokenizer.convert_ids_to_tokens(list(token_ids))]
+
+
 def token_texts(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
     """One readable label per token id (see the module docstring)."""
     byte_level = _is_byte_level(tokenizer)

@@ -20,7 +20,7 @@ from depthlens.errors import InputError
 from depthlens.metrics.baselines import token_baselines, token_confidence
 from depthlens.models.load import LoadedModel
 
-Finish = Literal["eos", "length", "paused"]
+Finish = Literal["eos", "length", "paused", "stopped"]
 
 PER_TOKEN = ("log_prob", "entropy", "self_certainty", "confidence")
 """The final-layer values every backend records per generated token (nats; ``Trace``'s per-token fields), which a
@@ -38,7 +38,8 @@ class Trace:
     Attributes:
         seed: the seed of this response's own random generator.
         token_ids: the generated tokens, the end-of-turn token included when one was produced.
-        finish: ``eos`` (ended by the model), ``length`` (hit max_new_tokens) or ``paused`` (phase one ended).
+        finish: ``eos`` (ended by the model), ``length`` (hit max_new_tokens), ``paused`` (phase one ended) or
+            ``stopped`` (ended by its caller's ``sampling.live.Watch``: a stop string, an online policy).
         log_prob, entropy, self_certainty, confidence: per generated token, from the final layer (nats).
         divergence: [min(T, readout_tokens)][L] divergence of each layer to the final one (the heatmap rows).
         also: the same rows for each further divergence kind of ``ReadoutConfig.also``.

@@ -29,6 +29,7 @@ from depthlens.sampling.backend import (
     next_token,
     token_scores,
 )
+from depthlens.sampling.live import Watch
 
 
 @dataclasses.dataclass
@@ -59,6 +60,7 @@ class HFGenerator:
         self.end_ids = end_token_ids(lm)
         self.block_rows = model_chunk_sizes(lm, self.lens, readout)[1]  # token-layer rows per lens product
         self.on_token = on_token  # called with the number of tokens generated at each step (progress)
+        self.watch = Watch()  # per-step callbacks (sampling.live): a server's stream, stop strings, cancel
 
     def _reads(self, step: int) -> bool:
         window = self.sampling.readout_tokens
@@ -155,6 +157,11 @@ class HFGenerator:
                     trace.finish = "length"
                 else:
                     alive.append(r)
+            self.watch.on_step(traces)
+            for r in alive:
+                if self.watch.ends(state.rows[r], traces[state.rows[r]]):
+                    traces[state.rows[r]].finish = "stopped"
+            alive = [r for r in alive if traces[state.rows[r]].finish == "paused"]
             state.step += 1
             state.last = tokens
             self.on_token(len(state.rows))

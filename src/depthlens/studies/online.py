@@ -90,7 +90,7 @@ def check_online(online: OnlineConfig, sampling: SamplingConfig) -> None:
         )
 
 
-def _rounded_response(trace: Trace, n_layers: int, dtr: DTRConfig) -> Response:
+def rounded_response(trace: Trace, n_layers: int, dtr: DTRConfig) -> Response:
     """A trace exactly as its stored record will read back (5-decimal values), so decisions made now match a
     replay of the store bit for bit."""
 
@@ -141,7 +141,7 @@ def generate_batch(
         return traces, [None] * len(traces)
     if SIGNALS[online.signal].decides_at_prefix:  # pause every response at ℓ, continue only those kept
         paused = backend.start(prompt, seeds, stop_after=online.prefix)
-        stops = [stop_point(_rounded_response(t, n_layers, dtr), tau, online) for t in paused.traces]
+        stops = [stop_point(rounded_response(t, n_layers, dtr), tau, online) for t in paused.traces]
         keep = [j for j, t in enumerate(paused.traces) if stops[j] is None and t.finish == "paused"]
         if keep:
             backend.resume(paused, keep)
@@ -151,7 +151,7 @@ def generate_batch(
     ):  # the vLLM backend ends each response in the engine where it stops
         return backend.sample_stopping(prompt, seeds, lambda: _ConfidenceStop(tau, online))
     traces = backend.start(prompt, seeds).traces
-    stops = [stop_point(_rounded_response(t, n_layers, dtr), tau, online) for t in traces]
+    stops = [stop_point(rounded_response(t, n_layers, dtr), tau, online) for t in traces]
     for t, stop in zip(traces, stops, strict=True):
         if stop is not None:
             _cut_trace(t, stop)

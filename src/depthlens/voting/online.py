@@ -4,7 +4,8 @@ The policy is described in docs/architecture.md (online Think@n).
 
 Per question, responses are taken in sampling order (index 0, 1, 2, … — the order of their seeds):
 
-1. Warm-up: responses 0..w−1 run to their end; τ = np.percentile(their signals, 100·(1 − keep)).
+1. Warm-up: responses 0..w−1 run to their end; τ = np.percentile(their signals, 100·(1 − keep)), or the fixed
+   ``threshold`` where one is given.
 2. Then batches of ``batch_size`` responses (the last one cut to ``max_n``): each is stopped where the policy says
    (``stop_point``) and then casts no vote, or runs to its end and votes.
 3. After the warm-up and after each batch: stop if the leading answer holds ≥ β of the answered votes
@@ -154,6 +155,11 @@ def _tally(
     return key, ordered[first] if first is not None else None, share, len(answered)
 
 
+def _tau(cfg: OnlineConfig, warmup: list[float]) -> float:
+    """τ: the fixed ``threshold`` where one is given, else the percentile of the warm-up's signals."""
+    return cfg.threshold if cfg.threshold is not None else threshold(warmup, cfg.keep)
+
+
 def run_policy(cfg: OnlineConfig, sample: Sampler) -> OnlineOutcome:
     """One question's online run: warm-up, threshold, batches of early-stopped responses, consensus stop."""
     seen: dict[int, Response] = {}
@@ -182,7 +188,7 @@ def run_policy(cfg: OnlineConfig, sample: Sampler) -> OnlineOutcome:
         started += len(indices)
         warm = tau is None
         if warm:
-            tau = threshold([signals[i] for i in indices], cfg.keep)
+            tau = _tau(cfg, [signals[i] for i in indices])
         leader, first, share, answered = _tally(seen, voters, signals)
         for i, r, stop, reason in pending:
             decisions.append(

@@ -1,0 +1,71 @@
+"""The engine session's per-token layer divergences, read out inside the engine (``sampling.vllm.worker``).
+
+The engine's worker reads every layer out of the forward pass that samples each token — for the requests whose
+``SamplingParams.extra_args`` carry readout settings (``settings.RequestReadout``), up to each one's window — and
+keeps [kinds × L] float32 rows per token until they are taken. ``EngineDepth`` writes those settings for each
+request of the session (``request_args``), takes the rows the session's running requests gained in an engine
+step (``take``), and drops what the worker still holds for requests that have ended (``release``: rows past a
+stop, a rejected sample's rows past ℓ). There is one copy of the weights: the engine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from depthlens.config import ReadoutConfig
+from depthlens.errors import DepthlensError
+from depthlens.models.info import ModelInfo
+from depthlens.readout.stream import chunk_sizes
+from depthlens.sampling.vllm.engine import EngineError
+from depthlens.sampling.vllm.generator import nonfinite_error, take_readout
+from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout
+
+Rows = list[list[list[float]]]
+"""A run of tokens' rows: per token, per divergence kind (``ReadoutConfig.divergence`` first, then ``also``), L
+floats."""
+
+
+class EngineDepth:
+    """The in-engine readout's settings for the session's requests, and its rows as they come."""
+
+    def __init__(self, info: ModelInfo, readout: ReadoutConfig = ReadoutConfig()) -> None:
+        self.kinds = (readout.divergence, *readout.also)
+        self.final_norm = readout.final_norm
+        self.vocab = readout.vocab_size or info.vocab_size
+        # token-layer rows per unembedding product: the memory budget EngineGenerator reads with
+        self.rows = chunk_sizes(readout, self.vocab, info.hidden_size, info.n_layers, 1)[1]
+
+    def request_args(self, tag: str, window: int | None) -> dict[str, Any]:
+        """``extra_args`` that make the worker read out generated tokens 0..``window``−1 of request ``tag``."""
+        settings = RequestReadout(window, self.kinds, self.final_norm, self.vocab, self.rows)
+        return {TAG_KEY: tag, **settings.to_extra()}
+
+    def take(self, engine: Any, have: Mapping[str, int]) -> tuple[dict[str, Rows], dict[str, DepthlensError]]:
+        """The rows each request ``tag`` gained after its first ``have[tag]``, and the requests whose rows cannot
+        be used (a non-finite value, a gap): those fail alone."""
+        rows: dict[str, Rows] = {}
+        failed: dict[str, DepthlensError] = {}
+        for tag, (positions, table, _) in take_readout(engine, list(have)).items():
+            if not positions:
+                continue
+            start = have[tag]
+            if positions != list(range(start, start + len(positions))):
+                failed[tag] = EngineError(
+                    f"the engine's readout of request {tag} has rows {positions[:4]} after {start} rows, not the "
+                    "next ones; report it with the vLLM version"
+                )
+                continue
+            bad = torch.isnan(table).flatten(1).any(dim=1).nonzero()
+            if bad.numel():
+                failed[tag] = nonfinite_error(start + int(bad[0]))
+                continue
+            rows[tag] = table.tolist()
+        return rows, failed
+
+    def release(self, engine: Any, tags: Sequence[str]) -> None:
+        """Forget whatever the worker still holds for ``tags`` (requests that have ended)."""
+        if tags:
+            take_readout(engine, list(tags))

@@ -1,0 +1,76 @@
+"""The ``depthlens`` object of a choice: a response's depth and its baselines, computed by ``metrics`` from its
+``Trace`` (docs/serve.md lists the fields; docs/definitions.md §2–3 defines them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from depthlens.config import DTRConfig
+from depthlens.metrics.baselines import sequence_baselines
+from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, mean_settling_depth, settling_depth
+from depthlens.sampling.backend import Trace
+from depthlens.voting.methods import TRACE_SCORES, trace_confidence
+
+PER_TOKEN_FIELDS = ("log_prob", "entropy", "self_certainty", "confidence")
+
+
+def _settling(
+    rows: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Settling depths c_t and deep flags of read-out rows [R][L] (each token's row alone decides its own)."""
+    table = torch.tensor(rows, dtype=torch.float32).reshape(-1, n_layers)
+    settle = settling_depth(table, dtr.g) if len(table) else torch.zeros(0, dtype=torch.long)
+    return settle, deep_flags(settle, n_layers, dtr.rho, dtr.deep_rule)
+
+
+def readout_columns(rows: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig) -> dict[str, list]:
+    """Settling depth, deep flag and divergence row of each read-out token."""
+    settle, deep = _settling(rows, n_layers, dtr)
+    return {"settling_depth": settle.tolist(), "deep": deep.tolist(), "divergence": [list(r) for r in rows]}
+
+
+def token_columns(trace: Trace, start: int, end: int) -> dict[str, Any]:
+    """The final-layer values of tokens ``start``..``end`` (nats), with their ids."""
+    return {
+        "token_ids": trace.token_ids[start:end],
+        **{k: getattr(trace, k)[start:end] for k in PER_TOKEN_FIELDS},
+    }
+
+
+def summary(trace: Trace, n_layers: int, dtr: DTRConfig, window: int, tokens: bool) -> dict[str, Any]:
+    """DTR (over the read-out tokens and over the first ℓ), mean settling depth and every baseline of ``trace``;
+    with ``tokens``, the per-token values too. ``window``: DeepConf's group size for its trace scores."""
+    rows = trace.divergence
+    settle, deep = _settling(rows, n_layers, dtr)
+    baselines = sequence_baselines(
+        torch.tensor(trace.log_prob, dtype=torch.float64),
+        torch.tensor(trace.entropy, dtype=torch.float64),
+        torch.tensor(trace.self_certainty, dtype=torch.float64),
+    )
+    confidence = np.asarray(trace.confidence, dtype=np.float64)
+    out: dict[str, Any] = {
+        "dtr": deep_thinking_ratio(deep),
+        "dtr_prefix": deep_thinking_ratio(deep, dtr.prefix),
+        "prefix": dtr.prefix,
+        "readout_tokens": len(rows),
+        "mean_settling_depth": mean_settling_depth(settle),
+        "deep_tokens": int(deep.sum()),
+        **baselines,
+        "confidence": float(confidence.mean()) if len(confidence) else None,
+        "deepconf": {
+            k: (trace_confidence(confidence, k, window) if len(confidence) else None) for k in TRACE_SCORES
+        },
+        "seed": trace.seed,
+    }
+    if tokens:
+        columns = {
+            "settling_depth": settle.tolist(),
+            "deep": deep.tolist(),
+            "divergence": [list(r) for r in rows],
+        }
+        out["tokens"] = {**token_columns(trace, 0, len(trace)), **columns}
+    return out

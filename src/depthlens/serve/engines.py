@@ -1,0 +1,216 @@
+"""The engine behind the server: one per process, shared by every request.
+
+- ``VLLMEngine``: one vLLM engine stepped by one thread for every request (``sampling.vllm.session``): continuous
+  batching — the samples of every running request share each engine step, a request that arrives mid-way joins
+  the next one, and a stopped or disconnected sample is aborted in the engine. Its per-token divergences are read
+  out inside the engine, from the forward pass that sampled each token (``sampling.vllm.depth.EngineDepth``): no
+  transformers copy of the weights is loaded.
+- ``HFEngine``: the transformers sampler. Its step loop batches the n samples of *one* prompt (one prefill, one
+  KV cache repeated n times), so the server runs one request at a time on it and queues the rest; it streams,
+  stops at stop strings, aborts a disconnected request and stops Think@n's rejected samples at ℓ, but it cannot
+  batch different requests (their prompts and lengths differ and ``HFGenerator`` has no per-row positions).
+
+Each request gets a fresh ``ServeBackend`` (a ``GenerationBackend`` with the request's sampling settings, its
+``Watch`` and its cancel flag) from ``Engine.backend``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from depthlens.config import EngineConfig, ReadoutConfig, SamplingConfig
+from depthlens.models.info import ModelInfo
+from depthlens.models.load import LoadedModel
+from depthlens.sampling.backend import Paused, Trace
+from depthlens.sampling.hf import HFGenerator
+from depthlens.sampling.live import GenerationCancelled, Watch
+
+
+class ServeBackend(Protocol):
+    """A ``GenerationBackend`` for one request, with what the server reports about it."""
+
+    n_layers: int
+    watch: Watch
+
+    def start(
+        self, prompt_ids: Sequence[int], seeds: Sequence[int], stop_after: int | None = None
+    ) -> Paused: ...
+
+    def resume(self, paused: Paused, keep: Sequence[int]) -> list[Trace]: ...
+
+    def generated(self) -> int:
+        """Every token the engine generated for this request so far."""
+        ...
+
+    def engine_tokens(self, trace: Trace) -> int:
+        """Tokens the engine generated for ``trace``'s sample (≥ its length when it was stopped late)."""
+        ...
+
+    def top_logprobs(self, trace: Trace) -> list[list[tuple[int, float]]]: ...
+
+
+class Engine(Protocol):
+    name: str  # "vllm" or "hf"
+    n_layers: int
+    context: int | None  # prompt + reply tokens the engine accepts
+    max_running: int  # requests it runs at once
+    top_logprobs: bool  # whether it returns the top-k log-probabilities of each token
+
+    def backend(
+        self, sampling: SamplingConfig, logprobs: int, cancel: threading.Event | None
+    ) -> ServeBackend: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+class HFBackend:
+    """``HFGenerator`` for one request: counts the tokens it generates, raises ``GenerationCancelled`` at the next
+    step once ``cancel`` is set."""
+
+    def __init__(self, gen: HFGenerator, cancel: threading.Event | None) -> None:
+        self.gen = gen
+        self.cancel = cancel
+        self.n_layers = gen.n_layers
+        self.count = 0
+        gen.on_token = self._count
+        self.watch = Watch()
+
+    def _count(self, n: int) -> None:
+        self.count += n
+
+    def _guarded(self) -> Watch:
+        watch, cancel = self.watch, self.cancel
+
+        def on_step(traces: Sequence[Trace]) -> None:
+            if cancel is not None and cancel.is_set():
+                raise GenerationCancelled()
+            watch.on_step(traces)
+
+        return Watch(on_step, watch.ends)
+
+    def start(self, prompt_ids: Sequence[int], seeds: Sequence[int], stop_after: int | None = None) -> Paused:
+        if self.cancel is not None and self.cancel.is_set():
+            raise GenerationCancelled()
+        self.gen.watch = self._guarded()
+        return self.gen.start(prompt_ids, seeds, stop_after)
+
+    def resume(self, paused: Paused, keep: Sequence[int]) -> list[Trace]:
+        self.gen.watch = self._guarded()
+        return self.gen.resume(paused, keep)
+
+    def generated(self) -> int:
+        return self.count
+
+    def engine_tokens(self, trace: Trace) -> int:
+        return len(trace)  # a row is dropped the step it stops: it generates nothing past its trace
+
+    def top_logprobs(self, trace: Trace) -> list[list[tuple[int, float]]]:
+        return []
+
+
+class HFEngine:
+    """The transformers sampler, one request at a time (see the module docstring)."""
+
+    name = "hf"
+    max_running = 1
+    top_logprobs = False
+
+    def __init__(self, lm: LoadedModel, readout: ReadoutConfig = ReadoutConfig()) -> None:
+        self.lm = lm
+        self.readout = readout
+        self.n_layers = lm.n_layers
+        self.context = lm.max_positions
+        self.lock = threading.Lock()  # one request on the model at a time, whatever the thread pool does
+
+    def backend(
+        self, sampling: SamplingConfig, logprobs: int, cancel: threading.Event | None
+    ) -> ServeBackend:
+        return _Locked(HFBackend(HFGenerator(self.lm, sampling, self.readout), cancel), self.lock)
+
+    def health(self) -> dict[str, Any]:
+        return {"backend": self.name, "engine": "running"}
+
+    def close(self) -> None:
+        return None
+
+
+class _Locked:
+    """A backend whose engine calls hold ``lock`` (the transformers model is not shared between threads)."""
+
+    def __init__(self, inner: HFBackend, lock: threading.Lock) -> None:
+        self.inner = inner
+        self.lock = lock
+        self.n_layers = inner.n_layers
+
+    @property
+    def watch(self) -> Watch:
+        return self.inner.watch
+
+    @watch.setter
+    def watch(self, value: Watch) -> None:
+        self.inner.watch = value
+
+    def start(self, prompt_ids: Sequence[int], seeds: Sequence[int], stop_after: int | None = None) -> Paused:
+        with self.lock:
+            return self.inner.start(prompt_ids, seeds, stop_after)
+
+    def resume(self, paused: Paused, keep: Sequence[int]) -> list[Trace]:
+        with self.lock:
+            return self.inner.resume(paused, keep)
+
+    def generated(self) -> int:
+        return self.inner.generated()
+
+    def engine_tokens(self, trace: Trace) -> int:
+        return self.inner.engine_tokens(trace)
+
+    def top_logprobs(self, trace: Trace) -> list[list[tuple[int, float]]]:
+        return []
+
+
+class VLLMEngine:
+    """One vLLM engine for every request (see the module docstring)."""
+
+    name = "vllm"
+    top_logprobs = True
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        engine: EngineConfig,
+        readout: ReadoutConfig = ReadoutConfig(),
+        max_running: int = 32,
+        llm_engine: Any | None = None,
+    ) -> None:
+        """``info``: the model's tokenizer and config (no weights: the engine holds the only copy and reads the
+        layers out itself); ``llm_engine``: an engine already started for it (``sampling.vllm.engine.start_engine``)."""
+        from depthlens.sampling.vllm.depth import EngineDepth
+        from depthlens.sampling.vllm.engine import readout_capture, start_engine
+        from depthlens.sampling.vllm.session import EngineSession
+
+        started = llm_engine if llm_engine is not None else start_engine(info, engine)
+        self.session = EngineSession(started, EngineDepth(info, readout), sorted(info.end_ids), info.n_layers)
+        self.capture = readout_capture(started)  # how the worker takes the residual stream: aux | hooks
+        self.n_layers = info.n_layers
+        self.context = self.session.max_model_len
+        self.max_running = max_running
+
+    def backend(
+        self, sampling: SamplingConfig, logprobs: int, cancel: threading.Event | None
+    ) -> ServeBackend:
+        from depthlens.sampling.vllm.requests import SessionBackend
+
+        return SessionBackend(self.session, sampling, Watch(), logprobs, cancel)
+
+    def health(self) -> dict[str, Any]:
+        failed = self.session.failed
+        return {"backend": self.name, "engine": "failed" if failed else "running", "capture": self.capture,
+                "engine_requests": self.session.running(), **self.session.stats,
+                **({"error": str(failed)} if failed else {})}  # fmt: skip
+
+    def close(self) -> None:
+        self.session.close()

@@ -1,0 +1,156 @@
+"""OpenAI-style errors: every failure answers ``{"error": {"message", "type", "param", "code"}}``, never a traceback.
+
+Statuses (docs/serve.md): 400 a request that cannot be served as given (malformed JSON, a value out of its range
+or not one of its choices, beyond a limit or the context, options that contradict each other), 401 a missing or
+wrong API key, 404 an unknown model or route, 413 a body over ``--max-body-bytes``, 422 a body that is JSON but not
+the schema (a wrong type, an unknown field or ``depthlens`` option, a missing field), 429 the queue is full
+(``Retry-After``), 503 the server is shutting down or its engine failed, 500 anything unforeseen — logged here
+with its traceback, answered with its type and message only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from depthlens.errors import DepthlensError
+
+log = logging.getLogger("depthlens.serve")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+          429: "rate_limit_error", 500: "server_error", 503: "server_error"}  # fmt: skip
+
+
+class ApiError(Exception):
+    """An error the server answers with ``status`` and the OpenAI error body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        kind = _TYPES.get(self.status, "invalid_request_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+_VALUE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_short", "too_long",
+                 "literal_error"}  # fmt: skip
+
+
+def _param(loc: tuple[Any, ...]) -> str:
+    """A pydantic location as a dotted field name, union branches (``list[int]``) left out."""
+    parts = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float")))]
+    return ".".join(parts).replace(".0", "[0]") if parts else ""
+
+
+def schema_error(exc: ValidationError) -> ApiError:
+    """The first problem of a body that does not fit the schema, as a 422 that names the field."""
+    errors = exc.errors()
+    first = errors[0]
+    param = _param(first["loc"])
+    if param == "prompt" or param.startswith("prompt"):
+        message = "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids"
+        return ApiError(422, message, "prompt", "invalid_type")
+    if first["type"] == "extra_forbidden":
+        where = "depthlens option" if param.startswith("depthlens.") else "field"
+        return ApiError(
+            422, f"unknown {where}: {param!r}; see docs/serve.md for the fields", param, "unknown_field"
+        )
+    if first["type"] in _VALUE_ERRORS:  # the right type, a value out of range or not one of the choices
+        value = json.dumps(first.get("input"), default=str)[:80]
+        return ApiError(400, f"{param}: {first['msg']} (got {value})", param, "invalid_value")
+    if first["type"] == "missing":
+        return ApiError(422, f"missing required field {param!r}", param, "missing_field")
+    value = json.dumps(first.get("input"), default=str)[:80]
+    return ApiError(422, f"{param}: {first['msg']} (got {value})", param, "invalid_type")
+
+
+def depthlens_error(exc: DepthlensError) -> ApiError:
+    """A library error raised by a request's own settings (a config out of range, a prompt too long) → 400."""
+    setting = getattr(exc, "setting", None)
+    return ApiError(400, str(exc), setting, "invalid_value")
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    message = {404: f"no route {request.method} {request.url.path}", 405: "method not allowed"}.get(
+        exc.status_code, str(exc.detail)
+    )
+    return ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None).response()
+
+
+async def _unforeseen(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    text = " ".join(str(exc).split())[:300]
+    return ApiError(500, f"internal error ({type(exc).__name__}: {text}); see the server's log").response()
+
+
+def install(app: Any) -> None:
+    """The handlers that turn every exception into the OpenAI error body."""
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _unforeseen)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes gets 413 before the route reads it (by its
+    Content-Length, or while a chunked body streams in)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise ApiError(413, self._message(), code="body_too_large")
+            return message
+
+        await self.app(scope, counted, send)
+
+    def _message(self) -> str:
+        return f"request body over {self.limit} bytes (--max-body-bytes); send a shorter prompt"
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = ApiError(413, self._message(), code="body_too_large").response()
+        await response(scope, receive, send)

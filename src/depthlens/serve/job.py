@@ -1,0 +1,233 @@
+"""A request body → the job it asks for (``Job``), checked against the server's limits and the model's context
+before anything runs; every refusal is a 400 that names its field."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from typing import Any
+
+from depthlens.config import DTRConfig, OnlineConfig, SamplingConfig, VotingConfig
+from depthlens.errors import ConfigError, DepthlensError, InputError
+from depthlens.evals.answers import ExtractionConfig
+from depthlens.serve.errors import ApiError, depthlens_error
+from depthlens.serve.schema import ChatRequest, CompletionRequest, DepthlensOptions, OnlineOptions
+from depthlens.serve.settings import ServeConfig
+from depthlens.studies.score import as_token_ids, render_chat
+
+VARIANTS = {"low": 0.1, "high": 0.9}  # DeepConf-low / -high keep the top 10 % / 90 % (their percentile)
+
+
+@dataclasses.dataclass(frozen=True)
+class Depth:
+    """What a request asks of the readout and of voting."""
+
+    tokens: bool  # per-token values in the answer (and on each stream chunk)
+    dtr: DTRConfig  # g, ρ, the deep rule and ℓ of ``dtr_prefix``
+    answers: ExtractionConfig  # how think / online read each sample's answer
+    think: VotingConfig | None = None
+    online: OnlineConfig | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One request, ready to run: its prompts as token ids and how to sample and read them."""
+
+    chat: bool
+    prompts: tuple[tuple[int, ...], ...]
+    n: int  # samples per prompt (plain sampling; think and online have their own)
+    sampling: SamplingConfig
+    seed: int  # the base seed: sample i of prompt p has seed studies.generate.sample_seed(seed, p, i)
+    stop: tuple[str, ...]
+    logprobs: int | None  # None: no logprobs; k: the sampled token's and the top k
+    stream: bool
+    include_usage: bool
+    depth: Depth
+
+    @property
+    def voted(self) -> bool:
+        return self.depth.think is not None or self.depth.online is not None
+
+
+def build_job(
+    body: CompletionRequest | ChatRequest, tokenizer: Any, context: int | None, settings: ServeConfig
+) -> Job:
+    """The job ``body`` asks for, or an ``ApiError``."""
+    if body.model != settings.model_id:
+        raise ApiError(404, f"model {body.model!r} is not served here; this server serves {settings.model_id!r}",
+                       "model", "model_not_found")  # fmt: skip
+    unsupported = body.unsupported()
+    if unsupported:
+        name, value = next(iter(unsupported.items()))
+        raise ApiError(400, f"{name} = {value!r} is not supported by depthlens serve", name, "unsupported")
+    chat = isinstance(body, ChatRequest)
+    prompts = (
+        _chat_prompt(body, tokenizer)
+        if isinstance(body, ChatRequest)
+        else _prompts(body, tokenizer, settings)
+    )
+    options = body.depthlens or DepthlensOptions()
+    depth = _depth(options, settings)
+    n = body.n
+    if not 1 <= n <= settings.max_n:
+        raise ApiError(400, f"n = {n} must lie in [1, {settings.max_n}] (--max-n)", "n", "invalid_value")
+    if depth.think is not None or depth.online is not None:
+        if n != 1:
+            raise ApiError(400, "with depthlens.think or .online the samples are think.n / online.max_n and the "
+                           "answer is their vote: leave n out (or 1)", "n", "invalid_value")  # fmt: skip
+        if depth.think is not None and depth.online is not None:
+            raise ApiError(
+                400, "depthlens.think and depthlens.online exclude each other; give one", "depthlens"
+            )
+    limit = body.max_completion_tokens if isinstance(body, ChatRequest) else None
+    max_tokens = limit or body.max_tokens
+    sampling = _sampling(body, max_tokens, prompts, context, options, depth, settings, chat)
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    if len(stop) > 4 or any(not s for s in stop):
+        raise ApiError(400, "stop takes up to 4 non-empty strings", "stop", "invalid_value")
+    seed = body.seed if body.seed is not None else secrets.randbits(62)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    logprobs = _logprobs(body)
+    return Job(chat, prompts, n, sampling, seed, stop, logprobs, body.stream, include_usage, depth)
+
+
+def _logprobs(body: CompletionRequest | ChatRequest) -> int | None:
+    if isinstance(body, ChatRequest):
+        k = body.top_logprobs or 0
+        if not 0 <= k <= 20:
+            raise ApiError(400, f"top_logprobs = {k} must lie in [0, 20]", "top_logprobs", "invalid_value")
+        return k if body.logprobs else None
+    if body.logprobs is not None and not 0 <= body.logprobs <= 20:
+        raise ApiError(400, f"logprobs = {body.logprobs} must lie in [0, 20]", "logprobs", "invalid_value")
+    return body.logprobs
+
+
+def _prompts(body: CompletionRequest, tokenizer: Any, settings: ServeConfig) -> tuple[tuple[int, ...], ...]:
+    raw = body.prompt
+    if isinstance(raw, str) or (raw and isinstance(raw[0], int)):
+        items: list[Any] = [raw]
+    else:
+        items = list(raw)
+    if not items or len(items) > settings.max_prompts:
+        raise ApiError(400, f"give 1 to {settings.max_prompts} prompts (--max-prompts), not {len(items)}",
+                       "prompt", "invalid_value")  # fmt: skip
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            if tokenizer is None:
+                raise ApiError(400, "this model has no tokenizer: give the prompt as token ids", "prompt")
+            ids = as_token_ids(tokenizer(item, add_special_tokens=True)["input_ids"])
+        else:
+            ids = list(item)
+        if not ids:
+            raise ApiError(400, "the prompt is empty: give at least one token", "prompt", "invalid_value")
+        out.append(tuple(ids))
+    return tuple(out)
+
+
+def _chat_prompt(body: ChatRequest, tokenizer: Any) -> tuple[tuple[int, ...], ...]:
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ApiError(400, "this model has no chat template; use /v1/completions with a plain prompt",
+                       "messages", "no_chat_template")  # fmt: skip
+    messages = [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
+    ]
+    try:
+        return (tuple(render_chat(tokenizer, messages, "messages")),)
+    except InputError as exc:
+        raise ApiError(400, str(exc), "messages", "invalid_value") from None
+
+
+def _readout_window(options: DepthlensOptions, settings: ServeConfig, prefixes: list[int]) -> int | None:
+    asked = options.readout_tokens
+    if asked == "all" or (asked is None and settings.readout_tokens is None):
+        return None
+    window = asked if isinstance(asked, int) else settings.readout_tokens
+    if window is None or window < 1:
+        raise ApiError(
+            400, f"depthlens.readout_tokens = {window} must be ≥ 1 or 'all'", "depthlens.readout_tokens"
+        )
+    return max(window, *prefixes)
+
+
+def _sampling(
+    body: CompletionRequest | ChatRequest,
+    max_tokens: int | None,
+    prompts: tuple[tuple[int, ...], ...],
+    context: int | None,
+    options: DepthlensOptions,
+    depth: Depth,
+    settings: ServeConfig,
+    chat: bool,
+) -> SamplingConfig:
+    longest = max(len(p) for p in prompts)
+    room = None if context is None else context - longest
+    if room is not None and room < 1:
+        raise ApiError(400, f"the prompt has {longest} tokens, the model's context {context}: no room for a reply",
+                       "messages" if chat else "prompt", "context_length_exceeded")  # fmt: skip
+    if max_tokens is None:
+        max_tokens = settings.default_max_tokens if chat else 16  # OpenAI's completions default
+        max_tokens = min(max_tokens, room) if room is not None else max_tokens
+    if not 1 <= max_tokens <= settings.max_tokens:
+        raise ApiError(400, f"max_tokens = {max_tokens} must lie in [1, {settings.max_tokens}] (--max-tokens)",
+                       "max_tokens", "invalid_value")  # fmt: skip
+    if room is not None and max_tokens > room:
+        raise ApiError(400, f"prompt ({longest} tokens) + max_tokens ({max_tokens}) exceed the model's context of "
+                       f"{context}; lower max_tokens", "max_tokens", "context_length_exceeded")  # fmt: skip
+    prefixes = [depth.dtr.prefix or 1]
+    if depth.think is not None and depth.think.prefix is not None:
+        prefixes.append(depth.think.prefix)
+    if depth.online is not None:
+        prefixes.append(depth.online.prefix)
+    try:
+        return SamplingConfig(
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            max_new_tokens=max_tokens,
+            readout_tokens=_readout_window(options, settings, prefixes),
+        )
+    except ConfigError as exc:
+        raise ApiError(400, f"{exc.setting or 'sampling'}: {exc}", exc.setting, "invalid_value") from None
+
+
+def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
+    try:
+        dtr = DTRConfig(**{k: v for k, v in (("g", options.g), ("rho", options.rho)) if v is not None},
+                        prefix=options.prefix)  # fmt: skip
+        answers = ExtractionConfig(answer_type=options.answer_type or "number")
+        think = online = None
+        if options.think is not None:
+            t = options.think
+            if t.n > settings.max_n:
+                raise ApiError(400, f"think.n = {t.n} is over --max-n {settings.max_n}", "depthlens.think.n")
+            think = VotingConfig(n=t.n, eta=t.eta, prefix=t.prefix, trials=1)
+            answers = ExtractionConfig(answer_type=t.answer_type or answers.answer_type)
+        if options.online is not None:
+            online = _online(options.online, settings)
+            answers = ExtractionConfig(answer_type=options.online.answer_type or answers.answer_type)
+    except DepthlensError as exc:
+        error = depthlens_error(exc)
+        error.param = f"depthlens.{error.param}" if error.param else "depthlens"
+        raise error from None
+    return Depth(options.tokens, dtr, answers, think, online)
+
+
+def _online(o: OnlineOptions, settings: ServeConfig) -> OnlineConfig:
+    defaults = OnlineConfig()
+    deepconf = o.variant is not None or o.threshold is not None
+    signal = o.signal or ("confidence" if deepconf else "dtr")
+    if deepconf and signal != "confidence":
+        raise ApiError(400, "online.variant and online.threshold are DeepConf's: they need signal 'confidence'",
+                       "depthlens.online.signal", "invalid_value")  # fmt: skip
+    if o.variant is not None and o.eta is not None:
+        raise ApiError(400, "give online.variant (low = keep 10 %, high = 90 %) or online.eta, not both",
+                       "depthlens.online.eta", "invalid_value")  # fmt: skip
+    keep = VARIANTS[o.variant] if o.variant is not None else o.eta if o.eta is not None else defaults.keep
+    fields = {"warmup": o.warmup, "max_n": o.max_n, "consensus": o.consensus, "prefix": o.prefix,
+              "window": o.window, "batch_size": o.batch_size}  # fmt: skip
+    given = {k: v for k, v in fields.items() if v is not None}
+    config = OnlineConfig(signal=signal, keep=keep, threshold=o.threshold, **given)  # type: ignore[arg-type]
+    if config.max_n > settings.max_n:
+        raise ApiError(400, f"online.max_n = {config.max_n} is over --max-n {settings.max_n}",
+                       "depthlens.online.max_n", "invalid_value")  # fmt: skip
+    return config

@@ -1,0 +1,247 @@
+"""Running one request on a request thread: plain sampling, Think@n or the online policy, per prompt.
+
+Think@n is ``studies.thinkn.think_at_n_live`` and the online policy ``voting.online.run_policy`` over
+``studies.online.generate_batch`` — the code ``depthlens thinkn`` runs — on the request's own ``ServeBackend``;
+answers are read by ``evals.answers`` (``extract_answer``, ``vote_key``). This module only wires them to the
+request and records what each sample did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from depthlens.config import VotingConfig
+from depthlens.evals.answers import extract_answer, vote_key
+from depthlens.sampling.backend import Paused, Trace
+from depthlens.sampling.live import Watch
+from depthlens.serve.depth import summary
+from depthlens.serve.engines import Engine, ServeBackend
+from depthlens.serve.job import Job
+from depthlens.serve.stream import GroupStream, Push
+from depthlens.serve.text import final_text
+from depthlens.studies.generate import sample_seed
+from depthlens.studies.online import generate_batch, rounded_response
+from depthlens.studies.thinkn import response_from_trace, think_at_n_live
+from depthlens.voting.online import SIGNALS, run_policy, stop_point
+
+FINISH_REASONS = {"eos": "stop", "stopped": "stop", "length": "length", "paused": "length"}
+
+
+@dataclasses.dataclass
+class Choice:
+    index: int
+    trace: Trace
+    text: str
+    finish_reason: str
+    depthlens: dict[str, Any]
+    top: list[list[tuple[int, float]]]
+
+
+@dataclasses.dataclass
+class Outcome:
+    choices: list[Choice]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclasses.dataclass
+class _Context:
+    engine: Engine
+    job: Job
+    tokenizer: Any
+    cancel: threading.Event | None
+    push: Push | None
+    generated: int = 0
+
+    def backend(self, logprobs: int = 0) -> ServeBackend:
+        return self.engine.backend(self.job.sampling, logprobs, self.cancel)
+
+    def stream(self, first: int, push: Push | None, backend: ServeBackend) -> GroupStream:
+        job = self.job
+        readout = (self.engine.n_layers, job.depth.dtr) if job.depth.tokens else None
+        logprobs = (job.logprobs, backend.top_logprobs) if job.logprobs is not None else None
+        return GroupStream(self.tokenizer, job.stop, self.cancel, push, first, readout, logprobs)
+
+    def describe(self, trace: Trace) -> dict[str, Any]:
+        window = self.job.depth.online.window if self.job.depth.online else VotingConfig().deepconf_window
+        return summary(trace, self.engine.n_layers, self.job.depth.dtr, window, self.job.depth.tokens)
+
+    def answer(self, trace: Trace) -> tuple[str | None, str | None]:
+        """(the answer the trace states, its vote key), by the request's answer rules."""
+        text = final_text(self.tokenizer, trace.token_ids, self.job.stop)
+        found = extract_answer(text, self.job.depth.answers, finished=trace.finish in ("eos", "stopped"))
+        return (found.text, vote_key(found.text)) if found else (None, None)
+
+    def choice(self, index: int, trace: Trace, backend: ServeBackend, extra: dict[str, Any]) -> Choice:
+        text = final_text(self.tokenizer, trace.token_ids, self.job.stop)
+        reason = FINISH_REASONS.get(trace.finish, "stop")
+        return Choice(
+            index, trace, text, reason, {**self.describe(trace), **extra}, backend.top_logprobs(trace)
+        )
+
+
+def run_job(
+    engine: Engine, job: Job, tokenizer: Any, cancel: threading.Event | None = None, push: Push | None = None
+) -> Outcome:
+    """Every prompt of ``job`` in turn; ``push`` gets the stream's events (``serve.stream``)."""
+    ctx = _Context(engine, job, tokenizer, cancel, push)
+    choices: list[Choice] = []
+    for p, prompt in enumerate(job.prompts):
+        if job.depth.think is not None:
+            choices.append(_think(ctx, p, list(prompt)))
+        elif job.depth.online is not None:
+            choices.append(_online(ctx, p, list(prompt)))
+        else:
+            choices.extend(_sample(ctx, p, list(prompt)))
+        if job.voted and push is not None:  # a vote is known only at the end: its text comes whole
+            voted = choices[-1]
+            push({"type": "delta", "index": voted.index, "text": voted.text, "tokens": None, "readout": None,
+                  "logprobs": None})  # fmt: skip
+            _push_end(push, voted)
+    return Outcome(choices, sum(len(p) for p in job.prompts), ctx.generated)
+
+
+def _push_end(push: Push, choice: Choice) -> None:
+    push(
+        {
+            "type": "end",
+            "index": choice.index,
+            "finish_reason": choice.finish_reason,
+            "depthlens": choice.depthlens,
+        }
+    )
+
+
+def _seeds(job: Job, p: int, indices: Sequence[int]) -> list[int]:
+    return [sample_seed(job.seed, str(p), i) for i in indices]
+
+
+def _sample(ctx: _Context, p: int, prompt: list[int]) -> list[Choice]:
+    job = ctx.job
+    backend = ctx.backend(job.logprobs or 0)
+    stream = ctx.stream(p * job.n, ctx.push, backend)
+    backend.watch = Watch(stream.on_step, stream.ends)
+    try:
+        traces = backend.start(prompt, _seeds(job, p, range(job.n))).traces
+    finally:
+        ctx.generated += backend.generated()
+    stream.close(traces)
+    choices = [ctx.choice(p * job.n + i, t, backend, {}) for i, t in enumerate(traces)]
+    if ctx.push is not None:
+        for choice in choices:
+            _push_end(ctx.push, choice)
+    return choices
+
+
+class _Recorded:
+    """A backend that remembers which responses were resumed (Think@n's kept ones)."""
+
+    def __init__(self, inner: ServeBackend) -> None:
+        self.inner = inner
+        self.n_layers = inner.n_layers
+        self.kept: list[int] = []
+
+    def start(self, prompt_ids: Sequence[int], seeds: Sequence[int], stop_after: int | None = None) -> Paused:
+        return self.inner.start(prompt_ids, seeds, stop_after)
+
+    def resume(self, paused: Paused, keep: Sequence[int]) -> list[Trace]:
+        self.kept = sorted(keep)
+        return self.inner.resume(paused, keep)
+
+
+def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
+    job, voting = ctx.job, ctx.job.depth.think
+    assert voting is not None
+    backend = ctx.backend()
+    stream = ctx.stream(0, None, backend)
+    backend.watch = Watch(stream.on_step, stream.ends)
+    recorded = _Recorded(backend)
+    answers: dict[int, tuple[str | None, str | None]] = {}
+
+    def answer_key(trace: Trace) -> str | None:
+        answers[id(trace)] = ctx.answer(trace)
+        return answers[id(trace)][1]
+
+    seeds = _seeds(job, p, range(voting.n))
+    try:
+        answer, traces, _ = think_at_n_live(recorded, prompt, seeds, voting, job.depth.dtr, answer_key)
+    finally:
+        ctx.generated += backend.generated()
+    kept = set(recorded.kept)
+    voters = [i for i in sorted(kept) if answers.get(id(traces[i]), (None, None))[1] == answer]
+    chosen = voters[0] if voters else min(kept, default=0)
+    samples = []
+    for i, t in enumerate(traces):
+        text, key = answers.get(id(t), (None, None))
+        prefix_dtr = response_from_trace(t, backend.n_layers, job.depth.dtr).prefix_dtr(voting.prefix)
+        samples.append({"index": i, "seed": t.seed, "prefix_dtr": prefix_dtr, "kept": i in kept, "answer": text,
+                        "vote_key": key, "tokens": len(t), "generated": backend.engine_tokens(t),
+                        "finish": t.finish, "text": final_text(ctx.tokenizer, t.token_ids, job.stop)})  # fmt: skip
+    finished = [len(traces[i]) for i in kept]
+    saved = _saved(finished, [len(t) for i, t in enumerate(traces) if i not in kept], 0)
+    think = {"n": voting.n, "eta": voting.eta, "prefix": voting.prefix, "answer": answer, "voted": chosen,
+             "kept": sorted(kept), "stopped": voting.n - len(kept), "tokens": backend.generated(),
+             "tokens_saved": saved, "samples": samples}  # fmt: skip
+    return ctx.choice(p, traces[chosen], backend, {"think": think})
+
+
+def _saved(finished: Sequence[int], stopped: Sequence[int], unstarted: int) -> int:
+    """Tokens not generated, estimated: each stopped sample would have run to the mean length of those that ran
+    to their end, and each sample never started as long."""
+    if not finished:
+        return 0
+    mean = sum(finished) / len(finished)
+    return round(sum(max(0.0, mean - n) for n in stopped) + unstarted * mean)
+
+
+def _online(ctx: _Context, p: int, prompt: list[int]) -> Choice:
+    job, cfg = ctx.job, ctx.job.depth.online
+    assert cfg is not None
+    backend = ctx.backend()
+    dtr, n_layers = job.depth.dtr, backend.n_layers
+    seen: dict[int, tuple[Trace, str | None, str | None]] = {}
+
+    def sample(indices: Sequence[int], tau: float | None) -> list[Any]:
+        stream = ctx.stream(0, None, backend)
+        per_token = tau is not None and not SIGNALS[cfg.signal].decides_at_prefix
+
+        def ends(i: int, trace: Trace) -> bool:
+            if stream.ends(i, trace):
+                return True
+            return per_token and stop_point(rounded_response(trace, n_layers, dtr), tau, cfg) is not None
+
+        backend.watch = Watch(stream.on_step, ends)
+        traces, stops = generate_batch(backend, prompt, _seeds(job, p, indices), tau, cfg, dtr)
+        out = []
+        for i, trace, stop in zip(indices, traces, stops, strict=True):
+            text, key = ctx.answer(trace) if stop is None else (None, None)
+            seen[i] = (trace, text, key)
+            out.append(dataclasses.replace(rounded_response(trace, n_layers, dtr), key=key))
+        return out
+
+    try:
+        outcome = run_policy(cfg, sample)
+    finally:
+        ctx.generated += backend.generated()
+    decisions = [d.to_dict() for d in outcome.decisions]
+    for d in decisions:
+        trace, text, key = seen[d["index"]]
+        d.update(
+            seed=trace.seed,
+            answer=text,
+            vote_key=key,
+            generated=backend.engine_tokens(trace),
+            text=final_text(ctx.tokenizer, trace.token_ids, job.stop),
+        )
+    voters = [d["index"] for d in decisions if d["votes"] and d["key"] == outcome.answer]
+    chosen = voters[0] if voters else min(d["index"] for d in decisions if d["votes"])
+    finished = [d["tokens"] for d in decisions if d["stopped_at"] is None]
+    stopped = [d["tokens"] for d in decisions if d["stopped_at"] is not None]
+    online = {**{k: v for k, v in cfg.to_dict().items()}, "threshold": outcome.threshold, "stop": outcome.stop,
+              "answer": outcome.answer, "voted": chosen, "started": outcome.started, "stopped": len(stopped),
+              "tokens": backend.generated(), "tokens_saved": _saved(finished, stopped, cfg.max_n - outcome.started),
+              "samples": decisions}  # fmt: skip
+    return ctx.choice(p, seen[chosen][0], backend, {"online": online})

@@ -1,0 +1,159 @@
+"""Admission and execution: a bounded queue in front of a pool of request threads, cancellation when a client
+leaves, and the shutdown that aborts what is still running.
+
+Each admitted request runs on a thread of the pool (``Engine.max_running`` of them: its engine calls block
+there while the engine works for everyone). Requests beyond those wait in the pool's queue; past
+``max_running + max_queue`` a request is refused at once with 429 and a ``Retry-After`` from the recent request
+durations. A request's ``threading.Event`` is set when its client disconnects (or the server stops): the engine
+aborts its samples at the next step and its thread ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import statistics
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+
+from depthlens.serve.engines import Engine
+from depthlens.serve.errors import ApiError
+from depthlens.serve.settings import ServeConfig
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its response was ready (its samples were aborted)."""
+
+
+class Runner:
+    def __init__(self, engine: Engine, settings: ServeConfig) -> None:
+        self.engine = engine
+        self.running = min(engine.max_running, settings.max_running)
+        self.capacity = self.running + settings.max_queue
+        self.pool = ThreadPoolExecutor(max_workers=self.running, thread_name_prefix="depthlens-request")
+        self.active = 0  # admitted and not yet finished (running + queued); touched on the event loop only
+        self.cancels: set[threading.Event] = set()
+        self.closing = False
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.durations: collections.deque[float] = collections.deque(maxlen=64)
+
+    def admit(self) -> threading.Event:
+        """A slot for one request, or 429 / 503; returns the request's cancel flag."""
+        if self.closing:
+            raise ApiError(503, "the server is shutting down; retry on another replica", code="shutting_down")
+        if self.engine.health().get("engine") == "failed":
+            raise ApiError(
+                503, f"the engine failed: {self.engine.health().get('error')}", code="engine_failed"
+            )
+        if self.active >= self.capacity:
+            self.stats["rejected"] += 1
+            wait = self.retry_after()
+            raise ApiError(429, f"{self.active} requests running or queued (--max-running {self.running}, "
+                           f"--max-queue {self.capacity - self.running}); retry in {wait} s",
+                           code="queue_full", headers={"Retry-After": str(wait)})  # fmt: skip
+        self.active += 1
+        cancel = threading.Event()
+        self.cancels.add(cancel)
+        return cancel
+
+    def retry_after(self) -> int:
+        """Seconds until a slot is likely free: the median recent request time × queued requests per thread."""
+        median = statistics.median(self.durations) if self.durations else 1.0
+        return max(1, min(60, math.ceil(median * max(1, self.active - self.running) / self.running)))
+
+    def submit(self, work: Callable[[], T], cancel: threading.Event) -> asyncio.Future[T]:
+        """Run ``work`` on a request thread; its slot is freed when it ends, whoever waits for it."""
+        loop = asyncio.get_running_loop()
+        began = time.monotonic()
+        future = loop.run_in_executor(self.pool, work)
+
+        def release(_: Any) -> None:
+            self.active -= 1
+            self.cancels.discard(cancel)
+            self.durations.append(time.monotonic() - began)
+            self.stats["cancelled" if cancel.is_set() else "served"] += 1
+
+        future.add_done_callback(release)
+        return future
+
+    async def call(self, work: Callable[[], T], cancel: threading.Event, request: Request) -> T:
+        """``work``'s result, or ``ClientGone`` once the client disconnected (``cancel`` then set)."""
+        future = self.submit(work, cancel)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({future, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not future.done():
+                cancel.set()
+                await asyncio.wait({future})  # the engine aborts its samples at its next step
+                raise ClientGone()
+            return future.result()
+        except asyncio.CancelledError:  # the server cancels the handler (grace period over)
+            cancel.set()
+            raise
+        finally:
+            gone.cancel()
+
+    def stream(
+        self, work: Callable[[Callable[[dict[str, Any]], None]], T], cancel: threading.Event
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Start ``work(push)`` on a request thread now; the iterator returned yields what it pushes, then
+        ``{"type": "done", "outcome": ...}`` (or ``{"type": "error", "error": exc}``). Closing the iterator early
+        (a client that left) cancels the work. Started here, not on first iteration, so its slot is freed even if
+        the response is never sent."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        def push(event: dict[str, Any]) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+            except RuntimeError:  # the loop has closed (shutdown): nobody is listening any more
+                cancel.set()
+
+        def run() -> None:
+            try:
+                push({"type": "done", "outcome": work(push)})
+            except BaseException as exc:  # handed to the stream, which answers with an error event
+                push({"type": "error", "error": exc})
+
+        self.submit(run, cancel)
+        return _drain(queue, cancel)
+
+    def health(self) -> dict[str, Any]:
+        return {"active": self.active, "running_limit": self.running, "capacity": self.capacity,
+                **self.stats, **self.engine.health()}  # fmt: skip
+
+    def close(self) -> None:
+        """Abort every request still running, stop the engine, wait for the request threads."""
+        self.closing = True
+        for cancel in list(self.cancels):
+            cancel.set()
+        self.engine.close()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has disconnected."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.2)
+
+
+async def _drain(
+    queue: asyncio.Queue[dict[str, Any]], cancel: threading.Event
+) -> AsyncIterator[dict[str, Any]]:
+    ended = False
+    try:
+        while not ended:
+            event = await queue.get()
+            ended = event["type"] in ("done", "error")
+            yield event
+    finally:
+        if not ended:
+            cancel.set()  # the client left mid-stream (or the server cancelled the handler)

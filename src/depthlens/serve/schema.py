@@ -1,0 +1,144 @@
+"""Request bodies as the OpenAI API defines them, plus the ``depthlens`` object (docs/serve.md).
+
+Strict pydantic models: a field of the wrong type or a name no model knows is refused (422) rather than ignored —
+a misspelt ``depthlens`` option would otherwise silently do nothing. OpenAI fields the server cannot honour are
+accepted only at their neutral value (``presence_penalty: 0``), so a client that sends them unchanged still works.
+The DeepConf option names users already send to other servers are aliases of the online policy's own
+(``warmup_samples`` → ``warmup``, ``window_size`` → ``window``, ``max_traces`` → ``max_n``,
+``consensus_threshold`` → ``consensus``; ``variant`` low / high and a fixed ``threshold`` select online DeepConf).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+AnswerTypeName = Literal["number", "expression", "string", "list", "letter"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _alias(*names: str) -> Any:
+    return Field(None, validation_alias=AliasChoices(*names))
+
+
+class ThinkOptions(Strict):
+    """Think@n per request: sample ``n``, keep the top ``eta`` by prefix DTR over ``prefix`` tokens, vote."""
+
+    n: Annotated[int, Field(ge=1)] = 16
+    eta: Annotated[float, Field(gt=0, le=1)] = 0.5
+    prefix: Annotated[int, Field(ge=1)] = 50
+    answer_type: AnswerTypeName | None = None
+
+
+class OnlineOptions(Strict):
+    """Online Think@n (``signal: dtr``) or online DeepConf (``signal: confidence``) per request."""
+
+    signal: Literal["dtr", "confidence"] | None = None
+    warmup: int | None = _alias("warmup", "warmup_samples")
+    max_n: int | None = _alias("max_n", "max_traces")
+    consensus: float | None = _alias("consensus", "consensus_threshold")
+    eta: float | None = None
+    prefix: int | None = None
+    window: int | None = _alias("window", "window_size")
+    batch_size: int | None = None
+    variant: Literal["low", "high"] | None = None
+    threshold: float | None = None
+    answer_type: AnswerTypeName | None = None
+
+
+class DepthlensOptions(Strict):
+    """The ``depthlens`` object of a request (``extra_body={"depthlens": {...}}`` with the openai client)."""
+
+    tokens: bool = False
+    readout_tokens: int | Literal["all"] | None = None
+    prefix: Annotated[int, Field(ge=1)] = 50
+    g: float | None = None
+    rho: float | None = None
+    answer_type: AnswerTypeName | None = None
+    think: ThinkOptions | None = None
+    online: OnlineOptions | None = None
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class Common(Strict):
+    """Fields both endpoints share."""
+
+    model: str
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    depthlens: DepthlensOptions | None = None
+
+    def unsupported(self) -> dict[str, object]:
+        """Fields given at a value the server cannot honour: name → value."""
+        out: dict[str, object] = {}
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                out[name] = getattr(self, name)
+        if self.logit_bias:
+            out["logit_bias"] = self.logit_bias
+        return out
+
+
+class CompletionRequest(Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def unsupported(self) -> dict[str, object]:
+        out = super().unsupported()
+        if self.echo:
+            out["echo"] = True
+        if self.suffix:
+            out["suffix"] = self.suffix
+        if self.best_of not in (None, self.n):
+            out["best_of"] = self.best_of
+        return out
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatRequest(Common):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    max_completion_tokens: int | None = None
+    parallel_tool_calls: bool | None = None
+
+    def unsupported(self) -> dict[str, object]:
+        out = super().unsupported()
+        if self.top_logprobs and not self.logprobs:
+            out["top_logprobs"] = "without logprobs: true"
+        return out

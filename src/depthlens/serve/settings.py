@@ -1,0 +1,56 @@
+"""The server's own settings: limits, queue and shutdown (the engine's are ``config.EngineConfig``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from depthlens.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    """What the server accepts and how many requests it holds.
+
+    Attributes:
+        model_id: the name ``/v1/models`` lists and requests must give as ``model``.
+        api_key: when set, every ``/v1`` request must carry ``Authorization: Bearer <api_key>``.
+        max_n: the most samples one request may ask for (``n``, ``think.n``, ``online.max_n``).
+        max_tokens: the most tokens one sample may generate (``max_tokens``).
+        default_max_tokens: a chat request's ``max_tokens`` when it gives none (completions: OpenAI's 16).
+        max_prompts: the most prompts one ``/v1/completions`` request may batch.
+        readout_tokens: leading tokens of each sample read out at every layer when a request does not say
+            (None = all); raised to the request's DTR prefix when shorter.
+        max_running: requests running at once (vLLM batches all of their samples in one engine; the
+            transformers backend runs one request at a time whatever this says).
+        max_queue: requests waiting beyond those; past them a request gets 429 with ``Retry-After``.
+        max_body_bytes: larger request bodies get 413.
+        shutdown_grace: seconds SIGTERM gives in-flight requests to finish before they are aborted.
+    """
+
+    model_id: str
+    api_key: str | None = None
+    max_n: int = 64
+    max_tokens: int = 4096
+    default_max_tokens: int = 512
+    max_prompts: int = 16
+    readout_tokens: int | None = 50
+    max_running: int = 32
+    max_queue: int = 64
+    max_body_bytes: int = 1 << 20
+    shutdown_grace: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_n",
+            "max_tokens",
+            "default_max_tokens",
+            "max_prompts",
+            "max_running",
+            "max_body_bytes",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} must be ≥ 1")
+        if self.max_queue < 0 or self.shutdown_grace < 0:
+            raise ConfigError("--max-queue and --shutdown-grace must be ≥ 0")
+        if self.readout_tokens is not None and self.readout_tokens < 1:
+            raise ConfigError(f"--readout-tokens {self.readout_tokens} must be ≥ 1, or 'all'")

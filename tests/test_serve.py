@@ -1,0 +1,388 @@
+"""`depthlens serve` on the transformers backend, with real clients on loopback: the openai SDK (sync, async,
+streaming), curl and raw HTTP for the malformed requests. One server per module (a tiny random chat model);
+every client call has a timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import subprocess
+import threading
+import time
+
+import pytest
+import torch
+
+from tests.serving import save_tiny_chat, serving, wait_for
+from tests.tolerance import assert_float32_equal, shifted
+
+pytestmark = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "openai", "httpx")),
+    reason="needs the serve extra and the openai client",
+)
+TIMEOUT = 120  # s per client call: generous for a loaded 2-core machine, bounded
+G = 0.1  # a settling threshold at which the tiny model's tokens settle at different layers (DTRs vary)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_chat(tmp_path_factory.mktemp("serve-model"))
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve-log") / "server.log"
+    args = ["--model", str(model_dir), "--backend", "hf", "--device", "cpu", "--max-tokens", "64",
+            "--max-body-bytes", "4096", "--readout-tokens", "all"]  # fmt: skip
+    with serving(args, log) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    return str(model_dir)
+
+
+@pytest.fixture
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=TIMEOUT)
+
+
+def _depth(choice) -> dict:
+    """The choice's ``depthlens`` object as the typed SDK object carries it (an extra field)."""
+    return choice.model_extra["depthlens"]
+
+
+def test_models_and_a_plain_completion(client, model):
+    from openai.types import Completion
+
+    assert [m.id for m in client.models.list().data] == [model]
+    r = client.completions.create(model=model, prompt="12+3=", max_tokens=8, n=3, seed=7, logprobs=0)
+    assert isinstance(r, Completion) and r.object == "text_completion" and len(r.choices) == 3
+    counts = [_depth(c)["token_count"] for c in r.choices]
+    assert (
+        r.usage.completion_tokens == sum(counts) and r.usage.prompt_tokens == 5
+    )  # a character tokenizer without BOS
+    for c in r.choices:
+        assert c.finish_reason in ("stop", "length") and isinstance(c.text, str)
+        assert len(c.logprobs.token_logprobs) == _depth(c)["token_count"]
+        d = _depth(c)
+        assert (
+            0 <= d["dtr"] <= 1
+            and 1 <= d["mean_settling_depth"] <= 3
+            and d["readout_tokens"] == d["token_count"]
+        )
+    again = client.completions.create(model=model, prompt="12+3=", max_tokens=8, n=3, seed=7)
+    assert [c.text for c in again.choices] == [c.text for c in r.choices]  # seeded: reproducible
+    assert r.model_extra["depthlens"]["backend"] == "hf"
+
+
+def test_depth_is_the_readout_of_the_returned_tokens(client, model, model_dir):
+    """Per-token values: settling depths and DTR follow from the returned divergence rows (definitions §2), and
+    those rows equal a teacher-forced readout of the same prompt and tokens."""
+    from depthlens.metrics.dtr import deep_flags, settling_depth
+    from depthlens.metrics.token_table import chunk_divergence_kinds
+    from depthlens.models.load import load
+    from depthlens.readout.stream import TokenSequence, iter_readout
+
+    r = client.completions.create(model=model, prompt="7*8=", max_tokens=12, seed=1,
+                                  extra_body={"depthlens": {"tokens": True, "g": G, "prefix": 5}})  # fmt: skip
+    d = _depth(r.choices[0])
+    tokens = d["tokens"]
+    rows = torch.tensor(tokens["divergence"])
+    settle = settling_depth(rows, G)
+    deep = deep_flags(settle, 3, 0.85)
+    assert tokens["settling_depth"] == settle.tolist() and tokens["deep"] == deep.tolist()
+    assert d["dtr"] == pytest.approx(deep.double().mean().item())
+    assert d["dtr_prefix"] == pytest.approx(deep[:5].double().mean().item())
+    assert d["mean_settling_depth"] == pytest.approx(settle.double().mean().item())
+    assert d["log_prob"] == pytest.approx(sum(tokens["log_prob"]) / len(tokens["log_prob"]))
+    lm = load(str(model_dir), device="cpu")
+    prompt = lm.tokenizer("7*8=", add_special_tokens=True)["input_ids"]
+    chunks = list(iter_readout(lm, [TokenSequence(prompt, tokens["token_ids"])]))
+    reference = torch.cat([chunk_divergence_kinds(c, ("jsd",))["jsd"] for c in chunks])
+    # the same pass vs a teacher-forced one: float32 reordering only; a token off by one must fail
+    assert_float32_equal(rows, reference, what="divergences", mutants=[("a dropped token", shifted(rows))])
+
+
+def test_streaming_chat_carries_per_token_values_and_usage(client, model):
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=10, seed=5,
+                                           extra_body={"depthlens": {"tokens": True}})  # fmt: skip
+    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=10, seed=5, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"depthlens": {"tokens": True}})  # fmt: skip
+    text, offsets, rows, usage, finish, summary = "", [], [], None, None, None
+    for chunk in stream:
+        if not chunk.choices:
+            usage = chunk.usage
+            continue
+        choice = chunk.choices[0]
+        text += choice.delta.content or ""
+        extra = choice.model_extra.get("depthlens") or {}
+        if "tokens" in extra and isinstance(extra["tokens"], dict) and "offset" in extra["tokens"]:
+            offsets.append((extra["tokens"]["offset"], len(extra["tokens"]["token_ids"])))
+        if "readout" in extra:
+            rows.extend(extra["readout"]["settling_depth"])
+        if choice.finish_reason:
+            finish, summary = choice.finish_reason, extra
+    expected = whole.choices[0]
+    assert text == expected.message.content and finish == expected.finish_reason
+    assert [o for o, _ in offsets] == [
+        sum(n for _, n in offsets[:i]) for i in range(len(offsets))
+    ]  # contiguous
+    assert rows == _depth(expected)["tokens"]["settling_depth"]
+    assert summary["dtr"] == _depth(expected)["dtr"]
+    assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_async_clients_at_once_get_what_they_get_alone(server, model):
+    import openai
+
+    async def main() -> list[str]:
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=TIMEOUT)
+        calls = [aclient.chat.completions.create(model=model, messages=[{"role": "user", "content": f"q{i}"}],
+                                                 max_tokens=6, seed=i) for i in range(4)]  # fmt: skip
+        replies = await asyncio.gather(*calls)
+        await aclient.close()
+        return [r.choices[0].message.content for r in replies]
+
+    together = asyncio.run(main())
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=TIMEOUT)
+    alone = []
+    for i in range(4):
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=6, seed=i
+        )
+        alone.append(reply.choices[0].message.content)
+    assert together == alone
+
+
+def test_stop_strings_end_the_sample(client, model):
+    first = client.completions.create(model=model, prompt="abc", max_tokens=30, seed=11, logprobs=0)
+    text, pieces = first.choices[0].text, first.choices[0].logprobs.tokens
+    stop = text[10:12]
+    assert len(stop) == 2
+    cut = client.completions.create(
+        model=model, prompt="abc", max_tokens=30, seed=11, stop=[stop, "\x00never"]
+    )
+    assert cut.choices[0].text == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
+    # generation ended at the token that completed the stop string (special tokens decode to nothing)
+    needed = next(k for k in range(len(pieces) + 1) if stop in "".join(pieces[:k]))
+    assert cut.usage.completion_tokens == needed < first.usage.completion_tokens
+
+
+def test_think_at_n_keeps_the_deepest_prefixes_and_stops_the_rest_at_l(client, model):
+    r = client.completions.create(model=model, prompt="3+4=", max_tokens=16, seed=2, extra_body={"depthlens": {
+        "g": G, "answer_type": "string", "think": {"n": 6, "eta": 0.5, "prefix": 4}}})  # fmt: skip
+    think = _depth(r.choices[0])["think"]
+    samples = think["samples"]
+    assert len(samples) == 6 and think["stopped"] == 3
+    ranked = sorted(range(6), key=lambda i: (-samples[i]["prefix_dtr"], i))[
+        :3
+    ]  # ties keep the earlier response
+    assert think["kept"] == sorted(ranked) == [s["index"] for s in samples if s["kept"]]
+    for s in samples:
+        assert s["generated"] == s["tokens"]  # nothing generated past what the trace holds
+        if not s["kept"]:
+            assert s["tokens"] <= 4 and s["answer"] is None and s["finish"] in ("paused", "eos")
+    assert r.usage.completion_tokens == think["tokens"] == sum(s["generated"] for s in samples)
+    assert think["voted"] in think["kept"]
+    assert _depth(r.choices[0])["seed"] == samples[think["voted"]]["seed"]
+    assert think["tokens_saved"] >= 0
+
+
+def test_online_think_at_n_and_online_deepconf(client, model):
+    r = client.completions.create(model=model, prompt="9-2=", max_tokens=12, seed=3, extra_body={"depthlens": {
+        "g": G, "online": {"warmup": 2, "max_n": 6, "prefix": 4, "batch_size": 2}}})  # fmt: skip
+    online = _depth(r.choices[0])["online"]
+    assert online["signal"] == "dtr" and 2 <= online["started"] <= 6
+    for s in online["samples"]:
+        assert s["generated"] == s["tokens"]
+        if s["stopped_at"] is not None:
+            assert s["phase"] == "online" and s["tokens"] == s["stopped_at"] <= 4 and not s["votes"]
+    assert r.usage.completion_tokens == online["tokens"] == sum(s["generated"] for s in online["samples"])
+    # DeepConf's names: variant low (keep 10 %), warmup_samples, window_size, max_traces; a fixed threshold so
+    # high that every online sample stops as soon as it has a full window.
+    r = client.completions.create(model=model, prompt="9-2=", max_tokens=12, seed=3, extra_body={"depthlens": {
+        "online": {"variant": "low", "warmup_samples": 2, "window_size": 3, "max_traces": 4}}})  # fmt: skip
+    online = _depth(r.choices[0])["online"]
+    assert online["signal"] == "confidence" and online["keep"] == 0.1 and online["window"] == 3
+    r = client.completions.create(model=model, prompt="9-2=", max_tokens=12, seed=3, extra_body={"depthlens": {
+        "online": {"threshold": 1e6, "warmup_samples": 2, "window_size": 3, "max_traces": 4}}})  # fmt: skip
+    online = _depth(r.choices[0])["online"]
+    later = [s for s in online["samples"] if s["phase"] == "online"]
+    assert online["threshold"] == 1e6 and later
+    assert all(s["stopped_at"] == 3 == s["generated"] for s in later if s["tokens"] >= 3)
+
+
+def test_curl_completion_and_stream(server, model):
+    body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 5, "seed": 1})
+    out = subprocess.run(["curl", "-s", "--max-time", str(TIMEOUT), f"{server.url}/v1/completions",
+                          "-H", "Content-Type: application/json", "-d", body],
+                         capture_output=True, text=True, timeout=TIMEOUT + 10, check=True)  # fmt: skip
+    reply = json.loads(out.stdout)
+    assert reply["choices"][0]["depthlens"]["token_count"] == reply["usage"]["completion_tokens"]
+    streamed = json.dumps({"model": model, "prompt": "hi", "max_tokens": 5, "seed": 1, "stream": True})
+    out = subprocess.run(["curl", "-s", "-N", "--max-time", str(TIMEOUT), f"{server.url}/v1/completions",
+                          "-H", "Content-Type: application/json", "-d", streamed],
+                         capture_output=True, text=True, timeout=TIMEOUT + 10, check=True)  # fmt: skip
+    lines = [line[6:] for line in out.stdout.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(line) for line in lines[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == reply["choices"][0]["text"]
+
+
+BAD = {
+    "unknown model": ({"model": "gpt-4", "prompt": "x"}, 404, "model", "model_not_found"),
+    "n over --max-n": ({"prompt": "x", "n": 1000}, 400, "n", "invalid_value"),
+    "max_tokens over --max-tokens": ({"prompt": "x", "max_tokens": 65}, 400, "max_tokens", "invalid_value"),
+    "prompt over the context": (
+        {"prompt": "x" * 250, "max_tokens": 10},
+        400,
+        "max_tokens",
+        "context_length_exceeded",
+    ),
+    "unknown depthlens option": (
+        {"prompt": "x", "depthlens": {"bogus": 1}},
+        422,
+        "depthlens.bogus",
+        "unknown_field",
+    ),
+    "unknown think option": (
+        {"prompt": "x", "depthlens": {"think": {"k": 1}}},
+        422,
+        "depthlens.think.k",
+        "unknown_field",
+    ),
+    "prompt of the wrong type": ({"prompt": {"text": "x"}}, 422, "prompt", "invalid_type"),
+    "n of the wrong type": ({"prompt": "x", "n": "2"}, 422, "n", "invalid_type"),
+    "top logprobs on hf": ({"prompt": "x", "logprobs": 3}, 400, "logprobs", "unsupported"),
+    "a penalty it cannot honour": (
+        {"prompt": "x", "presence_penalty": 0.5},
+        400,
+        "presence_penalty",
+        "unsupported",
+    ),
+    "think with n": ({"prompt": "x", "n": 2, "depthlens": {"think": {"n": 4}}}, 400, "n", "invalid_value"),
+    "eta out of range": (
+        {"prompt": "x", "depthlens": {"think": {"eta": 1.5}}},
+        400,
+        "depthlens.think.eta",
+        "invalid_value",
+    ),
+    "an unknown answer type": (
+        {"prompt": "x", "depthlens": {"answer_type": "poem"}},
+        400,
+        "depthlens.answer_type",
+        "invalid_value",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_requests_get_openai_errors(server, model, case):
+    import httpx
+
+    body, status, param, code = BAD[case]
+    response = httpx.post(f"{server.url}/v1/completions", json={"model": model, **body}, timeout=TIMEOUT)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert (error["param"], error["code"]) == (param, code)
+    assert "Traceback" not in response.text
+
+
+def test_malformed_json_oversized_body_and_unknown_route(server):
+    import httpx
+
+    cases = [
+        (httpx.post(f"{server.url}/v1/completions", content=b'{"model": "x", "prompt": ', timeout=TIMEOUT), 400,
+         "invalid_json"),
+        (httpx.post(f"{server.url}/v1/completions", content=b"[1, 2]", timeout=TIMEOUT), 400, "invalid_json"),
+        (httpx.post(f"{server.url}/v1/chat/completions", content=b"x" * 5000, timeout=TIMEOUT), 413,
+         "body_too_large"),
+        (httpx.post(f"{server.url}/v1/embeddings", json={}, timeout=TIMEOUT), 404, "not_found"),
+    ]  # fmt: skip
+    for response, status, code in cases:
+        assert response.status_code == status, response.text
+        assert response.json()["error"]["code"] == code and "Traceback" not in response.text
+
+
+def test_a_client_that_disconnects_has_its_request_aborted(server, model):
+    import httpx
+
+    before = server.health().get("cancelled", 0)
+    body = {"model": model, "prompt": "go", "max_tokens": 64, "n": 8, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=TIMEOUT) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                break  # one chunk, then hang up
+    assert wait_for(
+        lambda: server.health()["active"] == 0 and server.health().get("cancelled", 0) > before, 60
+    )
+
+
+# ---- a second server: API key, the bounded queue, SIGTERM ---------------------------------------------------------
+
+
+def test_api_key_queue_limit_and_sigterm_finishes_in_flight(model_dir, tmp_path):
+    import httpx
+
+    args = ["--model", str(model_dir), "--backend", "hf", "--device", "cpu", "--api-key", "sesame",
+            "--max-queue", "0", "--shutdown-grace", "60", "--max-n", "256", "--readout-tokens", "all"]  # fmt: skip
+    with serving(args, tmp_path / "server.log") as server:
+        body = {"model": str(model_dir), "prompt": "x", "max_tokens": 4}
+        assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT).status_code == 401
+        auth = {"Authorization": "Bearer sesame"}
+        assert (
+            httpx.post(f"{server.url}/v1/completions", json=body, headers=auth, timeout=TIMEOUT).status_code
+            == 200
+        )
+        long = {**body, "max_tokens": 250, "n": 256}  # seconds of work, so SIGTERM finds it running
+        results: list[httpx.Response] = []
+        worker = threading.Thread(target=lambda: results.append(
+            httpx.post(f"{server.url}/v1/completions", json=long, headers=auth, timeout=TIMEOUT)))  # fmt: skip
+        worker.start()
+        assert wait_for(lambda: server.health()["active"] == 1, 30)
+        refused = httpx.post(f"{server.url}/v1/completions", json=body, headers=auth, timeout=TIMEOUT)
+        assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+        assert refused.json()["error"]["code"] == "queue_full"
+        code = server.stop(timeout=120)  # SIGTERM with the long request in flight: it finishes, then exit 0
+        worker.join(TIMEOUT)
+    assert code == 0
+    assert results and results[0].status_code == 200, results
+    assert len(results[0].json()["choices"]) == 256
+
+
+def test_sigterm_aborts_what_the_grace_period_does_not_cover(model_dir, tmp_path):
+    import httpx
+
+    args = ["--model", str(model_dir), "--backend", "hf", "--device", "cpu", "--shutdown-grace", "0"]
+    with serving(args, tmp_path / "server.log") as server:
+        long = {"model": str(model_dir), "prompt": "x", "max_tokens": 200, "n": 64, "stream": True,
+                "depthlens": {"readout_tokens": "all"}}  # fmt: skip
+        seen: list[str] = []
+
+        def read() -> None:
+            try:
+                with httpx.stream(
+                    "POST", f"{server.url}/v1/completions", json=long, timeout=TIMEOUT
+                ) as response:
+                    for line in response.iter_lines():
+                        seen.append(line)
+            except httpx.HTTPError as exc:  # the server closed the connection mid-stream
+                seen.append(f"closed: {type(exc).__name__}")
+
+        worker = threading.Thread(target=read)
+        worker.start()
+        assert wait_for(lambda: any(line.startswith("data: ") for line in seen), 60)
+        began = time.monotonic()
+        code = server.stop(timeout=60)
+        took = time.monotonic() - began
+        worker.join(TIMEOUT)
+    assert code == 0 and took < 30, (code, took)
+    assert "data: [DONE]" not in seen  # cut short: the stream never finished

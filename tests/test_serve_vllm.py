@@ -1,0 +1,186 @@
+"""`depthlens serve --backend vllm`: one engine for every request (continuous batching), Think@n's rejected samples
+and online DeepConf's stopped ones aborted in the engine at their stop, a client that leaves aborted, SIGTERM
+with a request in flight. One server per module (a tiny random chat model, float32, eager); client calls bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import threading
+
+import pytest
+import torch
+
+from depthlens.sampling.choose import vllm_available
+from tests.serving import save_tiny_chat, serving, wait_for
+from tests.tolerance import assert_float32_equal, shifted
+
+pytestmark = pytest.mark.skipif(
+    not vllm_available()
+    or any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "openai")),
+    reason="needs the vllm and serve extras and the openai client",
+)
+TIMEOUT = 180
+G = 0.1  # the tiny model's tokens settle at different layers at this threshold
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_chat(tmp_path_factory.mktemp("serve-vllm-model"))
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve-vllm-log") / "server.log"
+    args = ["--model", str(model_dir), "--backend", "vllm", "--device", "cpu", "--dtype", "float32",
+            "--enforce-eager", "--max-model-len", "256", "--kv-cache-gib", "0.05", "--max-tokens", "64",
+            "--readout-tokens", "all", "--shutdown-grace", "60"]  # fmt: skip
+    with serving(args, log) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    return str(model_dir)
+
+
+@pytest.fixture
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=TIMEOUT)
+
+
+def _depth(choice) -> dict:
+    return choice.model_extra["depthlens"]
+
+
+def test_concurrent_requests_share_engine_steps(server, model, client):
+    import openai
+
+    prompts = [f"question {i}:" for i in range(8)]
+    alone = [client.completions.create(model=model, prompt=p, max_tokens=16, seed=i).choices[0].text
+             for i, p in enumerate(prompts)]  # fmt: skip
+    before = server.health()
+
+    async def together() -> list:
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=TIMEOUT)
+        replies = await asyncio.gather(*(aclient.completions.create(model=model, prompt=p, max_tokens=16, seed=i)
+                                         for i, p in enumerate(prompts)))  # fmt: skip
+        await aclient.close()
+        return list(replies)
+
+    replies = asyncio.run(together())
+    after = server.health()
+    assert [r.choices[0].text for r in replies] == alone  # a seeded sample does not depend on its batch
+    tokens = sum(r.usage.completion_tokens for r in replies)
+    steps = after["steps"] - before["steps"]
+    assert steps < tokens / 2, (steps, tokens)  # batched: one step serves many requests' samples
+    assert after["engine_requests"] == 0
+    assert after["capture"] == "aux"  # rows from the engine's own forward pass (llama: EAGLE-3's states)
+
+
+def test_think_keeps_one_phase_samples_and_aborts_the_rest_at_l(server, model, client):
+    plain = client.completions.create(model=model, prompt="5+5=", max_tokens=20, n=6, seed=4)
+    aborted = server.health()["aborted"]
+    r = client.completions.create(model=model, prompt="5+5=", max_tokens=20, seed=4, extra_body={"depthlens": {
+        "g": G, "answer_type": "string", "think": {"n": 6, "eta": 0.5, "prefix": 4}}})  # fmt: skip
+    think = _depth(r.choices[0])["think"]
+    assert think["kept"] == sorted(
+        sorted(range(6), key=lambda i: (-think["samples"][i]["prefix_dtr"], i))[:3]
+    )
+    stopped = 0
+    for sample, whole in zip(think["samples"], plain.choices, strict=True):
+        assert sample["seed"] == _depth(whole)["seed"]
+        if sample["kept"]:  # never interrupted: the very sample a one-phase request draws
+            assert sample["text"] == whole.text and sample["tokens"] == _depth(whole)["token_count"]
+        else:  # aborted in the engine at ℓ: not one token more was generated
+            assert sample["generated"] == sample["tokens"] == min(4, _depth(whole)["token_count"])
+            assert whole.text.startswith(sample["text"])
+            stopped += _depth(whole)["token_count"] > 4
+    assert server.health()["aborted"] - aborted == stopped
+    assert r.usage.completion_tokens == sum(s["generated"] for s in think["samples"])
+
+
+def test_online_deepconf_stops_samples_in_the_engine(server, model, client):
+    deepconf = {"threshold": 1e6, "warmup_samples": 2, "window_size": 3, "max_traces": 6, "batch_size": 2}
+    r = client.completions.create(model=model, prompt="5+5=", max_tokens=20, seed=4,
+                                  extra_body={"depthlens": {"online": deepconf}})  # fmt: skip
+    online = _depth(r.choices[0])["online"]
+    later = [s for s in online["samples"] if s["phase"] == "online"]
+    assert later and all(s["generated"] == s["stopped_at"] == 3 for s in later if s["stopped_at"] is not None)
+    assert r.usage.completion_tokens == sum(s["generated"] for s in online["samples"])
+    r = client.completions.create(model=model, prompt="5+5=", max_tokens=20, seed=4, extra_body={"depthlens": {
+        "g": G, "online": {"warmup": 2, "max_n": 6, "prefix": 4, "batch_size": 2}}})  # fmt: skip
+    online = _depth(r.choices[0])["online"]
+    for s in online["samples"]:
+        if s["stopped_at"] is not None:
+            assert s["generated"] == s["tokens"] == s["stopped_at"] <= 4
+
+
+def test_stream_rows_and_text_match_the_whole_response(model, client, model_dir):
+    from depthlens.metrics.token_table import chunk_divergence_kinds
+    from depthlens.models.load import load
+    from depthlens.readout.stream import TokenSequence, iter_readout
+
+    options = {"depthlens": {"tokens": True, "g": G}}
+    whole = client.completions.create(model=model, prompt="hello", max_tokens=24, seed=9, extra_body=options)
+    stream = client.completions.create(model=model, prompt="hello", max_tokens=24, seed=9, stream=True,
+                                       extra_body=options)  # fmt: skip
+    text, rows = "", []
+    for chunk in stream:
+        text += chunk.choices[0].text
+        extra = chunk.choices[0].model_extra.get("depthlens") or {}
+        if "readout" in extra:
+            assert extra["readout"]["offset"] == len(rows)
+            rows.extend(extra["readout"]["divergence"])
+    d = _depth(whole.choices[0])
+    assert text == whole.choices[0].text and len(rows) == d["readout_tokens"] == d["token_count"]
+    assert_float32_equal(rows, d["tokens"]["divergence"], what="streamed rows")
+    lm = load(str(model_dir), device="cpu")  # the rows are the lens over the same prompt and tokens
+    prompt = lm.tokenizer("hello", add_special_tokens=True)["input_ids"]
+    chunks = iter_readout(lm, [TokenSequence(prompt, d["tokens"]["token_ids"])])
+    reference = torch.cat([chunk_divergence_kinds(c, ("jsd",))["jsd"] for c in chunks])
+    assert_float32_equal(rows, reference, what="rows", mutants=[("a dropped token", shifted(rows))])
+
+
+def test_top_logprobs(model, client):
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+                                       seed=2, logprobs=True, top_logprobs=3,
+                                       extra_body={"depthlens": {"tokens": True}})  # fmt: skip
+    content = r.choices[0].logprobs.content
+    values = _depth(r.choices[0])["tokens"]["log_prob"]
+    assert len(content) == len(values) and all(len(c.top_logprobs) == 3 for c in content)
+    for entry, value in zip(content, values, strict=True):
+        assert entry.logprob == pytest.approx(value)
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[-1].logprob
+
+
+def test_a_client_that_leaves_has_its_engine_requests_aborted(server, model):
+    import httpx
+
+    aborted = server.health()["aborted"]
+    body = {"model": model, "prompt": "go", "max_tokens": 64, "n": 8, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=TIMEOUT) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                break
+    assert wait_for(
+        lambda: server.health()["engine_requests"] == 0 and server.health()["aborted"] > aborted, 60
+    )
+    assert server.health()["active"] == 0
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits_0(server, model):
+    import httpx
+
+    results: list = []
+    body = {"model": model, "prompt": "last", "max_tokens": 64, "n": 16}
+    worker = threading.Thread(
+        target=lambda: results.append(httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT))
+    )
+    worker.start()
+    assert wait_for(lambda: server.health()["engine_requests"] > 0, 60)
+    assert server.stop(timeout=120) == 0
+    worker.join(TIMEOUT)
+    assert results and results[0].status_code == 200 and len(results[0].json()["choices"]) == 16
