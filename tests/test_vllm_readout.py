@@ -251,3 +251,23 @@ def test_the_incremental_confidence_stop_is_the_policys():
         rule = _ConfidenceStop(tau, online)
         got = next((k + 1 for k, v in enumerate(values) if rule(float(v))), None)
         assert got == expected, trial
+
+
+def test_the_float32_lens_option_reaches_the_worker(info, llm_engine, prompt):
+    """``--float32-lens`` (EngineConfig.float32_lens) asks the worker for float32 copies of the final norm and
+    unembedding; on this float32 engine they are the engine's own weights, so the rows equal the engine lens's."""
+    float32 = dataclasses.replace(ENGINE, float32_lens=True)
+    gen = _gen(info, llm_engine)
+    copy = _gen_with(info, llm_engine, float32)
+    assert copy.request_readout.float32_lens and not gen.request_readout.float32_lens
+    ours, theirs = copy.sample(prompt, [5, 6]), gen.sample(prompt, [5, 6])
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.token_ids == b.token_ids
+        # the same float32 products, in separate walks: equal up to float32 reordering
+        assert torch.allclose(torch.tensor(a.divergence), torch.tensor(b.divergence), atol=1e-5)
+
+
+def _gen_with(info, engine, config):
+    from depthlens.sampling.vllm.generator import EngineGenerator
+
+    return EngineGenerator(info, SAMPLING, ReadoutConfig(), config, llm_engine=engine)

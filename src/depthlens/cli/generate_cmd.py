@@ -187,6 +187,7 @@ def generate(
     max_model_len: opt.MaxModelLen = None,
     enforce_eager: opt.EnforceEager = False,
     kv_cache_gib: opt.KvCacheGib = None,
+    float32_lens: opt.Float32Lens = False,
     store_format: opt.StoreFormatOpt = None,
     float16: opt.Float16 = False,
     ray: opt.RayOpt = False,
@@ -209,7 +210,7 @@ def generate(
         store, pool, seed, batch_size, sampling,
         specs.readout_config(divergence, also_divergences), DTRConfig(g, rho, deep_rule),  # type: ignore[arg-type]
         answers, EngineConfig(backend_name, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len,
-                              enforce_eager, kv_cache_gib),
+                              enforce_eager, kv_cache_gib, float32_lens),
         specs.task_spec(task, questions, task_seed, task_config, data),
     )  # fmt: skip
     run_generation(

@@ -189,6 +189,14 @@ KvCacheGib = Annotated[
         "CPU sized from the job: responses at once × longest sequence × KV bytes per token, × 1.25).",
     ),
 ]
+Float32Lens = Annotated[
+    bool,
+    typer.Option(
+        "--float32-lens",
+        help="vLLM: unembed the engine's layer states in float32 (a bfloat16/float16 engine's divergences "
+        "closer to the float32 readout; costs readout time, docs/performance.md).",
+    ),
+]
 EnforceEager = Annotated[
     bool,
     typer.Option(

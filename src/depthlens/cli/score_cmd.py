@@ -87,6 +87,7 @@ def score(
     ] = "hf",
     tensor_parallel_size: opt.TensorParallel = 1,
     max_model_len: opt.MaxModelLen = None,
+    float32_lens: opt.Float32Lens = False,
 ) -> None:
     """Score responses: DTR, mean settling depth and six baselines per record.
 
@@ -99,9 +100,8 @@ def score(
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix)  # type: ignore[arg-type]
     tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral) if tcb else None  # type: ignore[arg-type]
     store = StoreSpec(out_path, resume, overwrite, float16=float16)
-    engine = _engine(
-        backend, model, dtype, tcb, ray or ray_address is not None, tensor_parallel_size, max_model_len
-    )
+    ray_on = ray or ray_address is not None
+    engine = _engine(backend, model, dtype, tcb, ray_on, tensor_parallel_size, max_model_len, float32_lens)
     run = ScoreRun(in_path, store, readout, dtr, tcb_config, tokens, batch_size, skip_bad, engine)
     model_spec = specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     ray_config = specs.ray_config(ray, ray_address, workers, cpus, gpus, block_rows)
@@ -129,7 +129,14 @@ def refuse_inside_input(source: Path, out: Path) -> None:
 
 
 def _engine(
-    backend: str, model: str, dtype: str, tcb: bool, ray: bool, tp: int, max_model_len: int | None
+    backend: str,
+    model: str,
+    dtype: str,
+    tcb: bool,
+    ray: bool,
+    tp: int,
+    max_model_len: int | None,
+    float32_lens: bool = False,
 ) -> EngineConfig:
     """``score --backend``'s engine (hf, or vllm with its settings), its conflicts refused before anything
     loads."""
@@ -145,7 +152,8 @@ def _engine(
         )
     if ray:
         raise InputError("--backend vllm scores in this process; drop --ray (or use --backend hf)")
-    engine = EngineConfig(specs.engine_backend("vllm", model), dtype, tp, max_model_len=max_model_len)
+    engine = EngineConfig(specs.engine_backend("vllm", model), dtype, tp, max_model_len=max_model_len,
+                          float32_lens=float32_lens)  # fmt: skip
     return engine
 
 

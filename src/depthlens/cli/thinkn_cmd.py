@@ -241,6 +241,7 @@ def thinkn(
     max_model_len: opt.MaxModelLen = None,
     enforce_eager: opt.EnforceEager = False,
     kv_cache_gib: opt.KvCacheGib = None,
+    float32_lens: opt.Float32Lens = False,
     store_format: opt.StoreFormatOpt = None,
     verify: opt.Verify = False,
     float16: opt.Float16 = False,
@@ -266,7 +267,7 @@ def thinkn(
         job = specs.job_size(questions, per_question, at_once, sampling)  # what auto picks the backend for
         engine = EngineConfig(specs.engine_backend(backend, model, resumed_manifest(store), job), dtype,
                               tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager,
-                              kv_cache_gib)  # fmt: skip
+                              kv_cache_gib, float32_lens)  # fmt: skip
         return Sampled(specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed),
                        specs.answer_config(prompt_style, answer_type, answer_fallback, task),
                        sampling, engine, specs.readout_config(divergence or D["divergence"]))  # fmt: skip

@@ -74,6 +74,9 @@ class EngineConfig(Config):
         kv_cache_gib: vLLM's KV cache in GiB, given outright (vLLM's ``kv_cache_memory_bytes``); None = sized by
             ``gpu_memory_utilization`` on a GPU, and on a CPU from the job (concurrent responses × longest
             sequence × the model's KV bytes per token, × 1.25; ``sampling.vllm.engine``).
+        float32_lens: on an engine in bfloat16 or float16, norm and unembed the captured (engine-dtype) states in
+            float32 — float32 copies of the final norm and unembedding, made once per worker — for divergences
+            closer to the float32 readout, at the cost measured in docs/performance.md.
     """
 
     backend: Backend = "hf"
@@ -83,6 +86,7 @@ class EngineConfig(Config):
     max_model_len: int | None = None
     enforce_eager: bool = False
     kv_cache_gib: float | None = None
+    float32_lens: bool = False
 
     def __post_init__(self) -> None:
         check_choice("EngineConfig", "backend", self.backend, Backend)

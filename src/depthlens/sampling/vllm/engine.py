@@ -191,7 +191,10 @@ def start_engine(
         "the first time takes minutes)"
     )
     try:
-        engine = LLMEngine.from_engine_args(EngineArgs(**args))
+        with warnings.catch_warnings():
+            if not verbose:  # the same notices, from modules vLLM imports while it loads the model
+                warnings.simplefilter("ignore", FutureWarning)
+            engine = LLMEngine.from_engine_args(EngineArgs(**args))
     except Exception as exc:  # vLLM raises ValueError, RuntimeError, ... for a model it cannot serve
         raise _start_error(info.name, args, exc) from exc
     progress(f"vLLM engine for {info.name} started in {time.monotonic() - began:.0f} s ({capture} capture)")
