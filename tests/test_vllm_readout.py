@@ -22,6 +22,7 @@ from depthlens.readout.stream import TokenSequence, iter_readout
 from depthlens.sampling.choose import vllm_available
 from depthlens.sampling.hf import HFGenerator
 from tests.conftest import SMOLLM2_ENGINE
+from tests.tolerance import assert_float32_equal, shifted, wrong_layer
 
 pytestmark = [
     pytest.mark.integration,
@@ -224,10 +225,33 @@ def test_online_confidence_stops_in_the_engine_make_the_replays_decisions(info, 
             and a["stopped_at"] == b["stopped_at"]
             and a["answer"] == b["answer"]
         )
-        assert a["confidence"] == b["confidence"] and a["divergence"] == b["divergence"]
+        # Stored to 5 decimals, and read out in other batch shapes (a stopped response leaves the batch):
+        # equal within float32 rounding plus one 5th-decimal unit (tests/tolerance.py; issue 27's sweep saw
+        # 4.11113 vs 4.11112 here with ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=2), and still not one token off.
+        rows = a["divergence"]
+        wrong = (
+            [("a dropped token", shifted(rows)), ("a wrong layer", wrong_layer(rows))]
+            if len(rows) > 1
+            else []
+        )
+        assert_float32_equal(rows, b["divergence"], rounded=True, what=f"{a['id']} divergence", mutants=wrong)
+        assert_float32_equal(a["confidence"], b["confidence"], rounded=True, what=f"{a['id']} confidence")
     stopped = [r for r in live if r["stopped_at"] is not None]
     assert stopped and all(len(r["token_ids"]) == r["stopped_at"] for r in stopped)
-    assert lines("live", DECISIONS) == lines("replay", DECISIONS)
+    floats = ("signal", "threshold")  # computed from the per-token floats above: the same tolerance
+    for a, b in zip(lines("live", DECISIONS), lines("replay", DECISIONS), strict=True):
+        assert {k: v for k, v in a.items() if k not in ("decisions", "threshold")} == {
+            k: v for k, v in b.items() if k not in ("decisions", "threshold")
+        }
+        for da, db in zip(a["decisions"] + [a], b["decisions"] + [b], strict=True):
+            assert {k: v for k, v in da.items() if k not in (*floats, "decisions")} == {
+                k: v for k, v in db.items() if k not in (*floats, "decisions")
+            }
+            for k in floats:
+                if da.get(k) is None or db.get(k) is None:
+                    assert da.get(k) is db.get(k)
+                else:
+                    assert_float32_equal(da[k], db[k], rounded=True, what=f"{a['id']} {k}")
 
 
 def test_the_incremental_confidence_stop_is_the_policys():
