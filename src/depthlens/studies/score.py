@@ -111,6 +111,26 @@ def _result(
     return result
 
 
+def _checked(
+    lm: Any,
+    record: InputRecord,
+    validate: Callable[[TokenSequence, str], None],
+    on_skip: Callable[[BadLine], None] | None,
+) -> TokenSequence | None:
+    """The record tokenized and checked by ``validate``; None when it is bad and ``on_skip`` takes it (else the
+    InputError, naming the line, says how to skip such records)."""
+    where = f"line {record.line} (id {record.id!r})" if record.line else f"record {record.id!r}"
+    try:
+        seq = tokenize(lm, record.data, where)
+        validate(seq, where)
+    except InputError as exc:
+        if on_skip is None:
+            raise InputError(f"{exc} (pass --skip-bad to skip such records)") from None
+        on_skip(BadLine(record.line, str(exc)))
+        return None
+    return seq
+
+
 def score_records(
     lm: LoadedModel,
     records: Iterable[InputRecord],
@@ -149,14 +169,8 @@ def score_records(
         batch.clear()
 
     for record in records:
-        where = f"line {record.line} (id {record.id!r})" if record.line else f"record {record.id!r}"
-        try:
-            seq = tokenize(lm, record.data, where)
-            validate(lm, seq, where)
-        except InputError as exc:
-            if on_skip is None:
-                raise InputError(f"{exc} (pass --skip-bad to skip such records)") from None
-            on_skip(BadLine(record.line, str(exc)))
+        seq = _checked(lm, record, lambda s, where: validate(lm, s, where), on_skip)
+        if seq is None:
             continue
         batch.append((record, seq))
         if len(batch) >= batch_size:
@@ -186,14 +200,8 @@ def score_records_on(
     batch: list[tuple[InputRecord, TokenSequence]] = []
     for record in [*records, None]:
         if record is not None:
-            where = f"line {record.line} (id {record.id!r})" if record.line else f"record {record.id!r}"
-            try:
-                seq = tokenize(lm, record.data, where)
-                reader.validate(seq, where)
-            except InputError as exc:
-                if on_skip is None:
-                    raise InputError(f"{exc} (pass --skip-bad to skip such records)") from None
-                on_skip(BadLine(record.line, str(exc)))
+            seq = _checked(lm, record, reader.validate, on_skip)
+            if seq is None:
                 continue
             batch.append((record, seq))
         if batch and (record is None or len(batch) >= batch_size):
