@@ -19,12 +19,12 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from depthlens.config import EngineConfig
+from depthlens.config import EngineConfig, SamplingConfig
 from depthlens.errors import ConfigError, DepthlensError, UnsupportedArchitectureError
 from depthlens.models.info import ModelInfo, kv_bytes_per_token, kv_cache_bytes
 from depthlens.sampling.choose import VLLM_MISSING
@@ -236,3 +236,25 @@ def stop_engine(engine: Any) -> None:
     core = getattr(engine, "engine_core", None)
     if core is not None:
         core.shutdown()
+
+
+def sampling_params(
+    sampling: SamplingConfig,
+    seed: int,
+    tag: str,
+    stop_ids: Sequence[int],
+    readout: dict[str, Any],
+    logprobs: int = 0,
+) -> Any:
+    """vLLM's ``SamplingParams`` for one depthlens sample: one sequence, its seed, the per-token scores and the
+    worker's readout (``readout``: its ``extra_args``) under ``tag``, token ids only (the caller decodes), each
+    step's new tokens only (no O(T²) copying), ``logprobs`` 0 = the sampled token's raw log p (k: and the top k)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    from depthlens.sampling.vllm import scores
+
+    extra = {scores.TAG: tag, scores.TOP_K: sampling.confidence_top_k, **readout}
+    return SamplingParams(n=1, seed=seed, temperature=sampling.temperature, top_p=sampling.top_p,
+                          max_tokens=sampling.max_new_tokens, stop_token_ids=sorted(stop_ids), detokenize=False,
+                          output_kind=RequestOutputKind.DELTA, logprobs=logprobs, extra_args=extra)  # fmt: skip

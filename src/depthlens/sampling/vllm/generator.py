@@ -52,7 +52,13 @@ from depthlens.errors import DepthlensError, InputError, NonFiniteError
 from depthlens.models.info import ModelInfo, info_of
 from depthlens.readout.stream import chunk_sizes
 from depthlens.sampling.backend import Paused, Trace, kept_positions
-from depthlens.sampling.vllm.engine import EngineError, JobSize, readout_capture, start_engine
+from depthlens.sampling.vllm.engine import (
+    EngineError,
+    JobSize,
+    readout_capture,
+    sampling_params,
+    start_engine,
+)
 from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout
 
 _FINISH = {"stop": "eos", "length": "length"}
@@ -140,30 +146,11 @@ class EngineGenerator:
             )
 
     def _params(self, seed: int, request_id: str) -> Any:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        from depthlens.sampling.vllm import scores as vllm_scores
-
-        cfg = self.sampling
-        extra = {
-            vllm_scores.TAG: request_id,  # the logits processor's scores
-            vllm_scores.TOP_K: cfg.confidence_top_k,
-            TAG_KEY: request_id,  # the worker's readout
+        readout = {
+            TAG_KEY: request_id,
             **self.request_readout.to_extra(),
-        }
-        return SamplingParams(
-            n=1,
-            seed=seed,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_tokens=cfg.max_new_tokens,
-            stop_token_ids=sorted(self.end_ids),
-            detokenize=False,  # depthlens decodes the stored tokens itself
-            output_kind=RequestOutputKind.DELTA,  # each step's new tokens only: no O(T²) copying
-            logprobs=0,  # the sampled token's raw log p
-            extra_args=extra,
-        )
+        }  # the worker's readout of this request
+        return sampling_params(self.sampling, seed, request_id, self.end_ids, readout)
 
     def _check(self, prompt: list[int]) -> None:
         budget = self.sampling.max_new_tokens

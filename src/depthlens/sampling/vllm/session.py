@@ -30,7 +30,7 @@ from depthlens.errors import InputError
 from depthlens.sampling.backend import Trace
 from depthlens.sampling.live import GenerationCancelled
 from depthlens.sampling.vllm.depth import EngineDepth
-from depthlens.sampling.vllm.engine import EngineError, readout_capture
+from depthlens.sampling.vllm.engine import EngineError, readout_capture, sampling_params
 from depthlens.sampling.vllm.groups import Group, GroupSpec, Sample, complete, extend, rows_done
 
 _TAGS = itertools.count()  # engine request ids unique in this process
@@ -168,29 +168,9 @@ class EngineSession:
                 return
 
     def _params(self, group: Group, seed: int, tag: str) -> Any:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        from depthlens.sampling.vllm import scores as vllm_scores
-
         cfg = group.spec.sampling
-        extra = {
-            vllm_scores.TAG: tag,
-            vllm_scores.TOP_K: cfg.confidence_top_k,
-            **self.depth.request_args(tag, cfg.readout_tokens),
-        }
-        return SamplingParams(
-            n=1,
-            seed=seed,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_tokens=cfg.max_new_tokens,
-            stop_token_ids=self.end_ids,
-            detokenize=False,  # the caller decodes
-            output_kind=RequestOutputKind.DELTA,  # each step's new tokens only
-            logprobs=group.spec.logprobs,  # 0: the sampled token's raw log p; k: and the top k
-            extra_args=extra,
-        )
+        readout = self.depth.request_args(tag, cfg.readout_tokens)
+        return sampling_params(cfg, seed, tag, self.end_ids, readout, logprobs=group.spec.logprobs)
 
     def _add(self, group: Group) -> None:
         from vllm.inputs import TokensPrompt
