@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import os
+import string
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -175,3 +177,32 @@ def view_stores(tmp_path_factory):
     from tests.view_stores import build_stores
 
     return build_stores(tmp_path_factory.getbasetemp() / "view-stores")
+
+
+def char_tokenizer() -> Any:
+    """A character-level fast tokenizer (101 tokens: the tiny models' vocabulary) with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for char in string.printable:
+        if char not in "\x0b\x0c\r":
+            vocab.setdefault(char, len(vocab))  # 101 tokens: the tiny model's vocabulary
+    chars = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    chars.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    chars.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=chars, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    return tokenizer
+
+
+def save_chat_model(path: Path) -> Path:
+    """Save the tiny llama with the character tokenizer and its chat template at ``path``, where the CLI loads it."""
+    tiny_model("llama").save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
+    return path

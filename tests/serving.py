@@ -8,13 +8,14 @@ import json
 import os
 import signal
 import socket
-import string
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.conftest import char_tokenizer
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 START_TIMEOUT = 300  # s: a vLLM engine starts in ~10-60 s on a loaded 2-core machine
@@ -24,26 +25,12 @@ def save_tiny_chat(path: Path) -> Path:
     """A random llama (3 layers, head size 32 so vLLM's CPU attention takes it) with a character tokenizer and a
     chat template; random weights scaled ×4 so the layers disagree (non-trivial divergences)."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    for char in string.printable:
-        if char not in "\x0b\x0c\r":
-            vocab.setdefault(char, len(vocab))  # 101 tokens
-    chars = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    chars.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    chars.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=chars, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
-    )
-    tokenizer.chat_template = (
-        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}assistant: {% endif %}"
-    )
+    tokenizer = char_tokenizer()
     config = AutoConfig.for_model(
         "llama", hidden_size=64, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
-        intermediate_size=64, vocab_size=len(vocab), max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
+        intermediate_size=64, vocab_size=len(tokenizer), max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
         eos_token_id=2, tie_word_embeddings=False,
     )  # fmt: skip
     torch.manual_seed(0)

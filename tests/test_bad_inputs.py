@@ -382,7 +382,7 @@ def fixtures(tmp_path_factory):
     generate_store(lm, store, questions, pool=2, sampling=sampling, store="jsonl")  # as stores before Parquet
     sharded = tmp_path_factory.mktemp("sharded")
     generate_store(lm, sharded, questions, pool=2, sampling=sampling, batch_size=1)
-    from tests.test_faults import save_chat_model
+    from tests.conftest import save_chat_model
 
     return {
         "tiny": tiny,

@@ -14,7 +14,6 @@ import json
 import os
 import random
 import signal
-import string
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from depthlens.stores.samples import iter_samples
-from tests.conftest import tiny_model
+from tests.conftest import save_chat_model
 from tests.test_cli import run
 
 POINTS = int(os.environ.get("DEPTHLENS_FAULT_POINTS", "1"))
@@ -34,30 +33,6 @@ SRC = Path(__file__).parent.parent / "src"
 def chat_dir(tmp_path_factory):
     """The tiny llama with a character-level fast tokenizer and a chat template, saved where the CLI loads it."""
     return save_chat_model(tmp_path_factory.mktemp("tiny-chat"))
-
-
-def save_chat_model(path: Path) -> Path:
-    """Save the tiny llama with a character-level fast tokenizer and a chat template at ``path``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    for char in string.printable:
-        if char not in "\x0b\x0c\r":
-            vocab.setdefault(char, len(vocab))  # 101 tokens: the tiny model's vocabulary
-    chars = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    chars.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    chars.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=chars, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
-    )
-    tokenizer.chat_template = (
-        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}assistant: {% endif %}"
-    )
-    tiny_model("llama").save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,7 @@ def world(tmp_path_factory):
     """The tiny chat model saved for the children, loaded here; an uninterrupted run; a store of another run."""
     from depthlens.models.load import load
     from depthlens.studies.generate import generate_store
-    from tests.test_faults import save_chat_model
+    from tests.conftest import save_chat_model
 
     root = tmp_path_factory.mktemp("states")
     model = save_chat_model(root / "chat")

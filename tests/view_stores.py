@@ -14,14 +14,13 @@ what it damages.
 from __future__ import annotations
 
 import shutil
-import string
 import sys
 from pathlib import Path
 
 from depthlens.cli.app import main
 from depthlens.stores.parquet import ShardWriter, store_manifest
 from depthlens.stores.samples import SHARDS, iter_samples
-from tests.conftest import tiny_model
+from tests.conftest import save_chat_model
 
 TASK = ["--task", "reasoning_gym:chain_sum", "--task-config", "min_terms=2,max_terms=2,max_digits=1"]
 SAMPLE = [*TASK, "--max-new-tokens", "10", "--readout-tokens", "all", "--g", "0.012", "--temperature", "1.0",
@@ -39,30 +38,6 @@ def cli(*args: object) -> None:
             raise AssertionError(f"depthlens {' '.join(map(str, args))} exited {exc.code}") from None
     finally:
         sys.argv = saved
-
-
-def save_chat_model(path: Path) -> Path:
-    """The tiny llama with a character-level fast tokenizer and a chat template, saved where the CLI loads it."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    for char in string.printable:
-        if char not in "\x0b\x0c\r":
-            vocab.setdefault(char, len(vocab))  # 101 tokens: the tiny model's vocabulary
-    chars = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    chars.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    chars.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=chars, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
-    )
-    tokenizer.chat_template = (
-        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}assistant: {% endif %}"
-    )
-    tiny_model("llama").save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def _answered(source: Path, out: Path) -> None:
