@@ -28,7 +28,7 @@ lint: setup
 	$(BIN)/lint-imports
 
 test: model lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # The whole idea in minutes on the default model: sample a small offline task with every layer read out, vote
 # (Think@n vs Cons@n and the baselines), correlate DTR and the baselines with accuracy, draw, write the report.

@@ -27,6 +27,7 @@ from depthlens.stores.samples import SAMPLES, SHARDS, iter_samples, samples_mani
 from depthlens.studies.generate import generate_store
 from tests.conftest import SMOLLM2_ENGINE
 from tests.test_faults import chat_dir  # noqa: F401  (the tiny chat model, saved where the CLI loads it)
+from tests.tolerance import assert_same_records
 
 pytestmark = pytest.mark.integration
 needs_vllm = pytest.mark.skipif(
@@ -258,7 +259,9 @@ def test_kill_then_resume_equals_an_uninterrupted_run(real_model, llm_engine, tm
     assert len(list(shards.glob(".part-*.parquet.tmp"))) == 1  # and the second's shard, torn
     report = store(tmp_path / "cut", resume=True)
     assert report.skipped == 2 and report.written == 2
-    assert _stored(tmp_path / "cut") == _stored(tmp_path / "whole")
+    # The killed run's first batch came from a second engine (the subprocess): its floats agree with the shared
+    # engine's within float32 rounding, not bit for bit (issue 38: an AMX Xeon, after the module's other tests).
+    assert_same_records(_stored(tmp_path / "cut"), _stored(tmp_path / "whole"), what="resumed vs whole")
 
 
 @needs_vllm

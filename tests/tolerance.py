@@ -14,7 +14,7 @@ that error (``mutants``): a tolerance that lets a wrong layer or a dropped token
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -62,3 +62,31 @@ def wrong_layer(rows: object) -> np.ndarray:
     """Rows [T, L] as if read out one layer off: each layer's column replaced by the next layer's."""
     a = np.asarray(rows, dtype=np.float64)
     return np.concatenate([a[..., 1:], a[..., -1:]], axis=-1)
+
+
+def _floats(value: object) -> bool:
+    """Whether ``value`` is a float or a (nested) list holding one: what a store rounds from float32 work."""
+    if isinstance(value, float):
+        return True
+    return isinstance(value, list) and any(_floats(v) for v in value)
+
+
+def assert_same_records(actual: Sequence[dict], expected: Sequence[dict], *, what: str = "records") -> None:
+    """Two stores' records written by two runs of one computation (two engines, processes or batch shapes):
+    every field equal exactly — ids, token ids, texts, statuses, answers — except the stored floats, which agree
+    within float32 rounding plus one 5th-decimal unit (``rounded``). A record's divergence rows must still fail
+    as a dropped token and as a wrong layer (``mutants``), so the tolerance cannot hide a misaligned readout."""
+    assert [r.get("id") for r in actual] == [r.get("id") for r in expected], f"{what}: other records"
+    for a, b in zip(actual, expected, strict=True):
+        assert a.keys() == b.keys(), f"{what} {a.get('id')}: fields {sorted(a.keys() ^ b.keys())} differ"
+        exact = {k: v for k, v in a.items() if not (_floats(v) or _floats(b[k]))}
+        assert exact == {k: b[k] for k in exact}, f"{what} {a.get('id')}: " + ", ".join(
+            k for k in exact if exact[k] != b[k]
+        )
+        for key in a.keys() - exact.keys():
+            rows, wrong = a[key], []
+            if key.startswith("divergence") and len(rows) > 1:
+                wrong = [("a dropped token", shifted(rows)), ("a wrong layer", wrong_layer(rows))]
+            assert_float32_equal(
+                rows, b[key], rounded=True, what=f"{what} {a.get('id')} {key}", mutants=wrong
+            )
