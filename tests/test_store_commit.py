@@ -220,6 +220,36 @@ def test_a_reader_running_beside_a_writer_sees_only_whole_commits(tmp_path):
     assert [r["id"] for r in iter_store(out)] == [r["id"] for r in ROWS] and reads
 
 
+def test_a_reader_whose_manifest_is_overtaken_mid_listing_reads_the_newer_state(tmp_path, monkeypatch):
+    """The race behind the test above failing at load 11-14 (issue 38's sweep): a reader reads the manifest, a writer
+    commits the next shard (manifest renamed in first, then the shard's visible name), the reader lists the directory
+    and finds a shard its manifest does not hold. ``layout.snapshot`` reads the manifest again and lists under the
+    newer one; a file no manifest lists (another run's) is still refused."""
+    import shutil
+
+    from depthlens.stores import parquet
+
+    out = tmp_path / "store"
+    writer = ShardWriter(out, {"k": 1}, resume=False, shard_rows=2)
+    for row in ROWS[:4]:
+        writer.write(row)
+    writer.close()
+    older = {**store_manifest(out)}
+    older["shards"] = older["shards"][:1]  # the manifest as it was before the second commit
+    reads = iter([older])
+    real = parquet.store_manifest
+    monkeypatch.setattr(parquet, "store_manifest", lambda p: next(reads, None) or real(p))
+    assert [r["id"] for r in iter_store(out)] == [r["id"] for r in ROWS[:4]]
+    other = tmp_path / "other"
+    theirs = ShardWriter(other, {"k": 1}, resume=False, shard_rows=2)
+    for row in ROWS[:2]:
+        theirs.write(row)
+    theirs.close()
+    shutil.copy(other / store_manifest(other)["shards"][0]["file"], out / "part-000007.parquet")
+    with pytest.raises(StoreError, match=r"part-000007.parquet: a data file the manifest does not list"):
+        list(iter_store(out))
+
+
 def test_summaries_record_their_store_state_and_overwrite_removes_them(tiny_chat, tmp_path):
     from depthlens.config import VotingConfig
     from depthlens.studies.report import thinkn_summary

@@ -72,13 +72,16 @@ def _held(store: Path, report: CheckReport) -> None:
 def check_parquet(store: Path, verify: bool) -> CheckReport:
     report = CheckReport(store)
     _held(store, report)
-    manifest = read_json(layout.manifest_file(store), "manifest", "restore it from a copy of the store")
+    manifest, unlisted = layout.snapshot(
+        store,
+        lambda: read_json(layout.manifest_file(store), "manifest", "restore it from a copy of the store"),
+    )
     shards = layout.entries(store, manifest)
     if layout.is_legacy(store):
         report.notes.append(f"written before {layout.MANIFEST} (its manifest.json stops `pd.read_parquet`); the "
                             "next --resume moves it to the current layout")  # fmt: skip
+    report.problems += unlisted
     listed = {s["file"] for s in shards}
-    report.problems += layout.unlisted(store, listed, manifest)
     seen: dict[str, str] = {}
     for shard in shards:
         problem, table = _check_shard(store, manifest, shard, verify)

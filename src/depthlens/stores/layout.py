@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +256,28 @@ def unlisted_problem(store: Path, name: str, manifest: dict[str, Any]) -> Proble
 def unlisted(store: Path, listed: Iterable[str], manifest: dict[str, Any]) -> list[Problem]:
     skip = {*listed, *manifest.get("superseded", [])}
     return [unlisted_problem(store, name, manifest) for name in visible_files(store) if name not in skip]
+
+
+def snapshot(
+    store: Path, read_manifest: Callable[[], dict[str, Any]]
+) -> tuple[dict[str, Any], list[Problem]]:
+    """The manifest and the data files it does not list, as of one moment.
+
+    A writer renames its manifest in, then gives the new shard its visible name, so a reader that read the manifest
+    just before a commit can list a shard that manifest does not hold. Unlisted files therefore count only when the
+    manifest read again after the listing is unchanged; else the listing is taken again under the newer one."""
+    manifest = read_manifest()
+    for _ in range(_SNAPSHOT_TRIES):
+        problems = unlisted(store, [s["file"] for s in entries(store, manifest)], manifest)
+        again = read_manifest() if problems else manifest
+        if again == manifest:
+            break
+        manifest = again
+    return manifest, problems
+
+
+# A writer commits at most every few milliseconds: eight commits during one listing would be a stuck store.
+_SNAPSHOT_TRIES = 8
 
 
 def read_table(path: Path, fix: str) -> pa.Table:

@@ -118,9 +118,8 @@ def iter_store_located(path: Path, verify: bool = False) -> Iterator[tuple[str, 
         yield from iter_jsonl_located(path)
         return
     verify = verify or _verify.get()
-    manifest = store_manifest(path)
+    manifest, extra = layout.snapshot(path, lambda: store_manifest(path))
     shards = layout.entries(path, manifest)
-    extra = layout.unlisted(path, [s["file"] for s in shards], manifest)
     if extra:
         raise StoreError(extra[0].message())
     seen: dict[str, str] = {}
