@@ -14,15 +14,15 @@ from depthlens.config import CorrelationConfig, DTRConfig, ReadoutConfig, Sampli
 from depthlens.errors import InputError, StoreError
 from depthlens.evals.tasks import Question
 from depthlens.metrics.dtr import deep_flags, deep_threshold, matched_threshold, settling_depth
-from depthlens.metrics.stats import (
+from depthlens.stats.correlation import (
     average_ranks,
     binned_correlation,
-    bootstrap_ci,
     pearson,
     point_biserial,
     quantile_bins,
     spearman,
 )
+from depthlens.stats.resampling import bootstrap_ci
 from depthlens.stores.samples import SAMPLES
 from depthlens.studies.correlation import METRIC_NAMES, correlate, store_correlations
 from depthlens.studies.generate import generate_store

@@ -12,16 +12,15 @@ from scipy import stats
 
 from depthlens.config import CorrelationConfig, ReadoutConfig, SamplingConfig, VotingConfig
 from depthlens.evals.tasks import Question
-from depthlens.metrics.paired import paired_power, paired_test, questions_needed
-from depthlens.metrics.resampling import cluster_correlation_bootstrap, fdr_adjust, mean_bootstrap
-from depthlens.metrics.stats import bootstrap_ci, pearson, point_biserial, spearman
+from depthlens.stats.correlation import pearson, point_biserial, spearman
+from depthlens.stats.fdr import add_fdr, fdr_adjust
+from depthlens.stats.paired import paired_power, paired_test, questions_needed
+from depthlens.stats.resampling import bootstrap_ci, cluster_correlation_bootstrap, mean_bootstrap
 from depthlens.stores.samples import SAMPLES
 from depthlens.studies.correlation import METRICS, dtr_settings, metric_values, store_correlations
 from depthlens.studies.generate import generate_store
-from depthlens.studies.inference import add_fdr
 from depthlens.studies.stored import load_store
-from depthlens.studies.thinkn import load_pools
-from depthlens.voting.paired import compare_methods
+from depthlens.studies.thinkn import compare_methods, load_pools
 from depthlens.voting.trials import run_trials, trial_outcomes
 from tests.test_cli import run
 
@@ -254,8 +253,7 @@ def test_report_table_two_has_online_replays_paired_tests_and_the_pooled_model(s
     assert "Pooled over each model's stores" in text and "Δ vs Cons@n, points [95 %]" in text
     assert "p_BH" in text and "power +2.0 / +3.3" in text
     # Table 2's p_BH is over all its comparisons (17 offline methods + 2 online), not each summary's own family
-    from depthlens.metrics.resampling import fdr_adjust
-    from depthlens.studies.inference import format_p
+    from depthlens.studies.tables import format_p
 
     summary = json.loads((study / "thinkn-n4-eta0.5-l4.json").read_text())
     tested = [m for m in summary["methods"] if m["p"] is not None]
@@ -273,7 +271,7 @@ def test_report_table_two_has_online_replays_paired_tests_and_the_pooled_model(s
 
 def test_power_line_names_the_spread_the_power_and_the_questions_needed():
     from depthlens.cli.paired_view import power_line
-    from depthlens.voting.paired import paired_comparisons
+    from depthlens.stats.paired import paired_comparisons
 
     rng = np.random.default_rng(0)
     cons = rng.integers(0, 2, 30).astype(float)

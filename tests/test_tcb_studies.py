@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.metrics.stats import pearson, spearman
 from depthlens.metrics.tcb import final_output, geometry_ablation, sharp_drops, v_eff_band
+from depthlens.stats.correlation import pearson, spearman
 from depthlens.studies.tcb_studies import generation_trace, geometry, prompt_set, prompt_variants, regimes
 from tests.test_cli import run
 from tests.test_tcb import _states, _unembedding

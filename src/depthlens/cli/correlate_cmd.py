@@ -84,7 +84,7 @@ def _correlate(paths: list[Path], out: Path, cfg: CorrelationConfig, dtr: DTRCon
 
 def _print_table(rows: list[dict]) -> None:
     columns = list(dict.fromkeys(f"{r['model']} · {r['task']}" for r in rows))
-    from depthlens.studies.inference import format_p
+    from depthlens.studies.tables import format_p
 
     table = Table(
         title="binned r (paper) · point-biserial r [95 % CI] p_BH (Benjamini–Hochberg over the table; † < 0.05)",

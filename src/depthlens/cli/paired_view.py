@@ -1,5 +1,5 @@
-"""How ``thinkn`` prints the paired comparisons with Cons@n (``voting.paired``): two table cells per method and a
-line on the power to see the paper's gap."""
+"""How ``thinkn`` prints the paired comparisons with Cons@n (``stats.paired``): the cells of ``studies.tables``
+per method and a line on the power to see the paper's gap."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
-from depthlens.studies.inference import paired_cells
-from depthlens.voting.paired import PAPER_GAPS, Comparison
+from depthlens.stats.paired import PAPER_GAPS, Comparison
+from depthlens.studies.tables import paired_cells
 
 
 def paired_table(paired: Sequence[Comparison]) -> Table:
@@ -18,7 +18,8 @@ def paired_table(paired: Sequence[Comparison]) -> Table:
     for column in ("Δ points [95 %]", "p · p_BH", "won / lost"):
         table.add_column(column, justify="right", no_wrap=True)
     for c in paired:
-        table.add_row(c.method, *paired_cells(paired, c.method), f"{c.test.wins} / {c.test.losses}")
+        cells = paired_cells(c.row())
+        table.add_row(c.method, cells.difference, cells.tests, f"{c.test.wins} / {c.test.losses}")
     return table
 
 
@@ -30,9 +31,8 @@ def power_line(paired: Sequence[Comparison], method: str = "think@n") -> str | N
         return None
     t = c.test
     gaps = " / ".join(f"+{g}" for g in PAPER_GAPS)
-    power = " / ".join("—" if c.power[g] is None else f"{c.power[g]:.2f}" for g in PAPER_GAPS)
-    needed = " / ".join("—" if c.questions_for[g] is None else f"{c.questions_for[g]:,}" for g in PAPER_GAPS)
-    diff, p = paired_cells(paired, method)
+    cells = paired_cells(c.row())
+    diff, p, power, needed = cells.difference, cells.tests, cells.power, cells.needed
     if t.sd == 0:
         return (f"{method} vs {c.baseline} over {t.questions} question(s): {diff} points, the same outcome on every "
                 "question, so no spread to plan a study's power from.")  # fmt: skip

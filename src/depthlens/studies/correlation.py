@@ -30,8 +30,8 @@ from depthlens.metrics.dtr import (
     matched_threshold,
     settling_depth,
 )
-from depthlens.metrics.resampling import cluster_correlation_bootstrap, mean_bootstrap
-from depthlens.metrics.stats import binned_correlation, point_biserial_test, quantile_bins, spearman_test
+from depthlens.stats.correlation import binned_correlation, point_biserial_test, quantile_bins, spearman_test
+from depthlens.stats.resampling import cluster_correlation_bootstrap, mean_bootstrap
 from depthlens.studies.stored import Store, StoredResponse
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Table 2 with its paired tests: online replays against Cons@n, and every method pooled over a model's stores.
 
 - ``replay_paired``: the online policy replayed over a store's pools (``voting.online``) and Cons@n voted on the same
-  questions (``voting.trials``), compared question by question (``voting.paired``); written beside the store as
+  questions (``voting.trials``), compared question by question (``stats.paired``); written beside the store as
   ``online_replay-<signal>.json`` with the per-question accuracies.
 - ``pooled_comparisons``: a model's families together — the per-question accuracies every summary stores,
   concatenated (questions of different families are independent draws too), so the test of "Think@n beats
@@ -20,16 +20,15 @@ import numpy as np
 
 from depthlens.config import DTRConfig, OnlineConfig, VotingConfig
 from depthlens.errors import InputError
-from depthlens.metrics.resampling import mean_bootstrap
+from depthlens.stats.paired import BASELINE, Comparison, paired_comparisons
+from depthlens.stats.resampling import mean_bootstrap
 from depthlens.stores.files import write_json
 from depthlens.stores.samples import read_manifest
 from depthlens.studies.online import ordered_pools
 from depthlens.voting.online import OnlineSummary, replay_outcomes, summarise_replay
-from depthlens.voting.paired import BASELINE, PAPER_GAPS, Comparison, paired_comparisons
 from depthlens.voting.trials import trial_outcomes
 
 ONLINE_NAMES = {"dtr": "online think@n", "confidence": "online deepconf"}
-GAPS = tuple(PAPER_GAPS)
 REPLAYS = "online_replay-*.json"
 """The replays a report puts beside a store's Think@n summary (``replay_paired`` writes them)."""
 
@@ -144,26 +143,3 @@ def pooled_rows(by_model: dict[str, list[dict[str, np.ndarray]]], seed: int = 0)
         for c in pooled_comparisons(stores, seed):
             rows.append({"model": model, "stores": len(stores), "method": c.method, **c.row()})
     return rows
-
-
-def paired_cell(row: dict[str, Any]) -> str:
-    """``+1.2 [−3.0, +5.4]`` points, or — for the baseline."""
-    if row.get("diff") is None:
-        return "—"
-    interval = (
-        "" if row.get("diff_lo") is None else f" [{100 * row['diff_lo']:+.1f}, {100 * row['diff_hi']:+.1f}]"
-    )
-    return f"{100 * row['diff']:+.1f}{interval}"
-
-
-def power_cell(row: dict[str, Any]) -> str:
-    """``0.07 / 0.12 (1,530 / 560)``: power for the paper's +2.0 / +3.3 points and questions for 80 % power."""
-    if row.get("diff") is None:
-        return "—"
-    power = " / ".join(
-        "—" if row.get(f"power_gap{g}") is None else f"{row[f'power_gap{g}']:.2f}" for g in GAPS
-    )
-    need = " / ".join(
-        "—" if row.get(f"questions_for_gap{g}") is None else f"{row[f'questions_for_gap{g}']:,}" for g in GAPS
-    )
-    return f"{power} ({need})"

@@ -20,12 +20,12 @@ from depthlens.config import CorrelationConfig, DTRConfig, VotingConfig
 from depthlens.errors import DepthlensError, InputError
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, settling_depth
 from depthlens.models.tokens import token_texts
+from depthlens.stats.fdr import PAIRED_FIELDS, add_fdr
 from depthlens.stores.files import manifest_path, read_json
 from depthlens.stores.layout import is_store
 from depthlens.stores.samples import SAMPLES, SHARDS
 from depthlens.stores.state import stale, store_state
 from depthlens.studies.correlation import store_correlations
-from depthlens.studies.inference import PAIRED_FIELDS, add_fdr
 from depthlens.studies.paired_tables import REPLAYS, pooled_rows, store_per_question, table_two_rows
 from depthlens.studies.stored import Store, StoredResponse, load_store
 from depthlens.studies.sweeps import sweep

@@ -1,14 +1,27 @@
-"""Tables out of study rows: CSV files and Markdown, shared by every study."""
+"""Tables out of study rows: CSV files, Markdown, and the cells every table of inference results prints.
+
+The formatting of a p-value (``format_p``) and of one paired comparison with Cons@n (``paired_cells``: the
+difference and its interval, p and p_BH, the power) lives only here; the report's Markdown (``viz.cost``),
+``thinkn``'s rich table (``cli/paired_view.py``) and ``view``'s paired table take their cells from it.
+"""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from depthlens.studies.inference import format_p
+from depthlens.stats.paired import PAPER_GAPS
+
+
+def format_p(p: float | None) -> str:
+    """A p-value as a reader scans it: 2 significant digits, '<0.001' below."""
+    if p is None:
+        return "—"
+    return "<0.001" if p < 0.001 else f"{p:.2g}" if p < 0.1 else f"{p:.2f}"
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
@@ -131,3 +144,47 @@ def table_one(rows: Sequence[dict[str, Any]]) -> str:
     if notes:
         lines += ["", "Notes:", "", *[f"- {n}" for n in notes]]
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One paired comparison with the baseline, as every table prints it.
+
+
+@dataclasses.dataclass(frozen=True)
+class PairedCells:
+    """A comparison's cells: ``—`` in each where the row has no comparison (the baseline's own row)."""
+
+    difference: str  # ``+1.2 [-3.0, +5.4]``: points, with the 95 % paired-bootstrap interval
+    p: str  # ``0.012``: the sign-flip permutation p
+    p_bh: str  # ``0.04†``: Benjamini–Hochberg over the table, † below 0.05
+    power: str  # ``0.07 / 0.12``: power to see each of the paper's gaps (PAPER_GAPS)
+    needed: str  # ``1,530 / 560``: questions for 80 % power, per gap
+    compared: bool
+
+    @property
+    def tests(self) -> str:
+        """``p · p_BH``."""
+        return f"{self.p} · {self.p_bh}"
+
+    @property
+    def planning(self) -> str:
+        """``0.07 / 0.12 (1,530 / 560)``: the power and the questions for 80 % power, or — without a comparison."""
+        return f"{self.power} ({self.needed})" if self.compared else "—"
+
+
+def paired_cells(row: Mapping[str, Any]) -> PairedCells:
+    """The cells of a comparison's row (``stats.paired.Comparison.row()``, or a summary's method row)."""
+    p, p_bh = row.get("p"), row.get("p_bh")
+    flag = "†" if p_bh is not None and p_bh < 0.05 else ""
+    tests = format_p(p), "—" if p is None else format_p(p_bh) + flag  # a row without a test: — in both
+    if row.get("diff") is None:
+        return PairedCells("—", *tests, "—", "—", compared=False)
+    lo, hi = row.get("diff_lo"), row.get("diff_hi")
+    interval = "" if lo is None or hi is None else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    power = " / ".join(_number(row.get(f"power_gap{g}"), ".2f") for g in PAPER_GAPS)
+    needed = " / ".join(_number(row.get(f"questions_for_gap{g}"), ",") for g in PAPER_GAPS)
+    return PairedCells(f"{100 * row['diff']:+.1f}{interval}", *tests, power, needed, compared=True)
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "—" if value is None else format(value, spec)

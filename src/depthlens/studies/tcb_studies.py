@@ -24,7 +24,6 @@ from depthlens.errors import InputError
 from depthlens.evals.grading import grade
 from depthlens.evals.loading import load_task
 from depthlens.evals.tasks import MATH_INSTRUCTION, Question
-from depthlens.metrics.stats import pearson, spearman
 from depthlens.metrics.tcb import (
     Unembedding,
     geometry_ablation,
@@ -36,6 +35,7 @@ from depthlens.models.load import LoadedModel
 from depthlens.readout.stream import lens_for
 from depthlens.sampling.backend import GenerationBackend
 from depthlens.sampling.choose import make_backend
+from depthlens.stats.correlation import pearson, spearman
 from depthlens.studies.score import as_token_ids, score
 
 Units = dict[str, Any]

@@ -22,13 +22,20 @@ from depthlens.errors import InputError, StoreError
 from depthlens.evals.grading import ANSWER_FIELDS, AnswerSummary
 from depthlens.metrics.dtr import deep_from_divergence
 from depthlens.sampling.backend import GenerationBackend, Trace
+from depthlens.stats.paired import BASELINE, Comparison, paired_comparisons
+from depthlens.stats.resampling import mean_bootstrap
 from depthlens.stores.files import read_json, settings_differ, write_json
 from depthlens.stores.samples import damaged, read_manifest, read_responses
 from depthlens.stores.state import stale, store_state
 from depthlens.studies.tables import write_csv
 from depthlens.voting.methods import Response, think_at_n
-from depthlens.voting.paired import Comparison, accuracy_intervals, compare_methods, per_question_table
-from depthlens.voting.trials import MethodSummary, ablation, trial_outcomes
+from depthlens.voting.trials import (
+    MethodSummary,
+    TrialOutcomes,
+    ablation,
+    per_question_accuracy,
+    trial_outcomes,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +135,44 @@ def summarise(
                          accuracy_intervals(outcomes, seed=voting.seed), per_question_table(outcomes))  # fmt: skip
     _write_summary(out_dir, report, methods, overwrite)
     return report
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One vote's methods against Cons@n, question by question (the statistics: ``stats.paired``).
+#
+# The unit of pairing is the question. In trial t every method votes on the same draw of n responses from
+# question q's pool, so the methods are paired on (t, q). But the trials re-draw from one pool — 10 trials of n = 8
+# from the same 16 responses — so they are not independent replications: 10 trials × 30 questions are not 300
+# observations, and a test over them would be falsely sure. Each question's outcome is therefore its mean over
+# trials (the method's expected accuracy on that question's pool under random draws of n: exactly the number the
+# accuracy column averages), and the test runs over questions, the independent draws from the task.
+
+
+def compare_methods(outcomes: TrialOutcomes, baseline: str = BASELINE, seed: int = 0) -> list[Comparison]:
+    """``paired_comparisons`` of one vote's methods; none when the baseline was not among them."""
+    accuracy = per_question_accuracy(outcomes)
+    return paired_comparisons(accuracy, baseline, seed=seed) if baseline in accuracy else []
+
+
+def accuracy_intervals(
+    outcomes: TrialOutcomes, resamples: int = 10_000, seed: int = 0
+) -> dict[str, tuple[float | None, float | None]]:
+    """Each method's 95 % interval of accuracy over resampled questions (trials averaged per question, as above):
+    what Figure 5's bars show; within [0, 1] by construction."""
+    out = {}
+    for i, (m, per_q) in enumerate(per_question_accuracy(outcomes).items()):
+        b = mean_bootstrap(per_q, resamples, [seed, 1_000 + i])
+        out[m] = (b.low, b.high)
+    return out
+
+
+def per_question_table(outcomes: TrialOutcomes) -> dict[str, Any]:
+    """The per-question accuracies as a summary stores them (6 decimals: trial means of 0/1 are exact to 1e-6 for
+    up to 10⁶ trials), so stores of one model can be pooled later without voting again."""
+    return {
+        "questions": list(outcomes.questions),
+        "accuracy": {m: [round(float(v), 6) for v in a] for m, a in per_question_accuracy(outcomes).items()},
+    }
 
 
 def summary_stem(voting: VotingConfig) -> str:

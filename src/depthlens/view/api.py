@@ -9,16 +9,16 @@ from typing import Any
 
 from depthlens.config import VotingConfig
 from depthlens.errors import DepthlensError, InputError
+from depthlens.stats.paired import Comparison
 from depthlens.stores.files import read_json
-from depthlens.studies.inference import paired_cells
 from depthlens.studies.score import score_summary
+from depthlens.studies.tables import paired_cells
 from depthlens.studies.thinkn import summary_files, summary_stem
 from depthlens.view.detail import scalar
 from depthlens.view.pools import Failed, VotingIndex, answer_summary, draw_detail, question_pool
 from depthlens.view.store import ViewStore, changed_since
 from depthlens.viz.heatmap import _colour
 from depthlens.voting.methods import METHODS, Response, trace_confidence
-from depthlens.voting.paired import Comparison
 
 RUN_FIELDS = ("model", "n_layers", "task", "study", "pool", "seed", "sampling", "readout", "dtr", "engine", "answers",
               "online", "store", "input", "tokens", "tcb", "settings", "command", "started",
@@ -146,8 +146,8 @@ def paired_rows(paired: list[Comparison]) -> list[dict[str, str]]:
     against Cons@n on the same questions — the difference in points [95 %], p · p_BH, won / lost."""
     rows = []
     for c in paired:
-        difference, p = paired_cells(paired, c.method)
-        rows.append({"method": c.method, "difference": difference, "p": p,
+        cells = paired_cells(c.row())
+        rows.append({"method": c.method, "difference": cells.difference, "p": cells.tests,
                      "won_lost": f"{c.test.wins} / {c.test.losses}"})  # fmt: skip
     return rows
 

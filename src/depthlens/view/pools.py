@@ -28,14 +28,14 @@ from depthlens.config import DTRConfig, VotingConfig
 from depthlens.errors import DepthlensError
 from depthlens.evals.grading import AnswerSummary
 from depthlens.metrics.dtr import deep_flags, settling_depth
+from depthlens.stats.paired import Comparison
 from depthlens.stores.access import JsonlSource, Location, ParquetSource, ShardArrays, release_unused
 from depthlens.stores.samples import REQUIRED
-from depthlens.studies.thinkn import response_from_record
+from depthlens.studies.thinkn import compare_methods, response_from_record
 from depthlens.view.jobs import Background
 from depthlens.view.store import ViewStore
 from depthlens.voting.methods import METHODS, Response
-from depthlens.voting.paired import Comparison, compare_methods, per_question_accuracy
-from depthlens.voting.trials import MethodSummary, draw, run_trials, trial_outcomes
+from depthlens.voting.trials import MethodSummary, draw, per_question_accuracy, run_trials, trial_outcomes
 
 QUICK = tuple(m for m in METHODS if not m.startswith("deepconf"))
 VOTING_COLUMNS = ("status", "question_id", "vote_key", "correct", "n_tokens", "divergence",

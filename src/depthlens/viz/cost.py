@@ -160,23 +160,18 @@ def _accuracy_cell(row: dict[str, Any]) -> str:
 def table_two_markdown(rows: Sequence[dict[str, Any]], pooled: Sequence[dict[str, Any]]) -> list[str]:
     """Table 2 (every store's methods with the paired test against Cons@n) and the per-model pooled table, as
     Markdown lines; ``p_bh`` must already be the adjustment over ``rows`` (and, per model, over ``pooled``)."""
-    from depthlens.studies.inference import format_p
-    from depthlens.studies.paired_tables import paired_cell, power_cell
-    from depthlens.studies.tables import markdown_table
+    from depthlens.studies.tables import markdown_table, paired_cells
 
-    def p_cells(r: dict[str, Any]) -> dict[str, str]:
-        if r.get("p") is None:
-            return {"p": "—", "p_BH": "—"}
-        return {
-            "p": format_p(r["p"]),
-            "p_BH": format_p(r.get("p_bh")) + ("†" if (r.get("p_bh") or 1) < 0.05 else ""),
-        }
+    def tested(r: dict[str, Any]) -> dict[str, str]:
+        """The difference from Cons@n and its test, in column order."""
+        cells = paired_cells(r)
+        return {"Δ vs Cons@n, points [95 %]": cells.difference, "p": cells.p, "p_BH": cells.p_bh}
 
     table = [{"store": r["store"], "method": r["method"], "accuracy % [95 %]": _accuracy_cell(r),
               "tokens / question": f"{r['cost_mean']:,.0f}",
               "cost vs Cons@n": f"{r['cost_vs_cons']:.0%}" if r.get("cost_vs_cons") else "—",
-              "Δ vs Cons@n, points [95 %]": paired_cell(r), **p_cells(r),
-              "power +2.0 / +3.3 (questions for 80 %)": power_cell(r)} for r in rows]  # fmt: skip
+              **tested(r),
+              "power +2.0 / +3.3 (questions for 80 %)": paired_cells(r).planning} for r in rows]  # fmt: skip
     lines = [
         "## Think@n and the baselines (Table 2)",
         "",
@@ -200,10 +195,9 @@ def table_two_markdown(rows: Sequence[dict[str, Any]], pooled: Sequence[dict[str
                         "model": r["model"],
                         "stores": r["stores"],
                         "method": r["method"],
-                        "Δ vs Cons@n, points [95 %]": paired_cell(r),
-                        **p_cells(r),
+                        **tested(r),
                         "won / lost": f"{r['wins']} / {r['losses']}",
-                        "power +2.0 / +3.3 (questions for 80 %)": power_cell(r),
+                        "power +2.0 / +3.3 (questions for 80 %)": paired_cells(r).planning,
                     }
                     for r in pooled
                 ]

@@ -275,7 +275,7 @@ def sampling_order(pool_size: int, seed: int, trial: int, question: int) -> list
 @dataclasses.dataclass(frozen=True, eq=False)  # identity equality: fields are arrays
 class ReplayOutcomes:
     """Every question's outcome in every sampling order: arrays [orders, questions] (questions sorted), the rows a
-    paired comparison with offline methods on the same questions needs (``voting.paired``)."""
+    paired comparison with offline methods on the same questions needs (``stats.paired``)."""
 
     questions: tuple[str, ...]
     accuracy: np.ndarray

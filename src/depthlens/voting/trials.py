@@ -48,8 +48,9 @@ def draw(pool_size: int, n: int, seed: int, trial: int, question: int) -> list[i
 class TrialOutcomes:
     """Every method's outcome on every question in every trial: arrays [trials, questions] per method.
 
-    The per-question rows are what a paired comparison between methods needs (``voting.paired``): the methods
-    voted on the same draws, so question q's difference between two methods is paired.
+    The per-question rows are what a paired comparison between methods needs (``per_question_accuracy``, then
+    ``stats.paired``): the methods voted on the same draws, so question q's difference between two methods is
+    paired.
     """
 
     questions: tuple[str, ...]
@@ -74,6 +75,11 @@ class TrialOutcomes:
             )
             for m in self.accuracy
         ]
+
+
+def per_question_accuracy(outcomes: TrialOutcomes) -> dict[str, np.ndarray]:
+    """Each method's accuracy per question, averaged over trials ([questions], in ``outcomes.questions`` order)."""
+    return {m: a.mean(axis=0) for m, a in outcomes.accuracy.items()}
 
 
 def trial_outcomes(

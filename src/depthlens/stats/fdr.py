@@ -18,14 +18,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from depthlens.metrics.resampling import fdr_adjust
-from depthlens.voting.paired import Comparison
+import numpy as np
+from scipy import stats
 
 FDR_FIELDS = ("point_biserial_p", "spearman_p", "binned_r_p")
 """The p-value columns of Table 1 (and of the sweeps), each a family of its own."""
 
 PAIRED_FIELDS = ("p",)
 """The p-value column of the paired Think@n comparisons."""
+
+
+def fdr_adjust(p_values: Sequence[float | None]) -> list[float | None]:
+    """Benjamini–Hochberg adjusted p-values (``scipy.stats.false_discovery_control``) over one table's tests;
+    None stays None (a cell without a test is not counted in the family)."""
+    present = [i for i, p in enumerate(p_values) if p is not None and np.isfinite(p)]
+    out: list[float | None] = [None] * len(p_values)
+    if present:
+        adjusted = stats.false_discovery_control([float(p_values[i]) for i in present], method="bh")
+        for i, q in zip(present, np.atleast_1d(adjusted), strict=True):
+            out[i] = float(q)
+    return out
 
 
 def add_fdr(rows: Sequence[dict[str, Any]], fields: Sequence[str] = FDR_FIELDS) -> None:
@@ -39,22 +51,3 @@ def add_fdr(rows: Sequence[dict[str, Any]], fields: Sequence[str] = FDR_FIELDS) 
         adjusted = fdr_adjust([row.get(field) for row in rows])
         for row, value in zip(rows, adjusted, strict=True):
             row[f"{field}_bh"] = value
-
-
-def format_p(p: float | None) -> str:
-    """A p-value as a reader scans it: 2 significant digits, '<0.001' below."""
-    if p is None:
-        return "—"
-    return "<0.001" if p < 0.001 else f"{p:.2g}" if p < 0.1 else f"{p:.2f}"
-
-
-def paired_cells(paired: Sequence[Comparison], method: str) -> tuple[str, str]:
-    """The method's difference from Cons@n in points with its paired-bootstrap interval, and its p-values · p_BH
-    († p_BH < 0.05): the cells ``thinkn`` prints (cli/paired_view.py) and ``view`` shows."""
-    c = next((c for c in paired if c.method == method), None)
-    if c is None:
-        return "—", "—"
-    t = c.test
-    interval = "" if t.low is None or t.high is None else f" [{100 * t.low:+.1f}, {100 * t.high:+.1f}]"
-    flag = "†" if c.p_bh < 0.05 else ""
-    return f"{100 * t.difference:+.1f}{interval}", f"{format_p(t.p)} · {format_p(c.p_bh)}{flag}"

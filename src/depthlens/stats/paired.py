@@ -1,8 +1,9 @@
-"""Paired comparison of two methods over the same questions, and the power of such a comparison. Pure, scipy.stats.
+"""Paired comparison of methods over the same questions, and the power of such a comparison. Pure, scipy.stats.
 
 Each question q gives one number per method — its accuracy there (1/0, or a mean over trials) — so the unit of
 pairing is the question and the data are the differences d_q = a_q − b_q. Questions are the independent draws;
-responses and trials within a question are not (see ``voting.paired`` for why trials are averaged first).
+responses and trials within a question are not (see ``studies.thinkn.compare_methods`` for why trials are averaged
+first).
 
 - **Test**: the sign-flip permutation test of mean d (``scipy.stats.permutation_test``, ``permutation_type=
   "samples"``): under "the two methods are exchangeable on every question" each d_q is as likely to be −d_q.
@@ -14,19 +15,25 @@ responses and trials within a question are not (see ``voting.paired`` for why tr
 - **Power**: of the paired t-test, from the non-central t (``scipy.stats.nct``), for an effect Δ and the s.d. of
   d_q: the chance of p < α with Q questions, and the fewest questions reaching a target power. The permutation
   test's power is close to the t-test's at these sizes; the figure is a planning number, not a measurement.
+- **A table of them** (``paired_comparisons``): every method against one baseline (Cons@n), Benjamini–Hochberg
+  over the methods compared, and the power to see the deep-thinking paper's gaps. Its Table 2 (AIME25, n = 48;
+  docs/definitions.md §5): Think@n − Cons@n = +2.0 points (GPT-OSS-120B, 94.7 vs 92.7) and +3.3 points
+  (Qwen3-4B-Thinking, 90.0 vs 86.7). ``questions_for`` says how many questions a study like this one — same spread
+  of per-question differences — would need to detect each at α = 0.05 with 80 % power.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats
 
-from depthlens.metrics.resampling import mean_bootstrap
-from depthlens.metrics.stats import Seed
+from depthlens.stats.fdr import fdr_adjust
+from depthlens.stats.resampling import Seed, mean_bootstrap
 
 EXACT_UP_TO = 13
 """Non-zero differences up to which every sign pattern is enumerated (2^13 = 8,192 ≤ the default resamples)."""
@@ -116,3 +123,67 @@ def questions_needed(
     while q > 2 and (paired_power(effect, sd, q - 1, alpha) or 0.0) >= power:
         q -= 1
     return q
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Every method against the baseline: one table, one family.
+
+BASELINE = "cons@n"
+PAPER_GAPS: dict[str, float] = {"2.0": 0.020, "3.3": 0.033}
+"""The paper's Think@n − Cons@n on AIME25 in accuracy points (key) and as a fraction (value)."""
+ALPHA = 0.05
+POWER = 0.8
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """One method against the baseline over the same questions."""
+
+    method: str
+    baseline: str
+    test: PairedTest
+    p_bh: float  # Benjamini–Hochberg over every method compared in one table
+    power: dict[str, float | None]  # per paper gap: power of this many questions (t-test, α = 0.05)
+    questions_for: dict[str, int | None]  # per paper gap: questions for 80 % power
+
+    def row(self) -> dict[str, Any]:
+        """Flat columns for a summary CSV row (accuracy differences as fractions, like the accuracies)."""
+        t = self.test
+        out: dict[str, Any] = {
+            "vs": self.baseline, "diff": t.difference, "diff_lo": t.low, "diff_hi": t.high, "p": t.p,
+            "p_bh": self.p_bh, "wins": t.wins, "losses": t.losses, "sd_diff": t.sd, "p_exact": t.exact,
+        }  # fmt: skip
+        for gap in PAPER_GAPS:
+            out[f"power_gap{gap}"] = self.power[gap]
+            out[f"questions_for_gap{gap}"] = self.questions_for[gap]
+        return out
+
+
+def paired_comparisons(
+    per_question: Mapping[str, Sequence[float]],
+    baseline: str = BASELINE,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> list[Comparison]:
+    """Every method in ``per_question`` (aligned arrays over the same questions) against ``baseline``, with the
+    Benjamini–Hochberg adjustment over the methods compared (one table, one family)."""
+    if baseline not in per_question:
+        raise KeyError(f"the baseline {baseline!r} was not voted; it is what every method is compared with")
+    base = np.asarray(per_question[baseline], dtype=np.float64)
+    tests = {
+        m: paired_test(v, base, resamples, np.random.default_rng([seed, i]))
+        for i, (m, v) in enumerate(per_question.items())
+        if m != baseline
+    }
+    adjusted = fdr_adjust([t.p for t in tests.values()])
+    return [
+        Comparison(
+            m,
+            baseline,
+            t,
+            float(q) if q is not None else 1.0,
+            {g: paired_power(effect, t.sd, t.questions, ALPHA) for g, effect in PAPER_GAPS.items()},
+            {g: questions_needed(effect, t.sd, ALPHA, POWER) for g, effect in PAPER_GAPS.items()},
+        )
+        for (m, t), q in zip(tests.items(), adjusted, strict=True)
+    ]

@@ -1,22 +1,128 @@
-"""Question-level bootstrap of a correlation over responses, vectorized, and the false-discovery control of a table.
+"""The question-level bootstrap: percentile intervals and bootstrap p-values over resampled questions.
 
 Responses to one question share its difficulty, so a study's unit of resampling is the question: a resample draws
-Q questions with replacement and pools their responses. ``scipy.stats.bootstrap`` draws the question indices;
-the statistics here take thousands of such draws at once (per-question sums for Pearson / point-biserial r,
-ranks of the padded pooled responses for Spearman ρ), so 10⁴ resamples of a few hundred responses take well
-under a second. Pure functions of arrays.
+Q questions with replacement and pools their responses. ``scipy.stats.bootstrap`` draws the question indices
+(``resample_questions``); ``percentile_summary`` reads the interval and the p-value off the draws. The correlation
+statistics here take thousands of such draws at once (per-question sums for Pearson / point-biserial r, ranks of
+the padded pooled responses for Spearman ρ), so 10⁴ resamples of a few hundred responses take well under a
+second; ``bootstrap_ci`` is the one-call-per-resample form for any other statistic. Pure functions of arrays.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
 from scipy import stats
 
-from depthlens.metrics.stats import BootstrapResult, Seed, percentile_summary, resample_questions
+
+@dataclasses.dataclass(frozen=True)
+class BootstrapResult:
+    """A percentile interval and the two-sided bootstrap p-value of ``null`` from one resampling.
+
+    ``p`` is the smallest two-sided level whose percentile interval would exclude ``null``:
+    2·min(#{θ* ≤ null} + 1, #{θ* ≥ null} + 1) / (B + 1), capped at 1 (the +1 keeps it above 0 with B draws).
+    """
+
+    low: float | None
+    high: float | None
+    p: float | None
+    defined: int  # resamples where the statistic was defined
+    resamples: int
+
+
+NO_BOOTSTRAP = BootstrapResult(None, None, None, 0, 0)
+
+
+def percentile_summary(
+    draws: np.ndarray, resamples: int, level: float = 0.95, null: float = 0.0
+) -> BootstrapResult:
+    """Interval and p-value from bootstrap draws (NaN = undefined; fewer than half defined → nothing)."""
+    finite = np.asarray(draws, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    if finite.size == 0 or finite.size < resamples / 2:
+        return dataclasses.replace(NO_BOOTSTRAP, defined=int(finite.size), resamples=resamples)
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(finite, [tail, 1.0 - tail])
+    below, above = int((finite <= null).sum()), int((finite >= null).sum())
+    p = min(1.0, 2.0 * (min(below, above) + 1) / (finite.size + 1))
+    return BootstrapResult(float(low), float(high), p, int(finite.size), resamples)
+
+
+Seed = np.random.Generator | int | Sequence[int]
+"""A generator, or what ``np.random.default_rng`` takes to make one."""
+
+
+def _seed(rng: Seed) -> np.random.Generator:
+    return rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+
+
+def resample_questions(
+    statistic: Callable[[np.ndarray], np.ndarray],
+    questions: int,
+    resamples: int,
+    rng: Seed,
+    level: float = 0.95,
+    width: int | None = None,
+) -> np.ndarray:
+    """The bootstrap distribution of a statistic of resampled question indices (``scipy.stats.bootstrap``).
+
+    ``statistic(idx)`` takes question indices of shape [..., Q] (drawn with replacement) and returns one value per
+    leading index (NaN where undefined): scipy's vectorized form, so thousands of resamples stay cheap. ``width``:
+    the array elements one resample needs (default Q), which sizes scipy's batches to ~16 MB of float64.
+    """
+    with warnings.catch_warnings():  # undefined resamples are NaN by design; the summary drops them
+        warnings.simplefilter("ignore", RuntimeWarning)
+        warnings.filterwarnings("ignore", category=stats.DegenerateDataWarning)
+        result = stats.bootstrap(
+            (np.arange(questions),),
+            lambda idx, axis=-1: statistic(np.moveaxis(idx, axis, -1)),
+            n_resamples=resamples,
+            batch=max(1, min(resamples, 2_000_000 // max(width or questions, 1))),
+            vectorized=True,
+            confidence_level=level,
+            method="percentile",
+            rng=_seed(rng),
+        )
+    return np.asarray(result.bootstrap_distribution, dtype=np.float64)
+
+
+def bootstrap_ci(
+    statistic: Callable[[np.ndarray], float | None],
+    clusters: Sequence[np.ndarray],
+    resamples: int,
+    rng: Seed,
+    level: float = 0.95,
+) -> tuple[float | None, float | None]:
+    """Percentile bootstrap CI of ``statistic`` over resampled *clusters* (questions), each an index array.
+
+    Responses to one question share its difficulty, so the question is the unit resampled; resamples where
+    the statistic is undefined are dropped, and fewer than half defined gives (None, None). ``statistic`` takes
+    the concatenated response indices of one resample (one call per resample; ``cluster_correlation_bootstrap`` and
+    ``mean_bootstrap`` below are the vectorized forms).
+    """
+    if not clusters:
+        return None, None
+
+    def per_resample(idx: np.ndarray) -> np.ndarray:
+        flat = idx.reshape(-1, idx.shape[-1])
+        out = np.array([_nan(statistic(np.concatenate([clusters[i] for i in row]))) for row in flat])
+        return out.reshape(idx.shape[:-1])
+
+    summary = percentile_summary(resample_questions(per_resample, len(clusters), resamples, rng, level),
+                                 resamples, level)  # fmt: skip
+    return summary.low, summary.high
+
+
+def _nan(value: float | None) -> float:
+    return np.nan if value is None else float(value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Vectorized over resamples: a correlation over responses (questions resampled), a mean over questions.
 
 Kind = Literal["pearson", "spearman"]
 
@@ -56,7 +162,7 @@ def _pearson_rows(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     sxx, syy, sxy = (w * dx * dx).sum(-1), (w * dy * dy).sum(-1), (w * dx * dy).sum(-1)
     scale_x = (w * x * x).sum(-1) + 1e-300
     scale_y = (w * y * y).sum(-1) + 1e-300
-    # "Constant" at float64 resolution of the values' own magnitude (the exact test of metrics.stats on a sum).
+    # "Constant" at float64 resolution of the values' own magnitude (the exact test of stats.correlation on a sum).
     ok = (n >= 3) & (sxx > 1e-12 * scale_x) & (syy > 1e-12 * scale_y)
     with np.errstate(invalid="ignore", divide="ignore"):
         r = sxy / np.sqrt(sxx * syy)
@@ -125,7 +231,7 @@ def cluster_correlation_bootstrap(
     """Percentile interval and two-sided p-value (r = 0) of Pearson r or Spearman ρ over question resamples.
 
     ``groups``: per question, (metric values, outcomes) of its responses. A resample where r is undefined is
-    dropped; fewer than half defined gives no interval (as ``metrics.stats.bootstrap_ci``).
+    dropped; fewer than half defined gives no interval (as ``bootstrap_ci``).
     """
     data = Clustered.of(groups)
     if data.questions == 0:
@@ -145,15 +251,3 @@ def mean_bootstrap(
         return BootstrapResult(None, None, None, 0, resamples)
     draws = resample_questions(lambda idx: v[idx].mean(-1), v.size, resamples, rng, level)
     return percentile_summary(draws, resamples, level, null)
-
-
-def fdr_adjust(p_values: Sequence[float | None]) -> list[float | None]:
-    """Benjamini–Hochberg adjusted p-values (``scipy.stats.false_discovery_control``) over one table's tests;
-    None stays None (a cell without a test is not counted in the family)."""
-    present = [i for i, p in enumerate(p_values) if p is not None and np.isfinite(p)]
-    out: list[float | None] = [None] * len(p_values)
-    if present:
-        adjusted = stats.false_discovery_control([float(p_values[i]) for i in present], method="bh")
-        for i, q in zip(present, np.atleast_1d(adjusted), strict=True):
-            out[i] = float(q)
-    return out
