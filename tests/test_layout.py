@@ -1,10 +1,8 @@
-"""The one-room-per-concern layout: old import paths still resolve (with a warning naming the new home), the sample
-store has one reader whose errors name the real file, and variants are registry rows."""
+"""The one-room-per-concern layout: the sample store has one reader whose errors name the real file, and variants
+are registry rows."""
 
 from __future__ import annotations
 
-import importlib
-import warnings
 from typing import get_args
 
 import pytest
@@ -20,41 +18,6 @@ from depthlens.studies.online import ordered_pools
 from depthlens.studies.stored import load_store
 from depthlens.studies.thinkn import load_pools
 from depthlens.voting.online import SIGNALS
-
-MOVED = [  # (old module, name, where it lives now)
-    ("depthlens.studies.records", "iter_jsonl", "depthlens.stores.jsonl"),
-    ("depthlens.studies.records", "read_records", "depthlens.stores.inputs"),
-    ("depthlens.studies.records", "write_json", "depthlens.stores.files"),
-    ("depthlens.studies.parquet_store", "ShardWriter", "depthlens.stores.parquet"),
-    ("depthlens.studies.stores", "open_results", "depthlens.stores.formats"),
-    ("depthlens.studies.tasks", "load_task", "depthlens.evals.loading"),
-    ("depthlens.studies.tasks", "grade", "depthlens.evals.grading"),
-    ("depthlens.studies.store_answers", "AnswerSummary", "depthlens.evals.grading"),
-    ("depthlens.voting.answers", "extract_answer", "depthlens.evals.answers"),
-    ("depthlens.sampling.generate", "HFGenerator", "depthlens.sampling.hf"),
-    ("depthlens.sampling.generate", "Trace", "depthlens.sampling.backend"),
-    ("depthlens.sampling.generate", "make_backend", "depthlens.sampling.choose"),
-    ("depthlens.sampling.generate", "resolve_backend", "depthlens.sampling.choose"),
-    ("depthlens.sampling.vllm_backend", "VLLMGenerator", "depthlens.sampling.vllm.backend"),
-    ("depthlens.sampling.vllm_backend", "EngineError", "depthlens.sampling.vllm.backend"),
-    ("depthlens.sampling.vllm_backend", "check_source", "depthlens.sampling.vllm.backend"),
-    ("depthlens.studies.ray_score", "connect", "depthlens.scale.ray"),
-    ("depthlens.studies.thinkn", "generate_store", "depthlens.studies.generate"),
-    ("depthlens.studies.thinkn", "samples_path", "depthlens.stores.samples"),
-    ("depthlens.studies.correlation", "load_store", "depthlens.studies.stored"),
-    ("depthlens.viz.report", "find_stores", "depthlens.studies.report"),
-    ("depthlens.viz.study", "draw_accuracy_cost", "depthlens.viz.cost"),
-]
-
-
-@pytest.mark.parametrize(("old", "name", "home"), MOVED, ids=[f"{o}.{n}" for o, n, _ in MOVED])
-def test_old_import_paths_resolve_to_the_new_home_with_a_warning(old, name, home):
-    with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} moved to {home}"):
-        found = getattr(importlib.import_module(old), name)
-    assert found is getattr(importlib.import_module(home), name)
-    with warnings.catch_warnings(), pytest.raises(AttributeError):
-        warnings.simplefilter("ignore")
-        _ = importlib.import_module(old).no_such_name
 
 
 def test_variants_are_registry_rows():

@@ -26,10 +26,6 @@ _LAZY = {
 }
 __all__ = [*_LAZY, "__version__"]
 
-from depthlens import _moved  # noqa: E402  (old import paths keep working; stdlib only, instant)
-
-_moved.install()
-
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
