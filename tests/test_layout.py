@@ -7,13 +7,13 @@ from typing import get_args
 
 import pytest
 
-from depthlens.config import SamplingConfig, Signal, StoreFormat
+from depthlens.config import GenerateRun, SamplingConfig, Signal, StoreFormat, StoreSpec
 from depthlens.errors import StoreError
 from depthlens.evals.tasks import Question
 from depthlens.stores.formats import FORMATS, REGISTRY
 from depthlens.stores.parquet import rewrite_store, store_manifest
 from depthlens.stores.samples import SHARDS, samples_path
-from depthlens.studies.generate import generate_store
+from depthlens.studies.generate import generate
 from depthlens.studies.online import ordered_pools
 from depthlens.studies.stored import load_store
 from depthlens.studies.thinkn import load_pools
@@ -31,7 +31,7 @@ def test_the_one_reader_names_the_shard_and_row_of_a_damaged_record(tiny_chat, t
     record is named by its shard and row, not as a samples.jsonl line."""
     questions = [Question("q", "1 + 1 =", "2", answer_type="number")]
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=4, readout_tokens=None)
-    generate_store(tiny_chat, tmp_path / "s", questions, pool=2, sampling=sampling)
+    generate(tiny_chat, GenerateRun(StoreSpec(tmp_path / "s"), pool=2, sampling=sampling), questions)
     shards = samples_path(tmp_path / "s", "parquet")
     assert shards == tmp_path / "s" / SHARDS
     rewrite_store(shards, store_manifest(shards), lambda r: {k: v for k, v in r.items() if k != "vote_key"})

@@ -19,7 +19,6 @@ _LAZY = {
     "wrap": "depthlens.models.load",
     "LoadedModel": "depthlens.models.load",
     "score": "depthlens.studies.score",
-    "score_file": "depthlens.studies.score",
     "ReadoutConfig": "depthlens.config",
     "DTRConfig": "depthlens.config",
     "DepthlensError": "depthlens.errors",
