@@ -54,20 +54,25 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    from depthlens.config import ReadoutConfig, SamplingConfig
+    from depthlens.config import GenerateRun, ReadoutConfig, SamplingConfig, StoreSpec
     from depthlens.evals.loading import load_task
     from depthlens.models.load import load
     from depthlens.stores.parquet import ShardWriter
     from depthlens.stores.samples import SAMPLES, iter_samples, samples_path
-    from depthlens.studies.generate import generate_store
+    from depthlens.studies.generate import generate
 
     lm = load(args.model, device="cpu")
     tmp = Path(tempfile.mkdtemp(prefix="store-bytes-"))
     questions = load_task(args.task, args.questions, seed=0)
     also = tuple(k for k in args.also.split(",") if k)
-    generate_store(lm, tmp / "jsonl", questions, pool=args.pool, batch_size=args.pool, store="jsonl",
-                   sampling=SamplingConfig(max_new_tokens=args.max_new_tokens, readout_tokens=None),
-                   readout=ReadoutConfig(also=also))  # fmt: skip
+    run = GenerateRun(
+        StoreSpec(tmp / "jsonl", format="jsonl"),
+        pool=args.pool,
+        batch_size=args.pool,
+        sampling=SamplingConfig(max_new_tokens=args.max_new_tokens, readout_tokens=None),
+        readout=ReadoutConfig(also=also),
+    )
+    generate(lm, run, questions)
     records = list(iter_samples(tmp / "jsonl"))
     manifest = json.loads((tmp / "jsonl" / f"{SAMPLES}.manifest.json").read_text())
     for width in ("float32", "float16"):

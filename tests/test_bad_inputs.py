@@ -369,19 +369,20 @@ CASES = [
 def fixtures(tmp_path_factory):
     from depthlens.evals.tasks import Question
     from depthlens.models.load import wrap
-    from depthlens.studies.generate import generate_store
+    from depthlens.studies.generate import generate
 
     tiny = tmp_path_factory.mktemp("tiny")
     tiny_model("llama").save_pretrained(tiny)
     store = tmp_path_factory.mktemp("store")
     lm = wrap(tiny_model("llama"), CharTokenizer(), name="tiny-llama")
-    from depthlens.config import SamplingConfig
+    from depthlens.config import GenerateRun, SamplingConfig, StoreSpec
 
     questions = [Question(f"q{i}", f"{i} + {i}", str(2 * i)) for i in range(2)]
     sampling = SamplingConfig(max_new_tokens=4, readout_tokens=None)
-    generate_store(lm, store, questions, pool=2, sampling=sampling, store="jsonl")  # as stores before Parquet
+    jsonl = StoreSpec(store, format="jsonl")  # as stores before Parquet
+    generate(lm, GenerateRun(jsonl, pool=2, sampling=sampling), questions)
     sharded = tmp_path_factory.mktemp("sharded")
-    generate_store(lm, sharded, questions, pool=2, sampling=sampling, batch_size=1)
+    generate(lm, GenerateRun(StoreSpec(sharded), pool=2, sampling=sampling, batch_size=1), questions)
     from tests.conftest import save_chat_model
 
     return {

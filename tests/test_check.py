@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import shutil
 
-from depthlens.config import SamplingConfig
+from depthlens.config import GenerateRun, SamplingConfig, StoreSpec
 from depthlens.evals.tasks import Question
 from depthlens.stores.samples import SHARDS
-from depthlens.studies.generate import generate_store
+from depthlens.studies.generate import generate
 from tests.test_cli import run
 
 
@@ -19,7 +19,11 @@ def test_check_lists_each_problem_with_its_safe_remedy(tiny_chat, tmp_path, monk
     questions = [Question(f"q{i}", f"{i} + {i}", str(2 * i)) for i in range(2)]
     sampling = SamplingConfig(max_new_tokens=4, readout_tokens=None)
     for name, batch in (("s", 1), ("other", 2)):
-        generate_store(tiny_chat, tmp_path / name, questions, pool=2, sampling=sampling, batch_size=batch)
+        generate(
+            tiny_chat,
+            GenerateRun(StoreSpec(tmp_path / name), pool=2, sampling=sampling, batch_size=batch),
+            questions,
+        )
     store, shards = tmp_path / "s", tmp_path / "s" / SHARDS
     code, out, _ = run(monkeypatch, capsys, "check", store)
     assert (

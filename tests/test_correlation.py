@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.config import CorrelationConfig, DTRConfig, ReadoutConfig, SamplingConfig
+from depthlens.config import (
+    CorrelationConfig,
+    DTRConfig,
+    GenerateRun,
+    ReadoutConfig,
+    SamplingConfig,
+    StoreSpec,
+    TaskSpec,
+)
 from depthlens.errors import InputError, StoreError
 from depthlens.evals.tasks import Question
 from depthlens.metrics.dtr import deep_flags, deep_threshold, matched_threshold, settling_depth
@@ -25,7 +33,7 @@ from depthlens.stats.correlation import (
 from depthlens.stats.resampling import bootstrap_ci
 from depthlens.stores.samples import SAMPLES
 from depthlens.studies.correlation import METRIC_NAMES, correlate, store_correlations
-from depthlens.studies.generate import generate_store
+from depthlens.studies.generate import generate
 from depthlens.studies.stored import load_store
 from depthlens.studies.sweeps import sweep
 from depthlens.studies.tables import table_one
@@ -130,8 +138,19 @@ QUESTIONS = [Question(f"q{i}", f"{i} {i}", str(2 * i)) for i in range(3)]
 def store(tmp_path, tiny_chat):
     out = tmp_path / "s"
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=10, readout_tokens=None)
-    generate_store(tiny_chat, out, QUESTIONS, pool=8, seed=1, sampling=sampling, batch_size=8,
-                   readout=ReadoutConfig(also=("kl", "cosine")), task={"name": "tiny"}, store="jsonl")  # fmt: skip
+    generate(
+        tiny_chat,
+        GenerateRun(
+            StoreSpec(out, format="jsonl"),
+            pool=8,
+            seed=1,
+            sampling=sampling,
+            batch_size=8,
+            readout=ReadoutConfig(also=("kl", "cosine")),
+            task=TaskSpec(name="tiny"),
+        ),
+        QUESTIONS,
+    )
     # The tiny model is never right; mark a planted pattern of right answers so the statistics have work (a JSONL
     # store, whose lines are easy to edit; tests/test_parquet_store.py checks the formats read alike).
     lines = [json.loads(x) for x in (out / SAMPLES).read_text().splitlines()]
@@ -192,7 +211,7 @@ def test_bad_stores_and_prefix_only_stores(store, tmp_path, tiny_chat):
 
     prefix = tmp_path / "prefix"
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=10, readout_tokens=4)
-    generate_store(tiny_chat, prefix, QUESTIONS[:1], pool=2, sampling=sampling)
+    generate(tiny_chat, GenerateRun(StoreSpec(prefix), pool=2, sampling=sampling), QUESTIONS[:1])
     with pytest.raises(InputError, match=r"only the first 4 tokens .* --readout-tokens all"):
         store_correlations(load_store(prefix))
 

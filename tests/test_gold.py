@@ -8,10 +8,10 @@ from fractions import Fraction
 
 import pytest
 
-from depthlens.config import SamplingConfig
+from depthlens.config import GenerateRun, SamplingConfig, StoreSpec, TaskSpec
 from depthlens.evals.gold import expression_value, reference_disagrees
 from depthlens.evals.loading import load_task
-from depthlens.studies.generate import generate_store
+from depthlens.studies.generate import generate
 from depthlens.studies.regrade import regrade_store
 from tests.test_cli import run
 
@@ -104,10 +104,10 @@ def test_regrade_names_the_wrong_references_of_an_old_store(monkeypatch, capsys,
     and says which they are; a store written now has none and regrades to the same questions."""
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=4, readout_tokens=None)
     config = ",".join(f"{k}={v}".lower() for k, v in BASIC.items())  # as --task-config is stored
-    task = {"name": "reasoning_gym:basic_arithmetic", "questions": 3, "task_seed": 0, "task_config": config}
+    task = TaskSpec("reasoning_gym:basic_arithmetic", questions=3, task_seed=0, task_config=config)
     old = tmp_path / "old"
     unchecked = load_task("reasoning_gym:basic_arithmetic", 3, 0, config=BASIC, check_references=False)
-    generate_store(tiny_chat, old, unchecked, pool=1, sampling=sampling, task=task)
+    generate(tiny_chat, GenerateRun(StoreSpec(old), pool=1, sampling=sampling, task=task), unchecked)
     assert regrade_store(old).wrong_references == {
         "basic_arithmetic-1": "4 / 1 is 4, but the stated answer is 2"
     }
@@ -118,6 +118,6 @@ def test_regrade_names_the_wrong_references_of_an_old_store(monkeypatch, capsys,
 
     new = tmp_path / "new"
     checked = load_task("reasoning_gym:basic_arithmetic", 3, 0, config=BASIC)
-    generate_store(tiny_chat, new, checked, pool=1, sampling=sampling, task=task)
+    generate(tiny_chat, GenerateRun(StoreSpec(new), pool=1, sampling=sampling, task=task), checked)
     report = regrade_store(new)
     assert report.wrong_references == {} and report.responses == 3

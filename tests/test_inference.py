@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from depthlens.config import CorrelationConfig, ReadoutConfig, SamplingConfig, VotingConfig
+from depthlens.config import (
+    CorrelationConfig,
+    GenerateRun,
+    ReadoutConfig,
+    SamplingConfig,
+    StoreSpec,
+    TaskSpec,
+    VotingConfig,
+)
 from depthlens.evals.tasks import Question
 from depthlens.stats.correlation import pearson, point_biserial, spearman
 from depthlens.stats.fdr import add_fdr, fdr_adjust
@@ -18,7 +26,7 @@ from depthlens.stats.paired import paired_power, paired_test, questions_needed
 from depthlens.stats.resampling import bootstrap_ci, cluster_correlation_bootstrap, mean_bootstrap
 from depthlens.stores.samples import SAMPLES
 from depthlens.studies.correlation import METRICS, dtr_settings, metric_values, store_correlations
-from depthlens.studies.generate import generate_store
+from depthlens.studies.generate import generate
 from depthlens.studies.stored import load_store
 from depthlens.studies.thinkn import compare_methods, load_pools
 from depthlens.voting.trials import run_trials, trial_outcomes
@@ -70,8 +78,19 @@ def study(tmp_path, tiny_chat):
     right answers (it is never right by itself)."""
     out = tmp_path / "s"
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=12, readout_tokens=None)
-    generate_store(tiny_chat, out, QUESTIONS, pool=8, seed=2, sampling=sampling, batch_size=8,
-                   readout=ReadoutConfig(also=("kl", "cosine")), task={"name": "tiny"}, store="jsonl")  # fmt: skip
+    generate(
+        tiny_chat,
+        GenerateRun(
+            StoreSpec(out, format="jsonl"),
+            pool=8,
+            seed=2,
+            sampling=sampling,
+            batch_size=8,
+            readout=ReadoutConfig(also=("kl", "cosine")),
+            task=TaskSpec(name="tiny"),
+        ),
+        QUESTIONS,
+    )
     lines = [json.loads(x) for x in (out / SAMPLES).read_text().splitlines()]
     for r in lines:
         r["correct"] = (r["sample"] + int(r["question_id"][1:])) % 3 == 0

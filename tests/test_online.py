@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from depthlens.config import DTRConfig, OnlineConfig, SamplingConfig
+from depthlens.config import DTRConfig, OnlineConfig, OnlineRun, SamplingConfig, StoreSpec
 from depthlens.errors import ConfigError, InputError
 from depthlens.evals.loading import load_task
 from depthlens.evals.tasks import Question
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.samples import SAMPLES
-from depthlens.studies.online import DECISIONS, online_store, ordered_pools
+from depthlens.studies.online import DECISIONS, OnlineEvents, ordered_pools, run_online
 from depthlens.voting.methods import Response
 from depthlens.voting.online import replay, replay_trials, stop_point, threshold
 from tests.test_cli import run
@@ -143,7 +143,11 @@ def _live_equals_replay(out, cfg, dtr=TINY_DTR):
 def test_live_run_equals_the_replay_of_its_own_store(tiny_chat, tmp_path, signal):
     cfg = dataclasses.replace(LIVE, signal=signal)
     qs = [Question("q0", "1 + 2 =", "3")]
-    report = online_store(tiny_chat, tmp_path / "s", qs, online=cfg, seed=1, sampling=SAMPLING, dtr=TINY_DTR)
+    report = run_online(
+        tiny_chat,
+        OnlineRun(StoreSpec(tmp_path / "s"), online=cfg, seed=1, sampling=SAMPLING, dtr=TINY_DTR),
+        qs,
+    )
     records = list(iter_jsonl(tmp_path / "s" / SAMPLES))
     line = _decisions(tmp_path / "s")[0]
     assert report.tokens == line["tokens"] == sum(r["n_tokens"] for r in records)  # every token counted
@@ -156,9 +160,11 @@ def test_live_run_equals_the_replay_of_its_own_store(tiny_chat, tmp_path, signal
 
 def test_killed_online_run_resumes_to_the_same_store(tiny_chat, tmp_path):
     qs = [Question("q0", "1 + 2 =", "3"), Question("q1", "4 - 1 =", "3")]
-    args = {"online": dataclasses.replace(LIVE, max_n=4), "seed": 2, "sampling": SAMPLING, "dtr": TINY_DTR}
     whole = tmp_path / "whole"
-    online_store(tiny_chat, whole, qs, **args)
+    run = OnlineRun(
+        StoreSpec(whole), dataclasses.replace(LIVE, max_n=4), seed=2, sampling=SAMPLING, dtr=TINY_DTR
+    )
+    run_online(tiny_chat, run, qs)
     cut = tmp_path / "cut"
     batches = []
 
@@ -168,10 +174,11 @@ def test_killed_online_run_resumes_to_the_same_store(tiny_chat, tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        online_store(tiny_chat, cut, qs, **args, on_batch=die_in_the_second_question)
+        events = OnlineEvents(on_batch=die_in_the_second_question)
+        run_online(tiny_chat, dataclasses.replace(run, store=StoreSpec(cut)), qs, events=events)
     with (cut / SAMPLES).open("a") as f:
         f.write('{"id": "q1#2", "question_id"')  # a line torn by the kill
-    report = online_store(tiny_chat, cut, qs, **args, resume=True)
+    report = run_online(tiny_chat, dataclasses.replace(run, store=StoreSpec(cut, resume=True)), qs)
     assert report.skipped == 1 and report.questions == 2
     drop = ("text",)
     key = lambda r: (r["question_id"], r["sample"])  # noqa: E731
@@ -186,7 +193,7 @@ def test_real_model_live_equals_replay_and_cli_replays_it(real_model, monkeypatc
     qs = load_task("reasoning_gym:basic_arithmetic", 1, seed=0)
     cfg = OnlineConfig(signal="dtr", warmup=2, max_n=3, consensus=1.0, prefix=4, batch_size=1)
     sampling = dataclasses.replace(SAMPLING, temperature=0.6, top_p=0.95, max_new_tokens=12, readout_tokens=4)
-    online_store(real_model, tmp_path / "s", qs, online=cfg, seed=0, sampling=sampling)
+    run_online(real_model, OnlineRun(StoreSpec(tmp_path / "s"), online=cfg, seed=0, sampling=sampling), qs)
     _live_equals_replay(tmp_path / "s", cfg, DTRConfig())
     line = _decisions(tmp_path / "s")[0]
     code, out, err = run(monkeypatch, capsys, "thinkn", "--online", "--from", tmp_path / "s", "--warmup", "2",
@@ -205,8 +212,12 @@ def test_online_store_reads_answers_by_the_given_rules(tiny_chat, tmp_path):
 
     rules = AnswerConfig(fallback="last-number")
     qs = [Question("q0", "1 + 2 =", "3")]
-    online_store(
-        tiny_chat, tmp_path / "s", qs, online=LIVE, seed=1, sampling=SAMPLING, dtr=TINY_DTR, answers=rules
+    run_online(
+        tiny_chat,
+        OnlineRun(
+            StoreSpec(tmp_path / "s"), online=LIVE, seed=1, sampling=SAMPLING, dtr=TINY_DTR, answers=rules
+        ),
+        qs,
     )
     manifest = json.loads(manifest_path(tmp_path / "s" / SAMPLES).read_text())
     assert manifest["answers"]["fallback"] == "last-number"

@@ -9,11 +9,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from depthlens.config import ScoreRun, StoreSpec
 from depthlens.errors import StoreError
 from depthlens.stores.formats import read_inputs
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.parquet import MANIFEST, iter_store, to_table
-from depthlens.studies.score import score_file, score_summary
+from depthlens.studies.score import run_score, score_summary
 from tests.test_cli import run
 
 ROWS = [
@@ -52,8 +53,8 @@ def assert_same_results(a: dict, b: dict, float16: bool = False) -> None:
 
 def test_parquet_store_holds_the_jsonl_records(tiny_llama, tmp_path):
     src = _write(tmp_path / "in.jsonl")
-    score_file(tiny_llama, src, tmp_path / "a.jsonl", tokens=True)
-    score_file(tiny_llama, src, tmp_path / "store", tokens=True, float16=False)
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "a.jsonl"), tokens=True))
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "store", float16=False), tokens=True))
     jsonl = {r["id"]: r for r in iter_jsonl(tmp_path / "a.jsonl")}
     parquet = {r["id"]: r for r in iter_store(tmp_path / "store")}
     assert_same_results(jsonl, parquet)
@@ -64,26 +65,26 @@ def test_parquet_store_holds_the_jsonl_records(tiny_llama, tmp_path):
 
 def test_float16_store_is_smaller_and_close(tiny_llama, tmp_path):
     src = _write(tmp_path / "in.jsonl")
-    score_file(tiny_llama, src, tmp_path / "a.jsonl", tokens=True)
-    score_file(tiny_llama, src, tmp_path / "half", tokens=True, float16=True)
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "a.jsonl"), tokens=True))
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "half", float16=True), tokens=True))
     jsonl = {r["id"]: r for r in iter_jsonl(tmp_path / "a.jsonl")}
     assert_same_results(jsonl, {r["id"]: r for r in iter_store(tmp_path / "half")}, float16=True)
 
 
 def test_resume_skips_committed_shards_and_refuses_other_settings(tiny_llama, tmp_path):
     src, out = _write(tmp_path / "in.jsonl"), tmp_path / "store"
-    score_file(tiny_llama, src, out, tokens=True, float16=False)
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(out, float16=False), tokens=True))
     before = sorted(p.name for p in out.iterdir())
-    score_file(tiny_llama, src, out, tokens=True, float16=False, resume=True)
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(out, resume=True, float16=False), tokens=True))
     assert sorted(p.name for p in out.iterdir()) == before
     with pytest.raises(StoreError, match=r"cannot resume .*store\.float16: stored False, this run True"):
-        score_file(tiny_llama, src, out, tokens=True, float16=True, resume=True)
+        run_score(tiny_llama, ScoreRun(src, StoreSpec(out, resume=True, float16=True), tokens=True))
 
 
 def test_a_shard_of_another_run_is_refused_naming_the_setting(tiny_llama, tmp_path):
     src = _write(tmp_path / "in.jsonl")
-    score_file(tiny_llama, src, tmp_path / "a", tokens=True, float16=False)
-    score_file(tiny_llama, src, tmp_path / "b", tokens=False, float16=False)
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "a", float16=False), tokens=True))
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "b", float16=False), tokens=False))
     shutil.copy(tmp_path / "b" / "part-000000.parquet", tmp_path / "a" / "part-000000.parquet")
     with pytest.raises(StoreError, match=r"a/part-000000.parquet: a shard of another run \("):
         list(iter_store(tmp_path / "a"))
@@ -96,8 +97,8 @@ def test_parquet_input_scores_like_jsonl(tiny_llama, tmp_path):
     src = _write(tmp_path / "in.jsonl")
     pq.write_table(to_table(ROWS), tmp_path / "in.parquet")
     assert [r.data for r in read_inputs(tmp_path / "in.parquet")[0]] == [r.data for r in read_inputs(src)[0]]
-    score_file(tiny_llama, tmp_path / "in.parquet", tmp_path / "p.jsonl")
-    score_file(tiny_llama, src, tmp_path / "j.jsonl")
+    run_score(tiny_llama, ScoreRun(tmp_path / "in.parquet", StoreSpec(tmp_path / "p.jsonl")))
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "j.jsonl")))
     assert [r["dtr"] for r in iter_jsonl(tmp_path / "p.jsonl")] == [
         r["dtr"] for r in iter_jsonl(tmp_path / "j.jsonl")
     ]
@@ -133,19 +134,29 @@ def test_cli_parquet_score_then_export_gives_the_jsonl_records(tmp_path, monkeyp
 
 def test_a_sample_store_votes_and_correlates_alike_in_either_format(tiny_chat, tmp_path):
     """The same responses as JSONL (5-decimal text) and as Parquet (float32): the same votes, DTRs and tables."""
-    from depthlens.config import DTRConfig, ReadoutConfig, SamplingConfig, VotingConfig
+    from depthlens.config import DTRConfig, GenerateRun, ReadoutConfig, SamplingConfig, VotingConfig
     from depthlens.evals.tasks import Question
     from depthlens.stores.samples import SHARDS, iter_samples
     from depthlens.studies.correlation import dtr_settings
-    from depthlens.studies.generate import generate_store
+    from depthlens.studies.generate import generate
     from depthlens.studies.stored import load_store
     from depthlens.studies.thinkn import summarise
 
     questions = [Question(f"q{i}", f"{i} {i}", str(2 * i)) for i in range(3)]
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=8, readout_tokens=None)
     for fmt in ("jsonl", "parquet"):
-        generate_store(tiny_chat, tmp_path / fmt, questions, pool=6, seed=2, sampling=sampling, batch_size=4,
-                       readout=ReadoutConfig(also=("kl",)), store=fmt)  # fmt: skip
+        generate(
+            tiny_chat,
+            GenerateRun(
+                StoreSpec(tmp_path / fmt, format=fmt),
+                pool=6,
+                seed=2,
+                sampling=sampling,
+                batch_size=4,
+                readout=ReadoutConfig(also=("kl",)),
+            ),
+            questions,
+        )
     assert (tmp_path / "parquet" / SHARDS / MANIFEST).is_file() and not (tmp_path / "jsonl" / SHARDS).exists()
     jsonl, parquet = ({r["id"]: r for r in iter_samples(tmp_path / f)} for f in ("jsonl", "parquet"))
     assert jsonl.keys() == parquet.keys()
@@ -172,7 +183,7 @@ def test_a_slow_run_commits_by_time_and_a_store_is_a_score_input(tiny_llama, tmp
 
     monkeypatch.setattr(stores, "COMMIT_S", 0.0)  # every record arrives 'late': a shard each
     src = _write(tmp_path / "in.jsonl")
-    score_file(tiny_llama, src, tmp_path / "store", tokens=True)
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "store"), tokens=True))
     manifest = json.loads((tmp_path / "store" / MANIFEST).read_text())
     assert [s["rows"] for s in manifest["shards"]] == [1] * len(ROWS)
     from depthlens.stores.parquet import ShardWriter

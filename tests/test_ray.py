@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from depthlens.config import GenerateRun, ModelSpec, RayConfig, ScoreRun, StoreSpec
 from depthlens.errors import ClusterError
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.parquet import iter_store
-from depthlens.studies.score import score_file
+from depthlens.studies.score import ScoreEvents, run_score
 from tests.conftest import tiny_model
 from tests.test_faults import chat_dir  # noqa: F401  (a fixture: the tiny llama with a chat tokenizer)
 from tests.test_parquet_store import ROWS, _write, assert_same_results
@@ -56,18 +57,17 @@ def setup(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        score_file(wrap(tiny_model("llama")), src, d / "ref.jsonl", tokens=True)
+        run_score(wrap(tiny_model("llama")), ScoreRun(src, StoreSpec(d / "ref.jsonl"), tokens=True))
     finally:
         torch.set_num_threads(threads)
     return d, src, {r["id"]: r for r in iter_jsonl(d / "ref.jsonl")}
 
 
-def _score_ray(d, src, out, **kwargs):
-    from depthlens.scale.score import score_ray
+def _score_ray(d, src, out, workers, resume=False, events=ScoreEvents()):
+    from depthlens.scale.score import score_on_ray
 
-    return score_ray(
-        str(d / "tiny"), src, out, tokens=True, block_rows=3, load_kwargs={"device": "cpu"}, **kwargs
-    )
+    run = ScoreRun(src, StoreSpec(out, resume), tokens=True)
+    return score_on_ray(ModelSpec(str(d / "tiny"), device="cpu"), run, RayConfig(workers, block=3), events)
 
 
 def test_local_ray_binds_loopback_only(local_ray):
@@ -79,14 +79,14 @@ def test_local_ray_binds_loopback_only(local_ray):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_workers_give_the_single_process_numbers(local_ray, setup, tmp_path, workers):
     d, src, reference = setup
-    _, n_layers = _score_ray(d, src, tmp_path / "store", workers=workers)
+    n_layers = _score_ray(d, src, tmp_path / "store", workers=workers).n_layers
     assert n_layers == 3
     rows = list(iter_store(tmp_path / "store"))
     assert sorted(r["id"] for r in rows) == sorted(reference)  # each record once
     assert_same_results(reference, {r["id"]: r for r in rows})
     assert len(list((tmp_path / "store").glob("part-*.parquet"))) >= 2
-    skipped, _ = _score_ray(d, src, tmp_path / "store", workers=workers, resume=True)  # all done: no work
-    assert skipped == [] and len(list(iter_store(tmp_path / "store"))) == len(reference)
+    report = _score_ray(d, src, tmp_path / "store", workers=workers, resume=True)  # all done: no work
+    assert report.skipped == [] and len(list(iter_store(tmp_path / "store"))) == len(reference)
 
 
 def test_a_resumed_run_rescores_changed_inputs_and_says_which(local_ray, setup, tmp_path):
@@ -99,7 +99,9 @@ def test_a_resumed_run_rescores_changed_inputs_and_says_which(local_ray, setup, 
     rows[0]["completion_ids"] = [*rows[0]["completion_ids"], 9]
     mine.write_text("".join(json.dumps(r) + "\n" for r in rows))
     rescored: list[str] = []
-    _score_ray(d, mine, tmp_path / "store", workers=1, resume=True, on_rescore=rescored.extend)
+    _score_ray(
+        d, mine, tmp_path / "store", workers=1, resume=True, events=ScoreEvents(on_rescore=rescored.extend)
+    )
     assert rescored == [rows[0]["id"]]
     stored = {r["id"]: r for r in iter_store(tmp_path / "store")}
     assert sorted(stored) == sorted(reference)
@@ -155,11 +157,13 @@ def test_a_worker_that_cannot_load_the_model_stops_the_run(local_ray, setup, tmp
     starts = tmp_path / "starts"
     monkeypatch.setenv("DEPTHLENS_FAULT_RAY_STARTS", str(starts))
     start = time.monotonic()
-    from depthlens.scale.score import score_ray
+    from depthlens.scale.score import score_on_ray
 
     failed = r"a Ray worker failed: .*could not load model .*broken.*rerun with --resume"
     with pytest.raises(ClusterError, match=failed):
-        score_ray(str(broken), src, tmp_path / "store", load_kwargs={"device": "cpu"})
+        score_on_ray(
+            ModelSpec(str(broken), device="cpu"), ScoreRun(src, StoreSpec(tmp_path / "store")), RayConfig()
+        )
     assert len(starts.read_text().split()) == 1  # one failed start, no retry loop
     assert time.monotonic() - start < 600  # and it ends
 
@@ -213,12 +217,12 @@ def test_driver_killed_then_resumed_equals_an_uninterrupted_run(local_ray, setup
 
 def _generate_ray(chat, out, workers):
     from depthlens.config import SamplingConfig
-    from depthlens.scale.generate import generate_store_ray
+    from depthlens.scale.generate import generate_on_ray
 
-    return generate_store_ray(
-        str(chat), out, QUESTIONS, pool=3, batch_size=2, workers=workers,
-        sampling=SamplingConfig(max_new_tokens=6, readout_tokens=None), load_kwargs={"device": "cpu"},
-    )  # fmt: skip
+    run = GenerateRun(
+        StoreSpec(out), pool=3, batch_size=2, sampling=SamplingConfig(max_new_tokens=6, readout_tokens=None)
+    )
+    return generate_on_ray(ModelSpec(str(chat), device="cpu"), run, QUESTIONS, RayConfig(workers))
 
 
 QUESTIONS = []
@@ -238,7 +242,7 @@ def test_generate_on_one_or_two_workers_gives_the_same_store(local_ray, chat_dir
     from depthlens.config import SamplingConfig, VotingConfig
     from depthlens.models.load import load
     from depthlens.stores.samples import iter_samples
-    from depthlens.studies.generate import generate_store
+    from depthlens.studies.generate import generate
     from depthlens.studies.thinkn import load_pools, summarise
 
     one = _generate_ray(chat_dir, tmp_path / "one", 1)
@@ -251,8 +255,16 @@ def test_generate_on_one_or_two_workers_gives_the_same_store(local_ray, chat_dir
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        generate_store(load(str(chat_dir), device="cpu"), tmp_path / "here", questions, pool=3, batch_size=2,
-                       sampling=SamplingConfig(max_new_tokens=6, readout_tokens=None))  # fmt: skip
+        generate(
+            load(str(chat_dir), device="cpu"),
+            GenerateRun(
+                StoreSpec(tmp_path / "here"),
+                pool=3,
+                batch_size=2,
+                sampling=SamplingConfig(max_new_tokens=6, readout_tokens=None),
+            ),
+            questions,
+        )
     finally:
         torch.set_num_threads(threads)
     here = {r["id"]: r for r in iter_samples(tmp_path / "here")}
@@ -281,7 +293,7 @@ def test_real_model_scores_on_two_workers_like_one_process(local_ray, real_model
     import torch
 
     from depthlens.models import catalogue
-    from depthlens.scale.score import score_ray
+    from depthlens.scale.score import score_on_ray
 
     texts = ["The capital of France is", "2 + 2 =", "Water boils at", "The first prime number is"]
     src = _write(tmp_path / "in.jsonl", [{"id": f"t{i}", "prompt": t, "completion": " a short answer here."}
@@ -289,11 +301,11 @@ def test_real_model_scores_on_two_workers_like_one_process(local_ray, real_model
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        score_file(real_model, src, tmp_path / "ref.jsonl", tokens=True)
+        run_score(real_model, ScoreRun(src, StoreSpec(tmp_path / "ref.jsonl"), tokens=True))
     finally:
         torch.set_num_threads(threads)
-    score_ray(catalogue.DEFAULT_MODEL, src, tmp_path / "store", tokens=True, workers=2, block_rows=2,
-              load_kwargs={"device": "cpu"})  # fmt: skip
+    run = ScoreRun(src, StoreSpec(tmp_path / "store"), tokens=True)
+    score_on_ray(ModelSpec(catalogue.DEFAULT_MODEL, device="cpu"), run, RayConfig(2, block=2))
     reference = {r["id"]: r for r in iter_jsonl(tmp_path / "ref.jsonl")}
     assert_same_results(reference, {r["id"]: r for r in iter_store(tmp_path / "store")})
 
@@ -304,9 +316,9 @@ def test_generate_on_ray_with_the_vllm_backend_equals_it_in_process(local_ray, r
     from depthlens.evals.loading import load_task
     from depthlens.models import catalogue
     from depthlens.sampling.choose import vllm_available
-    from depthlens.scale.generate import generate_store_ray
+    from depthlens.scale.generate import generate_on_ray
     from depthlens.stores.samples import iter_samples
-    from depthlens.studies.generate import generate_store
+    from depthlens.studies.generate import generate
 
     if not vllm_available():
         pytest.skip("needs the vllm extra: pip install 'depthlens[vllm]'")
@@ -315,9 +327,13 @@ def test_generate_on_ray_with_the_vllm_backend_equals_it_in_process(local_ray, r
     )
     sampling = SamplingConfig(max_new_tokens=8, readout_tokens=4)
     qs = load_task("reasoning_gym:basic_arithmetic", 2, seed=0)
-    generate_store_ray(catalogue.DEFAULT_MODEL, tmp_path / "ray", qs, pool=2, batch_size=2, sampling=sampling,
-                       engine=engine, load_kwargs={"device": "cpu"})  # fmt: skip
-    generate_store(real_model, tmp_path / "here", qs, pool=2, batch_size=2, sampling=sampling, engine=engine)
+    run = GenerateRun(StoreSpec(tmp_path / "ray"), pool=2, batch_size=2, sampling=sampling, engine=engine)
+    generate_on_ray(ModelSpec(catalogue.DEFAULT_MODEL, device="cpu"), run, qs, RayConfig())
+    generate(
+        real_model,
+        GenerateRun(StoreSpec(tmp_path / "here"), pool=2, batch_size=2, sampling=sampling, engine=engine),
+        qs,
+    )
     on_ray = {r["id"]: r for r in iter_samples(tmp_path / "ray")}
     here = {r["id"]: r for r in iter_samples(tmp_path / "here")}
     assert on_ray.keys() == here.keys() and len(here) == 4

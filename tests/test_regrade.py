@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from depthlens.config import AnswerConfig, SamplingConfig, VotingConfig
+from depthlens.config import AnswerConfig, GenerateRun, SamplingConfig, StoreSpec, TaskSpec, VotingConfig
 from depthlens.errors import StoreError
 from depthlens.evals.answers import RULES
 from depthlens.evals.grading import grade
@@ -16,7 +16,7 @@ from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.parquet import MANIFEST
 from depthlens.stores.samples import SAMPLES, SHARDS, iter_samples
-from depthlens.studies.generate import generate_store
+from depthlens.studies.generate import generate
 from depthlens.studies.regrade import regrade_store
 from depthlens.studies.thinkn import summarise, summary_files
 from tests.test_cli import run
@@ -35,7 +35,11 @@ OLD = [
 def _old_store(lm, out):
     """A store as main wrote it before the answer rules: JSONL, no answer settings in the manifest, the old
     answer fields."""
-    generate_store(lm, out, QUESTIONS, pool=2, seed=1, sampling=SAMPLING, batch_size=2, store="jsonl")
+    generate(
+        lm,
+        GenerateRun(StoreSpec(out, format="jsonl"), pool=2, seed=1, sampling=SAMPLING, batch_size=2),
+        QUESTIONS,
+    )
     meta = manifest_path(out / SAMPLES)
     manifest = json.loads(meta.read_text())
     del manifest["answers"]
@@ -114,8 +118,8 @@ def test_regrade_cli_prints_before_and_after(monkeypatch, capsys, tiny_chat, tmp
 def test_regrade_refuses_questions_reasoning_gym_no_longer_generates(tiny_chat, tmp_path):
     store = tmp_path / "rg"
     questions = load_task("reasoning_gym:spell_backward", 1, seed=2)
-    task = {"name": "reasoning_gym:spell_backward", "questions": 1, "task_seed": 3, "task_config": None}
-    generate_store(tiny_chat, store, questions, pool=1, sampling=SAMPLING, task=task)
+    task = TaskSpec("reasoning_gym:spell_backward", questions=1, task_seed=3, task_config=None)
+    generate(tiny_chat, GenerateRun(StoreSpec(store), pool=1, sampling=SAMPLING, task=task), questions)
     with pytest.raises(StoreError, match=r"spell_backward-0 with answer .* regrade with the reasoning-gym"):
         regrade_store(store)
 
@@ -160,19 +164,21 @@ def test_native_prompts_need_a_reasoning_gym_task(monkeypatch, capsys, tmp_path)
 def test_an_old_store_resumes_once_regraded(tiny_chat, tmp_path):
     store = tmp_path / "old"
     _old_store(tiny_chat, store)
-    again = {"pool": 2, "seed": 1, "sampling": SAMPLING, "batch_size": 2, "resume": True}
+    again = GenerateRun(StoreSpec(store, resume=True), pool=2, seed=1, sampling=SAMPLING, batch_size=2)
     with pytest.raises(
         StoreError, match=r"before the answer rules.*`depthlens regrade .*` first, then --resume"
     ):
-        generate_store(tiny_chat, store, QUESTIONS, **again)
+        generate(tiny_chat, again, QUESTIONS)
     regrade_store(store)
-    report = generate_store(tiny_chat, store, QUESTIONS, **again)  # the manifests now agree
+    report = generate(tiny_chat, again, QUESTIONS)  # the manifests now agree
     assert (report.skipped, report.written) == (4, 0)
 
 
 def test_a_sharded_store_is_regraded_by_new_shards_its_manifest_commits(tiny_chat, tmp_path, monkeypatch):
     store = tmp_path / "s"
-    generate_store(tiny_chat, store, QUESTIONS, pool=2, seed=1, sampling=SAMPLING, batch_size=2)
+    generate(
+        tiny_chat, GenerateRun(StoreSpec(store), pool=2, seed=1, sampling=SAMPLING, batch_size=2), QUESTIONS
+    )
     shards = store / SHARDS
     before = {r["id"]: r for r in iter_samples(store)}
     old_files = sorted(p.name for p in shards.glob("part-*"))
@@ -197,7 +203,13 @@ def test_a_sharded_store_is_regraded_by_new_shards_its_manifest_commits(tiny_cha
     assert len(files) == len(old_files) and not set(files) & set(old_files)  # every shard replaced
     manifest = json.loads((shards / MANIFEST).read_text())
     assert manifest["answers"]["fallback"] == "last-number" and len(manifest["regraded"]) == 1
-    again = {"pool": 2, "seed": 1, "sampling": SAMPLING, "batch_size": 2, "resume": True,
-             "answers": AnswerConfig(fallback="last-number")}  # fmt: skip
-    assert generate_store(tiny_chat, store, QUESTIONS, **again).skipped == 4  # still resumes
+    again = GenerateRun(
+        StoreSpec(store, resume=True),
+        pool=2,
+        seed=1,
+        sampling=SAMPLING,
+        batch_size=2,
+        answers=AnswerConfig(fallback="last-number"),
+    )
+    assert generate(tiny_chat, again, QUESTIONS).skipped == 4  # still resumes
     assert len(json.loads((shards / MANIFEST).read_text())["regraded"]) == 1  # and keeps its regrade log

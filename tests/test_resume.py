@@ -9,13 +9,13 @@ import os
 
 import pytest
 
-from depthlens.config import SamplingConfig, VotingConfig
+from depthlens.config import GenerateRun, SamplingConfig, ScoreRun, StoreSpec, VotingConfig
 from depthlens.errors import StoreError
 from depthlens.evals.tasks import Question
 from depthlens.stores import jsonl as records
 from depthlens.stores.jsonl import iter_jsonl
-from depthlens.studies.generate import generate_store
-from depthlens.studies.score import score_file
+from depthlens.studies.generate import generate
+from depthlens.studies.score import ScoreEvents, run_score
 from depthlens.studies.thinkn import summarise
 from tests.test_cli import run
 
@@ -30,14 +30,14 @@ ROWS = [{"id": f"r{i}", "prompt_ids": [4, 5 + i], "completion_ids": [7, 8, 9 + i
 
 def test_resume_rescores_records_whose_input_changed(tiny_llama, tmp_path):
     src, out = _write(tmp_path / "in.jsonl", ROWS), tmp_path / "out.jsonl"
-    score_file(tiny_llama, src, out)
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(out)))
     changed = [*ROWS[:2], {**ROWS[2], "completion_ids": [7, 8]}, ROWS[3]]
     _write(src, changed)
     rescored = []
-    score_file(tiny_llama, src, out, resume=True, on_rescore=rescored.extend)
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(out, resume=True)), ScoreEvents(on_rescore=rescored.extend))
     assert rescored == ["r2"]
     fresh = tmp_path / "fresh.jsonl"
-    score_file(tiny_llama, src, fresh)
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(fresh)))
     by_id = {r["id"]: r for r in iter_jsonl(out)}
     assert [by_id[r["id"]] for r in iter_jsonl(fresh)] == list(iter_jsonl(fresh))  # r2 moved to the end
 
@@ -54,12 +54,12 @@ def test_disk_full_leaves_whole_records_and_resume_completes(tiny_llama, tmp_pat
 
     monkeypatch.setattr(os, "fsync", fsync)
     with pytest.raises(StoreError, match="the disk is full; what finished before is kept"):
-        score_file(tiny_llama, src, out)
+        run_score(tiny_llama, ScoreRun(src, StoreSpec(out)))
     monkeypatch.setattr(os, "fsync", real_fsync)
     assert out.read_text().endswith("\n") and [r["id"] for r in iter_jsonl(out)] == ["r0", "r1"]
-    score_file(tiny_llama, src, out, resume=True)
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(out, resume=True)))
     whole = tmp_path / "whole.jsonl"
-    score_file(tiny_llama, src, whole)
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(whole)))
     assert list(iter_jsonl(out)) == list(iter_jsonl(whole))
 
 
@@ -70,9 +70,11 @@ def _questions(n):
 def test_generate_resume_accepts_batch_size_and_more_questions(tiny_chat, tmp_path):
     sampling = SamplingConfig(max_new_tokens=4, readout_tokens=None)
     store = tmp_path / "s"
-    generate_store(tiny_chat, store, _questions(1), pool=4, batch_size=4, sampling=sampling)
-    report = generate_store(
-        tiny_chat, store, _questions(2), pool=4, batch_size=2, sampling=sampling, resume=True
+    generate(tiny_chat, GenerateRun(StoreSpec(store), pool=4, batch_size=4, sampling=sampling), _questions(1))
+    report = generate(
+        tiny_chat,
+        GenerateRun(StoreSpec(store, resume=True), pool=4, batch_size=2, sampling=sampling),
+        _questions(2),
     )
     assert report.skipped == 4 and report.written == 4
     assert report.changed == [
@@ -80,14 +82,24 @@ def test_generate_resume_accepts_batch_size_and_more_questions(tiny_chat, tmp_pa
         "questions: stored ['q0'], this run ['q0', 'q1']",
     ]
     with pytest.raises(StoreError, match=r"questions: stored \['q0', 'q1'\], this run \['q1'\]"):
-        generate_store(tiny_chat, store, _questions(2)[1:], pool=4, sampling=sampling, resume=True)
+        generate(
+            tiny_chat,
+            GenerateRun(StoreSpec(store, resume=True), pool=4, sampling=sampling),
+            _questions(2)[1:],
+        )
     with pytest.raises(StoreError, match="pool: stored 4, this run 3"):
-        generate_store(tiny_chat, store, _questions(2), pool=3, sampling=sampling, resume=True)
+        generate(
+            tiny_chat, GenerateRun(StoreSpec(store, resume=True), pool=3, sampling=sampling), _questions(2)
+        )
 
 
 def test_summaries_are_named_by_settings_and_never_silently_replaced(tiny_chat, tmp_path):
     store = tmp_path / "s"
-    generate_store(tiny_chat, store, _questions(2), pool=4, sampling=SamplingConfig(max_new_tokens=4))
+    generate(
+        tiny_chat,
+        GenerateRun(StoreSpec(store), pool=4, sampling=SamplingConfig(max_new_tokens=4)),
+        _questions(2),
+    )
     summarise(store, VotingConfig(n=2, trials=2, prefix=3))
     summarise(store, VotingConfig(n=3, trials=2, prefix=3))
     assert sorted(p.name for p in store.glob("thinkn-*.json")) == [

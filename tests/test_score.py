@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from depthlens.config import DTRConfig
+from depthlens.config import DTRConfig, ScoreRun, StoreSpec
 from depthlens.errors import InputError, StoreError
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
-from depthlens.studies.score import SUMMARY_FIELDS, score, score_file
+from depthlens.studies.score import SUMMARY_FIELDS, ScoreEvents, run_score, score
 
 
 def _write(path, lines):
@@ -65,8 +65,10 @@ def test_text_records_need_a_tokenizer(tiny_llama):
 def test_malformed_line_is_named_or_skipped(tiny_llama, tmp_path):
     src = _write(tmp_path / "in.jsonl", [_records(1)[0], "{not json", {"id": "x", "prompt": "no completion"}])
     with pytest.raises(InputError, match=r"in.jsonl:2: not valid JSON .* \(pass --skip-bad"):
-        score_file(tiny_llama, src, tmp_path / "out.jsonl")
-    skipped = score_file(tiny_llama, src, tmp_path / "out.jsonl", skip_bad=True, overwrite=True)
+        run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "out.jsonl")))
+    skipped = run_score(
+        tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "out.jsonl", overwrite=True), skip_bad=True)
+    )
     assert [b.line for b in skipped] == [2, 3]
     assert "needs 'prompt' + 'completion'" in skipped[1].reason
     assert [r["id"] for r in iter_jsonl(tmp_path / "out.jsonl")] == ["r0"]
@@ -75,21 +77,21 @@ def test_malformed_line_is_named_or_skipped(tiny_llama, tmp_path):
 def test_duplicate_ids_and_too_long_records(tiny_llama, tmp_path):
     src = _write(tmp_path / "dup.jsonl", [_records(1)[0], _records(1)[0]])
     with pytest.raises(InputError, match="id 'r0' already used on line 1"):
-        score_file(tiny_llama, src, tmp_path / "o.jsonl")
+        run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "o.jsonl")))
     long = {"id": "long", "prompt_ids": [5] * 250, "completion_ids": [6] * 10}
     src = _write(tmp_path / "long.jsonl", [_records(1)[0], long])
     with pytest.raises(InputError, match=r"line 2 \(id 'long'\): 260 tokens .* context of 256") as info:
-        score_file(tiny_llama, src, tmp_path / "o2.jsonl")
+        run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "o2.jsonl")))
     assert "kept in" in str(info.value)
     assert [r["id"] for r in iter_jsonl(tmp_path / "o2.jsonl")] == ["r0"]  # finished work is kept
-    skipped = score_file(tiny_llama, src, tmp_path / "o3.jsonl", skip_bad=True)
+    skipped = run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "o3.jsonl"), skip_bad=True))
     assert [b.line for b in skipped] == [2]
 
 
 def test_interrupted_run_resumes_to_the_same_output(tiny_llama, tmp_path):
     src = _write(tmp_path / "in.jsonl", _records(5))
     full = tmp_path / "full.jsonl"
-    score_file(tiny_llama, src, full, tokens=True, batch_size=2)
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(full), tokens=True, batch_size=2))
 
     out = tmp_path / "part.jsonl"
     seen = []
@@ -100,17 +102,24 @@ def test_interrupted_run_resumes_to_the_same_output(tiny_llama, tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        score_file(tiny_llama, src, out, tokens=True, batch_size=2, on_record=crash_after_two)
+        run_score(
+            tiny_llama,
+            ScoreRun(src, StoreSpec(out), tokens=True, batch_size=2),
+            ScoreEvents(on_record=crash_after_two),
+        )
     assert len(list(iter_jsonl(out))) == 2
     with out.open("a") as f:
         f.write('{"id": "r2", "n_tok')  # a write torn by the crash
     with pytest.raises(StoreError, match="already exists; pass --resume"):
-        score_file(tiny_llama, src, out, tokens=True, batch_size=2)
+        run_score(tiny_llama, ScoreRun(src, StoreSpec(out), tokens=True, batch_size=2))
     with pytest.raises(StoreError, match="tokens: stored True, this run False"):
-        score_file(tiny_llama, src, out, tokens=False, batch_size=2, resume=True)
+        run_score(tiny_llama, ScoreRun(src, StoreSpec(out, resume=True), tokens=False, batch_size=2))
     progress = []
-    score_file(tiny_llama, src, out, tokens=True, batch_size=2, resume=True,
-               on_start=lambda total, done: progress.append((total, done)))  # fmt: skip
+    run_score(
+        tiny_llama,
+        ScoreRun(src, StoreSpec(out, resume=True), tokens=True, batch_size=2),
+        ScoreEvents(on_start=lambda total, done: progress.append((total, done))),
+    )
     assert progress == [(5, 2)]
     assert list(iter_jsonl(out)) == list(iter_jsonl(full))
     manifest = json.loads(manifest_path(out).read_text())

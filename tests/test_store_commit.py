@@ -14,14 +14,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from depthlens.config import SamplingConfig
+from depthlens.config import GenerateRun, SamplingConfig, StoreSpec
 from depthlens.errors import StoreError
 from depthlens.evals.tasks import Question
 from depthlens.stores import layout
 from depthlens.stores.arrow import to_table
 from depthlens.stores.parquet import ShardWriter, iter_store, rewrite_store, store_manifest
 from depthlens.stores.samples import SHARDS, iter_samples
-from depthlens.studies.generate import generate_store
+from depthlens.studies.generate import generate
 
 SRC = Path(__file__).parent.parent / "src"
 QUESTIONS = [Question(f"q{i}", f"{i} + {i}", str(2 * i)) for i in range(3)]
@@ -29,8 +29,11 @@ SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=4, readout_
 ROWS = [{"id": f"r{i}", "x": [float(i), 0.5], "n": i} for i in range(12)]
 
 
-def _generate(lm, out, **extra):
-    return generate_store(lm, out, QUESTIONS, pool=4, seed=3, sampling=SAMPLING, **{"batch_size": 2, **extra})
+def _generate(lm, out, resume=False, store=None, batch_size=2):
+    run = GenerateRun(
+        StoreSpec(out, resume, format=store), pool=4, seed=3, sampling=SAMPLING, batch_size=batch_size
+    )
+    return generate(lm, run, QUESTIONS)
 
 
 def _core(records):
@@ -257,13 +260,23 @@ def test_summaries_record_their_store_state_and_overwrite_removes_them(tiny_chat
     from depthlens.studies.thinkn import summarise, summary_files
 
     out = tmp_path / "s"
-    generate_store(tiny_chat, out, QUESTIONS[:2], pool=4, seed=3, sampling=SAMPLING, batch_size=2)
+    generate(
+        tiny_chat, GenerateRun(StoreSpec(out), pool=4, seed=3, sampling=SAMPLING, batch_size=2), QUESTIONS[:2]
+    )
     summarise(out, VotingConfig(n=2, trials=2, prefix=2))
     assert thinkn_summary(load_store(out), None).get("stale") is None
-    generate_store(tiny_chat, out, QUESTIONS, pool=4, seed=3, sampling=SAMPLING, batch_size=2, resume=True)
+    generate(
+        tiny_chat,
+        GenerateRun(StoreSpec(out, resume=True), pool=4, seed=3, sampling=SAMPLING, batch_size=2),
+        QUESTIONS,
+    )
     stale = thinkn_summary(load_store(out), None)["stale"]
     assert "not a summary of the store as it is now: it was computed from state" in stale
-    generate_store(tiny_chat, out, QUESTIONS, pool=4, seed=3, sampling=SAMPLING, batch_size=2, overwrite=True)
+    generate(
+        tiny_chat,
+        GenerateRun(StoreSpec(out, overwrite=True), pool=4, seed=3, sampling=SAMPLING, batch_size=2),
+        QUESTIONS,
+    )
     assert summary_files(out) == [] and not list(out.glob("thinkn-*"))
 
 

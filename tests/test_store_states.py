@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from depthlens.config import SamplingConfig
+from depthlens.config import GenerateRun, SamplingConfig, StoreSpec
 from depthlens.errors import StoreError
 from depthlens.evals.tasks import Question
 from depthlens.stores import layout
@@ -32,8 +32,10 @@ SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=4, readout_
 POOL, BATCH = 4, 2
 
 
-def _options(**extra):
-    return {"pool": POOL, "seed": 3, "sampling": SAMPLING, "batch_size": BATCH, **extra}
+def _run(out, resume=False, batch_size=BATCH):
+    return GenerateRun(
+        StoreSpec(Path(out), resume), pool=POOL, seed=3, sampling=SAMPLING, batch_size=batch_size
+    )
 
 
 def _core(records):
@@ -49,9 +51,9 @@ def _killed_child(kind: str, model: str, out: str, questions: int, kill_after: i
         regrade_store(Path(out))
     else:
         from depthlens.models.load import load
-        from depthlens.studies.generate import generate_store
+        from depthlens.studies.generate import generate
 
-        generate_store(load(model, device="cpu"), Path(out), QUESTIONS[:questions], **_options(resume=True))
+        generate(load(model, device="cpu"), _run(out, resume=True), QUESTIONS[:questions])
     os._exit(0)  # reached only when the kill point lies beyond the work
 
 
@@ -59,14 +61,14 @@ def _killed_child(kind: str, model: str, out: str, questions: int, kill_after: i
 def world(tmp_path_factory):
     """The tiny chat model saved for the children, loaded here; an uninterrupted run; a store of another run."""
     from depthlens.models.load import load
-    from depthlens.studies.generate import generate_store
+    from depthlens.studies.generate import generate
     from tests.conftest import save_chat_model
 
     root = tmp_path_factory.mktemp("states")
     model = save_chat_model(root / "chat")
     lm = load(str(model), device="cpu")
-    generate_store(lm, root / "whole", QUESTIONS, **_options())
-    generate_store(lm, root / "other", QUESTIONS, **_options(batch_size=4))  # same seed, another run
+    generate(lm, _run(root / "whole"), QUESTIONS)
+    generate(lm, _run(root / "other", batch_size=4), QUESTIONS)  # same seed, another run
     ctx = multiprocessing.get_context("forkserver")  # children fork from a process that imported torch once
     ctx.set_forkserver_preload(["depthlens.studies.generate", "depthlens.studies.regrade"])
     return {"root": root, "model": model, "lm": lm, "reference": _core(iter_samples(root / "whole")),
@@ -112,12 +114,12 @@ class StoreStates(RuleBasedStateMachine):
     def write(self, questions):
         """generate (or --resume) with the first ``questions`` questions, to the end."""
         self.steps["write"] += 1
-        from depthlens.studies.generate import generate_store
+        from depthlens.studies.generate import generate
 
         questions = max(questions, self.questions)  # the question list may only grow
         resume = self.out.exists()
         expected = self._expected_after(questions, None)
-        generate_store(self.world["lm"], self.out, QUESTIONS[:questions], **_options(resume=resume))
+        generate(self.world["lm"], _run(self.out, resume=resume), QUESTIONS[:questions])
         self.questions, self.committed, self.damaged = questions, expected, set()
 
     @precondition(lambda self: not self.foreign and self.out.exists())

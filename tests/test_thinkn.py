@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from depthlens.config import DTRConfig, SamplingConfig, VotingConfig
+from depthlens.config import DTRConfig, GenerateRun, SamplingConfig, StoreSpec, VotingConfig
 from depthlens.errors import InputError, StoreError
 from depthlens.evals.grading import grade
 from depthlens.evals.loading import load_task
 from depthlens.evals.tasks import Question
 from depthlens.stores.parquet import MANIFEST
 from depthlens.stores.samples import SAMPLES, SHARDS, iter_samples
-from depthlens.studies.generate import generate_store, sample_seed
+from depthlens.studies.generate import GenerationEvents, generate, sample_seed
 from depthlens.studies.thinkn import load_pools, summarise
 from tests.test_cli import run
 
@@ -82,9 +82,11 @@ QUESTIONS = [Question("q0", "1 2", "3"), Question("q1", "4 5", "9"), Question("q
 SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=10, readout_tokens=None)
 
 
-def _store(lm, out, **kw):
-    args = {"pool": 4, "seed": 3, "sampling": SAMPLING, "batch_size": 2, **kw}
-    return generate_store(lm, out, QUESTIONS, **args)
+def _store(lm, out, resume=False, store=None, events=GenerationEvents(), **fields):
+    """``generate`` of QUESTIONS into ``out``, four responses two at a time unless GenerateRun ``fields`` say
+    otherwise."""
+    fields = {"pool": 4, "seed": 3, "sampling": SAMPLING, "batch_size": 2, **fields}
+    return generate(lm, GenerateRun(StoreSpec(out, resume, format=store), **fields), QUESTIONS, events=events)
 
 
 def _records(out):
@@ -117,7 +119,7 @@ def test_killed_run_resumes_to_the_same_store_and_summary(tiny_chat, tmp_path, f
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        _store(tiny_chat, cut, on_batch=die_after_three, store=fmt)
+        _store(tiny_chat, cut, events=GenerationEvents(on_batch=die_after_three), store=fmt)
     if fmt == "jsonl":
         with (cut / SAMPLES).open("a") as f:
             f.write('{"id": "q1#3", "question_id"')  # a line torn by the kill
@@ -142,10 +144,16 @@ def test_failed_generation_is_recorded_not_dropped(tiny_chat, tmp_path):
         "long", "1 " * 200, "1"
     )  # its prompt alone exceeds the context: refused before sampling
     with pytest.raises(InputError, match=r"question 'long': its prompt is .* no response fits"):
-        generate_store(tiny_chat, tmp_path / "s", [QUESTIONS[0], too_long], pool=2, sampling=SAMPLING)
+        generate(
+            tiny_chat,
+            GenerateRun(StoreSpec(tmp_path / "s"), pool=2, sampling=SAMPLING),
+            [QUESTIONS[0], too_long],
+        )
     assert not (tmp_path / "s").exists()
     long = Question("long", "1 " * 88, "1")  # fits (251 of 256 tokens), its responses do not: they fail
-    report = generate_store(tiny_chat, tmp_path / "s", [QUESTIONS[0], long], pool=2, sampling=SAMPLING)
+    report = generate(
+        tiny_chat, GenerateRun(StoreSpec(tmp_path / "s"), pool=2, sampling=SAMPLING), [QUESTIONS[0], long]
+    )
     assert report.failed == 2
     failed = [r for r in _records(tmp_path / "s") if r["status"] == "failed"]
     assert [r["id"] for r in failed] == ["long#0", "long#1"] and "exceed" in failed[0]["error"]
@@ -206,7 +214,9 @@ def test_real_model_thinkn_end_to_end(real_model, monkeypatch, capsys, tmp_path)
     """Generate with the default model, then re-vote from the store through the CLI."""
     qs = load_task("reasoning_gym:basic_arithmetic", 1, seed=0)
     sampling = dataclasses.replace(SAMPLING, max_new_tokens=24, readout_tokens=8)
-    report = generate_store(real_model, tmp_path / "s", qs, pool=3, sampling=sampling, batch_size=3)
+    report = generate(
+        real_model, GenerateRun(StoreSpec(tmp_path / "s"), pool=3, sampling=sampling, batch_size=3), qs
+    )
     assert report.written == 3 and report.failed == 0
     record = _records(tmp_path / "s")[0]
     assert "<|im_end|>" not in record["text"] and len(record["divergence"]) == min(8, record["n_tokens"])

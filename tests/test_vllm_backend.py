@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from depthlens.config import DTRConfig, ReadoutConfig, SamplingConfig
+from depthlens.config import DTRConfig, GenerateRun, OnlineRun, ReadoutConfig, SamplingConfig, StoreSpec
 from depthlens.errors import ConfigError, ModelNotFoundError
 from depthlens.evals.loading import load_task
 from depthlens.metrics.dtr import deep_flags, settling_depth
@@ -24,7 +24,7 @@ from depthlens.sampling.backend import token_scores
 from depthlens.sampling.choose import AUTO_ENV, vllm_available
 from depthlens.sampling.hf import HFGenerator
 from depthlens.stores.samples import SAMPLES, SHARDS, iter_samples, samples_manifest
-from depthlens.studies.generate import generate_store
+from depthlens.studies.generate import generate
 from tests.conftest import SMOLLM2_ENGINE
 from tests.test_faults import chat_dir  # noqa: F401  (the tiny chat model, saved where the CLI loads it)
 from tests.tolerance import assert_same_records
@@ -54,9 +54,9 @@ def prompt(real_model):
 
 
 def _vllm(lm, engine, sampling=SAMPLING, readout=ReadoutConfig()):
-    from depthlens.sampling.vllm.backend import VLLMGenerator
+    from depthlens.sampling.vllm.generator import EngineGenerator
 
-    return VLLMGenerator(lm, sampling, readout, ENGINE, llm_engine=engine)
+    return EngineGenerator(lm, sampling, readout, ENGINE, llm_engine=engine)
 
 
 @needs_vllm
@@ -165,12 +165,17 @@ def test_fields_equal_the_hf_readout_of_the_same_tokens(real_model, llm_engine, 
 @needs_vllm
 def test_store_records_engine_and_prompt_and_rescores(real_model, llm_engine, tmp_path, monkeypatch, capsys):
     """A vLLM store holds prompt_ids; `depthlens score` re-scores a stored line alone to the stored values."""
-    from depthlens.sampling.vllm.backend import VLLMGenerator
+    from depthlens.sampling.vllm.generator import EngineGenerator
 
     qs = load_task("reasoning_gym:basic_arithmetic", 1, seed=0)
-    backend = VLLMGenerator(real_model, SAMPLING, ReadoutConfig(), ENGINE, llm_engine=llm_engine)
+    backend = EngineGenerator(real_model, SAMPLING, ReadoutConfig(), ENGINE, llm_engine=llm_engine)
     store = tmp_path / "s"
-    report = generate_store(real_model, store, qs, pool=2, sampling=SAMPLING, engine=ENGINE, backend=backend)
+    report = generate(
+        real_model,
+        GenerateRun(StoreSpec(store), pool=2, sampling=SAMPLING, engine=ENGINE),
+        qs,
+        backend=backend,
+    )
     assert report.written == 2
     manifest = json.loads(samples_manifest(store).read_text())
     assert manifest["engine"] == ENGINE.to_dict()
@@ -236,16 +241,27 @@ def test_kill_then_resume_equals_an_uninterrupted_run(real_model, llm_engine, tm
     store equals an uninterrupted one. The uninterrupted run and the resume share the module's engine
     (in-process)."""
     from depthlens.cli.specs import task_spec as task_info
-    from depthlens.sampling.vllm.backend import VLLMGenerator
+    from depthlens.sampling.vllm.generator import EngineGenerator
 
     task = "reasoning_gym:basic_arithmetic"
     qs = load_task(task, 2, seed=0)
     sampling = SamplingConfig(**GEN)
-    backend = VLLMGenerator(real_model, sampling, ReadoutConfig(), ENGINE, llm_engine=llm_engine)
+    backend = EngineGenerator(real_model, sampling, ReadoutConfig(), ENGINE, llm_engine=llm_engine)
 
     def store(out, resume=False):
-        return generate_store(real_model, out, qs, pool=2, sampling=sampling, batch_size=2, resume=resume,
-                              task=task_info(task, 2, 0, None, None), engine=ENGINE, backend=backend)  # fmt: skip
+        return generate(
+            real_model,
+            GenerateRun(
+                StoreSpec(out, resume=resume),
+                pool=2,
+                sampling=sampling,
+                batch_size=2,
+                task=task_info(task, 2, 0, None, None),
+                engine=ENGINE,
+            ),
+            qs,
+            backend=backend,
+        )
 
     store(tmp_path / "whole")
     env = {**os.environ, "DEPTHLENS_FAULT_KILL_AFTER": "1", "COLUMNS": "400"}
@@ -269,15 +285,18 @@ def test_online_think_at_n_runs_on_vllm(real_model, llm_engine, tmp_path):
     """Online Think@n through the vLLM backend: the store records the engine, and every kept response is the
     one-phase sample of its seed (the prefix decision never restarts a request)."""
     from depthlens.config import OnlineConfig
-    from depthlens.sampling.vllm.backend import VLLMGenerator
-    from depthlens.studies.online import online_store
+    from depthlens.sampling.vllm.generator import EngineGenerator
+    from depthlens.studies.online import run_online
 
     sampling = SamplingConfig(temperature=1.0, top_p=0.95, max_new_tokens=10, readout_tokens=4)
-    backend = VLLMGenerator(real_model, sampling, ReadoutConfig(), ENGINE, llm_engine=llm_engine)
+    backend = EngineGenerator(real_model, sampling, ReadoutConfig(), ENGINE, llm_engine=llm_engine)
     online = OnlineConfig(warmup=2, max_n=4, prefix=4, batch_size=2, consensus=1.0)
     qs = load_task("reasoning_gym:basic_arithmetic", 1, seed=0)
-    online_store(
-        real_model, tmp_path / "s", qs, online=online, sampling=sampling, engine=ENGINE, backend=backend
+    run_online(
+        real_model,
+        OnlineRun(StoreSpec(tmp_path / "s"), online=online, sampling=sampling, engine=ENGINE),
+        qs,
+        backend=backend,
     )
     manifest = json.loads((tmp_path / "s" / f"{SAMPLES}.manifest.json").read_text())
     assert manifest["engine"] == ENGINE.to_dict()
@@ -290,15 +309,13 @@ def test_online_think_at_n_runs_on_vllm(real_model, llm_engine, tmp_path):
 
 @needs_vllm
 def test_engine_errors_name_the_fix(real_model, tmp_path):
-    from depthlens.sampling.vllm.backend import EngineError, engine_source, start_engine
+    from depthlens.models.info import load_info
+    from depthlens.sampling.vllm.engine import EngineError, start_engine
 
-    assert engine_source(real_model.name).endswith(
-        "smollm2-135m-instruct"
-    )  # a catalogue name: its safetensors
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text('{"model_type": "no-such-architecture"}')
     with pytest.raises(ModelNotFoundError, match="could not read the config and tokenizer"):
-        start_engine(str(tmp_path / "bad"), ENGINE)
+        start_engine(load_info(str(tmp_path / "bad")), ENGINE)
     for tiny, now in (
         (dict(kv_cache_gib=1e-4), "now 0.00 GiB"),
         (dict(gpu_memory_utilization=1e-5), "now --gpu"),
@@ -306,9 +323,7 @@ def test_engine_errors_name_the_fix(real_model, tmp_path):
         with pytest.raises(
             EngineError, match=rf"too small .*{now}.*raise --kv-cache-gib .* lower --max-model-len"
         ):
-            start_engine(
-                engine_source(real_model.name), dataclasses.replace(ENGINE, enforce_eager=True, **tiny)
-            )
+            start_engine(load_info(real_model.name), dataclasses.replace(ENGINE, enforce_eager=True, **tiny))
 
 
 def test_resume_checks_the_engine(chat_dir, tmp_path, monkeypatch, capsys):  # noqa: F811

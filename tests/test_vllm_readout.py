@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from depthlens.config import DTRConfig, ReadoutConfig, SamplingConfig
+from depthlens.config import DTRConfig, OnlineRun, ReadoutConfig, SamplingConfig, StoreSpec
 from depthlens.errors import InputError, UnsupportedArchitectureError
 from depthlens.evals.loading import load_task
 from depthlens.metrics.dtr import deep_flags, settling_depth
@@ -197,7 +197,7 @@ def test_online_confidence_stops_in_the_engine_make_the_replays_decisions(info, 
 
     from depthlens.config import OnlineConfig
     from depthlens.stores.samples import SAMPLES
-    from depthlens.studies.online import DECISIONS, online_store
+    from depthlens.studies.online import DECISIONS, run_online
 
     sampling = SamplingConfig(temperature=1.0, top_p=0.95, max_new_tokens=24, readout_tokens=4)
     online = OnlineConfig(signal="confidence", warmup=2, max_n=6, batch_size=2, consensus=1.0, window=4)
@@ -209,8 +209,11 @@ def test_online_confidence_stops_in_the_engine_make_the_replays_decisions(info, 
 
     qs = load_task("reasoning_gym:basic_arithmetic", 2, seed=0)
     for name, backend in (("live", gen), ("replay", ToTheEnd())):
-        online_store(
-            info, tmp_path / name, qs, online=online, sampling=sampling, engine=ENGINE, backend=backend
+        run_online(
+            info,
+            OnlineRun(StoreSpec(tmp_path / name), online=online, sampling=sampling, engine=ENGINE),
+            qs,
+            backend=backend,
         )
 
     def lines(name, file):

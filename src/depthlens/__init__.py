@@ -19,16 +19,11 @@ _LAZY = {
     "wrap": "depthlens.models.load",
     "LoadedModel": "depthlens.models.load",
     "score": "depthlens.studies.score",
-    "score_file": "depthlens.studies.score",
     "ReadoutConfig": "depthlens.config",
     "DTRConfig": "depthlens.config",
     "DepthlensError": "depthlens.errors",
 }
 __all__ = [*_LAZY, "__version__"]
-
-from depthlens import _moved  # noqa: E402  (old import paths keep working; stdlib only, instant)
-
-_moved.install()
 
 
 def __getattr__(name: str) -> Any:

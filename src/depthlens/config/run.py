@@ -1,6 +1,6 @@
 """What a run is, as plain data: the model and how to load it, the task, the store, Ray, and the whole of a
-``score``, ``generate`` or online run. The CLI builds these once from its options and passes them whole; the
-library's keyword functions (``generate_store(lm, out, questions, pool=…)``) build them the same way."""
+``score``, ``generate`` or online run. The CLI builds these once from its options and passes them whole, and so
+does Python code: ``studies.generate.generate(lm, GenerateRun(StoreSpec(out), pool=8), questions)``."""
 
 from __future__ import annotations
 

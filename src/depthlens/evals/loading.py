@@ -25,10 +25,6 @@ def reasoning_gym_names() -> list[str]:
     return sorted(reasoning_gym.factory.DATASETS)
 
 
-def known_tasks() -> list[str]:
-    return [f"reasoning_gym:{n}" for n in reasoning_gym_names()] + list(HUB_TASKS)
-
-
 def parse_task_config(text: str | None) -> dict[str, Any]:
     """``"min_terms=2,max_digits=2"`` → {"min_terms": 2, "max_digits": 2}; values parsed as JSON when they can be."""
     config: dict[str, Any] = {}

@@ -28,10 +28,7 @@ from depthlens.config import Backend, EngineConfig, ReadoutConfig, SamplingConfi
 from depthlens.errors import ConfigError
 from depthlens.sampling.backend import GenerationBackend
 from depthlens.sampling.hf import HFGenerator
-
-VLLM_MISSING = (
-    "--backend vllm needs the vllm extra: pip install 'depthlens[vllm]' (on CUDA: pip install vllm)"
-)
+from depthlens.sampling.vllm.backend import VLLM_MISSING
 
 
 def vllm_available() -> bool:

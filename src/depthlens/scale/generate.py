@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Unpack
+from typing import Any
 
 from depthlens.config import GenerateRun, ModelSpec, RayConfig
 from depthlens.errors import StoreError
@@ -20,13 +20,7 @@ from depthlens.evals.tasks import Question
 from depthlens.scale.ray import actor_load_kwargs, connect, import_ray, note_actor_start, run_on_actors
 from depthlens.stores.parquet import ShardWriter
 from depthlens.stores.samples import RESUME_RULES, SAMPLES, SHARDS, remove_other_format, write_questions
-from depthlens.studies.generate import (
-    GenerateOptions,
-    GenerationEvents,
-    GenerationReport,
-    generate_run,
-    run_manifest,
-)
+from depthlens.studies.generate import GenerationEvents, GenerationReport, run_manifest
 
 
 class _Collect:
@@ -137,26 +131,3 @@ def generate_on_ray(
     args = (model.name, actor_load_kwargs(model, ray), list(questions), run, max(1, int(ray.cpus)))
     run_on_actors(dataset, _Sampler, args, ray, writer, take)
     return report
-
-
-class RayGenerateOptions(GenerateOptions, total=False):
-    """``generate_store_ray``'s keywords: ``generate_store``'s, Ray's (``workers``, ``cpus``, ``gpus``, ``address``,
-    ``block_questions``) and how each actor loads the model (``load_kwargs``)."""
-
-    workers: int
-    cpus: float
-    gpus: float
-    address: str | None
-    block_questions: int
-    load_kwargs: dict[str, Any]
-
-
-def generate_store_ray(
-    model: str, out_dir: Any, questions: Sequence[Question], **options: Unpack[RayGenerateOptions]
-) -> GenerationReport:
-    """``generate_on_ray`` with its run given as keywords (the Python API)."""
-    ray = RayConfig(options.pop("workers", 1), options.pop("cpus", 1.0), options.pop("gpus", 0.0),
-                    options.pop("address", None), options.pop("block_questions", 1))  # fmt: skip
-    spec = ModelSpec(model, **options.pop("load_kwargs", {}))
-    run, events = generate_run(out_dir, **options)
-    return generate_on_ray(spec, run, questions, ray, events)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any
 
 from depthlens.config import ModelSpec, RayConfig, ScoreRun
 from depthlens.errors import InputError
@@ -23,7 +22,7 @@ from depthlens.scale.ray import (
     note_actor_start,
     run_on_actors,
 )
-from depthlens.studies.score import ScoreEvents, ScoreOptions, score_run
+from depthlens.studies.score import ScoreEvents
 
 
 class _Scorer:
@@ -165,31 +164,3 @@ def score_on_ray(
     args = (model.name, actor_load_kwargs(model, ray), settings, max(1, int(ray.cpus)), pending)
     n_layers = run_on_actors(dataset, _Scorer, args, ray, writer, take)
     return RayScoreReport(skipped, n_layers, writer.rescored)
-
-
-class RayScoreOptions(ScoreOptions, total=False):
-    """``score_ray``'s keywords: ``score_file``'s, Ray's (``workers``, ``cpus``, ``gpus``, ``address``,
-    ``block_rows``), how each actor loads the model (``load_kwargs``, as ``depthlens.load`` takes them), and
-    ``on_records`` (the Ray name of ``on_block``)."""
-
-    workers: int
-    cpus: float
-    gpus: float
-    address: str | None
-    block_rows: int
-    load_kwargs: dict[str, Any]
-    on_records: Callable[[int], None]
-
-
-def score_ray(
-    model: str, in_path: Path, out_path: Path, **options: Unpack[RayScoreOptions]
-) -> tuple[list[Any], int | None]:
-    """``score_on_ray`` with its run given as keywords (the Python API); returns (records skipped, layer count)."""
-    ray = RayConfig(options.pop("workers", 1), options.pop("cpus", 1.0), options.pop("gpus", 0.0),
-                    options.pop("address", None), options.pop("block_rows", 16))  # fmt: skip
-    spec = ModelSpec(model, **options.pop("load_kwargs", {}))
-    if "on_records" in options:
-        options["on_block"] = options.pop("on_records")  # type: ignore[typeddict-unknown-key]
-    run, events = score_run(in_path, out_path, **options)  # type: ignore[misc]
-    report = score_on_ray(spec, run, ray, events)
-    return report.skipped, report.n_layers

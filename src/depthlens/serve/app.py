@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from depthlens.errors import DepthlensError
 from depthlens.sampling.live import GenerationCancelled
-from depthlens.sampling.vllm.backend import EngineError
+from depthlens.sampling.vllm.engine import EngineError
 from depthlens.serve import errors
 from depthlens.serve.bodies import Envelope, chunk, request_depthlens, response_body, usage_chunk
 from depthlens.serve.engines import Engine

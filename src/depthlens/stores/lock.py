@@ -85,8 +85,3 @@ def store_lock(store: Path) -> Iterator[None]:
             os.close(fd)  # releases the lock; the file stays (removing it would race with a waiting writer)
         else:
             _held[path] = (fd, _held[path][1] - 1)
-
-
-def locked_by_us(store: Path) -> bool:
-    """Whether this process holds the lock of ``store`` now."""
-    return lock_path(store).resolve() in _held

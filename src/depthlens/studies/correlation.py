@@ -341,9 +341,3 @@ def store_correlations(
         rows.append(_row(store, correlate(metric.name, groups, cfg), settings, metric))
         profiles[metric.name] = bin_profile(groups, cfg)
     return rows, profiles
-
-
-def __getattr__(name: str) -> Any:  # names that moved out of this module (``depthlens._moved``)
-    from depthlens._moved import moved_attribute
-
-    return moved_attribute(__name__, name)

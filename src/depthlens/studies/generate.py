@@ -17,19 +17,9 @@ import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Required, TypedDict, Unpack
+from typing import Any
 
-from depthlens.config import (
-    AnswerConfig,
-    DTRConfig,
-    EngineConfig,
-    GenerateRun,
-    ReadoutConfig,
-    SamplingConfig,
-    StoreFormat,
-    StoreSpec,
-    TaskSpec,
-)
+from depthlens.config import AnswerConfig, DTRConfig, GenerateRun, StoreFormat
 from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.evals.grading import answer_fields
 from depthlens.evals.tasks import Question
@@ -320,54 +310,3 @@ def generate_question(job: QuestionJob, report: GenerationReport, on_batch: Call
             report.count(record)
         writer.flush()  # a batch is kept whole: one Parquet shard, or its JSONL lines
         on_batch(len(missing))
-
-
-class GenerateOptions(TypedDict, total=False):
-    """``generate_store``'s keywords: ``GenerateRun``'s fields (the store's as ``resume``, ``overwrite``,
-    ``store`` = its format and ``float16``), and ``GenerationEvents``' callbacks."""
-
-    pool: Required[int]
-    seed: int
-    batch_size: int
-    sampling: SamplingConfig
-    readout: ReadoutConfig
-    dtr: DTRConfig
-    answers: AnswerConfig
-    engine: EngineConfig
-    task: TaskSpec | dict[str, Any] | None
-    resume: bool
-    overwrite: bool
-    store: StoreFormat | None
-    float16: bool
-    on_start: Callable[[int, int], None]
-    on_batch: Callable[[int], None]
-    on_token: Callable[[int], None]
-
-
-def as_task(task: TaskSpec | dict[str, Any] | None) -> TaskSpec | None:
-    """A task given as the dict a manifest records (``{"name": …, "task_seed": …}``) as a ``TaskSpec``."""
-    return TaskSpec.from_dict(task) if isinstance(task, dict) else task
-
-
-def generate_run(out_dir: Path, **options: Unpack[GenerateOptions]) -> tuple[GenerateRun, GenerationEvents]:
-    """The ``GenerateRun`` and callbacks ``generate_store``'s keywords describe."""
-    store = StoreSpec(out_dir, options.pop("resume", False), options.pop("overwrite", False),
-                      options.pop("store", None), options.pop("float16", False))  # fmt: skip
-    events = GenerationEvents(
-        **{k: options.pop(k) for k in ("on_start", "on_batch", "on_token") if k in options}
-    )
-    task = as_task(options.pop("task", None))
-    return GenerateRun(store=store, task=task, **options), events  # type: ignore[arg-type, misc]
-
-
-def generate_store(
-    lm: LoadedModel,
-    out_dir: Path,
-    questions: Sequence[Question],
-    backend: GenerationBackend | None = None,
-    **options: Unpack[GenerateOptions],
-) -> GenerationReport:
-    """Sample ``pool`` responses per question into the store at ``out_dir``; resumable (the Python API: keywords
-    as ``GenerateOptions``; the CLI builds a ``GenerateRun`` and calls ``generate``)."""
-    run, events = generate_run(out_dir, **options)
-    return generate(lm, run, questions, backend, events)

@@ -27,22 +27,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Required, TypedDict, Unpack
+from typing import Any
 
 import numpy as np
 
-from depthlens.config import (
-    AnswerConfig,
-    DTRConfig,
-    EngineConfig,
-    OnlineConfig,
-    OnlineRun,
-    ReadoutConfig,
-    SamplingConfig,
-    StoreSpec,
-    TaskSpec,
-    VotingConfig,
-)
+from depthlens.config import DTRConfig, OnlineConfig, OnlineRun, SamplingConfig, VotingConfig
 from depthlens.errors import DepthlensError, InputError
 from depthlens.evals.tasks import Question
 from depthlens.metrics.dtr import deep_from_divergence
@@ -64,7 +53,7 @@ from depthlens.stores.samples import (
     write_questions,
 )
 from depthlens.stores.state import remove_derived
-from depthlens.studies.generate import as_task, engine_job, prompt_ids, sample_record, sample_seed
+from depthlens.studies.generate import engine_job, prompt_ids, sample_record, sample_seed
 from depthlens.studies.thinkn import response_from_record
 from depthlens.voting.methods import Response
 from depthlens.voting.online import SIGNALS, OnlineOutcome, Sampler, replay_trials, run_policy, stop_point
@@ -235,40 +224,6 @@ def run_online(
                 f"{exc} — questions finished so far are kept in {out_dir}; rerun with --resume"
             ) from exc
     return report
-
-
-class OnlineOptions(TypedDict, total=False):
-    """``online_store``'s keywords: ``OnlineRun``'s fields (the store's as ``resume``, ``overwrite``) and
-    ``OnlineEvents``' callbacks."""
-
-    online: Required[OnlineConfig]
-    seed: int
-    sampling: SamplingConfig
-    readout: ReadoutConfig
-    dtr: DTRConfig
-    answers: AnswerConfig
-    engine: EngineConfig
-    task: TaskSpec | dict[str, Any] | None
-    resume: bool
-    overwrite: bool
-    on_question: Callable[[OnlineOutcome], None]
-    on_batch: Callable[[int], None]
-    on_token: Callable[[int], None]
-
-
-def online_store(
-    lm: LoadedModel,
-    out_dir: Path,
-    questions: Sequence[Question],
-    backend: GenerationBackend | None = None,
-    **options: Unpack[OnlineOptions],
-) -> OnlineReport:
-    """``run_online`` with its run given as keywords (the Python API; the CLI builds an ``OnlineRun``)."""
-    store = StoreSpec(out_dir, options.pop("resume", False), options.pop("overwrite", False), "jsonl")
-    names = ("on_question", "on_batch", "on_token")
-    events = OnlineEvents(**{k: options.pop(k) for k in names if k in options})  # type: ignore[misc]
-    task = as_task(options.pop("task", None))
-    return run_online(lm, OnlineRun(store=store, task=task, **options), questions, backend, events)  # type: ignore[arg-type]
 
 
 def _stored_records(path: Path, done: set[str]) -> dict[str, dict[str, Any]]:

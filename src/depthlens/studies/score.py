@@ -1,6 +1,6 @@
 """Score responses: DTR, settling depths and the six baselines per record, from one forward pass each.
 
-``score`` works on records in memory and yields result dicts; ``score_file`` (``run_score``) reads JSONL or
+``score`` works on records in memory and returns result dicts; ``run_score`` (a ``config.ScoreRun``) reads JSONL or
 Parquet records, writes a results store as records finish, and resumes an interrupted run.
 """
 
@@ -10,11 +10,10 @@ import dataclasses
 import datetime
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
-from typing import Any, TypedDict, Unpack
+from typing import Any
 
 from depthlens import __version__
-from depthlens.config import DTRConfig, EngineConfig, ReadoutConfig, ScoreRun, StoreSpec, TCBConfig
+from depthlens.config import DTRConfig, ReadoutConfig, ScoreRun, TCBConfig
 from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.metrics.fused import use_compiled
 from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout, sequence_scores, tcb_summary
@@ -353,41 +352,3 @@ def run_score(
                 f"{exc} — results finished so far are kept in {out_path}; rerun with --resume"
             ) from exc
     return skipped
-
-
-class ScoreOptions(TypedDict, total=False):
-    """``score_file``'s keywords: ``ScoreRun``'s fields (the store's as ``resume``, ``overwrite``, ``float16``)
-    and ``ScoreEvents``' callbacks."""
-
-    readout: ReadoutConfig
-    dtr: DTRConfig
-    tcb: TCBConfig | None
-    tokens: bool
-    batch_size: int
-    skip_bad: bool
-    engine: EngineConfig
-    resume: bool
-    overwrite: bool
-    float16: bool
-    on_start: Callable[[int, int], None]
-    on_record: Callable[[dict[str, Any]], None]
-    on_block: Callable[[int], None]
-    on_rescore: Callable[[list[str]], None]
-
-
-def score_run(in_path: Path, out_path: Path, **options: Unpack[ScoreOptions]) -> tuple[ScoreRun, ScoreEvents]:
-    """The ``ScoreRun`` and callbacks ``score_file``'s keywords describe."""
-    store = StoreSpec(out_path, options.pop("resume", False), options.pop("overwrite", False),
-                      float16=options.pop("float16", False))  # fmt: skip
-    names = ("on_start", "on_record", "on_block", "on_rescore")
-    events = ScoreEvents(**{k: options.pop(k) for k in names if k in options})  # type: ignore[misc]
-    return ScoreRun(in_path, store, **options), events  # type: ignore[arg-type]
-
-
-def score_file(
-    lm: LoadedModel, in_path: Path, out_path: Path, **options: Unpack[ScoreOptions]
-) -> list[BadLine]:
-    """Score every record of ``in_path`` into ``out_path`` (``run_score`` with its run given as keywords, the
-    Python API); returns the lines skipped (with ``skip_bad``)."""
-    run, events = score_run(in_path, out_path, **options)
-    return run_score(lm, run, events)

@@ -275,9 +275,3 @@ def response_from_trace(trace: Trace, n_layers: int, dtr: DTRConfig) -> Response
     return Response(
         None, False, len(trace), deep.numpy(), np.asarray(trace.self_certainty), np.asarray(trace.confidence)
     )
-
-
-def __getattr__(name: str) -> Any:  # names that moved out of this module (``depthlens._moved``)
-    from depthlens._moved import moved_attribute
-
-    return moved_attribute(__name__, name)

@@ -170,9 +170,3 @@ def _write_html(markdown: str, path: Path) -> Path:
         encoding="utf-8",
     )
     return path
-
-
-def __getattr__(name: str) -> Any:  # names that moved out of this module (``depthlens._moved``)
-    from depthlens._moved import moved_attribute
-
-    return moved_attribute(__name__, name)

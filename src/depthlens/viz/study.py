@@ -137,9 +137,3 @@ def draw_sweeps(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> 
     ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     return _save(fig, path)
-
-
-def __getattr__(name: str) -> Any:  # names that moved out of this module (``depthlens._moved``)
-    from depthlens._moved import moved_attribute
-
-    return moved_attribute(__name__, name)

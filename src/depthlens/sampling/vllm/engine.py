@@ -27,7 +27,7 @@ import torch
 from depthlens.config import EngineConfig, SamplingConfig
 from depthlens.errors import ConfigError, DepthlensError, UnsupportedArchitectureError
 from depthlens.models.info import ModelInfo, kv_bytes_per_token, kv_cache_bytes
-from depthlens.sampling.choose import VLLM_MISSING
+from depthlens.sampling.vllm.backend import VLLM_MISSING
 from depthlens.sampling.vllm.settings import EngineReadout
 
 CAPTURE_ENV = "DEPTHLENS_VLLM_CAPTURE"  # aux | hooks: override the capture chosen from the model class

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from depthlens.config import SamplingConfig
 from depthlens.sampling.backend import Trace
 from depthlens.sampling.live import Watch
-from depthlens.sampling.vllm.backend import EngineError
+from depthlens.sampling.vllm.engine import EngineError
 
 _FINISH = {"stop": "eos", "length": "length"}
 

@@ -13,7 +13,8 @@ seen (vLLM appends async-scheduling placeholders to that list, so it stays exact
 (chunked prefill) also yields logits whose sample is thrown away; its scores land on position 0 and are
 overwritten by the step that really samples token 0 — the last write of a position wins.
 
-This module imports vllm at the top: only ``sampling.vllm.backend`` imports it, and only once vllm is chosen.
+This module imports vllm at the top: the engine, generator and session modules import it inside the functions that
+run once vllm is chosen.
 """
 
 from __future__ import annotations
