@@ -124,7 +124,7 @@ def score_on_ray(
     model: ModelSpec, run: ScoreRun, ray: RayConfig, events: ScoreEvents = ScoreEvents()
 ) -> RayScoreReport:
     """Score ``run`` on Ray actors into its Parquet store; the numbers equal ``run_score``'s for the same records
-    and settings. ``ray.block`` records per block (default 16), and so per shard at most."""
+    and settings. ``ray.block`` records per block (default ``RayConfig.SCORE_BLOCK``), and so per shard at most."""
     from depthlens.stores.formats import read_inputs, results_format
     from depthlens.stores.inputs import BadLine
     from depthlens.stores.parquet import ShardWriter
@@ -147,7 +147,7 @@ def score_on_ray(
         return RayScoreReport(skipped, writer.manifest.get("n_layers"), writer.rescored)
     ray_module = import_ray()
     connect(ray.address, num_cpus=max(2, int(ray.workers * ray.cpus + 0.999)))
-    ray = dataclasses.replace(ray, block=ray.block or 16)
+    ray = dataclasses.replace(ray, block=ray.block or RayConfig.SCORE_BLOCK)
     settings = {"readout": run.readout, "dtr": run.dtr, "tcb": run.tcb, "tokens": run.tokens,
                 "batch_size": run.batch_size, "skip_bad": run.skip_bad, "float16": spec.float16}  # fmt: skip
     dataset, pending = _input_dataset(ray_module, run.source, records, todo, skipped, ray.block)
@@ -186,7 +186,7 @@ def score_ray(
 ) -> tuple[list[Any], int | None]:
     """``score_on_ray`` with its run given as keywords (the Python API); returns (records skipped, layer count)."""
     ray = RayConfig(options.pop("workers", 1), options.pop("cpus", 1.0), options.pop("gpus", 0.0),
-                    options.pop("address", None), options.pop("block_rows", 16))  # fmt: skip
+                    options.pop("address", None), options.pop("block_rows", RayConfig.SCORE_BLOCK))  # fmt: skip
     spec = ModelSpec(model, **options.pop("load_kwargs", {}))
     if "on_records" in options:
         options["on_block"] = options.pop("on_records")  # type: ignore[typeddict-unknown-key]
