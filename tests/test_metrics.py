@@ -156,15 +156,15 @@ def test_token_baselines_against_direct_formulas():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"g": -0.1}, r"DTRConfig.g = -0.1 must be a finite number ≥ 0"),
-        ({"g": float("nan")}, r"DTRConfig.g = nan"),
-        ({"rho": 0.0}, r"DTRConfig.rho = 0.0 must be in \(0, 1\]"),
-        ({"rho": 1.5}, r"DTRConfig.rho = 1.5"),
+        ({"g": -0.1}, r"--g -0.1: must be a finite number ≥ 0 \(DTRConfig.g; default 0.5\)"),
+        ({"g": float("nan")}, r"--g nan: .* \(DTRConfig.g"),
+        ({"rho": 0.0}, r"--rho 0.0: must be in \(0, 1\] \(DTRConfig.rho"),
+        ({"rho": 1.5}, r"--rho 1.5: .* \(DTRConfig.rho"),
         (
             {"deep_rule": "literal"},
-            r"DTRConfig.deep_rule = 'literal' is not one of \['spec', 'paper-literal'\]",
+            r"--deep-rule literal: must be one of spec, paper-literal \(DTRConfig.deep_rule\)",
         ),
-        ({"prefix": 0}, r"DTRConfig.prefix = 0 must be ≥ 1"),
+        ({"prefix": 0}, r"--prefix 0: must be ≥ 1 token \(DTRConfig.prefix"),
     ],
 )
 def test_invalid_dtr_settings_are_errors(kwargs, message):
@@ -177,5 +177,5 @@ def test_configs_round_trip_and_reject_unknown_keys():
     assert DTRConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ConfigError, match=r"unknown key\(s\) \['gg'\]"):
         DTRConfig.from_dict({"gg": 0.3})
-    with pytest.raises(ConfigError, match=r"ReadoutConfig.divergence = 'js'"):
+    with pytest.raises(ConfigError, match=r"--divergence js: .* \(ReadoutConfig.divergence\)"):
         ReadoutConfig(divergence="js")  # type: ignore[arg-type]

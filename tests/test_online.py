@@ -92,9 +92,9 @@ def test_replay_orders_and_errors():
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"warmup": 8, "max_n": 8}, "--warmup 8 must be below --max-n 8"),
-        ({"consensus": 0.5}, "--consensus 0.5 must lie in (0.5, 1]"),
-        ({"consensus": 1.01}, "--consensus 1.01 must lie in (0.5, 1]"),
+        ({"warmup": 8, "max_n": 8}, "--warmup 8: must be below --max-n 8"),
+        ({"consensus": 0.5}, "--consensus 0.5: must lie in (0.5, 1]"),
+        ({"consensus": 1.01}, "--consensus 1.01: must lie in (0.5, 1]"),
     ],
 )
 def test_bad_policies_name_the_flag(kw, message):
@@ -105,8 +105,8 @@ def test_bad_policies_name_the_flag(kw, message):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--warmup", "8", "--max-n", "8"], "--warmup 8 must be below --max-n 8"),
-        (["--consensus", "0.4"], "--consensus 0.4 must lie in (0.5, 1]"),
+        (["--warmup", "8", "--max-n", "8"], "--warmup 8: must be below --max-n 8"),
+        (["--consensus", "0.4"], "--consensus 0.4: must lie in (0.5, 1]"),
         (["--prefix", "64", "--max-new-tokens", "32"], "--prefix 64 is longer than --max-new-tokens 32"),
     ],
 )

@@ -59,7 +59,7 @@ def test_incomplete_characters_are_held_back():
 
 
 def _settings(**kw):
-    from depthlens.serve.settings import ServeConfig
+    from depthlens.config import ServeConfig
 
     return ServeConfig("m", **kw)
 

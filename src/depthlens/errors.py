@@ -10,17 +10,31 @@ class DepthlensError(Exception):
 class ConfigError(DepthlensError, ValueError):
     """A setting is out of range or unknown.
 
-    ``setting``, ``value`` and ``requirement`` (when given) let the CLI name its own flag instead of the config
-    field: ``--rho 1.5: must be in (0, 1]`` rather than ``DTRConfig.rho = 1.5 …``.
+    ``setting`` (the config field), ``value``, ``requirement`` and ``flag`` (the command-line flag that sets it)
+    come from ``config.base.invalid``; ``flag_line`` is what the CLI prints: ``--rho 1.5: must be in (0, 1]``.
     """
 
     def __init__(
-        self, message: str, *, setting: str | None = None, value: object = None, requirement: str = ""
+        self,
+        message: str,
+        *,
+        setting: str | None = None,
+        value: object = None,
+        requirement: str = "",
+        flag: str | None = None,
     ) -> None:
         super().__init__(message)
         self.setting = setting
         self.value = value
         self.requirement = requirement
+        self.flag = flag
+
+    @property
+    def flag_line(self) -> str:
+        """The error as a command-line user reads it: the flag, the value given and what it must be."""
+        if self.flag and self.requirement:
+            return f"{self.flag} {self.value}: {self.requirement}"
+        return str(self)
 
 
 class UnsupportedArchitectureError(DepthlensError):

@@ -39,11 +39,6 @@ app = typer.Typer(
 err_console = Console(stderr=True)
 console = Console()  # results (tables) go to stdout
 
-# Config fields whose command-line flag is not ``--`` + the field name with dashes.
-_FLAGS = {"also": "--also-divergences", "compile": "--compile"}
-# Config fields without a flag of their own: their errors keep the config's wording.
-_NO_FLAG = {"vocab_size", "early_exit", "power_iterations", "deepconf_window", "confidence_top_k"}
-
 
 def _version(value: bool) -> None:
     if value:
@@ -64,11 +59,9 @@ def _root(
 
 
 def error_line(exc: DepthlensError) -> str:
-    """The one line a user reads: a config error names the flag that set it (``--rho 1.5: must be in (0, 1]``)."""
-    if isinstance(exc, ConfigError) and exc.setting and exc.requirement and exc.setting not in _NO_FLAG:
-        flag = _FLAGS.get(exc.setting, "--" + exc.setting.replace("_", "-"))
-        return f"{flag} {exc.value}: {exc.requirement}"
-    return str(exc)
+    """The one line a user reads: a config error names the flag that set it (``--rho 1.5: must be in (0, 1]``;
+    ``config.base.FLAGS`` maps the fields to their flags)."""
+    return exc.flag_line if isinstance(exc, ConfigError) else str(exc)
 
 
 def warn(message: str) -> None:

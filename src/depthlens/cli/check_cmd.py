@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import typer
 
+from depthlens.cli import options as opt
 from depthlens.cli.app import app, console
 
 
 @app.command("check", short_help="Check a store's files against its manifest; say how to mend each problem.")
 def check(
-    store: Annotated[
-        Path, typer.Argument(help="A sample store, a Parquet results store (directory) or a JSONL store.")
-    ],
-    quick: Annotated[
-        bool, typer.Option("--quick", help="Check sizes and row counts only, not every shard's sha256.")
-    ] = False,
+    store: opt.StoreArg,
+    quick: opt.Quick = False,
 ) -> None:
     """Verify every shard against the manifest — present, its size, row count, ids, run and content hash — and
     list what is missing, cut, changed, of another run, or not listed, each with its one safe remedy.

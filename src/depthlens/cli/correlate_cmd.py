@@ -4,37 +4,30 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
 
-import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
 from depthlens.cli.app import app, console, err_console
 from depthlens.cli.progress import make_progress
-from depthlens.config import CorrelationConfig, DTRConfig
-
-D = opt.DEFAULTS
-_C = CorrelationConfig()
+from depthlens.config import CorrelationConfig, DTRConfig, StoreSpec
 
 
 @app.command("correlate", short_help="DTR and the baselines against accuracy, from stores.")
 def correlate(
     stores: opt.Stores,
-    out: Annotated[Path, typer.Option("--out", file_okay=False, help="Directory for tables and figures.")],
-    bins: opt.Bins = _C.bins,
-    seeds: opt.Seeds = _C.seeds,
-    n: opt.NPerQ = None,
-    bootstrap: opt.Bootstrap = _C.bootstrap,
-    g: opt.G = D["g"],
-    rho: opt.Rho = D["rho"],
-    deep_rule: opt.DeepRuleOpt = D["deep_rule"],
+    out: opt.StudyOut,
+    bins: opt.Bins = CorrelationConfig.bins,
+    seeds: opt.Seeds = CorrelationConfig.seeds,
+    n: opt.NPerQ = CorrelationConfig.n,
+    bootstrap: opt.Bootstrap = CorrelationConfig.bootstrap,
+    g: opt.G = DTRConfig.g,
+    rho: opt.Rho = DTRConfig.rho,
+    deep_rule: opt.DeepRuleOpt = DTRConfig.deep_rule,
     g_kl: opt.GKL = None,
     g_cosine: opt.GCos = None,
-    sweeps: Annotated[
-        bool, typer.Option("--sweeps/--no-sweeps", help="Also the g/ρ/prefix/kind sweeps.")
-    ] = True,
-    store_format: opt.StoreFormatOpt = None,
+    sweeps: opt.Sweeps = True,
+    store_format: opt.StoreFormatOpt = StoreSpec.format,
     verify: opt.Verify = False,
 ) -> None:
     """DTR and the six baselines against accuracy (Table 1, Figures 1 and 4), from stores only.

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-
+from depthlens.cli import options as opt
 from depthlens.cli.app import app, err_console
 
 
@@ -27,16 +26,10 @@ def refuse_inside(out: Path, store: Path) -> None:
 
 @app.command("export", short_help="Write a Parquet results store out as one JSONL file.")
 def export(
-    store: Annotated[
-        Path, typer.Argument(help="A results store: a Parquet store directory or a JSONL file.")
-    ],
-    out: Annotated[
-        Path, typer.Option("--out", "-o", help="The JSONL file to write (its manifest beside it).")
-    ],
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out.")] = False,
-    verify: Annotated[
-        bool, typer.Option("--verify", help="Also check every shard's sha256 against the manifest.")
-    ] = False,
+    store: opt.ResultsStore,
+    out: opt.ExportOut,
+    overwrite: opt.OverwriteOut = False,
+    verify: opt.Verify = False,
 ) -> None:
     """Write every record of STORE to one JSONL file, in shard order, and its manifest beside it.
 

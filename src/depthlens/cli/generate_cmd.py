@@ -4,25 +4,31 @@ the sampling half of ``depthlens thinkn --out``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
-
-import typer
+from typing import TYPE_CHECKING
 
 from depthlens.cli import options as opt
 from depthlens.cli import specs
 from depthlens.cli.app import app, err_console, load_for, warn, writes_to
 from depthlens.cli.progress import make_progress
-from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, GenerateRun, SamplingConfig, StoreSpec
+from depthlens.config import (
+    AnswerConfig,
+    DTRConfig,
+    EngineConfig,
+    GenerateRun,
+    ModelSpec,
+    RayConfig,
+    ReadoutConfig,
+    SamplingConfig,
+    StoreSpec,
+    TaskSpec,
+)
 from depthlens.errors import InputError
+from depthlens.models.catalogue import DEFAULT_MODEL
 
 if TYPE_CHECKING:
-    from depthlens.config import ModelSpec, RayConfig, StoreFormat
+    from depthlens.config import StoreFormat
     from depthlens.evals.tasks import Question
     from depthlens.studies.generate import GenerationReport
-
-D = opt.DEFAULTS
-_S = SamplingConfig()
-_A = AnswerConfig()
 
 
 def run_generation(model: ModelSpec, run: GenerateRun, ray: RayConfig | None) -> GenerationReport:
@@ -152,69 +158,66 @@ def resumed_manifest(store: StoreSpec) -> Path | None:
 @app.command("generate", short_help="Sample responses, read out, into a resumable store.")
 def generate(
     out: opt.OutDir,
-    task: opt.Task = "reasoning_gym:basic_arithmetic",
-    model: opt.Model = D["model"],
+    task: opt.Task = TaskSpec.name,
+    model: opt.Model = DEFAULT_MODEL,
     data: opt.Data = None,
-    questions: opt.Questions = None,
-    task_seed: opt.TaskSeed = 0,
-    task_config: opt.TaskConfig = None,
-    pool: Annotated[int, typer.Option("--pool", min=1, help="Responses sampled per question.")] = 8,
-    seed: opt.Seed = 0,
-    temperature: opt.Temperature = _S.temperature,
-    top_p: opt.TopP = _S.top_p,
-    max_new_tokens: opt.MaxNew = _S.max_new_tokens,
-    readout_tokens: opt.ReadoutTokens = None,
-    batch_size: opt.GenBatch = 16,
-    g: opt.G = D["g"],
-    rho: opt.Rho = D["rho"],
-    deep_rule: opt.DeepRuleOpt = D["deep_rule"],
-    divergence: opt.DivergenceOpt = D["divergence"],
+    questions: opt.Questions = TaskSpec.questions,
+    task_seed: opt.TaskSeed = TaskSpec.task_seed,
+    task_config: opt.TaskConfig = TaskSpec.task_config,
+    pool: opt.Pool = GenerateRun.POOL,
+    seed: opt.Seed = GenerateRun.seed,
+    temperature: opt.Temperature = SamplingConfig.temperature,
+    top_p: opt.TopP = SamplingConfig.top_p,
+    max_new_tokens: opt.MaxNew = SamplingConfig.max_new_tokens,
+    readout_tokens: opt.ReadoutTokens = str(SamplingConfig.readout_tokens),
+    batch_size: opt.GenBatch = GenerateRun.batch_size,
+    g: opt.G = DTRConfig.g,
+    rho: opt.Rho = DTRConfig.rho,
+    deep_rule: opt.DeepRuleOpt = DTRConfig.deep_rule,
+    divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
     also_divergences: opt.AlsoDivergences = "",
-    prompt_style: opt.PromptStyleOpt = _A.prompt_style,
-    answer_type: opt.AnswerTypeOpt = None,
-    answer_fallback: opt.AnswerFallbackOpt = _A.fallback,
-    device: opt.Device = "auto",
-    dtype: opt.DType = "auto",
-    trust_remote_code: opt.TrustRemoteCode = False,
+    prompt_style: opt.PromptStyleOpt = AnswerConfig.prompt_style,
+    answer_type: opt.AnswerTypeOpt = AnswerConfig.answer_type,
+    answer_fallback: opt.AnswerFallbackOpt = AnswerConfig.fallback,
+    device: opt.Device = ModelSpec.device,
+    dtype: opt.DType = ModelSpec.dtype,
+    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
     blocks: opt.Blocks = None,
     final_norm_path: opt.FinalNormPath = None,
     unembed: opt.Unembed = None,
-    resume: opt.Resume = False,
-    overwrite: opt.Overwrite = False,
+    resume: opt.Resume = StoreSpec.resume,
+    overwrite: opt.Overwrite = StoreSpec.overwrite,
     backend: opt.BackendOpt = "auto",
-    tensor_parallel_size: opt.TensorParallel = 1,
-    gpu_memory_utilization: opt.GpuMemory = None,
-    max_model_len: opt.MaxModelLen = None,
-    enforce_eager: opt.EnforceEager = False,
-    kv_cache_gib: opt.KvCacheGib = None,
-    float32_lens: opt.Float32Lens = False,
-    store_format: opt.StoreFormatOpt = None,
-    float16: opt.Float16 = False,
+    tensor_parallel_size: opt.TensorParallel = EngineConfig.tensor_parallel_size,
+    gpu_memory_utilization: opt.GpuMemory = EngineConfig.gpu_memory_utilization,
+    max_model_len: opt.MaxModelLen = EngineConfig.max_model_len,
+    enforce_eager: opt.EnforceEager = EngineConfig.enforce_eager,
+    kv_cache_gib: opt.KvCacheGib = EngineConfig.kv_cache_gib,
+    float32_lens: opt.Float32Lens = EngineConfig.float32_lens,
+    store_format: opt.StoreFormatOpt = StoreSpec.format,
+    float16: opt.Float16 = StoreSpec.float16,
     ray: opt.RayOpt = False,
-    ray_address: opt.RayAddress = None,
-    workers: opt.Workers = 1,
-    cpus: opt.Cpus = 1.0,
-    gpus: opt.Gpus = 0.0,
+    ray_address: opt.RayAddress = RayConfig.address,
+    workers: opt.Workers = RayConfig.workers,
+    cpus: opt.Cpus = RayConfig.cpus,
+    gpus: opt.Gpus = RayConfig.gpus,
 ) -> None:
     """Sample responses per question into a resumable store, with each token's layer readout.
 
     The store feeds `depthlens thinkn --from` and `depthlens correlate` (docs/definitions.md §4–5).
     """
+    options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
     answers = specs.answer_config(prompt_style, answer_type, answer_fallback, task)
-    window = specs.readout_tokens(readout_tokens, _S.readout_tokens)
+    window = specs.readout_tokens(readout_tokens, SamplingConfig.readout_tokens)
     sampling = SamplingConfig(temperature, top_p, max_new_tokens, window)
     store = StoreSpec(out, resume, overwrite, store_format, float16)  # type: ignore[arg-type]
     job = specs.job_size(questions, pool, batch_size, sampling)  # what auto picks the backend for
-    backend_name = specs.engine_backend(backend, model, resumed_manifest(store), job)
+    model_spec, engine = specs.model_and_engine(
+        options, specs.engine_backend(backend, model, resumed_manifest(store), job)
+    )
     run = GenerateRun(
         store, pool, seed, batch_size, sampling,
         specs.readout_config(divergence, also_divergences), DTRConfig(g, rho, deep_rule),  # type: ignore[arg-type]
-        answers, EngineConfig(backend_name, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len,
-                              enforce_eager, kv_cache_gib, float32_lens),
-        specs.task_spec(task, questions, task_seed, task_config, data),
+        answers, engine, specs.task_spec(task, questions, task_seed, task_config, data),
     )  # fmt: skip
-    run_generation(
-        specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed),
-        run,
-        specs.ray_config(ray, ray_address, workers, cpus, gpus),
-    )
+    run_generation(model_spec, run, specs.ray_config(ray, ray_address, workers, cpus, gpus))

@@ -3,51 +3,37 @@ settling plot."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
-import typer
-
 from depthlens.cli import options as opt
 from depthlens.cli import specs
 from depthlens.cli.app import app, console, err_console, load_model, warn
-from depthlens.config import DTRConfig
-
-D = opt.DEFAULTS
+from depthlens.config import DTRConfig, ModelSpec, ReadoutConfig
+from depthlens.models.catalogue import DEFAULT_MODEL
 
 
 @app.command("heatmap", short_help="One text's token × layer divergence heatmap.")
 def heatmap(
-    completion: Annotated[
-        str, typer.Option("--completion", help="The generated text whose tokens are read out.")
-    ],
-    out: Annotated[Path, typer.Option("--out", file_okay=False, help="Directory for the figures.")],
-    prompt: Annotated[
-        str, typer.Option("--prompt", help="The text before the completion (not scored).")
-    ] = "",
-    chat: Annotated[
-        bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template.")
-    ] = False,
-    model: opt.Model = D["model"],
-    token: Annotated[
-        int | None,
-        typer.Option("--token", help="Token index for Figure 3 (default: the deepest-settling one)."),
-    ] = None,
-    g: opt.G = D["g"],
-    rho: opt.Rho = D["rho"],
-    deep_rule: opt.DeepRuleOpt = D["deep_rule"],
-    divergence: opt.DivergenceOpt = D["divergence"],
-    device: opt.Device = "auto",
-    dtype: opt.DType = "auto",
-    trust_remote_code: opt.TrustRemoteCode = False,
+    completion: opt.Completion,
+    out: opt.FigureOut,
+    prompt: opt.HeatmapPrompt = "",
+    chat: opt.Chat = False,
+    model: opt.Model = DEFAULT_MODEL,
+    token: opt.Token = None,
+    g: opt.G = DTRConfig.g,
+    rho: opt.Rho = DTRConfig.rho,
+    deep_rule: opt.DeepRuleOpt = DTRConfig.deep_rule,
+    divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
+    device: opt.Device = ModelSpec.device,
+    dtype: opt.DType = ModelSpec.dtype,
+    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
     blocks: opt.Blocks = None,
     final_norm_path: opt.FinalNormPath = None,
     unembed: opt.Unembed = None,
 ) -> None:
     """One text's token × layer divergence heatmap (PNG and interactive HTML) and one token's settling plot."""
+    model_spec = specs.model_spec(locals())
     import json
 
-    from depthlens.config import ReadoutConfig, degenerate_settings
+    from depthlens.config import degenerate_settings
     from depthlens.errors import InputError
     from depthlens.metrics.dtr import deep_threshold
     from depthlens.studies.score import score
@@ -62,9 +48,7 @@ def heatmap(
     readout = ReadoutConfig(divergence=divergence)  # type: ignore[arg-type]
     for line in degenerate_settings(readout, dtr):
         warn(line)
-    lm = load_model(
-        specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
-    )
+    lm = load_model(model_spec)
     data = {"id": "text", "completion": completion}
     data.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     with err_console.status("reading out every layer"):

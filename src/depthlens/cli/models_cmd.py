@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import shutil
-from typing import Annotated
 
-import typer
 from rich.table import Table
 
+from depthlens.cli import options as opt
 from depthlens.cli.app import app, console, err_console
 from depthlens.cli.progress import install_with_progress
 from depthlens.models import catalogue
@@ -15,16 +14,8 @@ from depthlens.models import catalogue
 
 @app.command("models", short_help="List the offline model catalogue; install from it.")
 def models(
-    install: Annotated[
-        list[str] | None,
-        typer.Option("--install", help="Install this catalogue model (repeatable; 'all' for every one)."),
-    ] = None,
-    reinstall: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--reinstall", help="Delete this model's converted copy and install it again (repeatable)."
-        ),
-    ] = None,
+    install: opt.Install = None,
+    reinstall: opt.Reinstall = None,
 ) -> None:
     """List the models depthlens can load offline, and whether each is installed (or damaged)."""
     names = list(catalogue.CATALOGUE) if install and "all" in install else (install or [])

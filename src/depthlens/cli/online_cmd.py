@@ -6,46 +6,17 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
 from rich.table import Table
 
 from depthlens.cli.app import console, err_console, load_for
 from depthlens.cli.progress import make_progress
-from depthlens.config import DTRConfig, ModelSpec, OnlineConfig, OnlineRun
+from depthlens.config import DTRConfig, ModelSpec, OnlineConfig, OnlineRun, VotingConfig
 from depthlens.errors import InputError
 
 if TYPE_CHECKING:
     from depthlens.voting.online import OnlineSummary
-
-_O = OnlineConfig()
-
-Online = Annotated[
-    bool,
-    typer.Option(
-        "--online",
-        help="Online Think@n (docs/architecture.md): warm-up sets τ, later responses stop early, "
-        "sampling stops at consensus.",
-    ),
-]
-SignalOpt = Annotated[
-    str, typer.Option("--signal", help="Online signal: dtr (prefix DTR) or confidence (DeepConf's peer).")
-]
-Warmup = Annotated[
-    int, typer.Option("--warmup", help="Online: responses per question generated in full first.")
-]
-MaxN = Annotated[int, typer.Option("--max-n", help="Online: most responses started per question.")]
-Consensus = Annotated[
-    float,
-    typer.Option("--consensus", help="Online: stop once the leading answer holds this share, (0.5, 1]."),
-]
-DeepconfWindow = Annotated[
-    int, typer.Option("--deepconf-window", help="DeepConf's group size in tokens (their 2,048).")
-]
-Sweep = Annotated[
-    bool, typer.Option("--sweep", help="With --online --from: accuracy vs tokens over budgets, CSV + figure.")
-]
 
 
 def online_config(
@@ -70,7 +41,7 @@ class Replay:
     trials: int
     seed: int
     sweep: bool = False
-    n: int = 16  # Cons@n beside the replay, on the same questions (a pool sampled in full only)
+    n: int = VotingConfig.n  # Cons@n beside the replay, on the same questions (a pool sampled in full only)
 
 
 def run_live(model: ModelSpec, run: OnlineRun) -> None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
-import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
@@ -60,17 +58,9 @@ def print_regrade(report: RegradeReport) -> None:
 
 @app.command("regrade")
 def regrade(
-    stores: Annotated[
-        list[Path], typer.Argument(file_okay=False, help="Sample store(s) written by generate or thinkn.")
-    ],
+    stores: opt.SampleStores,
     answer_type: opt.AnswerTypeOpt = None,
-    answer_fallback: Annotated[
-        str | None,
-        typer.Option(
-            "--answer-fallback",
-            help="none or last-number (default: the store's own; a store from before the answer rules: none).",
-        ),
-    ] = None,
+    answer_fallback: opt.RegradeFallback = None,
     store_format: opt.StoreFormatOpt = None,
 ) -> None:
     """Re-extract and re-grade stored responses under the current answer rules, in place (docs/definitions.md §5).

@@ -2,31 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
-import typer
-
 from depthlens.cli import options as opt
 from depthlens.cli.app import app, console, err_console
-from depthlens.config import CorrelationConfig, DTRConfig
-
-D = opt.DEFAULTS
-_C = CorrelationConfig()
+from depthlens.config import CorrelationConfig, DTRConfig, StoreSpec
 
 
 @app.command("report", short_help="One Markdown and HTML report of a run's stores.")
 def report(
-    run_dir: Annotated[
-        Path, typer.Argument(help="A store, or a folder of stores, from `depthlens generate`.")
-    ],
-    bins: opt.Bins = _C.bins,
-    seeds: opt.Seeds = _C.seeds,
-    bootstrap: opt.Bootstrap = _C.bootstrap,
-    g: opt.G = D["g"],
-    rho: opt.Rho = D["rho"],
-    deep_rule: opt.DeepRuleOpt = D["deep_rule"],
-    store_format: opt.StoreFormatOpt = None,
+    run_dir: opt.RunDir,
+    bins: opt.Bins = CorrelationConfig.bins,
+    seeds: opt.Seeds = CorrelationConfig.seeds,
+    bootstrap: opt.Bootstrap = CorrelationConfig.bootstrap,
+    g: opt.G = DTRConfig.g,
+    rho: opt.Rho = DTRConfig.rho,
+    deep_rule: opt.DeepRuleOpt = DTRConfig.deep_rule,
+    store_format: opt.StoreFormatOpt = StoreSpec.format,
     verify: opt.Verify = False,
 ) -> None:
     """One Markdown and HTML page with the run's tables, figures and the commands that made it."""

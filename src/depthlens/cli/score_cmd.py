@@ -4,21 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Any
 
-import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
 from depthlens.cli import specs
 from depthlens.cli.app import app, console, err_console, load_for, warn, writes_to
 from depthlens.cli.progress import make_progress
+from depthlens.config import (
+    Backend,
+    DTRConfig,
+    EngineConfig,
+    ModelSpec,
+    RayConfig,
+    ReadoutConfig,
+    ScoreRun,
+    StoreSpec,
+    TCBConfig,
+)
 from depthlens.errors import InputError
-
-if TYPE_CHECKING:
-    from depthlens.config import DTRConfig, EngineConfig, ModelSpec, RayConfig, ScoreRun
-
-D = opt.DEFAULTS
+from depthlens.models.catalogue import DEFAULT_MODEL
 
 
 def _say_rescored(ids: list[str]) -> None:
@@ -33,77 +39,56 @@ def _say_rescored(ids: list[str]) -> None:
 def score(
     in_path: opt.InFile,
     out_path: opt.ResultsOut,
-    model: opt.Model = D["model"],
-    tokens: Annotated[
-        bool, typer.Option("--tokens", help="Also write per-token tokens, settling, deep flags, divergences.")
-    ] = False,
-    g: opt.G = D["g"],
-    rho: opt.Rho = D["rho"],
-    prefix: opt.Prefix = None,
-    divergence: opt.DivergenceOpt = D["divergence"],
-    deep_rule: opt.DeepRuleOpt = D["deep_rule"],
-    final_norm: opt.FinalNorm = True,
-    tcb: Annotated[
-        bool, typer.Option("--tcb/--no-tcb", help="Token Constraint Bound fields (docs/definitions.md §6).")
-    ] = True,
-    epsilon: opt.Epsilon = D["epsilon"],
-    v_eff: opt.VEffOpt = D["v_eff"],
-    spectral: Annotated[
-        bool, typer.Option("--spectral", help="Also the spectral-norm δ (power iteration).")
-    ] = False,
-    batch_size: opt.BatchSize = 1,
-    memory_mb: opt.MemoryMB = D["memory_mb"],
-    compile_kernel: opt.CompileOpt = "auto",
-    device: opt.Device = "auto",
-    dtype: opt.DType = "auto",
-    trust_remote_code: opt.TrustRemoteCode = False,
+    model: opt.Model = DEFAULT_MODEL,
+    tokens: opt.Tokens = ScoreRun.tokens,
+    g: opt.G = DTRConfig.g,
+    rho: opt.Rho = DTRConfig.rho,
+    prefix: opt.Prefix = DTRConfig.prefix,
+    divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
+    deep_rule: opt.DeepRuleOpt = DTRConfig.deep_rule,
+    final_norm: opt.FinalNorm = ReadoutConfig.final_norm,
+    tcb: opt.Tcb = True,
+    epsilon: opt.Epsilon = TCBConfig.epsilon,
+    v_eff: opt.VEffOpt = TCBConfig.v_eff,
+    spectral: opt.Spectral = TCBConfig.spectral,
+    batch_size: opt.ScoreBatch = ScoreRun.batch_size,
+    memory_mb: opt.MemoryMB = ReadoutConfig.memory_mb,
+    compile_kernel: opt.CompileOpt = ReadoutConfig.compile,
+    device: opt.Device = ModelSpec.device,
+    dtype: opt.DType = ModelSpec.dtype,
+    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
     blocks: opt.Blocks = None,
     final_norm_path: opt.FinalNormPath = None,
     unembed: opt.Unembed = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.")
-    ] = False,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out.")] = False,
-    skip_bad: Annotated[
-        bool, typer.Option("--skip-bad", help="Skip malformed or unusable records and list them.")
-    ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary table at the end.")] = False,
-    float16: opt.Float16 = False,
+    resume: opt.ResumeOut = StoreSpec.resume,
+    overwrite: opt.OverwriteOut = StoreSpec.overwrite,
+    skip_bad: opt.SkipBad = ScoreRun.skip_bad,
+    quiet: opt.Quiet = False,
+    float16: opt.Float16 = StoreSpec.float16,
     ray: opt.RayOpt = False,
-    ray_address: opt.RayAddress = None,
-    workers: opt.Workers = 1,
-    cpus: opt.Cpus = 1.0,
-    gpus: opt.Gpus = 0.0,
-    block_rows: Annotated[
-        int, typer.Option(min=1, help="Records per Ray block, and per shard at most.")
-    ] = 16,
-    backend: Annotated[
-        str,
-        typer.Option(
-            "--backend",
-            help="Readout engine: hf (transformers) or vllm (teacher forced through a vLLM engine that reads "
-            "the layers out itself; needs --no-tcb, not with --ray).",
-        ),
-    ] = "hf",
-    tensor_parallel_size: opt.TensorParallel = 1,
-    max_model_len: opt.MaxModelLen = None,
-    float32_lens: opt.Float32Lens = False,
+    ray_address: opt.RayAddress = RayConfig.address,
+    workers: opt.Workers = RayConfig.workers,
+    cpus: opt.Cpus = RayConfig.cpus,
+    gpus: opt.Gpus = RayConfig.gpus,
+    block_rows: opt.BlockRows = RayConfig.SCORE_BLOCK,
+    backend: opt.ScoreBackend = EngineConfig.backend,
+    tensor_parallel_size: opt.TensorParallel = EngineConfig.tensor_parallel_size,
+    max_model_len: opt.ModelLen = EngineConfig.max_model_len,
+    float32_lens: opt.Float32Lens = EngineConfig.float32_lens,
 ) -> None:
     """Score responses: DTR, mean settling depth and six baselines per record.
 
     The metrics are defined in docs/definitions.md.
     """
-    from depthlens.config import DTRConfig, ReadoutConfig, ScoreRun, StoreSpec, TCBConfig
-
+    options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
     readout = ReadoutConfig(divergence=divergence, final_norm=final_norm, memory_mb=memory_mb,  # type: ignore[arg-type]
                             compile=compile_kernel)  # type: ignore[arg-type]  # fmt: skip
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix)  # type: ignore[arg-type]
     tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral) if tcb else None  # type: ignore[arg-type]
     store = StoreSpec(out_path, resume, overwrite, float16=float16)
     ray_on = ray or ray_address is not None
-    engine = _engine(backend, model, dtype, tcb, ray_on, tensor_parallel_size, max_model_len, float32_lens)
+    model_spec, engine = specs.model_and_engine(options, _backend(backend, model, tcb, ray_on))
     run = ScoreRun(in_path, store, readout, dtr, tcb_config, tokens, batch_size, skip_bad, engine)
-    model_spec = specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
     ray_config = specs.ray_config(ray, ray_address, workers, cpus, gpus, block_rows)
     from depthlens.stores.guard import new_out, refuse_same_file
     from depthlens.stores.lock import store_lock
@@ -128,22 +113,11 @@ def refuse_inside_input(source: Path, out: Path) -> None:
         raise InputError(f"--out {out} is inside the input store {source}; write the scores outside it")
 
 
-def _engine(
-    backend: str,
-    model: str,
-    dtype: str,
-    tcb: bool,
-    ray: bool,
-    tp: int,
-    max_model_len: int | None,
-    float32_lens: bool = False,
-) -> EngineConfig:
-    """``score --backend``'s engine (hf, or vllm with its settings), its conflicts refused before anything
-    loads."""
-    from depthlens.config import EngineConfig
-
+def _backend(backend: str, model: str, tcb: bool, ray: bool) -> Backend:
+    """``score --backend`` (hf, or vllm checked installed and able to take ``model``), its conflicts refused
+    before anything loads."""
     if backend == "hf":
-        return EngineConfig()
+        return "hf"
     if backend != "vllm":
         raise InputError(f"--backend {backend!r}: score reads out on hf or vllm")
     if tcb:
@@ -152,9 +126,7 @@ def _engine(
         )
     if ray:
         raise InputError("--backend vllm scores in this process; drop --ray (or use --backend hf)")
-    engine = EngineConfig(specs.engine_backend("vllm", model), dtype, tp, max_model_len=max_model_len,
-                          float32_lens=float32_lens)  # fmt: skip
-    return engine
+    return specs.engine_backend("vllm", model)
 
 
 def _score_here(model_spec: ModelSpec, run: ScoreRun, quiet: bool) -> None:

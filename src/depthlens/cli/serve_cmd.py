@@ -6,66 +6,20 @@ import importlib.util
 import math
 import os
 import signal
-from typing import TYPE_CHECKING, Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from depthlens.cli import options as opt
 from depthlens.cli import specs
 from depthlens.cli.app import app, err_console, load_for, warn
-from depthlens.config import EngineConfig
+from depthlens.config import Backend, EngineConfig, ModelSpec, ServeConfig
 from depthlens.errors import ConfigError
+from depthlens.models.catalogue import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from depthlens.serve.engines import Engine
-    from depthlens.serve.settings import ServeConfig
 
 SERVE_MISSING = "depthlens serve needs the serve extra: pip install 'depthlens[serve]' (FastAPI and uvicorn)"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-ServeBackendOpt = Annotated[
-    str,
-    typer.Option("--backend", help="vllm (one engine for every request: continuous batching; needs "
-                 "depthlens[vllm]), hf (transformers, one request at a time) or auto = vllm where installed and "
-                 "able to load the model, else hf ($DEPTHLENS_BACKEND, when set, decides auto)."),
-]  # fmt: skip
-Host = Annotated[
-    str, typer.Option("--host", help="Address to bind; 127.0.0.1 (this machine only) by default.")
-]
-Port = Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")]
-ApiKey = Annotated[
-    str | None,
-    typer.Option("--api-key", envvar="DEPTHLENS_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1."),
-]
-ServedName = Annotated[
-    str | None, typer.Option("--served-model-name", help="The model's name in the API (default: --model).")
-]
-ServeReadout = Annotated[
-    str,
-    typer.Option("--readout-tokens", help="Leading tokens of each sample read out at every layer unless a request "
-                 "says: N or 'all' (raised to a request's DTR prefix)."),
-]  # fmt: skip
-MaxN = Annotated[int, typer.Option("--max-n", min=1, help="Most samples one request may ask for.")]
-MaxTokens = Annotated[int, typer.Option("--max-tokens", min=1, help="Most tokens one sample may generate.")]
-DefaultMax = Annotated[
-    int, typer.Option("--default-max-tokens", min=1, help="A chat request's max_tokens when it gives none.")
-]
-MaxPrompts = Annotated[
-    int, typer.Option("--max-prompts", min=1, help="Most prompts one completions request batches.")
-]
-MaxRunning = Annotated[
-    int,
-    typer.Option("--max-running", min=1, help="Requests running at once (vLLM batches them; hf runs one)."),
-]
-MaxQueue = Annotated[int, typer.Option("--max-queue", min=0, help="Requests waiting beyond those; then 429.")]
-MaxBody = Annotated[int, typer.Option("--max-body-bytes", min=1, help="Larger request bodies get 413.")]
-Grace = Annotated[
-    float,
-    typer.Option(
-        "--shutdown-grace", min=0, help="Seconds SIGTERM gives in-flight requests before aborting them."
-    ),
-]
-LogLevel = Annotated[str, typer.Option("--log-level", help="uvicorn's log level: warning, info, debug.")]
 
 
 def _check_extra() -> None:
@@ -75,30 +29,30 @@ def _check_extra() -> None:
 
 @app.command("serve", short_help="An OpenAI-compatible server whose answers carry their depth.")
 def serve(
-    model: opt.Model = opt.DEFAULTS["model"],
-    backend: ServeBackendOpt = "auto",
-    host: Host = "127.0.0.1",
-    port: Port = 8000,
-    api_key: ApiKey = None,
-    served_model_name: ServedName = None,
-    readout_tokens: ServeReadout = "50",
-    max_n: MaxN = 64,
-    max_tokens: MaxTokens = 4096,
-    default_max_tokens: DefaultMax = 512,
-    max_prompts: MaxPrompts = 16,
-    max_running: MaxRunning = 32,
-    max_queue: MaxQueue = 64,
-    max_body_bytes: MaxBody = 1 << 20,
-    shutdown_grace: Grace = 30.0,
-    device: opt.Device = "auto",
-    dtype: opt.DType = "auto",
-    trust_remote_code: opt.TrustRemoteCode = False,
-    tensor_parallel_size: opt.TensorParallel = 1,
-    gpu_memory_utilization: opt.GpuMemory = None,
-    max_model_len: opt.MaxModelLen = None,
-    enforce_eager: opt.EnforceEager = False,
-    kv_cache_gib: opt.KvCacheGib = None,
-    log_level: LogLevel = "warning",
+    model: opt.Model = DEFAULT_MODEL,
+    backend: opt.ServeBackend = "auto",
+    host: opt.Host = ServeConfig.HOST,
+    port: opt.Port = ServeConfig.PORT,
+    api_key: opt.ApiKey = ServeConfig.api_key,
+    served_model_name: opt.ServedName = None,
+    readout_tokens: opt.ServeReadout = str(ServeConfig.readout_tokens),
+    max_n: opt.ServeMaxN = ServeConfig.max_n,
+    max_tokens: opt.MaxTokens = ServeConfig.max_tokens,
+    default_max_tokens: opt.DefaultMax = ServeConfig.default_max_tokens,
+    max_prompts: opt.MaxPrompts = ServeConfig.max_prompts,
+    max_running: opt.MaxRunning = ServeConfig.max_running,
+    max_queue: opt.MaxQueue = ServeConfig.max_queue,
+    max_body_bytes: opt.MaxBody = ServeConfig.max_body_bytes,
+    shutdown_grace: opt.Grace = ServeConfig.shutdown_grace,
+    device: opt.Device = ModelSpec.device,
+    dtype: opt.DType = ModelSpec.dtype,
+    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
+    tensor_parallel_size: opt.TensorParallel = EngineConfig.tensor_parallel_size,
+    gpu_memory_utilization: opt.GpuMemory = EngineConfig.gpu_memory_utilization,
+    max_model_len: opt.ModelLen = EngineConfig.max_model_len,
+    enforce_eager: opt.EnforceEager = EngineConfig.enforce_eager,
+    kv_cache_gib: opt.KvCacheGib = EngineConfig.kv_cache_gib,
+    log_level: opt.LogLevel = ServeConfig.LOG_LEVEL,
 ) -> None:
     """Serve MODEL behind the OpenAI API (/v1/models, /v1/completions, /v1/chat/completions, /health).
 
@@ -106,27 +60,25 @@ def serve(
     online Think@n / DeepConf in `depthlens` (docs/serve.md). SIGTERM stops taking requests, lets those in flight
     finish for --shutdown-grace seconds, aborts the rest and exits 0.
     """
+    options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
     _check_extra()
-    from depthlens.serve.settings import ServeConfig
-
-    window = specs.readout_tokens(readout_tokens, 50)
+    window = specs.readout_tokens(readout_tokens, ServeConfig.readout_tokens)
     settings = ServeConfig(served_model_name or model, api_key, max_n, max_tokens, default_max_tokens, max_prompts,
                            window, max_running, max_queue, max_body_bytes, shutdown_grace)  # fmt: skip
     chosen = _backend(backend, model)
-    engine_config = EngineConfig(chosen, dtype, tensor_parallel_size, gpu_memory_utilization, max_model_len,
-                                 enforce_eager, kv_cache_gib)  # fmt: skip
+    model_spec, engine_config = specs.model_and_engine(options, chosen)
     if host not in LOOPBACK and api_key is None:
         warn(
             f"--host {host} answers other machines and no --api-key is set: anyone who reaches it can use it"
         )
     # vllm: only the tokenizer and config — the engine holds the one copy of the weights and reads them out itself
-    model_or_info = load_for(engine_config, specs.model_spec(model, device, dtype, trust_remote_code))
+    model_or_info = load_for(engine_config, model_spec)
     with err_console.status(f"starting the {chosen} engine"):
         engine = _engine(model_or_info, engine_config, max_running)
     _run(engine, model_or_info.tokenizer, settings, host, port, log_level)
 
 
-def _backend(backend: str, model: str) -> str:
+def _backend(backend: str, model: str) -> Backend:
     """``--backend`` for a server. ``auto`` is not the job-size rule of ``generate`` (a server's work has no end:
     the engine's start is paid once, and only vllm batches many clients' requests): vllm where it is installed and
     can load ``model``, else hf."""

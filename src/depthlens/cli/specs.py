@@ -6,7 +6,9 @@ loads a model or imports torch, so a bad option fails in milliseconds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args
 
@@ -14,6 +16,7 @@ from depthlens.config import (
     AnswerConfig,
     AnswerType,
     Backend,
+    EngineConfig,
     Fallback,
     ModelSpec,
     PromptStyle,
@@ -24,19 +27,32 @@ from depthlens.config import (
 )
 from depthlens.errors import InputError
 
+# The engine's options, named as EngineConfig's fields (and so as the commands' parameters).
+_ENGINE_OPTIONS = tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name != "backend")
 
-def model_spec(
-    model: str,
-    device: str,
-    dtype: str,
-    trust_remote_code: bool,
-    blocks: str | None = None,
-    final_norm_path: str | None = None,
-    unembed: str | None = None,
-) -> ModelSpec:
-    """``--model`` and how to load it (``--blocks`` / ``--final-norm-path`` / ``--unembed``: an architecture
-    without an adapter row)."""
-    return ModelSpec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
+
+def model_and_engine(options: Mapping[str, Any], backend: Backend) -> tuple[ModelSpec, EngineConfig]:
+    """The run's model (``model_spec``) and engine, built from a command's options by name — ``options`` is the
+    command's ``locals()`` —, so every command builds them alike: ``backend`` is ``--backend`` resolved
+    (``engine_backend``), the vLLM engine's options are read where the command has them (the others keep
+    ``EngineConfig``'s defaults)."""
+    engine = EngineConfig(backend, **{k: options[k] for k in _ENGINE_OPTIONS if k in options})
+    return model_spec(options), engine
+
+
+def model_spec(options: Mapping[str, Any]) -> ModelSpec:
+    """``--model`` and how to load it, from a command's options by name: ``--device``, ``--dtype``,
+    ``--trust-remote-code`` and, where the command has them, ``--blocks`` / ``--final-norm-path`` / ``--unembed``
+    (an architecture without an adapter row)."""
+    return ModelSpec(
+        options["model"],
+        options["device"],
+        options["dtype"],
+        options["trust_remote_code"],
+        options.get("blocks"),
+        options.get("final_norm_path"),
+        options.get("unembed"),
+    )
 
 
 def task_spec(

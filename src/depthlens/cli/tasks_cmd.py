@@ -7,7 +7,7 @@ from depthlens.cli.app import app, console
 
 @app.command("tasks")
 def tasks() -> None:
-    """List the task names --task accepts."""
+    """List the task names `generate --task` and `thinkn --task` accept."""
     from depthlens.evals.loading import reasoning_gym_names
     from depthlens.evals.tasks import ANSWER_TYPES, HUB_TASKS
 

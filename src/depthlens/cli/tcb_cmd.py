@@ -6,7 +6,7 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -14,20 +14,14 @@ from rich.table import Table
 from depthlens.cli import options as opt
 from depthlens.cli import specs
 from depthlens.cli.app import app, console, err_console, load_model, writes_to
-from depthlens.config import EngineConfig
+from depthlens.config import EngineConfig, ModelSpec, TCBConfig, TCBStudies
+from depthlens.models.catalogue import DEFAULT_MODEL
 
 tcb_app = typer.Typer(
     help="Token Constraint Bound studies: regimes, geometry, prompts, trace (docs/definitions.md §6).",
     no_args_is_help=True,
 )
 app.add_typer(tcb_app, name="tcb", short_help="The Token Constraint Bound paper's four studies.")
-
-D = opt.DEFAULTS
-OutDir = Annotated[Path, typer.Option("--out", file_okay=False, help="Directory for the table and figure.")]
-
-
-Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted study in the same --out.")]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Start the study again in an existing --out.")]
 
 
 @contextlib.contextmanager
@@ -78,34 +72,27 @@ def _finish(out: Path, name: str, result: dict[str, Any], figure: Path) -> None:
 
 @tcb_app.command("regimes", short_help="corr(δ, √V_eff) and corr(δ, margin) per prompt set.")
 def regimes(
-    out: OutDir,
-    model: opt.Model = D["model"],
-    epsilon: opt.Epsilon = D["epsilon"],
-    split: Annotated[
-        float,
-        typer.Option(
-            "--split", callback=opt.finite, help="Also pool all prompts split at this measured V_eff."
-        ),
-    ] = 4.0,
-    device: opt.Device = "auto",
-    dtype: opt.DType = "auto",
-    trust_remote_code: opt.TrustRemoteCode = False,
+    out: opt.TcbOut,
+    model: opt.Model = DEFAULT_MODEL,
+    epsilon: opt.Epsilon = TCBConfig.epsilon,
+    split: opt.Split = TCBStudies.split,
+    device: opt.Device = ModelSpec.device,
+    dtype: opt.DType = ModelSpec.dtype,
+    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
     blocks: opt.Blocks = None,
     final_norm_path: opt.FinalNormPath = None,
     unembed: opt.Unembed = None,
-    resume: Resume = False,
-    overwrite: Overwrite = False,
+    resume: opt.StudyResume = False,
+    overwrite: opt.StudyOverwrite = False,
 ) -> None:
     """corr(δ, √V_eff) and corr(δ, margin) on the diverse vs the low-V_eff prompt set (paper Table 1)."""
-    from depthlens.config import TCBConfig
+    model_spec = specs.model_spec(locals())
     from depthlens.studies.tcb_studies import StudyRun, prompt_set
     from depthlens.studies.tcb_studies import regimes as run
     from depthlens.viz.tcb import draw_regimes
 
     tcb = TCBConfig(epsilon=epsilon)
-    lm = load_model(
-        specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
-    )
+    lm = load_model(model_spec)
     sets = {"diverse": prompt_set("diverse"), "low_veff": prompt_set("low_veff")}
     settings = {"tcb": tcb.to_dict(), "split": split, "dtype": dtype}
     with (
@@ -118,34 +105,27 @@ def regimes(
 
 @tcb_app.command("geometry", short_help="δ as competing embeddings cluster or disperse.")
 def geometry(
-    out: OutDir,
-    model: opt.Model = D["model"],
-    top_k: Annotated[
-        int, typer.Option("--top-k", min=2, help="Competing tokens moved (most probable).")
-    ] = 10,
-    cluster: Annotated[
-        float, typer.Option("--cluster", callback=opt.finite, help="α < 1: rows pulled toward the centroid.")
-    ] = 0.5,
-    disperse: Annotated[
-        float, typer.Option("--disperse", callback=opt.finite, help="α > 1: rows pushed away.")
-    ] = 1.5,
-    device: opt.Device = "auto",
-    dtype: opt.DType = "auto",
-    trust_remote_code: opt.TrustRemoteCode = False,
+    out: opt.TcbOut,
+    model: opt.Model = DEFAULT_MODEL,
+    top_k: opt.TopK = TCBStudies.top_k,
+    cluster: opt.Cluster = TCBStudies.cluster,
+    disperse: opt.Disperse = TCBStudies.disperse,
+    device: opt.Device = ModelSpec.device,
+    dtype: opt.DType = ModelSpec.dtype,
+    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
     blocks: opt.Blocks = None,
     final_norm_path: opt.FinalNormPath = None,
     unembed: opt.Unembed = None,
-    resume: Resume = False,
-    overwrite: Overwrite = False,
+    resume: opt.StudyResume = False,
+    overwrite: opt.StudyOverwrite = False,
 ) -> None:
     """How often δ_cluster > δ_orig > δ_disperse with o fixed, by V_eff band (paper Table 2)."""
+    model_spec = specs.model_spec(locals())
     from depthlens.studies.tcb_studies import StudyRun, prompt_set
     from depthlens.studies.tcb_studies import geometry as run
     from depthlens.viz.tcb import draw_geometry
 
-    lm = load_model(
-        specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
-    )
+    lm = load_model(model_spec)
     prompts = [p["prompt"] for p in prompt_set("diverse") + prompt_set("low_veff")]
     settings = {"top_k": top_k, "cluster": cluster, "disperse": disperse, "dtype": dtype}
     with (
@@ -158,39 +138,31 @@ def geometry(
 
 @tcb_app.command("prompts", short_help="Accuracy, perplexity and δ per template and k-shot.")
 def prompts(
-    out: OutDir,
-    model: opt.Model = D["model"],
-    task: Annotated[
-        str, typer.Option("--task", help="An offline reasoning-gym task.")
-    ] = "reasoning_gym:chain_sum",
-    questions: Annotated[int, typer.Option("--questions", min=1)] = 10,
-    task_config: Annotated[
-        str | None,
-        typer.Option("--task-config", help="reasoning-gym settings, e.g. 'max_terms=3,max_digits=2'."),
-    ] = None,
-    shots: Annotated[
-        str, typer.Option("--shots", help="Comma-separated numbers of worked examples.")
-    ] = "0,2",
-    templates: Annotated[
-        str | None, typer.Option("--templates", help="Subset of bare,paper,terse,expert.")
-    ] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 96,
-    device: opt.Device = "auto",
-    dtype: opt.DType = "auto",
-    trust_remote_code: opt.TrustRemoteCode = False,
+    out: opt.TcbOut,
+    model: opt.Model = DEFAULT_MODEL,
+    task: opt.TcbTask = TCBStudies.task,
+    questions: opt.TcbQuestions = TCBStudies.questions,
+    task_config: opt.TaskConfig = None,
+    shots: opt.Shots = ",".join(map(str, TCBStudies.shots)),
+    templates: opt.Templates = None,
+    max_new_tokens: opt.TcbMaxNew = TCBStudies.prompts_max_new_tokens,
+    device: opt.Device = ModelSpec.device,
+    dtype: opt.DType = ModelSpec.dtype,
+    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
     blocks: opt.Blocks = None,
     final_norm_path: opt.FinalNormPath = None,
     unembed: opt.Unembed = None,
-    resume: Resume = False,
-    overwrite: Overwrite = False,
+    resume: opt.StudyResume = False,
+    overwrite: opt.StudyOverwrite = False,
     backend: opt.BackendOpt = "auto",
-    tensor_parallel_size: opt.TensorParallel = 1,
-    gpu_memory_utilization: opt.GpuMemory = None,
-    max_model_len: opt.MaxModelLen = None,
-    enforce_eager: opt.EnforceEager = False,
-    kv_cache_gib: opt.KvCacheGib = None,
+    tensor_parallel_size: opt.TensorParallel = EngineConfig.tensor_parallel_size,
+    gpu_memory_utilization: opt.GpuMemory = EngineConfig.gpu_memory_utilization,
+    max_model_len: opt.MaxModelLen = EngineConfig.max_model_len,
+    enforce_eager: opt.EnforceEager = EngineConfig.enforce_eager,
+    kv_cache_gib: opt.KvCacheGib = EngineConfig.kv_cache_gib,
 ) -> None:
     """Accuracy, answer perplexity and δ per prompt template × k-shot, greedy answers (paper §4.3–4.4)."""
+    options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
     from depthlens.errors import InputError
     from depthlens.evals.loading import load_task, parse_task_config
     from depthlens.studies.tcb_studies import TEMPLATES, StudyRun, prompt_variants
@@ -211,18 +183,8 @@ def prompts(
     backend_name = specs.engine_backend(
         backend, model, _progress_manifest(out, "prompts") if resume else None
     )
-    engine = EngineConfig(
-        backend_name,
-        dtype,
-        tensor_parallel_size,
-        gpu_memory_utilization,
-        max_model_len,
-        enforce_eager,
-        kv_cache_gib,
-    )
-    lm = load_model(
-        specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
-    )
+    model_spec, engine = specs.model_and_engine(options, backend_name)
+    lm = load_model(model_spec)
     settings = {"task": task, "task_config": task_config, "templates": names, "shots": shot_list,
                 "max_new_tokens": max_new_tokens, "dtype": dtype, **_engine_setting(engine)}  # fmt: skip
     status = f"{len(names)} templates × {len(shot_list)} shot settings × {questions} questions"
@@ -237,54 +199,37 @@ def prompts(
 
 @tcb_app.command("trace", short_help="δ and perplexity per generated token; sharp drops.")
 def trace(
-    out: OutDir,
-    prompt: Annotated[str, typer.Option("--prompt", help="The user message to answer.")] = (
-        "Explain in two sentences why the sky is blue."
-    ),
-    model: opt.Model = D["model"],
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 64,
-    window: Annotated[int, typer.Option("--window", min=1, help="Tokens of history for the median.")] = 8,
-    factor: Annotated[
-        float, typer.Option("--factor", callback=opt.finite, help="Drop: δ ≤ median / factor.")
-    ] = 10.0,
-    max_perplexity: Annotated[
-        float, typer.Option("--max-perplexity", callback=opt.finite, help="...while perplexity ≤ this.")
-    ] = 2.0,
-    chat: Annotated[
-        bool, typer.Option("--chat/--plain", help="Use the chat template when there is one.")
-    ] = True,
-    device: opt.Device = "auto",
-    dtype: opt.DType = "auto",
-    trust_remote_code: opt.TrustRemoteCode = False,
+    out: opt.TcbOut,
+    prompt: opt.TracePrompt = TCBStudies.prompt,
+    model: opt.Model = DEFAULT_MODEL,
+    max_new_tokens: opt.TcbMaxNew = TCBStudies.trace_max_new_tokens,
+    window: opt.Window = TCBStudies.window,
+    factor: opt.Factor = TCBStudies.factor,
+    max_perplexity: opt.MaxPerplexity = TCBStudies.max_perplexity,
+    chat: opt.TraceChat = TCBStudies.chat,
+    device: opt.Device = ModelSpec.device,
+    dtype: opt.DType = ModelSpec.dtype,
+    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
     blocks: opt.Blocks = None,
     final_norm_path: opt.FinalNormPath = None,
     unembed: opt.Unembed = None,
-    resume: Resume = False,
-    overwrite: Overwrite = False,
+    resume: opt.StudyResume = False,
+    overwrite: opt.StudyOverwrite = False,
     backend: opt.BackendOpt = "auto",
-    tensor_parallel_size: opt.TensorParallel = 1,
-    gpu_memory_utilization: opt.GpuMemory = None,
-    max_model_len: opt.MaxModelLen = None,
-    enforce_eager: opt.EnforceEager = False,
-    kv_cache_gib: opt.KvCacheGib = None,
+    tensor_parallel_size: opt.TensorParallel = EngineConfig.tensor_parallel_size,
+    gpu_memory_utilization: opt.GpuMemory = EngineConfig.gpu_memory_utilization,
+    max_model_len: opt.MaxModelLen = EngineConfig.max_model_len,
+    enforce_eager: opt.EnforceEager = EngineConfig.enforce_eager,
+    kv_cache_gib: opt.KvCacheGib = EngineConfig.kv_cache_gib,
 ) -> None:
     """δ and perplexity per generated token, sharp δ drops at low perplexity flagged (paper §4.5)."""
+    options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
     from depthlens.studies.tcb_studies import DropRule, StudyRun, generation_trace
     from depthlens.viz.tcb import draw_generation_trace
 
     backend_name = specs.engine_backend(backend, model, _progress_manifest(out, "trace") if resume else None)
-    engine = EngineConfig(
-        backend_name,
-        dtype,
-        tensor_parallel_size,
-        gpu_memory_utilization,
-        max_model_len,
-        enforce_eager,
-        kv_cache_gib,
-    )
-    lm = load_model(
-        specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed)
-    )
+    model_spec, engine = specs.model_and_engine(options, backend_name)
+    lm = load_model(model_spec)
     rule = DropRule(window, factor, max_perplexity)
     settings = {"prompt": prompt, "max_new_tokens": max_new_tokens, "rule": rule.__dict__, "chat": chat,
                 "dtype": dtype, **_engine_setting(engine)}  # fmt: skip

@@ -6,9 +6,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import typer
 from rich.table import Table
 
 from depthlens.cli import online_cmd as oc
@@ -24,6 +23,7 @@ from depthlens.config import (
     ModelSpec,
     OnlineConfig,
     OnlineRun,
+    RayConfig,
     ReadoutConfig,
     SamplingConfig,
     StoreSpec,
@@ -31,41 +31,10 @@ from depthlens.config import (
     VotingConfig,
 )
 from depthlens.errors import InputError
+from depthlens.models.catalogue import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from depthlens.studies.thinkn import ThinkReport
-
-D = opt.DEFAULTS
-_S = SamplingConfig()
-_V = VotingConfig()
-_O = OnlineConfig()
-_A = AnswerConfig()
-N = Annotated[int, typer.Option("--n", min=1, help="Responses drawn per question per trial.")]
-Eta = Annotated[
-    float,
-    typer.Option("--eta", callback=opt.finite, help="Share of n kept by the selecting methods, in (0, 1]."),
-]
-PrefixOpt = Annotated[str, typer.Option("--prefix", help="ℓ_prefix in tokens, or 'full'.")]
-Trials = Annotated[int, typer.Option("--trials", min=1, help="Resamplings of n from each pool.")]
-Methods = Annotated[str | None, typer.Option("--methods", help="Comma-separated subset (default: all).")]
-Ablation = Annotated[
-    bool, typer.Option("--ablation", help="Also Think@n over ℓ_prefix ∈ {50,100,500,full} × η.")
-]
-FromStore = Annotated[
-    Path | None, typer.Option("--from", file_okay=False, help="Re-summarise this store; generate nothing.")
-]
-GOpt = Annotated[
-    float | None, typer.Option("--g", callback=opt.finite, help="Settling threshold (default: the store's).")
-]
-RhoOpt = Annotated[
-    float | None,
-    typer.Option("--rho", callback=opt.finite, help="Deep-regime fraction (default: the store's)."),
-]
-DeepRuleOpt = Annotated[str | None, typer.Option("--deep-rule", help="spec or paper-literal.")]
-BatchSize = Annotated[
-    int | None,
-    typer.Option("--batch-size", min=1, help="Responses sampled together (default 16; online: 4)."),
-]
 
 
 def method_list(methods: str | None) -> list[str] | None:
@@ -188,74 +157,71 @@ def _print_ablation(rows: list[dict[str, Any]]) -> None:
 
 @app.command("thinkn", short_help="Think@n vs Cons@n and the other voting methods.")
 def thinkn(
-    out: Annotated[
-        Path | None, typer.Option("--out", file_okay=False, help="Store directory (created).")
-    ] = None,
-    from_store: FromStore = None,
-    task: opt.Task = "reasoning_gym:basic_arithmetic",
-    model: opt.Model = D["model"],
+    out: opt.OptionalOutDir = None,
+    from_store: opt.FromStore = None,
+    task: opt.Task = TaskSpec.name,
+    model: opt.Model = DEFAULT_MODEL,
     data: opt.Data = None,
-    questions: opt.Questions = None,
-    task_seed: opt.TaskSeed = 0,
-    task_config: opt.TaskConfig = None,
-    n: N = _V.n,
-    pool: opt.Pool = None,
-    eta: Eta = _V.eta,
-    prefix: PrefixOpt = str(_V.prefix),
-    trials: Trials = _V.trials,
-    methods: Methods = None,
-    ablation: Ablation = False,
-    seed: opt.Seed = 0,
-    temperature: opt.Temperature = _S.temperature,
-    top_p: opt.TopP = _S.top_p,
-    max_new_tokens: opt.MaxNew = _S.max_new_tokens,
-    readout_tokens: opt.ReadoutTokens = None,
-    batch_size: BatchSize = None,
-    online: oc.Online = False,
-    signal: oc.SignalOpt = _O.signal,
-    warmup: oc.Warmup = _O.warmup,
-    max_n: oc.MaxN = _O.max_n,
-    consensus: oc.Consensus = _O.consensus,
-    deepconf_window: oc.DeepconfWindow = _V.deepconf_window,
-    sweep: oc.Sweep = False,
-    g: GOpt = None,
-    rho: RhoOpt = None,
-    deep_rule: DeepRuleOpt = None,
-    divergence: Annotated[
-        str | None, typer.Option("--divergence", help="jsd (bits), jsd-nat, kl or cosine (default jsd).")
-    ] = None,
-    prompt_style: opt.PromptStyleOpt = _A.prompt_style,
-    answer_type: opt.AnswerTypeOpt = None,
-    answer_fallback: opt.AnswerFallbackOpt = _A.fallback,
-    device: opt.Device = "auto",
-    dtype: opt.DType = "auto",
-    trust_remote_code: opt.TrustRemoteCode = False,
+    questions: opt.Questions = TaskSpec.questions,
+    task_seed: opt.TaskSeed = TaskSpec.task_seed,
+    task_config: opt.TaskConfig = TaskSpec.task_config,
+    n: opt.N = VotingConfig.n,
+    pool: opt.ThinknPool = None,
+    eta: opt.Eta = VotingConfig.eta,
+    prefix: opt.PrefixOpt = str(VotingConfig.prefix),
+    trials: opt.Trials = VotingConfig.trials,
+    methods: opt.Methods = None,
+    ablation: opt.Ablation = False,
+    seed: opt.Seed = VotingConfig.seed,
+    temperature: opt.Temperature = SamplingConfig.temperature,
+    top_p: opt.TopP = SamplingConfig.top_p,
+    max_new_tokens: opt.MaxNew = SamplingConfig.max_new_tokens,
+    readout_tokens: opt.ThinknReadoutTokens = None,
+    batch_size: opt.ThinknBatch = None,
+    online: opt.Online = False,
+    signal: opt.SignalOpt = OnlineConfig.signal,
+    warmup: opt.Warmup = OnlineConfig.warmup,
+    max_n: opt.MaxN = OnlineConfig.max_n,
+    consensus: opt.Consensus = OnlineConfig.consensus,
+    deepconf_window: opt.DeepconfWindow = VotingConfig.deepconf_window,
+    sweep: opt.Sweep = False,
+    g: opt.StoreG = None,
+    rho: opt.StoreRho = None,
+    deep_rule: opt.StoreDeepRule = None,
+    divergence: opt.StoreDivergence = None,
+    prompt_style: opt.PromptStyleOpt = AnswerConfig.prompt_style,
+    answer_type: opt.AnswerTypeOpt = AnswerConfig.answer_type,
+    answer_fallback: opt.AnswerFallbackOpt = AnswerConfig.fallback,
+    device: opt.Device = ModelSpec.device,
+    dtype: opt.DType = ModelSpec.dtype,
+    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
     blocks: opt.Blocks = None,
     final_norm_path: opt.FinalNormPath = None,
     unembed: opt.Unembed = None,
-    resume: opt.Resume = False,
-    overwrite: opt.Overwrite = False,
+    resume: opt.Resume = StoreSpec.resume,
+    overwrite: opt.Overwrite = StoreSpec.overwrite,
     backend: opt.BackendOpt = "auto",
-    tensor_parallel_size: opt.TensorParallel = 1,
-    gpu_memory_utilization: opt.GpuMemory = None,
-    max_model_len: opt.MaxModelLen = None,
-    enforce_eager: opt.EnforceEager = False,
-    kv_cache_gib: opt.KvCacheGib = None,
-    float32_lens: opt.Float32Lens = False,
-    store_format: opt.StoreFormatOpt = None,
+    tensor_parallel_size: opt.TensorParallel = EngineConfig.tensor_parallel_size,
+    gpu_memory_utilization: opt.GpuMemory = EngineConfig.gpu_memory_utilization,
+    max_model_len: opt.MaxModelLen = EngineConfig.max_model_len,
+    enforce_eager: opt.EnforceEager = EngineConfig.enforce_eager,
+    kv_cache_gib: opt.KvCacheGib = EngineConfig.kv_cache_gib,
+    float32_lens: opt.Float32Lens = EngineConfig.float32_lens,
+    store_format: opt.StoreFormatOpt = StoreSpec.format,
     verify: opt.Verify = False,
-    float16: opt.Float16 = False,
+    float16: opt.Float16 = StoreSpec.float16,
     ray: opt.RayOpt = False,
-    ray_address: opt.RayAddress = None,
-    workers: opt.Workers = 1,
-    cpus: opt.Cpus = 1.0,
-    gpus: opt.Gpus = 0.0,
+    ray_address: opt.RayAddress = RayConfig.address,
+    workers: opt.Workers = RayConfig.workers,
+    cpus: opt.Cpus = RayConfig.cpus,
+    gpus: opt.Gpus = RayConfig.gpus,
 ) -> None:
     """Think@n vs Cons@n, Mean@n, Long/Short@n, Self-Certainty@n and DeepConf: accuracy and exact cost.
 
     Generates a pool per question into --out (or reads --from), then votes over --trials draws of n.
     The methods are defined in docs/definitions.md §5.
     """
+    options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
     if (out is None) == (from_store is None):
         raise InputError("give --out DIR to generate and vote, or --from DIR to re-vote an existing store")
     store = StoreSpec(from_store or out, resume, overwrite, store_format, float16)  # type: ignore[arg-type]
@@ -265,12 +231,10 @@ def thinkn(
         window = specs.readout_tokens(readout_tokens, window)
         sampling = SamplingConfig(temperature, top_p, max_new_tokens, window)
         job = specs.job_size(questions, per_question, at_once, sampling)  # what auto picks the backend for
-        engine = EngineConfig(specs.engine_backend(backend, model, resumed_manifest(store), job), dtype,
-                              tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager,
-                              kv_cache_gib, float32_lens)  # fmt: skip
-        return Sampled(specs.model_spec(model, device, dtype, trust_remote_code, blocks, final_norm_path, unembed),
-                       specs.answer_config(prompt_style, answer_type, answer_fallback, task),
-                       sampling, engine, specs.readout_config(divergence or D["divergence"]))  # fmt: skip
+        chosen = specs.engine_backend(backend, model, resumed_manifest(store), job)
+        model_spec, engine = specs.model_and_engine(options, chosen)
+        return Sampled(model_spec, specs.answer_config(prompt_style, answer_type, answer_fallback, task),
+                       sampling, engine, specs.readout_config(divergence or ReadoutConfig.divergence))  # fmt: skip
 
     from depthlens.stores.parquet import verifying
     from depthlens.stores.samples import picking
@@ -291,7 +255,7 @@ def thinkn(
             if not online:
                 raise InputError("--sweep replays the online policy: pass it with --online --from DIR")
             policy = oc.online_config(signal, warmup, max_n, consensus, eta, specs.prefix(prefix), deepconf_window,
-                                      batch_size or _O.batch_size)  # fmt: skip
+                                      batch_size or OnlineConfig.batch_size)  # fmt: skip
             live = lambda: sampled(policy.prefix, policy.max_n, policy.batch_size)  # noqa: E731
             _online(store, policy, dtr_for(from_store, g, rho, deep_rule), oc.Replay(trials, seed, sweep, n), live,
                     task_spec, from_store is not None)  # fmt: skip
@@ -300,8 +264,9 @@ def thinkn(
         chosen = method_list(methods)
         if out is not None:
             size = pool if pool is not None else 2 * n
-            new = sampled(None if ablation else voting.prefix, size, batch_size or 16)
-            run = GenerateRun(store, size, seed, batch_size or 16, new.sampling, new.readout,
+            at_once = batch_size or GenerateRun.batch_size
+            new = sampled(None if ablation else voting.prefix, size, at_once)
+            run = GenerateRun(store, size, seed, at_once, new.sampling, new.readout,
                               dtr_for(None, g, rho, deep_rule), new.answers, new.engine, task_spec)  # fmt: skip
             run_generation(new.model, run, specs.ray_config(ray, ray_address, workers, cpus, gpus))
         vote(store.out, voting, dtr_for(store.out, g, rho, deep_rule), chosen, ablation, overwrite)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
-import typer
-
+from depthlens.cli import options as opt
 from depthlens.cli.app import app, err_console
+from depthlens.config.serve import LOCALHOST, VIEW_PORT
 from depthlens.errors import InputError
 
 
@@ -22,19 +19,10 @@ def _web_extra() -> None:
 
 @app.command("view", short_help="Explore a store in the browser (read-only, offline).")
 def view(
-    store: Annotated[
-        Path,
-        typer.Argument(
-            help="A sample store (generate / thinkn --out / an online run), a score store or a TCB trace."
-        ),
-    ],
-    host: Annotated[
-        str, typer.Option("--host", help="Address to listen on; keep 127.0.0.1 unless you mean it.")
-    ] = ("127.0.0.1"),
-    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0: any free one).")] = 8765,
-    open_browser: Annotated[
-        bool, typer.Option("--open", help="Open the page in the default browser.")
-    ] = False,
+    store: opt.ViewStore,
+    host: opt.ViewHost = LOCALHOST,
+    port: opt.ViewPort = VIEW_PORT,
+    open_browser: opt.OpenBrowser = False,
 ) -> None:
     """Serve a page over STORE: the run and its voting table, the questions, each response's tokens coloured by
     settling depth, each token's divergence across layers, and Think@n re-selecting as n, η and ℓ change.

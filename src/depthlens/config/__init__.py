@@ -3,15 +3,17 @@ docs read them from here. Every config round-trips through a plain dict (``to_di
 ``from_dict`` rejects keys it does not know rather than silently ignoring a typo."""
 
 from depthlens.config.answers import AnswerConfig, AnswerType, Fallback, PromptStyle
-from depthlens.config.base import Config
+from depthlens.config.base import FLAGS, Config, flag_for, invalid
 from depthlens.config.readout import (
     DIVERGENCE_MAX,
+    PREFIX_TOKENS,
     Compile,
     DeepRule,
     Divergence,
     DTRConfig,
     ReadoutConfig,
     TCBConfig,
+    TCBStudies,
     VEff,
     degenerate_settings,
 )
@@ -26,11 +28,13 @@ from depthlens.config.run import (
     TaskSpec,
 )
 from depthlens.config.sampling import Backend, EngineConfig, EngineDType, SamplingConfig
+from depthlens.config.serve import ServeConfig
 from depthlens.config.voting import CorrelationConfig, OnlineConfig, Signal, VotingConfig
 
 __all__ = [
-    "DIVERGENCE_MAX", "AnswerConfig", "AnswerType", "Backend", "Compile", "Config", "CorrelationConfig", "DTRConfig",
-    "DeepRule", "Divergence", "EngineConfig", "EngineDType", "Fallback", "GenerateRun", "ModelSpec", "OnlineConfig",
-    "OnlineRun", "PromptStyle", "RayConfig", "ReadoutConfig", "SamplingConfig", "ScoreRun", "Signal", "StoreFormat",
-    "StoreSpec", "TCBConfig", "TaskSpec", "VEff", "VotingConfig", "degenerate_settings",
+    "DIVERGENCE_MAX", "FLAGS", "PREFIX_TOKENS", "AnswerConfig", "AnswerType", "Backend", "Compile", "Config",
+    "CorrelationConfig", "DTRConfig", "DeepRule", "Divergence", "EngineConfig", "EngineDType", "Fallback",
+    "GenerateRun", "ModelSpec", "OnlineConfig", "OnlineRun", "PromptStyle", "RayConfig", "ReadoutConfig",
+    "SamplingConfig", "ScoreRun", "ServeConfig", "Signal", "StoreFormat", "StoreSpec", "TCBConfig", "TCBStudies",
+    "TaskSpec", "VEff", "VotingConfig", "degenerate_settings", "flag_for", "invalid",
 ]  # fmt: skip

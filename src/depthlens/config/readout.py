@@ -8,7 +8,6 @@ import math
 from typing import Literal
 
 from depthlens.config.base import Config, check_choice, invalid
-from depthlens.errors import ConfigError
 
 Divergence = Literal["jsd", "jsd-nat", "kl", "cosine"]
 """``jsd``: Jensen–Shannon divergence in bits (base 2, bounded by 1); ``jsd-nat``: the same in nats;
@@ -20,6 +19,11 @@ DIVERGENCE_MAX: dict[str, tuple[float, str]] = {
     "cosine": (2.0, "2"),
 }
 """The largest value each bounded divergence can take (KL is unbounded), and how to say it."""
+
+PREFIX_TOKENS = 50
+"""ℓ_prefix, the paper's prefix length in generated tokens: what Think@n ranks by (``VotingConfig.prefix``), what
+online Think@n decides at (``OnlineConfig.prefix``), and so how many tokens a sample reads out at every layer
+unless told (``SamplingConfig.readout_tokens``, the server's ``--readout-tokens``)."""
 
 Compile = Literal["auto", "on", "off"]
 """``auto``: a compiled (fused) readout kernel on CUDA, eager elsewhere; ``on``: compiled on any device (on a
@@ -66,8 +70,8 @@ class ReadoutConfig(Config):
         if self.memory_mb < 16:
             raise invalid("ReadoutConfig", "memory_mb", self.memory_mb, "must be ≥ 16")
         if self.vocab_size is not None and self.vocab_size < 2:
-            raise ConfigError(
-                f"ReadoutConfig.vocab_size = {self.vocab_size}; a distribution needs ≥ 2 tokens"
+            raise invalid(
+                "ReadoutConfig", "vocab_size", self.vocab_size, "must be ≥ 2", "a distribution needs 2"
             )
 
 
@@ -89,9 +93,9 @@ class DTRConfig(Config):
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.g) and self.g >= 0):
-            raise invalid("DTRConfig", "g", self.g, "must be a finite number ≥ 0", "default 0.5")
+            raise invalid("DTRConfig", "g", self.g, "must be a finite number ≥ 0", f"default {DTRConfig.g}")
         if not (0 < self.rho <= 1):
-            raise invalid("DTRConfig", "rho", self.rho, "must be in (0, 1]", "default 0.85")
+            raise invalid("DTRConfig", "rho", self.rho, "must be in (0, 1]", f"default {DTRConfig.rho}")
         check_choice("DTRConfig", "deep_rule", self.deep_rule, DeepRule)
         if self.prefix is not None and self.prefix < 1:
             raise invalid("DTRConfig", "prefix", self.prefix, "must be ≥ 1 token", "or None for no prefix")
@@ -120,10 +124,54 @@ class TCBConfig(Config):
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise invalid("TCBConfig", "epsilon", self.epsilon, "must be a finite number > 0", "default 1.0")
+            raise invalid(
+                "TCBConfig",
+                "epsilon",
+                self.epsilon,
+                "must be a finite number > 0",
+                f"default {TCBConfig.epsilon}",
+            )
         check_choice("TCBConfig", "v_eff", self.v_eff, VEff)
         if self.power_iterations < 1:
             raise invalid("TCBConfig", "power_iterations", self.power_iterations, "must be ≥ 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class TCBStudies(Config):
+    """The settings of the Token Constraint Bound paper's four studies (``depthlens tcb …``,
+    ``studies.tcb_studies``; docs/cli.md): their defaults, stated once.
+
+    Attributes:
+        split: ``regimes``: all prompts also pooled and split at this measured V_eff.
+        top_k: ``geometry``: how many competing tokens (the most probable) move.
+        cluster: ``geometry``: α < 1, their unembedding rows pulled toward the centroid.
+        disperse: ``geometry``: α > 1, pushed away.
+        task: ``prompts``: the offline reasoning-gym task answered.
+        questions: ``prompts``: how many of its questions.
+        shots: ``prompts``: the numbers of worked examples compared.
+        prompts_max_new_tokens: ``prompts``: the longest greedy answer.
+        prompt: ``trace``: the user message answered.
+        trace_max_new_tokens: ``trace``: the longest generation.
+        window: ``trace``: tokens of history for the median δ of the sharp-drop rule.
+        factor: ``trace``: a drop is δ ≤ median / factor ...
+        max_perplexity: ``trace``: ... while the token's perplexity is ≤ this.
+        chat: ``trace``: use the chat template when the model has one.
+    """
+
+    split: float = 4.0
+    top_k: int = 10
+    cluster: float = 0.5
+    disperse: float = 1.5
+    task: str = "reasoning_gym:chain_sum"
+    questions: int = 10
+    shots: tuple[int, ...] = (0, 2)
+    prompts_max_new_tokens: int = 96
+    prompt: str = "Explain in two sentences why the sky is blue."
+    trace_max_new_tokens: int = 64
+    window: int = 8
+    factor: float = 10.0
+    max_perplexity: float = 2.0
+    chat: bool = True
 
 
 def degenerate_settings(readout: ReadoutConfig, dtr: DTRConfig) -> list[str]:

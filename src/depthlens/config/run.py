@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from depthlens.config.answers import AnswerConfig
 from depthlens.config.base import Config, invalid
@@ -40,7 +40,10 @@ class ModelSpec(Config):
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec(Config):
-    """Where a run's questions come from, as a store's manifest records it (``task``)."""
+    """Where a run's questions come from, as a store's manifest records it (``task``). ``questions`` None: every
+    question of a hub or JSONL task, ``GENERATED`` of a generated (reasoning-gym) one."""
+
+    GENERATED: ClassVar[int] = 50
 
     name: str = "reasoning_gym:basic_arithmetic"
     questions: int | None = None
@@ -66,11 +69,14 @@ class RayConfig(Config):
     """Ray actors for ``--ray``: how many, what each holds, the cluster (None: a local Ray on 127.0.0.1), and how
     many rows (records, or questions for generation) make one block — one shard of the store."""
 
+    SCORE_BLOCK: ClassVar[int] = 16  # records per block (and shard) of ``score --ray`` when ``block`` is None
+    GENERATE_BLOCK: ClassVar[int] = 1  # questions per block of ``generate --ray``
+
     workers: int = 1
     cpus: float = 1.0
     gpus: float = 0.0
     address: str | None = None
-    block: int | None = None  # None: 16 records per block for scoring, 1 question for generation
+    block: int | None = None  # None: SCORE_BLOCK records per block for scoring, GENERATE_BLOCK questions
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.cpus <= 0 or self.gpus < 0:
@@ -103,7 +109,10 @@ class ScoreRun:
 @dataclasses.dataclass(frozen=True)
 class GenerateRun:
     """One ``generate`` (or ``thinkn --out``) run: ``pool`` responses per question of ``task``, sampled
-    ``batch_size`` at a time on ``engine`` with each token's layers read out, into ``store``."""
+    ``batch_size`` at a time on ``engine`` with each token's layers read out, into ``store``. ``POOL`` is
+    ``generate``'s pool when none is given."""
+
+    POOL: ClassVar[int] = 8
 
     store: StoreSpec
     pool: int

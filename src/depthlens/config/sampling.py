@@ -7,7 +7,7 @@ import math
 from typing import Literal
 
 from depthlens.config.base import Config, check_choice, invalid
-from depthlens.errors import ConfigError
+from depthlens.config.readout import PREFIX_TOKENS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +28,7 @@ class SamplingConfig(Config):
     temperature: float = 0.6
     top_p: float = 0.95
     max_new_tokens: int = 512
-    readout_tokens: int | None = 50
+    readout_tokens: int | None = PREFIX_TOKENS
     confidence_top_k: int = 20
 
     def __post_init__(self) -> None:
@@ -41,11 +41,11 @@ class SamplingConfig(Config):
         if self.max_new_tokens < 1:
             raise invalid("SamplingConfig", "max_new_tokens", self.max_new_tokens, "must be ≥ 1")
         if self.readout_tokens is not None and self.readout_tokens < 0:
-            raise ConfigError(
-                f"SamplingConfig.readout_tokens = {self.readout_tokens} must be ≥ 0, or None = all"
+            raise invalid(
+                "SamplingConfig", "readout_tokens", self.readout_tokens, "must be ≥ 0, or 'all'", "None = all"
             )
         if self.confidence_top_k < 1:
-            raise ConfigError(f"SamplingConfig.confidence_top_k = {self.confidence_top_k} must be ≥ 1")
+            raise invalid("SamplingConfig", "confidence_top_k", self.confidence_top_k, "must be ≥ 1")
 
 
 Backend = Literal["hf", "vllm"]

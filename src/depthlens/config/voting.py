@@ -8,7 +8,7 @@ import math
 from typing import Any, Literal
 
 from depthlens.config.base import Config, check_choice, invalid
-from depthlens.errors import ConfigError
+from depthlens.config.readout import PREFIX_TOKENS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +28,7 @@ class VotingConfig(Config):
 
     n: int = 16
     eta: float = 0.5
-    prefix: int | None = 50
+    prefix: int | None = PREFIX_TOKENS
     trials: int = 10
     seed: int = 0
     deepconf_window: int = 2048
@@ -43,7 +43,7 @@ class VotingConfig(Config):
         if self.trials < 1:
             raise invalid("VotingConfig", "trials", self.trials, "must be ≥ 1")
         if self.deepconf_window < 1:
-            raise ConfigError(f"VotingConfig.deepconf_window = {self.deepconf_window} must be ≥ 1")
+            raise invalid("VotingConfig", "deepconf_window", self.deepconf_window, "must be ≥ 1 token")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,16 +73,16 @@ class CorrelationConfig(Config):
     def __post_init__(self) -> None:
         if self.bins < 3:
             raise invalid("CorrelationConfig", "bins", self.bins, "must be ≥ 3", "a correlation over bins")
-        if self.seeds < 1 or self.bootstrap < 1:
-            raise ConfigError("CorrelationConfig.seeds and .bootstrap must be ≥ 1")
+        for name in ("seeds", "bootstrap"):
+            if getattr(self, name) < 1:
+                raise invalid("CorrelationConfig", name, getattr(self, name), "must be ≥ 1")
         if self.n is not None and self.n < self.bins:
-            raise ConfigError(
-                f"CorrelationConfig.n = {self.n} is below bins = {self.bins}; draw ≥ bins responses"
+            raise invalid(
+                "CorrelationConfig", "n", self.n, f"must be ≥ --bins {self.bins}", "draw ≥ bins responses"
             )
-        if self.min_responses < 3 or self.min_questions < 1 or self.min_outcome < 1:
-            raise ConfigError(
-                "CorrelationConfig.min_responses must be ≥ 3, .min_questions and .min_outcome ≥ 1"
-            )
+        for name, least in (("min_responses", 3), ("min_questions", 1), ("min_outcome", 1)):
+            if getattr(self, name) < least:
+                raise invalid("CorrelationConfig", name, getattr(self, name), f"must be ≥ {least}")
 
 
 Signal = Literal["dtr", "confidence"]
@@ -115,7 +115,7 @@ class OnlineConfig(Config):
     max_n: int = 16
     consensus: float = 0.95
     keep: float = 0.5
-    prefix: int = 50
+    prefix: int = PREFIX_TOKENS
     window: int = 2048
     batch_size: int = 4
     threshold: float | None = None
@@ -123,27 +123,36 @@ class OnlineConfig(Config):
     def __post_init__(self) -> None:
         check_choice("OnlineConfig", "signal", self.signal, Signal)
         if self.warmup < 1:
-            raise ConfigError(f"--warmup {self.warmup}: generate at least 1 warm-up response to set τ")
+            raise invalid(
+                "OnlineConfig", "warmup", self.warmup, "generate at least 1 warm-up response to set τ"
+            )
         if self.warmup >= self.max_n:
-            raise ConfigError(
-                f"--warmup {self.warmup} must be below --max-n {self.max_n}: the warm-up alone would use the "
-                "whole budget; raise --max-n or lower --warmup"
+            raise invalid(
+                "OnlineConfig",
+                "warmup",
+                self.warmup,
+                f"must be below --max-n {self.max_n} (the warm-up alone would use the whole budget); raise "
+                "--max-n or lower --warmup",
             )
         if not (0.5 < self.consensus <= 1):
-            raise ConfigError(
-                f"--consensus {self.consensus} must lie in (0.5, 1]: the leading answer's share of the votes "
-                "that stops sampling (a share ≤ 0.5 is not a majority)"
+            raise invalid(
+                "OnlineConfig",
+                "consensus",
+                self.consensus,
+                "must lie in (0.5, 1]: the leading answer's share of the votes that stops sampling (a share ≤ 0.5 "
+                "is not a majority)",
             )
         if not (0 < self.keep <= 1):
-            raise ConfigError(f"--eta {self.keep} must lie in (0, 1] (the share of warm-up signals above τ)")
+            requirement = "must lie in (0, 1] (the share of warm-up signals above τ)"
+            raise invalid("OnlineConfig", "keep", self.keep, requirement)
         if self.prefix < 1:
-            raise ConfigError(f"--prefix {self.prefix} must be ≥ 1 token for online Think@n")
+            raise invalid("OnlineConfig", "prefix", self.prefix, "must be ≥ 1 token for online Think@n")
         if self.window < 1:
-            raise ConfigError(f"--deepconf-window {self.window} must be ≥ 1 token")
+            raise invalid("OnlineConfig", "window", self.window, "must be ≥ 1 token")
         if self.batch_size < 1:
-            raise ConfigError(f"--batch-size {self.batch_size}; use 1 or more")
+            raise invalid("OnlineConfig", "batch_size", self.batch_size, "use 1 or more")
         if self.threshold is not None and not math.isfinite(self.threshold):
-            raise ConfigError(f"OnlineConfig.threshold = {self.threshold} must be a finite number, or None")
+            raise invalid("OnlineConfig", "threshold", self.threshold, "must be a finite number, or None")
 
     def to_dict(self) -> dict[str, Any]:
         # Without a fixed τ the dict is the one stores written before ``threshold`` existed hold (their resume).

@@ -205,7 +205,9 @@ def load_task(
             "file is itself the task: --task FILE.jsonl"
         )
     if name.startswith("reasoning_gym:"):
-        return _reasoning_gym(name.split(":", 1)[1], count or 50, seed, config or {}, check_references)
+        return _reasoning_gym(
+            name.split(":", 1)[1], count or TaskSpec.GENERATED, seed, config or {}, check_references
+        )
     if config:
         raise InputError(f"--task-config applies to reasoning_gym tasks only, not {name!r}")
     if name in HUB_TASKS:

@@ -123,7 +123,7 @@ def score_on_ray(
     model: ModelSpec, run: ScoreRun, ray: RayConfig, events: ScoreEvents = ScoreEvents()
 ) -> RayScoreReport:
     """Score ``run`` on Ray actors into its Parquet store; the numbers equal ``run_score``'s for the same records
-    and settings. ``ray.block`` records per block (default 16), and so per shard at most."""
+    and settings. ``ray.block`` records per block (default ``RayConfig.SCORE_BLOCK``), and so per shard at most."""
     from depthlens.stores.formats import read_inputs, results_format
     from depthlens.stores.inputs import BadLine
     from depthlens.stores.parquet import ShardWriter
@@ -146,7 +146,7 @@ def score_on_ray(
         return RayScoreReport(skipped, writer.manifest.get("n_layers"), writer.rescored)
     ray_module = import_ray()
     connect(ray.address, num_cpus=max(2, int(ray.workers * ray.cpus + 0.999)))
-    ray = dataclasses.replace(ray, block=ray.block or 16)
+    ray = dataclasses.replace(ray, block=ray.block or RayConfig.SCORE_BLOCK)
     settings = {"readout": run.readout, "dtr": run.dtr, "tcb": run.tcb, "tokens": run.tokens,
                 "batch_size": run.batch_size, "skip_bad": run.skip_bad, "float16": spec.float16}  # fmt: skip
     dataset, pending = _input_dataset(ray_module, run.source, records, todo, skipped, ray.block)

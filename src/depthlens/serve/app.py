@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from depthlens.config import ServeConfig
 from depthlens.errors import DepthlensError
 from depthlens.sampling.live import GenerationCancelled
 from depthlens.sampling.vllm.engine import EngineError
@@ -33,7 +34,6 @@ from depthlens.serve.job import Job, build_job
 from depthlens.serve.jobs import Outcome, run_job
 from depthlens.serve.runner import ClientGone, Runner
 from depthlens.serve.schema import ChatRequest, CompletionRequest
-from depthlens.serve.settings import ServeConfig
 
 
 def finite(value: Any) -> Any:

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from depthlens.config import EngineConfig, ReadoutConfig, SamplingConfig
+from depthlens.config import EngineConfig, ReadoutConfig, SamplingConfig, ServeConfig
 from depthlens.models.info import ModelInfo
 from depthlens.models.load import LoadedModel
 from depthlens.sampling.backend import Paused, Trace
@@ -183,7 +183,7 @@ class VLLMEngine:
         info: ModelInfo,
         engine: EngineConfig,
         readout: ReadoutConfig = ReadoutConfig(),
-        max_running: int = 32,
+        max_running: int = ServeConfig.max_running,
         llm_engine: Any | None = None,
     ) -> None:
         """``info``: the model's tokenizer and config (no weights: the engine holds the only copy and reads the

@@ -7,12 +7,11 @@ import dataclasses
 import secrets
 from typing import Any
 
-from depthlens.config import DTRConfig, OnlineConfig, SamplingConfig, VotingConfig
+from depthlens.config import DTRConfig, OnlineConfig, SamplingConfig, ServeConfig, VotingConfig
 from depthlens.errors import ConfigError, DepthlensError, InputError
 from depthlens.evals.answers import ExtractionConfig
 from depthlens.serve.errors import ApiError, depthlens_error
 from depthlens.serve.schema import ChatRequest, CompletionRequest, DepthlensOptions, OnlineOptions
-from depthlens.serve.settings import ServeConfig
 from depthlens.studies.score import as_token_ids, render_chat
 
 VARIANTS = {"low": 0.1, "high": 0.9}  # DeepConf-low / -high keep the top 10 % / 90 % (their percentile)
@@ -166,7 +165,7 @@ def _sampling(
         raise ApiError(400, f"the prompt has {longest} tokens, the model's context {context}: no room for a reply",
                        "messages" if chat else "prompt", "context_length_exceeded")  # fmt: skip
     if max_tokens is None:
-        max_tokens = settings.default_max_tokens if chat else 16  # OpenAI's completions default
+        max_tokens = settings.default_max_tokens if chat else ServeConfig.COMPLETION_MAX_TOKENS
         max_tokens = min(max_tokens, room) if room is not None else max_tokens
     if not 1 <= max_tokens <= settings.max_tokens:
         raise ApiError(400, f"max_tokens = {max_tokens} must lie in [1, {settings.max_tokens}] (--max-tokens)",
@@ -181,8 +180,8 @@ def _sampling(
         prefixes.append(depth.online.prefix)
     try:
         return SamplingConfig(
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
+            temperature=ServeConfig.TEMPERATURE if body.temperature is None else body.temperature,
+            top_p=ServeConfig.TOP_P if body.top_p is None else body.top_p,
             max_new_tokens=max_tokens,
             readout_tokens=_readout_window(options, settings, prefixes),
         )
@@ -226,7 +225,10 @@ def _online(o: OnlineOptions, settings: ServeConfig) -> OnlineConfig:
     fields = {"warmup": o.warmup, "max_n": o.max_n, "consensus": o.consensus, "prefix": o.prefix,
               "window": o.window, "batch_size": o.batch_size}  # fmt: skip
     given = {k: v for k, v in fields.items() if v is not None}
-    config = OnlineConfig(signal=signal, keep=keep, threshold=o.threshold, **given)  # type: ignore[arg-type]
+    try:
+        config = OnlineConfig(signal=signal, keep=keep, threshold=o.threshold, **given)  # type: ignore[arg-type]
+    except ConfigError as exc:  # the policy's own check, across fields: the error names the depthlens object
+        raise ApiError(400, str(exc), "depthlens", "invalid_value") from None
     if config.max_n > settings.max_n:
         raise ApiError(400, f"online.max_n = {config.max_n} is over --max-n {settings.max_n}",
                        "depthlens.online.max_n", "invalid_value")  # fmt: skip

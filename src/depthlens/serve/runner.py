@@ -22,9 +22,9 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
+from depthlens.config import ServeConfig
 from depthlens.serve.engines import Engine
 from depthlens.serve.errors import ApiError
-from depthlens.serve.settings import ServeConfig
 
 T = TypeVar("T")
 

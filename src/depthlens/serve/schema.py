@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-AnswerTypeName = Literal["number", "expression", "string", "list", "letter"]
+from depthlens.config import PREFIX_TOKENS, AnswerType, VotingConfig
 
 
 class Strict(BaseModel):
@@ -28,10 +28,10 @@ def _alias(*names: str) -> Any:
 class ThinkOptions(Strict):
     """Think@n per request: sample ``n``, keep the top ``eta`` by prefix DTR over ``prefix`` tokens, vote."""
 
-    n: Annotated[int, Field(ge=1)] = 16
-    eta: Annotated[float, Field(gt=0, le=1)] = 0.5
-    prefix: Annotated[int, Field(ge=1)] = 50
-    answer_type: AnswerTypeName | None = None
+    n: Annotated[int, Field(ge=1)] = VotingConfig.n
+    eta: Annotated[float, Field(gt=0, le=1)] = VotingConfig.eta
+    prefix: Annotated[int, Field(ge=1)] = PREFIX_TOKENS
+    answer_type: AnswerType | None = None
 
 
 class OnlineOptions(Strict):
@@ -47,7 +47,7 @@ class OnlineOptions(Strict):
     batch_size: int | None = None
     variant: Literal["low", "high"] | None = None
     threshold: float | None = None
-    answer_type: AnswerTypeName | None = None
+    answer_type: AnswerType | None = None
 
 
 class DepthlensOptions(Strict):
@@ -55,10 +55,10 @@ class DepthlensOptions(Strict):
 
     tokens: bool = False
     readout_tokens: int | Literal["all"] | None = None
-    prefix: Annotated[int, Field(ge=1)] = 50
+    prefix: Annotated[int, Field(ge=1)] = PREFIX_TOKENS  # ℓ of dtr_prefix
     g: float | None = None
     rho: float | None = None
-    answer_type: AnswerTypeName | None = None
+    answer_type: AnswerType | None = None
     think: ThinkOptions | None = None
     online: OnlineOptions | None = None
 

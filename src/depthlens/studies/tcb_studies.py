@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from depthlens.config import EngineConfig, ReadoutConfig, SamplingConfig, TCBConfig
+from depthlens.config import EngineConfig, ReadoutConfig, SamplingConfig, TCBConfig, TCBStudies
 from depthlens.errors import InputError
 from depthlens.evals.grading import grade
 from depthlens.evals.loading import load_task
@@ -114,7 +114,7 @@ def regimes(
     lm: LoadedModel,
     sets: dict[str, list[dict[str, Any]]],
     tcb: TCBConfig = TCBConfig(),
-    split: float = 4.0,
+    split: float = TCBStudies.split,
     run: StudyRun | None = None,
 ) -> dict:
     """Per prompt: δ, V_eff, margin at the next-token position; per set: corr(δ, √V_eff), corr(δ, margin).
@@ -187,9 +187,9 @@ def _geometry_rows(
 def geometry(
     lm: LoadedModel,
     prompts: Sequence[str],
-    top_k: int = 10,
-    cluster: float = 0.5,
-    disperse: float = 1.5,
+    top_k: int = TCBStudies.top_k,
+    cluster: float = TCBStudies.cluster,
+    disperse: float = TCBStudies.disperse,
     run: StudyRun | None = None,
 ) -> dict:
     """Every position of ``prompts``: δ as the model is, with the top-k rows clustered (α = ``cluster``) and
@@ -248,11 +248,11 @@ def _prompt_ids(lm: LoadedModel, messages: list[dict[str, str]]) -> list[int]:
 
 def prompt_variants(
     lm: LoadedModel,
-    task: str = "reasoning_gym:chain_sum",
-    questions: int = 10,
+    task: str = TCBStudies.task,
+    questions: int = TCBStudies.questions,
     templates: Sequence[str] = tuple(TEMPLATES),
-    shots: Sequence[int] = (0, 2),
-    max_new_tokens: int = 96,
+    shots: Sequence[int] = TCBStudies.shots,
+    max_new_tokens: int = TCBStudies.prompts_max_new_tokens,
     task_config: dict[str, Any] | None = None,
     run: StudyRun | None = None,
 ) -> dict:
@@ -315,17 +315,17 @@ def _answer_row(
 class DropRule:
     """The sharp-drop rule of the generation trace (see ``metrics.tcb.sharp_drops``)."""
 
-    window: int = 8
-    factor: float = 10.0
-    max_perplexity: float = 2.0
+    window: int = TCBStudies.window
+    factor: float = TCBStudies.factor
+    max_perplexity: float = TCBStudies.max_perplexity
 
 
 def generation_trace(
     lm: LoadedModel,
     prompt: str,
-    max_new_tokens: int = 64,
+    max_new_tokens: int = TCBStudies.trace_max_new_tokens,
     rule: DropRule = DropRule(),
-    chat: bool = True,
+    chat: bool = TCBStudies.chat,
     run: StudyRun | None = None,
 ) -> dict:
     """A greedy generation's per-token δ, V_eff and perplexity, with sharp δ drops at low perplexity flagged.

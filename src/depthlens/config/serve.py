@@ -1,10 +1,18 @@
-"""The server's own settings: limits, queue and shutdown (the engine's are ``config.EngineConfig``)."""
+"""The server's own settings (``depthlens serve``): limits, queue and shutdown; the engine's are ``EngineConfig``."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
-from depthlens.errors import ConfigError
+from depthlens.config.base import invalid
+from depthlens.config.readout import PREFIX_TOKENS
+
+LOCALHOST = "127.0.0.1"
+"""Where ``serve`` and ``view`` listen unless ``--host`` says otherwise: this machine only."""
+
+VIEW_PORT = 8765
+"""``depthlens view``'s port (``serve``'s is ``ServeConfig.PORT``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,7 +24,8 @@ class ServeConfig:
         api_key: when set, every ``/v1`` request must carry ``Authorization: Bearer <api_key>``.
         max_n: the most samples one request may ask for (``n``, ``think.n``, ``online.max_n``).
         max_tokens: the most tokens one sample may generate (``max_tokens``).
-        default_max_tokens: a chat request's ``max_tokens`` when it gives none (completions: OpenAI's 16).
+        default_max_tokens: a chat request's ``max_tokens`` when it gives none (completions: OpenAI's
+            ``COMPLETION_MAX_TOKENS``).
         max_prompts: the most prompts one ``/v1/completions`` request may batch.
         readout_tokens: leading tokens of each sample read out at every layer when a request does not say
             (None = all); raised to the request's DTR prefix when shorter.
@@ -27,13 +36,21 @@ class ServeConfig:
         shutdown_grace: seconds SIGTERM gives in-flight requests to finish before they are aborted.
     """
 
+    HOST: ClassVar[str] = LOCALHOST
+    PORT: ClassVar[int] = 8000
+    LOG_LEVEL: ClassVar[str] = "warning"  # uvicorn's
+    # OpenAI's defaults for a request that gives none of these
+    COMPLETION_MAX_TOKENS: ClassVar[int] = 16
+    TEMPERATURE: ClassVar[float] = 1.0
+    TOP_P: ClassVar[float] = 1.0
+
     model_id: str
     api_key: str | None = None
     max_n: int = 64
     max_tokens: int = 4096
     default_max_tokens: int = 512
     max_prompts: int = 16
-    readout_tokens: int | None = 50
+    readout_tokens: int | None = PREFIX_TOKENS
     max_running: int = 32
     max_queue: int = 64
     max_body_bytes: int = 1 << 20
@@ -49,8 +66,9 @@ class ServeConfig:
             "max_body_bytes",
         ):
             if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} must be ≥ 1")
-        if self.max_queue < 0 or self.shutdown_grace < 0:
-            raise ConfigError("--max-queue and --shutdown-grace must be ≥ 0")
+                raise invalid("ServeConfig", name, getattr(self, name), "must be ≥ 1")
+        for name in ("max_queue", "shutdown_grace"):
+            if getattr(self, name) < 0:
+                raise invalid("ServeConfig", name, getattr(self, name), "must be ≥ 0")
         if self.readout_tokens is not None and self.readout_tokens < 1:
-            raise ConfigError(f"--readout-tokens {self.readout_tokens} must be ≥ 1, or 'all'")
+            raise invalid("ServeConfig", "readout_tokens", self.readout_tokens, "must be ≥ 1, or 'all'")

@@ -1,0 +1,85 @@
+"""How the layers are read out and scored: divergence, DTR, TCB, the readout's budget; score's and heatmap's own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from depthlens.cli.options.base import finite
+from depthlens.config import ReadoutConfig
+
+__all__ = [
+    "AlsoDivergences", "Chat", "CompileOpt", "Completion", "DeepRuleOpt", "DivergenceOpt", "Epsilon", "FigureOut",
+    "FinalNorm", "G", "HeatmapPrompt", "MemoryMB", "Prefix", "Rho", "ScoreBatch", "Spectral", "StoreDeepRule",
+    "StoreDivergence", "StoreG", "StoreRho", "Tcb", "Token", "Tokens", "VEffOpt",
+]  # fmt: skip
+
+G = Annotated[
+    float,
+    typer.Option("--g", callback=finite, help="Settling threshold on the cumulative-minimum divergence."),
+]
+Rho = Annotated[float, typer.Option("--rho", callback=finite, help="Deep-regime depth fraction, in (0, 1].")]
+Prefix = Annotated[
+    int | None, typer.Option("--prefix", min=1, help="Also report dtr_prefix over the first N tokens.")
+]
+DivergenceOpt = Annotated[str, typer.Option("--divergence", help="jsd (bits), jsd-nat, kl or cosine.")]
+AlsoDivergences = Annotated[
+    str,
+    typer.Option(
+        "--also-divergences",
+        help="Further divergences stored beside --divergence, same pass, e.g. 'kl,cosine' (correlation study).",
+    ),
+]
+DeepRuleOpt = Annotated[str, typer.Option("--deep-rule", help="spec: c ≥ ⌈ρL⌉; paper-literal: c ≥ ⌈(1−ρ)L⌉.")]
+# A stored pool's own DTR settings, overridden where given (thinkn).
+StoreG = Annotated[
+    float | None, typer.Option("--g", callback=finite, help="Settling threshold (default: the store's).")
+]
+StoreRho = Annotated[
+    float | None,
+    typer.Option("--rho", callback=finite, help="Deep-regime fraction (default: the store's)."),
+]
+StoreDeepRule = Annotated[str | None, typer.Option("--deep-rule", help="spec or paper-literal.")]
+StoreDivergence = Annotated[
+    str | None,
+    typer.Option(
+        "--divergence", help=f"jsd (bits), jsd-nat, kl or cosine (default {ReadoutConfig.divergence})."
+    ),
+]
+MemoryMB = Annotated[int, typer.Option("--memory-mb", min=16, help="Working-memory budget of the readout.")]
+FinalNorm = Annotated[
+    bool, typer.Option("--final-norm/--no-final-norm", help="Apply the final norm before unembedding.")
+]
+CompileOpt = Annotated[
+    str,
+    typer.Option(
+        "--compile",
+        help="auto (fused compiled kernel on CUDA), on (also on CPU: ~20 s to compile, then matmul-bound), off.",
+    ),
+]
+Epsilon = Annotated[float, typer.Option("--epsilon", callback=finite, help="ε in δ_TCB = ε / ‖J‖_F.")]
+VEffOpt = Annotated[str, typer.Option("--v-eff", help="ipr: 1/Σo²; exp-entropy: exp H(o).")]
+
+# `depthlens score`
+ScoreBatch = Annotated[int, typer.Option("--batch-size", min=1, help="Records per forward pass.")]
+Tokens = Annotated[
+    bool, typer.Option("--tokens", help="Also write per-token tokens, settling, deep flags, divergences.")
+]
+Tcb = Annotated[
+    bool, typer.Option("--tcb/--no-tcb", help="Token Constraint Bound fields (docs/definitions.md §6).")
+]
+Spectral = Annotated[bool, typer.Option("--spectral", help="Also the spectral-norm δ (power iteration).")]
+
+# `depthlens heatmap`
+Completion = Annotated[
+    str, typer.Option("--completion", help="The generated text whose tokens are read out.")
+]
+HeatmapPrompt = Annotated[str, typer.Option("--prompt", help="The text before the completion (not scored).")]
+Chat = Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template.")]
+Token = Annotated[
+    int | None,
+    typer.Option("--token", help="Token index for Figure 3 (default: the deepest-settling one)."),
+]
+FigureOut = Annotated[Path, typer.Option("--out", file_okay=False, help="Directory for the figures.")]
