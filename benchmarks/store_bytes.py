@@ -57,8 +57,8 @@ def main() -> None:
     from depthlens.config import GenerateRun, ReadoutConfig, SamplingConfig, StoreSpec
     from depthlens.evals.loading import load_task
     from depthlens.models.load import load
-    from depthlens.stores.parquet import ShardWriter
     from depthlens.stores.samples import SAMPLES, iter_samples, samples_path
+    from depthlens.stores.shard_writer import ShardWriter
     from depthlens.studies.generate import generate
 
     lm = load(args.model, device="cpu")

@@ -46,7 +46,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="Write the numbers as JSON here.")
     args = parser.parse_args()
-    from depthlens.stores.parquet import ShardWriter, to_table
+    from depthlens.stores.parquet import to_table
+    from depthlens.stores.shard_writer import ShardWriter
 
     try:
         from depthlens.stores.lock import store_lock

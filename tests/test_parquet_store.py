@@ -186,7 +186,7 @@ def test_a_slow_run_commits_by_time_and_a_store_is_a_score_input(tiny_llama, tmp
     run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "store"), tokens=True))
     manifest = json.loads((tmp_path / "store" / MANIFEST).read_text())
     assert [s["rows"] for s in manifest["shards"]] == [1] * len(ROWS)
-    from depthlens.stores.parquet import ShardWriter
+    from depthlens.stores.shard_writer import ShardWriter
 
     with ShardWriter(tmp_path / "inputs", {}, resume=False, shard_rows=4) as writer:
         for row in ROWS:

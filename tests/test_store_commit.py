@@ -19,8 +19,9 @@ from depthlens.errors import StoreError
 from depthlens.evals.tasks import Question
 from depthlens.stores import layout
 from depthlens.stores.arrow import to_table
-from depthlens.stores.parquet import ShardWriter, iter_store, rewrite_store, store_manifest
+from depthlens.stores.parquet import iter_store, store_manifest
 from depthlens.stores.samples import SHARDS, iter_samples
+from depthlens.stores.shard_writer import ShardWriter, rewrite_store
 from depthlens.studies.generate import generate
 
 SRC = Path(__file__).parent.parent / "src"

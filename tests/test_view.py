@@ -300,7 +300,8 @@ def test_a_path_that_is_not_a_store_is_refused_naming_what_was_expected(tmp_path
 def test_a_writer_commits_while_the_page_is_open_and_the_page_keeps_its_snapshot(
     view_stores, tmp_path, monkeypatch, capsys
 ):
-    from depthlens.stores.parquet import rewrite_store, store_manifest
+    from depthlens.stores.parquet import store_manifest
+    from depthlens.stores.shard_writer import rewrite_store
     from depthlens.stores.state import store_state
 
     store = _damaged(view_stores, tmp_path, "answers")  # a copy: a writer commits into it below

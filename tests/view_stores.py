@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 
 from depthlens.cli.app import main
-from depthlens.stores.parquet import ShardWriter, store_manifest
+from depthlens.stores.parquet import store_manifest
 from depthlens.stores.samples import SHARDS, iter_samples
+from depthlens.stores.shard_writer import ShardWriter
 from tests.conftest import save_chat_model
 
 TASK = ["--task", "reasoning_gym:chain_sum", "--task-config", "min_terms=2,max_terms=2,max_digits=1"]
