@@ -120,8 +120,11 @@ def test_cli_parquet_score_then_export_gives_the_jsonl_records(tmp_path, monkeyp
         "--tokens",
         "-q",
     ]
-    for args in ([*common, "--out", tmp_path / "a.jsonl"], [*common, "--out", tmp_path / "store"],
-                 ["export", tmp_path / "store", "--out", tmp_path / "x.jsonl"]):  # fmt: skip
+    for args in (
+        [*common, "--out", tmp_path / "a.jsonl"],
+        [*common, "--out", tmp_path / "store"],
+        ["export", tmp_path / "store", "--out", tmp_path / "x.jsonl"],
+    ):
         code, _, err = run(monkeypatch, capsys, *args)
         assert code in (0, None), err
     assert (tmp_path / "store" / MANIFEST).is_file()
