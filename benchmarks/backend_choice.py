@@ -40,8 +40,12 @@ def _rates(gen_for, prompt, ns, tokens, reps) -> dict:
         made = sum(len(t) for t in bare.sample(prompt, seeds))
         plain_s = _timed(lambda s=seeds: bare.sample(prompt, s), reps)
         read_s = _timed(lambda s=seeds: full.sample(prompt, s), reps)
-        out[n] = {"tokens": made, "tokens_per_s": round(made / plain_s, 1),
-                  "read_s_per_token": round((read_s - plain_s) / made, 5), "load_1min": os.getloadavg()[0]}  # fmt: skip
+        out[n] = {
+            "tokens": made,
+            "tokens_per_s": round(made / plain_s, 1),
+            "read_s_per_token": round((read_s - plain_s) / made, 5),
+            "load_1min": os.getloadavg()[0],
+        }
         print(n, out[n], flush=True)
     return out
 

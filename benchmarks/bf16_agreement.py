@@ -69,18 +69,28 @@ def main() -> None:
     args = parser.parse_args()
     lm = load(args.model, device="cpu", dtype="float32")
     info = info_of(lm)
-    prompt = as_token_ids(lm.tokenizer.apply_chat_template([{"role": "user", "content": MESSAGE}],
-                                                           add_generation_prompt=True, tokenize=True))  # fmt: skip
+    prompt = as_token_ids(
+        lm.tokenizer.apply_chat_template(
+            [{"role": "user", "content": MESSAGE}], add_generation_prompt=True, tokenize=True
+        )
+    )
     config = EngineConfig(backend="vllm", dtype="bfloat16")
     engine = start_engine(info, config, JobSize(args.n, len(prompt) + args.tokens))
     sampling = SamplingConfig(max_new_tokens=args.tokens, readout_tokens=None)
     gen = EngineGenerator(info, sampling, ReadoutConfig(), config, llm_engine=engine)
-    bare = EngineGenerator(info, dataclasses.replace(sampling, readout_tokens=0), ReadoutConfig(), config,
-                           llm_engine=engine)  # fmt: skip
+    bare = EngineGenerator(
+        info, dataclasses.replace(sampling, readout_tokens=0), ReadoutConfig(), config, llm_engine=engine
+    )
     seeds = list(range(args.n))
     gen.sample(prompt, seeds[:2])  # warm-up
-    result: dict = {"model": args.model, "engine_dtype": "bfloat16", "n": args.n, "max_new_tokens": args.tokens,
-                    "load_1min_start": round(os.getloadavg()[0], 1), "lens": {}}  # fmt: skip
+    result: dict = {
+        "model": args.model,
+        "engine_dtype": "bfloat16",
+        "n": args.n,
+        "max_new_tokens": args.tokens,
+        "load_1min_start": round(os.getloadavg()[0], 1),
+        "lens": {},
+    }
     base = gen.request_readout
     for lens in ("engine", "float32"):
         gen.request_readout = dataclasses.replace(base, float32_lens=lens == "float32")

@@ -43,9 +43,16 @@ def _hf_generate(lm, prompt: list[int], n: int, max_new_tokens: int, end_ids: se
     torch.manual_seed(0)
     start = time.perf_counter()
     with torch.inference_mode():
-        out = lm.model.generate(torch.tensor([prompt]), do_sample=True, temperature=0.6, top_p=0.95,
-                                max_new_tokens=max_new_tokens, num_return_sequences=n,
-                                eos_token_id=sorted(end_ids), pad_token_id=lm.tokenizer.pad_token_id or 0)  # fmt: skip
+        out = lm.model.generate(
+            torch.tensor([prompt]),
+            do_sample=True,
+            temperature=0.6,
+            top_p=0.95,
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=n,
+            eos_token_id=sorted(end_ids),
+            pad_token_id=lm.tokenizer.pad_token_id or 0,
+        )
     seconds = time.perf_counter() - start
     tokens = 0
     for row in out[:, len(prompt) :].tolist():  # count up to and including each row's end token
@@ -78,18 +85,21 @@ def compare(lm, prompt: list[int], ns: list[int], max_new_tokens: int) -> list[d
         cons_tokens = sum(len(t) for t in prefix.sample(prompt, seeds))
         cons_s = time.perf_counter() - start
         start = time.perf_counter()
-        _, _, think_tokens = think_at_n_live(prefix, prompt, seeds, VotingConfig(n=n, eta=0.5, prefix=50),
-                                             DTRConfig(), key)  # fmt: skip
+        _, _, think_tokens = think_at_n_live(
+            prefix, prompt, seeds, VotingConfig(n=n, eta=0.5, prefix=50), DTRConfig(), key
+        )
         think_s = time.perf_counter() - start
         row = {
             "n": n,
             "depthlens_tokens_per_s": round(ours / ours_s, 1),
             "hf_generate_tokens_per_s": round(hf_tokens / hf_s, 1),
             "speedup_vs_hf_generate": round((ours / ours_s) / (hf_tokens / hf_s), 2),
-            "cons_at_n_seconds": round(cons_s, 1), "cons_at_n_tokens": cons_tokens,
-            "think_at_n_seconds": round(think_s, 1), "think_at_n_tokens": think_tokens,
+            "cons_at_n_seconds": round(cons_s, 1),
+            "cons_at_n_tokens": cons_tokens,
+            "think_at_n_seconds": round(think_s, 1),
+            "think_at_n_tokens": think_tokens,
             "think_over_cons_wall": round(think_s / cons_s, 2),
-        }  # fmt: skip
+        }
         rows.append(row)
         print(row)
     return rows
@@ -161,15 +171,25 @@ def backends(args) -> dict:
         max_len=max_len,
         eager=not args.compile,
     )
-    result: dict = {"model": args.model, "dtype": dtype, "hf_dtype": args.hf_dtype, "compiled_engine": args.compile,
-                    "max_new_tokens": args.max_new_tokens, "readout_tokens": args.readout_tokens,
-                    "vllm_engine_start_s": round(time.perf_counter() - start, 1), "rows": [], "thinkn": []}  # fmt: skip
+    result: dict = {
+        "model": args.model,
+        "dtype": dtype,
+        "hf_dtype": args.hf_dtype,
+        "compiled_engine": args.compile,
+        "max_new_tokens": args.max_new_tokens,
+        "readout_tokens": args.readout_tokens,
+        "vllm_engine_start_s": round(time.perf_counter() - start, 1),
+        "rows": [],
+        "thinkn": [],
+    }
     prompt = _chat_prompt(lm, MESSAGE)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, readout_tokens=args.readout_tokens)
     gens = {name: _generator(name, lm, hf_lm, dtype, sampling, engine) for name in args.backend}
     bare = dataclasses.replace(sampling, readout_tokens=0)
-    bares = {name: _generator(name, lm, hf_lm, dtype, bare, engine) if args.readout_tokens else None
-             for name in args.backend}  # fmt: skip
+    bares = {
+        name: _generator(name, lm, hf_lm, dtype, bare, engine) if args.readout_tokens else None
+        for name in args.backend
+    }
     for gen in gens.values():
         gen.sample(prompt, [0, 1])  # warm-up
     for n in args.ns:
@@ -177,12 +197,19 @@ def backends(args) -> dict:
             for name, gen in gens.items():
                 traces, seconds, readout_s, cpu_s = _timed_sample(gen, prompt, list(range(n)), bares[name])
                 tokens = sum(len(t) for t in traces)
-                row = {"backend": name, "n": n, "rep": rep, "tokens": tokens, "seconds": round(seconds, 2),
-                       "readout_seconds": round(readout_s, 2),
-                       "tokens_per_s_sampling": round(tokens / (seconds - readout_s), 1),
-                       "tokens_per_s_with_readout": round(tokens / seconds, 1),
-                       "cpu_seconds": round(cpu_s, 1), "tokens_per_cpu_s": round(tokens / cpu_s, 1),
-                       "load_1min": _load_time()}  # fmt: skip
+                row = {
+                    "backend": name,
+                    "n": n,
+                    "rep": rep,
+                    "tokens": tokens,
+                    "seconds": round(seconds, 2),
+                    "readout_seconds": round(readout_s, 2),
+                    "tokens_per_s_sampling": round(tokens / (seconds - readout_s), 1),
+                    "tokens_per_s_with_readout": round(tokens / seconds, 1),
+                    "cpu_seconds": round(cpu_s, 1),
+                    "tokens_per_cpu_s": round(tokens / cpu_s, 1),
+                    "load_1min": _load_time(),
+                }
                 result["rows"].append(row)
                 print(row, flush=True)
     if args.thinkn_tokens:
@@ -204,13 +231,21 @@ def backends(args) -> dict:
                     gen, long_prompt, list(range(n)), voting, DTRConfig(), key
                 )
             think_s, think_cpu = time.perf_counter() - start, time.process_time() - cpu
-            row = {"backend": name, "n": n, "cons_at_n_seconds": round(cons_s, 1),
-                   "cons_at_n_readout_seconds": round(cons_readout, 1),
-                   "cons_at_n_tokens": sum(len(t) for t in cons), "think_at_n_seconds": round(think_s, 1),
-                   "think_at_n_readout_seconds": round(spent[0], 1), "think_at_n_tokens": think_tokens,
-                   "think_over_cons_wall": round(think_s / cons_s, 2), "cons_at_n_cpu_seconds": round(cons_cpu, 1),
-                   "think_at_n_cpu_seconds": round(think_cpu, 1), "think_over_cons_cpu": round(think_cpu / cons_cpu, 2),
-                   "load_1min": _load_time()}  # fmt: skip
+            row = {
+                "backend": name,
+                "n": n,
+                "cons_at_n_seconds": round(cons_s, 1),
+                "cons_at_n_readout_seconds": round(cons_readout, 1),
+                "cons_at_n_tokens": sum(len(t) for t in cons),
+                "think_at_n_seconds": round(think_s, 1),
+                "think_at_n_readout_seconds": round(spent[0], 1),
+                "think_at_n_tokens": think_tokens,
+                "think_over_cons_wall": round(think_s / cons_s, 2),
+                "cons_at_n_cpu_seconds": round(cons_cpu, 1),
+                "think_at_n_cpu_seconds": round(think_cpu, 1),
+                "think_over_cons_cpu": round(think_cpu / cons_cpu, 2),
+                "load_1min": _load_time(),
+            }
             result["thinkn"].append(row)
             print(row, flush=True)
     return result
@@ -220,8 +255,11 @@ MESSAGE = "Calculate 5 - 3 - 6.\n\nPlease reason step by step, and put your fina
 
 
 def _chat_prompt(lm, message: str) -> list[int]:
-    return as_token_ids(lm.tokenizer.apply_chat_template([{"role": "user", "content": message}],
-                                                         add_generation_prompt=True, tokenize=True))  # fmt: skip
+    return as_token_ids(
+        lm.tokenizer.apply_chat_template(
+            [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True
+        )
+    )
 
 
 def main() -> None:
@@ -282,14 +320,21 @@ def main() -> None:
         ids = [t.token_ids for t in traces]
         reference = reference or ids
         assert ids == reference, "the readout window changed what was sampled"
-        row = {"readout_tokens": "all" if window is None else window, "seconds": round(seconds, 2),
-               "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1)}  # fmt: skip
+        row = {
+            "readout_tokens": "all" if window is None else window,
+            "seconds": round(seconds, 2),
+            "tokens": tokens,
+            "tokens_per_s": round(tokens / seconds, 1),
+        }
         results.append(row)
         print(row)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"model": args.model, "n": args.n, "max_new_tokens": args.max_new_tokens, "runs": results}, f,
-                      indent=2)  # fmt: skip
+            json.dump(
+                {"model": args.model, "n": args.n, "max_new_tokens": args.max_new_tokens, "runs": results},
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -100,18 +100,32 @@ def main() -> None:
     rows = []
     for what, seconds in times.items():
         achieved = flops / seconds / 1e12
-        rows.append({
-            "path": what, "seconds": seconds, "tokens_per_s": c / seconds, "tflops": achieved,
-            "roofline_fraction": achieved / peak if peak else None,
-            "vs_matmul": seconds / times["matmul (bare unembedding)"],
-        })  # fmt: skip
+        rows.append(
+            {
+                "path": what,
+                "seconds": seconds,
+                "tokens_per_s": c / seconds,
+                "tflops": achieved,
+                "roofline_fraction": achieved / peak if peak else None,
+                "vs_matmul": seconds / times["matmul (bare unembedding)"],
+            }
+        )
         frac = f", {100 * achieved / peak:.0f} % of {peak:.0f} TFLOPS" if peak else ""
-        print(f"{what:>28}: {c / seconds:>10.0f} tok/s, {achieved:7.1f} TFLOPS{frac}, "
-              f"{seconds / times['matmul (bare unembedding)']:.2f}× the matmul")  # fmt: skip
+        print(
+            f"{what:>28}: {c / seconds:>10.0f} tok/s, {achieved:7.1f} TFLOPS{frac}, "
+            f"{seconds / times['matmul (bare unembedding)']:.2f}× the matmul"
+        )
     result = {
-        "device": name, "shape": args.shape, "layers": n_layers, "d_model": d, "vocab": vocab, "tokens": c,
-        "dtype": args.dtype, "max_abs_diff_compiled_vs_eager": float((fused - eager).abs().max()), "rows": rows,
-    }  # fmt: skip
+        "device": name,
+        "shape": args.shape,
+        "layers": n_layers,
+        "d_model": d,
+        "vocab": vocab,
+        "tokens": c,
+        "dtype": args.dtype,
+        "max_abs_diff_compiled_vs_eager": float((fused - eager).abs().max()),
+        "rows": rows,
+    }
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -118,8 +118,14 @@ def worker(model: str, method: str, length: int, memory_mb: int, layers: int | N
         # streaming[-early-exit][-compiled]: depthlens's path; early exit = DTR/settling only, no heatmap table.
         config = ReadoutConfig(memory_mb=memory_mb, compile="on" if "compiled" in method else "off")
         settle_at = 0.5 if "early-exit" in method else None
-        (table,) = reduce_readout(iter_readout(lm, [seq], config), 1, lm.n_layers, config.divergence,
-                                  settle_at=settle_at, compiled=config.compile == "on")  # fmt: skip
+        (table,) = reduce_readout(
+            iter_readout(lm, [seq], config),
+            1,
+            lm.n_layers,
+            config.divergence,
+            settle_at=settle_at,
+            compiled=config.compile == "on",
+        )
         settling = table.settling if table.settling is not None else settling_depth(table.divergence, 0.5)
         checksum = float(settling.double().mean())
     elif method in ("tuned-lens", "loop"):
@@ -148,9 +154,13 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--naive-max", type=int, default=512, help="longest length the naive path is run at")
-    parser.add_argument("--methods", nargs="+", default=["streaming", "naive"],
-                        help="streaming, streaming-early-exit, streaming-compiled, streaming-compiled-early-exit, "
-                        "tuned-lens, loop, naive")  # fmt: skip
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["streaming", "naive"],
+        help="streaming, streaming-early-exit, streaming-compiled, streaming-compiled-early-exit, "
+        "tuned-lens, loop, naive",
+    )
     parser.add_argument(
         "--loop-max", type=int, default=256, help="longest length the per-token loop is run at"
     )
@@ -173,8 +183,18 @@ def main() -> None:
             if method == "naive" and length > args.naive_max:
                 print(f"naive @ {length}: skipped (its [L, T, V] float32 tensors would not fit in RAM)")
                 continue
-            cmd = [sys.executable, __file__, "--model", args.model, "--memory-mb", str(args.memory_mb),
-                   "--worker", method, str(length), *(["--layers", str(layers)] if layers else [])]  # fmt: skip
+            cmd = [
+                sys.executable,
+                __file__,
+                "--model",
+                args.model,
+                "--memory-mb",
+                str(args.memory_mb),
+                "--worker",
+                method,
+                str(length),
+                *(["--layers", str(layers)] if layers else []),
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 print(f"{method} @ {length}: failed — {done.stderr.strip().splitlines()[-1:]}")
@@ -183,8 +203,10 @@ def main() -> None:
             out = done.stdout.strip().splitlines()[-1]
             row = json.loads(out)
             rows.append(row)
-            print(f"{method:>30} @ {length:>5} tokens, L = {row['layers']}: {row['tokens_per_s']:>8.1f} tok/s, "
-                  f"peak extra {row['peak_extra_mb']:>8.1f} MB")  # fmt: skip
+            print(
+                f"{method:>30} @ {length:>5} tokens, L = {row['layers']}: {row['tokens_per_s']:>8.1f} tok/s, "
+                f"peak extra {row['peak_extra_mb']:>8.1f} MB"
+            )
     result = {
         "model": args.model,
         "memory_mb": args.memory_mb,

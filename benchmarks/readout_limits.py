@@ -61,8 +61,14 @@ def main() -> None:
         tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
     )
     with torch.inference_mode():  # the model's own text: sampled, no end-of-turn stop, exactly --tokens long
-        out = lm.model.generate(torch.tensor([prompt]), max_new_tokens=args.tokens, min_new_tokens=args.tokens,
-                                do_sample=True, temperature=0.7, top_p=0.95)  # fmt: skip
+        out = lm.model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=args.tokens,
+            min_new_tokens=args.tokens,
+            do_sample=True,
+            temperature=0.7,
+            top_p=0.95,
+        )
     completion = out[0, len(prompt) :].tolist()
     seq = TokenSequence(prompt, completion)
     config = ReadoutConfig()
@@ -126,9 +132,13 @@ def main() -> None:
     t_loop = _timed(loop, 1) * n_tokens / m  # extrapolated to all tokens (it is linear in tokens)
 
     rows = {
-        "matmul": t_matmul, "full": t_full, "early-exit": t_early, "full, compiled": t_full_c,
-        "early-exit, compiled": t_early_c, "loop (per-token, extrapolated)": t_loop,
-    }  # fmt: skip
+        "matmul": t_matmul,
+        "full": t_full,
+        "early-exit": t_early,
+        "full, compiled": t_full_c,
+        "early-exit, compiled": t_early_c,
+        "loop (per-token, extrapolated)": t_loop,
+    }
     result = {
         "model": args.model,
         "tokens": n_tokens,

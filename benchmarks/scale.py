@@ -39,17 +39,33 @@ MODES = {
 def _records(n: int, tokens: int, vocab: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     return [
-        {"id": f"r{i}", "prompt_ids": [rng.randrange(3, vocab) for _ in range(32)],
-         "completion_ids": [rng.randrange(3, vocab) for _ in range(tokens)]}
+        {
+            "id": f"r{i}",
+            "prompt_ids": [rng.randrange(3, vocab) for _ in range(32)],
+            "completion_ids": [rng.randrange(3, vocab) for _ in range(tokens)],
+        }
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def _run(model: str, src: Path, out: Path, extra: list[str], env: dict[str, str]) -> float:
     """Wall seconds of one scoring command (CPU time is not comparable: Ray's actors are not its children)."""
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "-c", "from depthlens.cli.app import main; main()", "score", "--model", model,
-               "--in", str(src), "--out", str(out), "--tokens", "-q", *extra]  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        "from depthlens.cli.app import main; main()",
+        "score",
+        "--model",
+        model,
+        "--in",
+        str(src),
+        "--out",
+        str(out),
+        "--tokens",
+        "-q",
+        *extra,
+    ]
     start = time.perf_counter()
     subprocess.run(command, env={**os.environ, **env}, check=True, capture_output=True)
     return time.perf_counter() - start
@@ -81,21 +97,35 @@ def main() -> None:
             extra, env = MODES[mode]
             for n in (1, args.records):
                 runs[mode][n].append(_run(args.model, inputs[n], tmp / "out", extra, env))
-            print(f"rep {rep} {mode}: 1 record {runs[mode][1][-1]:.1f} s, {args.records} records "
-                  f"{runs[mode][args.records][-1]:.1f} s", flush=True)  # fmt: skip
+            print(
+                f"rep {rep} {mode}: 1 record {runs[mode][1][-1]:.1f} s, {args.records} records "
+                f"{runs[mode][args.records][-1]:.1f} s",
+                flush=True,
+            )
     results = {}
     for mode in args.modes:
         one = statistics.median(runs[mode][1])
         many = statistics.median(runs[mode][args.records])
         marginal = (many - one) / (args.records - 1)
-        results[mode] = {"wall_1_s": round(one, 2), "wall_n_s": round(many, 2),
-                         "marginal_s_per_record": round(marginal, 3),
-                         "tokens_per_s_marginal": round(args.tokens / marginal, 1),
-                         "runs_wall_n_s": [round(w, 2) for w in runs[mode][args.records]]}  # fmt: skip
-        print(f"{mode:11s} 1 record {one:6.1f} s  {args.records} records {many:6.1f} s  "
-              f"marginal {marginal * 1000:7.0f} ms/record ({args.tokens / marginal:5.1f} tok/s)")  # fmt: skip
-    summary = {"model": args.model, "records": args.records, "tokens": args.tokens, "reps": args.reps,
-               "load_1min": round(os.getloadavg()[0], 1), "modes": results}  # fmt: skip
+        results[mode] = {
+            "wall_1_s": round(one, 2),
+            "wall_n_s": round(many, 2),
+            "marginal_s_per_record": round(marginal, 3),
+            "tokens_per_s_marginal": round(args.tokens / marginal, 1),
+            "runs_wall_n_s": [round(w, 2) for w in runs[mode][args.records]],
+        }
+        print(
+            f"{mode:11s} 1 record {one:6.1f} s  {args.records} records {many:6.1f} s  "
+            f"marginal {marginal * 1000:7.0f} ms/record ({args.tokens / marginal:5.1f} tok/s)"
+        )
+    summary = {
+        "model": args.model,
+        "records": args.records,
+        "tokens": args.tokens,
+        "reps": args.reps,
+        "load_1min": round(os.getloadavg()[0], 1),
+        "modes": results,
+    }
     if "ray-1w" in results and "process-1t" in results:
         overhead = results["ray-1w"]["marginal_s_per_record"] - results["process-1t"]["marginal_s_per_record"]
         summary["ray_overhead_s_per_record"] = round(overhead, 3)

@@ -59,11 +59,26 @@ def _start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [sys.executable, "-c", "from depthlens.cli.app import main; main()", "serve", "--model", args.model,
-               "--backend", args.backend, "--device", "cpu", "--port", str(port), "--readout-tokens",
-               str(args.readout_tokens), "--max-running", str(args.concurrency),
-               *(["--enforce-eager"] if args.enforce_eager else []),
-               *(["--kv-cache-gib", str(args.kv_cache_gib)] if args.kv_cache_gib else [])]  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        "from depthlens.cli.app import main; main()",
+        "serve",
+        "--model",
+        args.model,
+        "--backend",
+        args.backend,
+        "--device",
+        "cpu",
+        "--port",
+        str(port),
+        "--readout-tokens",
+        str(args.readout_tokens),
+        "--max-running",
+        str(args.concurrency),
+        *(["--enforce-eager"] if args.enforce_eager else []),
+        *(["--kv-cache-gib", str(args.kv_cache_gib)] if args.kv_cache_gib else []),
+    ]
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     proc = subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -115,8 +130,14 @@ async def _load(url: str, args: argparse.Namespace, prompts: list[list[int]], se
             i = queue.get_nowait()
             start = time.monotonic()
             try:
-                r = await client.completions.create(model=args.model, prompt=prompts[i], max_tokens=args.max_tokens,
-                                                    temperature=0.6, top_p=0.95, seed=seeds[i])  # fmt: skip
+                r = await client.completions.create(
+                    model=args.model,
+                    prompt=prompts[i],
+                    max_tokens=args.max_tokens,
+                    temperature=0.6,
+                    top_p=0.95,
+                    seed=seeds[i],
+                )
                 tokens += r.usage.completion_tokens
                 latencies.append(time.monotonic() - start)
             except Exception as exc:  # counted, with its kind: the run goes on
@@ -125,19 +146,30 @@ async def _load(url: str, args: argparse.Namespace, prompts: list[list[int]], se
     await asyncio.gather(*(worker() for _ in range(args.concurrency)))
     wall = time.monotonic() - began
     await client.close()
-    return {"requests": len(latencies), "errors": len(errors), "error_examples": errors[:3], "wall_s": wall,
-            "tokens": tokens, "tokens_per_s": tokens / wall, "requests_per_s": len(latencies) / wall,
-            "latency_p50_s": statistics.median(latencies) if latencies else None,
-            "latency_p99_s": sorted(latencies)[max(0, round(0.99 * len(latencies)) - 1)] if latencies else None,
-            "not_sent": queue.qsize()}  # fmt: skip
+    return {
+        "requests": len(latencies),
+        "errors": len(errors),
+        "error_examples": errors[:3],
+        "wall_s": wall,
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "requests_per_s": len(latencies) / wall,
+        "latency_p50_s": statistics.median(latencies) if latencies else None,
+        "latency_p99_s": sorted(latencies)[max(0, round(0.99 * len(latencies)) - 1)] if latencies else None,
+        "not_sent": queue.qsize(),
+    }
 
 
 def _rss_summary(samples: list[tuple[float, int]]) -> dict:
     values = [rss / 2**20 for _, rss in samples]
     tenth = max(1, len(values) // 10)
-    return {"samples": len(values), "first_tenth_median_mib": statistics.median(values[:tenth]),
-            "last_tenth_median_mib": statistics.median(values[-tenth:]), "max_mib": max(values),
-            "min_mib": min(values)}  # fmt: skip
+    return {
+        "samples": len(values),
+        "first_tenth_median_mib": statistics.median(values[:tenth]),
+        "last_tenth_median_mib": statistics.median(values[-tenth:]),
+        "max_mib": max(values),
+        "min_mib": min(values),
+    }
 
 
 def serve_phase(args: argparse.Namespace, prompts: list[list[int]]) -> dict:
@@ -176,8 +208,9 @@ def generate_phase(args: argparse.Namespace, questions: list) -> dict:
     engine = EngineConfig(
         backend=args.backend, enforce_eager=args.enforce_eager, kv_cache_gib=args.kv_cache_gib
     )
-    sampling = SamplingConfig(temperature=0.6, top_p=0.95, max_new_tokens=args.max_tokens,
-                              readout_tokens=args.readout_tokens)  # fmt: skip
+    sampling = SamplingConfig(
+        temperature=0.6, top_p=0.95, max_new_tokens=args.max_tokens, readout_tokens=args.readout_tokens
+    )
     backend = make_backend(lm, engine, sampling)  # the engine starts here, before the clock
     out = Path(tempfile.mkdtemp(prefix="serve-load-generate-"))
     warm = GenerateRun(StoreSpec(out / "warm"), pool=1, batch_size=1, sampling=sampling, engine=engine)
@@ -186,8 +219,13 @@ def generate_phase(args: argparse.Namespace, questions: list) -> dict:
     began = time.monotonic()
     report = generate(lm, run, questions, backend=backend)
     wall = time.monotonic() - began
-    return {"responses": report.written, "failed": report.failed, "tokens": report.tokens, "wall_s": wall,
-            "tokens_per_s": report.tokens / wall}  # fmt: skip
+    return {
+        "responses": report.written,
+        "failed": report.failed,
+        "tokens": report.tokens,
+        "wall_s": wall,
+        "tokens_per_s": report.tokens / wall,
+    }
 
 
 def main() -> None:
@@ -212,8 +250,11 @@ def main() -> None:
     args = parser.parse_args()
     questions = _questions(args.requests, seed=0)
     prompts = _prompts(args.model, questions)
-    result = {"settings": {k: v for k, v in vars(args).items() if k != "out"}, "threads": os.environ.get(
-        "OMP_NUM_THREADS"), "load_average_before": os.getloadavg()}  # fmt: skip
+    result = {
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "threads": os.environ.get("OMP_NUM_THREADS"),
+        "load_average_before": os.getloadavg(),
+    }
     result["serve"] = serve_phase(args, prompts)
     if not args.skip_generate:
         sent = len(questions) - result["serve"]["not_sent"]  # the same work as the clients asked for

@@ -57,8 +57,8 @@ def main() -> None:
     from depthlens.config import GenerateRun, ReadoutConfig, SamplingConfig, StoreSpec
     from depthlens.evals.loading import load_task
     from depthlens.models.load import load
-    from depthlens.stores.parquet import ShardWriter
     from depthlens.stores.samples import SAMPLES, iter_samples, samples_path
+    from depthlens.stores.shard_writer import ShardWriter
     from depthlens.studies.generate import generate
 
     lm = load(args.model, device="cpu")
@@ -86,8 +86,12 @@ def main() -> None:
     cells = tokens * lm.n_layers
     json_cells = sum(len(json.dumps(r["divergence"])) for r in records)
     result = {
-        "model": args.model, "layers": lm.n_layers, "task": args.task, "responses": len(records),
-        "generated_tokens": tokens, "divergence_kinds": ["jsd", *also],
+        "model": args.model,
+        "layers": lm.n_layers,
+        "task": args.task,
+        "responses": len(records),
+        "generated_tokens": tokens,
+        "divergence_kinds": ["jsd", *also],
         "divergence_bytes_per_token_layer": {
             "jsonl": round(json_cells / cells, 2),
             "parquet_float32": round(_column_bytes(tmp / "float32", "divergence") / cells, 2),
@@ -98,7 +102,7 @@ def main() -> None:
             "parquet_float32": round(_store_bytes(tmp / "float32") / tokens, 1),
             "parquet_float16": round(_store_bytes(tmp / "float16") / tokens, 1),
         },
-    }  # fmt: skip
+    }
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")

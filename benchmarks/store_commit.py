@@ -26,9 +26,17 @@ import numpy as np
 
 
 def _records(rng: np.random.Generator, first: int, rows: int, tokens: int, layers: int) -> list[dict]:
-    return [{"id": f"q#{first + i}", "n_tokens": tokens, "token_ids": rng.integers(0, 49152, tokens).tolist(),
-             "log_prob": rng.random(tokens).tolist(), "entropy": rng.random(tokens).tolist(),
-             "divergence": rng.random((tokens, layers)).round(5).tolist()} for i in range(rows)]  # fmt: skip
+    return [
+        {
+            "id": f"q#{first + i}",
+            "n_tokens": tokens,
+            "token_ids": rng.integers(0, 49152, tokens).tolist(),
+            "log_prob": rng.random(tokens).tolist(),
+            "entropy": rng.random(tokens).tolist(),
+            "divergence": rng.random((tokens, layers)).round(5).tolist(),
+        }
+        for i in range(rows)
+    ]
 
 
 def _median(values: list[float]) -> str:
@@ -46,7 +54,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="Write the numbers as JSON here.")
     args = parser.parse_args()
-    from depthlens.stores.parquet import ShardWriter, to_table
+    from depthlens.stores.parquet import to_table
+    from depthlens.stores.shard_writer import ShardWriter
 
     try:
         from depthlens.stores.lock import store_lock
@@ -54,8 +63,10 @@ def main() -> None:
         store_lock = None
 
     rng = np.random.default_rng(0)
-    tables = [to_table(_records(rng, i * args.rows, args.rows, args.tokens, args.layers))
-              for i in range(args.shards)]  # fmt: skip
+    tables = [
+        to_table(_records(rng, i * args.rows, args.rows, args.tokens, args.layers))
+        for i in range(args.shards)
+    ]
     commit, digest, lock, size = [], [], [], 0
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory(dir=".") as tmp:
@@ -76,8 +87,13 @@ def main() -> None:
                 with store_lock(store):
                     pass
                 lock.append(time.perf_counter() - start)
-    result = {"shard_bytes": size, "commit": _median(commit), "sha256": _median(digest),
-              "lock": _median(lock) if lock else None, "settings": vars(args) | {"out": str(args.out)}}  # fmt: skip
+    result = {
+        "shard_bytes": size,
+        "commit": _median(commit),
+        "sha256": _median(digest),
+        "lock": _median(lock) if lock else None,
+        "settings": vars(args) | {"out": str(args.out)},
+    }
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")

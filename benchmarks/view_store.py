@@ -35,12 +35,19 @@ from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, ReadoutConfi
 from depthlens.evals.tasks import Question
 from depthlens.stores.arrow import to_table
 from depthlens.stores.layout import is_legacy, is_store, manifest_file
-from depthlens.stores.parquet import ShardWriter
 from depthlens.stores.samples import RESUME_RULES, SHARDS, samples_entry, store_manifest, write_questions
+from depthlens.stores.shard_writer import ShardWriter
 from depthlens.studies.generate import sample_seed
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def _batch(
@@ -69,20 +76,38 @@ def _batch(
     letters = rng.integers(97, 123, size=4 * total, dtype=np.uint8).tobytes().decode()
     starts = np.concatenate([[0], np.cumsum(4 * lengths)])
     columns = {
-        "id": [f"{q.id}#{first + i}" for i in range(n)], "question_id": [q.id] * n,
-        "sample": list(range(first, first + n)), "seed": [sample_seed(0, q.id, first + i) for i in range(n)],
-        "status": ["ok"] * n, "finish": ["eos"] * n, "n_tokens": lengths.tolist(),
+        "id": [f"{q.id}#{first + i}" for i in range(n)],
+        "question_id": [q.id] * n,
+        "sample": list(range(first, first + n)),
+        "seed": [sample_seed(0, q.id, first + i) for i in range(n)],
+        "status": ["ok"] * n,
+        "finish": ["eos"] * n,
+        "n_tokens": lengths.tolist(),
         "text": [letters[starts[i] : starts[i + 1]] for i in range(n)],
         "prompt_ids": [list(range(3, 60))] * n,
         "token_ids": pa.ListArray.from_arrays(offsets, pa.array(rng.integers(3, 49152, total))),
-        "answer": keys, "answer_source": ["boxed"] * n, "vote_key": keys, "grade": [
-            "correct" if k == q.answer else "wrong" for k in keys], "correct": [k == q.answer for k in keys],
-        "task_score": [float(k == q.answer) for k in keys], "dtr_readout": [0.0] * n,
-        "log_prob": floats(-6, 0), "entropy": floats(0, 5), "self_certainty": floats(0, 8),
-        "confidence": floats(0, 12), "divergence": pa.ListArray.from_arrays(offsets, divergence),
-    }  # fmt: skip
-    return pa.table([pa.array(columns[f.name], f.type) if not isinstance(columns[f.name], pa.Array)
-                     else columns[f.name] for f in schema], schema=schema)  # fmt: skip
+        "answer": keys,
+        "answer_source": ["boxed"] * n,
+        "vote_key": keys,
+        "grade": ["correct" if k == q.answer else "wrong" for k in keys],
+        "correct": [k == q.answer for k in keys],
+        "task_score": [float(k == q.answer) for k in keys],
+        "dtr_readout": [0.0] * n,
+        "log_prob": floats(-6, 0),
+        "entropy": floats(0, 5),
+        "self_certainty": floats(0, 8),
+        "confidence": floats(0, 12),
+        "divergence": pa.ListArray.from_arrays(offsets, divergence),
+    }
+    return pa.table(
+        [
+            pa.array(columns[f.name], f.type)
+            if not isinstance(columns[f.name], pa.Array)
+            else columns[f.name]
+            for f in schema
+        ],
+        schema=schema,
+    )
 
 
 def build(out: Path, args: argparse.Namespace) -> None:
@@ -102,14 +127,33 @@ def build(out: Path, args: argparse.Namespace) -> None:
         "engine": EngineConfig(),
         "answers": AnswerConfig(),
     }
-    manifest = store_manifest("synthetic", args.layers, questions, settings)  # fmt: skip
+    manifest = store_manifest("synthetic", args.layers, questions, settings)
     out.mkdir(parents=True, exist_ok=True)
     write_questions(out, questions)
-    example = {"id": "x", "question_id": "x", "sample": 0, "seed": 0, "status": "ok", "finish": "eos", "n_tokens": 1,
-               "text": "", "prompt_ids": [1], "token_ids": [1], "answer": "1", "answer_source": "boxed",
-               "vote_key": "1", "grade": "wrong", "correct": False, "task_score": 0.0, "dtr_readout": 0.0,
-               "log_prob": [0.5], "entropy": [0.5], "self_certainty": [0.5], "confidence": [0.5],
-               "divergence": [[0.5] * args.layers]}  # fmt: skip
+    example = {
+        "id": "x",
+        "question_id": "x",
+        "sample": 0,
+        "seed": 0,
+        "status": "ok",
+        "finish": "eos",
+        "n_tokens": 1,
+        "text": "",
+        "prompt_ids": [1],
+        "token_ids": [1],
+        "answer": "1",
+        "answer_source": "boxed",
+        "vote_key": "1",
+        "grade": "wrong",
+        "correct": False,
+        "task_score": 0.0,
+        "dtr_readout": 0.0,
+        "log_prob": [0.5],
+        "entropy": [0.5],
+        "self_certainty": [0.5],
+        "confidence": [0.5],
+        "divergence": [[0.5] * args.layers],
+    }
     schema = to_table([example]).schema  # exactly the columns and types a generate store's shards have
     with ShardWriter(out / SHARDS, manifest, resume=False) as writer:
         for q in questions:
@@ -181,8 +225,16 @@ class Server:
         self.proc.stderr.close()
 
 
-FIRST_PAGE = ["/", "/static/style.css", "/static/common.js", "/static/tokens.js", "/static/app.js", "/api/run",
-              "/api/voting", "/api/questions?page=0&size=50&sort=agreement"]  # fmt: skip
+FIRST_PAGE = [
+    "/",
+    "/static/style.css",
+    "/static/common.js",
+    "/static/tokens.js",
+    "/static/app.js",
+    "/api/run",
+    "/api/voting",
+    "/api/questions?page=0&size=50&sort=agreement",
+]
 
 
 def _until(server: Server, path: str, states: tuple[str, ...]) -> float:
@@ -226,15 +278,23 @@ def measure(server: Server, ids: list[str], questions: list[str], repeats: int) 
         rss.append(server.rss_mb())
     times.sort()
     return {
-        "first_page_s": first, "responses_while_indexing_s": busy,
-        "index_s": index_s, "voting_quick_s": quick_s, "voting_table_s": table_s,
+        "first_page_s": first,
+        "responses_while_indexing_s": busy,
+        "index_s": index_s,
+        "voting_quick_s": quick_s,
+        "voting_table_s": table_s,
         "questions_with_methods_s": questions_s,
-        "first_page_idle_s_median": statistics.median(pages), "first_page_idle_all": pages,
-        "first_page_cpu_s": page_cpu, "response_cpu_s": response_cpu,
-        "response_s_median": statistics.median(times), "response_s_p90": times[int(0.9 * len(times))],
-        "response_s_max": times[-1], "response_kb_median": statistics.median(sizes) / 1024,
-        "question_s_median": statistics.median(details), "rss_mb": rss,
-    }  # fmt: skip
+        "first_page_idle_s_median": statistics.median(pages),
+        "first_page_idle_all": pages,
+        "first_page_cpu_s": page_cpu,
+        "response_cpu_s": response_cpu,
+        "response_s_median": statistics.median(times),
+        "response_s_p90": times[int(0.9 * len(times))],
+        "response_s_max": times[-1],
+        "response_kb_median": statistics.median(sizes) / 1024,
+        "question_s_median": statistics.median(details),
+        "rss_mb": rss,
+    }
 
 
 # Installed before the page's own scripts: the moment (ms after navigation start, in the page) the questions
@@ -287,8 +347,12 @@ def browser(url: str, rids: list[str], repeats: int) -> dict | None:
             heatmap_in_page.append(page.evaluate(HEATMAP, target(rids[2 * i + 1])))
             page.close()
         chromium.close()
-    return {"first_page_s": first, "first_page_in_page_s": first_in_page, "heatmap_s": heatmap,
-            "heatmap_in_page_s": heatmap_in_page}  # fmt: skip
+    return {
+        "first_page_s": first,
+        "first_page_in_page_s": first_in_page,
+        "heatmap_s": heatmap,
+        "heatmap_in_page_s": heatmap_in_page,
+    }
 
 
 def main() -> None:
@@ -331,10 +395,16 @@ def main() -> None:
             r for r in random.Random(1).sample(every, args.responses) if r not in set(ids)
         ]  # for chromium
         questions = [f"q{i:04d}" for i in range(args.questions)]
-        result = {"store": str(store), "store_gb": size / 1e9, "responses": run["records"],
-                  "tokens": tokens, "layers": args.layers,
-                  "server_start_s": server.start_s, "store_opened_s": server.opened_s,
-                  **measure(server, ids, questions, args.repeats)}  # fmt: skip
+        result = {
+            "store": str(store),
+            "store_gb": size / 1e9,
+            "responses": run["records"],
+            "tokens": tokens,
+            "layers": args.layers,
+            "server_start_s": server.start_s,
+            "store_opened_s": server.opened_s,
+            **measure(server, ids, questions, args.repeats),
+        }
         result["browser"] = browser(server.url, unread[: 2 * args.repeats], args.repeats)
         result["rss_mb_after_browser"] = server.rss_mb()
         result["load_1m_before_after"] = [*load, os.getloadavg()[0]]

@@ -30,8 +30,15 @@ def main() -> None:
     for column in ("id", "tokens", "DTR", "mean settling", "mean log p", "self-certainty", "neg. entropy"):
         table.add_column(column, justify="left" if column == "id" else "right")
     for r in records:
-        table.add_row(r["id"], str(r["n_tokens"]), _fmt(r["dtr"]), _fmt(r["mean_settling_depth"], 1),
-                      _fmt(r["log_prob"]), _fmt(r["self_certainty"], 2), _fmt(r["neg_entropy"]))  # fmt: skip
+        table.add_row(
+            r["id"],
+            str(r["n_tokens"]),
+            _fmt(r["dtr"]),
+            _fmt(r["mean_settling_depth"], 1),
+            _fmt(r["log_prob"]),
+            _fmt(r["self_certainty"], 2),
+            _fmt(r["neg_entropy"]),
+        )
     console = Console()
     console.print(table)
     drawable = [r for r in records if r.get("divergence")]

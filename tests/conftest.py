@@ -71,8 +71,14 @@ def _build(model_type: str, seed: int = 0, **overrides: Any) -> Any:
         from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
         text = {**TINY_CONFIGS["gemma3"], **overrides}
-        vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-                  "image_size": 28, "patch_size": 14}  # fmt: skip
+        vision = {
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 28,
+            "patch_size": 14,
+        }
         config = Gemma3Config(
             text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=V - 1
         )

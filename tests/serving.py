@@ -29,10 +29,19 @@ def save_tiny_chat(path: Path) -> Path:
 
     tokenizer = char_tokenizer()
     config = AutoConfig.for_model(
-        "llama", hidden_size=64, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
-        intermediate_size=64, vocab_size=len(tokenizer), max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, tie_word_embeddings=False,
-    )  # fmt: skip
+        "llama",
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
@@ -61,8 +70,15 @@ class ServerProcess:
             "PYTHONPATH": str(SRC),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         }
-        command = [sys.executable, "-c", "from depthlens.cli.app import main; main()", "serve", *args,
-                   "--port", str(self.port)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-c",
+            "from depthlens.cli.app import main; main()",
+            "serve",
+            *args,
+            "--port",
+            str(self.port),
+        ]
         self.log = log
         self._out = log.open("wb")
         self.proc = subprocess.Popen(command, env=env, stdout=self._out, stderr=subprocess.STDOUT)

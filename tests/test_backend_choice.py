@@ -59,9 +59,13 @@ def _info(layers=30, kv_heads=3, heads=9, hidden=576, context=8192):
     from depthlens.models.info import ModelInfo
 
     config = types.SimpleNamespace(
-        num_hidden_layers=layers, num_key_value_heads=kv_heads, num_attention_heads=heads, hidden_size=hidden,
-        max_position_embeddings=context, vocab_size=49152,
-    )  # fmt: skip
+        num_hidden_layers=layers,
+        num_key_value_heads=kv_heads,
+        num_attention_heads=heads,
+        hidden_size=hidden,
+        max_position_embeddings=context,
+        vocab_size=49152,
+    )
     return ModelInfo("m", "/m", tokenizer=[0] * 49152, config=config, end_ids=frozenset())
 
 

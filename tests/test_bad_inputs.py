@@ -42,14 +42,31 @@ def _score(
     d: Path, f: dict[str, Path], *records: object, extra: tuple[str, ...] = (), out: str = "out.jsonl"
 ) -> list[str]:
     src = _records(d / "in.jsonl", *records)
-    return ["score", "--model", str(f["tiny"]), "--in", str(src), "--out", str(d / out),
-            "--device", "cpu", *extra]  # fmt: skip
+    return [
+        "score",
+        "--model",
+        str(f["tiny"]),
+        "--in",
+        str(src),
+        "--out",
+        str(d / out),
+        "--device",
+        "cpu",
+        *extra,
+    ]
 
 
 def _gguf(d: Path, data: bytes) -> list[str]:
     (d / "m.gguf").write_bytes(data)
-    return ["score", "--model", str(d / "m.gguf"), "--in", str(_records(d / "in.jsonl", GOOD)),
-            "--out", str(d / "o.jsonl")]  # fmt: skip
+    return [
+        "score",
+        "--model",
+        str(d / "m.gguf"),
+        "--in",
+        str(_records(d / "in.jsonl", GOOD)),
+        "--out",
+        str(d / "o.jsonl"),
+    ]
 
 
 def _real_gguf_head(d: Path, size: int) -> list[str]:

@@ -37,8 +37,24 @@ def _input(tmp_path, *extra):
 
 def test_score_writes_records(monkeypatch, capsys, tmp_path, tiny_dir):
     src, out = _input(tmp_path), tmp_path / "out.jsonl"
-    code, _, err = run(monkeypatch, capsys, "score", "--model", tiny_dir, "--in", src, "--out", out, "--tokens",
-                       "--prefix", "2", "--divergence", "kl", "--device", "cpu")  # fmt: skip
+    code, _, err = run(
+        monkeypatch,
+        capsys,
+        "score",
+        "--model",
+        tiny_dir,
+        "--in",
+        src,
+        "--out",
+        out,
+        "--tokens",
+        "--prefix",
+        "2",
+        "--divergence",
+        "kl",
+        "--device",
+        "cpu",
+    )
     assert code in (0, None), err
     (record,) = iter_jsonl(out)
     assert record["n_tokens"] == 4 and len(record["divergence"]) == 4 and "dtr_prefix" in record
@@ -80,15 +96,35 @@ def test_malformed_line_exit_2_naming_the_line(monkeypatch, capsys, tmp_path, ti
     )
     assert code == 2
     assert f"error: {src}:2: not valid JSON" in err and "--skip-bad" in err
-    code, _, err = run(monkeypatch, capsys, "score", "--model", tiny_dir, "--in", src, "--out", tmp_path / "o.jsonl",
-                       "--skip-bad", "--overwrite")  # fmt: skip
+    code, _, err = run(
+        monkeypatch,
+        capsys,
+        "score",
+        "--model",
+        tiny_dir,
+        "--in",
+        src,
+        "--out",
+        tmp_path / "o.jsonl",
+        "--skip-bad",
+        "--overwrite",
+    )
     assert code in (0, None)
     assert f"skipped line 2: {src}:2: not valid JSON" in " ".join(err.split())
 
 
 def test_unknown_model_is_one_line(monkeypatch, capsys, tmp_path):
-    code, _, err = run(monkeypatch, capsys, "score", "--model", tmp_path / "missing.gguf", "--in", _input(tmp_path),
-                       "--out", tmp_path / "o.jsonl")  # fmt: skip
+    code, _, err = run(
+        monkeypatch,
+        capsys,
+        "score",
+        "--model",
+        tmp_path / "missing.gguf",
+        "--in",
+        _input(tmp_path),
+        "--out",
+        tmp_path / "o.jsonl",
+    )
     assert code == 2
     assert err.strip() == f"error: GGUF file '{tmp_path / 'missing.gguf'}' does not exist"
 

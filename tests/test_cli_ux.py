@@ -41,8 +41,14 @@ def run80(monkeypatch, capsys, *args):
 def cli(*args, **env):
     """The installed command in a fresh process (what a user's shell runs), not a terminal, 80 columns."""
     environ = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(ROOT / "src"), **env}
-    done = subprocess.run([sys.executable, "-c", "from depthlens.cli.app import main; main()", *map(str, args)],
-                          capture_output=True, text=True, env=environ, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", "from depthlens.cli.app import main; main()", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=120,
+        check=False,
+    )
     return done.returncode, done.stdout, done.stderr
 
 
@@ -89,8 +95,20 @@ def test_resume_with_other_settings_is_refused_before_the_model(monkeypatch, cap
     # Same model name, other --g: refused; the manifest names the model, so the check needs no weights.
     os.rename(tiny_dir, tmp_path / "moved")  # loading it now would fail: the refusal must come first
     try:
-        code, _, err = run80(monkeypatch, capsys, "score", "--in", src, "--out", out, "--model", tiny_dir, "--resume",
-                             "--g", "0.3")  # fmt: skip
+        code, _, err = run80(
+            monkeypatch,
+            capsys,
+            "score",
+            "--in",
+            src,
+            "--out",
+            out,
+            "--model",
+            tiny_dir,
+            "--resume",
+            "--g",
+            "0.3",
+        )
     finally:
         os.rename(tmp_path / "moved", tiny_dir)
     assert code == 2
@@ -141,8 +159,17 @@ def test_unknown_model_fails_at_once_offline(tmp_path):
 def test_unknown_model_fails_at_once_when_the_hub_is_unreachable(tmp_path):
     src = _input(tmp_path, RECORD)
     # Port 9 (discard) on this machine refuses at once: the same answer as a machine without internet.
-    code, _, err = cli("score", "--in", src, "--out", tmp_path / "o.jsonl", "--model", BOGUS,
-                       HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_OFFLINE="")  # fmt: skip
+    code, _, err = cli(
+        "score",
+        "--in",
+        src,
+        "--out",
+        tmp_path / "o.jsonl",
+        "--model",
+        BOGUS,
+        HF_ENDPOINT="http://127.0.0.1:9",
+        HF_HUB_OFFLINE="",
+    )
     assert code == 2
     assert " ".join(err.split()) == NOT_FOUND + "(the Hugging Face Hub (127.0.0.1) is unreachable)"
 
@@ -225,8 +252,9 @@ def test_score_ends_with_a_summary(monkeypatch, capsys, tmp_path, tiny_dir):
     cells = [tuple(c.strip() for c in line.strip("│").split("│")) for line in lines if line.startswith("│")]
     assert cells == rows
     assert err.rstrip().endswith(f"wrote {out}")
-    code, stdout, _ = run80(monkeypatch, capsys, "score", "--in", src, "--out", out, "--model", tiny_dir,
-                            "--overwrite", "--quiet")  # fmt: skip
+    code, stdout, _ = run80(
+        monkeypatch, capsys, "score", "--in", src, "--out", out, "--model", tiny_dir, "--overwrite", "--quiet"
+    )
     assert code == 0 and stdout == ""
 
 
@@ -242,8 +270,10 @@ def test_help_shows_flags_and_whole_defaults():
     code, out, _ = cli("score", "-h")
     assert code == 0 and max(len(line) for line in out.splitlines()) <= 80
     lines = out.splitlines()
-    assert any(line.split() == ["--tokens", "Also", "write", "per-token", "tokens,", "settling,", "deep"]
-               for line in lines)  # fmt: skip
+    assert any(
+        line.split() == ["--tokens", "Also", "write", "per-token", "tokens,", "settling,", "deep"]
+        for line in lines
+    )
     assert "[default: smollm2-135m-instruct]" in out
     assert "-h, --help" in out and "docs/definitions.md" in out
 

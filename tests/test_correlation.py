@@ -222,8 +222,17 @@ def test_report_and_correlate_cli(store, monkeypatch, capsys, tmp_path):
     cfg = CorrelationConfig(seeds=2, bootstrap=20, min_responses=10, min_questions=2)
     md = build_report(store, cfg)
     text = md.read_text()
-    for part in ("How this was made", "Table 1", "Table 2", "fig1-bins", "fig2-heatmap", "fig3-token", "fig4-sweeps",
-                 "fig5-cost", "Interactive version"):  # fmt: skip
+    for part in (
+        "How this was made",
+        "Table 1",
+        "Table 2",
+        "fig1-bins",
+        "fig2-heatmap",
+        "fig3-token",
+        "fig4-sweeps",
+        "fig5-cost",
+        "Interactive version",
+    ):
         assert part in text
     out = md.parent
     html = (out / "report.html").read_text()
@@ -233,8 +242,19 @@ def test_report_and_correlate_cli(store, monkeypatch, capsys, tmp_path):
     assert heat.count("<tr>") == 1 + n_layers and "settles here" in heat  # token row + one row per layer
     assert all(p.stat().st_size > 1000 for p in out.glob("*.png"))
 
-    code, stdout, err = run(monkeypatch, capsys, "correlate", store, "--out", tmp_path / "c", "--seeds", "2",
-                            "--bootstrap", "20", "--no-sweeps")  # fmt: skip
+    code, stdout, err = run(
+        monkeypatch,
+        capsys,
+        "correlate",
+        store,
+        "--out",
+        tmp_path / "c",
+        "--seeds",
+        "2",
+        "--bootstrap",
+        "20",
+        "--no-sweeps",
+    )
     assert code in (0, None), err
     assert "DTR (JSD)" in stdout and (tmp_path / "c" / "correlation.csv").exists()
     rows = {r["metric"]: r for r in json.loads((tmp_path / "c" / "correlation.json").read_text())["rows"]}
@@ -247,8 +267,9 @@ def test_report_and_correlate_cli(store, monkeypatch, capsys, tmp_path):
 
 
 def test_nan_free_outputs(store):
-    rows, _ = store_correlations(load_store(store), CorrelationConfig(seeds=2, bootstrap=20, min_responses=10,
-                                                                      min_questions=2))  # fmt: skip
+    rows, _ = store_correlations(
+        load_store(store), CorrelationConfig(seeds=2, bootstrap=20, min_responses=10, min_questions=2)
+    )
     for row in rows:
         for value in row.values():
             assert not (isinstance(value, float) and math.isnan(value))
@@ -256,8 +277,18 @@ def test_nan_free_outputs(store):
 
 @pytest.mark.integration
 def test_heatmap_command_on_the_default_model(real_model, monkeypatch, capsys, tmp_path):
-    code, out, err = run(monkeypatch, capsys, "heatmap", "--chat", "--prompt", "What is 3 + 4?",
-                         "--completion", "3 + 4 = 7.", "--out", tmp_path)  # fmt: skip
+    code, out, err = run(
+        monkeypatch,
+        capsys,
+        "heatmap",
+        "--chat",
+        "--prompt",
+        "What is 3 + 4?",
+        "--completion",
+        "3 + 4 = 7.",
+        "--out",
+        tmp_path,
+    )
     assert code in (0, None), err
     assert "DTR" in out and "of 30 layers" in out
     record = json.loads((tmp_path / "record.json").read_text())

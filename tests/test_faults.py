@@ -39,9 +39,19 @@ def chat_dir(tmp_path_factory):
 def score_input(tmp_path_factory):
     path = tmp_path_factory.mktemp("in") / "in.jsonl"
     rng = random.Random(0)
-    path.write_text("".join(json.dumps({"id": f"r{i}", "prompt_ids": [rng.randrange(3, 100) for _ in range(4)],
-                                        "completion_ids": [rng.randrange(3, 100) for _ in range(6)]}) + "\n"
-                            for i in range(8)))  # fmt: skip
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"r{i}",
+                    "prompt_ids": [rng.randrange(3, 100) for _ in range(4)],
+                    "completion_ids": [rng.randrange(3, 100) for _ in range(6)],
+                }
+            )
+            + "\n"
+            for i in range(8)
+        )
+    )
     return path
 
 
@@ -98,8 +108,9 @@ def _snapshot(out: Path) -> dict[str, object]:
             data["shards"] = [
                 {k: v for k, v in s.items() if k not in ("bytes", "sha256")} for s in data["shards"]
             ]
-            snap[f"{path.parent.name}/{path.name}"] = {k: v for k, v in data.items()
-                                                       if k not in ("command", "started", "run_id")}  # fmt: skip
+            snap[f"{path.parent.name}/{path.name}"] = {
+                k: v for k, v in data.items() if k not in ("command", "started", "run_id")
+            }
             continue
         text = path.read_text(encoding="utf-8")
         if path.suffix == ".json":
@@ -113,8 +124,18 @@ def _snapshot(out: Path) -> dict[str, object]:
     return snap
 
 
-KILLED = ["score", "score-parquet", "generate", "generate-parquet", "thinkn", "thinkn-parquet", "tcb-regimes",
-          "tcb-geometry", "tcb-prompts", "tcb-trace"]  # fmt: skip
+KILLED = [
+    "score",
+    "score-parquet",
+    "generate",
+    "generate-parquet",
+    "thinkn",
+    "thinkn-parquet",
+    "tcb-regimes",
+    "tcb-geometry",
+    "tcb-prompts",
+    "tcb-trace",
+]
 
 
 @pytest.mark.parametrize("name", KILLED)
@@ -135,8 +156,12 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
         env = {**os.environ, "DEPTHLENS_FAULT_KILL_AFTER": str(k), "PYTHONPATH": str(SRC), "COLUMNS": "400"}
         killed = subprocess.run(
             [sys.executable, "-c", "from depthlens.cli.app import main; main()", *args, "--out", str(cut)],
-            env=env, capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
         written = cut if not progress else cut / progress
         if sharded:  # k committed shards and a torn one in flight
@@ -154,8 +179,21 @@ def test_generate_cli_resumes_with_another_batch_size_and_more_questions(
     tmp_path, chat_dir, monkeypatch, capsys
 ):
     # The check before the model loads must allow what the store allows (batch size, a longer question list).
-    args = ["generate", "--model", str(chat_dir), "--device", "cpu", "--task", "reasoning_gym:chain_sum",
-            "--max-new-tokens", "4", "--pool", "2", "--out", str(tmp_path / "s")]  # fmt: skip
+    args = [
+        "generate",
+        "--model",
+        str(chat_dir),
+        "--device",
+        "cpu",
+        "--task",
+        "reasoning_gym:chain_sum",
+        "--max-new-tokens",
+        "4",
+        "--pool",
+        "2",
+        "--out",
+        str(tmp_path / "s"),
+    ]
     code, _, err = run(monkeypatch, capsys, *args, "--questions", "1", "--batch-size", "2")
     assert code in (0, None), err
     code, _, err = run(monkeypatch, capsys, *args, "--questions", "2", "--batch-size", "1", "--resume")

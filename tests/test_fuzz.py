@@ -84,13 +84,31 @@ def test_jsonl_input_reader(raw_lines, skip_bad):
 
 
 def _manifest(n_layers: object = 3) -> dict:
-    return {"store_version": STORE_VERSION, "model": "m", "n_layers": n_layers, "questions": ["q0"], "pool": 2,
-            "dtr": DTRConfig().to_dict(), "readout": ReadoutConfig().to_dict()}  # fmt: skip
+    return {
+        "store_version": STORE_VERSION,
+        "model": "m",
+        "n_layers": n_layers,
+        "questions": ["q0"],
+        "pool": 2,
+        "dtr": DTRConfig().to_dict(),
+        "readout": ReadoutConfig().to_dict(),
+    }
 
 
-good_sample = {"id": "q0#0", "question_id": "q0", "sample": 0, "status": "ok", "n_tokens": 1, "vote_key": "1",
-               "correct": True, "log_prob": [-0.1], "entropy": [0.2], "self_certainty": [0.3], "confidence": [0.4],
-               "divergence": [[0.5, 0.2, 0.0]]}  # fmt: skip
+good_sample = {
+    "id": "q0#0",
+    "question_id": "q0",
+    "sample": 0,
+    "status": "ok",
+    "n_tokens": 1,
+    "vote_key": "1",
+    "correct": True,
+    "log_prob": [-0.1],
+    "entropy": [0.2],
+    "self_certainty": [0.3],
+    "confidence": [0.4],
+    "divergence": [[0.5, 0.2, 0.0]],
+}
 samples = st.lists(
     st.one_of(
         st.binary(max_size=30),
@@ -115,9 +133,15 @@ def test_store_readers(raw_lines, torn):
 
 
 @FUZZ
-@given(st.one_of(st.binary(max_size=200), json_values.map(lambda v: json.dumps(v).encode()),
-                 st.dictionaries(st.sampled_from(sorted(_manifest())), json_values).map(
-                     lambda d: json.dumps({**_manifest(), **d}).encode())))  # fmt: skip
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        json_values.map(lambda v: json.dumps(v).encode()),
+        st.dictionaries(st.sampled_from(sorted(_manifest())), json_values).map(
+            lambda d: json.dumps({**_manifest(), **d}).encode()
+        ),
+    )
+)
 def test_manifest_reader(raw):
     path = _file(b"")
     store = path.parent

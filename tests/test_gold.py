@@ -71,8 +71,10 @@ def test_basic_arithmetic_questions_with_wrong_references_are_skipped(caplog):
     assert len(questions) == 16
     assert ids == [0, 2, *range(5, 16), 17, 18, 20]  # 1, 3, 4, 16, 19 state wrong answers
     assert all(q.reference_issue is None for q in questions)
-    assert all(expression_value(q.question.removeprefix("Calculate ").rstrip(".")) == Fraction(q.answer)
-               for q in questions)  # fmt: skip
+    assert all(
+        expression_value(q.question.removeprefix("Calculate ").rstrip(".")) == Fraction(q.answer)
+        for q in questions
+    )
     [message] = [r.getMessage() for r in caplog.records]
     assert "5 generated question(s)" in message and "basic_arithmetic-1: 4 / 1 is 4" in message
 

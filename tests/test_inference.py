@@ -140,8 +140,9 @@ def test_scipy_statistics_equal_the_hand_written_ones_on_a_stored_study(study):
 
 
 def test_correlate_reports_question_level_p_values_and_the_table_their_adjustment(study):
-    rows, _ = store_correlations(load_store(study), CorrelationConfig(seeds=3, bootstrap=400, min_responses=10,
-                                                                     min_questions=2))  # fmt: skip
+    rows, _ = store_correlations(
+        load_store(study), CorrelationConfig(seeds=3, bootstrap=400, min_responses=10, min_questions=2)
+    )
     add_fdr(rows)
     tested = [r for r in rows if r["point_biserial_p"] is not None]
     assert tested
@@ -255,9 +256,25 @@ def test_report_table_two_has_online_replays_paired_tests_and_the_pooled_model(s
     common = ["--n", "4", "--trials", "3", "--prefix", "4"]
     assert run(monkeypatch, capsys, "thinkn", "--from", study, *common)[0] == 0
     for signal in ("dtr", "confidence"):
-        code, _, err = run(monkeypatch, capsys, "thinkn", "--online", "--from", study, "--signal", signal,
-                           "--warmup", "2", "--max-n", "8", "--consensus", "0.8", "--deepconf-window", "4",
-                           *common)  # fmt: skip
+        code, _, err = run(
+            monkeypatch,
+            capsys,
+            "thinkn",
+            "--online",
+            "--from",
+            study,
+            "--signal",
+            signal,
+            "--warmup",
+            "2",
+            "--max-n",
+            "8",
+            "--consensus",
+            "0.8",
+            "--deepconf-window",
+            "4",
+            *common,
+        )
         assert code in (0, None), err
         assert (
             "Cons@n beside it: n = 4" in err
@@ -309,8 +326,19 @@ def test_power_line_names_the_spread_the_power_and_the_questions_needed():
 def test_correlate_prints_and_writes_the_adjusted_p_beside_the_intervals(
     study, monkeypatch, capsys, tmp_path
 ):
-    code, out, err = run(monkeypatch, capsys, "correlate", study, "--out", tmp_path / "c", "--seeds", "2",
-                         "--bootstrap", "50", "--no-sweeps")  # fmt: skip
+    code, out, err = run(
+        monkeypatch,
+        capsys,
+        "correlate",
+        study,
+        "--out",
+        tmp_path / "c",
+        "--seeds",
+        "2",
+        "--bootstrap",
+        "50",
+        "--no-sweeps",
+    )
     assert code in (0, None), err
     assert "p_BH" in out
     header = (tmp_path / "c" / "correlation.csv").read_text().splitlines()[0].split(",")

@@ -14,10 +14,17 @@ from depthlens.studies.score import score, tokenize
 pytestmark = pytest.mark.integration
 
 RECORDS = [
-    {"id": "chat", "messages": [{"role": "user", "content": "What is 17 + 25?"}],
-     "completion": "17 + 25 = 42. The answer is 42."},
-    {"id": "plain", "prompt": "The capital of France is", "completion": " Paris, which is also its largest city."},
-]  # fmt: skip
+    {
+        "id": "chat",
+        "messages": [{"role": "user", "content": "What is 17 + 25?"}],
+        "completion": "17 + 25 = 42. The answer is 42.",
+    },
+    {
+        "id": "plain",
+        "prompt": "The capital of France is",
+        "completion": " Paris, which is also its largest city.",
+    },
+]
 
 
 def test_catalogue_copy_is_the_verified_one():

@@ -11,8 +11,9 @@ from depthlens.config import GenerateRun, SamplingConfig, Signal, StoreFormat, S
 from depthlens.errors import StoreError
 from depthlens.evals.tasks import Question
 from depthlens.stores.formats import FORMATS, REGISTRY
-from depthlens.stores.parquet import rewrite_store, store_manifest
+from depthlens.stores.parquet import store_manifest
 from depthlens.stores.samples import SHARDS, samples_path
+from depthlens.stores.shard_writer import rewrite_store
 from depthlens.studies.generate import generate
 from depthlens.studies.online import ordered_pools
 from depthlens.studies.stored import load_store

@@ -182,9 +182,9 @@ def test_killed_online_run_resumes_to_the_same_store(tiny_chat, tmp_path):
     assert report.skipped == 1 and report.questions == 2
     drop = ("text",)
     key = lambda r: (r["question_id"], r["sample"])  # noqa: E731
-    assert [{k: v for k, v in r.items() if k not in drop} for r in sorted(iter_jsonl(cut / SAMPLES), key=key)] == [
-        {k: v for k, v in r.items() if k not in drop} for r in sorted(iter_jsonl(whole / SAMPLES), key=key)
-    ]  # fmt: skip
+    assert [
+        {k: v for k, v in r.items() if k not in drop} for r in sorted(iter_jsonl(cut / SAMPLES), key=key)
+    ] == [{k: v for k, v in r.items() if k not in drop} for r in sorted(iter_jsonl(whole / SAMPLES), key=key)]
     assert _decisions(cut) == _decisions(whole)
 
 
@@ -196,9 +196,26 @@ def test_real_model_live_equals_replay_and_cli_replays_it(real_model, monkeypatc
     run_online(real_model, OnlineRun(StoreSpec(tmp_path / "s"), online=cfg, seed=0, sampling=sampling), qs)
     _live_equals_replay(tmp_path / "s", cfg, DTRConfig())
     line = _decisions(tmp_path / "s")[0]
-    code, out, err = run(monkeypatch, capsys, "thinkn", "--online", "--from", tmp_path / "s", "--warmup", "2",
-                         "--max-n", "3", "--consensus", "1", "--prefix", "4", "--batch-size", "1",
-                         "--trials", "1")  # fmt: skip
+    code, out, err = run(
+        monkeypatch,
+        capsys,
+        "thinkn",
+        "--online",
+        "--from",
+        tmp_path / "s",
+        "--warmup",
+        "2",
+        "--max-n",
+        "3",
+        "--consensus",
+        "1",
+        "--prefix",
+        "4",
+        "--batch-size",
+        "1",
+        "--trials",
+        "1",
+    )
     assert code in (0, None), err
     assert "online replay" in out
     replayed = json.loads((tmp_path / "s" / "online_replay.json").read_text())["summary"]

@@ -120,8 +120,11 @@ def test_cli_parquet_score_then_export_gives_the_jsonl_records(tmp_path, monkeyp
         "--tokens",
         "-q",
     ]
-    for args in ([*common, "--out", tmp_path / "a.jsonl"], [*common, "--out", tmp_path / "store"],
-                 ["export", tmp_path / "store", "--out", tmp_path / "x.jsonl"]):  # fmt: skip
+    for args in (
+        [*common, "--out", tmp_path / "a.jsonl"],
+        [*common, "--out", tmp_path / "store"],
+        ["export", tmp_path / "store", "--out", tmp_path / "x.jsonl"],
+    ):
         code, _, err = run(monkeypatch, capsys, *args)
         assert code in (0, None), err
     assert (tmp_path / "store" / MANIFEST).is_file()
@@ -186,7 +189,7 @@ def test_a_slow_run_commits_by_time_and_a_store_is_a_score_input(tiny_llama, tmp
     run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "store"), tokens=True))
     manifest = json.loads((tmp_path / "store" / MANIFEST).read_text())
     assert [s["rows"] for s in manifest["shards"]] == [1] * len(ROWS)
-    from depthlens.stores.parquet import ShardWriter
+    from depthlens.stores.shard_writer import ShardWriter
 
     with ShardWriter(tmp_path / "inputs", {}, resume=False, shard_rows=4) as writer:
         for row in ROWS:

@@ -189,14 +189,35 @@ def test_driver_killed_then_resumed_equals_an_uninterrupted_run(local_ray, setup
     """The CLI on its own local Ray, SIGKILLed mid-run (half a shard written), then resumed on this one."""
     d, src, reference = setup
     out = tmp_path / "store"
-    args = ["score", "--model", str(d / "tiny"), "--in", str(src), "--out", str(out), "--device", "cpu",
-            "--tokens", "--ray", "--workers", "1", "--block-rows", "3", "-q"]  # fmt: skip
+    args = [
+        "score",
+        "--model",
+        str(d / "tiny"),
+        "--in",
+        str(src),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--tokens",
+        "--ray",
+        "--workers",
+        "1",
+        "--block-rows",
+        "3",
+        "-q",
+    ]
     env = {**os.environ, "DEPTHLENS_FAULT_KILL_AFTER": "1", "PYTHONPATH": str(SRC)}
     env.pop("RAY_ADDRESS", None)
     code = "from depthlens.cli.app import main; import sys; sys.argv = ['depthlens', *sys.argv[1:]]; main()"
     # A session of its own, so that the Ray processes the killed driver leaves behind go with it.
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         _, err = proc.communicate(timeout=240)
     finally:
@@ -296,8 +317,10 @@ def test_real_model_scores_on_two_workers_like_one_process(local_ray, real_model
     from depthlens.scale.score import score_on_ray
 
     texts = ["The capital of France is", "2 + 2 =", "Water boils at", "The first prime number is"]
-    src = _write(tmp_path / "in.jsonl", [{"id": f"t{i}", "prompt": t, "completion": " a short answer here."}
-                                         for i, t in enumerate(texts)])  # fmt: skip
+    src = _write(
+        tmp_path / "in.jsonl",
+        [{"id": f"t{i}", "prompt": t, "completion": " a short answer here."} for i, t in enumerate(texts)],
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

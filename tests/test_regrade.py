@@ -100,8 +100,11 @@ def test_regrade_cli_prints_before_and_after(monkeypatch, capsys, tiny_chat, tmp
     code, out, err = run(monkeypatch, capsys, "regrade", store, "--answer-fallback", "last-number")
     assert code in (0, None), err
     assert "depthlens-answers-1 → depthlens-answers-2" in out
-    rows = {" ".join(line.split("│")[1].split()): [c.strip() for c in line.split("│")[2:4]]
-            for line in out.splitlines() if line.count("│") == 4}  # fmt: skip
+    rows = {
+        " ".join(line.split("│")[1].split()): [c.strip() for c in line.split("│")[2:4]]
+        for line in out.splitlines()
+        if line.count("│") == 4
+    }
     assert rows["answer from last-number"] == ["3", "1"]  # only the response that ended by itself keeps it
     assert rows["answer from phrase"] == ["0", "1"] and rows["answer from none"] == ["0", "1"]
     assert rows["graded correct"] == ["4", "3"] and rows["accuracy per response %"] == ["100.0", "75.0"]
@@ -150,8 +153,17 @@ def test_answer_types_from_the_registry_or_inferred():
 
 
 def test_native_prompts_need_a_reasoning_gym_task(monkeypatch, capsys, tmp_path):
-    code, _, err = run(monkeypatch, capsys, "generate", "--out", tmp_path / "s", "--task", "aime2025",
-                       "--prompt-style", "native")  # fmt: skip
+    code, _, err = run(
+        monkeypatch,
+        capsys,
+        "generate",
+        "--out",
+        tmp_path / "s",
+        "--task",
+        "aime2025",
+        "--prompt-style",
+        "native",
+    )
     assert code == 2
     assert err.strip() == (
         "error: --prompt-style native asks in reasoning-gym's own format, so it needs a reasoning_gym task, "

@@ -33,8 +33,20 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
-    args = ["--model", str(model_dir), "--backend", "hf", "--device", "cpu", "--max-tokens", "64",
-            "--max-body-bytes", "4096", "--readout-tokens", "all"]  # fmt: skip
+    args = [
+        "--model",
+        str(model_dir),
+        "--backend",
+        "hf",
+        "--device",
+        "cpu",
+        "--max-tokens",
+        "64",
+        "--max-body-bytes",
+        "4096",
+        "--readout-tokens",
+        "all",
+    ]
     with serving(args, log) as process:
         yield process
 
@@ -88,8 +100,13 @@ def test_depth_is_the_readout_of_the_returned_tokens(client, model, model_dir):
     from depthlens.models.load import load
     from depthlens.readout.stream import TokenSequence, iter_readout
 
-    r = client.completions.create(model=model, prompt="7*8=", max_tokens=12, seed=1,
-                                  extra_body={"depthlens": {"tokens": True, "g": G, "prefix": 5}})  # fmt: skip
+    r = client.completions.create(
+        model=model,
+        prompt="7*8=",
+        max_tokens=12,
+        seed=1,
+        extra_body={"depthlens": {"tokens": True, "g": G, "prefix": 5}},
+    )
     d = _depth(r.choices[0])
     tokens = d["tokens"]
     rows = torch.tensor(tokens["divergence"])
@@ -110,11 +127,18 @@ def test_depth_is_the_readout_of_the_returned_tokens(client, model, model_dir):
 
 def test_streaming_chat_carries_per_token_values_and_usage(client, model):
     messages = [{"role": "user", "content": "What is 2+2?"}]
-    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=10, seed=5,
-                                           extra_body={"depthlens": {"tokens": True}})  # fmt: skip
-    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=10, seed=5, stream=True,
-                                            stream_options={"include_usage": True},
-                                            extra_body={"depthlens": {"tokens": True}})  # fmt: skip
+    whole = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=10, seed=5, extra_body={"depthlens": {"tokens": True}}
+    )
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=10,
+        seed=5,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"depthlens": {"tokens": True}},
+    )
     text, offsets, rows, usage, finish, summary = "", [], [], None, None, None
     for chunk in stream:
         if not chunk.choices:
@@ -144,8 +168,12 @@ def test_async_clients_at_once_get_what_they_get_alone(server, model):
 
     async def main() -> list[str]:
         aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=TIMEOUT)
-        calls = [aclient.chat.completions.create(model=model, messages=[{"role": "user", "content": f"q{i}"}],
-                                                 max_tokens=6, seed=i) for i in range(4)]  # fmt: skip
+        calls = [
+            aclient.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=6, seed=i
+            )
+            for i in range(4)
+        ]
         replies = await asyncio.gather(*calls)
         await aclient.close()
         return [r.choices[0].message.content for r in replies]
@@ -176,8 +204,15 @@ def test_stop_strings_end_the_sample(client, model):
 
 
 def test_think_at_n_keeps_the_deepest_prefixes_and_stops_the_rest_at_l(client, model):
-    r = client.completions.create(model=model, prompt="3+4=", max_tokens=16, seed=2, extra_body={"depthlens": {
-        "g": G, "answer_type": "string", "think": {"n": 6, "eta": 0.5, "prefix": 4}}})  # fmt: skip
+    r = client.completions.create(
+        model=model,
+        prompt="3+4=",
+        max_tokens=16,
+        seed=2,
+        extra_body={
+            "depthlens": {"g": G, "answer_type": "string", "think": {"n": 6, "eta": 0.5, "prefix": 4}}
+        },
+    )
     think = _depth(r.choices[0])["think"]
     samples = think["samples"]
     assert len(samples) == 6 and think["stopped"] == 3
@@ -196,8 +231,13 @@ def test_think_at_n_keeps_the_deepest_prefixes_and_stops_the_rest_at_l(client, m
 
 
 def test_online_think_at_n_and_online_deepconf(client, model):
-    r = client.completions.create(model=model, prompt="9-2=", max_tokens=12, seed=3, extra_body={"depthlens": {
-        "g": G, "online": {"warmup": 2, "max_n": 6, "prefix": 4, "batch_size": 2}}})  # fmt: skip
+    r = client.completions.create(
+        model=model,
+        prompt="9-2=",
+        max_tokens=12,
+        seed=3,
+        extra_body={"depthlens": {"g": G, "online": {"warmup": 2, "max_n": 6, "prefix": 4, "batch_size": 2}}},
+    )
     online = _depth(r.choices[0])["online"]
     assert online["signal"] == "dtr" and 2 <= online["started"] <= 6
     for s in online["samples"]:
@@ -207,12 +247,30 @@ def test_online_think_at_n_and_online_deepconf(client, model):
     assert r.usage.completion_tokens == online["tokens"] == sum(s["generated"] for s in online["samples"])
     # DeepConf's names: variant low (keep 10 %), warmup_samples, window_size, max_traces; a fixed threshold so
     # high that every online sample stops as soon as it has a full window.
-    r = client.completions.create(model=model, prompt="9-2=", max_tokens=12, seed=3, extra_body={"depthlens": {
-        "online": {"variant": "low", "warmup_samples": 2, "window_size": 3, "max_traces": 4}}})  # fmt: skip
+    r = client.completions.create(
+        model=model,
+        prompt="9-2=",
+        max_tokens=12,
+        seed=3,
+        extra_body={
+            "depthlens": {
+                "online": {"variant": "low", "warmup_samples": 2, "window_size": 3, "max_traces": 4}
+            }
+        },
+    )
     online = _depth(r.choices[0])["online"]
     assert online["signal"] == "confidence" and online["keep"] == 0.1 and online["window"] == 3
-    r = client.completions.create(model=model, prompt="9-2=", max_tokens=12, seed=3, extra_body={"depthlens": {
-        "online": {"threshold": 1e6, "warmup_samples": 2, "window_size": 3, "max_traces": 4}}})  # fmt: skip
+    r = client.completions.create(
+        model=model,
+        prompt="9-2=",
+        max_tokens=12,
+        seed=3,
+        extra_body={
+            "depthlens": {
+                "online": {"threshold": 1e6, "warmup_samples": 2, "window_size": 3, "max_traces": 4}
+            }
+        },
+    )
     online = _depth(r.choices[0])["online"]
     later = [s for s in online["samples"] if s["phase"] == "online"]
     assert online["threshold"] == 1e6 and later
@@ -221,15 +279,44 @@ def test_online_think_at_n_and_online_deepconf(client, model):
 
 def test_curl_completion_and_stream(server, model):
     body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 5, "seed": 1})
-    out = subprocess.run(["curl", "-s", "--max-time", str(TIMEOUT), f"{server.url}/v1/completions",
-                          "-H", "Content-Type: application/json", "-d", body],
-                         capture_output=True, text=True, timeout=TIMEOUT + 10, check=True)  # fmt: skip
+    out = subprocess.run(
+        [
+            "curl",
+            "-s",
+            "--max-time",
+            str(TIMEOUT),
+            f"{server.url}/v1/completions",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT + 10,
+        check=True,
+    )
     reply = json.loads(out.stdout)
     assert reply["choices"][0]["depthlens"]["token_count"] == reply["usage"]["completion_tokens"]
     streamed = json.dumps({"model": model, "prompt": "hi", "max_tokens": 5, "seed": 1, "stream": True})
-    out = subprocess.run(["curl", "-s", "-N", "--max-time", str(TIMEOUT), f"{server.url}/v1/completions",
-                          "-H", "Content-Type: application/json", "-d", streamed],
-                         capture_output=True, text=True, timeout=TIMEOUT + 10, check=True)  # fmt: skip
+    out = subprocess.run(
+        [
+            "curl",
+            "-s",
+            "-N",
+            "--max-time",
+            str(TIMEOUT),
+            f"{server.url}/v1/completions",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            streamed,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT + 10,
+        check=True,
+    )
     lines = [line[6:] for line in out.stdout.splitlines() if line.startswith("data: ")]
     assert lines[-1] == "[DONE]"
     chunks = [json.loads(line) for line in lines[:-1]]
@@ -332,8 +419,24 @@ def test_a_client_that_disconnects_has_its_request_aborted(server, model):
 def test_api_key_queue_limit_and_sigterm_finishes_in_flight(model_dir, tmp_path):
     import httpx
 
-    args = ["--model", str(model_dir), "--backend", "hf", "--device", "cpu", "--api-key", "sesame",
-            "--max-queue", "0", "--shutdown-grace", "60", "--max-n", "256", "--readout-tokens", "all"]  # fmt: skip
+    args = [
+        "--model",
+        str(model_dir),
+        "--backend",
+        "hf",
+        "--device",
+        "cpu",
+        "--api-key",
+        "sesame",
+        "--max-queue",
+        "0",
+        "--shutdown-grace",
+        "60",
+        "--max-n",
+        "256",
+        "--readout-tokens",
+        "all",
+    ]
     with serving(args, tmp_path / "server.log") as server:
         body = {"model": str(model_dir), "prompt": "x", "max_tokens": 4}
         assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT).status_code == 401
@@ -344,8 +447,11 @@ def test_api_key_queue_limit_and_sigterm_finishes_in_flight(model_dir, tmp_path)
         )
         long = {**body, "max_tokens": 250, "n": 256}  # seconds of work, so SIGTERM finds it running
         results: list[httpx.Response] = []
-        worker = threading.Thread(target=lambda: results.append(
-            httpx.post(f"{server.url}/v1/completions", json=long, headers=auth, timeout=TIMEOUT)))  # fmt: skip
+        worker = threading.Thread(
+            target=lambda: results.append(
+                httpx.post(f"{server.url}/v1/completions", json=long, headers=auth, timeout=TIMEOUT)
+            )
+        )
         worker.start()
         assert wait_for(lambda: server.health()["active"] == 1, 30)
         refused = httpx.post(f"{server.url}/v1/completions", json=body, headers=auth, timeout=TIMEOUT)
@@ -363,8 +469,14 @@ def test_sigterm_aborts_what_the_grace_period_does_not_cover(model_dir, tmp_path
 
     args = ["--model", str(model_dir), "--backend", "hf", "--device", "cpu", "--shutdown-grace", "0"]
     with serving(args, tmp_path / "server.log") as server:
-        long = {"model": str(model_dir), "prompt": "x", "max_tokens": 200, "n": 64, "stream": True,
-                "depthlens": {"readout_tokens": "all"}}  # fmt: skip
+        long = {
+            "model": str(model_dir),
+            "prompt": "x",
+            "max_tokens": 200,
+            "n": 64,
+            "stream": True,
+            "depthlens": {"readout_tokens": "all"},
+        }
         seen: list[str] = []
 
         def read() -> None:

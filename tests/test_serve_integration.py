@@ -41,8 +41,14 @@ def client(server):
 
 
 def test_a_chat_answer_carries_its_depth(client):
-    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0.6, seed=0,
-                                       extra_body={"depthlens": {"tokens": True, "prefix": 20}})  # fmt: skip
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        max_tokens=40,
+        temperature=0.6,
+        seed=0,
+        extra_body={"depthlens": {"tokens": True, "prefix": 20}},
+    )
     choice = r.choices[0]
     assert choice.message.role == "assistant" and choice.message.content
     d = choice.model_extra["depthlens"]
@@ -52,15 +58,28 @@ def test_a_chat_answer_carries_its_depth(client):
     assert all(1 <= c <= 30 for c in d["tokens"]["settling_depth"])
     assert len(d["tokens"]["divergence"][0]) == 30 and d["tokens"]["divergence"][0][-1] == 0.0  # D_{t,L} = 0
     assert d["log_prob"] < 0 and d["neg_entropy"] <= 0 and d["confidence"] > 0
-    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40, temperature=0.6, seed=0,
-                                            stream=True, extra_body={"depthlens": {"prefix": 20}})  # fmt: skip
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        max_tokens=40,
+        temperature=0.6,
+        seed=0,
+        stream=True,
+        extra_body={"depthlens": {"prefix": 20}},
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == choice.message.content
 
 
 def test_think_at_n_on_the_real_model(client):
     think = {"n": 4, "eta": 0.5, "prefix": 16}
-    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=48, temperature=0.6, seed=1,
-                                       extra_body={"depthlens": {"think": think}})  # fmt: skip
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        max_tokens=48,
+        temperature=0.6,
+        seed=1,
+        extra_body={"depthlens": {"think": think}},
+    )
     think = r.choices[0].model_extra["depthlens"]["think"]
     assert len(think["samples"]) == 4 and len(think["kept"]) == 2 and think["stopped"] == 2
     for s in think["samples"]:

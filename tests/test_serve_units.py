@@ -73,8 +73,17 @@ def _job(tokenizer, body: dict, chat: bool = False, context: int | None = 256, *
 
 
 def test_a_request_becomes_its_job(tokenizer):
-    job = _job(tokenizer, {"prompt": ["ab", "c"], "n": 2, "seed": 3, "stop": "x", "max_tokens": 9,
-                           "depthlens": {"prefix": 20, "readout_tokens": 8}})  # fmt: skip
+    job = _job(
+        tokenizer,
+        {
+            "prompt": ["ab", "c"],
+            "n": 2,
+            "seed": 3,
+            "stop": "x",
+            "max_tokens": 9,
+            "depthlens": {"prefix": 20, "readout_tokens": 8},
+        },
+    )
     assert job.prompts == ((14, 15), (16,))  # this tokenizer adds no BOS
     assert job.n == 2 and job.stop == ("x",) and job.seed == 3
     assert _job(tokenizer, {"prompt": [[1, 5, 6], [7]]}).prompts == ((1, 5, 6), (7,))
@@ -128,9 +137,13 @@ def test_schema_errors_name_the_field():
     from depthlens.serve.errors import schema_error
     from depthlens.serve.schema import ChatRequest
 
-    cases = [({"messages": []}, 400, "messages"), ({"messages": [{"role": "robot", "content": "x"}]}, 400,
-             "messages[0].role"), ({"messages": [{"role": "user"}], "n": 1.5}, 422, "n"),
-             ({"messages": [{"role": "user"}], "tools": []}, 422, "tools"), ({}, 422, "model")]  # fmt: skip
+    cases = [
+        ({"messages": []}, 400, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
+        ({"messages": [{"role": "user"}], "n": 1.5}, 422, "n"),
+        ({"messages": [{"role": "user"}], "tools": []}, 422, "tools"),
+        ({}, 422, "model"),
+    ]
     for body, status, param in cases:
         with pytest.raises(ValidationError) as exc:
             ChatRequest.model_validate({"model": "m", **body} if body else body)
@@ -145,9 +158,16 @@ def test_the_depth_object_follows_from_the_trace():
     from depthlens.serve.depth import summary
 
     rows = [[0.9, 0.8, 0.0], [0.2, 0.1, 0.0], [0.9, 0.6, 0.0], [0.7, 0.3, 0.0]]  # settle at 3, 1, 3, 2
-    trace = Trace(seed=1, token_ids=[5, 6, 7, 8], finish="eos", log_prob=[-1.0, -2.0, -0.5, -0.5],
-                  entropy=[1.0] * 4, self_certainty=[0.5] * 4, confidence=[2.0, 3.0, 4.0, 5.0],
-                  divergence=rows)  # fmt: skip
+    trace = Trace(
+        seed=1,
+        token_ids=[5, 6, 7, 8],
+        finish="eos",
+        log_prob=[-1.0, -2.0, -0.5, -0.5],
+        entropy=[1.0] * 4,
+        self_certainty=[0.5] * 4,
+        confidence=[2.0, 3.0, 4.0, 5.0],
+        divergence=rows,
+    )
     d = summary(trace, 3, DTRConfig(g=0.5, rho=0.85, prefix=2), window=2, tokens=True)
     assert d["tokens"]["settling_depth"] == [3, 1, 3, 2] and d["tokens"]["deep"] == [True, False, True, False]
     assert d["dtr"] == 0.5 and d["dtr_prefix"] == 0.5 and d["mean_settling_depth"] == 2.25
@@ -174,8 +194,12 @@ def test_engine_rows_are_taken_in_order_and_a_bad_request_fails_alone(tokenizer)
     assert args["depthlens_readout_tag"] == "r0" and settings["window"] == 5
     assert settings["vocab"] == len(tokenizer) and settings["kinds"] == ["jsd"] and settings["final_norm"]
     rows = torch.rand(2, 1, 3)
-    held = {"ok": ([3, 4], rows, None), "gap": ([5], rows[:1], None), "nan": ([0, 1], rows.clone(), None),
-            "none": ([], torch.zeros(0, 0, 3), None)}  # fmt: skip
+    held = {
+        "ok": ([3, 4], rows, None),
+        "gap": ([5], rows[:1], None),
+        "nan": ([0, 1], rows.clone(), None),
+        "none": ([], torch.zeros(0, 0, 3), None),
+    }
     held["nan"][1][1, 0, 2] = float("nan")
     asked = []
 
@@ -199,7 +223,10 @@ def test_saved_tokens_and_json_without_nan():
     assert _saved([10, 20], [4, 4], 1) == (15 - 4) * 2 + 15  # mean finished length 15
     assert _saved([], [4], 3) == 0
     assert finite({"a": [1.0, float("nan")], "b": -math.inf, "c": torch.tensor(1).item()}) == {
-        "a": [1.0, None], "b": None, "c": 1}  # fmt: skip
+        "a": [1.0, None],
+        "b": None,
+        "c": 1,
+    }
 
 
 def _cli(monkeypatch, capsys, *args):
@@ -268,6 +295,7 @@ def test_a_port_in_use_is_one_error_line(monkeypatch, capsys, tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        code, _, err = _cli(monkeypatch, capsys, "--model", model, "--backend", "hf", "--device", "cpu",
-                            "--port", port)  # fmt: skip
+        code, _, err = _cli(
+            monkeypatch, capsys, "--model", model, "--backend", "hf", "--device", "cpu", "--port", port
+        )
     assert code == 2 and f"error: could not serve on 127.0.0.1:{port}" in err

@@ -32,9 +32,27 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-vllm-log") / "server.log"
-    args = ["--model", str(model_dir), "--backend", "vllm", "--device", "cpu", "--dtype", "float32",
-            "--enforce-eager", "--max-model-len", "256", "--kv-cache-gib", "0.05", "--max-tokens", "64",
-            "--readout-tokens", "all", "--shutdown-grace", "60"]  # fmt: skip
+    args = [
+        "--model",
+        str(model_dir),
+        "--backend",
+        "vllm",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "256",
+        "--kv-cache-gib",
+        "0.05",
+        "--max-tokens",
+        "64",
+        "--readout-tokens",
+        "all",
+        "--shutdown-grace",
+        "60",
+    ]
     with serving(args, log) as process:
         yield process
 
@@ -59,14 +77,20 @@ def test_concurrent_requests_share_engine_steps(server, model, client):
     import openai
 
     prompts = [f"question {i}:" for i in range(8)]
-    alone = [client.completions.create(model=model, prompt=p, max_tokens=16, seed=i).choices[0].text
-             for i, p in enumerate(prompts)]  # fmt: skip
+    alone = [
+        client.completions.create(model=model, prompt=p, max_tokens=16, seed=i).choices[0].text
+        for i, p in enumerate(prompts)
+    ]
     before = server.health()
 
     async def together() -> list:
         aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=TIMEOUT)
-        replies = await asyncio.gather(*(aclient.completions.create(model=model, prompt=p, max_tokens=16, seed=i)
-                                         for i, p in enumerate(prompts)))  # fmt: skip
+        replies = await asyncio.gather(
+            *(
+                aclient.completions.create(model=model, prompt=p, max_tokens=16, seed=i)
+                for i, p in enumerate(prompts)
+            )
+        )
         await aclient.close()
         return list(replies)
 
@@ -83,8 +107,15 @@ def test_concurrent_requests_share_engine_steps(server, model, client):
 def test_think_keeps_one_phase_samples_and_aborts_the_rest_at_l(server, model, client):
     plain = client.completions.create(model=model, prompt="5+5=", max_tokens=20, n=6, seed=4)
     aborted = server.health()["aborted"]
-    r = client.completions.create(model=model, prompt="5+5=", max_tokens=20, seed=4, extra_body={"depthlens": {
-        "g": G, "answer_type": "string", "think": {"n": 6, "eta": 0.5, "prefix": 4}}})  # fmt: skip
+    r = client.completions.create(
+        model=model,
+        prompt="5+5=",
+        max_tokens=20,
+        seed=4,
+        extra_body={
+            "depthlens": {"g": G, "answer_type": "string", "think": {"n": 6, "eta": 0.5, "prefix": 4}}
+        },
+    )
     think = _depth(r.choices[0])["think"]
     assert think["kept"] == sorted(
         sorted(range(6), key=lambda i: (-think["samples"][i]["prefix_dtr"], i))[:3]
@@ -104,14 +135,20 @@ def test_think_keeps_one_phase_samples_and_aborts_the_rest_at_l(server, model, c
 
 def test_online_deepconf_stops_samples_in_the_engine(server, model, client):
     deepconf = {"threshold": 1e6, "warmup_samples": 2, "window_size": 3, "max_traces": 6, "batch_size": 2}
-    r = client.completions.create(model=model, prompt="5+5=", max_tokens=20, seed=4,
-                                  extra_body={"depthlens": {"online": deepconf}})  # fmt: skip
+    r = client.completions.create(
+        model=model, prompt="5+5=", max_tokens=20, seed=4, extra_body={"depthlens": {"online": deepconf}}
+    )
     online = _depth(r.choices[0])["online"]
     later = [s for s in online["samples"] if s["phase"] == "online"]
     assert later and all(s["generated"] == s["stopped_at"] == 3 for s in later if s["stopped_at"] is not None)
     assert r.usage.completion_tokens == sum(s["generated"] for s in online["samples"])
-    r = client.completions.create(model=model, prompt="5+5=", max_tokens=20, seed=4, extra_body={"depthlens": {
-        "g": G, "online": {"warmup": 2, "max_n": 6, "prefix": 4, "batch_size": 2}}})  # fmt: skip
+    r = client.completions.create(
+        model=model,
+        prompt="5+5=",
+        max_tokens=20,
+        seed=4,
+        extra_body={"depthlens": {"g": G, "online": {"warmup": 2, "max_n": 6, "prefix": 4, "batch_size": 2}}},
+    )
     online = _depth(r.choices[0])["online"]
     for s in online["samples"]:
         if s["stopped_at"] is not None:
@@ -125,8 +162,9 @@ def test_stream_rows_and_text_match_the_whole_response(model, client, model_dir)
 
     options = {"depthlens": {"tokens": True, "g": G}}
     whole = client.completions.create(model=model, prompt="hello", max_tokens=24, seed=9, extra_body=options)
-    stream = client.completions.create(model=model, prompt="hello", max_tokens=24, seed=9, stream=True,
-                                       extra_body=options)  # fmt: skip
+    stream = client.completions.create(
+        model=model, prompt="hello", max_tokens=24, seed=9, stream=True, extra_body=options
+    )
     text, rows = "", []
     for chunk in stream:
         text += chunk.choices[0].text
@@ -145,9 +183,15 @@ def test_stream_rows_and_text_match_the_whole_response(model, client, model_dir)
 
 
 def test_top_logprobs(model, client):
-    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=6,
-                                       seed=2, logprobs=True, top_logprobs=3,
-                                       extra_body={"depthlens": {"tokens": True}})  # fmt: skip
+    r = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=6,
+        seed=2,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"depthlens": {"tokens": True}},
+    )
     content = r.choices[0].logprobs.content
     values = _depth(r.choices[0])["tokens"]["log_prob"]
     assert len(content) == len(values) and all(len(c.top_logprobs) == 3 for c in content)

@@ -19,8 +19,9 @@ from depthlens.errors import StoreError
 from depthlens.evals.tasks import Question
 from depthlens.stores import layout
 from depthlens.stores.arrow import to_table
-from depthlens.stores.parquet import ShardWriter, iter_store, rewrite_store, store_manifest
+from depthlens.stores.parquet import iter_store, store_manifest
 from depthlens.stores.samples import SHARDS, iter_samples
+from depthlens.stores.shard_writer import ShardWriter, rewrite_store
 from depthlens.studies.generate import generate
 
 SRC = Path(__file__).parent.parent / "src"
@@ -72,8 +73,10 @@ def test_a_shard_of_another_run_or_an_unlisted_file_stops_resume_and_readers(tin
     a, b = tmp_path / "a" / SHARDS, tmp_path / "b" / SHARDS
     victim = _names(a)[1]
     (a / victim).write_bytes((b / _names(b)[0]).read_bytes())
-    for attempt in (lambda: list(iter_samples(tmp_path / "a")), lambda: _generate(tiny_chat, tmp_path / "a",
-                                                                                   resume=True)):  # fmt: skip
+    for attempt in (
+        lambda: list(iter_samples(tmp_path / "a")),
+        lambda: _generate(tiny_chat, tmp_path / "a", resume=True),
+    ):
         with pytest.raises(
             StoreError, match=rf"{victim}: a shard of another run \(\w+\), not of this store's"
         ):
@@ -138,8 +141,11 @@ def test_a_store_of_the_earlier_layout_reads_resumes_and_moves_to_this_one(tmp_p
                 writer.write(row)
     assert not (out / layout.LEGACY_MANIFEST).exists() and (out / layout.MANIFEST).is_file()
     manifest = json.loads((out / layout.MANIFEST).read_text())
-    assert [s["file"] for s in manifest["shards"]] == ["part-000000.parquet", "part-000002.parquet",
-                                                      "part-000003.parquet"]  # fmt: skip
+    assert [s["file"] for s in manifest["shards"]] == [
+        "part-000000.parquet",
+        "part-000002.parquet",
+        "part-000003.parquet",
+    ]
     assert all(len(s["sha256"]) == 64 and s["bytes"] > 0 for s in manifest["shards"])
     assert sorted(r["id"] for r in iter_store(out, verify=True)) == sorted(r["id"] for r in ROWS)
     import pandas as pd
@@ -151,10 +157,16 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
     out = tmp_path / "store"
     with ShardWriter(out, {"k": 1}, resume=False) as writer:
         writer.write(ROWS[0])
-    code = ("import sys, time; from pathlib import Path; from depthlens.stores.lock import store_lock\n"
-            "with store_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)")  # fmt: skip
-    holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(SRC)})  # fmt: skip
+    code = (
+        "import sys, time; from pathlib import Path; from depthlens.stores.lock import store_lock\n"
+        "with store_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with pytest.raises(

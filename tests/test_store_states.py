@@ -71,8 +71,14 @@ def world(tmp_path_factory):
     generate(lm, _run(root / "other", batch_size=4), QUESTIONS)  # same seed, another run
     ctx = multiprocessing.get_context("forkserver")  # children fork from a process that imported torch once
     ctx.set_forkserver_preload(["depthlens.studies.generate", "depthlens.studies.regrade"])
-    return {"root": root, "model": model, "lm": lm, "reference": _core(iter_samples(root / "whole")),
-            "other": root / "other" / SHARDS, "ctx": ctx}  # fmt: skip
+    return {
+        "root": root,
+        "model": model,
+        "lm": lm,
+        "reference": _core(iter_samples(root / "whole")),
+        "other": root / "other" / SHARDS,
+        "ctx": ctx,
+    }
 
 
 class StoreStates(RuleBasedStateMachine):
@@ -241,8 +247,13 @@ def test_a_store_survives_any_sequence_of_faults(world, monkeypatch):
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     StoreStates.world = world
     runner = StoreStates.TestCase
-    runner.settings = settings(max_examples=3, stateful_step_count=8, deadline=None, derandomize=True,
-                               suppress_health_check=list(HealthCheck))  # fmt: skip
+    runner.settings = settings(
+        max_examples=3,
+        stateful_step_count=8,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     StoreStates.steps.clear()
     runner().runTest()
     print(dict(StoreStates.steps))

@@ -90,8 +90,18 @@ def test_prompt_variants_and_trace_on_a_tiny_model(tiny_chat):
 
 @pytest.mark.integration
 def test_tcb_commands_write_table_and_figure(real_model, monkeypatch, capsys, tmp_path):
-    code, _, err = run(monkeypatch, capsys, "tcb", "trace", "--out", tmp_path, "--max-new-tokens", "12",
-                         "--prompt", "Name a colour.")  # fmt: skip
+    code, _, err = run(
+        monkeypatch,
+        capsys,
+        "tcb",
+        "trace",
+        "--out",
+        tmp_path,
+        "--max-new-tokens",
+        "12",
+        "--prompt",
+        "Name a colour.",
+    )
     assert code in (0, None), err
     for name in ("trace.csv", "trace.json", "trace.md", "trace.png"):
         assert (tmp_path / name).stat().st_size > 0

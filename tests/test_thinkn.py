@@ -220,8 +220,9 @@ def test_real_model_thinkn_end_to_end(real_model, monkeypatch, capsys, tmp_path)
     assert report.written == 3 and report.failed == 0
     record = _records(tmp_path / "s")[0]
     assert "<|im_end|>" not in record["text"] and len(record["divergence"]) == min(8, record["n_tokens"])
-    code, out, err = run(monkeypatch, capsys, "thinkn", "--from", tmp_path / "s", "--n", "2", "--prefix", "8",
-                         "--trials", "2")  # fmt: skip
+    code, out, err = run(
+        monkeypatch, capsys, "thinkn", "--from", tmp_path / "s", "--n", "2", "--prefix", "8", "--trials", "2"
+    )
     assert code in (0, None), err
     assert "think@n" in out and "cons@n" in out
 

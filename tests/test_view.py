@@ -86,8 +86,21 @@ def test_pools_are_load_pools(view_stores, name):
 def test_voting_table_is_what_thinkn_from_prints(view_stores, tmp_path, monkeypatch, capsys, n, eta, prefix):
     store = tmp_path / "copy"  # thinkn --from writes its summary into the store it reads
     shutil.copytree(view_stores["answers"], store)
-    code, out, err = run(monkeypatch, capsys, "thinkn", "--from", store, "--n", n, "--eta", eta, "--prefix", prefix,
-                         "--trials", "4")  # fmt: skip
+    code, out, err = run(
+        monkeypatch,
+        capsys,
+        "thinkn",
+        "--from",
+        store,
+        "--n",
+        n,
+        "--eta",
+        eta,
+        "--prefix",
+        prefix,
+        "--trials",
+        "4",
+    )
     assert code in (0, None), err
     _, api = client(view_stores["answers"])
     shown = settled(api, "/api/voting", n=n, eta=eta, prefix=prefix, trials=4)
@@ -125,8 +138,9 @@ def test_a_question_shows_think_at_n_on_the_trials_draw(view_stores, eta):
         ids = [r["id"] for r in records if r["question_id"] == q]
         picks = draw(len(pools[q]), voting.n, voting.seed, 2, qi)
         outcome = think_at_n([pools[q][p] for p in picks], voting)
-        shown = api.get("/api/question", params={"id": q, "n": 3, "eta": eta, "prefix": 4, "trials": 3,
-                                                 "trial": 2}).json()  # fmt: skip
+        shown = api.get(
+            "/api/question", params={"id": q, "n": 3, "eta": eta, "prefix": 4, "trials": 3, "trial": 2}
+        ).json()
         marks = {r["id"]: r["think"] for r in shown["rows"]}
         assert [i for i in ids if marks[i] == "kept"] == [ids[picks[k]] for k in outcome.kept]
         assert sum(m == "kept" for m in marks.values()) == math.ceil(eta * 3)
@@ -156,8 +170,14 @@ def test_token_kinds_name_whitespace_and_bytes():
     from depthlens.view.detail import token_kind
 
     assert [token_kind(t) for t in ["␣", "↵↵", "⟨e2⟩", "a⟨80⟩", "∅", "␣the", "x"]] == [
-        "space", "space", "byte", "byte", "empty", "text", "text",
-    ]  # fmt: skip
+        "space",
+        "space",
+        "byte",
+        "byte",
+        "empty",
+        "text",
+        "text",
+    ]
 
 
 def test_score_store_records_and_their_tokens(view_stores):
@@ -201,8 +221,11 @@ def test_a_tcb_trace_shows_each_tokens_delta(view_stores):
 
 
 def _fingerprint(path: Path) -> dict[str, str]:
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.rglob("*")) if p.is_file()}  # fmt: skip
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_viewing_writes_nothing(view_stores):
@@ -300,7 +323,8 @@ def test_a_path_that_is_not_a_store_is_refused_naming_what_was_expected(tmp_path
 def test_a_writer_commits_while_the_page_is_open_and_the_page_keeps_its_snapshot(
     view_stores, tmp_path, monkeypatch, capsys
 ):
-    from depthlens.stores.parquet import rewrite_store, store_manifest
+    from depthlens.stores.parquet import store_manifest
+    from depthlens.stores.shard_writer import rewrite_store
     from depthlens.stores.state import store_state
 
     store = _damaged(view_stores, tmp_path, "answers")  # a copy: a writer commits into it below
@@ -328,8 +352,10 @@ def test_a_writer_commits_while_the_page_is_open_and_the_page_keeps_its_snapshot
     assert fresh.get("/api/response", params={"id": rid}).json()["text"] == "rewritten"
     info = fresh.get("/api/run").json()
     assert info["state"] == store_state(store) != state
-    assert any(f"was voted over state {state} of the store, which is now at {info['state']}" in n
-               for n in info["notices"])  # fmt: skip
+    assert any(
+        f"was voted over state {state} of the store, which is now at {info['state']}" in n
+        for n in info["notices"]
+    )
 
 
 def test_a_jsonl_store_appended_or_replaced_while_the_page_is_open(view_stores, tmp_path):

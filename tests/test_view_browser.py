@@ -47,8 +47,10 @@ def _chromium() -> str | None:
 
 def _missing() -> str | None:
     if _chromium() is None:
-        return ("Debian's chromium is not installed (apt-get install chromium, or point $DEPTHLENS_CHROMIUM at a "
-                "chromium executable); .ci/run installs it")  # fmt: skip
+        return (
+            "Debian's chromium is not installed (apt-get install chromium, or point $DEPTHLENS_CHROMIUM at a "
+            "chromium executable); .ci/run installs it"
+        )
     if importlib.util.find_spec("playwright") is None or importlib.util.find_spec("uvicorn") is None:
         return "playwright or uvicorn is not installed (pip install -e '.[dev,view]')"
     return None
@@ -57,8 +59,15 @@ def _missing() -> str | None:
 MISSING = _missing()
 if MISSING is not None and not _required():
     pytest.skip(MISSING, allow_module_level=True)
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 WAIT_MS = 30_000
 
 
@@ -129,8 +138,21 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
     copy = tmp_path / "copy"  # thinkn --from writes its summary into the store it reads
     shutil.copytree(store, copy)
     voting = VotingConfig(n=4, eta=0.5, prefix=50, trials=10)  # the page's defaults here: n cut to the pool
-    code, out, err = run(monkeypatch, capsys, "thinkn", "--from", copy, "--n", "4", "--eta", "0.5", "--prefix", "50",
-                         "--trials", "10")  # fmt: skip
+    code, out, err = run(
+        monkeypatch,
+        capsys,
+        "thinkn",
+        "--from",
+        copy,
+        "--n",
+        "4",
+        "--eta",
+        "0.5",
+        "--prefix",
+        "50",
+        "--trials",
+        "10",
+    )
     assert code in (0, None), err
     page.goto(serve(store))
     page.wait_for_selector("#voting.ready tbody tr", timeout=WAIT_MS)  # every row (DeepConf's come last)
@@ -159,8 +181,9 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
             page.fill("#set-eta", str(eta))
             page.press("#set-eta", "Enter")
             kept = math.ceil(eta * 4)
-            page.wait_for_function(f"document.querySelectorAll('#responses tbody tr.kept').length === {kept}",
-                                   timeout=WAIT_MS)  # fmt: skip
+            page.wait_for_function(
+                f"document.querySelectorAll('#responses tbody tr.kept').length === {kept}", timeout=WAIT_MS
+            )
         outcome = think_at_n([pools[qid][p] for p in picks], VotingConfig(n=4, eta=eta, prefix=50))
         assert kept_shown() == [ids[picks[k]] for k in outcome.kept]
     script = "rows => rows.map(r => [r.dataset.id, r.querySelector('[data-field=prefix_dtr]').innerText])"

@@ -37,9 +37,19 @@ def _start(store: Path) -> tuple[subprocess.Popen[str], int]:
     """``depthlens view STORE --port 0`` in a subprocess, once it serves: (the process, its port)."""
     env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "400", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from depthlens.cli.app import main; main()", "view", str(store), "--port", "0"],
-        stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "from depthlens.cli.app import main; main()",
+            "view",
+            str(store),
+            "--port",
+            "0",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         line = proc.stderr.readline()

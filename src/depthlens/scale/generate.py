@@ -18,8 +18,8 @@ from depthlens.config import GenerateRun, ModelSpec, RayConfig
 from depthlens.errors import StoreError
 from depthlens.evals.tasks import Question
 from depthlens.scale.ray import actor_load_kwargs, connect, import_ray, note_actor_start, run_on_actors
-from depthlens.stores.parquet import ShardWriter
 from depthlens.stores.samples import RESUME_RULES, SAMPLES, SHARDS, remove_other_format, write_questions
+from depthlens.stores.shard_writer import ShardWriter
 from depthlens.studies.generate import GenerationEvents, GenerationReport, run_manifest
 
 

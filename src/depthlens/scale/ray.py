@@ -1,7 +1,7 @@
 """Ray (the ``depthlens[ray]`` extra), imported only in this package and only inside the functions that use it:
 joining a cluster or starting a local one on 127.0.0.1, the actors' environment, and the one driver every
 scale-out runs on — a Ray Data pool of actors, each holding the model once, whose blocks the driver commits one
-shard each to a Parquet store (``stores.parquet.ShardWriter``), so a resumed run skips the committed ids and
+shard each to a Parquet store (``stores.shard_writer.ShardWriter``), so a resumed run skips the committed ids and
 recomputes at most the blocks in flight."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from depthlens.config import ModelSpec, RayConfig
 from depthlens.errors import ClusterError, DepthlensError
-from depthlens.stores.parquet import ShardWriter
+from depthlens.stores.shard_writer import ShardWriter
 
 EXTRA_HINT = "--ray needs the Ray extra: pip install 'depthlens[ray]'"
 # Fault injection for tests/test_ray.py: the first actor call that finds this file absent creates it and has
@@ -141,10 +141,17 @@ def run_on_actors(
     # honours num_cpus=0, as read_text does.
     context.use_datasource_v2 = False
     mapped = dataset.map_batches(
-        actor, fn_constructor_args=args, batch_size=ray.block, batch_format="pyarrow",
-        compute=ActorPoolStrategy(size=ray.workers), num_cpus=ray.cpus, num_gpus=ray.gpus,
-        runtime_env=actor_env(ray.cpus), max_restarts=RESTARTS, max_task_retries=RESTARTS,
-    )  # fmt: skip
+        actor,
+        fn_constructor_args=args,
+        batch_size=ray.block,
+        batch_format="pyarrow",
+        compute=ActorPoolStrategy(size=ray.workers),
+        num_cpus=ray.cpus,
+        num_gpus=ray.gpus,
+        runtime_env=actor_env(ray.cpus),
+        max_restarts=RESTARTS,
+        max_task_retries=RESTARTS,
+    )
     n_layers = writer.manifest.get("n_layers")
     try:
         for block in mapped.iter_batches(batch_size=None, batch_format="pyarrow"):

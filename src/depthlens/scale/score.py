@@ -75,12 +75,20 @@ class _Scorer:
         skipped: list[dict[str, Any]] = []
         records = [dataclasses.replace(r, line=i) for i, r in enumerate(self._records(batch), start=1)]
         by_line = {r.line: r.id for r in records}
-        results = list(score_records(
-            self.lm, records, readout=s["readout"], dtr=s["dtr"], tcb=s["tcb"], tokens=s["tokens"],
-            batch_size=s["batch_size"],
-            on_skip=(lambda bad: skipped.append({"id": by_line[bad.line], "skipped": bad.reason}))
-            if s["skip_bad"] else None,
-        ))  # fmt: skip
+        results = list(
+            score_records(
+                self.lm,
+                records,
+                readout=s["readout"],
+                dtr=s["dtr"],
+                tcb=s["tcb"],
+                tokens=s["tokens"],
+                batch_size=s["batch_size"],
+                on_skip=(lambda bad: skipped.append({"id": by_line[bad.line], "skipped": bad.reason}))
+                if s["skip_bad"]
+                else None,
+            )
+        )
         for r in results:
             r["n_layers"] = self.lm.n_layers  # read by the driver for the manifest, dropped before writing
         return to_table([*results, *skipped], float16=s["float16"])
@@ -105,8 +113,9 @@ def _input_dataset(
         # Read on the driver's node (the input need not be on every node of a cluster), split there into blocks
         # of about ``block_rows`` lines for the actors. No CPU is reserved for it: the actors may hold them all.
         here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
-        dataset = reader(paths, override_num_blocks=max(1, -(-len(records) // block_rows)), num_cpus=0,
-                         label_selector=here)  # fmt: skip
+        dataset = reader(
+            paths, override_num_blocks=max(1, -(-len(records) // block_rows)), num_cpus=0, label_selector=here
+        )
         return dataset, {r.id for r in todo}
     rows = [{"id": r.id, "line": r.line, "data": json.dumps(r.data, ensure_ascii=False)} for r in todo]
     return ray.data.from_items(rows, override_num_blocks=max(1, -(-len(rows) // block_rows))), None
@@ -126,7 +135,7 @@ def score_on_ray(
     and settings. ``ray.block`` records per block (default ``RayConfig.SCORE_BLOCK``), and so per shard at most."""
     from depthlens.stores.formats import read_inputs, results_format
     from depthlens.stores.inputs import BadLine
-    from depthlens.stores.parquet import ShardWriter
+    from depthlens.stores.shard_writer import ShardWriter
     from depthlens.studies.score import RESUME_RULES, refuse_same_file, score_manifest
 
     out_path, spec = run.store.out, run.store
@@ -147,8 +156,15 @@ def score_on_ray(
     ray_module = import_ray()
     connect(ray.address, num_cpus=max(2, int(ray.workers * ray.cpus + 0.999)))
     ray = dataclasses.replace(ray, block=ray.block or RayConfig.SCORE_BLOCK)
-    settings = {"readout": run.readout, "dtr": run.dtr, "tcb": run.tcb, "tokens": run.tokens,
-                "batch_size": run.batch_size, "skip_bad": run.skip_bad, "float16": spec.float16}  # fmt: skip
+    settings = {
+        "readout": run.readout,
+        "dtr": run.dtr,
+        "tcb": run.tcb,
+        "tokens": run.tokens,
+        "batch_size": run.batch_size,
+        "skip_bad": run.skip_bad,
+        "float16": spec.float16,
+    }
     dataset, pending = _input_dataset(ray_module, run.source, records, todo, skipped, ray.block)
     line_of = {r.id: r.line for r in todo}
 

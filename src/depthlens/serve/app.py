@@ -100,11 +100,21 @@ class Server:
         job = build_job(body, self.tokenizer, self.engine.context, self.settings)
         if job.logprobs and not self.engine.top_logprobs:
             param = "top_logprobs" if job.chat else "logprobs"
-            raise ApiError(400, f"the top log-probabilities of each token need --backend vllm ({self.engine.name} "
-                           f"gives the sampled token's only: {param} 0)", param, "unsupported")  # fmt: skip
+            raise ApiError(
+                400,
+                f"the top log-probabilities of each token need --backend vllm ({self.engine.name} "
+                f"gives the sampled token's only: {param} 0)",
+                param,
+                "unsupported",
+            )
         if job.logprobs is not None and job.voted:
-            raise ApiError(400, "logprobs are not given for a voted answer (depthlens.think / .online); each "
-                           "sample's values are in depthlens.tokens", "logprobs", "unsupported")  # fmt: skip
+            raise ApiError(
+                400,
+                "logprobs are not given for a voted answer (depthlens.think / .online); each "
+                "sample's values are in depthlens.tokens",
+                "logprobs",
+                "unsupported",
+            )
         return job
 
     async def respond(self, request: Request, job: Job) -> Response:

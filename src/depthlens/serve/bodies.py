@@ -38,14 +38,25 @@ class Envelope:
 def request_depthlens(job: Job, backend: str, n_layers: int) -> dict[str, Any]:
     """The response-level ``depthlens`` object: the settings every choice's values were computed with."""
     dtr = job.depth.dtr
-    return {"backend": backend, "n_layers": n_layers, "seed": job.seed, "g": dtr.g, "rho": dtr.rho,
-            "deep_rule": dtr.deep_rule, "prefix": dtr.prefix, "readout_tokens": job.sampling.readout_tokens,
-            "answer_type": job.depth.answers.answer_type}  # fmt: skip
+    return {
+        "backend": backend,
+        "n_layers": n_layers,
+        "seed": job.seed,
+        "g": dtr.g,
+        "rho": dtr.rho,
+        "deep_rule": dtr.deep_rule,
+        "prefix": dtr.prefix,
+        "readout_tokens": job.sampling.readout_tokens,
+        "answer_type": job.depth.answers.answer_type,
+    }
 
 
 def usage(outcome: Outcome) -> dict[str, int]:
-    return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
-            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}  # fmt: skip
+    return {
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+    }
 
 
 def logprobs(tokenizer: Any, rows: LogprobRows, chat: bool, with_top: bool, start: int = 0) -> dict[str, Any]:
@@ -69,9 +80,12 @@ def logprobs(tokenizer: Any, rows: LogprobRows, chat: bool, with_top: bool, star
     for piece in tokens:
         offsets.append(at)
         at += len(piece)
-    return {"tokens": tokens, "token_logprobs": [p for _, p, _ in rows],
-            "top_logprobs": [{text(t): p for t, p in top} for _, _, top in rows] if with_top else None,
-            "text_offset": offsets}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "token_logprobs": [p for _, p, _ in rows],
+        "top_logprobs": [{text(t): p for t, p in top} for _, _, top in rows] if with_top else None,
+        "text_offset": offsets,
+    }
 
 
 def _choice_logprobs(tokenizer: Any, job: Job, choice: Choice) -> dict[str, Any] | None:
@@ -94,11 +108,19 @@ def response_body(env: Envelope, job: Job, outcome: Outcome, tokenizer: Any, top
             body["message"] = {"role": "assistant", "content": choice.text}
         else:
             body["text"] = choice.text
-        body.update(logprobs=_choice_logprobs(tokenizer, job, choice), finish_reason=choice.finish_reason,
-                    depthlens=choice.depthlens)  # fmt: skip
+        body.update(
+            logprobs=_choice_logprobs(tokenizer, job, choice),
+            finish_reason=choice.finish_reason,
+            depthlens=choice.depthlens,
+        )
         choices.append(body)
-    return {**env.head(False), "choices": choices, "usage": usage(outcome), "system_fingerprint": None,
-            "depthlens": top}  # fmt: skip
+    return {
+        **env.head(False),
+        "choices": choices,
+        "usage": usage(outcome),
+        "system_fingerprint": None,
+        "depthlens": top,
+    }
 
 
 def chunk(env: Envelope, event: dict[str, Any], tokenizer: Any, job: Job, first: bool) -> dict[str, Any]:

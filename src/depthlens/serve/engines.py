@@ -208,9 +208,14 @@ class VLLMEngine:
 
     def health(self) -> dict[str, Any]:
         failed = self.session.failed
-        return {"backend": self.name, "engine": "failed" if failed else "running", "capture": self.capture,
-                "engine_requests": self.session.running(), **self.session.stats,
-                **({"error": str(failed)} if failed else {})}  # fmt: skip
+        return {
+            "backend": self.name,
+            "engine": "failed" if failed else "running",
+            "capture": self.capture,
+            "engine_requests": self.session.running(),
+            **self.session.stats,
+            **({"error": str(failed)} if failed else {}),
+        }
 
     def close(self) -> None:
         self.session.close()

@@ -53,8 +53,12 @@ def build_job(
 ) -> Job:
     """The job ``body`` asks for, or an ``ApiError``."""
     if body.model != settings.model_id:
-        raise ApiError(404, f"model {body.model!r} is not served here; this server serves {settings.model_id!r}",
-                       "model", "model_not_found")  # fmt: skip
+        raise ApiError(
+            404,
+            f"model {body.model!r} is not served here; this server serves {settings.model_id!r}",
+            "model",
+            "model_not_found",
+        )
     unsupported = body.unsupported()
     if unsupported:
         name, value = next(iter(unsupported.items()))
@@ -72,8 +76,13 @@ def build_job(
         raise ApiError(400, f"n = {n} must lie in [1, {settings.max_n}] (--max-n)", "n", "invalid_value")
     if depth.think is not None or depth.online is not None:
         if n != 1:
-            raise ApiError(400, "with depthlens.think or .online the samples are think.n / online.max_n and the "
-                           "answer is their vote: leave n out (or 1)", "n", "invalid_value")  # fmt: skip
+            raise ApiError(
+                400,
+                "with depthlens.think or .online the samples are think.n / online.max_n and the "
+                "answer is their vote: leave n out (or 1)",
+                "n",
+                "invalid_value",
+            )
         if depth.think is not None and depth.online is not None:
             raise ApiError(
                 400, "depthlens.think and depthlens.online exclude each other; give one", "depthlens"
@@ -108,8 +117,12 @@ def _prompts(body: CompletionRequest, tokenizer: Any, settings: ServeConfig) -> 
     else:
         items = list(raw)
     if not items or len(items) > settings.max_prompts:
-        raise ApiError(400, f"give 1 to {settings.max_prompts} prompts (--max-prompts), not {len(items)}",
-                       "prompt", "invalid_value")  # fmt: skip
+        raise ApiError(
+            400,
+            f"give 1 to {settings.max_prompts} prompts (--max-prompts), not {len(items)}",
+            "prompt",
+            "invalid_value",
+        )
     out = []
     for item in items:
         if isinstance(item, str):
@@ -126,8 +139,12 @@ def _prompts(body: CompletionRequest, tokenizer: Any, settings: ServeConfig) -> 
 
 def _chat_prompt(body: ChatRequest, tokenizer: Any) -> tuple[tuple[int, ...], ...]:
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise ApiError(400, "this model has no chat template; use /v1/completions with a plain prompt",
-                       "messages", "no_chat_template")  # fmt: skip
+        raise ApiError(
+            400,
+            "this model has no chat template; use /v1/completions with a plain prompt",
+            "messages",
+            "no_chat_template",
+        )
     messages = [
         {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
     ]
@@ -162,17 +179,30 @@ def _sampling(
     longest = max(len(p) for p in prompts)
     room = None if context is None else context - longest
     if room is not None and room < 1:
-        raise ApiError(400, f"the prompt has {longest} tokens, the model's context {context}: no room for a reply",
-                       "messages" if chat else "prompt", "context_length_exceeded")  # fmt: skip
+        raise ApiError(
+            400,
+            f"the prompt has {longest} tokens, the model's context {context}: no room for a reply",
+            "messages" if chat else "prompt",
+            "context_length_exceeded",
+        )
     if max_tokens is None:
         max_tokens = settings.default_max_tokens if chat else ServeConfig.COMPLETION_MAX_TOKENS
         max_tokens = min(max_tokens, room) if room is not None else max_tokens
     if not 1 <= max_tokens <= settings.max_tokens:
-        raise ApiError(400, f"max_tokens = {max_tokens} must lie in [1, {settings.max_tokens}] (--max-tokens)",
-                       "max_tokens", "invalid_value")  # fmt: skip
+        raise ApiError(
+            400,
+            f"max_tokens = {max_tokens} must lie in [1, {settings.max_tokens}] (--max-tokens)",
+            "max_tokens",
+            "invalid_value",
+        )
     if room is not None and max_tokens > room:
-        raise ApiError(400, f"prompt ({longest} tokens) + max_tokens ({max_tokens}) exceed the model's context of "
-                       f"{context}; lower max_tokens", "max_tokens", "context_length_exceeded")  # fmt: skip
+        raise ApiError(
+            400,
+            f"prompt ({longest} tokens) + max_tokens ({max_tokens}) exceed the model's context of "
+            f"{context}; lower max_tokens",
+            "max_tokens",
+            "context_length_exceeded",
+        )
     prefixes = [depth.dtr.prefix or 1]
     if depth.think is not None and depth.think.prefix is not None:
         prefixes.append(depth.think.prefix)
@@ -191,8 +221,10 @@ def _sampling(
 
 def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
     try:
-        dtr = DTRConfig(**{k: v for k, v in (("g", options.g), ("rho", options.rho)) if v is not None},
-                        prefix=options.prefix)  # fmt: skip
+        dtr = DTRConfig(
+            **{k: v for k, v in (("g", options.g), ("rho", options.rho)) if v is not None},
+            prefix=options.prefix,
+        )
         answers = ExtractionConfig(answer_type=options.answer_type or "number")
         think = online = None
         if options.think is not None:
@@ -216,20 +248,38 @@ def _online(o: OnlineOptions, settings: ServeConfig) -> OnlineConfig:
     deepconf = o.variant is not None or o.threshold is not None
     signal = o.signal or ("confidence" if deepconf else "dtr")
     if deepconf and signal != "confidence":
-        raise ApiError(400, "online.variant and online.threshold are DeepConf's: they need signal 'confidence'",
-                       "depthlens.online.signal", "invalid_value")  # fmt: skip
+        raise ApiError(
+            400,
+            "online.variant and online.threshold are DeepConf's: they need signal 'confidence'",
+            "depthlens.online.signal",
+            "invalid_value",
+        )
     if o.variant is not None and o.eta is not None:
-        raise ApiError(400, "give online.variant (low = keep 10 %, high = 90 %) or online.eta, not both",
-                       "depthlens.online.eta", "invalid_value")  # fmt: skip
+        raise ApiError(
+            400,
+            "give online.variant (low = keep 10 %, high = 90 %) or online.eta, not both",
+            "depthlens.online.eta",
+            "invalid_value",
+        )
     keep = VARIANTS[o.variant] if o.variant is not None else o.eta if o.eta is not None else defaults.keep
-    fields = {"warmup": o.warmup, "max_n": o.max_n, "consensus": o.consensus, "prefix": o.prefix,
-              "window": o.window, "batch_size": o.batch_size}  # fmt: skip
+    fields = {
+        "warmup": o.warmup,
+        "max_n": o.max_n,
+        "consensus": o.consensus,
+        "prefix": o.prefix,
+        "window": o.window,
+        "batch_size": o.batch_size,
+    }
     given = {k: v for k, v in fields.items() if v is not None}
     try:
         config = OnlineConfig(signal=signal, keep=keep, threshold=o.threshold, **given)  # type: ignore[arg-type]
     except ConfigError as exc:  # the policy's own check, across fields: the error names the depthlens object
         raise ApiError(400, str(exc), "depthlens", "invalid_value") from None
     if config.max_n > settings.max_n:
-        raise ApiError(400, f"online.max_n = {config.max_n} is over --max-n {settings.max_n}",
-                       "depthlens.online.max_n", "invalid_value")  # fmt: skip
+        raise ApiError(
+            400,
+            f"online.max_n = {config.max_n} is over --max-n {settings.max_n}",
+            "depthlens.online.max_n",
+            "invalid_value",
+        )
     return config

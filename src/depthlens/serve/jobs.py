@@ -98,8 +98,16 @@ def run_job(
             choices.extend(_sample(ctx, p, list(prompt)))
         if job.voted and push is not None:  # a vote is known only at the end: its text comes whole
             voted = choices[-1]
-            push({"type": "delta", "index": voted.index, "text": voted.text, "tokens": None, "readout": None,
-                  "logprobs": None})  # fmt: skip
+            push(
+                {
+                    "type": "delta",
+                    "index": voted.index,
+                    "text": voted.text,
+                    "tokens": None,
+                    "readout": None,
+                    "logprobs": None,
+                }
+            )
             _push_end(push, voted)
     return Outcome(choices, sum(len(p) for p in job.prompts), ctx.generated)
 
@@ -177,14 +185,34 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
     for i, t in enumerate(traces):
         text, key = answers.get(id(t), (None, None))
         prefix_dtr = response_from_trace(t, backend.n_layers, job.depth.dtr).prefix_dtr(voting.prefix)
-        samples.append({"index": i, "seed": t.seed, "prefix_dtr": prefix_dtr, "kept": i in kept, "answer": text,
-                        "vote_key": key, "tokens": len(t), "generated": backend.engine_tokens(t),
-                        "finish": t.finish, "text": final_text(ctx.tokenizer, t.token_ids, job.stop)})  # fmt: skip
+        samples.append(
+            {
+                "index": i,
+                "seed": t.seed,
+                "prefix_dtr": prefix_dtr,
+                "kept": i in kept,
+                "answer": text,
+                "vote_key": key,
+                "tokens": len(t),
+                "generated": backend.engine_tokens(t),
+                "finish": t.finish,
+                "text": final_text(ctx.tokenizer, t.token_ids, job.stop),
+            }
+        )
     finished = [len(traces[i]) for i in kept]
     saved = _saved(finished, [len(t) for i, t in enumerate(traces) if i not in kept], 0)
-    think = {"n": voting.n, "eta": voting.eta, "prefix": voting.prefix, "answer": answer, "voted": chosen,
-             "kept": sorted(kept), "stopped": voting.n - len(kept), "tokens": backend.generated(),
-             "tokens_saved": saved, "samples": samples}  # fmt: skip
+    think = {
+        "n": voting.n,
+        "eta": voting.eta,
+        "prefix": voting.prefix,
+        "answer": answer,
+        "voted": chosen,
+        "kept": sorted(kept),
+        "stopped": voting.n - len(kept),
+        "tokens": backend.generated(),
+        "tokens_saved": saved,
+        "samples": samples,
+    }
     return ctx.choice(p, traces[chosen], backend, {"think": think})
 
 
@@ -240,8 +268,16 @@ def _online(ctx: _Context, p: int, prompt: list[int]) -> Choice:
     chosen = voters[0] if voters else min(d["index"] for d in decisions if d["votes"])
     finished = [d["tokens"] for d in decisions if d["stopped_at"] is None]
     stopped = [d["tokens"] for d in decisions if d["stopped_at"] is not None]
-    online = {**{k: v for k, v in cfg.to_dict().items()}, "threshold": outcome.threshold, "stop": outcome.stop,
-              "answer": outcome.answer, "voted": chosen, "started": outcome.started, "stopped": len(stopped),
-              "tokens": backend.generated(), "tokens_saved": _saved(finished, stopped, cfg.max_n - outcome.started),
-              "samples": decisions}  # fmt: skip
+    online = {
+        **{k: v for k, v in cfg.to_dict().items()},
+        "threshold": outcome.threshold,
+        "stop": outcome.stop,
+        "answer": outcome.answer,
+        "voted": chosen,
+        "started": outcome.started,
+        "stopped": len(stopped),
+        "tokens": backend.generated(),
+        "tokens_saved": _saved(finished, stopped, cfg.max_n - outcome.started),
+        "samples": decisions,
+    }
     return ctx.choice(p, seen[chosen][0], backend, {"online": online})

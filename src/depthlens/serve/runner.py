@@ -56,9 +56,13 @@ class Runner:
         if self.active >= self.capacity:
             self.stats["rejected"] += 1
             wait = self.retry_after()
-            raise ApiError(429, f"{self.active} requests running or queued (--max-running {self.running}, "
-                           f"--max-queue {self.capacity - self.running}); retry in {wait} s",
-                           code="queue_full", headers={"Retry-After": str(wait)})  # fmt: skip
+            raise ApiError(
+                429,
+                f"{self.active} requests running or queued (--max-running {self.running}, "
+                f"--max-queue {self.capacity - self.running}); retry in {wait} s",
+                code="queue_full",
+                headers={"Retry-After": str(wait)},
+            )
         self.active += 1
         cancel = threading.Event()
         self.cancels.add(cancel)
@@ -127,8 +131,13 @@ class Runner:
         return _drain(queue, cancel)
 
     def health(self) -> dict[str, Any]:
-        return {"active": self.active, "running_limit": self.running, "capacity": self.capacity,
-                **self.stats, **self.engine.health()}  # fmt: skip
+        return {
+            "active": self.active,
+            "running_limit": self.running,
+            "capacity": self.capacity,
+            **self.stats,
+            **self.engine.health(),
+        }
 
     def close(self) -> None:
         """Abort every request still running, stop the engine, wait for the request threads."""

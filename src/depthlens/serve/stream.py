@@ -84,8 +84,14 @@ class GroupStream:
 
     def _send(self, i: int, trace: Trace, piece: str, tokens: int, rows: int) -> None:
         assert self.push is not None
-        event: dict[str, Any] = {"type": "delta", "index": self.first + i, "text": piece, "tokens": None,
-                                 "readout": None, "logprobs": None}  # fmt: skip
+        event: dict[str, Any] = {
+            "type": "delta",
+            "index": self.first + i,
+            "text": piece,
+            "tokens": None,
+            "readout": None,
+            "logprobs": None,
+        }
         if self.readout is not None:
             n_layers, dtr = self.readout
             if len(trace) > tokens:

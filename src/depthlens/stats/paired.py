@@ -150,9 +150,17 @@ class Comparison:
         """Flat columns for a summary CSV row (accuracy differences as fractions, like the accuracies)."""
         t = self.test
         out: dict[str, Any] = {
-            "vs": self.baseline, "diff": t.difference, "diff_lo": t.low, "diff_hi": t.high, "p": t.p,
-            "p_bh": self.p_bh, "wins": t.wins, "losses": t.losses, "sd_diff": t.sd, "p_exact": t.exact,
-        }  # fmt: skip
+            "vs": self.baseline,
+            "diff": t.difference,
+            "diff_lo": t.low,
+            "diff_hi": t.high,
+            "p": t.p,
+            "p_bh": self.p_bh,
+            "wins": t.wins,
+            "losses": t.losses,
+            "sd_diff": t.sd,
+            "p_exact": t.exact,
+        }
         for gap in PAPER_GAPS:
             out[f"power_gap{gap}"] = self.power[gap]
             out[f"questions_for_gap{gap}"] = self.questions_for[gap]

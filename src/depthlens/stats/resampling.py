@@ -112,8 +112,9 @@ def bootstrap_ci(
         out = np.array([_nan(statistic(np.concatenate([clusters[i] for i in row]))) for row in flat])
         return out.reshape(idx.shape[:-1])
 
-    summary = percentile_summary(resample_questions(per_resample, len(clusters), resamples, rng, level),
-                                 resamples, level)  # fmt: skip
+    summary = percentile_summary(
+        resample_questions(per_resample, len(clusters), resamples, rng, level), resamples, level
+    )
     return summary.low, summary.high
 
 

@@ -5,7 +5,8 @@ The explorer never reads a store whole. A sharded Parquet store's committed shar
 footers (row counts, row groups, columns); the *light* columns every listing needs (scalars: ids, answers,
 grades, lengths, scores) are read for all rows at open, and a record's per-token columns — the ``[T × L]``
 divergences above all — only when it is asked for, from the one row group that holds it. A JSONL store is read
-once at open for each line's byte offset and its light fields; a record is then one seek and one line.
+once at open for each line's byte offset and its light fields; a record is then one seek and one line
+(``stores.jsonl_access``; this module holds what both sources share and the Parquet one).
 
 Why ``pyarrow.parquet`` and not a query engine (DuckDB, or ``pyarrow.dataset`` filters): the explorer asks two
 things of a store — a few small columns of every row, and all columns of one row whose shard and row it already
@@ -21,8 +22,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
-import os
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -95,8 +94,9 @@ def _entries(directory: Path, manifest: dict[str, Any] | None, notices: list[str
         except StoreError as exc:
             notices.append(f"{exc} — shown: the shards it lists, each checked")
             shards = manifest.get("shards")
-            if isinstance(shards, list) and all(isinstance(e, dict) and isinstance(e.get("file"), str)
-                                                for e in shards):  # fmt: skip
+            if isinstance(shards, list) and all(
+                isinstance(e, dict) and isinstance(e.get("file"), str) for e in shards
+            ):
                 return shards
     return [{"file": name} for name in layout.visible_files(directory)] if directory.is_dir() else []
 
@@ -125,21 +125,6 @@ def arrow_row(table: pa.Table) -> dict[str, Any]:
                 row[name] = array.to_pylist()[0]
         else:
             row[name] = array.to_pylist()[0]
-    return row
-
-
-def json_row(record: dict[str, Any], columns: Sequence[str] | None) -> dict[str, Any]:
-    """A JSONL record's chosen columns, numeric lists as numpy arrays as ``arrow_row`` gives them."""
-    row: dict[str, Any] = {}
-    for name, value in record.items():
-        if columns is not None and name not in columns:
-            continue
-        if isinstance(value, list) and value and isinstance(value[0], list) and value[0]:
-            if all(isinstance(v, int | float) for v in value[0]):
-                value = np.asarray(value, dtype=np.float64)
-        elif isinstance(value, list) and value and all(isinstance(v, int | float) for v in value[:64]):
-            value = np.asarray(value)
-        row[name] = value
     return row
 
 
@@ -187,12 +172,14 @@ class ParquetSource:
         unlisted = [p.path for p in layout.unlisted(self.directory, listed, manifest)] if manifest else []
         if unlisted:
             self.notices.append(
-                f"{unlisted[0]}" + (f" and {len(unlisted) - 1} more" if len(unlisted) > 1 else "")
+                f"{unlisted[0]}"
+                + (f" and {len(unlisted) - 1} more" if len(unlisted) > 1 else "")
                 + ": data file(s) the manifest does not list (left by an interrupted run, or copied in); not shown"
-            )  # fmt: skip
+            )
         committed = {p.name for p in self._paths}
-        writing = sorted(p.name for p in self.directory.glob(".part-*.parquet.tmp")
-                         if p.name not in committed)  # fmt: skip
+        writing = sorted(
+            p.name for p in self.directory.glob(".part-*.parquet.tmp") if p.name not in committed
+        )
         if writing:
             self.notices.append(
                 f"{self.directory / writing[0]}: a shard being written (not committed when the page opened, or "
@@ -215,8 +202,13 @@ class ParquetSource:
                 continue
             except (OSError, pa.ArrowException) as exc:
                 return f"{path}: not a readable Parquet shard ({exc}); its records are not shown"
-            problem = layout.table_problem(self.directory, path, manifest, shard,
-                                           table.replace_schema_metadata(file.schema_arrow.metadata))  # fmt: skip
+            problem = layout.table_problem(
+                self.directory,
+                path,
+                manifest,
+                shard,
+                table.replace_schema_metadata(file.schema_arrow.metadata),
+            )
             if problem is None:
                 return path, file.metadata, table
             break
@@ -322,78 +314,3 @@ class ParquetSource:
         if note not in self.notices:
             self.notices.append(note)
         return None
-
-
-class JsonlSource:
-    """A JSONL results file, one line per record: read once for offsets and light fields, then line by line."""
-
-    def __init__(self, path: Path, notices: list[str]) -> None:
-        self.path, self.notices = path, notices
-        self.names = [path.name]
-        self.end = 0  # the snapshot: the bytes read at open (a writer appends after them)
-        self._inode: int | None = None  # a rewrite (regrade, resume dropping lines) renames a new file in
-        self._size = 0
-
-    def scan(self, columns: Sequence[str] | None = None) -> Iterator[tuple[Location, dict[str, Any]]]:
-        """Each whole, readable line's light fields; a torn or foreign line becomes a notice."""
-        for offset, record in self._lines():
-            light = {k: v for k, v in record.items()
-                     if not isinstance(v, list | dict) and k not in HEAVY_SCALARS}  # fmt: skip
-            if columns is not None:
-                light = {k: v for k, v in light.items() if k in columns}
-            yield Location(0, offset), light
-
-    def records(self) -> Iterator[tuple[Location, dict[str, Any]]]:
-        """Every readable record whole, one at a time (a pass over the store)."""
-        for offset, record in self._lines():
-            yield Location(0, offset), record
-
-    def _lines(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        offset = 0
-        with self.path.open("rb") as f:
-            opened = os.fstat(f.fileno())
-            self._inode, self._size = opened.st_ino, opened.st_size
-            for number, raw in enumerate(f, start=1):
-                start, offset = offset, offset + len(raw)
-                if not raw.strip():
-                    continue
-                where = f"{self.path}:{number}"
-                if raw.endswith(b"\n"):
-                    self.end = offset
-                else:
-                    self._note(
-                        f"{where}: the last line is cut short (a run still writing, or interrupted); not shown"
-                    )
-                    break
-                try:
-                    record = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-                    record = None
-                if not isinstance(record, dict):
-                    self._note(f"{where}: not a JSON record (a line cut or edited); not shown")
-                    continue
-                yield start, record
-
-    def changed(self, stat: os.stat_result) -> bool:
-        """Whether the file (``stat``: as it is now) is no longer the one read at open: replaced, or grown."""
-        return self._inode is not None and (stat.st_ino != self._inode or stat.st_size != self._size)
-
-    def _note(self, line: str) -> None:
-        if line not in self.notices:
-            self.notices.append(line)
-
-    def read(self, location: Location, columns: Sequence[str] | None = None) -> dict[str, Any]:
-        return self.read_rows([location], columns)[0]
-
-    def read_rows(
-        self, locations: Sequence[Location], columns: Sequence[str] | None = None
-    ) -> list[dict[str, Any]]:
-        out = []
-        with self.path.open("rb") as f:
-            if self._inode is not None and os.fstat(f.fileno()).st_ino != self._inode:
-                raise LookupError(f"{self.path}: rewritten since the page opened (a regrade or a resumed run); "
-                                  "restart `depthlens view` to see its new state")  # fmt: skip
-            for location in locations:
-                f.seek(location.row)
-                out.append(json_row(json.loads(f.readline()), columns))
-        return out

@@ -11,8 +11,10 @@ import pyarrow as pa
 
 
 def _float_list(values: list[Any], width: pa.DataType) -> pa.Array:
-    return pa.array([None if v is None else np.asarray(v, dtype=width.to_pandas_dtype()) for v in values],
-                    type=pa.list_(width))  # fmt: skip
+    return pa.array(
+        [None if v is None else np.asarray(v, dtype=width.to_pandas_dtype()) for v in values],
+        type=pa.list_(width),
+    )
 
 
 def _matrix_list(values: list[Any], width: pa.DataType) -> pa.Array:

@@ -36,15 +36,22 @@ def check(path: Path, verify: bool = True) -> list[CheckReport]:
     stores = [path / SHARDS, path / SAMPLES] if path.is_dir() and not layout.is_store(path) else [path]
     found = [s for s in stores if layout.is_store(s) or s.is_file()]
     if not found:
-        raise StoreError(f"{path}: neither a Parquet store ({layout.MANIFEST}), a JSONL store nor a sample store "
-                         f"({SHARDS}/ or {SAMPLES}); nothing to check")  # fmt: skip
+        raise StoreError(
+            f"{path}: neither a Parquet store ({layout.MANIFEST}), a JSONL store nor a sample store "
+            f"({SHARDS}/ or {SAMPLES}); nothing to check"
+        )
     reports = [check_parquet(s, verify) if s.is_dir() else check_jsonl(s) for s in found]
     if len(found) == 1 and found[0].parent == path:  # a sample store: are its summaries of its present state?
         reports[0].notes += _derived(path)
     if len(found) > 1:
-        reports[0].problems.append(layout.Problem(path, "two stores", f"holds both {SHARDS}/ and {SAMPLES}",
-                                                  "read one with --store parquet or --store jsonl, or move the "
-                                                  "other out of the directory"))  # fmt: skip
+        reports[0].problems.append(
+            layout.Problem(
+                path,
+                "two stores",
+                f"holds both {SHARDS}/ and {SAMPLES}",
+                "read one with --store parquet or --store jsonl, or move the other out of the directory",
+            )
+        )
     return reports
 
 
@@ -78,8 +85,10 @@ def check_parquet(store: Path, verify: bool) -> CheckReport:
     )
     shards = layout.entries(store, manifest)
     if layout.is_legacy(store):
-        report.notes.append(f"written before {layout.MANIFEST} (its manifest.json stops `pd.read_parquet`); the "
-                            "next --resume moves it to the current layout")  # fmt: skip
+        report.notes.append(
+            f"written before {layout.MANIFEST} (its manifest.json stops `pd.read_parquet`); the "
+            "next --resume moves it to the current layout"
+        )
     report.problems += unlisted
     listed = {s["file"] for s in shards}
     seen: dict[str, str] = {}
@@ -104,8 +113,10 @@ def check_parquet(store: Path, verify: bool) -> CheckReport:
                 break
             seen[i] = shard["file"]
         if layout.locate(store, shard) == layout.staged(store, shard["file"]):
-            report.notes.append(f"{store / shard['file']}: committed, not yet under its name (a writer stopped "
-                                "between its commit and the rename); the next --resume renames it")  # fmt: skip
+            report.notes.append(
+                f"{store / shard['file']}: committed, not yet under its name (a writer stopped "
+                "between its commit and the rename); the next --resume renames it"
+            )
     _hidden(store, listed, report)
     return report
 
@@ -121,8 +132,9 @@ def _check_shard(
         columns = ["id"] if "id" in schema.names else None  # the ids and the row count: enough to check
         table = pq.read_table(path, columns=columns).replace_schema_metadata(schema.metadata)
     except (OSError, pa.ArrowException) as exc:
-        return layout.Problem(path, "cut", f"not a readable Parquet shard ({exc})",
-                              layout.resume_remedy(store, manifest, shard)), None  # fmt: skip
+        return layout.Problem(
+            path, "cut", f"not a readable Parquet shard ({exc})", layout.resume_remedy(store, manifest, shard)
+        ), None
     return layout.table_problem(store, path, manifest, shard, table), table
 
 
@@ -131,22 +143,34 @@ def _hidden(store: Path, listed: set[str], report: CheckReport) -> None:
     for path in sorted(store.iterdir()):
         name = path.name
         if name.endswith(".tmp") and name.startswith(".part-") and name[1:-4] not in listed:
-            report.notes.append(f"{path}: a shard that was being written and never committed; the next write "
-                                "to the store removes it (Parquet readers do not see it)")  # fmt: skip
+            report.notes.append(
+                f"{path}: a shard that was being written and never committed; the next write "
+                "to the store removes it (Parquet readers do not see it)"
+            )
         elif name.endswith(".old"):
-            report.notes.append(f"{path}: replaced by a regrade, kept for readers that started before it; the "
-                                "next write removes it")  # fmt: skip
+            report.notes.append(
+                f"{path}: replaced by a regrade, kept for readers that started before it; the "
+                "next write removes it"
+            )
         elif name.endswith((".damaged", ".unlisted")):
-            report.notes.append(f"{path}: set aside by --resume (cut, or not listed); its records were computed "
-                                "again — remove it once you no longer want it")  # fmt: skip
+            report.notes.append(
+                f"{path}: set aside by --resume (cut, or not listed); its records were computed "
+                "again — remove it once you no longer want it"
+            )
 
 
 def check_jsonl(store: Path) -> CheckReport:
     report = CheckReport(store)
     _held(store, report)
     if not manifest_path(store).is_file():
-        report.problems.append(layout.Problem(manifest_path(store), "missing", "the store's manifest is missing",
-                                              "restore it from a copy of the store"))  # fmt: skip
+        report.problems.append(
+            layout.Problem(
+                manifest_path(store),
+                "missing",
+                "the store's manifest is missing",
+                "restore it from a copy of the store",
+            )
+        )
     fix = (
         "rerun the command that wrote it with --resume: it sets that line aside and computes its record again"
     )
@@ -157,8 +181,9 @@ def check_jsonl(store: Path) -> CheckReport:
                 continue
             where = Path(f"{store}:{number}")
             if not raw.endswith(b"\n"):
-                report.problems.append(layout.Problem(where, "cut", "the last line is cut short (an interrupted "
-                                                      "write)", fix))  # fmt: skip
+                report.problems.append(
+                    layout.Problem(where, "cut", "the last line is cut short (an interrupted write)", fix)
+                )
                 continue
             try:
                 rid = str(json.loads(raw)["id"])
@@ -166,8 +191,11 @@ def check_jsonl(store: Path) -> CheckReport:
                 report.problems.append(layout.Problem(where, "cut", "not a JSON record", fix))
                 continue
             if rid in seen:
-                report.problems.append(layout.Problem(where, "ids", f"id {rid!r} also on line {seen[rid]}",
-                                                      "keep one of the two lines"))  # fmt: skip
+                report.problems.append(
+                    layout.Problem(
+                        where, "ids", f"id {rid!r} also on line {seen[rid]}", "keep one of the two lines"
+                    )
+                )
             seen[rid] = number
             report.records += 1
     return report

@@ -126,8 +126,11 @@ def changed_settings(
 ) -> list[str]:
     """The ``free`` / ``extend`` settings a resumed run changed, as ``key: stored X, this run Y`` lines."""
     movable = rules.movable
-    return [line for line in settings_differ(stored, manifest, ignore)
-            if line.split(":")[0] in movable or line.split(".")[0] in movable]  # fmt: skip
+    return [
+        line
+        for line in settings_differ(stored, manifest, ignore)
+        if line.split(":")[0] in movable or line.split(".")[0] in movable
+    ]
 
 
 def resume_check(

@@ -22,7 +22,8 @@ from depthlens.errors import InputError
 from depthlens.stores.files import ResumeRules
 from depthlens.stores.inputs import BadLine, InputRecord, RecordCollector, read_records
 from depthlens.stores.jsonl import ResultWriter, check_output
-from depthlens.stores.parquet import ShardWriter, check_store, committed_shards, iter_store
+from depthlens.stores.parquet import committed_shards, iter_store
+from depthlens.stores.shard_writer import ShardWriter, check_store
 
 COMMIT_S = 30.0  # a Parquet results store commits what it holds at least this often (a kill loses no more)
 
@@ -37,13 +38,27 @@ class Format:
     ]  # (out, manifest, resume, overwrite, rules, hashes, timed)
 
 
-def _open_jsonl(out: Path, manifest: dict[str, Any], resume: bool, overwrite: bool, rules: ResumeRules,
-                hashes: dict[str, str] | None, timed: bool) -> ResultWriter:  # fmt: skip
+def _open_jsonl(
+    out: Path,
+    manifest: dict[str, Any],
+    resume: bool,
+    overwrite: bool,
+    rules: ResumeRules,
+    hashes: dict[str, str] | None,
+    timed: bool,
+) -> ResultWriter:
     return ResultWriter(out, manifest, resume, overwrite, rules, hashes)  # every record is on disk as written
 
 
-def _open_parquet(out: Path, manifest: dict[str, Any], resume: bool, overwrite: bool, rules: ResumeRules,
-                  hashes: dict[str, str] | None, timed: bool) -> ShardWriter:  # fmt: skip
+def _open_parquet(
+    out: Path,
+    manifest: dict[str, Any],
+    resume: bool,
+    overwrite: bool,
+    rules: ResumeRules,
+    hashes: dict[str, str] | None,
+    timed: bool,
+) -> ShardWriter:
     return ShardWriter(out, manifest, resume, overwrite, rules, hashes, commit_s=COMMIT_S if timed else None)
 
 
@@ -82,7 +97,7 @@ def check_results(
     rules: ResumeRules = ResumeRules(),
     fmt: StoreFormat | None = None,
 ) -> bool:
-    """Whether writing the store ``out`` resumes it (``jsonl.check_output`` or ``parquet.check_store``, by
+    """Whether writing the store ``out`` resumes it (``jsonl.check_output`` or ``shard_writer.check_store``, by
     ``fmt``, default the store's own format); refusals name every setting that differs."""
     return REGISTRY[fmt or results_format(out)].check(out, manifest, resume, overwrite, rules)
 

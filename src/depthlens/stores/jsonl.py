@@ -169,8 +169,14 @@ class ResultWriter:
             self._lock.close()
             raise
 
-    def _open(self, manifest: dict[str, Any], resume: bool, overwrite: bool, rules: ResumeRules,
-              hashes: dict[str, str] | None) -> None:  # fmt: skip
+    def _open(
+        self,
+        manifest: dict[str, Any],
+        resume: bool,
+        overwrite: bool,
+        rules: ResumeRules,
+        hashes: dict[str, str] | None,
+    ) -> None:
         out = self.out
         self.done: set[str] = set()
         self.rescored: list[str] = []

@@ -110,16 +110,22 @@ def fsync_dir(path: Path) -> None:
 def encode(table: pa.Table, meta: dict[bytes, bytes]) -> bytes:
     """``table`` as the bytes of one Parquet file with ``meta`` in its schema metadata (zstd)."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), **meta}), sink,
-                   compression="zstd")  # fmt: skip
+    pq.write_table(
+        table.replace_schema_metadata({**(table.schema.metadata or {}), **meta}), sink, compression="zstd"
+    )
     return sink.getvalue().to_pybytes()
 
 
 def entry(name: str, table: pa.Table, data: bytes) -> dict[str, Any]:
     """The manifest's entry of a shard: name, rows, bytes, content hash and the ids it holds."""
     ids = [str(i) for i in table.column("id").to_pylist()] if "id" in table.column_names else []
-    return {"file": name, "rows": table.num_rows, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-            "ids": ids}  # fmt: skip
+    return {
+        "file": name,
+        "rows": table.num_rows,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "ids": ids,
+    }
 
 
 def file_sha256(path: Path) -> str:
@@ -133,8 +139,9 @@ def file_sha256(path: Path) -> str:
 def entries(store: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
     """The manifest's shard entries, checked for shape and for ids listed under two shards."""
     shards = manifest.get("shards")
-    if not isinstance(shards, list) or not all(isinstance(s, dict) and isinstance(s.get("file"), str)
-                                               for s in shards):  # fmt: skip
+    if not isinstance(shards, list) or not all(
+        isinstance(s, dict) and isinstance(s.get("file"), str) for s in shards
+    ):
         raise StoreError(f"{manifest_file(store)}: no list of shards; not a depthlens Parquet store")
     owner: dict[str, str] = {}
     for s in shards:
@@ -163,8 +170,10 @@ class Problem:
 
 def resume_remedy(store: Path, manifest: dict[str, Any], shard: dict[str, Any]) -> str:
     rows = shard.get("rows", "its")
-    return (f"rerun the command that wrote the store with --resume: it sets this file aside and computes its {rows} "
-            f"record(s) again (`depthlens check {store}` lists every problem)")  # fmt: skip
+    return (
+        f"rerun the command that wrote the store with --resume: it sets this file aside and computes its {rows} "
+        f"record(s) again (`depthlens check {store}` lists every problem)"
+    )
 
 
 def locate(store: Path, shard: dict[str, Any]) -> Path | None:
@@ -201,12 +210,19 @@ def shard_problem(
         run = _run_of(path)
         if run is not None and manifest.get("run_id") and run != manifest["run_id"]:
             return path, _foreign(path, run, manifest)
-        what = (f"cut short ({size} bytes, fewer than committed)" if size < shard["bytes"] or run is None
-                else "changed since it was committed (its size differs)")  # fmt: skip
+        what = (
+            f"cut short ({size} bytes, fewer than committed)"
+            if size < shard["bytes"] or run is None
+            else "changed since it was committed (its size differs)"
+        )
         return path, Problem(path, "cut", what, resume_remedy(store, manifest, shard))
     if verify and isinstance(shard.get("sha256"), str) and file_sha256(path) != shard["sha256"]:
-        return path, Problem(path, "changed", "its content changed since it was committed (sha256 differs)",
-                             resume_remedy(store, manifest, shard))  # fmt: skip
+        return path, Problem(
+            path,
+            "changed",
+            "its content changed since it was committed (sha256 differs)",
+            resume_remedy(store, manifest, shard),
+        )
     return path, None
 
 
@@ -218,14 +234,22 @@ def table_problem(
     if run is not None and manifest.get("run_id") and run.decode() != manifest["run_id"]:
         return _foreign(path, run.decode(), manifest)
     if table.num_rows != shard.get("rows", table.num_rows):
-        return Problem(path, "cut", f"{table.num_rows} rows, {shard['rows']} when committed",
-                       resume_remedy(store, manifest, shard))  # fmt: skip
+        return Problem(
+            path,
+            "cut",
+            f"{table.num_rows} rows, {shard['rows']} when committed",
+            resume_remedy(store, manifest, shard),
+        )
     listed = shard.get("ids")
     if isinstance(listed, list) and "id" in table.column_names:
         ids = [str(i) for i in table.column("id").to_pylist()]
         if ids != listed:
-            return Problem(path, "ids", "holds other ids than the manifest lists for it",
-                           resume_remedy(store, manifest, shard))  # fmt: skip
+            return Problem(
+                path,
+                "ids",
+                "holds other ids than the manifest lists for it",
+                resume_remedy(store, manifest, shard),
+            )
     return None
 
 
@@ -238,19 +262,31 @@ def _run_of(path: Path) -> str | None:
 
 
 def _foreign(path: Path, run: str, manifest: dict[str, Any]) -> Problem:
-    return Problem(path, "foreign", f"a shard of another run ({run}), not of this store's",
-                   "move it out of the store; `--resume` then computes the records the manifest lists under this "
-                   "name")  # fmt: skip
+    return Problem(
+        path,
+        "foreign",
+        f"a shard of another run ({run}), not of this store's",
+        "move it out of the store; `--resume` then computes the records the manifest lists under this name",
+    )
 
 
 def unlisted_problem(store: Path, name: str, manifest: dict[str, Any]) -> Problem:
     """A visible data file the manifest does not list: copied in, or of another run."""
     path = store / name
     run = _run_of(path)
-    whose = (f"of another run ({run})" if run and run != manifest.get("run_id")
-             else "of this run" if run else "of unknown origin")  # fmt: skip
-    return Problem(path, "unlisted", f"a data file the manifest does not list ({whose}): Parquet readers of the "
-                   "directory would read it", "move it out of the store")  # fmt: skip
+    whose = (
+        f"of another run ({run})"
+        if run and run != manifest.get("run_id")
+        else "of this run"
+        if run
+        else "of unknown origin"
+    )
+    return Problem(
+        path,
+        "unlisted",
+        f"a data file the manifest does not list ({whose}): Parquet readers of the directory would read it",
+        "move it out of the store",
+    )
 
 
 def unlisted(store: Path, listed: Iterable[str], manifest: dict[str, Any]) -> list[Problem]:

@@ -115,15 +115,27 @@ def _check_one(
     try:
         table = _read_ids(path)
     except _Unreadable as exc:
-        return path, layout.Problem(path, "cut", f"not a readable Parquet shard ({exc})",
-                                    layout.resume_remedy(store, stored, shard)), None  # fmt: skip
+        return (
+            path,
+            layout.Problem(
+                path,
+                "cut",
+                f"not a readable Parquet shard ({exc})",
+                layout.resume_remedy(store, stored, shard),
+            ),
+            None,
+        )
     problem = layout.table_problem(store, path, stored, shard, table)
     if problem is None and settings is not None:
         shard_settings, free = layout.shard_settings(table)
         differ = settings_differ(shard_settings, settings, free)
         if differ:
-            problem = layout.Problem(path, "foreign", f"written with other settings than its store "
-                                     f"({'; '.join(differ)})", "move it out of the store")  # fmt: skip
+            problem = layout.Problem(
+                path,
+                "foreign",
+                f"written with other settings than its store ({'; '.join(differ)})",
+                "move it out of the store",
+            )
     return path, problem, table
 
 

@@ -18,8 +18,15 @@ from typing import Any
 from depthlens.stores.files import read_json
 from depthlens.stores.samples import SHARDS, samples_manifest, samples_path, stored_format
 
-DERIVED = ("thinkn-*.json", "thinkn-*.csv", "thinkn.json", "thinkn.csv", "online_replay.json", "online_sweep.csv",
-           "online_sweep.png")  # fmt: skip
+DERIVED = (
+    "thinkn-*.json",
+    "thinkn-*.csv",
+    "thinkn.json",
+    "thinkn.csv",
+    "online_replay.json",
+    "online_sweep.csv",
+    "online_sweep.png",
+)
 """The files depthlens derives from a store's responses and writes beside them (``report/`` too)."""
 
 

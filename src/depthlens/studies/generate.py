@@ -31,7 +31,6 @@ from depthlens.stores.files import read_json
 from depthlens.stores.formats import open_results
 from depthlens.stores.jsonl import ResultWriter
 from depthlens.stores.lock import store_lock
-from depthlens.stores.parquet import ShardWriter
 from depthlens.stores.samples import (
     RESUME_RULES,
     remove_other_format,
@@ -44,6 +43,7 @@ from depthlens.stores.samples import (
     stored_rows,
     write_questions,
 )
+from depthlens.stores.shard_writer import ShardWriter
 from depthlens.stores.state import remove_derived
 from depthlens.studies.score import as_token_ids
 
@@ -133,9 +133,18 @@ def run_manifest(
     model: str, n_layers: int | None, questions: Sequence[Question], run: GenerateRun, fmt: StoreFormat
 ) -> dict[str, Any]:
     """The manifest ``run`` writes (``n_layers`` None: before the model is loaded, for the early resume check)."""
-    settings = {"task": run.task.to_dict() if run.task else {}, "pool": run.pool, "seed": run.seed,
-                "batch_size": run.batch_size, **samples_entry(fmt, run.store.float16), "sampling": run.sampling,
-                "readout": run.readout, "dtr": run.dtr, "engine": run.engine, "answers": run.answers}  # fmt: skip
+    settings = {
+        "task": run.task.to_dict() if run.task else {},
+        "pool": run.pool,
+        "seed": run.seed,
+        "batch_size": run.batch_size,
+        **samples_entry(fmt, run.store.float16),
+        "sampling": run.sampling,
+        "readout": run.readout,
+        "dtr": run.dtr,
+        "engine": run.engine,
+        "answers": run.answers,
+    }
     return store_manifest(model, n_layers, questions, settings)
 
 
@@ -229,7 +238,7 @@ def _generate_into(
         rules=RESUME_RULES,
         fmt=fmt,
         timed=False,
-    ) as writer:  # fmt: skip  (a shard per batch)
+    ) as writer:  # a shard per batch
         report.changed = writer.changed
         write_questions(out_dir, questions)
         total = len(questions) * run.pool

@@ -186,9 +186,18 @@ def run_online(
     """
     online, out_dir = run.online, run.store.out
     check_online(online, run.sampling)
-    settings = {"task": run.task.to_dict() if run.task else {}, "pool": online.max_n, "seed": run.seed,
-                "batch_size": online.batch_size, "online": online.to_dict(), "sampling": run.sampling,
-                "readout": run.readout, "dtr": run.dtr, "engine": run.engine, "answers": run.answers}  # fmt: skip
+    settings = {
+        "task": run.task.to_dict() if run.task else {},
+        "pool": online.max_n,
+        "seed": run.seed,
+        "batch_size": online.batch_size,
+        "online": online.to_dict(),
+        "sampling": run.sampling,
+        "readout": run.readout,
+        "dtr": run.dtr,
+        "engine": run.engine,
+        "answers": run.answers,
+    }
     manifest = store_manifest(lm.name, lm.n_layers, questions, settings)
     out_dir.mkdir(parents=True, exist_ok=True)
     if backend is None:
@@ -328,20 +337,45 @@ def budget_sweep(
     budgets = [n for n in range(2, size + 1, 2)]
     rows: list[dict[str, Any]] = []
     for n in budgets:
-        voting = VotingConfig(n=n, eta=online.keep, prefix=online.prefix, trials=trials, seed=seed,
-                              deepconf_window=online.window)  # fmt: skip
+        voting = VotingConfig(
+            n=n,
+            eta=online.keep,
+            prefix=online.prefix,
+            trials=trials,
+            seed=seed,
+            deepconf_window=online.window,
+        )
         for s in run_trials(pools, voting, ["cons@n", "think@n"]):
-            rows.append({"method": s.method, "family": s.method, "budget": n, "consensus": None,
-                         "accuracy_mean": s.accuracy_mean, "accuracy_std": s.accuracy_std,
-                         "cost_mean": s.cost_mean, "cost_std": s.cost_std, "started_mean": float(n)})  # fmt: skip
+            rows.append(
+                {
+                    "method": s.method,
+                    "family": s.method,
+                    "budget": n,
+                    "consensus": None,
+                    "accuracy_mean": s.accuracy_mean,
+                    "accuracy_std": s.accuracy_std,
+                    "cost_mean": s.cost_mean,
+                    "cost_std": s.cost_std,
+                    "started_mean": float(n),
+                }
+            )
     for signal in SIGNALS:
         for beta in consensus:
             for max_n in (n for n in budgets if n > online.warmup):
                 cfg = dataclasses.replace(online, signal=signal, consensus=beta, max_n=max_n)
                 s = replay_trials(pools, cfg, trials, seed)
                 family = SIGNALS[signal].family
-                rows.append({"method": f"{family} β={beta:g}", "family": family, "budget": max_n,
-                             "consensus": beta, "accuracy_mean": s.accuracy_mean, "accuracy_std": s.accuracy_std,
-                             "cost_mean": s.cost_mean, "cost_std": s.cost_std,
-                             "started_mean": s.started_mean})  # fmt: skip
+                rows.append(
+                    {
+                        "method": f"{family} β={beta:g}",
+                        "family": family,
+                        "budget": max_n,
+                        "consensus": beta,
+                        "accuracy_mean": s.accuracy_mean,
+                        "accuracy_std": s.accuracy_std,
+                        "cost_mean": s.cost_mean,
+                        "cost_std": s.cost_std,
+                        "started_mean": s.started_mean,
+                    }
+                )
     return rows

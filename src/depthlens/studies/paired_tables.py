@@ -53,23 +53,43 @@ def replay_paired(
     summary = summarise_replay(outcomes, online)
     name = ONLINE_NAMES[online.signal]
     accuracy = {name: outcomes.accuracy.mean(0)}
-    payload: dict[str, Any] = {"store": str(store), "online": online.to_dict(), "dtr": dtr.to_dict(), "method": name,
-                               "summary": summary.to_dict(), "cons_n": None, "paired": None,
-                               "command": " ".join(sys.argv)}  # fmt: skip
+    payload: dict[str, Any] = {
+        "store": str(store),
+        "online": online.to_dict(),
+        "dtr": dtr.to_dict(),
+        "method": name,
+        "summary": summary.to_dict(),
+        "cons_n": None,
+        "paired": None,
+        "command": " ".join(sys.argv),
+    }
     comparison = None
     # A live online store keeps only what the policy let run, so only a pool sampled in full can also vote Cons@n.
     if n <= min(len(p) for p in pools.values()) and "online" not in read_manifest(store):
-        voting = VotingConfig(n=n, eta=online.keep, prefix=online.prefix, trials=trials, seed=seed,
-                              deepconf_window=online.window)  # fmt: skip
+        voting = VotingConfig(
+            n=n,
+            eta=online.keep,
+            prefix=online.prefix,
+            trials=trials,
+            seed=seed,
+            deepconf_window=online.window,
+        )
         cons = trial_outcomes(pools, voting, [BASELINE])
         accuracy[BASELINE] = cons.accuracy[BASELINE].mean(0)
         (comparison,) = paired_comparisons({BASELINE: accuracy[BASELINE], name: accuracy[name]}, seed=seed)
-        payload.update(cons_n=n, cons_cost_mean=float(cons.cost[BASELINE].mean()),
-                       cons_accuracy_mean=float(cons.accuracy[BASELINE].mean()), paired=comparison.row())  # fmt: skip
+        payload.update(
+            cons_n=n,
+            cons_cost_mean=float(cons.cost[BASELINE].mean()),
+            cons_accuracy_mean=float(cons.accuracy[BASELINE].mean()),
+            paired=comparison.row(),
+        )
     interval = mean_bootstrap(accuracy[name], 10_000, [seed, 2_000])  # Figure 5's bar, as for offline methods
     payload.update(accuracy_lo=interval.low, accuracy_hi=interval.high)
-    payload["per_question"] = {"questions": list(outcomes.questions), "cost": _rounded(outcomes.cost.mean(0)),
-                               "accuracy": {k: _rounded(v) for k, v in accuracy.items()}}  # fmt: skip
+    payload["per_question"] = {
+        "questions": list(outcomes.questions),
+        "cost": _rounded(outcomes.cost.mean(0)),
+        "accuracy": {k: _rounded(v) for k, v in accuracy.items()},
+    }
     path = store / f"online_replay-{online.signal}.json"
     write_json(path, payload)
     return ReplayReport(summary, n, comparison, holes, path)
@@ -111,13 +131,21 @@ def table_two_rows(
         if replay.get("cons_n") != n or replay.get("paired") is None:
             continue  # compared with another Cons@n than this table's, or not at all
         s = replay["summary"]
-        rows.append({"store": label, "method": f"{replay['method']} (max n {s['max_n']}, β {s['consensus']:g})",
-                     "accuracy_mean": s["accuracy_mean"], "accuracy_std": s["accuracy_std"],
-                     "cost_mean": s["cost_mean"], "cost_std": s["cost_std"],
-                     "cost_vs_cons": s["cost_mean"] / cons["cost_mean"] if cons and cons["cost_mean"] else None,
-                     "accuracy_lo": replay.get("accuracy_lo"), "accuracy_hi": replay.get("accuracy_hi"),
-                     "command": replay.get("command"),
-                     **replay["paired"]})  # fmt: skip
+        rows.append(
+            {
+                "store": label,
+                "method": f"{replay['method']} (max n {s['max_n']}, β {s['consensus']:g})",
+                "accuracy_mean": s["accuracy_mean"],
+                "accuracy_std": s["accuracy_std"],
+                "cost_mean": s["cost_mean"],
+                "cost_std": s["cost_std"],
+                "cost_vs_cons": s["cost_mean"] / cons["cost_mean"] if cons and cons["cost_mean"] else None,
+                "accuracy_lo": replay.get("accuracy_lo"),
+                "accuracy_hi": replay.get("accuracy_hi"),
+                "command": replay.get("command"),
+                **replay["paired"],
+            }
+        )
     return rows
 
 

@@ -32,8 +32,8 @@ from depthlens.evals.tasks import HUB_TASKS, Question, infer_answer_type
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.lock import store_lock
-from depthlens.stores.parquet import rewrite_store
 from depthlens.stores.samples import QUESTIONS, read_manifest, samples_path, stored_format
+from depthlens.stores.shard_writer import rewrite_store
 from depthlens.studies.thinkn import summarise, summary_files
 
 GRADED = ("answer", "answer_source", "vote_key", "grade", "correct", "task_score")
@@ -223,7 +223,7 @@ def _regrade_locked(
             {"at": regrade.now, "from_rules": rules_before, "rules": RULES, "command": " ".join(sys.argv)},
         ],
     }
-    if fmt == "parquet":  # new shards, then the manifest as the commit (stores.parquet.rewrite_store)
+    if fmt == "parquet":  # new shards, then the manifest as the commit (stores.shard_writer.rewrite_store)
         rewrite_store(samples, updated, regrade)
     else:
         lines = [json.dumps(regrade(record), ensure_ascii=False) + "\n" for record in iter_jsonl(samples)]
@@ -231,11 +231,20 @@ def _regrade_locked(
         _write_atomically(manifest_path(samples), [json.dumps(updated, indent=2) + "\n"])
     old, new = regrade.old, regrade.new
     return RegradeReport(
-        store, rules_before, RULES, rules, AnswerSummary.of(manifest, old), AnswerSummary.of(updated, new),
-        dict(Counter(str(r["grade"]) for r in old)), dict(Counter(str(r["grade"]) for r in new)), len(new),
-        regrade.changed["answer"], regrade.changed["grade"], _resummarise(store),
+        store,
+        rules_before,
+        RULES,
+        rules,
+        AnswerSummary.of(manifest, old),
+        AnswerSummary.of(updated, new),
+        dict(Counter(str(r["grade"]) for r in old)),
+        dict(Counter(str(r["grade"]) for r in new)),
+        len(new),
+        regrade.changed["answer"],
+        regrade.changed["grade"],
+        _resummarise(store),
         {q.id: q.reference_issue for q in questions.values() if q.reference_issue},
-    )  # fmt: skip
+    )
 
 
 def _resummarise(store: Path) -> bool:

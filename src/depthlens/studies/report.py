@@ -156,12 +156,18 @@ def thinkn_summary(store: Store, voting: VotingConfig | None) -> dict[str, Any] 
     """The store's Think@n summary: the latest one `depthlens thinkn` wrote, else voted now (n = half the pool)."""
     written = summary_files(store.path)
     if written and voting is None:
-        summary = read_json(written[-1], "summary", "it is derived from the store: rerun `depthlens thinkn "
-                            f"--from {store.path} --overwrite` with its settings")  # fmt: skip
+        summary = read_json(
+            written[-1],
+            "summary",
+            "it is derived from the store: rerun `depthlens thinkn "
+            f"--from {store.path} --overwrite` with its settings",
+        )
         why = stale(summary, store.path)
         if why is not None:  # shown as such on the page, never as this state's
-            summary["stale"] = (f"{written[-1].name} is not a summary of the store as it is now: {why}; rerun "
-                                f"`depthlens thinkn --from {store.path} --overwrite` with its settings")  # fmt: skip
+            summary["stale"] = (
+                f"{written[-1].name} is not a summary of the store as it is now: {why}; rerun "
+                f"`depthlens thinkn --from {store.path} --overwrite` with its settings"
+            )
         return summary
     pool = int(store.manifest.get("pool", 0))
     if pool < 2:

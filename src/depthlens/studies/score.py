@@ -25,9 +25,17 @@ from depthlens.stores.guard import refuse_same_file
 from depthlens.stores.inputs import BadLine, InputRecord, check_record
 
 SUMMARY_FIELDS = (
-    "n_tokens", "dtr", "mean_settling_depth", "token_count", "reverse_token_count",
-    "log_prob", "log_prob_sum", "neg_perplexity", "neg_entropy", "self_certainty",
-)  # fmt: skip
+    "n_tokens",
+    "dtr",
+    "mean_settling_depth",
+    "token_count",
+    "reverse_token_count",
+    "log_prob",
+    "log_prob_sum",
+    "neg_perplexity",
+    "neg_entropy",
+    "self_certainty",
+)
 
 
 def as_token_ids(value: Any) -> list[int]:
@@ -332,15 +340,7 @@ def run_score(
         todo = [r for r in records if r.id not in writer.done]
         events.on_start(len(records), len(records) - len(todo))
         on_skip = skipped.append if run.skip_bad else None
-        if run.engine.backend == "vllm" and reader is None and todo:
-            reader = engine_reader(lm, run)
-        results = (
-            score_records_on(reader, lm, todo, dtr=run.dtr, tcb=run.tcb, tokens=run.tokens,
-                             batch_size=run.batch_size, on_skip=on_skip)
-            if reader is not None
-            else score_records(lm, todo, readout=run.readout, dtr=run.dtr, tcb=run.tcb, tokens=run.tokens,
-                               batch_size=run.batch_size, on_skip=on_skip)
-        )  # fmt: skip
+        results = _score_results(lm, run, todo, reader, on_skip)
         try:
             for result in results:
                 writer.write(result)
@@ -352,3 +352,37 @@ def run_score(
                 f"{exc} — results finished so far are kept in {out_path}; rerun with --resume"
             ) from exc
     return skipped
+
+
+def _score_results(
+    lm: LoadedModel,
+    run: ScoreRun,
+    todo: list[InputRecord],
+    reader: Any,
+    on_skip: Callable[[BadLine], None] | None,
+) -> Iterator[dict[str, Any]]:
+    """The results of ``todo``, in order: read out in a vLLM engine (``reader``; one is started here for a vllm
+    run with records left to score) or in-process."""
+    if run.engine.backend == "vllm" and reader is None and todo:
+        reader = engine_reader(lm, run)
+    if reader is not None:
+        return score_records_on(
+            reader,
+            lm,
+            todo,
+            dtr=run.dtr,
+            tcb=run.tcb,
+            tokens=run.tokens,
+            batch_size=run.batch_size,
+            on_skip=on_skip,
+        )
+    return score_records(
+        lm,
+        todo,
+        readout=run.readout,
+        dtr=run.dtr,
+        tcb=run.tcb,
+        tokens=run.tokens,
+        batch_size=run.batch_size,
+        on_skip=on_skip,
+    )

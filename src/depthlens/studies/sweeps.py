@@ -57,13 +57,22 @@ def sweep(
             groups = metric_values(store, metric, settings)
             values_all = np.concatenate([v for v, _ in groups]) if groups else np.zeros(0)
             c = correlate("dtr", groups, cfg)
-            rows.append({
-                "model": store.model, "task": store.task, "param": param,
-                "value": "full" if value is None else value,
-                "g": settings.g_by_kind.get(kind), "mean_dtr": float(values_all.mean()) if values_all.size else None,
-                "binned_r": c.binned_r, "point_biserial": c.point_biserial,
-                "point_biserial_lo": c.point_biserial_ci[0], "point_biserial_hi": c.point_biserial_ci[1],
-                "point_biserial_p": c.point_biserial_p, "spearman": c.spearman, "spearman_p": c.spearman_p,
-                "note": c.note,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "model": store.model,
+                    "task": store.task,
+                    "param": param,
+                    "value": "full" if value is None else value,
+                    "g": settings.g_by_kind.get(kind),
+                    "mean_dtr": float(values_all.mean()) if values_all.size else None,
+                    "binned_r": c.binned_r,
+                    "point_biserial": c.point_biserial,
+                    "point_biserial_lo": c.point_biserial_ci[0],
+                    "point_biserial_hi": c.point_biserial_ci[1],
+                    "point_biserial_p": c.point_biserial_p,
+                    "spearman": c.spearman,
+                    "spearman_p": c.spearman_p,
+                    "note": c.note,
+                }
+            )
     return rows

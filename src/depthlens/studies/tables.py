@@ -110,8 +110,10 @@ def table_one(rows: Sequence[dict[str, Any]]) -> str:
     def binned(r: dict[str, Any]) -> str:
         if r["binned_r"] is None:
             return "—"
-        return (f"{r['binned_r']:+.2f} ± {r['binned_r_sd']:.2f}{_ci(r.get('binned_r_lo'), r.get('binned_r_hi'))} "
-                f"(q={r['questions_used']:.0f}{_p(r, 'binned_r_p')})")  # fmt: skip
+        return (
+            f"{r['binned_r']:+.2f} ± {r['binned_r_sd']:.2f}{_ci(r.get('binned_r_lo'), r.get('binned_r_hi'))} "
+            f"(q={r['questions_used']:.0f}{_p(r, 'binned_r_p')})"
+        )
 
     def unbinned(r: dict[str, Any]) -> str:
         if r["point_biserial"] is None:

@@ -134,9 +134,17 @@ def regimes(
             if key not in done:
                 state = final_states(lm, _encode(lm, p["prompt"]))[-1:]
                 terms = token_constraint_terms(unembed, state, norms, tcb.epsilon)
-                done[key] = [{"set": set_name, "id": p["id"], "category": p.get("category"), "prompt": p["prompt"],
-                              "tcb": float(terms["tcb"][0]), "v_eff": float(terms["v_eff"][0]),
-                              "margin": float(terms["margin"][0])}]  # fmt: skip
+                done[key] = [
+                    {
+                        "set": set_name,
+                        "id": p["id"],
+                        "category": p.get("category"),
+                        "prompt": p["prompt"],
+                        "tcb": float(terms["tcb"][0]),
+                        "v_eff": float(terms["v_eff"][0]),
+                        "margin": float(terms["margin"][0]),
+                    }
+                ]
                 on_unit(key, done[key])
             mine += done[key]
         rows += mine
@@ -178,9 +186,18 @@ def _geometry_rows(
             clus = 1.0 / float(terms[f"frobenius_{cluster:g}"][i])
             disp = 1.0 / float(terms[f"frobenius_{disperse:g}"][i])
             v = float(terms["v_eff"][i])
-            rows.append({"prompt": p_index, "position": start + i, "v_eff": v, "band": v_eff_band(v),
-                         "tcb_orig": orig, "tcb_cluster": clus, "tcb_disperse": disp,
-                         "ordered": clus > orig > disp})  # fmt: skip
+            rows.append(
+                {
+                    "prompt": p_index,
+                    "position": start + i,
+                    "v_eff": v,
+                    "band": v_eff_band(v),
+                    "tcb_orig": orig,
+                    "tcb_cluster": clus,
+                    "tcb_disperse": disp,
+                    "ordered": clus > orig > disp,
+                }
+            )
     return rows
 
 
@@ -307,8 +324,16 @@ def _answer_row(
     trace = generator.start(ids, [0]).traces[0]
     graded = grade(q, lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True), trace.finish)
     s = score(lm, [{"id": q.id, "prompt_ids": ids, "completion_ids": trace.token_ids}], tcb=TCBConfig())[0]
-    return {"template": template, "shots": k, "id": q.id, "correct": graded.correct, "answer": graded.answer,
-            "perplexity": -s["neg_perplexity"], "tcb_mean": s["tcb_mean"], "n_tokens": s["n_tokens"]}  # fmt: skip
+    return {
+        "template": template,
+        "shots": k,
+        "id": q.id,
+        "correct": graded.correct,
+        "answer": graded.answer,
+        "perplexity": -s["neg_perplexity"],
+        "tcb_mean": s["tcb_mean"],
+        "n_tokens": s["n_tokens"],
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,6 +390,10 @@ def _generation_trace(
         }
         for i, tok in enumerate(tokens)
     ]
-    summary = {"tokens": len(rows), "sharp_drops": int(drops.sum()), "rule": dataclasses.asdict(rule),
-               "text": lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True)}  # fmt: skip
+    summary = {
+        "tokens": len(rows),
+        "sharp_drops": int(drops.sum()),
+        "rule": dataclasses.asdict(rule),
+        "text": lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True),
+    }
     return {"rows": rows, "summary": summary}

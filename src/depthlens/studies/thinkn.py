@@ -131,8 +131,16 @@ def summarise(
         )
     outcomes = trial_outcomes(pools, voting, methods)
     table = ablation(pools, voting) if with_ablation else None
-    report = ThinkReport(outcomes.summaries(), info, voting, dtr, table, compare_methods(outcomes, seed=voting.seed),
-                         accuracy_intervals(outcomes, seed=voting.seed), per_question_table(outcomes))  # fmt: skip
+    report = ThinkReport(
+        outcomes.summaries(),
+        info,
+        voting,
+        dtr,
+        table,
+        compare_methods(outcomes, seed=voting.seed),
+        accuracy_intervals(outcomes, seed=voting.seed),
+        per_question_table(outcomes),
+    )
     _write_summary(out_dir, report, methods, overwrite)
     return report
 

@@ -19,10 +19,30 @@ from depthlens.view.pools import Failed, VotingIndex, answer_summary, draw_detai
 from depthlens.view.store import ViewStore, changed_since
 from depthlens.viz.heatmap import _colour
 from depthlens.voting.methods import METHODS, Response, trace_confidence
+from depthlens.voting.trials import MethodSummary
 
-RUN_FIELDS = ("model", "n_layers", "task", "study", "pool", "seed", "sampling", "readout", "dtr", "engine", "answers",
-              "online", "store", "input", "tokens", "tcb", "settings", "command", "started",
-              "depthlens_version")  # fmt: skip
+RUN_FIELDS = (
+    "model",
+    "n_layers",
+    "task",
+    "study",
+    "pool",
+    "seed",
+    "sampling",
+    "readout",
+    "dtr",
+    "engine",
+    "answers",
+    "online",
+    "store",
+    "input",
+    "tokens",
+    "tcb",
+    "settings",
+    "command",
+    "started",
+    "depthlens_version",
+)
 PALETTE = [_colour(i / 63, 1.0) for i in range(64)]  # the heatmap's colours (viz.heatmap), light → dark
 
 
@@ -39,8 +59,10 @@ def default_voting(store: ViewStore) -> VotingConfig:
         else:
             voted = summary.get("store_state")  # the state it was voted over (stores.state), where it says
             if store.state is not None and isinstance(voted, str) and voted != store.state:
-                store.notices.append(f"{files[-1].name} was voted over state {voted} of the store, which is now at "
-                                     f"{store.state}: the table here is voted over the state shown")  # fmt: skip
+                store.notices.append(
+                    f"{files[-1].name} was voted over state {voted} of the store, which is now at "
+                    f"{store.state}: the table here is voted over the state shown"
+                )
             return voting
     sizes = [len(store.usable(q)) for q in store.questions] or [1]
     sampling = store.manifest.get("sampling")
@@ -101,44 +123,71 @@ def voting_table(store: ViewStore, index: VotingIndex, voting: VotingConfig) -> 
     if vote is None and quick is None:
         return {"state": "voting", "questions": len(pools), "trials": voting.trials}
     state, summaries = ("ready", vote.summaries) if vote is not None else ("partial", quick)
-    cons = next((s for s in summaries if s.method == "cons@n"), None)
-    rows = []
-    for s in summaries:
-        ratio = f"{s.cost_mean / cons.cost_mean:.0%}" if cons and cons.cost_mean else "—"
-        rows.append({
-            "method": s.method,
-            "accuracy": f"{100 * s.accuracy_mean:.1f} ± {100 * s.accuracy_std:.1f}",
-            "tokens": f"{s.cost_mean:,.0f} ± {s.cost_std:,.0f}",
-            "vs_cons": ratio,
-            "paper": f"{s.cost_paper_mean:,.0f}",
-            "values": dataclasses.asdict(s),
-        })  # fmt: skip
     task = (
         (store.manifest.get("task") or {}).get("name", "?")
         if isinstance(store.manifest.get("task"), dict)
         else "?"
     )
     prefix = "full" if voting.prefix is None else voting.prefix
-    title = (f"{store.manifest.get('model', '?')} · {task} · n={voting.n} η={voting.eta} ℓ={prefix} · "
-             f"{voting.trials} trials × {len(pools)} questions")  # fmt: skip
+    title = (
+        f"{store.manifest.get('model', '?')} · {task} · n={voting.n} η={voting.eta} ℓ={prefix} · "
+        f"{voting.trials} trials × {len(pools)} questions"
+    )
+    paired = paired_rows(vote.paired) if vote is not None else []
+    return {
+        "state": state,
+        "title": title,
+        "rows": _method_rows(summaries),
+        "notes": _voting_notes(store, voting, summaries, excluded, partial=state == "partial"),
+        "stem": summary_stem(voting),
+        "paired": paired,
+        "paired_title": f"vs {vote.paired[0].baseline} on the same questions (paired)"
+        if vote is not None and vote.paired
+        else None,
+    }
+
+
+def _method_rows(summaries: list[MethodSummary]) -> list[dict[str, Any]]:
+    """One row per method: its cells as ``thinkn`` prints them, and its summary's values."""
+    cons = next((s for s in summaries if s.method == "cons@n"), None)
+    rows = []
+    for s in summaries:
+        ratio = f"{s.cost_mean / cons.cost_mean:.0%}" if cons and cons.cost_mean else "—"
+        rows.append(
+            {
+                "method": s.method,
+                "accuracy": f"{100 * s.accuracy_mean:.1f} ± {100 * s.accuracy_std:.1f}",
+                "tokens": f"{s.cost_mean:,.0f} ± {s.cost_std:,.0f}",
+                "vs_cons": ratio,
+                "paper": f"{s.cost_paper_mean:,.0f}",
+                "values": dataclasses.asdict(s),
+            }
+        )
+    return rows
+
+
+def _voting_notes(
+    store: ViewStore, voting: VotingConfig, summaries: list[MethodSummary], excluded: list[str], partial: bool
+) -> list[str]:
+    """The notes ``thinkn`` prints under its table: how answers were read, unanswered votes, questions left out;
+    ``partial``: the DeepConf rows are still being voted."""
     notes = [answer_summary(store).line()]
     unanswered = {s.method: s.no_answer for s in summaries if s.no_answer}
     if unanswered:
-        notes.append("votes with no answer (wrong), questions per trial: "
-                     + ", ".join(f"{m} {v:g}" for m, v in unanswered.items()))  # fmt: skip
+        notes.append(
+            "votes with no answer (wrong), questions per trial: "
+            + ", ".join(f"{m} {v:g}" for m, v in unanswered.items())
+        )
     if excluded:
         notes.append(
             f"{len(excluded)} question(s) left out (fewer than n usable responses): "
             + ", ".join(excluded[:10])
         )
-    if state == "partial":
+    if partial:
         notes.append(
             f"the DeepConf rows follow (every trace's group confidences, {voting.trials} draws each)"
         )
-    paired = paired_rows(vote.paired) if vote is not None else []
-    return {"state": state, "title": title, "rows": rows, "notes": notes, "stem": summary_stem(voting),
-            "paired": paired, "paired_title": f"vs {vote.paired[0].baseline} on the same questions (paired)"
-            if vote is not None and vote.paired else None}  # fmt: skip
+    return notes
 
 
 def paired_rows(paired: list[Comparison]) -> list[dict[str, str]]:
@@ -147,8 +196,14 @@ def paired_rows(paired: list[Comparison]) -> list[dict[str, str]]:
     rows = []
     for c in paired:
         cells = paired_cells(c.row())
-        rows.append({"method": c.method, "difference": cells.difference, "p": cells.tests,
-                     "won_lost": f"{c.test.wins} / {c.test.losses}"})  # fmt: skip
+        rows.append(
+            {
+                "method": c.method,
+                "difference": cells.difference,
+                "p": cells.tests,
+                "won_lost": f"{c.test.wins} / {c.test.losses}",
+            }
+        )
     return rows
 
 
@@ -179,13 +234,18 @@ def question_row(store: ViewStore, qid: str) -> dict[str, Any]:
     ranked = sorted(votes.values(), key=lambda v: -v["votes"])
     online = store.online.get(qid)
     return {
-        "id": qid, "gold": q.gold, "question": (q.text or "")[:240], "responses": len(usable),
-        "failed": len(q.records) - len(usable), "votes": ranked,
+        "id": qid,
+        "gold": q.gold,
+        "question": (q.text or "")[:240],
+        "responses": len(usable),
+        "failed": len(q.records) - len(usable),
+        "votes": ranked,
         "agreement": ranked[0]["votes"] / len(usable) if ranked and usable else 0.0,
         "pool_right": sum(bool(r.get("correct")) for r in usable) / len(usable) if usable else None,
-        "online": None if online is None else {k: online.get(k) for k in ("answer", "correct", "stop", "tokens",
-                                                                         "started")},
-    }  # fmt: skip
+        "online": None
+        if online is None
+        else {k: online.get(k) for k in ("answer", "correct", "stop", "tokens", "started")},
+    }
 
 
 def questions_page(
@@ -195,11 +255,17 @@ def questions_page(
     (``query``: page, size, sort, order, filter, method)."""
     method, wanted = query["method"], query["filter"]
     tests = {"right": lambda a: a == 1.0, "wrong": lambda a: a == 0.0, "mixed": lambda a: 0.0 < a < 1.0}
-    keys = {"id": lambda r: r["id"], "agreement": lambda r: (r["agreement"], r["id"]),
-            "responses": lambda r: (r["responses"], r["id"]),
-            "accuracy": lambda r: ((r["methods"] or {}).get(method, -1.0), r["id"])}  # fmt: skip
-    for name, value, known in (("method", method, METHODS), ("filter", wanted, ["all", *tests]),
-                               ("sort", query["sort"], keys)):  # fmt: skip
+    keys = {
+        "id": lambda r: r["id"],
+        "agreement": lambda r: (r["agreement"], r["id"]),
+        "responses": lambda r: (r["responses"], r["id"]),
+        "accuracy": lambda r: ((r["methods"] or {}).get(method, -1.0), r["id"]),
+    }
+    for name, value, known in (
+        ("method", method, METHODS),
+        ("filter", wanted, ["all", *tests]),
+        ("sort", query["sort"], keys),
+    ):
         if value not in known:
             raise InputError(f"{name} {value!r}: use one of {', '.join(known)}")
     vote = index.later(voting, "vote") if index.ready.is_set() and not index.error else None
@@ -216,8 +282,13 @@ def questions_page(
         rows = [r for r in rows if r["methods"] is not None and tests[wanted](r["methods"][method])]
     rows.sort(key=keys[query["sort"]], reverse=query["order"] == "desc")
     size, page = query["size"], query["page"]
-    return {"state": state, "total": len(rows), "page": page, "size": size,
-            "rows": rows[page * size : (page + 1) * size]}  # fmt: skip
+    return {
+        "state": state,
+        "total": len(rows),
+        "page": page,
+        "size": size,
+        "rows": rows[page * size : (page + 1) * size],
+    }
 
 
 def question_detail(store: ViewStore, qid: str, voting: VotingConfig, trial: int) -> dict[str, Any]:
@@ -234,14 +305,23 @@ def question_detail(store: ViewStore, qid: str, voting: VotingConfig, trial: int
     for i in q.records:
         record = store.records[i]
         r = responses.get(i)
-        rows.append({
-            **{k: scalar(v) for k, v in record.items()},
-            "think": None if i not in drawn else ("kept" if i in kept else "rejected"),
-            **_scores(r, voting),
-            "online": decisions.get(record.get("sample")),
-        })  # fmt: skip
-    return {**question_row(store, qid), "question": q.text, "choices": q.choices, "trial": trial, "draw": detail,
-            "rows": rows, "online_line": store.online.get(qid)}  # fmt: skip
+        rows.append(
+            {
+                **{k: scalar(v) for k, v in record.items()},
+                "think": None if i not in drawn else ("kept" if i in kept else "rejected"),
+                **_scores(r, voting),
+                "online": decisions.get(record.get("sample")),
+            }
+        )
+    return {
+        **question_row(store, qid),
+        "question": q.text,
+        "choices": q.choices,
+        "trial": trial,
+        "draw": detail,
+        "rows": rows,
+        "online_line": store.online.get(qid),
+    }
 
 
 def _scores(r: Response | None, voting: VotingConfig) -> dict[str, Any]:
@@ -275,5 +355,10 @@ def records_page(store: ViewStore, query: dict[str, Any]) -> dict[str, Any]:
         rows = present + absent
     size, page = query["size"], query["page"]
     columns = list(dict.fromkeys(k for r in store.records[:200] for k in r))
-    return {"total": len(rows), "page": page, "size": size, "columns": columns,
-            "rows": rows[page * size : (page + 1) * size]}  # fmt: skip
+    return {
+        "total": len(rows),
+        "page": page,
+        "size": size,
+        "columns": columns,
+        "rows": rows[page * size : (page + 1) * size],
+    }

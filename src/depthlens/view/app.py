@@ -100,18 +100,28 @@ def _voting(request: Request, base: VotingConfig) -> VotingConfig:
         prefix = _int(request, "prefix", 0, low=1)
     try:
         eta = float(q["eta"]) if q.get("eta") else base.eta
-        return dataclasses.replace(base, n=_int(request, "n", base.n, low=1), eta=eta, prefix=prefix,
-                                   trials=_int(request, "trials", base.trials, low=1, high=1000),
-                                   seed=_int(request, "seed", base.seed))  # fmt: skip
+        return dataclasses.replace(
+            base,
+            n=_int(request, "n", base.n, low=1),
+            eta=eta,
+            prefix=prefix,
+            trials=_int(request, "trials", base.trials, low=1, high=1000),
+            seed=_int(request, "seed", base.seed),
+        )
     except ValueError as exc:  # a ConfigError is a ValueError too: its text names the setting and the range
         raise BadQuery(str(exc)) from None
 
 
 def _page(request: Request, sort: str) -> dict[str, Any]:
     q = request.query_params
-    return {"page": _int(request, "page", 0), "size": _int(request, "size", 50, low=1, high=_MAX_PAGE),
-            "sort": q.get("sort", sort), "order": q.get("order", "asc"), "filter": q.get("filter", "all"),
-            "method": q.get("method", "think@n")}  # fmt: skip
+    return {
+        "page": _int(request, "page", 0),
+        "size": _int(request, "size", 50, low=1, high=_MAX_PAGE),
+        "sort": q.get("sort", sort),
+        "order": q.get("order", "asc"),
+        "filter": q.get("filter", "all"),
+        "method": q.get("method", "think@n"),
+    }
 
 
 def _answer(handler: Callable[[Request], Any]) -> Callable[[Request], JSONResponse]:
@@ -173,7 +183,13 @@ def make_app(explorer: Explorer) -> Starlette:
         return FileResponse(STATIC / "index.html")
 
     routes = [Route("/", page), Mount("/static", StaticFiles(directory=STATIC), name="static")]
-    for name, handler in {"run": run, "voting": voting, "questions": questions, "question": question,
-                          "response": response, "records": records}.items():  # fmt: skip
+    for name, handler in {
+        "run": run,
+        "voting": voting,
+        "questions": questions,
+        "question": question,
+        "response": response,
+        "records": records,
+    }.items():
         routes.append(Route(f"/api/{name}", _answer(handler)))
     return Starlette(routes=routes)

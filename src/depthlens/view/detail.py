@@ -183,14 +183,25 @@ def trace_detail(record: dict[str, Any]) -> dict[str, Any]:
     shade = (delta - low) / (high - low) if high > low else np.zeros_like(delta)
     summary = result.get("summary") or {}
     return {
-        "id": str(record.get("id")), "kind": "tcb",
+        "id": str(record.get("id")),
+        "kind": "tcb",
         "fields": {k: scalar(v) for k, v in summary.items() if not isinstance(v, dict | list)},
-        "text": summary.get("text"), "tokens": labels, "token_kinds": [token_kind(t) for t in labels],
-        "token_ids": [], "n_layers": 0, "readout": 0, "settling_depth": [], "deep": [], "deep_from": None,
-        "g": None, "unit": None, "divergence": "",
+        "text": summary.get("text"),
+        "tokens": labels,
+        "token_kinds": [token_kind(t) for t in labels],
+        "token_ids": [],
+        "n_layers": 0,
+        "readout": 0,
+        "settling_depth": [],
+        "deep": [],
+        "deep_from": None,
+        "g": None,
+        "unit": None,
+        "divergence": "",
         "per_token": {k: floats([r.get(k, np.nan) for r in rows]) for k in ("tcb", "v_eff", "perplexity")},
         "shade": floats(shade, 4),
         "shade_label": f"δ (TCB), log scale: light 10^{round(low, 1) + 0.0:g}, dark 10^{round(high, 1) + 0.0:g}",
-        "marked": [bool(r.get("sharp_drop")) for r in rows], "mark_label": "a sharp δ drop at low perplexity",
+        "marked": [bool(r.get("sharp_drop")) for r in rows],
+        "mark_label": "a sharp δ drop at low perplexity",
         "notes": ["a TCB trace reads out no layers: tokens are shaded by their δ, not by a settling depth"],
-    }  # fmt: skip
+    }

@@ -29,7 +29,8 @@ from depthlens.errors import DepthlensError
 from depthlens.evals.grading import AnswerSummary
 from depthlens.metrics.dtr import deep_flags, settling_depth
 from depthlens.stats.paired import Comparison
-from depthlens.stores.access import JsonlSource, Location, ParquetSource, ShardArrays, release_unused
+from depthlens.stores.access import Location, ParquetSource, ShardArrays, release_unused
+from depthlens.stores.jsonl_access import JsonlSource
 from depthlens.stores.samples import REQUIRED
 from depthlens.studies.thinkn import compare_methods, response_from_record
 from depthlens.view.jobs import Background
@@ -38,8 +39,16 @@ from depthlens.voting.methods import METHODS, Response
 from depthlens.voting.trials import MethodSummary, draw, per_question_accuracy, run_trials, trial_outcomes
 
 QUICK = tuple(m for m in METHODS if not m.startswith("deepconf"))
-VOTING_COLUMNS = ("status", "question_id", "vote_key", "correct", "n_tokens", "divergence",
-                  "self_certainty", "confidence")  # fmt: skip
+VOTING_COLUMNS = (
+    "status",
+    "question_id",
+    "vote_key",
+    "correct",
+    "n_tokens",
+    "divergence",
+    "self_certainty",
+    "confidence",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +64,14 @@ class Stored:
 
     def response(self) -> Response:
         f64 = np.float64
-        return Response(self.key, self.correct, self.length, self.deep,
-                        np.asarray(self.self_certainty, f64), np.asarray(self.confidence, f64))  # fmt: skip
+        return Response(
+            self.key,
+            self.correct,
+            self.length,
+            self.deep,
+            np.asarray(self.self_certainty, f64),
+            np.asarray(self.confidence, f64),
+        )
 
 
 class Pool(Sequence[Response]):
@@ -97,8 +112,16 @@ def shard_responses(shard: ShardArrays, n_layers: int, dtr: DTRConfig) -> list[S
         if status[i] == "failed":
             out.append(None)
             continue
-        out.append(Stored(key[i], bool(correct[i]), int(n_tokens[i]), deep[ends[i] - lengths[i] : ends[i]],
-                          certainty[i], confidence[i]))  # fmt: skip
+        out.append(
+            Stored(
+                key[i],
+                bool(correct[i]),
+                int(n_tokens[i]),
+                deep[ends[i] - lengths[i] : ends[i]],
+                certainty[i],
+                confidence[i],
+            )
+        )
     return out
 
 
@@ -192,8 +215,9 @@ class VotingIndex:
         method and the paired comparisons with Cons@n — what ``thinkn --from`` derives from the same outcomes."""
         outcomes = trial_outcomes(self.pools(voting.n)[0], voting)
         accuracy = per_question_accuracy(outcomes)
-        per_question = {q: {m: float(a[i]) for m, a in accuracy.items()}
-                        for i, q in enumerate(outcomes.questions)}  # fmt: skip
+        per_question = {
+            q: {m: float(a[i]) for m, a in accuracy.items()} for i, q in enumerate(outcomes.questions)
+        }
         return Vote(outcomes.summaries(), per_question, compare_methods(outcomes, seed=voting.seed))
 
     def later(self, voting: VotingConfig, what: str) -> Any:
@@ -278,6 +302,11 @@ def draw_detail(
     methods = {}
     for name, method in METHODS.items():
         outcome = method(drawn, voting)
-        methods[name] = {"answer": outcome.answer, "accuracy": outcome.accuracy, "cost": outcome.cost,
-                         "voted": outcome.voted, "kept": [pool[picks[k]][0] for k in outcome.kept]}  # fmt: skip
+        methods[name] = {
+            "answer": outcome.answer,
+            "accuracy": outcome.accuracy,
+            "cost": outcome.cost,
+            "voted": outcome.voted,
+            "kept": [pool[picks[k]][0] for k in outcome.kept],
+        }
     return {"drawn": [pool[p][0] for p in picks], "methods": methods, "note": None}

@@ -65,16 +65,18 @@ def _caught(signals: list[int]) -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def serve(app: Any, sock: socket.socket, on_ready: Callable[[], None] = lambda: None,
-          open_browser: bool = False) -> str | None:  # fmt: skip
+def serve(
+    app: Any, sock: socket.socket, on_ready: Callable[[], None] = lambda: None, open_browser: bool = False
+) -> str | None:
     """Run ``app`` on ``sock`` until a signal stops it; returns the signal's name (None if it stopped by itself).
 
     ``on_ready`` runs once the server accepts connections; ``open_browser`` then opens the page.
     """
     import uvicorn
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=2)  # fmt: skip
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
+    )
     server = uvicorn.Server(config)
     address = url(sock)
 

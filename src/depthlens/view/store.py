@@ -21,9 +21,10 @@ from typing import Any, Literal
 from depthlens.config import DTRConfig
 from depthlens.errors import DepthlensError, InputError
 from depthlens.stores import samples
-from depthlens.stores.access import JsonlSource, Location, ParquetSource
+from depthlens.stores.access import Location, ParquetSource
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
+from depthlens.stores.jsonl_access import JsonlSource
 from depthlens.stores.layout import MANIFEST, is_store, manifest_file
 from depthlens.stores.parquet import store_manifest
 from depthlens.stores.samples import SAMPLES
@@ -260,13 +261,17 @@ def changed_since(store: ViewStore) -> str | None:
         now = _state(_read_loose(manifest_file(source.directory)), source)
         if now in (None, store.state):
             return None
-        return (f"the store has committed a new state ({now}) since this page opened ({store.state}); shown is "
-                "the state as it was — restart `depthlens view` to see the new one")  # fmt: skip
+        return (
+            f"the store has committed a new state ({now}) since this page opened ({store.state}); shown is "
+            "the state as it was — restart `depthlens view` to see the new one"
+        )
     try:
         stat = source.path.stat()
     except OSError:
         return f"{source.path} is gone since this page opened; shown is what was read then"
     if source.changed(stat):
-        return (f"{source.path} has changed since this page opened (a writer appended or rewrote it); shown is "
-                "what was committed then — restart `depthlens view` to see the rest")  # fmt: skip
+        return (
+            f"{source.path} has changed since this page opened (a writer appended or rewrote it); shown is "
+            "what was committed then — restart `depthlens view` to see the rest"
+        )
     return None

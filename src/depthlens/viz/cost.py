@@ -121,8 +121,16 @@ def draw_accuracy_cost(rows: Sequence[dict[str, Any]], path: Path, title: str = 
     for p, x, (lo, hi, _) in zip(points, xs, intervals, strict=True):
         colour = next((COLOURS[m] for m in p["methods"] if m in COLOURS), "#555555")
         y = 100 * p["accuracy_mean"]
-        ax.errorbar(x, y, yerr=[[y - lo], [hi - y]], fmt="o", capsize=3, color=colour, lw=1.2,
-                    ms=7 if colour != "#555555" else 5)  # fmt: skip
+        ax.errorbar(
+            x,
+            y,
+            yerr=[[y - lo], [hi - y]],
+            fmt="o",
+            capsize=3,
+            color=colour,
+            lw=1.2,
+            ms=7 if colour != "#555555" else 5,
+        )
     bottom = max(0.0, min(lo for lo, _, _ in intervals) - 5)
     top = min(100.0, max(hi for _, hi, _ in intervals) + 5)
     ax.set_ylim(bottom, top)
@@ -132,9 +140,17 @@ def draw_accuracy_cost(rows: Sequence[dict[str, Any]], path: Path, title: str = 
     heights = spread_labels([100 * p["accuracy_mean"] for p in points], sizes, bottom, top, xs)
     for p, x, label, h in zip(points, xs, labels, heights, strict=True):
         bold = any(m in COLOURS for m in p["methods"])
-        ax.annotate(label, xy=(x, 100 * p["accuracy_mean"]), xytext=(1.03, h), textcoords=("axes fraction", "data"),
-                    va="center", fontsize=8, weight="bold" if bold else "normal", annotation_clip=False,
-                    arrowprops={"arrowstyle": "-", "color": "#bbbbbb", "lw": 0.6})  # fmt: skip
+        ax.annotate(
+            label,
+            xy=(x, 100 * p["accuracy_mean"]),
+            xytext=(1.03, h),
+            textcoords=("axes fraction", "data"),
+            va="center",
+            fontsize=8,
+            weight="bold" if bold else "normal",
+            annotation_clip=False,
+            arrowprops={"arrowstyle": "-", "color": "#bbbbbb", "lw": 0.6},
+        )
     stored = all(ok for _, _, ok in intervals)
     ax.margins(x=0.08)
     ax.set_xlabel(
@@ -167,11 +183,18 @@ def table_two_markdown(rows: Sequence[dict[str, Any]], pooled: Sequence[dict[str
         cells = paired_cells(r)
         return {"Δ vs Cons@n, points [95 %]": cells.difference, "p": cells.p, "p_BH": cells.p_bh}
 
-    table = [{"store": r["store"], "method": r["method"], "accuracy % [95 %]": _accuracy_cell(r),
-              "tokens / question": f"{r['cost_mean']:,.0f}",
-              "cost vs Cons@n": f"{r['cost_vs_cons']:.0%}" if r.get("cost_vs_cons") else "—",
-              **tested(r),
-              "power +2.0 / +3.3 (questions for 80 %)": paired_cells(r).planning} for r in rows]  # fmt: skip
+    table = [
+        {
+            "store": r["store"],
+            "method": r["method"],
+            "accuracy % [95 %]": _accuracy_cell(r),
+            "tokens / question": f"{r['cost_mean']:,.0f}",
+            "cost vs Cons@n": f"{r['cost_vs_cons']:.0%}" if r.get("cost_vs_cons") else "—",
+            **tested(r),
+            "power +2.0 / +3.3 (questions for 80 %)": paired_cells(r).planning,
+        }
+        for r in rows
+    ]
     lines = [
         "## Think@n and the baselines (Table 2)",
         "",

@@ -32,10 +32,19 @@ def draw_budget_curves(rows: Sequence[dict[str, Any]], path: Path, title: str = 
         points = sorted(points, key=lambda r: r["budget"])
         family = points[0]["family"]
         beta = points[0]["consensus"]
-        ax.errorbar([p["cost_mean"] for p in points], [100 * p["accuracy_mean"] for p in points],
-                    yerr=[100 * p["accuracy_std"] for p in points], xerr=[p["cost_std"] for p in points],
-                    marker="o", ms=4, capsize=2, label=method, color=COLOURS.get(family, "#7f7f7f"),
-                    linestyle=STYLES.get(beta, "-") if beta is not None else "-", alpha=0.9)  # fmt: skip
+        ax.errorbar(
+            [p["cost_mean"] for p in points],
+            [100 * p["accuracy_mean"] for p in points],
+            yerr=[100 * p["accuracy_std"] for p in points],
+            xerr=[p["cost_std"] for p in points],
+            marker="o",
+            ms=4,
+            capsize=2,
+            label=method,
+            color=COLOURS.get(family, "#7f7f7f"),
+            linestyle=STYLES.get(beta, "-") if beta is not None else "-",
+            alpha=0.9,
+        )
     ax.set_xlabel("tokens generated per question")
     ax.set_ylabel("accuracy %")
     ax.set_title(title or "accuracy vs tokens", fontsize=10)

@@ -44,9 +44,10 @@ def draw_study(study: StoreStudy, out_dir: Path, dtr: DTRConfig) -> dict[str, Pa
     if study.summary:
         v = study.summary["voting"]
         figures["cost"] = draw_accuracy_cost(
-            study.table_two or study.summary["methods"], out_dir / f"fig5-cost-{name}.png",
+            study.table_two or study.summary["methods"],
+            out_dir / f"fig5-cost-{name}.png",
             title=f"{store.label}: n = {v['n']}, {v['trials']} trials",
-        )  # fmt: skip
+        )
     return figures
 
 
@@ -96,10 +97,21 @@ def write_report(data: ReportData) -> Path:
             commands += [r.get("command", "") for r in study.table_two if r.get("command")]
         sections.append(_store_section(study, figures, out))
     rows = [r for s in data.studies for r in s.rows]
-    lines = [f"# depthlens report: {data.run_dir}", "", "## How this was made", "", "```",
-             *sorted({s.manifest.get("command", "?") for s in stores}),
-             *sorted({c for c in commands if c and c != data.command and "thinkn" in c}),
-             data.command, "```", "", "## Correlation with accuracy (Table 1)", "", table_one(rows)]  # fmt: skip
+    lines = [
+        f"# depthlens report: {data.run_dir}",
+        "",
+        "## How this was made",
+        "",
+        "```",
+        *sorted({s.manifest.get("command", "?") for s in stores}),
+        *sorted({c for c in commands if c and c != data.command and "thinkn" in c}),
+        data.command,
+        "```",
+        "",
+        "## Correlation with accuracy (Table 1)",
+        "",
+        table_one(rows),
+    ]
     if data.table_two:
         lines += table_two_markdown(data.table_two, data.pooled)
     lines += [*sections, _limits(stores)]
@@ -113,9 +125,15 @@ def write_report(data: ReportData) -> Path:
 def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> str:
     store, summary = study.store, study.summary
     f = {k: v.relative_to(out).as_posix() for k, v in figures.items()}
-    lines = [f"## {store.label}", "", f"Store `{store.path}`: {len(store.responses)} responses to "
-             f"{len(store.questions())} questions, accuracy {100 * store.accuracy:.0f} %"
-             + (f", {store.failed} failed" if store.failed else "") + ".", ""]  # fmt: skip
+    lines = [
+        f"## {store.label}",
+        "",
+        f"Store `{store.path}`: {len(store.responses)} responses to "
+        f"{len(store.questions())} questions, accuracy {100 * store.accuracy:.0f} %"
+        + (f", {store.failed} failed" if store.failed else "")
+        + ".",
+        "",
+    ]
     if summary and summary.get("stale"):
         lines += [f"**Stale Think@n summary**: {summary['stale']}.", ""]
     if (
@@ -123,22 +141,43 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
     ):  # how the accuracies above read their answers (docs/definitions.md §5)
         lines += [f"How its answers were read: {AnswerSummary(**summary['answers']).line()}.", ""]
     if "heatmap" in f:
-        lines += ["**Figure 2** — one response's divergence to the final layer, token × layer; dots mark where each "
-                  f"token settles (blue: deep-thinking). [Interactive version]({f['heatmap_html']}).", "",
-                  f"![heatmap]({f['heatmap']})", "",
-                  "**Figure 3** — the token of that response that settles deepest: divergence, its cumulative "
-                  "minimum, the threshold g and the deep regime.", "", f"![token]({f['token']})", ""]  # fmt: skip
+        lines += [
+            "**Figure 2** — one response's divergence to the final layer, token × layer; dots mark where each "
+            f"token settles (blue: deep-thinking). [Interactive version]({f['heatmap_html']}).",
+            "",
+            f"![heatmap]({f['heatmap']})",
+            "",
+            "**Figure 3** — the token of that response that settles deepest: divergence, its cumulative "
+            "minimum, the threshold g and the deep regime.",
+            "",
+            f"![token]({f['token']})",
+            "",
+        ]
     if "bins" in f:
-        lines += ["**Figure 1** — accuracy per within-question quantile bin of each metric (bins 1 → 5: lowest → "
-                  "highest metric).", "", f"![bins]({f['bins']})", ""]  # fmt: skip
+        lines += [
+            "**Figure 1** — accuracy per within-question quantile bin of each metric (bins 1 → 5: lowest → "
+            "highest metric).",
+            "",
+            f"![bins]({f['bins']})",
+            "",
+        ]
     if "sweeps" in f:
-        lines += ["**Figure 4** — DTR's sensitivity to g, ρ, ℓ_prefix, the divergence kind and the deep rule "
-                  "(KL and cosine at thresholds that flag as many deep tokens as JSD).", "",
-                  f"![sweeps]({f['sweeps']})", ""]  # fmt: skip
+        lines += [
+            "**Figure 4** — DTR's sensitivity to g, ρ, ℓ_prefix, the divergence kind and the deep rule "
+            "(KL and cosine at thresholds that flag as many deep tokens as JSD).",
+            "",
+            f"![sweeps]({f['sweeps']})",
+            "",
+        ]
     if "cost" in f and summary:
         v = summary["voting"]
-        lines += [f"**Figure 5** — accuracy vs tokens per question (n = {v['n']}, η = {v['eta']}, ℓ_prefix = "
-                  f"{v['prefix']}, {v['trials']} trials).", "", f"![cost]({f['cost']})", ""]  # fmt: skip
+        lines += [
+            f"**Figure 5** — accuracy vs tokens per question (n = {v['n']}, η = {v['eta']}, ℓ_prefix = "
+            f"{v['prefix']}, {v['trials']} trials).",
+            "",
+            f"![cost]({f['cost']})",
+            "",
+        ]
     return "\n".join(lines)
 
 

@@ -44,8 +44,9 @@ def draw_metric_bins(
         xs = [p["metric"] for p in points]
         ys = [100 * p["accuracy"] for p in points]
         err = [100 * p["accuracy_se"] for p in points]
-        ax.errorbar(xs, ys, yerr=err, marker="o", color="#1f77b4" if name.startswith("dtr") else "#7f7f7f",
-                    capsize=3)  # fmt: skip
+        ax.errorbar(
+            xs, ys, yerr=err, marker="o", color="#1f77b4" if name.startswith("dtr") else "#7f7f7f", capsize=3
+        )
         for p, x, y in zip(points, xs, ys, strict=True):
             ax.annotate(str(p["bin"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
         ax.set_title(labels.get(name, name), fontsize=9)
@@ -128,8 +129,13 @@ def draw_sweeps(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> 
     names = [f"{r['value']}" for r in bars]
     xs = list(range(len(bars)))
     ax.bar([x - 0.2 for x in xs], [r["binned_r"] or 0 for r in bars], 0.4, color="#d62728", label="binned r")
-    ax.bar([x + 0.2 for x in xs], [r["point_biserial"] or 0 for r in bars], 0.4, color="#ff7f0e",
-           label="point-biserial r")  # fmt: skip
+    ax.bar(
+        [x + 0.2 for x in xs],
+        [r["point_biserial"] or 0 for r in bars],
+        0.4,
+        color="#ff7f0e",
+        label="point-biserial r",
+    )
     ax.set_xticks(xs, names, rotation=20, fontsize=8)
     ax.axhline(0, color="#999999", lw=0.5)
     ax.set_ylim(-1, 1)

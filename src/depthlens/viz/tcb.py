@@ -89,8 +89,14 @@ def draw_generation_trace(result: dict[str, Any], path: Path) -> Path:
     axes[0].set_yscale("log")
     axes[0].set_ylabel("δ_TCB")
     drops = [r for r in rows if r["sharp_drop"]]
-    axes[0].scatter([r["position"] for r in drops], [r["tcb"] for r in drops], s=60, facecolors="none",
-                    edgecolors="red", label="sharp drop (≤ 1/10 of recent median, ppl ≤ 2)")  # fmt: skip
+    axes[0].scatter(
+        [r["position"] for r in drops],
+        [r["tcb"] for r in drops],
+        s=60,
+        facecolors="none",
+        edgecolors="red",
+        label="sharp drop (≤ 1/10 of recent median, ppl ≤ 2)",
+    )
     axes[0].legend(fontsize=8)
     axes[1].plot(x, [r["perplexity"] for r in rows], marker=".", color="#ff7f0e")
     axes[1].set_yscale("log")

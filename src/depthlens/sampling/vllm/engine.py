@@ -255,6 +255,15 @@ def sampling_params(
     from depthlens.sampling.vllm import scores
 
     extra = {scores.TAG: tag, scores.TOP_K: sampling.confidence_top_k, **readout}
-    return SamplingParams(n=1, seed=seed, temperature=sampling.temperature, top_p=sampling.top_p,
-                          max_tokens=sampling.max_new_tokens, stop_token_ids=sorted(stop_ids), detokenize=False,
-                          output_kind=RequestOutputKind.DELTA, logprobs=logprobs, extra_args=extra)  # fmt: skip
+    return SamplingParams(
+        n=1,
+        seed=seed,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        max_tokens=sampling.max_new_tokens,
+        stop_token_ids=sorted(stop_ids),
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+        logprobs=logprobs,
+        extra_args=extra,
+    )

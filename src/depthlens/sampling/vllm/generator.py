@@ -132,9 +132,13 @@ class EngineGenerator:
         vocab = readout.vocab_size or self.info.vocab_size
         rows = chunk_sizes(readout, vocab, self.info.hidden_size, self.n_layers, 1)[1]
         self.request_readout = RequestReadout(
-            sampling.readout_tokens, self.kinds, readout.final_norm, vocab, rows,
+            sampling.readout_tokens,
+            self.kinds,
+            readout.final_norm,
+            vocab,
+            rows,
             float32_lens=engine.float32_lens,
-        )  # fmt: skip
+        )
         if job is None:
             job = JobSize(8, sampling.max_new_tokens + 1024)  # a prompt budget where the job does not say
         self.engine = llm_engine if llm_engine is not None else start_engine(self.info, engine, job, progress)

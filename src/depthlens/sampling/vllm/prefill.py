@@ -45,8 +45,13 @@ class EngineScorer:
         self.n_layers = self.info.n_layers
         vocab = readout.vocab_size or self.info.vocab_size
         rows = chunk_sizes(readout, vocab, self.info.hidden_size, self.n_layers, 1)[1]
-        self.settings = dict(kinds=(readout.divergence,), final_norm=readout.final_norm, vocab=vocab, rows=rows,
-                             float32_lens=engine.float32_lens)  # fmt: skip
+        self.settings = dict(
+            kinds=(readout.divergence,),
+            final_norm=readout.final_norm,
+            vocab=vocab,
+            rows=rows,
+            float32_lens=engine.float32_lens,
+        )
         if llm_engine is None:
             llm_engine = start_engine(
                 self.info, engine, job or JobSize(8, self.info.max_positions or 4096), progress

@@ -48,8 +48,9 @@ class SessionBackend:
             raise InputError("no seeds given: sample at least one response")
         budget = self.sampling.max_new_tokens
         pause = stop_after if stop_after is not None and stop_after < budget else None
-        spec = GroupSpec(list(prompt_ids), [int(s) for s in seeds], self.sampling, self.watch, self.logprobs,
-                         pause)  # fmt: skip
+        spec = GroupSpec(
+            list(prompt_ids), [int(s) for s in seeds], self.sampling, self.watch, self.logprobs, pause
+        )
         group = self.session.submit(spec)
         self.groups.append(group)
         self.session.wait(group, lambda: group.paused or group.done, self.cancel)
