@@ -23,9 +23,13 @@ def check(
     reports = check_store(store, verify=not quick)
     problems = 0
     for report in reports:
-        console.print(f"{report.store}: {report.shards} shard(s), {report.records} committed record(s)"
-                      if report.store.is_dir() else f"{report.store}: {report.records} record(s)",
-                      highlight=False, soft_wrap=True)  # fmt: skip
+        console.print(
+            f"{report.store}: {report.shards} shard(s), {report.records} committed record(s)"
+            if report.store.is_dir()
+            else f"{report.store}: {report.records} record(s)",
+            highlight=False,
+            soft_wrap=True,
+        )
         for note in report.notes:
             console.print(f"  note: {note}", highlight=False, soft_wrap=True)
         for p in report.problems:

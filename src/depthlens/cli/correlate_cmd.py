@@ -50,8 +50,15 @@ def correlate(
         _correlate(paths, out, cfg, dtr, g_kl, g_cosine, sweeps)
 
 
-def _correlate(paths: list[Path], out: Path, cfg: CorrelationConfig, dtr: DTRConfig, g_kl: float | None,
-               g_cosine: float | None, sweeps: bool) -> None:  # fmt: skip
+def _correlate(
+    paths: list[Path],
+    out: Path,
+    cfg: CorrelationConfig,
+    dtr: DTRConfig,
+    g_kl: float | None,
+    g_cosine: float | None,
+    sweeps: bool,
+) -> None:
     from depthlens.studies.report import study_store, write_correlation
     from depthlens.studies.stored import load_store
     from depthlens.viz.report import draw_study

@@ -20,8 +20,10 @@ def refuse_inside(out: Path, store: Path) -> None:
     inside = target == source or source in target.parents or target == manifest_path(source)
     sample_store = (target.parent / SHARDS).is_dir() or (target.parent / SAMPLES).is_file()
     if inside or (sample_store and target.name in (SAMPLES, manifest_path(Path(SAMPLES)).name)):
-        raise InputError(f"--out {out}: inside the store {store} (or where its responses are kept); write the export "
-                         "outside it")  # fmt: skip
+        raise InputError(
+            f"--out {out}: inside the store {store} (or where its responses are kept); write the export "
+            "outside it"
+        )
 
 
 @app.command("export", short_help="Write a Parquet results store out as one JSONL file.")
@@ -45,8 +47,9 @@ def export(
     refuse_inside(out, store)
     if out.exists() and not overwrite:
         raise StoreError(f"{out} already exists; pass --overwrite to replace it")
-    manifest = {k: v for k, v in stored.items()
-                if k not in ("shards", "store", "layout", "next_shard", "superseded")}  # fmt: skip
+    manifest = {
+        k: v for k, v in stored.items() if k not in ("shards", "store", "layout", "next_shard", "superseded")
+    }
     from depthlens.stores.lock import store_lock
 
     with store_lock(out):  # the export is a store of its own: one writer

@@ -43,8 +43,10 @@ def run_generation(model: ModelSpec, run: GenerateRun, ray: RayConfig | None) ->
         from depthlens.scale.ray import import_ray
 
         if fmt == "jsonl":
-            raise InputError(f"--ray writes a sharded Parquet store and {out} is a JSONL one; resume it without "
-                             "--ray, or leave out --store jsonl")  # fmt: skip
+            raise InputError(
+                f"--ray writes a sharded Parquet store and {out} is a JSONL one; resume it without "
+                "--ray, or leave out --store jsonl"
+            )
         import_ray()  # the missing extra is named before anything else happens
     samples = samples_path(out, fmt)
     from depthlens.stores.guard import new_out
@@ -102,8 +104,9 @@ def _generate_here(
             writes_to(samples_path(run.store.out, fmt))
             progress.update(responses, total=total, completed=done)
 
-        events = GenerationEvents(on_start, lambda n: progress.advance(responses, n),
-                                  lambda n: progress.advance(tokens, n))  # fmt: skip
+        events = GenerationEvents(
+            on_start, lambda n: progress.advance(responses, n), lambda n: progress.advance(tokens, n)
+        )
         return generate(lm, run, questions, events=events)
 
 
@@ -216,8 +219,15 @@ def generate(
         options, specs.engine_backend(backend, model, resumed_manifest(store), job)
     )
     run = GenerateRun(
-        store, pool, seed, batch_size, sampling,
-        specs.readout_config(divergence, also_divergences), DTRConfig(g, rho, deep_rule),  # type: ignore[arg-type]
-        answers, engine, specs.task_spec(task, questions, task_seed, task_config, data),
-    )  # fmt: skip
+        store,
+        pool,
+        seed,
+        batch_size,
+        sampling,
+        specs.readout_config(divergence, also_divergences),
+        DTRConfig(g, rho, deep_rule),  # type: ignore[arg-type]
+        answers,
+        engine,
+        specs.task_spec(task, questions, task_seed, task_config, data),
+    )
     run_generation(model_spec, run, specs.ray_config(ray, ray_address, workers, cpus, gpus))

@@ -59,14 +59,24 @@ def heatmap(
     out.mkdir(parents=True, exist_ok=True)
     (out / "record.json").write_text(json.dumps(record) + "\n")
     title = f"{model}: {divergence.upper()} to the final layer ({unit}); DTR = {record['dtr']:.2f}"
-    paths = [draw_divergence_heatmap(record, out / "heatmap.png", title=title),
-             write_heatmap_html(record, out / "heatmap.html", title=title, unit=unit)]  # fmt: skip
+    paths = [
+        draw_divergence_heatmap(record, out / "heatmap.png", title=title),
+        write_heatmap_html(record, out / "heatmap.html", title=title, unit=unit),
+    ]
     n = len(record["settling_depth"])
     t = max(range(n), key=lambda i: record["settling_depth"][i]) if token is None else token
     if not 0 <= t < n:
         raise InputError(f"--token {token}: the completion has {n} tokens (0 … {n - 1})")
-    paths.append(draw_token_settling(record["divergence"][t], g, deep_threshold(lm.n_layers, rho, deep_rule),  # type: ignore[arg-type]
-                                     out / "token.png", token=record["tokens"][t], unit=unit))  # fmt: skip
+    paths.append(
+        draw_token_settling(
+            record["divergence"][t],
+            g,
+            deep_threshold(lm.n_layers, rho, deep_rule),  # type: ignore[arg-type]
+            out / "token.png",
+            token=record["tokens"][t],
+            unit=unit,
+        )
+    )
     console.print(
         f"{n} tokens · DTR {record['dtr']:.2f} · mean settling depth {record['mean_settling_depth']:.1f} "
         f"of {lm.n_layers} layers"

@@ -46,5 +46,8 @@ def models(
         )
     console.print(table)
     for name, damage in damaged.items():  # below the table: the explanation would not fit a column
-        err_console.print(f"{name} is damaged ({damage}); reinstall it with: depthlens models --reinstall {name}",
-                          highlight=False, soft_wrap=True)  # fmt: skip
+        err_console.print(
+            f"{name} is damaged ({damage}); reinstall it with: depthlens models --reinstall {name}",
+            highlight=False,
+            soft_wrap=True,
+        )

@@ -69,8 +69,9 @@ def _live(model: ModelSpec, run: OnlineRun, questions: list[Any]) -> tuple[Any, 
     with make_progress(err_console) as progress:
         done = progress.add_task("questions", total=len(questions))
         tokens = progress.add_task("tokens", total=None)
-        events = OnlineEvents(on_question=lambda o: progress.advance(done, 1),
-                              on_token=lambda n: progress.advance(tokens, n))  # fmt: skip
+        events = OnlineEvents(
+            on_question=lambda o: progress.advance(done, 1), on_token=lambda n: progress.advance(tokens, n)
+        )
         return run_online(lm, run, questions, events=events), lm.name
 
 
@@ -104,16 +105,24 @@ def run_replay(online: OnlineConfig, store: Path, dtr: DTRConfig, replay: Replay
         replayed = replay_paired(store, online, dtr, trials, seed, replay.n)
     holes, summary = replayed.holes, replayed.summary
     if holes:
-        err_console.print(f"[yellow]{len(holes)} question(s) left out (a failed or missing response):[/] "
-                          + ", ".join(holes[:10]))  # fmt: skip
+        err_console.print(
+            f"[yellow]{len(holes)} question(s) left out (a failed or missing response):[/] "
+            + ", ".join(holes[:10])
+        )
     _print_summaries([summary], f"online replay · {manifest['model']} · {store}")
     if (c := replayed.comparison) is not None:
-        err_console.print(f"Cons@n beside it: n = {replay.n} drawn per trial.", power_line([c], c.method),
-                          highlight=False)  # fmt: skip
+        err_console.print(
+            f"Cons@n beside it: n = {replay.n} drawn per trial.", power_line([c], c.method), highlight=False
+        )
     from depthlens.stores.state import store_state
 
-    payload: dict[str, Any] = {"store": str(store), "store_state": store_state(store), "online": online.to_dict(),
-                               "dtr": dtr.to_dict(), "summary": summary.to_dict()}  # fmt: skip
+    payload: dict[str, Any] = {
+        "store": str(store),
+        "store_state": store_state(store),
+        "online": online.to_dict(),
+        "dtr": dtr.to_dict(),
+        "summary": summary.to_dict(),
+    }
     (store / "online_replay.json").write_text(json.dumps(payload, indent=2) + "\n")
     if sweep:
         from depthlens.viz.online import draw_budget_curves
@@ -134,9 +143,14 @@ def _print_summaries(summaries: list[OnlineSummary], title: str) -> None:
         table.add_column(column, justify="right")
     for s in summaries:
         table.add_row(
-            s.signal, f"{s.consensus:g}", str(s.max_n), f"{100 * s.accuracy_mean:.1f} ± {100 * s.accuracy_std:.1f}",
-            f"{s.cost_mean:,.0f} ± {s.cost_std:,.0f}", f"{s.started_mean:.1f}", f"{100 * s.consensus_rate:.0f} %",
-        )  # fmt: skip
+            s.signal,
+            f"{s.consensus:g}",
+            str(s.max_n),
+            f"{100 * s.accuracy_mean:.1f} ± {100 * s.accuracy_std:.1f}",
+            f"{s.cost_mean:,.0f} ± {s.cost_std:,.0f}",
+            f"{s.started_mean:.1f}",
+            f"{100 * s.consensus_rate:.0f} %",
+        )
     console.print(table)
     err_console.print(
         f"{summaries[0].trials} sampling orders × {summaries[0].questions} questions (order 0 = as stored)"

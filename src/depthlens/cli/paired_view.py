@@ -34,8 +34,10 @@ def power_line(paired: Sequence[Comparison], method: str = "think@n") -> str | N
     cells = paired_cells(c.row())
     diff, p, power, needed = cells.difference, cells.tests, cells.power, cells.needed
     if t.sd == 0:
-        return (f"{method} vs {c.baseline} over {t.questions} question(s): {diff} points, the same outcome on every "
-                "question, so no spread to plan a study's power from.")  # fmt: skip
+        return (
+            f"{method} vs {c.baseline} over {t.questions} question(s): {diff} points, the same outcome on every "
+            "question, so no spread to plan a study's power from."
+        )
     return (
         f"{method} vs {c.baseline} over {t.questions} questions: {diff} points, p {p} ({t.wins} won, {t.losses} "
         f"lost; s.d. of the per-question difference {100 * t.sd:.1f} points). Power to detect the paper's {gaps} "

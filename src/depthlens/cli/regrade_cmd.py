@@ -33,8 +33,10 @@ def print_regrade(report: RegradeReport) -> None:
             str(report.grades_before.get(status, 0)),
             str(report.grades_after.get(status, 0)),
         )
-    accuracy = [g.get("correct", 0) / report.responses if report.responses else 0.0 for g in
-                (report.grades_before, report.grades_after)]  # fmt: skip
+    accuracy = [
+        g.get("correct", 0) / report.responses if report.responses else 0.0
+        for g in (report.grades_before, report.grades_after)
+    ]
     table.add_row("accuracy per response %", f"{100 * accuracy[0]:.1f}", f"{100 * accuracy[1]:.1f}")
     table.add_row("truncated (cut at the token cap)", str(b.truncated), str(a.truncated))
     table.add_row(

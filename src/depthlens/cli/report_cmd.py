@@ -29,6 +29,11 @@ def report(
     from depthlens.stores.samples import picking
 
     with picking(store_format), verifying(verify), err_console.status("building the report") as status:  # type: ignore[arg-type]
-        md = build_report(run_dir, cfg, dtr, tokenizer_for=load_tokenizer,
-                          on_store=lambda label: status.update(f"studying {label}"))  # fmt: skip
+        md = build_report(
+            run_dir,
+            cfg,
+            dtr,
+            tokenizer_for=load_tokenizer,
+            on_store=lambda label: status.update(f"studying {label}"),
+        )
     console.print(f"report: {md}  (and {md.with_suffix('.html')})")

@@ -81,8 +81,12 @@ def score(
     The metrics are defined in docs/definitions.md.
     """
     options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
-    readout = ReadoutConfig(divergence=divergence, final_norm=final_norm, memory_mb=memory_mb,  # type: ignore[arg-type]
-                            compile=compile_kernel)  # type: ignore[arg-type]  # fmt: skip
+    readout = ReadoutConfig(
+        divergence=divergence,
+        final_norm=final_norm,
+        memory_mb=memory_mb,  # type: ignore[arg-type]
+        compile=compile_kernel,
+    )  # type: ignore[arg-type]
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix)  # type: ignore[arg-type]
     tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral) if tcb else None  # type: ignore[arg-type]
     store = StoreSpec(out_path, resume, overwrite, float16=float16)
@@ -136,8 +140,9 @@ def _score_here(model_spec: ModelSpec, run: ScoreRun, quiet: bool) -> None:
     lm = load_for(run.engine, model_spec)
     with make_progress(err_console) as progress:
         task = progress.add_task("scoring", total=None)
-        events = ScoreEvents(_on_start(progress, task, out_path), lambda _: progress.advance(task),
-                             on_rescore=_say_rescored)  # fmt: skip
+        events = ScoreEvents(
+            _on_start(progress, task, out_path), lambda _: progress.advance(task), on_rescore=_say_rescored
+        )
         skipped = run_score(lm, run, events)
     _finish(out_path, skipped, lm.n_layers, dtr, quiet)
 
@@ -185,8 +190,11 @@ def _score_on_ray(model: ModelSpec, run: ScoreRun, ray: RayConfig, quiet: bool) 
 
     with make_progress(err_console) as progress:
         task = progress.add_task("scoring on Ray", total=None)
-        events = ScoreEvents(_on_start(progress, task, run.store.out), on_block=lambda n: progress.advance(task, n),
-                             on_rescore=_say_rescored)  # fmt: skip
+        events = ScoreEvents(
+            _on_start(progress, task, run.store.out),
+            on_block=lambda n: progress.advance(task, n),
+            on_rescore=_say_rescored,
+        )
         report = score_on_ray(model, run, ray, events)
     _finish(run.store.out, report.skipped, report.n_layers or 0, run.dtr, quiet)
 
@@ -201,8 +209,10 @@ def _finish(out_path: Path, skipped: list[Any], n_layers: int, dtr: DTRConfig, q
     summary = score_summary(iter_store(out_path))
     if summary["deep_share"] in (0.0, 1.0):
         which, value = ("no", 0) if summary["deep_share"] == 0 else ("every", 1)
-        warn(f"{which} token of the whole input is deep-thinking at --g {dtr.g:g} --rho {dtr.rho:g}: DTR is {value} "
-             "for every record and ranks nothing; choose another --g or --rho")  # fmt: skip
+        warn(
+            f"{which} token of the whole input is deep-thinking at --g {dtr.g:g} --rho {dtr.rho:g}: DTR is {value} "
+            "for every record and ranks nothing; choose another --g or --rho"
+        )
     if not quiet:
         print_summary(summary, n_layers)
     err_console.print(f"wrote {out_path}" + (f" ({len(skipped)} skipped)" if skipped else ""))

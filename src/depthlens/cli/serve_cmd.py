@@ -63,8 +63,19 @@ def serve(
     options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
     _check_extra()
     window = specs.readout_tokens(readout_tokens, ServeConfig.readout_tokens)
-    settings = ServeConfig(served_model_name or model, api_key, max_n, max_tokens, default_max_tokens, max_prompts,
-                           window, max_running, max_queue, max_body_bytes, shutdown_grace)  # fmt: skip
+    settings = ServeConfig(
+        served_model_name or model,
+        api_key,
+        max_n,
+        max_tokens,
+        default_max_tokens,
+        max_prompts,
+        window,
+        max_running,
+        max_queue,
+        max_body_bytes,
+        shutdown_grace,
+    )
     chosen = _backend(backend, model)
     model_spec, engine_config = specs.model_and_engine(options, chosen)
     if host not in LOOPBACK and api_key is None:
@@ -104,16 +115,24 @@ def _run(engine: Engine, tokenizer: Any, settings: ServeConfig, host: str, port:
     from depthlens.serve.app import create_app
 
     application = create_app(engine, tokenizer, settings)
-    config = uvicorn.Config(application, host=host, port=port, log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=math.ceil(settings.shutdown_grace))  # fmt: skip
+    config = uvicorn.Config(
+        application,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace),
+    )
     server = uvicorn.Server(config)
     # uvicorn shuts down gracefully on SIGTERM / SIGINT, then raises the signal again for the handler it found:
     # make those no-ops, so a server stopped on purpose exits 0 (the CLI's own handlers report an interrupted
     # store and exit 143 / 130).
     for stop in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop, lambda signum, frame: None)
-    err_console.print(f"serving {settings.model_id} ({engine.name}) on http://{host}:{port}/v1; SIGTERM or "
-                      "Ctrl-C stops it", highlight=False)  # fmt: skip
+    err_console.print(
+        f"serving {settings.model_id} ({engine.name}) on http://{host}:{port}/v1; SIGTERM or Ctrl-C stops it",
+        highlight=False,
+    )
     try:
         server.run()
     except SystemExit as exc:  # uvicorn exits 1 when it cannot bind; its log line says why

@@ -185,15 +185,30 @@ def prompts(
     )
     model_spec, engine = specs.model_and_engine(options, backend_name)
     lm = load_model(model_spec)
-    settings = {"task": task, "task_config": task_config, "templates": names, "shots": shot_list,
-                "max_new_tokens": max_new_tokens, "dtype": dtype, **_engine_setting(engine)}  # fmt: skip
+    settings = {
+        "task": task,
+        "task_config": task_config,
+        "templates": names,
+        "shots": shot_list,
+        "max_new_tokens": max_new_tokens,
+        "dtype": dtype,
+        **_engine_setting(engine),
+    }
     status = f"{len(names)} templates × {len(shot_list)} shot settings × {questions} questions"
     with (
         _units(out, "prompts", model, settings, resume, overwrite) as (done, on_unit),
         err_console.status(status),
     ):
-        result = prompt_variants(lm, task, questions, names, shot_list, max_new_tokens, parsed_config,
-                                 StudyRun(done, on_unit, engine))  # fmt: skip
+        result = prompt_variants(
+            lm,
+            task,
+            questions,
+            names,
+            shot_list,
+            max_new_tokens,
+            parsed_config,
+            StudyRun(done, on_unit, engine),
+        )
     _finish(out, "prompts", result, draw_prompt_variants(result, out / "prompts.png"))
 
 
@@ -231,8 +246,14 @@ def trace(
     model_spec, engine = specs.model_and_engine(options, backend_name)
     lm = load_model(model_spec)
     rule = DropRule(window, factor, max_perplexity)
-    settings = {"prompt": prompt, "max_new_tokens": max_new_tokens, "rule": rule.__dict__, "chat": chat,
-                "dtype": dtype, **_engine_setting(engine)}  # fmt: skip
+    settings = {
+        "prompt": prompt,
+        "max_new_tokens": max_new_tokens,
+        "rule": rule.__dict__,
+        "chat": chat,
+        "dtype": dtype,
+        **_engine_setting(engine),
+    }
     with (
         _units(out, "trace", model, settings, resume, overwrite) as (done, on_unit),
         err_console.status("generating"),

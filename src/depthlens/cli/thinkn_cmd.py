@@ -55,12 +55,21 @@ def dtr_for(store: Path | None, g: float | None, rho: float | None, deep_rule: s
     from depthlens.stores.samples import read_manifest
 
     base = DTRConfig.from_dict(read_manifest(store)["dtr"]) if store is not None else DTRConfig()
-    return DTRConfig(base.g if g is None else g, base.rho if rho is None else rho,
-                     base.deep_rule if deep_rule is None else deep_rule)  # type: ignore[arg-type]  # fmt: skip
+    return DTRConfig(
+        base.g if g is None else g,
+        base.rho if rho is None else rho,
+        base.deep_rule if deep_rule is None else deep_rule,
+    )  # type: ignore[arg-type]
 
 
-def vote(store: Path, voting: VotingConfig, dtr: DTRConfig, methods: list[str] | None, ablation: bool,
-         overwrite: bool) -> None:  # fmt: skip
+def vote(
+    store: Path,
+    voting: VotingConfig,
+    dtr: DTRConfig,
+    methods: list[str] | None,
+    ablation: bool,
+    overwrite: bool,
+) -> None:
     """Vote over the store's pools, print the table and where the summary went."""
     from depthlens.studies.thinkn import summarise, summary_stem
 
@@ -233,8 +242,13 @@ def thinkn(
         job = specs.job_size(questions, per_question, at_once, sampling)  # what auto picks the backend for
         chosen = specs.engine_backend(backend, model, resumed_manifest(store), job)
         model_spec, engine = specs.model_and_engine(options, chosen)
-        return Sampled(model_spec, specs.answer_config(prompt_style, answer_type, answer_fallback, task),
-                       sampling, engine, specs.readout_config(divergence or ReadoutConfig.divergence))  # fmt: skip
+        return Sampled(
+            model_spec,
+            specs.answer_config(prompt_style, answer_type, answer_fallback, task),
+            sampling,
+            engine,
+            specs.readout_config(divergence or ReadoutConfig.divergence),
+        )
 
     from depthlens.stores.parquet import verifying
     from depthlens.stores.samples import picking
@@ -254,11 +268,26 @@ def thinkn(
                 )
             if not online:
                 raise InputError("--sweep replays the online policy: pass it with --online --from DIR")
-            policy = oc.online_config(signal, warmup, max_n, consensus, eta, specs.prefix(prefix), deepconf_window,
-                                      batch_size or OnlineConfig.batch_size)  # fmt: skip
+            policy = oc.online_config(
+                signal,
+                warmup,
+                max_n,
+                consensus,
+                eta,
+                specs.prefix(prefix),
+                deepconf_window,
+                batch_size or OnlineConfig.batch_size,
+            )
             live = lambda: sampled(policy.prefix, policy.max_n, policy.batch_size)  # noqa: E731
-            _online(store, policy, dtr_for(from_store, g, rho, deep_rule), oc.Replay(trials, seed, sweep, n), live,
-                    task_spec, from_store is not None)  # fmt: skip
+            _online(
+                store,
+                policy,
+                dtr_for(from_store, g, rho, deep_rule),
+                oc.Replay(trials, seed, sweep, n),
+                live,
+                task_spec,
+                from_store is not None,
+            )
             return
         voting = VotingConfig(n, eta, specs.prefix(prefix), trials, seed, deepconf_window)
         chosen = method_list(methods)
@@ -266,8 +295,18 @@ def thinkn(
             size = pool if pool is not None else 2 * n
             at_once = batch_size or GenerateRun.batch_size
             new = sampled(None if ablation else voting.prefix, size, at_once)
-            run = GenerateRun(store, size, seed, at_once, new.sampling, new.readout,
-                              dtr_for(None, g, rho, deep_rule), new.answers, new.engine, task_spec)  # fmt: skip
+            run = GenerateRun(
+                store,
+                size,
+                seed,
+                at_once,
+                new.sampling,
+                new.readout,
+                dtr_for(None, g, rho, deep_rule),
+                new.answers,
+                new.engine,
+                task_spec,
+            )
             run_generation(new.model, run, specs.ray_config(ray, ray_address, workers, cpus, gpus))
         vote(store.out, voting, dtr_for(store.out, g, rho, deep_rule), chosen, ablation, overwrite)
 
