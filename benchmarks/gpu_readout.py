@@ -44,17 +44,9 @@ def _timed(fn, device: torch.device, repeats: int) -> float:
     return best
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
-    parser.add_argument("--tokens", type=int, default=512, help="tokens in the readout chunk")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-
+def measure(shape: str, tokens: int, dtype: str = "bfloat16", repeats: int = 3) -> dict:
+    """The bare unembedding products, the eager and the compiled readout of one chunk of ``tokens`` tokens at the
+    real ``shape`` on whatever device there is: times, tokens/s, TFLOPS and the share of the bf16 peak."""
     from depthlens.metrics.token_table import chunk_divergences
     from depthlens.models.adapters import ModelParts
     from depthlens.models.load import LoadedModel
@@ -62,18 +54,20 @@ def main() -> None:
     from depthlens.readout.stream import rows_chunk
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, args.dtype)
-    n_layers, d, vocab = SHAPES[args.shape]
+    n_layers, d, vocab = SHAPES[shape]
     torch.manual_seed(0)
     holder = nn.Module()
-    holder.norm = nn.RMSNorm(d, eps=1e-6).to(device, dtype)
-    holder.unembed = nn.Linear(d, vocab, bias=False).to(device, dtype)
+    holder.norm = nn.RMSNorm(d, eps=1e-6).to(device, getattr(torch, dtype))
+    holder.unembed = nn.Linear(d, vocab, bias=False).to(device, getattr(torch, dtype))
     nn.init.normal_(holder.unembed.weight, std=d**-0.5)
     parts = ModelParts(nn.ModuleList([nn.Identity()] * n_layers), holder.norm, holder.unembed, None, True)
-    lm = LoadedModel(model=holder, tokenizer=None, parts=parts, name=args.shape)
+    lm = LoadedModel(model=holder, tokenizer=None, parts=parts, name=shape)
     lens = LogitLens(parts)
-    c = args.tokens
-    hidden = [torch.randn(c, d, device=device, dtype=dtype) * (1 + i / n_layers) for i in range(n_layers + 1)]
+    c = tokens
+    hidden = [
+        torch.randn(c, d, device=device, dtype=getattr(torch, dtype)) * (1 + i / n_layers)
+        for i in range(n_layers + 1)
+    ]
     hidden[-1] = holder.norm(hidden[-1])  # the model's last state arrives normed
     with torch.inference_mode():
         logits = holder.unembed(hidden[-1])
@@ -86,10 +80,10 @@ def main() -> None:
                 x @ weight.T
 
         times = {
-            "matmul (bare unembedding)": _timed(matmul, device, args.repeats),
-            "readout, eager": _timed(lambda: chunk_divergences(chunk, "jsd"), device, args.repeats),
+            "matmul (bare unembedding)": _timed(matmul, device, repeats),
+            "readout, eager": _timed(lambda: chunk_divergences(chunk, "jsd"), device, repeats),
             "readout, compiled": _timed(
-                lambda: chunk_divergences(chunk, "jsd", compiled=True), device, args.repeats
+                lambda: chunk_divergences(chunk, "jsd", compiled=True), device, repeats
             ),
         }
         eager = chunk_divergences(chunk, "jsd")
@@ -110,22 +104,38 @@ def main() -> None:
                 "vs_matmul": seconds / times["matmul (bare unembedding)"],
             }
         )
-        frac = f", {100 * achieved / peak:.0f} % of {peak:.0f} TFLOPS" if peak else ""
-        print(
-            f"{what:>28}: {c / seconds:>10.0f} tok/s, {achieved:7.1f} TFLOPS{frac}, "
-            f"{seconds / times['matmul (bare unembedding)']:.2f}× the matmul"
-        )
-    result = {
+    return {
         "device": name,
-        "shape": args.shape,
+        "shape": shape,
         "layers": n_layers,
         "d_model": d,
         "vocab": vocab,
         "tokens": c,
-        "dtype": args.dtype,
+        "dtype": dtype,
         "max_abs_diff_compiled_vs_eager": float((fused - eager).abs().max()),
         "rows": rows,
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    parser.add_argument("--tokens", type=int, default=512, help="tokens in the readout chunk")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    result = measure(args.shape, args.tokens, args.dtype, args.repeats)
+    for row in result["rows"]:
+        peak = (
+            f", {100 * row['roofline_fraction']:.0f} % of the bf16 peak" if row["roofline_fraction"] else ""
+        )
+        print(
+            f"{row['path']:>28}: {row['tokens_per_s']:>10.0f} tok/s, {row['tflops']:7.1f} TFLOPS{peak}, "
+            f"{row['vs_matmul']:.2f}× the matmul"
+        )
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

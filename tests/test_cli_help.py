@@ -218,3 +218,18 @@ def test_the_docs_name_the_manifest_a_store_writes():
 
     text = (DOCS / "cli.md").read_text(encoding="utf-8")
     assert MANIFEST in text and not re.search(r"(?<![_\w.])manifest\.json", text)
+
+
+def test_no_option_type_name_is_exported_twice():
+    """`cli/options/` re-exports every module's names as `opt`: a name in two modules would silently resolve to the
+    last one imported (a sampling `TopK` once became the TCB study's `--top-k` on `generate`)."""
+    import importlib
+    import pkgutil
+
+    from depthlens.cli import options
+
+    owners: dict[str, str] = {}
+    for module in pkgutil.iter_modules(options.__path__):
+        for name in getattr(importlib.import_module(f"{options.__name__}.{module.name}"), "__all__", []):
+            assert name not in owners, f"{name} exported by both {owners[name]} and {module.name}"
+            owners[name] = module.name

@@ -9,29 +9,65 @@ from depthlens.config import ReadoutConfig, SamplingConfig
 from depthlens.errors import ConfigError, InputError
 from depthlens.metrics.token_table import reduce_readout
 from depthlens.readout.stream import TokenSequence, iter_readout
-from depthlens.sampling.backend import next_token
+from depthlens.sampling.backend import next_token, sampling_uniforms
 from depthlens.sampling.hf import HFGenerator
 
 PROMPT = [1, 5, 9, 14, 20, 7]
 
 
+def _uniforms(seeds, step=0):
+    return sampling_uniforms(torch.tensor(seeds), step)
+
+
 def test_next_token_greedy_and_nucleus():
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.9], [5.0, 0.0, 0.0, 0.0]])
-    gens = [torch.Generator().manual_seed(i) for i in range(2)]
-    assert next_token(logits, 0.0, 1.0, gens).tolist() == [1, 0]
+    assert next_token(logits, _uniforms([0, 1]), 0.0).tolist() == [1, 0]
     # top_p below the top token's mass keeps only it, whatever the draw
     for seed in range(20):
-        gens = [torch.Generator().manual_seed(seed) for _ in range(2)]
-        assert next_token(logits, 1.0, 0.3, gens).tolist() == [1, 0]
+        assert next_token(logits, _uniforms([seed, seed]), 1.0, top_p=0.3).tolist() == [1, 0]
     # with top_p = 0.9 only the two leading tokens of row 0 (≈ 0.47 + 0.43) may be drawn
-    drawn = {int(next_token(logits[:1], 1.0, 0.9, [torch.Generator().manual_seed(s)])[0]) for s in range(200)}
+    drawn = {int(next_token(logits[:1], _uniforms([s]), 1.0, top_p=0.9)[0]) for s in range(200)}
     assert drawn == {1, 3}
 
 
-def test_next_token_rows_use_their_own_generator():
+def test_next_token_top_k_and_min_p():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.9, 2.0]]).repeat(400, 1)
+    u = _uniforms(list(range(400)))
+    assert set(next_token(logits, u, 1.0, top_k=2).tolist()) == {1, 3}
+    assert set(next_token(logits, u, 1.0, top_k=1).tolist()) == {1}
+    # min_p = 0.3: tokens with p ≥ 0.3 × p_max stay — logits within ln(1/0.3) ≈ 1.2 of the top: 1, 3, 4
+    assert set(next_token(logits, u, 1.0, min_p=0.3).tolist()) == {1, 3, 4}
+    # temperature applies first: at T = 0.25 token 4 falls below 0.3 × p_max
+    assert set(next_token(logits, u, 0.25, min_p=0.3).tolist()) == {1, 3}
+
+
+def test_next_token_draws_the_distribution():
+    """Inverse-CDF draws at the counter-based uniforms follow softmax(logits / T): a chi-square test over 20,000
+    draws (p > 1e-4 unless the sampler is biased)."""
+    from scipy.stats import chisquare
+
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0, -1.0]])
+    n = 20_000
+    for temperature in (1.0, 0.6):
+        drawn = next_token(logits.repeat(n, 1), _uniforms(list(range(n)), step=3), temperature)
+        observed = torch.bincount(drawn, minlength=5).double()
+        expected = torch.softmax(logits[0].double() / temperature, -1) * n
+        assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-4
+
+
+def test_sampling_uniforms_depend_on_seed_and_step_only():
+    alone = sampling_uniforms(torch.tensor([7]), 5)
+    batched = sampling_uniforms(torch.tensor([3, 7, 9]), 5)
+    assert alone[0] == batched[1]  # a row's draw does not depend on its batch
+    assert sampling_uniforms(torch.tensor([7]), 6)[0] != alone[0]  # nor repeat across steps
+    u = sampling_uniforms(torch.arange(50_000), 0)
+    assert float(u.min()) >= 0 and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.01
+
+
+def test_next_token_rows_use_their_own_seed():
     logits = torch.zeros(3, 50)
-    a = next_token(logits, 1.0, 1.0, [torch.Generator().manual_seed(s) for s in (7, 8, 9)])
-    b = next_token(logits[:1], 1.0, 1.0, [torch.Generator().manual_seed(7)])
+    a = next_token(logits, _uniforms([7, 8, 9]), 1.0)
+    b = next_token(logits[:1], _uniforms([7]), 1.0)
     assert a[0] == b[0]
 
 

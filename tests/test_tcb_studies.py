@@ -25,7 +25,7 @@ def test_geometry_counterfactual_equals_brute_force(model_type):
     got = geometry_ablation(unembed, states, unembed.row_norms_sq(), k, alphas)
     out = final_output(unembed, states)
     for t in range(states.shape[0]):
-        o, s = out.o[t], out.slope[t]
+        o, s = out.o[t], out.slope_or_ones[t]
         rows = unembed.weight.double() * s[:, None]
         top = o.topk(k).indices
         centroid = (o[top, None] * rows[top]).sum(0) / o[top].sum()

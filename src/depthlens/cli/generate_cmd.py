@@ -171,6 +171,8 @@ def generate(
     seed: opt.Seed = GenerateRun.seed,
     temperature: opt.Temperature = SamplingConfig.temperature,
     top_p: opt.TopP = SamplingConfig.top_p,
+    top_k: opt.TopKSampling = SamplingConfig.top_k,
+    min_p: opt.MinP = SamplingConfig.min_p,
     max_new_tokens: opt.MaxNew = SamplingConfig.max_new_tokens,
     readout_tokens: opt.ReadoutTokens = str(SamplingConfig.readout_tokens),
     batch_size: opt.GenBatch = GenerateRun.batch_size,
@@ -212,7 +214,7 @@ def generate(
     options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
     answers = specs.answer_config(prompt_style, answer_type, answer_fallback, task)
     window = specs.readout_tokens(readout_tokens, SamplingConfig.readout_tokens)
-    sampling = SamplingConfig(temperature, top_p, max_new_tokens, window)
+    sampling = SamplingConfig(temperature, top_p, max_new_tokens, window, top_k=top_k, min_p=min_p)
     store = StoreSpec(out, resume, overwrite, store_format, float16)  # type: ignore[arg-type]
     job = specs.job_size(questions, pool, batch_size, sampling)  # what auto picks the backend for
     model_spec, engine = specs.model_and_engine(

@@ -51,6 +51,7 @@ def score(
     epsilon: opt.Epsilon = TCBConfig.epsilon,
     v_eff: opt.VEffOpt = TCBConfig.v_eff,
     spectral: opt.Spectral = TCBConfig.spectral,
+    tcb_exact: opt.TcbExact = TCBConfig.exact,
     batch_size: opt.ScoreBatch = ScoreRun.batch_size,
     memory_mb: opt.MemoryMB = ReadoutConfig.memory_mb,
     compile_kernel: opt.CompileOpt = ReadoutConfig.compile,
@@ -88,7 +89,7 @@ def score(
         compile=compile_kernel,
     )  # type: ignore[arg-type]
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix)  # type: ignore[arg-type]
-    tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral) if tcb else None  # type: ignore[arg-type]
+    tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral, exact=tcb_exact) if tcb else None  # type: ignore[arg-type]
     store = StoreSpec(out_path, resume, overwrite, float16=float16)
     ray_on = ray or ray_address is not None
     model_spec, engine = specs.model_and_engine(options, _backend(backend, model, tcb, ray_on))

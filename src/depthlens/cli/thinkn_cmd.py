@@ -184,6 +184,8 @@ def thinkn(
     seed: opt.Seed = VotingConfig.seed,
     temperature: opt.Temperature = SamplingConfig.temperature,
     top_p: opt.TopP = SamplingConfig.top_p,
+    top_k: opt.TopKSampling = SamplingConfig.top_k,
+    min_p: opt.MinP = SamplingConfig.min_p,
     max_new_tokens: opt.MaxNew = SamplingConfig.max_new_tokens,
     readout_tokens: opt.ThinknReadoutTokens = None,
     batch_size: opt.ThinknBatch = None,
@@ -238,7 +240,7 @@ def thinkn(
 
     def sampled(window: int | None, per_question: int, at_once: int) -> Sampled:  # built only where one is
         window = specs.readout_tokens(readout_tokens, window)
-        sampling = SamplingConfig(temperature, top_p, max_new_tokens, window)
+        sampling = SamplingConfig(temperature, top_p, max_new_tokens, window, top_k=top_k, min_p=min_p)
         job = specs.job_size(questions, per_question, at_once, sampling)  # what auto picks the backend for
         chosen = specs.engine_backend(backend, model, resumed_manifest(store), job)
         model_spec, engine = specs.model_and_engine(options, chosen)

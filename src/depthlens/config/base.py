@@ -34,6 +34,7 @@ FLAGS: dict[tuple[str, str], str | None] = {
     ("ReadoutConfig", "vocab_size"): None,
     ("ReadoutConfig", "early_exit"): None,
     ("TCBConfig", "power_iterations"): None,
+    ("TCBConfig", "exact"): "--tcb-exact",
     ("SamplingConfig", "confidence_top_k"): None,
     ("AnswerConfig", "fallback"): "--answer-fallback",
     ("CorrelationConfig", "min_responses"): None,

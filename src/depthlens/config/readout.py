@@ -43,7 +43,10 @@ class ReadoutConfig(Config):
         final_norm: apply the model's final norm before the unembedding at layers < L (the logit lens);
             False is the ``--no-final-norm`` ablation, never the default.
         memory_mb: budget for the readout's working tensors (vocab-sized chunks and the forward segment);
-            chunk sizes are derived from it so peak memory does not grow with sequence length or depth.
+            chunk sizes are derived from it so peak memory does not grow with sequence length or depth. None =
+            fit the device: 512 MB on a CPU, a quarter of the free memory on a GPU (at most 16 GiB;
+            ``readout.stream.budget_mb``). A budget changes how the work is cut, not its results (float32
+            rounding aside), so a store resumes under another one.
         compile: fuse unembedding, log-softmax and divergence into one compiled kernel per layer (see
             ``Compile``); falls back to eager, with a warning, where compilation is unavailable.
         early_exit: when only sequence scores are asked (no per-token divergences), walk each token's layers
@@ -55,7 +58,7 @@ class ReadoutConfig(Config):
 
     divergence: Divergence = "jsd"
     final_norm: bool = True
-    memory_mb: int = 512
+    memory_mb: int | None = None
     vocab_size: int | None = None
     early_exit: bool = True
     compile: Compile = "auto"
@@ -67,7 +70,7 @@ class ReadoutConfig(Config):
         object.__setattr__(self, "also", tuple(k for k in dict.fromkeys(self.also) if k != self.divergence))
         for kind in self.also:
             check_choice("ReadoutConfig", "also", kind, Divergence)
-        if self.memory_mb < 16:
+        if self.memory_mb is not None and self.memory_mb < 16:
             raise invalid("ReadoutConfig", "memory_mb", self.memory_mb, "must be ≥ 16")
         if self.vocab_size is not None and self.vocab_size < 2:
             raise invalid(
@@ -115,12 +118,15 @@ class TCBConfig(Config):
         spectral: also report ``tcb_spectral`` = ε / ‖J‖_2 (power iteration; costs ~2 unembedding products per
             iteration).
         power_iterations: the most power-iteration steps for the spectral norm.
+        exact: compute δ_TCB in float64 (the reference) instead of float32 (within 1e-4 relative of it: the
+            anchored closed form of ``metrics.tcb`` has no cancellation left for float64 to guard).
     """
 
     epsilon: float = 1.0
     v_eff: VEff = "ipr"
     spectral: bool = False
     power_iterations: int = 100
+    exact: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):

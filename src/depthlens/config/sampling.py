@@ -23,6 +23,9 @@ class SamplingConfig(Config):
             hence settling depth and DTR) from the generation pass itself; None = every token. The final-layer
             scores (log p, entropy, self-certainty, confidence) are kept for every token whatever this is.
         confidence_top_k: k of DeepConf's token confidence, −(1/k) Σ of the k largest log-probabilities.
+        top_k: sample among the k most probable tokens only; 0 = off.
+        min_p: drop tokens less probable than ``min_p`` × the most probable one; 0 = off. The filters apply in
+            ``model.generate``'s order: temperature, top-k, top-p, min-p.
     """
 
     temperature: float = 0.6
@@ -30,6 +33,8 @@ class SamplingConfig(Config):
     max_new_tokens: int = 512
     readout_tokens: int | None = PREFIX_TOKENS
     confidence_top_k: int = 20
+    top_k: int = 0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -38,6 +43,10 @@ class SamplingConfig(Config):
             )
         if not (0 < self.top_p <= 1):
             raise invalid("SamplingConfig", "top_p", self.top_p, "must be in (0, 1]")
+        if self.top_k < 0:
+            raise invalid("SamplingConfig", "top_k", self.top_k, "must be ≥ 0", "0 = off")
+        if not (0 <= self.min_p < 1):
+            raise invalid("SamplingConfig", "min_p", self.min_p, "must lie in [0, 1)", "0 = off")
         if self.max_new_tokens < 1:
             raise invalid("SamplingConfig", "max_new_tokens", self.max_new_tokens, "must be ≥ 1")
         if self.readout_tokens is not None and self.readout_tokens < 0:

@@ -3,25 +3,36 @@
 For a final normalised state h, z = W h (+ b), y = post(z), o = softmax(y), the Jacobian of h ↦ o is
 J = (diag(o) − o oᵀ) W̃ with rows w̃_i = s_i w_i, s_i = post'(z_i) (s ≡ 1 without post-processing, so the
 paper's J = (diag(o) − o oᵀ) W is the special case; soft-capping and logit scaling stay exact). Row i of J is
-o_i (w̃_i − μ), μ = Σ_j o_j w̃_j, hence
+o_i (w̃_i − μ), μ = Σ_j o_j w̃_j, hence ‖J‖_F² = Σ_i o_i² ‖w̃_i − μ‖², and δ_TCB = ε / ‖J‖_F.
 
-    ‖J‖_F² = Σ_i o_i² ‖w̃_i − μ‖² = Σ_i o_i² s_i² ‖w_i‖² − 2 μ·(Σ_i o_i² s_i w_i) + ‖μ‖² Σ_i o_i²
+**Anchored at the top token.** Expanded around the origin, Σ o_i² ‖w̃_i‖² − 2 μ·ν + ‖μ‖² Σ o_i² is three terms of
+size ‖w̃_k‖² that cancel to a result of size o_2² when o is peaked on k: float64 lost every digit once o_k
+exceeded ~1 − 1e-8 (measured: docs/performance.md, "δ_TCB in float32"). Expanded around a = w̃_k instead, with
+r = Σ_{j≠k} o_j and q_j = o_j / r the distribution over the other tokens (q = softmax of the other logits, so
+neither r nor q underflows, and r is never the cancelling 1 − o_k):
 
-— two [c, V] × [V, d] products per chunk of c tokens, never a V × d matrix per token. δ_TCB = ε / ‖J‖_F.
-Everything is accumulated in float64: the three terms nearly cancel when o is peaked, and float32 would lose the
-difference. W is upcast one vocabulary block at a time, so no float64 copy of W is ever held whole.
+    m̂ = Σ_{j≠k} q_j w̃_j − a    (μ = a + r m̂),     ν̂ = Σ q_i² w̃_i,   R = Σ q_i²,   F = Σ q_i² ‖w̃_i‖²
+    ‖J‖_F² = r² [ o_k² ‖m̂‖² + (F − 2 a·ν̂ + R ‖a‖²) − 2 r m̂·(ν̂ − R a) + r² R ‖m̂‖² ]
+
+Every bracketed term is of the size of the result (the only cancellation left is geometric: rows nearly equal to
+a), so float32 suffices: relative error ≤ 1e-4 against a float64 reference on every regime tested, peaked,
+flat, soft-capped, scaled and padded (tests/test_tcb.py), where the old float64 closed form failed completely on
+peaked outputs. Two [c, V] × [V, d] products per chunk (plus z = W h), in float32, never a V × d matrix per token
+and no float64 copy of W; ``exact=True`` runs the same formula in float64 (``--tcb-exact``, the reference).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 
 import torch
 
 from depthlens.models.adapters import LogitPostFn
 from depthlens.readout.lens import LogitLens
 
-_VOCAB_BLOCK = 8192  # rows of W upcast to float64 at a time
+_VOCAB_BLOCK = 8192  # rows of W cast to the working dtype at a time, where W is held in another dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,57 +55,125 @@ class Unembedding:
             lens.parts.logit_post,
         )
 
-    def logits64(self, normed: torch.Tensor) -> torch.Tensor:
-        """z = W h + b in float64, [c, d] → [c, V] (pre-post-processing)."""
-        z = self.w_times(normed)
-        return z + self.bias.double() if self.bias is not None else z
+    def logits(self, normed: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """z = W h + b in ``dtype``, [c, d] → [c, V] (pre-post-processing)."""
+        z = self.w_times(normed, dtype)
+        return z + self.bias.to(dtype) if self.bias is not None else z
 
     def times_w(self, a: torch.Tensor) -> torch.Tensor:
-        """a W in float64, [c, V] → [c, d], one vocabulary block at a time."""
-        out = torch.zeros(a.shape[0], self.weight.shape[1], dtype=torch.float64, device=a.device)
+        """a W in a's dtype, [c, V] → [c, d]."""
+        if self.weight.dtype == a.dtype:
+            return a @ self.weight
+        if _reduced_on_cuda(
+            self.weight, a.dtype
+        ):  # bf16 W: products exact, sums in a's dtype; a kept to ~16 bits
+            hi = a.to(self.weight.dtype)
+            lo = (a - hi.to(a.dtype)).to(self.weight.dtype)
+            both = torch.mm(torch.cat([hi, lo]), self.weight, out_dtype=a.dtype)
+            return both[: a.shape[0]] + both[a.shape[0] :]
+        out = torch.zeros(a.shape[0], self.weight.shape[1], dtype=a.dtype, device=a.device)
         for start, block in zip(
             range(0, a.shape[1], _VOCAB_BLOCK), self.weight.split(_VOCAB_BLOCK), strict=True
         ):
-            out += a[:, start : start + block.shape[0]] @ block.double()
+            out += a[:, start : start + block.shape[0]] @ block.to(a.dtype)
         return out
 
-    def w_times(self, v: torch.Tensor) -> torch.Tensor:
-        """v Wᵀ in float64, [c, d] → [c, V]."""
-        v = v.double()
-        return torch.cat([v @ block.double().T for block in self.weight.split(_VOCAB_BLOCK)], dim=-1)
+    def w_times(self, v: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """v Wᵀ in ``dtype``, [c, d] → [c, V]."""
+        if self.weight.dtype == dtype:
+            return v.to(dtype) @ self.weight.T
+        if _reduced_on_cuda(self.weight, dtype):  # states of a bf16 model are bf16 values: the cast is exact
+            return torch.mm(v.to(self.weight.dtype), self.weight.T, out_dtype=dtype)
+        v = v.to(dtype)
+        return torch.cat([v @ block.to(dtype).T for block in self.weight.split(_VOCAB_BLOCK)], dim=-1)
 
-    def row_norms_sq(self) -> torch.Tensor:
-        """‖w_i‖² for every row, float64 [V]."""
-        return torch.cat([block.double().pow(2).sum(-1) for block in self.weight.split(_VOCAB_BLOCK)])
+    def row_norms_sq(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """‖w_i‖² for every row, [V] (summed in float64, returned in ``dtype``)."""
+        norms = torch.cat([block.double().pow(2).sum(-1) for block in self.weight.split(_VOCAB_BLOCK)])
+        return norms.to(dtype)
+
+    def rows(self, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """w_i for the token ids ``index`` [c], [c, d] in ``dtype``."""
+        return self.weight[index].to(dtype)
+
+
+def _reduced_on_cuda(weight: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether a product with ``weight`` (bf16/fp16 on CUDA) can keep W as it is and accumulate in ``dtype``."""
+    return weight.is_cuda and weight.dtype in (torch.bfloat16, torch.float16) and _mm_out_dtype(weight.device)
+
+
+@functools.cache
+def _mm_out_dtype(device: torch.device) -> bool:
+    """torch.mm(..., out_dtype=float32) on reduced-precision CUDA inputs (torch ≥ 2.8); else W is cast by blocks."""
+    try:
+        x = torch.ones(2, 2, dtype=torch.bfloat16, device=device)
+        return torch.mm(x, x, out_dtype=torch.float32).dtype == torch.float32
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
 class FinalOutput:
     """The final mapping evaluated at a chunk of states, computed once and shared by every TCB quantity."""
 
-    o: torch.Tensor  # [c, V] float64 output distribution softmax(post(z))
-    slope: torch.Tensor  # [c, V] float64 s_i = post'(z_i) (ones without post-processing)
-    logits: torch.Tensor  # [c, V] float64 post-processed logits y
+    logits: torch.Tensor  # [c, V] post-processed logits y, in the working dtype
+    slope: torch.Tensor | None  # [c, V] s_i = post'(z_i); None without post-processing (s ≡ 1)
+    logprobs: torch.Tensor  # [c, V] log o = log_softmax(y)
+
+    @property
+    def o(self) -> torch.Tensor:
+        """The output distribution softmax(y), [c, V]."""
+        return self.logprobs.exp()
+
+    @property
+    def slope_or_ones(self) -> torch.Tensor:
+        return self.slope if self.slope is not None else torch.ones_like(self.logits)
 
 
-def final_output(unembed: Unembedding, normed: torch.Tensor) -> FinalOutput:
-    """Evaluate z = W h + b, y = post(z), o = softmax(y) and post'(z) in float64 for states [c, d]."""
-    z = unembed.logits64(normed)
+def final_output(
+    unembed: Unembedding, normed: torch.Tensor, dtype: torch.dtype = torch.float64
+) -> FinalOutput:
+    """Evaluate z = W h + b, y = post(z), log o = log_softmax(y) and post'(z) in ``dtype`` for states [c, d]."""
+    z = unembed.logits(normed, dtype)
     if unembed.post is None:
-        return FinalOutput(torch.softmax(z, -1), torch.ones_like(z), z)
+        return FinalOutput(z, None, torch.log_softmax(z, -1))
     y = unembed.post(z)
-    return FinalOutput(torch.softmax(y, -1), unembed.post.derivative(z), y)
+    return FinalOutput(y, unembed.post.derivative(z), torch.log_softmax(y, -1))
+
+
+def log_jacobian_frobenius(
+    unembed: Unembedding, out: FinalOutput, row_norms_sq: torch.Tensor
+) -> torch.Tensor:
+    """log ‖J‖_F per token by the anchored closed form (module docstring), in the dtype of ``out``; → [c]
+    float64 (−inf where the output is one-hot: then no finite move changes it to first order)."""
+    y, s = out.logits, out.slope
+    dtype = y.dtype
+    top = y.argmax(-1, keepdim=True)  # [c, 1] the anchor k
+    others = y.scatter(-1, top, float("-inf"))
+    log_r = torch.logsumexp(others, -1) - torch.logsumexp(y, -1)  # log Σ_{j≠k} o_j, [c]
+    o_top = out.logprobs.gather(-1, top).squeeze(-1).exp()  # [c]
+    q = torch.softmax(others, -1)  # [c, V], q_k = 0
+    q_sq = q * q
+    anchor = unembed.rows(top.squeeze(-1), dtype)  # [c, d] w_k
+    if s is None:
+        mu, nu, first = unembed.times_w(q), unembed.times_w(q_sq), q_sq @ row_norms_sq.to(dtype)
+    else:
+        anchor = anchor * s.gather(-1, top)  # w̃_k
+        mu, nu = unembed.times_w(q * s), unembed.times_w(q_sq * s)
+        first = (q_sq * s * s) @ row_norms_sq.to(dtype)
+    spread = q_sq.sum(-1)  # R
+    m = mu - anchor  # m̂, [c, d]
+    r = log_r.exp()
+    around_anchor = first - 2 * (anchor * nu).sum(-1) + spread * (anchor * anchor).sum(-1)
+    m_sq = (m * m).sum(-1)
+    cross = (m * (nu - spread[:, None] * anchor)).sum(-1)
+    inner = o_top * o_top * m_sq + around_anchor - 2 * r * cross + r * r * spread * m_sq
+    return log_r.double() + 0.5 * inner.clamp_min(0.0).double().log()
 
 
 def jacobian_frobenius(unembed: Unembedding, out: FinalOutput, row_norms_sq: torch.Tensor) -> torch.Tensor:
-    """‖J‖_F per token by the closed form, float64; → [c]."""
-    o, s = out.o, out.slope
-    o_sq = o * o
-    mu = unembed.times_w(o * s)  # [c, d]  Σ_j o_j s_j w_j
-    nu = unembed.times_w(o_sq * s)  # [c, d]  Σ_i o_i² s_i w_i
-    first = (o_sq * s * s) @ row_norms_sq  # [c]
-    norm_sq = first - 2 * (mu * nu).sum(-1) + (mu * mu).sum(-1) * o_sq.sum(-1)
-    return norm_sq.clamp_min(0.0).sqrt()
+    """‖J‖_F per token, [c] float64 (0 for a one-hot output; subnormal results flush to 0 in float64 only)."""
+    return log_jacobian_frobenius(unembed, out, row_norms_sq).exp()
 
 
 def jacobian_spectral(
@@ -104,7 +183,7 @@ def jacobian_spectral(
 
     With C = diag(o) − o oᵀ (symmetric): J v = C W̃v and Jᵀu = W̃ᵀ C u, where W̃v = s∘(Wv) and W̃ᵀx = Wᵀ(s∘x).
     """
-    o, s = out.o, out.slope
+    o, s = out.o, out.slope_or_ones
 
     def centre(x: torch.Tensor) -> torch.Tensor:  # (diag(o) − o oᵀ) x, batched over tokens
         return o * x - o * (o * x).sum(-1, keepdim=True)
@@ -131,24 +210,28 @@ def token_constraint_terms(
     row_norms_sq: torch.Tensor,
     epsilon: float = 1.0,
     spectral_iterations: int | None = None,
+    exact: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Per-token δ_TCB, V_eff (1/Σo² and exp H), top-2 margin, and (with ``spectral_iterations``) the spectral δ.
 
-    States ``normed`` [c, d] → each term [c] float64; the final mapping is evaluated once for all of them.
+    States ``normed`` [c, d] → each term [c] float64, computed in float32 (``exact``: float64, the reference);
+    the final mapping is evaluated once for all of them. Results stay on ``normed``'s device.
     """
-    out = final_output(unembed, normed)
-    frobenius = jacobian_frobenius(unembed, out, row_norms_sq)
-    top2 = out.logits.topk(2, dim=-1).values
-    entropy = -(out.o * torch.log(out.o.clamp_min(1e-300))).sum(-1)
+    out = final_output(unembed, normed, torch.float64 if exact else torch.float32)
+    log_frobenius = log_jacobian_frobenius(unembed, out, row_norms_sq)
+    top2 = out.logits.topk(min(2, out.logits.shape[-1]), dim=-1).values
+    o = out.o
+    entropy = -(o * out.logprobs).sum(-1)
     terms = {
-        "tcb": epsilon / frobenius,
-        "jacobian_frobenius": frobenius,
-        "v_eff": 1.0 / (out.o * out.o).sum(-1),
-        "v_eff_exp_entropy": entropy.exp(),
-        "margin": top2[:, 0] - top2[:, 1],
+        "tcb": (math.log(epsilon) - log_frobenius).exp(),  # ε / ‖J‖_F without under- or overflow
+        "jacobian_frobenius": log_frobenius.exp(),
+        "v_eff": 1.0 / (o * o).sum(-1).double(),
+        "v_eff_exp_entropy": entropy.double().exp(),
+        "margin": (top2[:, 0] - top2[:, -1]).double(),
     }
-    if spectral_iterations is not None:
-        terms["tcb_spectral"] = epsilon / jacobian_spectral(unembed, out, iterations=spectral_iterations)
+    if spectral_iterations is not None:  # power iteration stays float64: it has no closed form to anchor
+        spectral = out if exact else final_output(unembed, normed, torch.float64)
+        terms["tcb_spectral"] = epsilon / jacobian_spectral(unembed, spectral, iterations=spectral_iterations)
     return terms
 
 
@@ -168,7 +251,7 @@ def geometry_ablation(
     Σ o_i² ‖w̃_i‖² gains Σ_C o_i² (‖w̃_i'‖² − ‖w̃_i‖²). States [c, d] → {"v_eff", "frobenius_<α>"} each [c].
     """
     out = final_output(unembed, normed)
-    o, s = out.o, out.slope
+    o, s = out.o, out.slope_or_ones
     o_sq = o * o
     mu = unembed.times_w(o * s)
     nu = unembed.times_w(o_sq * s)

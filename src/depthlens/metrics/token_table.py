@@ -18,7 +18,7 @@ from depthlens.metrics.divergence import layer_divergence
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, mean_settling_depth, settling_depth
 from depthlens.metrics.fused import compiled_step
 from depthlens.metrics.tcb import Unembedding, token_constraint_terms
-from depthlens.readout.stream import ReadoutChunk
+from depthlens.readout.stream import ReadoutChunk, check_finite
 
 TCB_FIELDS = ("tcb", "v_eff", "margin", "tcb_spectral")  # per-token TCB columns, when asked for
 
@@ -48,34 +48,35 @@ class TokenTable:
 def chunk_divergences(
     chunk: ReadoutChunk, kind: Divergence, rows: int = 0, compiled: bool = False
 ) -> torch.Tensor:
-    """D_{t,l} for one chunk, [c, L], reading its layers in blocks of about ``rows`` token-layer rows
-    (0: one layer at a time); ``compiled``: one fused kernel per layer (``metrics.fused``) where the kind allows."""
+    """D_{t,l} for one chunk, [c, L] on the chunk's device, reading its layers in blocks of about ``rows``
+    token-layer rows (0: one layer at a time); ``compiled``: one fused kernel per layer (``metrics.fused``) where
+    the kind allows."""
     step = compiled_step(chunk.lens, kind) if compiled else None
     if step is None:
         return chunk_divergence_kinds(chunk, (kind,), rows)[kind]
-    out = torch.zeros(len(chunk), chunk.n_layers)
+    out = torch.zeros(len(chunk), chunk.n_layers, device=chunk.final.logprobs.device)
     for layer in range(1, chunk.n_layers):
-        out[:, layer - 1] = step(chunk.normed_rows(layer), chunk.final.logprobs).cpu()
+        out[:, layer - 1] = step(chunk.normed_rows(layer), chunk.final.logprobs)
     return out
 
 
 def chunk_divergence_kinds(
     chunk: ReadoutChunk, kinds: Sequence[Divergence], rows: int = 0
 ) -> dict[str, torch.Tensor]:
-    """D_{t,l} of several divergence kinds in one walk over the layers: each kind → [c, L].
+    """D_{t,l} of several divergence kinds in one walk over the layers: each kind → [c, L], on the chunk's device.
 
     The unembedding runs on blocks of layers (one large product); the log-softmax then follows layer by layer,
     each straight before that layer's divergences, so its [c, V] is still warm in cache (on a CPU twice as fast
     as one log-softmax over the whole block first).
     """
-    out = {kind: torch.zeros(len(chunk), chunk.n_layers) for kind in kinds}
     final = chunk.final
+    out = {kind: torch.zeros(len(chunk), chunk.n_layers, device=final.logprobs.device) for kind in kinds}
     for first, logits, normed in chunk.logit_blocks(rows):
         for j in range(logits.shape[0]):
             logprobs = torch.log_softmax(logits[j], dim=-1)
             for kind in kinds:
                 d = layer_divergence(kind, final.logprobs, logprobs, final.normed, normed[j])
-                out[kind][:, first - 1 + j] = d.cpu()
+                out[kind][:, first - 1 + j] = d
     return out
 
 
@@ -88,17 +89,15 @@ def chunk_settling(
     c_t is the first layer whose divergence is ≤ g (the cumulative minimum first reaches g there), so a token
     is done the moment one layer is ≤ g. With ``last`` < L − 1 the walk stops there and unsettled tokens get
     ``last + 1`` — exact for the deep flag when ``last`` = ⌈ρL⌉ − 1 (c_t ≥ ⌈ρL⌉ ⇔ not settled by then).
-    Identical to ``settling_depth(chunk_divergences(chunk, kind), g)`` (tested).
+    Identical to ``settling_depth(chunk_divergences(chunk, kind), g)`` (tested). [c] long on the chunk's device.
     """
     n_layers = chunk.n_layers
     last = n_layers - 1 if last is None else min(last, n_layers - 1)
     final = chunk.final
     device = final.logprobs.device
     step = compiled_step(chunk.lens, kind) if compiled else None
-    settling = torch.full((len(chunk),), last + 1, dtype=torch.long)
+    settling = torch.full((len(chunk),), last + 1, dtype=torch.long, device=device)
     active = torch.arange(len(chunk), device=device)
-    # The final layer's rows of the active tokens, re-gathered only when some token settled (most layers settle
-    # none, so the [k, V] gather is not paid per layer).
     final_logprobs, final_normed = final.logprobs, final.normed
     for layer in range(1, last + 1):
         if active.numel() == 0:
@@ -109,22 +108,40 @@ def chunk_settling(
             logprobs, normed = chunk.layer_rows(layer, active)
             d = layer_divergence(kind, final_logprobs, logprobs, final_normed, normed)
         done = d <= g
-        if done.any():
-            settling[active[done].cpu()] = layer
+        settling[active] = torch.where(done, layer, settling[active])  # no boolean index: no sync here
+        # Compacting to the unsettled tokens needs their count: one device sync per layer, the price of early
+        # exit (each later layer then reads only those). On a CPU, where a sync is free, the [k, V] gather of the
+        # final rows is skipped on layers where nothing settled (most of them).
+        if device.type != "cpu" or bool(done.any()):
             keep = ~done
             active, final_logprobs, final_normed = active[keep], final_logprobs[keep], final_normed[keep]
     return settling
 
 
 def chunk_tcb(chunk: ReadoutChunk, unembed: Unembedding, row_norms_sq: torch.Tensor, tcb: TCBConfig) -> dict:
-    """δ_TCB, V_eff, margin (and spectral δ) for one chunk's final states; each [c] float64 on the CPU."""
+    """δ_TCB, V_eff, margin (and spectral δ) for one chunk's final states; each [c] float64 on the chunk's device."""
     iterations = tcb.power_iterations if tcb.spectral else None
-    terms = token_constraint_terms(unembed, chunk.final.normed, row_norms_sq, tcb.epsilon, iterations)
+    terms = token_constraint_terms(
+        unembed, chunk.final.normed, row_norms_sq, tcb.epsilon, iterations, exact=tcb.exact
+    )
     v_eff = terms["v_eff"] if tcb.v_eff == "ipr" else terms["v_eff_exp_entropy"]
     out = {"tcb": terms["tcb"], "v_eff": v_eff, "margin": terms["margin"]}
     if "tcb_spectral" in terms:
         out["tcb_spectral"] = terms["tcb_spectral"]
-    return {k: v.cpu() for k, v in out.items()}
+    return out
+
+
+def _to_host(columns: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One device-to-host copy for all of a chunk's results: [c] and [c, L] columns packed into one float64
+    [c, k] tensor (exact for float32 values and integer ids below 2^53), moved, and cut apart again."""
+    parts = [v.double().reshape(v.shape[0], -1) for v in columns.values()]
+    host = torch.cat(parts, dim=1).cpu()
+    out, at = {}, 0
+    for (key, value), part in zip(columns.items(), parts, strict=True):
+        width = part.shape[1]
+        out[key] = host[:, at : at + width].reshape(value.shape).to(value.dtype)
+        at += width
+    return out
 
 
 def reduce_readout(
@@ -143,39 +160,41 @@ def reduce_readout(
     divergence table, each token read out up to its settling layer only. ``compiled``: the fused kernel per layer.
     ``rows``: the eager divergence table unembeds blocks of layers of about that many token-layer rows (a chunk
     shorter than ``rows`` then gets one large product for several layers instead of one small one per layer).
+    Every per-layer and per-term result stays on the device until its chunk is done, then crosses to the host in
+    one copy.
     """
-    parts: list[list[tuple[torch.Tensor, ...]]] = [[] for _ in range(n_sequences)]
-    tcb_parts: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(n_sequences)]
+    parts: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(n_sequences)]
     unembed, row_norms_sq = None, None
     for chunk in chunks:
         base = token_baselines(chunk.final.logprobs, chunk.target_ids)
-        parts[chunk.seq_index].append(
-            (
-                chunk.target_ids.cpu(),
-                chunk_divergences(chunk, kind, rows, compiled=compiled)
-                if settle_at is None
-                else chunk_settling(chunk, kind, settle_at, compiled=compiled),
-                base["log_prob"].cpu(),
-                base["entropy"].cpu(),
-                base["self_certainty"].cpu(),
-            )
-        )
+        columns = {
+            "nonfinite": chunk.nonfinite,
+            "ids": chunk.target_ids,
+            "second": chunk_divergences(chunk, kind, rows, compiled=compiled)
+            if settle_at is None
+            else chunk_settling(chunk, kind, settle_at, compiled=compiled),
+            **{k: base[k] for k in ("log_prob", "entropy", "self_certainty")},
+        }
         if tcb is not None:
             if unembed is None:  # the same unembedding for every chunk: row norms once per call
                 unembed = Unembedding.from_lens(chunk.lens)
-                row_norms_sq = unembed.row_norms_sq()
-            tcb_parts[chunk.seq_index].append(chunk_tcb(chunk, unembed, row_norms_sq, tcb))
+                row_norms_sq = unembed.row_norms_sq(torch.float64 if tcb.exact else torch.float32)
+            columns.update({f"tcb:{k}": v for k, v in chunk_tcb(chunk, unembed, row_norms_sq, tcb).items()})
+        host = _to_host(columns)
+        check_finite(host.pop("nonfinite"), chunk.start)
+        parts[chunk.seq_index].append(host)
     tables = []
-    for seq_parts, seq_tcb in zip(parts, tcb_parts, strict=True):
+    for seq_parts in parts:
         if not seq_parts:
             tables.append(TokenTable.empty(n_layers))
             continue
-        ids, second, *baselines = (torch.cat(col) for col in zip(*seq_parts, strict=True))
-        tcb_columns = {k: torch.cat([p[k] for p in seq_tcb]) for k in seq_tcb[0]} if seq_tcb else {}
+        joined = {k: torch.cat([p[k] for p in seq_parts]) for k in seq_parts[0]}
+        tcb_columns = {k.removeprefix("tcb:"): v for k, v in joined.items() if k.startswith("tcb:")}
+        baselines = (joined["log_prob"], joined["entropy"], joined["self_certainty"])
         if settle_at is None:
-            tables.append(TokenTable(ids, second, *baselines, tcb_columns))
+            tables.append(TokenTable(joined["ids"], joined["second"], *baselines, tcb_columns))
         else:
-            tables.append(TokenTable(ids, None, *baselines, tcb_columns, settling=second))
+            tables.append(TokenTable(joined["ids"], None, *baselines, tcb_columns, settling=joined["second"]))
     return tables
 
 

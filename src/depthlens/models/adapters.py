@@ -103,8 +103,8 @@ class LogitPostFn:
 
     def derivative(self, z: torch.Tensor) -> torch.Tensor:
         """d post(z) / dz, elementwise, same shape as ``z``."""
-        if self.kind == "softcap":
-            return 1.0 - torch.tanh(z / self.scale) ** 2
+        if self.kind == "softcap":  # sech², not 1 − tanh², which cancels to 0 where tanh saturates
+            return torch.cosh(z / self.scale).pow(-2)
         return torch.full_like(z, 1.0 / self.scale if self.kind == "divide" else self.scale)
 
 

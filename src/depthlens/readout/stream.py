@@ -3,7 +3,7 @@
 The sequence is fed through the model in segments that reuse the KV cache, so hidden states exist for one
 segment at a time ([L+1, batch, segment, d]); each segment's completion positions are cut into token chunks and
 each chunk is read out one layer at a time ([chunk, V] float32). Nothing ever holds a [layers × tokens × vocab]
-tensor, and the working set is set by ``ReadoutConfig.memory_mb``, not by sequence length or depth.
+tensor, and the working set is set by the memory budget (``budget_mb``), not by sequence length or depth.
 
 Position i's hidden state predicts token i + 1, so completion token k (at index P + k, P = prompt length) is read
 out at position P + k − 1. Batches are right-padded: with causal attention no real token sees a pad, so no
@@ -22,7 +22,11 @@ from depthlens.errors import InputError, NonFiniteError
 from depthlens.models.load import LoadedModel
 from depthlens.readout.lens import LogitLens
 
-MAX_SEGMENT = 256  # positions per forward segment; large enough that the forward stays matmul-bound
+MAX_SEGMENT = 256  # positions per forward segment on a CPU; large enough that the forward stays matmul-bound
+MAX_SEGMENT_CUDA = 4096  # on a GPU: a 256-position segment leaves its chunks (≤ segment) too small to fill it
+CPU_BUDGET_MB = 512  # the readout's working set on a CPU (and inside a vLLM engine, which owns its device)
+CUDA_BUDGET_SHARE = 0.25  # on a GPU: this share of the memory free when the run starts ...
+CUDA_BUDGET_CAP_MB = 16384  # ... at most this (chunks of ~2,000 tokens at a 150k vocabulary)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +56,10 @@ class ReadoutChunk:
     final: LayerReadout  # layer L: the model's own output distribution
     lens: LogitLens
     _hidden: tuple[torch.Tensor, ...]  # L − 1 raw residual states, each [c, d]
+    nonfinite: (
+        torch.Tensor
+    )  # [c] long: each row's first non-finite layer (1-based), 0 if none; checked by the
+    # consumer once its results are on the host (``check_finite``), so the check costs no sync of its own
 
     @property
     def n_layers(self) -> int:
@@ -64,7 +72,11 @@ class ReadoutChunk:
         """The chunk's first ``k`` tokens (a readout window that ends inside the chunk)."""
         final = LayerReadout(self.final.layer, self.final.logprobs[:k], self.final.normed[:k])
         return dataclasses.replace(
-            self, target_ids=self.target_ids[:k], final=final, _hidden=tuple(h[:k] for h in self._hidden)
+            self,
+            target_ids=self.target_ids[:k],
+            final=final,
+            _hidden=tuple(h[:k] for h in self._hidden),
+            nonfinite=self.nonfinite[:k],
         )
 
     @torch.inference_mode()
@@ -113,18 +125,27 @@ class ReadoutChunk:
         return torch.log_softmax(self.lens.logits_from_normed(normed), dim=-1), normed.float()
 
 
-def _check_finite(layers: Sequence[torch.Tensor], start: int) -> None:
-    """Raise naming the first layer (1-based) and completion token whose state is NaN or infinite.
+def first_nonfinite(layers: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per row, the first layer (1-based) whose state is NaN or infinite, else 0: [c] long, on the device.
 
-    Layers are scanned in order because a NaN spreads to every later position and layer through attention.
-    """
-    for layer, values in enumerate(layers, start=1):
-        if not torch.isfinite(values).all():
-            bad = (~torch.isfinite(values)).any(dim=-1).nonzero()[0, 0].item()
-            raise NonFiniteError(
-                f"non-finite hidden state at layer {layer}, completion token {start + int(bad)}; the model "
-                "overflowed in this dtype — try --dtype float32"
-            )
+    Computed without a sync: the caller moves it to the host with its other results and raises there
+    (``check_finite``). Layers are scanned in order because a NaN spreads to every later layer and position."""
+    bad = torch.stack([~torch.isfinite(values).all(dim=-1) for values in layers])  # [layers, c]
+    return torch.where(bad.any(0), bad.int().argmax(0) + 1, 0)
+
+
+def check_finite(nonfinite: Sequence[int] | torch.Tensor, start: int) -> None:
+    """Raise naming the first layer with a non-finite state and the first completion token (``start`` + row) in
+    it, from a host copy of ``first_nonfinite`` (the earliest layer is where it began: from there it spreads,
+    even to earlier positions, as NaN × 0 in attention)."""
+    layers = [int(layer) for layer in nonfinite]
+    bad = [layer for layer in layers if layer]
+    if bad:
+        row = layers.index(min(bad))
+        raise NonFiniteError(
+            f"non-finite hidden state at layer {layers[row]}, completion token {start + row}; the model "
+            "overflowed in this dtype — try --dtype float32"
+        )
 
 
 def lens_for(lm: LoadedModel, config: ReadoutConfig) -> LogitLens:
@@ -150,7 +171,6 @@ def rows_chunk(
     """
     hidden = tuple(hidden_states[1:-1])
     final_logits = lens.final_logits(model_logits)
-    _check_finite((*hidden, final_logits), start)
     last = hidden_states[-1]
     final_normed = last if lm.parts.last_hidden_normed else lens.normed(last)
     return ReadoutChunk(
@@ -160,30 +180,52 @@ def rows_chunk(
         final=LayerReadout(lm.n_layers, torch.log_softmax(final_logits, -1), final_normed.float()),
         lens=lens,
         _hidden=hidden,
+        nonfinite=first_nonfinite((*hidden, final_logits)),
     )
 
 
-def chunk_sizes(config: ReadoutConfig, vocab: int, hidden: int, n_layers: int, batch: int) -> tuple[int, int]:
-    """(segment tokens per forward, tokens per readout chunk) that fit ``config.memory_mb``.
+def budget_mb(config: ReadoutConfig, device: torch.device | None = None) -> int:
+    """The readout's memory budget in MB: ``config.memory_mb`` when set; else ``CPU_BUDGET_MB`` on a CPU (or no
+    device given), and on CUDA ``CUDA_BUDGET_SHARE`` of the free memory, at most ``CUDA_BUDGET_CAP_MB``."""
+    if config.memory_mb is not None:
+        return config.memory_mb
+    if device is None or device.type != "cuda":
+        return CPU_BUDGET_MB
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(CPU_BUDGET_MB, min(CUDA_BUDGET_CAP_MB, int(free * CUDA_BUDGET_SHARE) // 2**20))
+
+
+def chunk_sizes(
+    config: ReadoutConfig,
+    vocab: int,
+    hidden: int,
+    n_layers: int,
+    batch: int,
+    device: torch.device | None = None,
+) -> tuple[int, int]:
+    """(segment tokens per forward, tokens per readout chunk) that fit the budget (``budget_mb``).
 
     A readout chunk has about twelve [c, V] float32 tensors alive at its peak (final and layer log-probs, the
     divergence's temporaries); a forward segment holds [batch, S, V] logits and L + 1 hidden states. Segments are
-    capped at ``MAX_SEGMENT`` positions because attention's working set also grows with the segment length.
+    capped at ``MAX_SEGMENT`` positions (``MAX_SEGMENT_CUDA`` on a GPU) because attention's working set also grows
+    with the segment length.
     """
-    budget = config.memory_mb * 2**20
+    budget = budget_mb(config, device) * 2**20
     chunk = max(1, budget // (12 * 4 * vocab))
     per_position = batch * (4 * vocab + 4 * (n_layers + 1) * hidden)
-    segment = max(1, min(MAX_SEGMENT, budget // per_position))
+    cap = MAX_SEGMENT_CUDA if device is not None and device.type == "cuda" else MAX_SEGMENT
+    segment = max(1, min(cap, budget // per_position))
     return segment, chunk
 
 
 def model_chunk_sizes(
     lm: LoadedModel, lens: LogitLens, config: ReadoutConfig, batch: int = 1
 ) -> tuple[int, int]:
-    """``chunk_sizes`` for ``lm`` read through ``lens``. The chunk's token count is also the rows of one
-    unembedding product in ``ReadoutChunk.logit_blocks``: a chunk shorter than that reads several layers in one."""
+    """``chunk_sizes`` for ``lm`` read through ``lens`` on its device. The chunk's token count is also the rows of
+    one unembedding product in ``ReadoutChunk.logit_blocks``: a chunk shorter than that reads several layers in
+    one."""
     n_vocab = lens.vocab_size or lm.parts.unembed.weight.shape[0]
-    return chunk_sizes(config, n_vocab, lm.parts.unembed.weight.shape[1], lm.n_layers, batch)
+    return chunk_sizes(config, n_vocab, lm.parts.unembed.weight.shape[1], lm.n_layers, batch, lm.device)
 
 
 def _pad_batch(sequences: Sequence[TokenSequence], pad_id: int) -> torch.Tensor:

@@ -80,29 +80,78 @@ class GenerationBackend(Protocol):
         """Continue the responses at positions ``keep`` of ``paused.traces`` to their end; returns those."""
 
 
+_MIX = (-0x40A7B892E31B1A47, -0x6B2FB644ECCEEE15)  # splitmix64's multipliers as signed 64-bit integers
+_GOLDEN = -0x61C8864680B583EB  # 2^64 / φ, signed: spreads consecutive seeds and steps apart
+
+
+def sampling_uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """One uniform in [0, 1) per row from its response's seed and the step: [R] long → [R] float64.
+
+    A counter-based generator (splitmix64's mixing of seed and step, in wrapping int64 arithmetic on the device):
+    a response's draw at step s depends on its seed and s only — not on its row, its batch or the device — and a
+    whole batch is drawn in one op, where a ``torch.Generator`` per row costs one kernel launch per row and step.
+    """
+    offset = ((step + 1) * _MIX[1] + 2**63) % 2**64 - 2**63  # the step's term, wrapped to int64 here
+    z = seeds.long() * _GOLDEN + offset
+    z = (z ^ _shift(z, 30)) * _MIX[0]
+    z = (z ^ _shift(z, 27)) * _MIX[1]
+    z = z ^ _shift(z, 31)
+    return _shift(z, 11).double() / float(1 << 53)  # the top 53 bits
+
+
+def _shift(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic: it would copy the sign bit in)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
 def next_token(
-    logits: torch.Tensor, temperature: float, top_p: float, generators: Sequence[torch.Generator]
+    logits: torch.Tensor,
+    uniforms: torch.Tensor,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
 ) -> torch.Tensor:
-    """Sample one token per row of ``logits`` [R, V] (float32), each row with its own generator; [R] long."""
+    """Sample one token per row of ``logits`` [R, V] (float32) by inverse CDF at ``uniforms`` [R]; [R] long.
+
+    The filters apply in ``model.generate``'s order to the tempered distribution: top-k (0 = off) keeps the k
+    largest logits, top-p the smallest set of tokens holding ``top_p`` of the mass (the top token always stays),
+    min-p drops tokens below ``min_p`` × the top probability. Batched: one sort and one search for all rows.
+    """
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
+    scaled = logits / temperature
+    if 0 < top_k < scaled.shape[-1]:
+        kth = scaled.topk(top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs, order = torch.softmax(scaled, dim=-1).sort(dim=-1, descending=True)  # [R, V], largest first
     if top_p < 1:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly above each token
-        sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)  # the top token always stays
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    picks = [torch.multinomial(probs[r], 1, generator=g) for r, g in enumerate(generators)]
-    return torch.cat(picks)
+        before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
+        probs = probs.masked_fill(before >= top_p, 0.0)
+    if min_p > 0:
+        probs = probs.masked_fill(probs < min_p * probs[:, :1], 0.0)
+    cdf = probs.double().cumsum(dim=-1)
+    target = uniforms.to(cdf.device)[:, None] * cdf[:, -1:]
+    picked = torch.searchsorted(cdf, target, right=True).clamp_max(cdf.shape[-1] - 1)  # first cdf > target
+    return order.gather(-1, picked).squeeze(-1)
+
+
+def score_columns(
+    final_logprobs: torch.Tensor, tokens: torch.Tensor, confidence_top_k: int
+) -> dict[str, torch.Tensor]:
+    """log p, entropy, self-certainty and DeepConf confidence of each row's token, from the final layer [R, V];
+    each [R] on the device (``PER_TOKEN``'s order)."""
+    base = token_baselines(final_logprobs, tokens)
+    base["confidence"] = token_confidence(final_logprobs, confidence_top_k)
+    return {key: base[key] for key in PER_TOKEN}
 
 
 def token_scores(
     final_logprobs: torch.Tensor, tokens: torch.Tensor, confidence_top_k: int
 ) -> dict[str, list]:
-    """log p, entropy, self-certainty and DeepConf confidence of each row's token, from the final layer [R, V]."""
-    base = token_baselines(final_logprobs, tokens)
-    base["confidence"] = token_confidence(final_logprobs, confidence_top_k)
-    return {k: v.double().cpu().tolist() for k, v in base.items()}
+    """``score_columns`` as lists of Python floats (float64)."""
+    columns = score_columns(final_logprobs, tokens, confidence_top_k)
+    return {k: v.double().cpu().tolist() for k, v in columns.items()}
 
 
 def kept_positions(paused: Paused, keep: Sequence[int]) -> set[int]:

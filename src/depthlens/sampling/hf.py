@@ -1,10 +1,15 @@
 """Sample on a transformers model with a KV cache and read each token's layers out of the very pass that
 generated it (``HFGenerator``).
 
-Every response has its own ``torch.Generator`` seeded from its own seed, so a response's tokens do not depend
-on which other responses share its batch or whether they were rejected (its floats, up to float32 rounding of
-the batch shape: equal within 5e-5 relative, tests/tolerance.py). Two phases keep the KV cache, last tokens and
-generators of the paused rows and select the kept ones from them.
+Every response draws from its own seed (``backend.sampling_uniforms``: a counter-based generator of seed and
+step), so a response's tokens do not depend on which other responses share its batch or whether they were
+rejected (its floats, up to float32 rounding of the batch shape: equal within 5e-5 relative,
+tests/tolerance.py). Two phases keep the KV cache, last tokens and seeds of the paused rows and select the kept
+ones from them.
+
+A step's work stays on the device and is batched over its rows — sampling, the per-token final-layer scores, the
+readout — and its results cross to the host in one copy (``_StepResults``); the traces are filled from those host
+arrays once per call, or after every step when a ``Watch`` looks at them.
 """
 
 from __future__ import annotations
@@ -13,13 +18,21 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from depthlens.config import ReadoutConfig, SamplingConfig
 from depthlens.errors import InputError
 from depthlens.metrics.token_table import chunk_divergence_kinds
 from depthlens.models.load import LoadedModel
-from depthlens.readout.stream import TokenSequence, lens_for, model_chunk_sizes, rows_chunk, validate
+from depthlens.readout.stream import (
+    TokenSequence,
+    check_finite,
+    lens_for,
+    model_chunk_sizes,
+    rows_chunk,
+    validate,
+)
 from depthlens.sampling.backend import (
     PER_TOKEN,
     Paused,
@@ -27,7 +40,8 @@ from depthlens.sampling.backend import (
     end_token_ids,
     kept_positions,
     next_token,
-    token_scores,
+    sampling_uniforms,
+    score_columns,
 )
 from depthlens.sampling.live import Watch
 
@@ -36,7 +50,7 @@ from depthlens.sampling.live import Watch
 class _State:
     cache: Any  # the model's KV cache, one row per active response
     rows: list[int]  # active row → index into traces
-    generators: list[torch.Generator]  # per active row
+    seeds: torch.Tensor  # [R] long, per active row, on the device
     last: torch.Tensor | None  # [R] tokens sampled but not yet fed (None before the first step)
     pending: Any  # the prefill's outputs until the first token is sampled
     step: int = 0
@@ -77,8 +91,8 @@ class HFGenerator:
         out = self.lm.model(input_ids=prompt, use_cache=True, output_hidden_states=self._reads(0))
         cache = out.past_key_values
         cache.batch_repeat_interleave(len(seeds))  # one prefill, shared by every response
-        generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
-        state = _State(cache, list(range(len(seeds))), generators, None, out)
+        seed_rows = torch.tensor([int(s) for s in seeds], dtype=torch.long, device=device)
+        state = _State(cache, list(range(len(seeds))), seed_rows, None, out)
         traces = [Trace(seed=int(s)) for s in seeds]
         self._run(traces, state, budget if stop_after is None else min(stop_after, budget))
         return Paused(traces, state)
@@ -104,7 +118,7 @@ class HFGenerator:
         if state.last is not None:  # None while still before the first token (the rows share the prefill)
             state.last = state.last[index]
         state.rows = [state.rows[i] for i in selected]
-        state.generators = [state.generators[i] for i in selected]
+        state.seeds = state.seeds[index]
 
     def _forward(self, state: _State) -> tuple[tuple[torch.Tensor, ...] | None, torch.Tensor]:
         """Hidden states (L + 1, each [R, d], when read out) and logits [R, V] predicting the next token."""
@@ -127,46 +141,106 @@ class HFGenerator:
         hidden = tuple(h[:, -1] for h in out.hidden_states) if reads else None
         return hidden, out.logits[:, -1]
 
+    def _step(self, state: _State) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """One forward and everything read from it, on the device: the sampled tokens [R] and one float64 row per
+        response [R, 1 + 4 + kinds × L] (token id, ``PER_TOKEN``, then each divergence kind's layers when read)."""
+        cfg = self.sampling
+        hidden, logits = self._forward(state)
+        final = self.lens.final_logits(logits)
+        uniforms = sampling_uniforms(state.seeds, state.step)
+        tokens = next_token(final, uniforms, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
+        columns = score_columns(torch.log_softmax(final, dim=-1), tokens, cfg.confidence_top_k)
+        parts = [tokens.double()[:, None], *(columns[k].double()[:, None] for k in PER_TOKEN)]
+        if hidden is not None:
+            chunk = rows_chunk(self.lm, self.lens, hidden, logits, tokens, start=state.step)
+            kinds = (self.readout.divergence, *self.readout.also)
+            tables = chunk_divergence_kinds(chunk, kinds, self.block_rows)
+            parts += [tables[kind].double() for kind in kinds]
+            parts.append(chunk.nonfinite.double()[:, None])  # checked on the host, after the step's one copy
+        return tokens, torch.cat(parts, dim=1), hidden is not None
+
     def _run(self, traces: list[Trace], state: _State, stop_at: int) -> None:
         cfg = self.sampling
+        watching = self.watch != Watch()
+        results = _StepResults(len(PER_TOKEN), (self.readout.divergence, *self.readout.also), self.n_layers)
+        ends = np.array(sorted(self.end_ids), dtype=np.int64)
+        lengths = np.array([len(traces[r]) for r in state.rows], dtype=np.int64)
         while state.rows and state.step < stop_at:
-            hidden, logits = self._forward(state)
-            final = self.lens.final_logits(logits)
-            tokens = next_token(final, cfg.temperature, cfg.top_p, state.generators)
-            columns = token_scores(torch.log_softmax(final, dim=-1), tokens, cfg.confidence_top_k)
-            kinds = (self.readout.divergence, *self.readout.also)
-            divergence: dict[str, list[list[float]]] = {}
-            if hidden is not None:
-                chunk = rows_chunk(self.lm, self.lens, hidden, logits, tokens, start=state.step)
-                tables = chunk_divergence_kinds(chunk, kinds, self.block_rows)
-                divergence = {kind: table.tolist() for kind, table in tables.items()}
-            token_list = tokens.cpu().tolist()
-            alive = []
-            for r, row in enumerate(state.rows):
-                trace = traces[row]
-                trace.token_ids.append(token_list[r])
-                for key in PER_TOKEN:
-                    getattr(trace, key).append(columns[key][r])
-                if divergence:
-                    trace.divergence.append(divergence[kinds[0]][r])
-                    for kind in kinds[1:]:
-                        trace.also.setdefault(kind, []).append(divergence[kind][r])
-                if token_list[r] in self.end_ids:
-                    trace.finish = "eos"
-                elif len(trace) >= cfg.max_new_tokens:
-                    trace.finish = "length"
-                else:
-                    alive.append(r)
-            self.watch.on_step(traces)
-            for r in alive:
-                if self.watch.ends(state.rows[r], traces[state.rows[r]]):
-                    traces[state.rows[r]].finish = "stopped"
-            alive = [r for r in alive if traces[state.rows[r]].finish == "paused"]
+            tokens, packed, read = self._step(state)
+            values = packed.cpu().numpy()  # the step's one host copy
+            if read:
+                check_finite(values[:, -1], state.step)  # a row's token is its response's step-th
+                values = values[:, :-1]
+            rows = np.array(state.rows, dtype=np.int64)
+            results.add(rows, values, read)
+            lengths += 1
+            ids = values[:, 0].astype(np.int64)
+            finish = np.where(
+                np.isin(ids, ends), "eos", np.where(lengths >= cfg.max_new_tokens, "length", "")
+            )
+            for r in np.flatnonzero(finish != ""):
+                traces[state.rows[r]].finish = str(finish[r])
+            alive = np.flatnonzero(finish == "")
+            if watching:
+                results.flush(traces)
+                self.watch.on_step(traces)
+                for r in alive:
+                    if self.watch.ends(state.rows[r], traces[state.rows[r]]):
+                        traces[state.rows[r]].finish = "stopped"
+                alive = np.array(
+                    [r for r in alive if traces[state.rows[r]].finish == "paused"], dtype=np.int64
+                )
             state.step += 1
             state.last = tokens
             self.on_token(len(state.rows))
             if len(alive) < len(state.rows):
-                if alive:
-                    self._select(state, alive)
+                lengths = lengths[alive]
+                if len(alive):
+                    self._select(state, alive.tolist())
                 else:
-                    state.rows, state.generators = [], []
+                    state.rows, state.seeds = [], state.seeds[:0]
+        results.flush(traces)
+
+
+class _StepResults:
+    """Each step's host array of results, kept until the traces are filled from them (``flush``): per trace, its
+    rows of every step at once, so no step pays a loop over its responses."""
+
+    def __init__(self, n_scores: int, kinds: Sequence[str], n_layers: int) -> None:
+        self.n_scores, self.kinds, self.n_layers = n_scores, tuple(kinds), n_layers
+        self.rows: list[np.ndarray] = []  # per step: the trace index of each row
+        self.values: list[np.ndarray] = []  # per step: [R, 1 + n_scores (+ kinds × L)]
+        self.read: list[bool] = []
+
+    def add(self, rows: np.ndarray, values: np.ndarray, read: bool) -> None:
+        self.rows.append(rows)
+        self.values.append(values)
+        self.read.append(read)
+
+    def flush(self, traces: list[Trace]) -> None:
+        """Append the kept steps' results to their traces, then forget them."""
+        base = 1 + self.n_scores
+        for index, mine in _by_trace(self.rows, [v[:, :base] for v in self.values]):
+            trace = traces[index]
+            trace.token_ids.extend(mine[:, 0].astype(np.int64).tolist())
+            for k, key in enumerate(PER_TOKEN, start=1):
+                getattr(trace, key).extend(mine[:, k].tolist())
+        read = [i for i, flag in enumerate(self.read) if flag]
+        shape = (len(self.kinds), self.n_layers)
+        for index, mine in _by_trace([self.rows[i] for i in read], [self.values[i][:, base:] for i in read]):
+            layers = mine.reshape(len(mine), *shape)  # [steps, kinds, L]
+            traces[index].divergence.extend(layers[:, 0].tolist())
+            for k, kind in enumerate(self.kinds[1:], start=1):
+                traces[index].also.setdefault(kind, []).extend(layers[:, k].tolist())
+        self.rows, self.values, self.read = [], [], []
+
+
+def _by_trace(rows: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> list[tuple[int, np.ndarray]]:
+    """Steps' rows regrouped per trace: (trace index, its rows of every step in step order)."""
+    if not rows:
+        return []
+    index, table = np.concatenate(rows), np.concatenate(values)
+    order = np.argsort(index, kind="stable")
+    traces, starts = np.unique(index[order], return_index=True)
+    bounds = [*starts[1:], len(order)]
+    return [(int(t), table[order[lo:hi]]) for t, lo, hi in zip(traces, starts, bounds, strict=True)]

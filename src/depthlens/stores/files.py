@@ -88,12 +88,18 @@ def _flatten(value: object, prefix: str = "") -> dict[str, object]:
     return {prefix[:-1]: value}
 
 
+PERFORMANCE_ONLY = frozenset({"readout.memory_mb"})
+"""Settings that change how the work is cut, not what a record holds (float32 rounding aside): a store resumes,
+and its shards read, whatever they were."""
+
+
 def settings_differ(previous: dict[str, Any], current: dict[str, Any], ignore: Collection[str]) -> list[str]:
-    """``key: stored X, now Y`` for each setting (dotted, nested) that differs, ``ignore``d keys left out."""
+    """``key: stored X, now Y`` for each setting (dotted, nested) that differs, ``ignore``d and
+    ``PERFORMANCE_ONLY`` keys left out."""
     old, new = _flatten(previous), _flatten(current)
     lines = []
     for key in sorted(set(old) | set(new)):
-        if key in ignore or key.split(".")[0] in ignore:
+        if key in ignore or key.split(".")[0] in ignore or key in PERFORMANCE_ONLY:
             continue
         if old.get(key, "(absent)") != new.get(key, "(absent)"):
             lines.append(f"{key}: stored {old.get(key, '(absent)')!r}, this run {new.get(key, '(absent)')!r}")

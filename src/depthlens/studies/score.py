@@ -270,7 +270,11 @@ def score_summary(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-MANIFEST_DEFAULTS = {"readout": ReadoutConfig().to_dict(), "dtr": DTRConfig().to_dict()}
+MANIFEST_DEFAULTS = {
+    "readout": ReadoutConfig().to_dict(),
+    "dtr": DTRConfig().to_dict(),
+    "tcb": TCBConfig().to_dict(),  # ``exact`` came later: float64 stores resume in float32, within 1e-4 of them
+}
 """Settings a manifest written before a field existed is read with (``stores.files.ResumeRules``)."""
 RESUME_RULES = ResumeRules(defaults=MANIFEST_DEFAULTS)
 

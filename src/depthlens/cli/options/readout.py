@@ -13,7 +13,7 @@ from depthlens.config import ReadoutConfig
 __all__ = [
     "AlsoDivergences", "Chat", "CompileOpt", "Completion", "DeepRuleOpt", "DivergenceOpt", "Epsilon", "FigureOut",
     "FinalNorm", "G", "HeatmapPrompt", "MemoryMB", "Prefix", "Rho", "ScoreBatch", "Spectral", "StoreDeepRule",
-    "StoreDivergence", "StoreG", "StoreRho", "Tcb", "Token", "Tokens", "VEffOpt",
+    "StoreDivergence", "StoreG", "StoreRho", "Tcb", "TcbExact", "Token", "Tokens", "VEffOpt",
 ]  # fmt: skip
 
 G = Annotated[
@@ -48,7 +48,16 @@ StoreDivergence = Annotated[
         "--divergence", help=f"jsd (bits), jsd-nat, kl or cosine (default {ReadoutConfig.divergence})."
     ),
 ]
-MemoryMB = Annotated[int, typer.Option("--memory-mb", min=16, help="Working-memory budget of the readout.")]
+MemoryMB = Annotated[
+    int | None,
+    typer.Option(
+        "--memory-mb",
+        min=16,
+        show_default="fit the device",
+        help="Working-memory budget of the readout in MB (default: 512 on a CPU, a quarter of the free GPU memory "
+        "up to 16 GiB).",
+    ),
+]
 FinalNorm = Annotated[
     bool, typer.Option("--final-norm/--no-final-norm", help="Apply the final norm before unembedding.")
 ]
@@ -71,6 +80,9 @@ Tcb = Annotated[
     bool, typer.Option("--tcb/--no-tcb", help="Token Constraint Bound fields (docs/definitions.md §6).")
 ]
 Spectral = Annotated[bool, typer.Option("--spectral", help="Also the spectral-norm δ (power iteration).")]
+TcbExact = Annotated[
+    bool, typer.Option("--tcb-exact", help="δ_TCB in float64, the reference (default float32, within 1e-4).")
+]
 
 # `depthlens heatmap`
 Completion = Annotated[

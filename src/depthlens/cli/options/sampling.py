@@ -11,9 +11,9 @@ from depthlens.cli.options.base import finite
 from depthlens.config import GenerateRun, OnlineConfig, TaskSpec
 
 __all__ = [
-    "AnswerFallbackOpt", "AnswerTypeOpt", "Data", "GenBatch", "MaxNew", "Pool", "PromptStyleOpt", "Questions",
+    "AnswerFallbackOpt", "AnswerTypeOpt", "Data", "GenBatch", "MaxNew", "MinP", "Pool", "PromptStyleOpt", "Questions",
     "ReadoutTokens", "RegradeFallback", "Seed", "Task", "TaskConfig", "TaskSeed", "Temperature", "ThinknBatch",
-    "ThinknPool", "ThinknReadoutTokens", "TopP",
+    "ThinknPool", "ThinknReadoutTokens", "TopKSampling", "TopP",
 ]  # fmt: skip
 
 Task = Annotated[
@@ -51,6 +51,17 @@ Temperature = Annotated[
     typer.Option("--temperature", callback=finite, help="Sampling temperature; 0 = greedy."),
 ]
 TopP = Annotated[float, typer.Option("--top-p", callback=finite, help="Nucleus mass, in (0, 1].")]
+TopKSampling = Annotated[
+    int, typer.Option("--top-k", min=0, help="Sample among the k most probable tokens; 0 = off.")
+]
+MinP = Annotated[
+    float,
+    typer.Option(
+        "--min-p",
+        callback=finite,
+        help="Drop tokens below min-p × the top token's probability, in [0, 1); 0 = off.",
+    ),
+]
 MaxNew = Annotated[int, typer.Option("--max-new-tokens", min=1, help="Most tokens generated per response.")]
 ReadoutTokens = Annotated[
     str,

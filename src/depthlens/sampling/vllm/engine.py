@@ -260,6 +260,8 @@ def sampling_params(
         seed=seed,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
         max_tokens=sampling.max_new_tokens,
         stop_token_ids=sorted(stop_ids),
         detokenize=False,

@@ -23,7 +23,7 @@ from depthlens.config import Divergence
 from depthlens.metrics.baselines import token_baselines
 from depthlens.metrics.token_table import chunk_divergence_kinds
 from depthlens.readout.lens import LogitLens
-from depthlens.readout.stream import LayerReadout, ReadoutChunk
+from depthlens.readout.stream import LayerReadout, ReadoutChunk, first_nonfinite
 
 BASELINES = ("log_prob", "entropy", "self_certainty")  # per-token final-layer fields of a prefill readout
 
@@ -96,14 +96,6 @@ class Float32Head:
         return logits * self.post.scale if self.post.scale != 1.0 else logits
 
 
-def first_nonfinite(hidden: Sequence[torch.Tensor], final_logits: torch.Tensor) -> torch.Tensor:
-    """Per row, the first layer (1-based; L for the final logits) whose state is NaN or infinite, else 0. [c]"""
-    layers = [*hidden, final_logits]
-    bad = torch.stack([(~torch.isfinite(x)).any(dim=-1) for x in layers])  # [L, c]
-    first = bad.int().argmax(dim=0) + 1
-    return torch.where(bad.any(dim=0), first, torch.zeros_like(first))
-
-
 def read_rows(
     lens: EngineLens,
     hidden: Sequence[torch.Tensor],
@@ -121,7 +113,7 @@ def read_rows(
     """
     n_layers = len(hidden) + 1
     final_logits = lens.logits_from_normed(final_normed)
-    bad = first_nonfinite(hidden, final_logits)
+    bad = first_nonfinite((*hidden, final_logits))
     final_logprobs = torch.log_softmax(final_logits, dim=-1)
     chunk = ReadoutChunk(
         seq_index=0,
@@ -130,6 +122,7 @@ def read_rows(
         final=LayerReadout(n_layers, final_logprobs, final_normed.float()),
         lens=lens,
         _hidden=tuple(hidden),
+        nonfinite=bad,
     )
     tables = chunk_divergence_kinds(chunk, kinds, rows)
     out = torch.stack([tables[k] for k in kinds], dim=1)
@@ -153,6 +146,7 @@ def walk_collectives(
         final=LayerReadout(len(hidden) + 1, final_normed[:, :0], final_normed),
         lens=lens,
         _hidden=tuple(hidden),
+        nonfinite=torch.zeros(final_normed.shape[0], dtype=torch.long, device=final_normed.device),
     )
     for _ in chunk.logit_blocks(rows):
         pass

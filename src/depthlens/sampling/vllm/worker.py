@@ -129,10 +129,12 @@ class InEngineReadout:
                     continue
                 targets = torch.tensor(rows.targets[lo : lo + size]) if rows.targets else None
                 values, base = read_rows(lens, hidden, final_normed, settings.kinds, settings.rows, targets)
+                values = values.cpu()  # one copy per block of rows, not one per row
+                base = base.cpu() if base is not None else None
                 for j, (tag, position) in enumerate(rows.owners[lo : lo + size]):
-                    self.kept.setdefault(tag, {})[position] = values[j].cpu()
+                    self.kept.setdefault(tag, {})[position] = values[j]
                     if base is not None:
-                        self.base.setdefault(tag, {})[position] = base[j].cpu()
+                        self.base.setdefault(tag, {})[position] = base[j]
 
     def take(self, tags: list[str]) -> Taken | None:
         """The rows kept for ``tags`` (forgotten here); None on ranks other than 0, which keep none."""

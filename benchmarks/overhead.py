@@ -1,0 +1,252 @@
+"""What the plumbing around the lens costs, where the arithmetic is cheap (issue 40, item 6).
+
+A GPU does the lens's matmuls so fast that per-layer copies, syncs and Python loops dominate. A small model on a
+CPU reproduces that balance: a Qwen3-config model with d = 256, 8 layers and a 32k vocabulary (random weights,
+nothing downloaded) spends little on arithmetic per token, so what ``score`` and the sampler add beside it shows.
+In one run this reports
+- ``score`` time / a bare forward of the same tokens, default settings and variants (no TCB, every layer, TCB
+  in float64);
+- sampler tokens/s / ``model.generate`` tokens/s at n = 48, with readout none / the first 50 tokens / all;
+- host transfers (calls of ``Tensor.cpu``, ``.item``, ``.tolist`` and ``bool(tensor)``) per readout
+  chunk of ``score`` and per sampler step, counted by wrapping those methods.
+Runs against any depthlens tree on PYTHONPATH (the before/after numbers in docs/performance.md come from two
+trees, one run each, on a quiet machine). Nothing is asserted.
+
+    python benchmarks/overhead.py --out docs/benchmarks/overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+TRANSFERS = ("cpu", "item", "tolist", "__bool__")  # .numpy() reads host memory: no transfer of its own
+
+
+def proxy_model(vocab: int = 32768, hidden: int = 256, layers: int = 8, seed: int = 0) -> torch.nn.Module:
+    """A random-init Qwen3-config causal LM of the given shape (float32, eval mode, no end-of-sequence id)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
+    model = Qwen3ForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@contextlib.contextmanager
+def counted_transfers() -> Iterator[dict[str, int]]:
+    """Count calls of the tensor methods that move data to the host (on a GPU, each is a sync)."""
+    counts = dict.fromkeys(TRANSFERS, 0)
+    originals = {name: getattr(torch.Tensor, name) for name in TRANSFERS}
+
+    def wrapper(name: str, original: Callable) -> Callable:
+        def counted(self: torch.Tensor, *args: object, **kwargs: object) -> object:
+            counts[name] += 1
+            return original(self, *args, **kwargs)
+
+        return counted
+
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, wrapper(name, original))
+    try:
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up: allocator, lazy inits, compiled kernels
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def score_overhead(lm: object, model: torch.nn.Module, tokens: int, repeats: int) -> dict:
+    """``score`` of one record of ``tokens`` completion tokens, against a bare forward of the same ids."""
+    import depthlens.metrics.token_table as token_table
+    from depthlens.config import ReadoutConfig, TCBConfig
+    from depthlens.stores.inputs import InputRecord
+    from depthlens.studies.score import score_records
+
+    vocab = model.config.vocab_size
+    ids = torch.randint(3, vocab, (tokens + 16,), generator=torch.Generator().manual_seed(1)).tolist()
+    records = [InputRecord("x", 1, {"prompt_ids": ids[:16], "completion_ids": ids[16:]})]
+    x = torch.tensor([ids])
+
+    def bare() -> None:
+        with torch.inference_mode():
+            model(x, logits_to_keep=1)
+
+    def score(**kw: object) -> Callable[[], object]:
+        return lambda: list(score_records(lm, records, **kw))
+
+    variants: dict[str, dict] = {
+        "default": {},
+        "no_tcb": {"tcb": None},
+        "every_layer": {"readout": ReadoutConfig(early_exit=False)},
+        "tokens": {"tokens": True},
+    }
+    if "exact" in {f.name for f in dataclasses.fields(TCBConfig)}:  # trees after issue 40
+        variants["tcb_exact"] = {"tcb": TCBConfig(exact=True)}
+    forward = best_of(bare, repeats)
+    rows: dict[str, dict] = {}
+    for name, kw in variants.items():
+        seconds = best_of(score(**kw), repeats)
+        chunks = 0
+        original = token_table.token_baselines  # called once per readout chunk in every tree
+
+        def counting(*args: object, _original: Callable = original) -> object:
+            nonlocal chunks
+            chunks += 1
+            return _original(*args)
+
+        token_table.token_baselines = counting
+        try:
+            with counted_transfers() as counts:
+                score(**kw)()
+        finally:
+            token_table.token_baselines = original
+        total = sum(counts.values())
+        rows[name] = {
+            "seconds": round(seconds, 4),
+            "vs_forward": round(seconds / forward, 2),
+            "chunks": chunks,
+            "host_transfers": counts,
+            "transfers_per_chunk": round(total / max(chunks, 1), 1),
+        }
+        print(
+            f"score {name:12s} {seconds:7.3f} s = {seconds / forward:5.1f}× forward  "
+            f"{total / max(chunks, 1):6.1f} transfers/chunk over {chunks} chunks",
+            flush=True,
+        )
+    return {"tokens": tokens, "bare_forward_s": round(forward, 4), "variants": rows}
+
+
+def sampler_overhead(lm: object, model: torch.nn.Module, n: int, new_tokens: int, repeats: int) -> dict:
+    """The HF sampler at n responses against ``model.generate`` on the same prompt and sampling settings."""
+    from depthlens.config import ReadoutConfig, SamplingConfig
+    from depthlens.sampling.hf import HFGenerator
+
+    prompt = list(range(5, 37))
+    x = torch.tensor([prompt] * n)
+
+    def generate() -> None:
+        with torch.inference_mode():
+            model.generate(
+                x,
+                do_sample=True,
+                temperature=0.6,
+                top_p=0.95,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=0,
+            )
+
+    reference = best_of(generate, repeats)
+    reference_rate = n * new_tokens / reference
+    rows: dict[str, dict] = {}
+    for name, window in (("none", 0), ("first_50", 50), ("all", None)):
+        sampling = SamplingConfig(max_new_tokens=new_tokens, readout_tokens=window)
+        steps = 0
+
+        def step(_: int) -> None:
+            nonlocal steps
+            steps += 1
+
+        gen = HFGenerator(lm, sampling, ReadoutConfig(), on_token=step)
+        seconds = best_of(lambda gen=gen: gen.sample(prompt, list(range(n))), repeats)
+        steps = 0
+        with counted_transfers() as counts:
+            traces = gen.sample(prompt, list(range(n)))
+        made = sum(len(t) for t in traces)
+        rate = made / seconds
+        rows[name] = {
+            "seconds": round(seconds, 3),
+            "tokens_per_s": round(rate, 1),
+            "vs_generate": round(rate / reference_rate, 2),
+            "steps": steps,
+            "host_transfers": counts,
+            "transfers_per_step": round(sum(counts.values()) / max(steps, 1), 1),
+        }
+        print(
+            f"sampler readout {name:9s} {rate:8.1f} tok/s = {rate / reference_rate:4.2f}× generate  "
+            f"{sum(counts.values()) / max(steps, 1):6.1f} transfers/step",
+            flush=True,
+        )
+    return {
+        "n": n,
+        "new_tokens": new_tokens,
+        "generate_s": round(reference, 3),
+        "generate_tokens_per_s": round(reference_rate, 1),
+        "readout": rows,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokens", type=int, default=2048, help="completion tokens scored")
+    parser.add_argument("--n", type=int, default=48, help="responses sampled at once")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens per response")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--vocab", type=int, default=32768)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    import depthlens
+    from depthlens.models.load import wrap
+
+    model = proxy_model(args.vocab, args.hidden, args.layers)
+    lm = wrap(model, name="qwen3-proxy")
+    result = {
+        "depthlens": str(Path(depthlens.__file__).parent),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "load_before": os.getloadavg(),
+            "torch": torch.__version__,
+        },
+        "model": {"vocab": args.vocab, "hidden": args.hidden, "layers": args.layers},
+        "score": score_overhead(lm, model, args.tokens, args.repeats),
+        "sampler": sampler_overhead(lm, model, args.n, args.new_tokens, args.repeats),
+    }
+    result["machine"]["load_after"] = os.getloadavg()
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
