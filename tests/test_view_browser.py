@@ -192,8 +192,10 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
     page.screenshot(path=str(tmp_path / "question.png"), full_page=True)
 
     # response → its tokens; a token → its divergence at every layer; the heatmap
-    rid = kept_shown()[0]
-    record = next(r for r in iter_samples(store) if r["id"] == rid)
+    # a kept response long enough for token 5 (a random-init model may draw its end token first)
+    records = {r["id"]: r for r in iter_samples(store)}
+    rid = next(i for i in kept_shown() + ids if records[i]["n_tokens"] > 5)
+    record = records[rid]
     page.click(f'#responses tbody tr[data-id="{rid}"] a')
     page.wait_for_selector("#tokens .tok", timeout=WAIT_MS)
     assert page.eval_on_selector_all("#tokens .tok", "s => s.length") == record["n_tokens"]
