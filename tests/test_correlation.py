@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -264,6 +265,54 @@ def test_report_and_correlate_cli(store, monkeypatch, capsys, tmp_path):
     )  # a constant DTR says so instead of an r
     code, _, err = run(monkeypatch, capsys, "report", tmp_path / "nothing-here")
     assert code == 2 and "not a directory" in err
+
+
+def test_report_covers_finished_stores_and_names_the_others(store, monkeypatch, capsys, tmp_path):
+    """A store still being written (its lock held by another process) and a damaged one are named, with why;
+    the finished one is reported; with no finished store left, the command fails and names them all."""
+    import subprocess
+    import sys
+    import textwrap
+
+    run_dir = tmp_path / "run"
+    for name in ("done", "writing", "damaged"):
+        shutil.copytree(store, run_dir / name)
+    lines = (run_dir / "damaged" / SAMPLES).read_text().splitlines()
+    (run_dir / "damaged" / SAMPLES).write_text("\n".join([lines[0][: len(lines[0]) // 2], *lines[1:]]) + "\n")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+                import sys, time
+                from pathlib import Path
+                from depthlens.stores.lock import store_lock
+                with store_lock(Path({str(run_dir / "writing" / SAMPLES)!r})):
+                    print("held", flush=True)
+                    sys.stdin.read()
+            """),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        code, _, err = run(monkeypatch, capsys, "report", run_dir, "--seeds", "2", "--bootstrap", "20")
+        assert code in (0, None), err
+        text = (run_dir / "report" / "report.md").read_text()
+        skipped = text[text.index("## Stores not in this report") :]
+        assert f"`{run_dir / 'writing'}`: still being written by pid {holder.pid}" in skipped
+        assert f"`{run_dir / 'damaged'}`: " in skipped and ":1:" in skipped  # the damaged line, named
+        assert f"`{run_dir / 'done'}`" in text and f"`{run_dir / 'done'}`" not in skipped
+        warned = " ".join(err.split())
+        assert "not in the report:" in warned and "still being written" in warned
+    finally:
+        holder.communicate("")
+    for name in ("done", "writing"):
+        shutil.rmtree(run_dir / name)
+    code, _, err = run(monkeypatch, capsys, "report", run_dir)
+    assert code == 2 and "could be reported" in err and "damaged" in err
 
 
 def test_nan_free_outputs(store):

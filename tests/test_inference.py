@@ -299,8 +299,12 @@ def test_report_table_two_has_online_replays_paired_tests_and_the_pooled_model(s
         for s in ("dtr", "confidence")
     ]
     table_bh = fdr_adjust(ps)[[m["method"] for m in tested].index("think@n")]
-    row = next(line for line in text.splitlines() if line.startswith("| tiny-llama · tiny | think@n |"))
-    header = next(line for line in text.splitlines() if line.startswith("| store | method |"))
+    lines = text.splitlines()
+    # Table 2: one table per store, its model and task said once above it
+    first = lines.index("**tiny-llama · tiny**")
+    row = next(line for line in lines[first:] if line.startswith("| think@n |"))
+    header = next(line for line in lines[first:] if line.startswith("| method |"))
+    assert not any(line.startswith("| tiny-llama · tiny |") for line in lines)
     cells = dict(zip(header.strip("|").split(" | "), row.strip("|").split(" | "), strict=True))
     assert cells["p_BH"].strip().rstrip("†") == format_p(table_bh)
 

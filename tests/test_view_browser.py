@@ -210,6 +210,18 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
     page.click("#show-heatmap")
     box = page.locator("#heatmap").bounding_box()
     assert box and box["width"] > 0
+    # the axes: every layer numbered (3 here), the tokens from 0 on, each axis titled
+    layers = page.eval_on_selector_all("#heatmap-y text[data-layer]", "ts => ts.map(t => t.textContent)")
+    assert layers == ["1", "2", "3"]
+    ticks = page.eval_on_selector_all(
+        "#heatmap-x text[data-token]", "ts => ts.map(t => Number(t.textContent))"
+    )
+    assert ticks[0] == 0 and ticks == sorted(ticks) and ticks[-1] < record["n_tokens"]
+    titles = page.eval_on_selector_all(
+        ".axis text:not([data-layer]):not([data-token])", "ts => ts.map(t => t.textContent)"
+    )
+    assert sorted(titles) == ["layer", "token"]
+    page.screenshot(path=str(tmp_path / "heatmap.png"), full_page=True)
     page.mouse.click(
         box["x"] + box["width"] * (5.5 / record["n_tokens"]), box["y"] + 4
     )  # the column of token 5

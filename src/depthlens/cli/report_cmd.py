@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console
+from depthlens.cli.app import app, console, err_console, warn
 from depthlens.config import CorrelationConfig, DTRConfig, StoreSpec
 
 
@@ -20,8 +20,11 @@ def report(
     verify: opt.Verify = False,
 ) -> None:
     """One Markdown and HTML page with the run's tables, figures and the commands that made it."""
+    from rich.markup import escape
+
     from depthlens.models.load import load_tokenizer
-    from depthlens.viz.report import build_report
+    from depthlens.studies.report import prepare_report
+    from depthlens.viz.report import write_report
 
     cfg = CorrelationConfig(bins=bins, seeds=seeds, bootstrap=bootstrap)
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
@@ -29,11 +32,14 @@ def report(
     from depthlens.stores.samples import picking
 
     with picking(store_format), verifying(verify), err_console.status("building the report") as status:  # type: ignore[arg-type]
-        md = build_report(
+        data = prepare_report(
             run_dir,
             cfg,
             dtr,
             tokenizer_for=load_tokenizer,
             on_store=lambda label: status.update(f"studying {label}"),
         )
+        md = write_report(data)
+    for skipped in data.skipped:  # the report says so too ("Stores not in this report")
+        warn(escape(f"not in the report: {skipped.path}: {skipped.reason}"))  # a reason may hold [brackets]
     console.print(f"report: {md}  (and {md.with_suffix('.html')})")

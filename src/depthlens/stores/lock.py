@@ -85,3 +85,24 @@ def store_lock(store: Path) -> Iterator[None]:
             os.close(fd)  # releases the lock; the file stays (removing it would race with a waiting writer)
         else:
             _held[path] = (fd, _held[path][1] - 1)
+
+
+def writer(store: Path) -> str | None:
+    """Who is writing ``store`` now (``pid 123 (depthlens generate …)``), or None when no command holds its lock.
+
+    Asked of the kernel (a non-blocking ``flock`` taken and dropped at once), not of the lock file's text, which a
+    writer killed with -9 leaves behind. A lock this process holds is not another writer's."""
+    path = lock_path(store)
+    if fcntl is None or not path.exists() or path.resolve() in _held:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return holder(store) or "pid unknown"
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+    return None

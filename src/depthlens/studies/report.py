@@ -23,7 +23,8 @@ from depthlens.models.tokens import token_texts
 from depthlens.stats.fdr import PAIRED_FIELDS, add_fdr
 from depthlens.stores.files import manifest_path, read_json
 from depthlens.stores.layout import is_store
-from depthlens.stores.samples import SAMPLES, SHARDS
+from depthlens.stores.lock import writer
+from depthlens.stores.samples import SAMPLES, SHARDS, samples_path, stored_format
 from depthlens.stores.state import stale, store_state
 from depthlens.studies.correlation import store_correlations
 from depthlens.studies.paired_tables import REPLAYS, pooled_rows, store_per_question, table_two_rows
@@ -183,6 +184,14 @@ def thinkn_summary(store: Store, voting: VotingConfig | None) -> dict[str, Any] 
 
 
 @dataclasses.dataclass(frozen=True)
+class Skipped:
+    """A store the report left out, and why (still being written, damaged): the report names it."""
+
+    path: Path
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class ReportData:
     """Everything ``viz.report`` writes up for a run directory."""
 
@@ -190,6 +199,7 @@ class ReportData:
     studies: list[StoreStudy]
     dtr: DTRConfig
     command: str  # the command that made the report
+    skipped: list[Skipped] = dataclasses.field(default_factory=list)
     table_two: list[dict[str, Any]] = dataclasses.field(
         default_factory=list
     )  # every store's, p_bh over them all
@@ -204,32 +214,31 @@ def prepare_report(
     tokenizer_for: Callable[[str], Any | None] = lambda model: None,
     on_store: Callable[[str], None] = lambda label: None,
 ) -> ReportData:
-    """Study every store of ``run_dir`` and write its tables (``report/correlation.*``)."""
-    stores = [load_store(p) for p in find_stores(run_dir)]
+    """Study every finished store of ``run_dir`` and write its tables (``report/correlation.*``). A store still
+    being written, or one that cannot be read, is left out and named in ``ReportData.skipped`` with its reason; when
+    no store is left, InputError lists them all."""
     command = (
         " ".join(["depthlens", *sys.argv[1:]])
         if sys.argv and sys.argv[0].endswith("depthlens")
         else "depthlens report"
     )
-    studies = []
-    for store in stores:
-        on_store(store.label)
-        study = study_store(store, cfg, dtr)
-        example = example_response(store)
-        if example is not None:
-            tokens = token_labels(example, tokenizer_for(store.model))
-            study.example = heatmap_record(example, tokens, dtr, store.n_layers)
-        study.summary = thinkn_summary(store, voting)
-        if study.summary:
-            replays = [
-                read_json(p, "online replay", "replay again") for p in sorted(store.path.glob(REPLAYS))
-            ]
-            stale = (
-                " (stale)" if study.summary.get("stale") else ""
-            )  # a summary of another state of the store
-            study.table_two = table_two_rows(store.label + stale, study.summary, replays)
-            study.per_question = store_per_question(study.summary, replays)
-        studies.append(study)
+    studies, skipped = [], []
+    for path in find_stores(run_dir):
+        who = writer(samples_path(path, stored_format(path)))
+        if who is not None:  # its numbers would change under the report: report it once it is finished
+            skipped.append(Skipped(path, f"still being written by {who}; report again when it has finished"))
+            continue
+        try:
+            store = load_store(path)
+            on_store(store.label)
+            studies.append(_study(store, cfg, dtr, voting, tokenizer_for))
+        except DepthlensError as exc:  # damaged, foreign, too small to study: the others are still reported
+            skipped.append(Skipped(path, str(exc)))
+    if not studies:
+        raise InputError(
+            f"no store under {run_dir} could be reported: "
+            + "; ".join(f"{s.path}: {s.reason}" for s in skipped)
+        )
     states = {str(s.store.path): store_state(s.store.path) for s in studies}  # what the report was made from
     write_correlation(
         run_dir / "report",
@@ -243,4 +252,26 @@ def prepare_report(
             by_model.setdefault(study.store.model, []).append(study.per_question)
     table_two = [r for s in studies for r in s.table_two]
     add_fdr(table_two, PAIRED_FIELDS)  # the whole Table 2 one family (a summary's own p_bh: its methods)
-    return ReportData(run_dir, studies, dtr, command, table_two, pooled_rows(by_model))
+    return ReportData(run_dir, studies, dtr, command, skipped, table_two, pooled_rows(by_model))
+
+
+def _study(
+    store: Store,
+    cfg: CorrelationConfig,
+    dtr: DTRConfig,
+    voting: VotingConfig | None,
+    tokenizer_for: Callable[[str], Any | None],
+) -> StoreStudy:
+    """One store's study, example response and Think@n summary (Table 2's rows)."""
+    study = study_store(store, cfg, dtr)
+    example = example_response(store)
+    if example is not None:
+        tokens = token_labels(example, tokenizer_for(store.model))
+        study.example = heatmap_record(example, tokens, dtr, store.n_layers)
+    study.summary = thinkn_summary(store, voting)
+    if study.summary:
+        replays = [read_json(p, "online replay", "replay again") for p in sorted(store.path.glob(REPLAYS))]
+        stale = " (stale)" if study.summary.get("stale") else ""  # a summary of another state of the store
+        study.table_two = table_two_rows(store.label + stale, study.summary, replays)
+        study.per_question = store_per_question(study.summary, replays)
+    return study

@@ -183,9 +183,8 @@ def table_two_markdown(rows: Sequence[dict[str, Any]], pooled: Sequence[dict[str
         cells = paired_cells(r)
         return {"Δ vs Cons@n, points [95 %]": cells.difference, "p": cells.p, "p_BH": cells.p_bh}
 
-    table = [
-        {
-            "store": r["store"],
+    def row(r: dict[str, Any]) -> dict[str, str]:
+        return {
             "method": r["method"],
             "accuracy % [95 %]": _accuracy_cell(r),
             "tokens / question": f"{r['cost_mean']:,.0f}",
@@ -193,20 +192,23 @@ def table_two_markdown(rows: Sequence[dict[str, Any]], pooled: Sequence[dict[str
             **tested(r),
             "power +2.0 / +3.3 (questions for 80 %)": paired_cells(r).planning,
         }
-        for r in rows
-    ]
+
+    by_store: dict[str, list[dict[str, str]]] = {}
+    for r in rows:  # one table per store: its model and task said once above it, not in each of its rows
+        by_store.setdefault(r["store"], []).append(row(r))
     lines = [
         "## Think@n and the baselines (Table 2)",
         "",
         "Accuracy: mean over trials, [95 % interval over resampled questions]. Δ: the method minus Cons@n on the "
         "same questions (trials averaged per question), paired-bootstrap interval; p: sign-flip permutation test "
         "over questions (exact McNemar when outcomes are 0/1); p_BH: Benjamini–Hochberg over every comparison in "
-        "this table, † < 0.05. Power: of a paired test at α = 0.05 with this many questions and this spread, to "
+        "these tables, † < 0.05. Power: of a paired test at α = 0.05 with this many questions and this spread, to "
         "detect the paper's Think@n − Cons@n gaps on AIME25 (+2.0 and +3.3 points); in brackets the questions "
         "80 % power would take.",
         "",
-        markdown_table(table),
     ]
+    for store, table in by_store.items():
+        lines += [f"**{store}**", "", markdown_table(table), ""]
     if pooled:
         lines += [
             "**Pooled over each model's stores** (every question of every family; p_BH over the methods of one "

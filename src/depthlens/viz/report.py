@@ -114,7 +114,7 @@ def write_report(data: ReportData) -> Path:
     ]
     if data.table_two:
         lines += table_two_markdown(data.table_two, data.pooled)
-    lines += [*sections, _limits(stores)]
+    lines += [*sections, *_skipped(data), _limits(stores)]
     text = "\n".join(lines) + "\n"
     md = out / "report.md"
     md.write_text(text, encoding="utf-8")
@@ -181,6 +181,18 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
     return "\n".join(lines)
 
 
+def _skipped(data: ReportData) -> list[str]:
+    """The stores left out of this report, each with its reason (the report covers the others)."""
+    if not data.skipped:
+        return []
+    return [
+        "## Stores not in this report",
+        "",
+        *(f"- `{s.path}`: {s.reason}" for s in data.skipped),
+        "",
+    ]
+
+
 def _limits(stores: Sequence[Store]) -> str:
     small = [s.label for s in stores if len(s.responses) < 200]
     text = [
@@ -205,7 +217,10 @@ def _write_html(markdown: str, path: Path) -> Path:
         '<!doctype html><html><head><meta charset="utf-8"><title>depthlens report</title><style>'
         "body{font:14px system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
         "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px}"
-        "img{max-width:100%}code,pre{background:#f5f5f5}</style></head><body>" + body + "</body></html>\n",
+        "img{max-width:100%}code,pre{background:#f5f5f5}"
+        # a command line wraps inside its box instead of running past the page
+        "pre{padding:.5em;white-space:pre-wrap;overflow-wrap:anywhere}"
+        "</style></head><body>" + body + "</body></html>\n",
         encoding="utf-8",
     )
     return path

@@ -101,7 +101,9 @@ def draw_sweeps(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> 
     if not rows:
         raise InputError("no sweep rows to draw")
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
+    # 2 × 2 at the page's width (a row of four was shrunk to a third of its size in the HTML, too small to read)
+    fig, grid = plt.subplots(2, 2, figsize=(10, 7))
+    axes = grid.ravel()
     for ax, param in zip(axes[:3], ("g", "rho", "prefix"), strict=True):
         points = [r for r in rows if r["param"] == param]
         if not points:
@@ -123,7 +125,7 @@ def draw_sweeps(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> 
         if param == "prefix":
             ax.set_xticks(xs, labels)
         if param == "g":
-            twin.legend(fontsize=7, loc="upper right")  # mean DTR falls with g: that corner is free
+            twin.legend(fontsize=9, loc="upper right")  # mean DTR falls with g: that corner is free
     ax = axes[3]
     bars = [r for r in rows if r["param"] in ("divergence", "deep_rule")]
     names = [f"{r['value']}" for r in bars]
@@ -136,10 +138,10 @@ def draw_sweeps(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> 
         color="#ff7f0e",
         label="point-biserial r",
     )
-    ax.set_xticks(xs, names, rotation=20, fontsize=8)
+    ax.set_xticks(xs, names, rotation=20, fontsize=10)
     ax.axhline(0, color="#999999", lw=0.5)
     ax.set_ylim(-1, 1)
-    ax.set_title("divergence kind · deep rule", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
+    ax.set_title("divergence kind · deep rule", fontsize=11)
+    ax.legend(fontsize=9)
+    fig.suptitle(title, fontsize=12)
     return _save(fig, path)

@@ -177,6 +177,46 @@ function heatmapCells(T, L) {
   return cells;
 }
 
+function svg(tag, attrs = {}, text = null) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
+  if (text !== null) node.textContent = text;
+  return node;
+}
+
+// Every k-th of n items, k from 1, 2, 5, 10, 20, 50, … so that ticks stand at least `gap` pixels apart.
+function tickStep(size, gap) {
+  for (let k = 1; ; k *= 10) {
+    for (const m of [1, 2, 5]) if (k * m * size >= gap) return k * m;
+  }
+}
+
+// The layer axis left of the heatmap: a tick and number per layer (every k-th when rows are thin), final on top.
+function layerAxis(L, ch) {
+  const width = 46, axis = svg("svg", {id: "heatmap-y", width, height: L * ch + 6, class: "axis"});
+  const step = tickStep(ch, 14);
+  for (let l = 1; l <= L; l++) {
+    if (l % step && l !== 1 && l !== L) continue;
+    const y = (L - l) * ch + ch / 2;
+    axis.append(svg("line", {x1: width - 5, x2: width, y1: y, y2: y}));
+    axis.append(svg("text", {x: width - 7, y: y + 4, "text-anchor": "end", "data-layer": l}, String(l)));
+  }
+  axis.append(svg("text", {x: 10, y: (L * ch) / 2, transform: `rotate(-90 10 ${(L * ch) / 2})`, "text-anchor": "middle"}, "layer"));
+  return axis;
+}
+
+// The token axis below the heatmap: token positions (as the token panel numbers them) every k-th column.
+function tokenAxis(T, cw) {
+  const axis = svg("svg", {id: "heatmap-x", width: T * cw, height: 34, class: "axis"});
+  for (let t = 0; t < T; t += tickStep(cw, 40)) {
+    const x = t * cw + cw / 2;
+    axis.append(svg("line", {x1: x, x2: x, y1: 0, y2: 5}));
+    axis.append(svg("text", {x, y: 16, "text-anchor": "middle", "data-token": t}, String(t)));
+  }
+  axis.append(svg("text", {x: (T * cw) / 2, y: 31, "text-anchor": "middle"}, "token"));
+  return axis;
+}
+
 // Token × layer: columns are tokens, rows layers (final on top); each token's settling layer is marked, deep
 // tokens have a blue tick below; a click selects the token.
 function drawHeatmap(wrap) {
@@ -191,7 +231,9 @@ function drawHeatmap(wrap) {
       const t = Math.floor((event.clientX - rect.left) / cw);
       if (t >= 0 && t < T) selectToken(t);
     });
-    wrap.replaceChildren(canvas, el("p", {class: "caption"}, `rows: layers 1 (bottom) to ${L} (top); columns: the ${T} read-out tokens; colour: divergence to the final layer (${RESPONSE.unit}); ringed: where each token settles; blue tick: a deep-thinking token`));
+    // the axes sit beside the canvas (not on it), so a click's x on the canvas is still its token
+    const grid = el("div", {id: "heatmap-grid"}, layerAxis(L, ch), canvas, el("span"), tokenAxis(T, cw));
+    wrap.replaceChildren(grid, el("p", {class: "caption"}, `rows: layers 1 (bottom) to ${L} (top); columns: the ${T} read-out tokens; colour: divergence to the final layer (${RESPONSE.unit}); ringed: where each token settles; blue tick: a deep-thinking token`));
   }
   canvas.width = T * cw;
   canvas.height = L * ch + 6;
