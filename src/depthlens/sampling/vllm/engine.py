@@ -27,7 +27,7 @@ import torch
 from depthlens.config import EngineConfig, SamplingConfig
 from depthlens.errors import ConfigError, DepthlensError, UnsupportedArchitectureError
 from depthlens.models.info import ModelInfo, kv_bytes_per_token, kv_cache_bytes
-from depthlens.sampling.vllm.backend import VLLM_MISSING
+from depthlens.sampling.vllm.backend import VLLM_MISSING, build_mismatch
 from depthlens.sampling.vllm.settings import EngineReadout
 
 CAPTURE_ENV = "DEPTHLENS_VLLM_CAPTURE"  # aux | hooks: override the capture chosen from the model class
@@ -179,6 +179,12 @@ def start_engine(
             from vllm.v1.engine.llm_engine import LLMEngine
     except ImportError:
         raise ConfigError(VLLM_MISSING) from None
+    import torch
+
+    mismatch = build_mismatch(torch.cuda.is_available())
+    if mismatch:  # it runs, only not where the user expects: say so, once, before the engine starts
+        warnings.warn(mismatch, UserWarning, stacklevel=2)
+        progress(mismatch)
     from depthlens.sampling.vllm.scores import TokenScores
 
     capture = capture_for(info)
