@@ -215,7 +215,9 @@ def test_think_at_n_keeps_the_deepest_prefixes_and_stops_the_rest_at_l(client, m
     )
     think = _depth(r.choices[0])["think"]
     samples = think["samples"]
-    assert len(samples) == 6 and think["stopped"] == 3
+    stopped = [s["index"] for s in samples if s["stopped"]]
+    assert len(samples) == 6 and think["stopped"] == len(stopped)
+    assert stopped == [s["index"] for s in samples if not s["kept"] and s["finish"] == "paused"]
     ranked = sorted(range(6), key=lambda i: (-samples[i]["prefix_dtr"], i))[
         :3
     ]  # ties keep the earlier response
@@ -228,6 +230,41 @@ def test_think_at_n_keeps_the_deepest_prefixes_and_stops_the_rest_at_l(client, m
     assert think["voted"] in think["kept"]
     assert _depth(r.choices[0])["seed"] == samples[think["voted"]]["seed"]
     assert think["tokens_saved"] >= 0
+
+
+def test_think_at_n_counts_only_the_samples_it_stopped(server, client, model):
+    """Samples that end by themselves before ℓ (EOS, or max_tokens ≤ ℓ) were not stopped and saved nothing:
+    ``stopped``, ``tokens_saved`` and /health's ``aborted`` agree (seed 5: samples 5 and 7 end by EOS at 1 and 5
+    tokens, the others run to 16)."""
+    prefix, n = 8, 8
+    plain = client.completions.create(model=model, prompt="5+5=", max_tokens=16, n=n, seed=5)
+    whole = [_depth(c)["token_count"] for c in plain.choices]
+    assert any(k < prefix for k in whole) and any(k > prefix for k in whole)
+    before = server.health()["aborted"]
+    think_body = {"g": G, "answer_type": "string", "think": {"n": n, "eta": 0.25, "prefix": prefix}}
+    r = client.completions.create(
+        model=model, prompt="5+5=", max_tokens=16, seed=5, extra_body={"depthlens": think_body}
+    )
+    think = _depth(r.choices[0])["think"]
+    samples = think["samples"]
+    early = [s for s in samples if not s["kept"] and whole[s["index"]] < prefix]
+    assert early and all(s["finish"] == "eos" and not s["stopped"] for s in early)  # ended by itself
+    for s in samples:
+        assert s["tokens"] == (whole[s["index"]] if s["kept"] else min(prefix, whole[s["index"]]))
+        assert s["stopped"] == (not s["kept"] and whole[s["index"]] > prefix)
+    stopped = [s for s in samples if s["stopped"]]
+    assert think["stopped"] == len(stopped) == server.health()["aborted"] - before
+    ended = [s["tokens"] for s in samples if not s["stopped"]]  # ran to their own end, kept or not
+    mean = sum(ended) / len(ended)
+    assert think["tokens_saved"] == round(sum(max(0.0, mean - s["generated"]) for s in stopped)) > 0
+    # max_tokens ≤ ℓ: every sample ends by itself at its length before any decision; nothing stopped or saved
+    before = server.health()["aborted"]
+    r = client.completions.create(
+        model=model, prompt="5+5=", max_tokens=prefix, seed=5, extra_body={"depthlens": think_body}
+    )
+    think = _depth(r.choices[0])["think"]
+    assert think["stopped"] == think["tokens_saved"] == server.health()["aborted"] - before == 0
+    assert not any(s["stopped"] for s in think["samples"])
 
 
 def test_online_think_at_n_and_online_deepconf(client, model):

@@ -129,7 +129,13 @@ def test_think_keeps_one_phase_samples_and_aborts_the_rest_at_l(server, model, c
             assert sample["generated"] == sample["tokens"] == min(4, _depth(whole)["token_count"])
             assert whole.text.startswith(sample["text"])
             stopped += _depth(whole)["token_count"] > 4
-    assert server.health()["aborted"] - aborted == stopped
+            # one that ended by itself (EOS) by ℓ was not stopped: it saved nothing (issue 41)
+            assert sample["stopped"] == (_depth(whole)["token_count"] > 4)
+    assert server.health()["aborted"] - aborted == stopped == think["stopped"]
+    ended = [s["tokens"] for s in think["samples"] if not s["stopped"]]
+    mean = sum(ended) / len(ended)
+    saved = sum(max(0.0, mean - s["generated"]) for s in think["samples"] if s["stopped"])
+    assert think["tokens_saved"] == round(saved)
     assert r.usage.completion_tokens == sum(s["generated"] for s in think["samples"])
 
 

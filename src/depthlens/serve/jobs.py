@@ -179,6 +179,11 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
     finally:
         ctx.generated += backend.generated()
     kept = set(recorded.kept)
+    # stopped: rejected at ℓ while the engine still ran it; a rejected sample that had ended by itself (EOS, max
+    # tokens or a stop string before ℓ) was not stopped and saved nothing
+    stopped = [
+        i for i, t in enumerate(traces) if i not in kept and t.finish == "paused" and backend.aborted(t)
+    ]
     voters = [i for i in sorted(kept) if answers.get(id(traces[i]), (None, None))[1] == answer]
     chosen = voters[0] if voters else min(kept, default=0)
     samples = []
@@ -191,6 +196,7 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
                 "seed": t.seed,
                 "prefix_dtr": prefix_dtr,
                 "kept": i in kept,
+                "stopped": i in stopped,
                 "answer": text,
                 "vote_key": key,
                 "tokens": len(t),
@@ -199,8 +205,8 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
                 "text": final_text(ctx.tokenizer, t.token_ids, job.stop),
             }
         )
-    finished = [len(traces[i]) for i in kept]
-    saved = _saved(finished, [len(t) for i, t in enumerate(traces) if i not in kept], 0)
+    ended = [len(t) for t in traces if t.finish != "paused"]  # ran to their own end (kept or not)
+    saved = _saved(ended, [backend.engine_tokens(traces[i]) for i in stopped], 0)
     think = {
         "n": voting.n,
         "eta": voting.eta,
@@ -208,7 +214,7 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
         "answer": answer,
         "voted": chosen,
         "kept": sorted(kept),
-        "stopped": voting.n - len(kept),
+        "stopped": len(stopped),
         "tokens": backend.generated(),
         "tokens_saved": saved,
         "samples": samples,
@@ -217,8 +223,9 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
 
 
 def _saved(finished: Sequence[int], stopped: Sequence[int], unstarted: int) -> int:
-    """Tokens not generated, estimated: each stopped sample would have run to the mean length of those that ran
-    to their end, and each sample never started as long."""
+    """Tokens not generated, estimated: each stopped sample (``stopped``: the tokens the engine generated for it)
+    would have run to the mean length of those that ran to their end (``finished``), and each sample never
+    started as long. A sample that ended by itself is in ``finished``, never in ``stopped``."""
     if not finished:
         return 0
     mean = sum(finished) / len(finished)
@@ -266,8 +273,11 @@ def _online(ctx: _Context, p: int, prompt: list[int]) -> Choice:
         )
     voters = [d["index"] for d in decisions if d["votes"] and d["key"] == outcome.answer]
     chosen = voters[0] if voters else min(d["index"] for d in decisions if d["votes"])
-    finished = [d["tokens"] for d in decisions if d["stopped_at"] is None]
-    stopped = [d["tokens"] for d in decisions if d["stopped_at"] is not None]
+    # stopped: the policy stopped it and the engine was still running it (one that ended by itself saved nothing)
+    for d in decisions:
+        d["aborted"] = d["stopped_at"] is not None and backend.aborted(seen[d["index"]][0])
+    finished = [d["tokens"] for d in decisions if not d["aborted"]]
+    stopped = [d["generated"] for d in decisions if d["aborted"]]
     online = {
         **{k: v for k, v in cfg.to_dict().items()},
         "threshold": outcome.threshold,
