@@ -502,36 +502,57 @@ def test_api_key_queue_limit_and_sigterm_finishes_in_flight(model_dir, tmp_path)
 
 
 def test_sigterm_aborts_what_the_grace_period_does_not_cover(model_dir, tmp_path):
+    """Past --shutdown-grace every running request is aborted and answered: a started stream gets an error event
+    then ``[DONE]``, a request that does not stream (here queued behind it) an OpenAI-shaped 503; no traceback."""
     import httpx
 
     args = ["--model", str(model_dir), "--backend", "hf", "--device", "cpu", "--shutdown-grace", "0"]
-    with serving(args, tmp_path / "server.log") as server:
+    log = tmp_path / "server.log"
+    with serving(args, log) as server:
         long = {
             "model": str(model_dir),
             "prompt": "x",
             "max_tokens": 200,
             "n": 64,
-            "stream": True,
             "depthlens": {"readout_tokens": "all"},
         }
         seen: list[str] = []
+        answers: list[httpx.Response] = []
 
         def read() -> None:
             try:
                 with httpx.stream(
-                    "POST", f"{server.url}/v1/completions", json=long, timeout=TIMEOUT
+                    "POST", f"{server.url}/v1/completions", json={**long, "stream": True}, timeout=TIMEOUT
                 ) as response:
                     for line in response.iter_lines():
                         seen.append(line)
             except httpx.HTTPError as exc:  # the server closed the connection mid-stream
                 seen.append(f"closed: {type(exc).__name__}")
 
-        worker = threading.Thread(target=read)
-        worker.start()
+        def post() -> None:
+            answers.append(httpx.post(f"{server.url}/v1/completions", json=long, timeout=TIMEOUT))
+
+        streaming, waiting = threading.Thread(target=read), threading.Thread(target=post)
+        streaming.start()
         assert wait_for(lambda: any(line.startswith("data: ") for line in seen), 60)
+        waiting.start()
+        assert wait_for(lambda: server.health()["active"] == 2, 30)
         began = time.monotonic()
         code = server.stop(timeout=60)
         took = time.monotonic() - began
-        worker.join(TIMEOUT)
+        streaming.join(TIMEOUT)
+        waiting.join(TIMEOUT)
     assert code == 0 and took < 30, (code, took)
-    assert "data: [DONE]" not in seen  # cut short: the stream never finished
+    data = [line[6:] for line in seen if line.startswith("data: ")]
+    assert data[-1] == "[DONE]", seen[-3:]
+    error = json.loads(data[-2])["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["code"]) == ("server_error", "aborted") and "shutting down" in error[
+        "message"
+    ]
+    assert all("error" not in json.loads(d) for d in data[:-2])  # the chunks before it are the stream's own
+    assert answers and answers[0].status_code == 503, answers
+    assert answers[0].json()["error"]["code"] == "aborted"
+    assert answers[0].headers["content-type"] == "application/json"
+    text = log.read_text()
+    assert "Traceback" not in text and "Exception in ASGI application" not in text, text[-3000:]

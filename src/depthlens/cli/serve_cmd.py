@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 import signal
 from typing import TYPE_CHECKING, Any
@@ -110,20 +109,11 @@ def _engine(model: Any, config: EngineConfig, max_running: int) -> Engine:
 
 
 def _run(engine: Engine, tokenizer: Any, settings: ServeConfig, host: str, port: int, log_level: str) -> None:
-    import uvicorn
-
     from depthlens.serve.app import create_app
+    from depthlens.serve.server import make_server
 
     application = create_app(engine, tokenizer, settings)
-    config = uvicorn.Config(
-        application,
-        host=host,
-        port=port,
-        log_level=log_level,
-        lifespan="on",
-        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace),
-    )
-    server = uvicorn.Server(config)
+    server = make_server(application, host, port, log_level, settings.shutdown_grace)
     # uvicorn shuts down gracefully on SIGTERM / SIGINT, then raises the signal again for the handler it found:
     # make those no-ops, so a server stopped on purpose exits 0 (the CLI's own handlers report an interrupted
     # store and exit 143 / 130).

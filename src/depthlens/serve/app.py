@@ -56,7 +56,12 @@ def _failure(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, GenerationCancelled):
-        return ApiError(503, "the request was aborted: the server is shutting down", code="aborted")
+        return ApiError(
+            503,
+            "the request was aborted: the server is shutting down and its --shutdown-grace ran out; "
+            "retry on another replica",
+            code="aborted",
+        )
     if isinstance(exc, EngineError):
         return ApiError(503, str(exc), code="engine_failed")
     if isinstance(exc, DepthlensError):
