@@ -436,6 +436,39 @@ def test_malformed_json_oversized_body_and_unknown_route(server):
         assert response.json()["error"]["code"] == code and "Traceback" not in response.text
 
 
+def test_chat_schema_gaps_and_every_error_code(server, model):
+    """A chat message without content is refused by name; a method a route lacks gets a code too (issue 41)."""
+    import httpx
+
+    url = f"{server.url}/v1/chat/completions"
+    cases = [
+        (
+            httpx.post(url, json={"model": model, "messages": [{"role": "user"}]}, timeout=TIMEOUT),
+            400,
+            "messages[0].content",
+            "missing_content",
+        ),
+        (
+            httpx.post(
+                url, json={"model": model, "messages": [{"role": "user", "content": None}]}, timeout=TIMEOUT
+            ),
+            400,
+            "messages[0].content",
+            "missing_content",
+        ),
+        (httpx.get(url, timeout=TIMEOUT), 405, None, "method_not_allowed"),
+        (httpx.get(f"{server.url}/v1/models/nope", timeout=TIMEOUT), 404, "model", "model_not_found"),
+    ]
+    for response, status, param, code in cases:
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert (error["param"], error["code"]) == (param, code) and "Traceback" not in response.text
+    echoed = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "tool_calls": []}]
+    echoed.append({"role": "user", "content": "again"})
+    body = {"model": model, "messages": echoed, "max_tokens": 3}
+    assert httpx.post(url, json=body, timeout=TIMEOUT).status_code == 200
+
+
 def test_a_client_that_disconnects_has_its_request_aborted(server, model):
     import httpx
 

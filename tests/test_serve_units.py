@@ -129,6 +129,47 @@ def test_requests_the_server_refuses(tokenizer, body, status, param):
     with pytest.raises(ApiError) as refused:
         _job(tokenizer, body)
     assert (refused.value.status, refused.value.param) == (status, param), refused.value.message
+    assert refused.value.code  # every error names a code a client can branch on (issue 41)
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "code"),
+    [
+        ([{"role": "user"}], "messages[0].content", "missing_content"),
+        (
+            [{"role": "system", "content": "be brief"}, {"role": "user", "content": None}],
+            "messages[1].content",
+            "missing_content",
+        ),
+        (
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": []}],
+            "messages[1].content",
+            "missing_content",
+        ),
+        (
+            [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1", "type": "function"}]}],
+            "messages[0].tool_calls",
+            "unsupported",
+        ),
+    ],
+)
+def test_chat_messages_without_content_are_refused(tokenizer, messages, param, code):
+    from depthlens.serve.errors import ApiError
+
+    with pytest.raises(ApiError) as refused:
+        _job(tokenizer, {"messages": messages}, chat=True)
+    assert (refused.value.status, refused.value.param, refused.value.code) == (400, param, code)
+    # an assistant turn echoed whole (tool_calls: [] beside its content) is a plain turn
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "tool_calls": []}]
+    assert _job(tokenizer, {"messages": turns}, chat=True).prompts
+
+
+def test_every_error_has_a_code():
+    from depthlens.serve.errors import ApiError
+
+    for status in (400, 401, 404, 405, 413, 422, 429, 500, 503):
+        error = ApiError(status, "x").body()["error"]
+        assert isinstance(error["code"], str) and error["code"], status
 
 
 def test_schema_errors_name_the_field():

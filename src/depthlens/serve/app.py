@@ -161,7 +161,11 @@ class Server:
                     error = _failure(event["error"])
                 except Exception as exc:  # unforeseen: logged like any other, sent without its traceback
                     errors.log.error("unhandled error in a stream", exc_info=exc)
-                    error = ApiError(500, f"internal error ({type(exc).__name__}); see the server's log")
+                    error = ApiError(
+                        500,
+                        f"internal error ({type(exc).__name__}); see the server's log",
+                        code="internal_error",
+                    )
                 yield f"data: {_json(error.body())}\n\n"
                 break
             if event["type"] == "done":

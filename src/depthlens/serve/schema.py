@@ -121,8 +121,9 @@ class TextPart(Strict):
 
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart] | None = None  # None or missing is refused (job.py): 400 naming the field
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # accepted empty (clients echo an assistant turn whole)
 
     def text(self) -> str:
         if isinstance(self.content, list):
