@@ -90,6 +90,10 @@ def test_models_and_a_plain_completion(client, model):
     again = client.completions.create(model=model, prompt="12+3=", max_tokens=8, n=3, seed=7)
     assert [c.text for c in again.choices] == [c.text for c in r.choices]  # seeded: reproducible
     assert r.model_extra["depthlens"]["backend"] == "hf"
+    # the numbers say what read them: the dtype of the forward pass (the tiny model is float32) and the lens
+    read = {"dtype": "float32", "lens": "logit", "lens_dtype": "float32"}
+    assert read.items() <= r.model_extra["depthlens"].items()
+    assert all(read.items() <= _depth(c).items() for c in r.choices)
 
 
 def test_depth_is_the_readout_of_the_returned_tokens(client, model, model_dir):
@@ -160,6 +164,7 @@ def test_streaming_chat_carries_per_token_values_and_usage(client, model):
     ]  # contiguous
     assert rows == _depth(expected)["tokens"]["settling_depth"]
     assert summary["dtr"] == _depth(expected)["dtr"]
+    assert (summary["dtype"], summary["lens"]) == ("float32", "logit")  # a stream's last chunk says it too
     assert usage.completion_tokens == whole.usage.completion_tokens
 
 

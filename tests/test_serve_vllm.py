@@ -102,6 +102,8 @@ def test_concurrent_requests_share_engine_steps(server, model, client):
     assert steps < tokens / 2, (steps, tokens)  # batched: one step serves many requests' samples
     assert after["engine_requests"] == 0
     assert after["capture"] == "aux"  # rows from the engine's own forward pass (llama: EAGLE-3's states)
+    read = {"dtype": "float32", "lens": "logit", "lens_dtype": "float32"}  # --dtype float32 (issue 41)
+    assert all(read.items() <= r.model_extra["depthlens"].items() for r in replies)
 
 
 def test_think_keeps_one_phase_samples_and_aborts_the_rest_at_l(server, model, client):

@@ -124,7 +124,7 @@ class Server:
 
     async def respond(self, request: Request, job: Job) -> Response:
         env = Envelope.new(self.settings.model_id, job.chat)
-        top = request_depthlens(job, self.engine.name, self.engine.n_layers)
+        top = request_depthlens(job, self.engine)
         cancel = self.runner.admit()
         if job.stream:
             work = lambda push: run_job(self.engine, job, self.tokenizer, cancel, push)  # noqa: E731

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from depthlens.models.tokens import token_bytes
+from depthlens.serve.engines import Engine, read_with
 from depthlens.serve.job import Job
 from depthlens.serve.jobs import Choice, Outcome
 
@@ -35,12 +36,15 @@ class Envelope:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
 
-def request_depthlens(job: Job, backend: str, n_layers: int) -> dict[str, Any]:
-    """The response-level ``depthlens`` object: the settings every choice's values were computed with."""
+def request_depthlens(job: Job, engine: Engine) -> dict[str, Any]:
+    """The response-level ``depthlens`` object: the settings every choice's values were computed with — the
+    engine's dtype among them (a bfloat16 engine's depths differ from ``depthlens score``'s float32 ones by a few
+    layers on some tokens)."""
     dtr = job.depth.dtr
     return {
-        "backend": backend,
-        "n_layers": n_layers,
+        "backend": engine.name,
+        **read_with(engine),
+        "n_layers": engine.n_layers,
         "seed": job.seed,
         "g": dtr.g,
         "rho": dtr.rho,

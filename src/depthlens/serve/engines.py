@@ -35,6 +35,11 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def read_with(engine: Engine) -> dict[str, str]:
+    """What every depth ``engine`` serves was read with: its forward pass's dtype, the lens and the lens's dtype."""
+    return {"dtype": engine.dtype, "lens": LENS, "lens_dtype": engine.lens_dtype}
+
+
 class ServeBackend(Protocol):
     """A ``GenerationBackend`` for one request, with what the server reports about it."""
 

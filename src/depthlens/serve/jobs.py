@@ -18,7 +18,7 @@ from depthlens.evals.answers import extract_answer, vote_key
 from depthlens.sampling.backend import Paused, Trace
 from depthlens.sampling.live import Watch
 from depthlens.serve.depth import summary
-from depthlens.serve.engines import Engine, ServeBackend
+from depthlens.serve.engines import Engine, ServeBackend, read_with
 from depthlens.serve.job import Job
 from depthlens.serve.stream import GroupStream, Push
 from depthlens.serve.text import final_text
@@ -78,9 +78,8 @@ class _Context:
     def choice(self, index: int, trace: Trace, backend: ServeBackend, extra: dict[str, Any]) -> Choice:
         text = final_text(self.tokenizer, trace.token_ids, self.job.stop)
         reason = FINISH_REASONS.get(trace.finish, "stop")
-        return Choice(
-            index, trace, text, reason, {**self.describe(trace), **extra}, backend.top_logprobs(trace)
-        )
+        depth = {**read_with(self.engine), **self.describe(trace), **extra}
+        return Choice(index, trace, text, reason, depth, backend.top_logprobs(trace))
 
 
 def run_job(
