@@ -144,12 +144,14 @@ def test_streaming_chat_carries_per_token_values_and_usage(client, model):
         extra_body={"depthlens": {"tokens": True}},
     )
     text, offsets, rows, usage, finish, summary = "", [], [], None, None, None
+    contents = []
     for chunk in stream:
         if not chunk.choices:
             usage = chunk.usage
             continue
         choice = chunk.choices[0]
         text += choice.delta.content or ""
+        contents.append(choice.delta.content)
         extra = choice.model_extra.get("depthlens") or {}
         if "tokens" in extra and isinstance(extra["tokens"], dict) and "offset" in extra["tokens"]:
             offsets.append((extra["tokens"]["offset"], len(extra["tokens"]["token_ids"])))
@@ -165,7 +167,28 @@ def test_streaming_chat_carries_per_token_values_and_usage(client, model):
     assert rows == _depth(expected)["tokens"]["settling_depth"]
     assert summary["dtr"] == _depth(expected)["dtr"]
     assert (summary["dtype"], summary["lens"]) == ("float32", "logit")  # a stream's last chunk says it too
+    assert "" not in contents[1:]  # no chunk of empty content (the end-of-turn token decodes to none)
+    per_token = _depth(expected)["tokens"]
+    assert len(per_token["token_strings"]) == len(per_token["token_ids"])
+    assert "".join(per_token["token_strings"]) == expected.message.content  # special tokens are ""
     assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_vllm_sampling_fields_and_response_format(client, model):
+    """top_k / min_p as vLLM takes them, applied (top_k 1 is greedy: every sample the same); response_format
+    text accepted (issue 42)."""
+    r = client.completions.create(
+        model=model, prompt="7*6=", max_tokens=6, n=3, seed=1, extra_body={"top_k": 1, "min_p": 0.05}
+    )
+    assert len({c.text for c in r.choices}) == 1
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        response_format={"type": "text"},
+        extra_body={"top_k": -1},
+    )
+    assert chat.choices[0].finish_reason in ("stop", "length")
 
 
 def test_async_clients_at_once_get_what_they_get_alone(server, model):
@@ -222,7 +245,8 @@ def test_think_at_n_keeps_the_deepest_prefixes_and_stops_the_rest_at_l(client, m
     samples = think["samples"]
     stopped = [s["index"] for s in samples if s["stopped"]]
     assert len(samples) == 6 and think["stopped"] == len(stopped)
-    assert stopped == [s["index"] for s in samples if not s["kept"] and s["finish"] == "paused"]
+    assert stopped == [s["index"] for s in samples if not s["kept"] and s["finish_reason"] is None]
+    assert all(s["finish_reason"] in ("stop", "length") for s in samples if not s["stopped"])  # OpenAI's only
     ranked = sorted(range(6), key=lambda i: (-samples[i]["prefix_dtr"], i))[
         :3
     ]  # ties keep the earlier response
@@ -230,7 +254,7 @@ def test_think_at_n_keeps_the_deepest_prefixes_and_stops_the_rest_at_l(client, m
     for s in samples:
         assert s["generated"] == s["tokens"]  # nothing generated past what the trace holds
         if not s["kept"]:
-            assert s["tokens"] <= 4 and s["answer"] is None and s["finish"] in ("paused", "eos")
+            assert s["tokens"] <= 4 and s["answer"] is None and s["finish_reason"] in (None, "stop")
     assert r.usage.completion_tokens == think["tokens"] == sum(s["generated"] for s in samples)
     assert think["voted"] in think["kept"]
     assert _depth(r.choices[0])["seed"] == samples[think["voted"]]["seed"]
@@ -253,7 +277,7 @@ def test_think_at_n_counts_only_the_samples_it_stopped(server, client, model):
     think = _depth(r.choices[0])["think"]
     samples = think["samples"]
     early = [s for s in samples if not s["kept"] and whole[s["index"]] < prefix]
-    assert early and all(s["finish"] == "eos" and not s["stopped"] for s in early)  # ended by itself
+    assert early and all(s["finish_reason"] == "stop" and not s["stopped"] for s in early)  # ended by itself
     for s in samples:
         assert s["tokens"] == (whole[s["index"]] if s["kept"] else min(prefix, whole[s["index"]]))
         assert s["stopped"] == (not s["kept"] and whole[s["index"]] > prefix)

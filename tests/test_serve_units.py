@@ -164,6 +164,25 @@ def test_chat_messages_without_content_are_refused(tokenizer, messages, param, c
     assert _job(tokenizer, {"messages": turns}, chat=True).prompts
 
 
+def test_the_dialect_of_openai_and_vllm(tokenizer):
+    """Fields other OpenAI-compatible servers take (issue 42): response_format text, vLLM's top_k / min_p
+    (applied by both samplers; -1 = off as vLLM has it); json formats and out-of-range values refused by name."""
+    from depthlens.serve.errors import ApiError
+
+    job = _job(tokenizer, {"prompt": "x", "top_k": 5, "min_p": 0.1, "response_format": {"type": "text"}})
+    assert (job.sampling.top_k, job.sampling.min_p) == (5, 0.1)
+    assert _job(tokenizer, {"prompt": "x", "top_k": -1}).sampling.top_k == 0
+    refused = [
+        ({"response_format": {"type": "json_object"}}, "response_format", "unsupported"),
+        ({"top_k": -2}, "top_k", "invalid_value"),
+        ({"min_p": 1.5}, "min_p", "invalid_value"),
+    ]
+    for body, param, code in refused:
+        with pytest.raises(ApiError) as error:
+            _job(tokenizer, {"prompt": "x", **body})
+        assert (error.value.status, error.value.param, error.value.code) == (400, param, code)
+
+
 def test_every_error_has_a_code():
     from depthlens.serve.errors import ApiError
 

@@ -133,15 +133,14 @@ def chunk(env: Envelope, event: dict[str, Any], tokenizer: Any, job: Job, first:
     choice: dict[str, Any] = {"index": event["index"]}
     if event["type"] == "end":
         if env.chat:
-            choice["delta"] = {}
+            choice["delta"] = {"role": "assistant", "content": ""} if first else {}
         else:
             choice["text"] = ""
         choice.update(logprobs=None, finish_reason=event["finish_reason"], depthlens=event["depthlens"])
         return {**env.head(True), "choices": [choice]}
-    if env.chat:
-        choice["delta"] = (
-            {"role": "assistant", "content": event["text"]} if first else {"content": event["text"]}
-        )
+    if env.chat:  # no content key for a chunk of no text (it carries depthlens values only)
+        text = {"content": event["text"]} if event["text"] or first else {}
+        choice["delta"] = {"role": "assistant", **text} if first else text
     else:
         choice["text"] = event["text"]
     rows = event.get("logprobs")

@@ -237,6 +237,8 @@ def _sampling(
         return SamplingConfig(
             temperature=ServeConfig.TEMPERATURE if body.temperature is None else body.temperature,
             top_p=ServeConfig.TOP_P if body.top_p is None else body.top_p,
+            top_k=0 if body.top_k in (None, -1) else body.top_k,
+            min_p=body.min_p or 0.0,
             max_new_tokens=max_tokens,
             readout_tokens=_readout_window(options, settings, prefixes),
         )

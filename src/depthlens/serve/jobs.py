@@ -67,7 +67,8 @@ class _Context:
 
     def describe(self, trace: Trace) -> dict[str, Any]:
         window = self.job.depth.online.window if self.job.depth.online else VotingConfig().deepconf_window
-        return summary(trace, self.engine.n_layers, self.job.depth.dtr, window, self.job.depth.tokens)
+        depth = self.job.depth
+        return summary(trace, self.engine.n_layers, depth.dtr, window, depth.tokens, self.tokenizer)
 
     def answer(self, trace: Trace) -> tuple[str | None, str | None]:
         """(the answer the trace states, its vote key), by the request's answer rules."""
@@ -200,7 +201,8 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
                 "vote_key": key,
                 "tokens": len(t),
                 "generated": backend.engine_tokens(t),
-                "finish": t.finish,
+                # OpenAI's reasons only: a sample cut at ℓ has none (``kept`` / ``stopped`` say why it ended)
+                "finish_reason": None if t.finish == "paused" else FINISH_REASONS.get(t.finish, "stop"),
                 "text": final_text(ctx.tokenizer, t.token_ids, job.stop),
             }
         )
