@@ -498,6 +498,47 @@ def test_chat_schema_gaps_and_every_error_code(server, model):
     assert httpx.post(url, json=body, timeout=TIMEOUT).status_code == 200
 
 
+def _metrics(server) -> dict[str, float]:
+    import httpx
+
+    response = httpx.get(f"{server.url}/metrics", timeout=TIMEOUT)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    samples = {}
+    for line in response.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_prometheus_metrics(server, model):
+    """/metrics in Prometheus's text format: requests by route and status, latency, tokens (prompt, generated,
+    read out), aborted samples, running and waiting requests (issue 42)."""
+    import httpx
+
+    before = _metrics(server)
+    body = {"model": model, "prompt": "abc", "max_tokens": 5, "n": 2, "seed": 3}
+    reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT).json()
+    assert (
+        httpx.post(f"{server.url}/v1/completions", json={"model": model}, timeout=TIMEOUT).status_code == 422
+    )
+    after = _metrics(server)
+
+    def grew(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert grew('depthlens_requests_total{route="/v1/completions",status="200"}') == 1
+    assert grew('depthlens_requests_total{route="/v1/completions",status="422"}') == 1
+    assert grew('depthlens_request_duration_seconds_count{route="/v1/completions"}') == 2
+    assert grew("depthlens_prompt_tokens_total") == reply["usage"]["prompt_tokens"] == 3
+    assert grew("depthlens_generation_tokens_total") == reply["usage"]["completion_tokens"]
+    assert grew("depthlens_readout_tokens_total") == sum(
+        c["depthlens"]["readout_tokens"] for c in reply["choices"]
+    )
+    assert after["depthlens_aborted_samples_total"] == server.health()["aborted"]
+    assert after["depthlens_requests_running"] == after["depthlens_requests_waiting"] == 0
+
+
 def test_a_client_that_disconnects_has_its_request_aborted(server, model):
     import httpx
 

@@ -45,6 +45,7 @@ class Outcome:
     choices: list[Choice]
     prompt_tokens: int
     completion_tokens: int
+    readout_tokens: int = 0  # tokens read out at every layer, over every sample (rejected ones included)
 
 
 @dataclasses.dataclass
@@ -55,6 +56,7 @@ class _Context:
     cancel: threading.Event | None
     push: Push | None
     generated: int = 0
+    readout: int = 0
 
     def backend(self, logprobs: int = 0) -> ServeBackend:
         return self.engine.backend(self.job.sampling, logprobs, self.cancel)
@@ -109,7 +111,7 @@ def run_job(
                 }
             )
             _push_end(push, voted)
-    return Outcome(choices, sum(len(p) for p in job.prompts), ctx.generated)
+    return Outcome(choices, sum(len(p) for p in job.prompts), ctx.generated, ctx.readout)
 
 
 def _push_end(push: Push, choice: Choice) -> None:
@@ -137,6 +139,7 @@ def _sample(ctx: _Context, p: int, prompt: list[int]) -> list[Choice]:
     finally:
         ctx.generated += backend.generated()
     stream.close(traces)
+    ctx.readout += sum(len(t.divergence) for t in traces)
     choices = [ctx.choice(p * job.n + i, t, backend, {}) for i, t in enumerate(traces)]
     if ctx.push is not None:
         for choice in choices:
@@ -179,6 +182,7 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
     finally:
         ctx.generated += backend.generated()
     kept = set(recorded.kept)
+    ctx.readout += sum(len(t.divergence) for t in traces)
     # stopped: rejected at ℓ while the engine still ran it; a rejected sample that had ended by itself (EOS, max
     # tokens or a stop string before ℓ) was not stopped and saved nothing
     stopped = [
@@ -263,6 +267,7 @@ def _online(ctx: _Context, p: int, prompt: list[int]) -> Choice:
     finally:
         ctx.generated += backend.generated()
     decisions = [d.to_dict() for d in outcome.decisions]
+    ctx.readout += sum(len(trace.divergence) for trace, _, _ in seen.values())
     for d in decisions:
         trace, text, key = seen[d["index"]]
         d.update(
