@@ -41,8 +41,8 @@ class _Engine(Collector):
     def collect(self) -> Iterator[CounterMetricFamily]:
         aborted = CounterMetricFamily(
             "depthlens_aborted_samples",
-            "Samples the engine stopped before their end (rejected at ℓ, stopped by a policy or a stop string, "
-            "or whose client left)",
+            "Samples the engine stopped before their end (rejected at ℓ, stopped by a policy or a stop string; "
+            "on vLLM also those of a cancelled request)",
         )
         aborted.add_metric([], float(self.runner.engine.health().get("aborted", 0)))
         yield aborted
