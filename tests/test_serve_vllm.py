@@ -208,6 +208,23 @@ def test_top_logprobs(model, client):
         assert entry.top_logprobs[0].logprob >= entry.top_logprobs[-1].logprob
 
 
+def test_top_k_and_min_p_reach_the_engine(model, client):
+    """vLLM's own sampling fields, applied in the engine (issue 42): top_k 1 is greedy, so every sample is the
+    same; the token strings join to the text."""
+    r = client.completions.create(
+        model=model,
+        prompt="5+5=",
+        max_tokens=8,
+        n=3,
+        seed=6,
+        extra_body={"top_k": 1, "min_p": 0.05, "depthlens": {"tokens": True}},
+    )
+    assert len({c.text for c in r.choices}) == 1
+    tokens = _depth(r.choices[0])["tokens"]
+    assert "".join(tokens["token_strings"]) == r.choices[0].text
+    assert all(c.finish_reason in ("stop", "length") for c in r.choices)
+
+
 def test_a_client_that_leaves_has_its_engine_requests_aborted(server, model):
     import httpx
 
