@@ -253,3 +253,43 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(server, model):
     assert server.stop(timeout=120) == 0
     worker.join(TIMEOUT)
     assert results and results[0].status_code == 200 and len(results[0].json()["choices"]) == 16
+
+
+def test_sigterm_past_the_grace_period_answers_every_request(model_dir, tmp_path):
+    """--shutdown-grace 0 on vLLM: the running stream gets an error event then [DONE], the request that does not
+    stream a 503 with code aborted; no traceback in the log, exit 0 (issue 41)."""
+    import json
+
+    import httpx
+
+    args = ["--model", str(model_dir), "--backend", "vllm", "--device", "cpu", "--dtype", "float32"]
+    args += ["--enforce-eager", "--max-model-len", "256", "--kv-cache-gib", "0.05", "--shutdown-grace", "0"]
+    log = tmp_path / "server.log"
+    with serving(args, log) as server:
+        long = {"model": str(model_dir), "prompt": "x", "max_tokens": 240, "n": 32}
+        long["depthlens"] = {"readout_tokens": "all"}
+        seen: list[str] = []
+        answers: list[httpx.Response] = []
+
+        def read() -> None:
+            with httpx.stream(
+                "POST", f"{server.url}/v1/completions", json={**long, "stream": True}, timeout=TIMEOUT
+            ) as response:
+                seen.extend(response.iter_lines())
+
+        def post() -> None:
+            answers.append(httpx.post(f"{server.url}/v1/completions", json=long, timeout=TIMEOUT))
+
+        workers = [threading.Thread(target=read), threading.Thread(target=post)]
+        for worker in workers:
+            worker.start()
+        assert wait_for(lambda: server.health()["active"] == 2 and server.health()["engine_requests"] > 0, 60)
+        code = server.stop(timeout=60)
+        for worker in workers:
+            worker.join(TIMEOUT)
+    assert code == 0
+    data = [line[6:] for line in seen if line.startswith("data: ")]
+    assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "aborted", data[-2:]
+    assert answers and answers[0].status_code == 503 and answers[0].json()["error"]["code"] == "aborted"
+    text = log.read_text()
+    assert "Traceback" not in text and "Exception in ASGI application" not in text, text[-3000:]
