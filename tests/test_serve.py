@@ -296,7 +296,8 @@ def test_think_at_n_counts_only_the_samples_it_stopped(server, client, model):
     assert not any(s["stopped"] for s in think["samples"])
 
 
-def test_online_think_at_n_and_online_deepconf(client, model):
+def test_online_think_at_n_and_online_deepconf(server, client, model):
+    before = server.health()["aborted"]
     r = client.completions.create(
         model=model,
         prompt="9-2=",
@@ -311,6 +312,11 @@ def test_online_think_at_n_and_online_deepconf(client, model):
         if s["stopped_at"] is not None:
             assert s["phase"] == "online" and s["tokens"] == s["stopped_at"] <= 4 and not s["votes"]
     assert r.usage.completion_tokens == online["tokens"] == sum(s["generated"] for s in online["samples"])
+    assert (
+        online["stopped"]
+        == sum(s["aborted"] for s in online["samples"])
+        == server.health()["aborted"] - before
+    )
     # DeepConf's names: variant low (keep 10 %), warmup_samples, window_size, max_traces; a fixed threshold so
     # high that every online sample stops as soon as it has a full window.
     r = client.completions.create(

@@ -151,7 +151,10 @@ class HFBackend:
         return []
 
     def aborted(self, trace: Trace) -> bool:
-        return trace.finish in ("paused", "stopped")  # its row was dropped before EOS or max tokens
+        """Its row was dropped before EOS or max tokens. Asked once the request's samples are final, so a paused
+        trace never resumed (a policy that kept none of its batch) is counted in ``stats`` here."""
+        self._count_aborted([trace], final=True)
+        return trace.finish in ("paused", "stopped")
 
 
 class HFEngine:
