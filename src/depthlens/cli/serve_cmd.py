@@ -17,12 +17,12 @@ from depthlens.models.catalogue import DEFAULT_MODEL
 if TYPE_CHECKING:
     from depthlens.serve.engines import Engine
 
-SERVE_MISSING = "depthlens serve needs the serve extra: pip install 'depthlens[serve]' (FastAPI and uvicorn)"
+SERVE_MISSING = "depthlens serve needs the serve extra: pip install 'depthlens[serve]' (FastAPI, uvicorn, prometheus-client)"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _check_extra() -> None:
-    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+    if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "prometheus_client")):
         raise ConfigError(SERVE_MISSING)
 
 
