@@ -90,6 +90,10 @@ def test_models_and_a_plain_completion(client, model):
     again = client.completions.create(model=model, prompt="12+3=", max_tokens=8, n=3, seed=7)
     assert [c.text for c in again.choices] == [c.text for c in r.choices]  # seeded: reproducible
     assert r.model_extra["depthlens"]["backend"] == "hf"
+    # the numbers say what read them: the dtype of the forward pass (the tiny model is float32) and the lens
+    read = {"dtype": "float32", "lens": "logit", "lens_dtype": "float32"}
+    assert read.items() <= r.model_extra["depthlens"].items()
+    assert all(read.items() <= _depth(c).items() for c in r.choices)
 
 
 def test_depth_is_the_readout_of_the_returned_tokens(client, model, model_dir):
@@ -140,12 +144,14 @@ def test_streaming_chat_carries_per_token_values_and_usage(client, model):
         extra_body={"depthlens": {"tokens": True}},
     )
     text, offsets, rows, usage, finish, summary = "", [], [], None, None, None
+    contents = []
     for chunk in stream:
         if not chunk.choices:
             usage = chunk.usage
             continue
         choice = chunk.choices[0]
         text += choice.delta.content or ""
+        contents.append(choice.delta.content)
         extra = choice.model_extra.get("depthlens") or {}
         if "tokens" in extra and isinstance(extra["tokens"], dict) and "offset" in extra["tokens"]:
             offsets.append((extra["tokens"]["offset"], len(extra["tokens"]["token_ids"])))
@@ -160,7 +166,29 @@ def test_streaming_chat_carries_per_token_values_and_usage(client, model):
     ]  # contiguous
     assert rows == _depth(expected)["tokens"]["settling_depth"]
     assert summary["dtr"] == _depth(expected)["dtr"]
+    assert (summary["dtype"], summary["lens"]) == ("float32", "logit")  # a stream's last chunk says it too
+    assert "" not in contents[1:]  # no chunk of empty content (the end-of-turn token decodes to none)
+    per_token = _depth(expected)["tokens"]
+    assert len(per_token["token_strings"]) == len(per_token["token_ids"])
+    assert "".join(per_token["token_strings"]) == expected.message.content  # special tokens are ""
     assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_vllm_sampling_fields_and_response_format(client, model):
+    """top_k / min_p as vLLM takes them, applied (top_k 1 is greedy: every sample the same); response_format
+    text accepted (issue 42)."""
+    r = client.completions.create(
+        model=model, prompt="7*6=", max_tokens=6, n=3, seed=1, extra_body={"top_k": 1, "min_p": 0.05}
+    )
+    assert len({c.text for c in r.choices}) == 1
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        response_format={"type": "text"},
+        extra_body={"top_k": -1},
+    )
+    assert chat.choices[0].finish_reason in ("stop", "length")
 
 
 def test_async_clients_at_once_get_what_they_get_alone(server, model):
@@ -215,7 +243,10 @@ def test_think_at_n_keeps_the_deepest_prefixes_and_stops_the_rest_at_l(client, m
     )
     think = _depth(r.choices[0])["think"]
     samples = think["samples"]
-    assert len(samples) == 6 and think["stopped"] == 3
+    stopped = [s["index"] for s in samples if s["stopped"]]
+    assert len(samples) == 6 and think["stopped"] == len(stopped)
+    assert stopped == [s["index"] for s in samples if not s["kept"] and s["finish_reason"] is None]
+    assert all(s["finish_reason"] in ("stop", "length") for s in samples if not s["stopped"])  # OpenAI's only
     ranked = sorted(range(6), key=lambda i: (-samples[i]["prefix_dtr"], i))[
         :3
     ]  # ties keep the earlier response
@@ -223,14 +254,50 @@ def test_think_at_n_keeps_the_deepest_prefixes_and_stops_the_rest_at_l(client, m
     for s in samples:
         assert s["generated"] == s["tokens"]  # nothing generated past what the trace holds
         if not s["kept"]:
-            assert s["tokens"] <= 4 and s["answer"] is None and s["finish"] in ("paused", "eos")
+            assert s["tokens"] <= 4 and s["answer"] is None and s["finish_reason"] in (None, "stop")
     assert r.usage.completion_tokens == think["tokens"] == sum(s["generated"] for s in samples)
     assert think["voted"] in think["kept"]
     assert _depth(r.choices[0])["seed"] == samples[think["voted"]]["seed"]
     assert think["tokens_saved"] >= 0
 
 
-def test_online_think_at_n_and_online_deepconf(client, model):
+def test_think_at_n_counts_only_the_samples_it_stopped(server, client, model):
+    """Samples that end by themselves before ℓ (EOS, or max_tokens ≤ ℓ) were not stopped and saved nothing:
+    ``stopped``, ``tokens_saved`` and /health's ``aborted`` agree (seed 5: samples 5 and 7 end by EOS at 1 and 5
+    tokens, the others run to 16)."""
+    prefix, n = 8, 8
+    plain = client.completions.create(model=model, prompt="5+5=", max_tokens=16, n=n, seed=5)
+    whole = [_depth(c)["token_count"] for c in plain.choices]
+    assert any(k < prefix for k in whole) and any(k > prefix for k in whole)
+    before = server.health()["aborted"]
+    think_body = {"g": G, "answer_type": "string", "think": {"n": n, "eta": 0.25, "prefix": prefix}}
+    r = client.completions.create(
+        model=model, prompt="5+5=", max_tokens=16, seed=5, extra_body={"depthlens": think_body}
+    )
+    think = _depth(r.choices[0])["think"]
+    samples = think["samples"]
+    early = [s for s in samples if not s["kept"] and whole[s["index"]] < prefix]
+    assert early and all(s["finish_reason"] == "stop" and not s["stopped"] for s in early)  # ended by itself
+    for s in samples:
+        assert s["tokens"] == (whole[s["index"]] if s["kept"] else min(prefix, whole[s["index"]]))
+        assert s["stopped"] == (not s["kept"] and whole[s["index"]] > prefix)
+    stopped = [s for s in samples if s["stopped"]]
+    assert think["stopped"] == len(stopped) == server.health()["aborted"] - before
+    ended = [s["tokens"] for s in samples if not s["stopped"]]  # ran to their own end, kept or not
+    mean = sum(ended) / len(ended)
+    assert think["tokens_saved"] == round(sum(max(0.0, mean - s["generated"]) for s in stopped)) > 0
+    # max_tokens ≤ ℓ: every sample ends by itself at its length before any decision; nothing stopped or saved
+    before = server.health()["aborted"]
+    r = client.completions.create(
+        model=model, prompt="5+5=", max_tokens=prefix, seed=5, extra_body={"depthlens": think_body}
+    )
+    think = _depth(r.choices[0])["think"]
+    assert think["stopped"] == think["tokens_saved"] == server.health()["aborted"] - before == 0
+    assert not any(s["stopped"] for s in think["samples"])
+
+
+def test_online_think_at_n_and_online_deepconf(server, client, model):
+    before = server.health()["aborted"]
     r = client.completions.create(
         model=model,
         prompt="9-2=",
@@ -245,6 +312,11 @@ def test_online_think_at_n_and_online_deepconf(client, model):
         if s["stopped_at"] is not None:
             assert s["phase"] == "online" and s["tokens"] == s["stopped_at"] <= 4 and not s["votes"]
     assert r.usage.completion_tokens == online["tokens"] == sum(s["generated"] for s in online["samples"])
+    assert (
+        online["stopped"]
+        == sum(s["aborted"] for s in online["samples"])
+        == server.health()["aborted"] - before
+    )
     # DeepConf's names: variant low (keep 10 %), warmup_samples, window_size, max_traces; a fixed threshold so
     # high that every online sample stops as soon as it has a full window.
     r = client.completions.create(
@@ -399,6 +471,80 @@ def test_malformed_json_oversized_body_and_unknown_route(server):
         assert response.json()["error"]["code"] == code and "Traceback" not in response.text
 
 
+def test_chat_schema_gaps_and_every_error_code(server, model):
+    """A chat message without content is refused by name; a method a route lacks gets a code too (issue 41)."""
+    import httpx
+
+    url = f"{server.url}/v1/chat/completions"
+    cases = [
+        (
+            httpx.post(url, json={"model": model, "messages": [{"role": "user"}]}, timeout=TIMEOUT),
+            400,
+            "messages[0].content",
+            "missing_content",
+        ),
+        (
+            httpx.post(
+                url, json={"model": model, "messages": [{"role": "user", "content": None}]}, timeout=TIMEOUT
+            ),
+            400,
+            "messages[0].content",
+            "missing_content",
+        ),
+        (httpx.get(url, timeout=TIMEOUT), 405, None, "method_not_allowed"),
+        (httpx.get(f"{server.url}/v1/models/nope", timeout=TIMEOUT), 404, "model", "model_not_found"),
+    ]
+    for response, status, param, code in cases:
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert (error["param"], error["code"]) == (param, code) and "Traceback" not in response.text
+    echoed = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "tool_calls": []}]
+    echoed.append({"role": "user", "content": "again"})
+    body = {"model": model, "messages": echoed, "max_tokens": 3}
+    assert httpx.post(url, json=body, timeout=TIMEOUT).status_code == 200
+
+
+def _metrics(server) -> dict[str, float]:
+    import httpx
+
+    response = httpx.get(f"{server.url}/metrics", timeout=TIMEOUT)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    samples = {}
+    for line in response.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_prometheus_metrics(server, model):
+    """/metrics in Prometheus's text format: requests by route and status, latency, tokens (prompt, generated,
+    read out), aborted samples, running and waiting requests (issue 42)."""
+    import httpx
+
+    before = _metrics(server)
+    body = {"model": model, "prompt": "abc", "max_tokens": 5, "n": 2, "seed": 3}
+    reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT).json()
+    assert (
+        httpx.post(f"{server.url}/v1/completions", json={"model": model}, timeout=TIMEOUT).status_code == 422
+    )
+    after = _metrics(server)
+
+    def grew(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert grew('depthlens_requests_total{route="/v1/completions",status="200"}') == 1
+    assert grew('depthlens_requests_total{route="/v1/completions",status="422"}') == 1
+    assert grew('depthlens_request_duration_seconds_count{route="/v1/completions"}') == 2
+    assert grew("depthlens_prompt_tokens_total") == reply["usage"]["prompt_tokens"] == 3
+    assert grew("depthlens_generation_tokens_total") == reply["usage"]["completion_tokens"]
+    assert grew("depthlens_readout_tokens_total") == sum(
+        c["depthlens"]["readout_tokens"] for c in reply["choices"]
+    )
+    assert after["depthlens_aborted_samples_total"] == server.health()["aborted"]
+    assert after["depthlens_requests_running"] == after["depthlens_requests_waiting"] == 0
+
+
 def test_a_client_that_disconnects_has_its_request_aborted(server, model):
     import httpx
 
@@ -465,36 +611,57 @@ def test_api_key_queue_limit_and_sigterm_finishes_in_flight(model_dir, tmp_path)
 
 
 def test_sigterm_aborts_what_the_grace_period_does_not_cover(model_dir, tmp_path):
+    """Past --shutdown-grace every running request is aborted and answered: a started stream gets an error event
+    then ``[DONE]``, a request that does not stream (here queued behind it) an OpenAI-shaped 503; no traceback."""
     import httpx
 
     args = ["--model", str(model_dir), "--backend", "hf", "--device", "cpu", "--shutdown-grace", "0"]
-    with serving(args, tmp_path / "server.log") as server:
+    log = tmp_path / "server.log"
+    with serving(args, log) as server:
         long = {
             "model": str(model_dir),
             "prompt": "x",
             "max_tokens": 200,
             "n": 64,
-            "stream": True,
             "depthlens": {"readout_tokens": "all"},
         }
         seen: list[str] = []
+        answers: list[httpx.Response] = []
 
         def read() -> None:
             try:
                 with httpx.stream(
-                    "POST", f"{server.url}/v1/completions", json=long, timeout=TIMEOUT
+                    "POST", f"{server.url}/v1/completions", json={**long, "stream": True}, timeout=TIMEOUT
                 ) as response:
                     for line in response.iter_lines():
                         seen.append(line)
             except httpx.HTTPError as exc:  # the server closed the connection mid-stream
                 seen.append(f"closed: {type(exc).__name__}")
 
-        worker = threading.Thread(target=read)
-        worker.start()
+        def post() -> None:
+            answers.append(httpx.post(f"{server.url}/v1/completions", json=long, timeout=TIMEOUT))
+
+        streaming, waiting = threading.Thread(target=read), threading.Thread(target=post)
+        streaming.start()
         assert wait_for(lambda: any(line.startswith("data: ") for line in seen), 60)
+        waiting.start()
+        assert wait_for(lambda: server.health()["active"] == 2, 30)
         began = time.monotonic()
         code = server.stop(timeout=60)
         took = time.monotonic() - began
-        worker.join(TIMEOUT)
+        streaming.join(TIMEOUT)
+        waiting.join(TIMEOUT)
     assert code == 0 and took < 30, (code, took)
-    assert "data: [DONE]" not in seen  # cut short: the stream never finished
+    data = [line[6:] for line in seen if line.startswith("data: ")]
+    assert data[-1] == "[DONE]", seen[-3:]
+    error = json.loads(data[-2])["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["code"]) == ("server_error", "aborted") and "shutting down" in error[
+        "message"
+    ]
+    assert all("error" not in json.loads(d) for d in data[:-2])  # the chunks before it are the stream's own
+    assert answers and answers[0].status_code == 503, answers
+    assert answers[0].json()["error"]["code"] == "aborted"
+    assert answers[0].headers["content-type"] == "application/json"
+    text = log.read_text()
+    assert "Traceback" not in text and "Exception in ASGI application" not in text, text[-3000:]

@@ -81,7 +81,10 @@ def test_think_at_n_on_the_real_model(client):
         extra_body={"depthlens": {"think": think}},
     )
     think = r.choices[0].model_extra["depthlens"]["think"]
-    assert len(think["samples"]) == 4 and len(think["kept"]) == 2 and think["stopped"] == 2
+    assert len(think["samples"]) == 4 and len(think["kept"]) == 2
+    # stopped: the rejected samples still running at ℓ (one that ended by itself before ℓ saved nothing)
+    assert think["stopped"] == sum(s["stopped"] for s in think["samples"])
+    assert all(s["stopped"] == (not s["kept"] and s["finish_reason"] is None) for s in think["samples"])
     for s in think["samples"]:
         assert s["generated"] == s["tokens"] and (s["kept"] or s["tokens"] <= 16)
     assert r.usage.completion_tokens == sum(s["generated"] for s in think["samples"])

@@ -129,6 +129,66 @@ def test_requests_the_server_refuses(tokenizer, body, status, param):
     with pytest.raises(ApiError) as refused:
         _job(tokenizer, body)
     assert (refused.value.status, refused.value.param) == (status, param), refused.value.message
+    assert refused.value.code  # every error names a code a client can branch on (issue 41)
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "code"),
+    [
+        ([{"role": "user"}], "messages[0].content", "missing_content"),
+        (
+            [{"role": "system", "content": "be brief"}, {"role": "user", "content": None}],
+            "messages[1].content",
+            "missing_content",
+        ),
+        (
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": []}],
+            "messages[1].content",
+            "missing_content",
+        ),
+        (
+            [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1", "type": "function"}]}],
+            "messages[0].tool_calls",
+            "unsupported",
+        ),
+    ],
+)
+def test_chat_messages_without_content_are_refused(tokenizer, messages, param, code):
+    from depthlens.serve.errors import ApiError
+
+    with pytest.raises(ApiError) as refused:
+        _job(tokenizer, {"messages": messages}, chat=True)
+    assert (refused.value.status, refused.value.param, refused.value.code) == (400, param, code)
+    # an assistant turn echoed whole (tool_calls: [] beside its content) is a plain turn
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "tool_calls": []}]
+    assert _job(tokenizer, {"messages": turns}, chat=True).prompts
+
+
+def test_the_dialect_of_openai_and_vllm(tokenizer):
+    """Fields other OpenAI-compatible servers take (issue 42): response_format text, vLLM's top_k / min_p
+    (applied by both samplers; -1 = off as vLLM has it); json formats and out-of-range values refused by name."""
+    from depthlens.serve.errors import ApiError
+
+    job = _job(tokenizer, {"prompt": "x", "top_k": 5, "min_p": 0.1, "response_format": {"type": "text"}})
+    assert (job.sampling.top_k, job.sampling.min_p) == (5, 0.1)
+    assert _job(tokenizer, {"prompt": "x", "top_k": -1}).sampling.top_k == 0
+    refused = [
+        ({"response_format": {"type": "json_object"}}, "response_format", "unsupported"),
+        ({"top_k": -2}, "top_k", "invalid_value"),
+        ({"min_p": 1.5}, "min_p", "invalid_value"),
+    ]
+    for body, param, code in refused:
+        with pytest.raises(ApiError) as error:
+            _job(tokenizer, {"prompt": "x", **body})
+        assert (error.value.status, error.value.param, error.value.code) == (400, param, code)
+
+
+def test_every_error_has_a_code():
+    from depthlens.serve.errors import ApiError
+
+    for status in (400, 401, 404, 405, 413, 422, 429, 500, 503):
+        error = ApiError(status, "x").body()["error"]
+        assert isinstance(error["code"], str) and error["code"], status
 
 
 def test_schema_errors_name_the_field():

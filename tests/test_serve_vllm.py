@@ -102,6 +102,8 @@ def test_concurrent_requests_share_engine_steps(server, model, client):
     assert steps < tokens / 2, (steps, tokens)  # batched: one step serves many requests' samples
     assert after["engine_requests"] == 0
     assert after["capture"] == "aux"  # rows from the engine's own forward pass (llama: EAGLE-3's states)
+    read = {"dtype": "float32", "lens": "logit", "lens_dtype": "float32"}  # --dtype float32 (issue 41)
+    assert all(read.items() <= r.model_extra["depthlens"].items() for r in replies)
 
 
 def test_think_keeps_one_phase_samples_and_aborts_the_rest_at_l(server, model, client):
@@ -129,7 +131,13 @@ def test_think_keeps_one_phase_samples_and_aborts_the_rest_at_l(server, model, c
             assert sample["generated"] == sample["tokens"] == min(4, _depth(whole)["token_count"])
             assert whole.text.startswith(sample["text"])
             stopped += _depth(whole)["token_count"] > 4
-    assert server.health()["aborted"] - aborted == stopped
+            # one that ended by itself (EOS) by ℓ was not stopped: it saved nothing (issue 41)
+            assert sample["stopped"] == (_depth(whole)["token_count"] > 4)
+    assert server.health()["aborted"] - aborted == stopped == think["stopped"]
+    ended = [s["tokens"] for s in think["samples"] if not s["stopped"]]
+    mean = sum(ended) / len(ended)
+    saved = sum(max(0.0, mean - s["generated"]) for s in think["samples"] if s["stopped"])
+    assert think["tokens_saved"] == round(saved)
     assert r.usage.completion_tokens == sum(s["generated"] for s in think["samples"])
 
 
@@ -200,6 +208,23 @@ def test_top_logprobs(model, client):
         assert entry.top_logprobs[0].logprob >= entry.top_logprobs[-1].logprob
 
 
+def test_top_k_and_min_p_reach_the_engine(model, client):
+    """vLLM's own sampling fields, applied in the engine (issue 42): top_k 1 is greedy, so every sample is the
+    same; the token strings join to the text."""
+    r = client.completions.create(
+        model=model,
+        prompt="5+5=",
+        max_tokens=8,
+        n=3,
+        seed=6,
+        extra_body={"top_k": 1, "min_p": 0.05, "depthlens": {"tokens": True}},
+    )
+    assert len({c.text for c in r.choices}) == 1
+    tokens = _depth(r.choices[0])["tokens"]
+    assert "".join(tokens["token_strings"]) == r.choices[0].text
+    assert all(c.finish_reason in ("stop", "length") for c in r.choices)
+
+
 def test_a_client_that_leaves_has_its_engine_requests_aborted(server, model):
     import httpx
 
@@ -228,3 +253,43 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(server, model):
     assert server.stop(timeout=120) == 0
     worker.join(TIMEOUT)
     assert results and results[0].status_code == 200 and len(results[0].json()["choices"]) == 16
+
+
+def test_sigterm_past_the_grace_period_answers_every_request(model_dir, tmp_path):
+    """--shutdown-grace 0 on vLLM: the running stream gets an error event then [DONE], the request that does not
+    stream a 503 with code aborted; no traceback in the log, exit 0 (issue 41)."""
+    import json
+
+    import httpx
+
+    args = ["--model", str(model_dir), "--backend", "vllm", "--device", "cpu", "--dtype", "float32"]
+    args += ["--enforce-eager", "--max-model-len", "256", "--kv-cache-gib", "0.05", "--shutdown-grace", "0"]
+    log = tmp_path / "server.log"
+    with serving(args, log) as server:
+        long = {"model": str(model_dir), "prompt": "x", "max_tokens": 240, "n": 32}
+        long["depthlens"] = {"readout_tokens": "all"}
+        seen: list[str] = []
+        answers: list[httpx.Response] = []
+
+        def read() -> None:
+            with httpx.stream(
+                "POST", f"{server.url}/v1/completions", json={**long, "stream": True}, timeout=TIMEOUT
+            ) as response:
+                seen.extend(response.iter_lines())
+
+        def post() -> None:
+            answers.append(httpx.post(f"{server.url}/v1/completions", json=long, timeout=TIMEOUT))
+
+        workers = [threading.Thread(target=read), threading.Thread(target=post)]
+        for worker in workers:
+            worker.start()
+        assert wait_for(lambda: server.health()["active"] == 2 and server.health()["engine_requests"] > 0, 60)
+        code = server.stop(timeout=60)
+        for worker in workers:
+            worker.join(TIMEOUT)
+    assert code == 0
+    data = [line[6:] for line in seen if line.startswith("data: ")]
+    assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "aborted", data[-2:]
+    assert answers and answers[0].status_code == 503 and answers[0].json()["error"]["code"] == "aborted"
+    text = log.read_text()
+    assert "Traceback" not in text and "Exception in ASGI application" not in text, text[-3000:]

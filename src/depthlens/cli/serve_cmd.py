@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 import signal
 from typing import TYPE_CHECKING, Any
@@ -18,12 +17,12 @@ from depthlens.models.catalogue import DEFAULT_MODEL
 if TYPE_CHECKING:
     from depthlens.serve.engines import Engine
 
-SERVE_MISSING = "depthlens serve needs the serve extra: pip install 'depthlens[serve]' (FastAPI and uvicorn)"
+SERVE_MISSING = "depthlens serve needs the serve extra: pip install 'depthlens[serve]' (FastAPI, uvicorn, prometheus-client)"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _check_extra() -> None:
-    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+    if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "prometheus_client")):
         raise ConfigError(SERVE_MISSING)
 
 
@@ -110,20 +109,11 @@ def _engine(model: Any, config: EngineConfig, max_running: int) -> Engine:
 
 
 def _run(engine: Engine, tokenizer: Any, settings: ServeConfig, host: str, port: int, log_level: str) -> None:
-    import uvicorn
-
     from depthlens.serve.app import create_app
+    from depthlens.serve.server import make_server
 
     application = create_app(engine, tokenizer, settings)
-    config = uvicorn.Config(
-        application,
-        host=host,
-        port=port,
-        log_level=log_level,
-        lifespan="on",
-        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace),
-    )
-    server = uvicorn.Server(config)
+    server = make_server(application, host, port, log_level, settings.shutdown_grace)
     # uvicorn shuts down gracefully on SIGTERM / SIGINT, then raises the signal again for the handler it found:
     # make those no-ops, so a server stopped on purpose exits 0 (the CLI's own handlers report an interrupted
     # store and exit 143 / 130).

@@ -32,6 +32,7 @@ from depthlens.serve.engines import Engine
 from depthlens.serve.errors import ApiError
 from depthlens.serve.job import Job, build_job
 from depthlens.serve.jobs import Outcome, run_job
+from depthlens.serve.metrics import Measured, Metrics
 from depthlens.serve.runner import ClientGone, Runner
 from depthlens.serve.schema import ChatRequest, CompletionRequest
 
@@ -56,7 +57,12 @@ def _failure(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, GenerationCancelled):
-        return ApiError(503, "the request was aborted: the server is shutting down", code="aborted")
+        return ApiError(
+            503,
+            "the request was aborted: the server is shutting down and its --shutdown-grace ran out; "
+            "retry on another replica",
+            code="aborted",
+        )
     if isinstance(exc, EngineError):
         return ApiError(503, str(exc), code="engine_failed")
     if isinstance(exc, DepthlensError):
@@ -72,6 +78,7 @@ class Server:
         self.tokenizer = tokenizer
         self.settings = settings
         self.runner = Runner(engine, settings)
+        self.metrics = Metrics(self.runner)
 
     def check_key(self, request: Request) -> None:
         key = self.settings.api_key
@@ -119,7 +126,7 @@ class Server:
 
     async def respond(self, request: Request, job: Job) -> Response:
         env = Envelope.new(self.settings.model_id, job.chat)
-        top = request_depthlens(job, self.engine.name, self.engine.n_layers)
+        top = request_depthlens(job, self.engine)
         cancel = self.runner.admit()
         if job.stream:
             work = lambda push: run_job(self.engine, job, self.tokenizer, cancel, push)  # noqa: E731
@@ -133,6 +140,7 @@ class Server:
             return Response(status_code=499)  # nobody reads it: the client has gone
         except Exception as exc:
             raise _failure(exc) from None
+        self.metrics.served(outcome.prompt_tokens, outcome.completion_tokens, outcome.readout_tokens)
         return Response(
             _json(response_body(env, job, outcome, self.tokenizer, top)), media_type="application/json"
         )
@@ -156,11 +164,16 @@ class Server:
                     error = _failure(event["error"])
                 except Exception as exc:  # unforeseen: logged like any other, sent without its traceback
                     errors.log.error("unhandled error in a stream", exc_info=exc)
-                    error = ApiError(500, f"internal error ({type(exc).__name__}); see the server's log")
+                    error = ApiError(
+                        500,
+                        f"internal error ({type(exc).__name__}); see the server's log",
+                        code="internal_error",
+                    )
                 yield f"data: {_json(error.body())}\n\n"
                 break
             if event["type"] == "done":
                 outcome: Outcome = event["outcome"]
+                self.metrics.served(outcome.prompt_tokens, outcome.completion_tokens, outcome.readout_tokens)
                 if job.include_usage:
                     yield f"data: {_json({**usage_chunk(env, outcome), 'depthlens': top})}\n\n"
                 break
@@ -183,6 +196,7 @@ def create_app(engine: Engine, tokenizer: Any, settings: ServeConfig) -> FastAPI
     app.state.server = server
     errors.install(app)
     app.add_middleware(errors.BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(Measured, metrics=server.metrics)  # the outermost: it sees every answer, 413s included
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -191,6 +205,10 @@ def create_app(engine: Engine, tokenizer: Any, settings: ServeConfig) -> FastAPI
         return JSONResponse(
             {"status": "ok" if ok else "unavailable", **state}, status_code=200 if ok else 503
         )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return server.metrics.response()  # open like /health: counts only, for the scraper
 
     def card() -> dict[str, Any]:
         return {"id": settings.model_id, "object": "model", "created": 0, "owned_by": "depthlens"}

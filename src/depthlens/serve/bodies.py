@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from depthlens.models.tokens import token_bytes
+from depthlens.serve.engines import Engine, read_with
 from depthlens.serve.job import Job
 from depthlens.serve.jobs import Choice, Outcome
 
@@ -35,12 +36,15 @@ class Envelope:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
 
-def request_depthlens(job: Job, backend: str, n_layers: int) -> dict[str, Any]:
-    """The response-level ``depthlens`` object: the settings every choice's values were computed with."""
+def request_depthlens(job: Job, engine: Engine) -> dict[str, Any]:
+    """The response-level ``depthlens`` object: the settings every choice's values were computed with — the
+    engine's dtype among them (a bfloat16 engine's depths differ from ``depthlens score``'s float32 ones by a few
+    layers on some tokens)."""
     dtr = job.depth.dtr
     return {
-        "backend": backend,
-        "n_layers": n_layers,
+        "backend": engine.name,
+        **read_with(engine),
+        "n_layers": engine.n_layers,
         "seed": job.seed,
         "g": dtr.g,
         "rho": dtr.rho,
@@ -129,15 +133,14 @@ def chunk(env: Envelope, event: dict[str, Any], tokenizer: Any, job: Job, first:
     choice: dict[str, Any] = {"index": event["index"]}
     if event["type"] == "end":
         if env.chat:
-            choice["delta"] = {}
+            choice["delta"] = {"role": "assistant", "content": ""} if first else {}
         else:
             choice["text"] = ""
         choice.update(logprobs=None, finish_reason=event["finish_reason"], depthlens=event["depthlens"])
         return {**env.head(True), "choices": [choice]}
-    if env.chat:
-        choice["delta"] = (
-            {"role": "assistant", "content": event["text"]} if first else {"content": event["text"]}
-        )
+    if env.chat:  # no content key for a chunk of no text (it carries depthlens values only)
+        text = {"content": event["text"]} if event["text"] or first else {}
+        choice["delta"] = {"role": "assistant", **text} if first else text
     else:
         choice["text"] = event["text"]
     rows = event.get("logprobs")

@@ -12,6 +12,7 @@ import torch
 from depthlens.config import DTRConfig
 from depthlens.metrics.baselines import sequence_baselines
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, mean_settling_depth, settling_depth
+from depthlens.models.tokens import token_bytes
 from depthlens.sampling.backend import Trace
 from depthlens.voting.methods import TRACE_SCORES, trace_confidence
 
@@ -33,17 +34,30 @@ def readout_columns(rows: Sequence[Sequence[float]], n_layers: int, dtr: DTRConf
     return {"settling_depth": settle.tolist(), "deep": deep.tolist(), "divergence": [list(r) for r in rows]}
 
 
-def token_columns(trace: Trace, start: int, end: int) -> dict[str, Any]:
-    """The final-layer values of tokens ``start``..``end`` (nats), with their ids."""
+def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Each token's text: the UTF-8 of the bytes it stands for (a character split across tokens shows as U+FFFD
+    in each piece, as the ``bytes`` of ``logprobs`` show it whole); "" for a special token (end of turn)."""
+    if tokenizer is None:
+        return ["" for _ in ids]
+    return [piece.decode("utf-8", errors="replace") for piece in token_bytes(tokenizer, ids)]
+
+
+def token_columns(trace: Trace, start: int, end: int, tokenizer: Any = None) -> dict[str, Any]:
+    """The final-layer values of tokens ``start``..``end`` (nats), with their ids and strings."""
+    ids = trace.token_ids[start:end]
     return {
-        "token_ids": trace.token_ids[start:end],
+        "token_ids": ids,
+        "token_strings": token_strings(tokenizer, ids),
         **{k: getattr(trace, k)[start:end] for k in PER_TOKEN_FIELDS},
     }
 
 
-def summary(trace: Trace, n_layers: int, dtr: DTRConfig, window: int, tokens: bool) -> dict[str, Any]:
+def summary(
+    trace: Trace, n_layers: int, dtr: DTRConfig, window: int, tokens: bool, tokenizer: Any = None
+) -> dict[str, Any]:
     """DTR (over the read-out tokens and over the first ℓ), mean settling depth and every baseline of ``trace``;
-    with ``tokens``, the per-token values too. ``window``: DeepConf's group size for its trace scores."""
+    with ``tokens``, the per-token values too (their strings by ``tokenizer``). ``window``: DeepConf's group size
+    for its trace scores."""
     rows = trace.divergence
     settle, deep = _settling(rows, n_layers, dtr)
     baselines = sequence_baselines(
@@ -72,5 +86,5 @@ def summary(trace: Trace, n_layers: int, dtr: DTRConfig, window: int, tokens: bo
             "deep": deep.tolist(),
             "divergence": [list(r) for r in rows],
         }
-        out["tokens"] = {**token_columns(trace, 0, len(trace)), **columns}
+        out["tokens"] = {**token_columns(trace, 0, len(trace), tokenizer), **columns}
     return out

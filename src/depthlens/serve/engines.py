@@ -27,6 +27,18 @@ from depthlens.sampling.backend import Paused, Trace
 from depthlens.sampling.hf import HFGenerator
 from depthlens.sampling.live import GenerationCancelled, Watch
 
+LENS = "logit"  # the lens every served depth is read with (a tuned lens is another issue's)
+
+
+def dtype_name(dtype: Any) -> str:
+    """``torch.bfloat16`` → ``"bfloat16"`` (a dtype as a response names it)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def read_with(engine: Engine) -> dict[str, str]:
+    """What every depth ``engine`` serves was read with: its forward pass's dtype, the lens and the lens's dtype."""
+    return {"dtype": engine.dtype, "lens": LENS, "lens_dtype": engine.lens_dtype}
+
 
 class ServeBackend(Protocol):
     """A ``GenerationBackend`` for one request, with what the server reports about it."""
@@ -50,10 +62,19 @@ class ServeBackend(Protocol):
 
     def top_logprobs(self, trace: Trace) -> list[list[tuple[int, float]]]: ...
 
+    def aborted(self, trace: Trace) -> bool:
+        """Whether the engine stopped ``trace``'s sample before its own end (EOS or max tokens): rejected at ℓ,
+        stopped by a policy or at a stop string. A sample that ended by itself was never stopped."""
+        ...
+
 
 class Engine(Protocol):
     name: str  # "vllm" or "hf"
     n_layers: int
+    dtype: str  # the forward pass's dtype: the one every depth it serves was read in
+    lens_dtype: (
+        str  # the lens's (final norm + unembedding) dtype: float32 with --float32-lens, else ``dtype``
+    )
     context: int | None  # prompt + reply tokens the engine accepts
     max_running: int  # requests it runs at once
     top_logprobs: bool  # whether it returns the top-k log-probabilities of each token
@@ -71,13 +92,27 @@ class HFBackend:
     """``HFGenerator`` for one request: counts the tokens it generates, raises ``GenerationCancelled`` at the next
     step once ``cancel`` is set."""
 
-    def __init__(self, gen: HFGenerator, cancel: threading.Event | None) -> None:
+    def __init__(
+        self, gen: HFGenerator, cancel: threading.Event | None, stats: dict[str, int] | None = None
+    ) -> None:
+        """``stats``: the engine's counters (``aborted`` grows by each sample this backend stops)."""
         self.gen = gen
         self.cancel = cancel
         self.n_layers = gen.n_layers
         self.count = 0
         gen.on_token = self._count
         self.watch = Watch()
+        self.stats = stats if stats is not None else {"aborted": 0}
+        self._counted: set[int] = set()  # id() of the traces already counted in ``stats``
+
+    def _count_aborted(self, traces: Sequence[Trace], final: bool) -> None:
+        """Count the samples stopped before their end; a paused one only once it is ``final`` (not resumed)."""
+        for trace in traces:
+            if id(trace) not in self._counted and (
+                trace.finish == "stopped" or (final and trace.finish == "paused")
+            ):
+                self._counted.add(id(trace))
+                self.stats["aborted"] += 1
 
     def _count(self, n: int) -> None:
         self.count += n
@@ -96,11 +131,15 @@ class HFBackend:
         if self.cancel is not None and self.cancel.is_set():
             raise GenerationCancelled()
         self.gen.watch = self._guarded()
-        return self.gen.start(prompt_ids, seeds, stop_after)
+        paused = self.gen.start(prompt_ids, seeds, stop_after)
+        self._count_aborted(paused.traces, final=False)
+        return paused
 
     def resume(self, paused: Paused, keep: Sequence[int]) -> list[Trace]:
         self.gen.watch = self._guarded()
-        return self.gen.resume(paused, keep)
+        kept = self.gen.resume(paused, keep)
+        self._count_aborted(paused.traces, final=True)
+        return kept
 
     def generated(self) -> int:
         return self.count
@@ -110,6 +149,12 @@ class HFBackend:
 
     def top_logprobs(self, trace: Trace) -> list[list[tuple[int, float]]]:
         return []
+
+    def aborted(self, trace: Trace) -> bool:
+        """Its row was dropped before EOS or max tokens. Asked once the request's samples are final, so a paused
+        trace never resumed (a policy that kept none of its batch) is counted in ``stats`` here."""
+        self._count_aborted([trace], final=True)
+        return trace.finish in ("paused", "stopped")
 
 
 class HFEngine:
@@ -125,14 +170,17 @@ class HFEngine:
         self.n_layers = lm.n_layers
         self.context = lm.max_positions
         self.lock = threading.Lock()  # one request on the model at a time, whatever the thread pool does
+        self.dtype = self.lens_dtype = dtype_name(next(lm.model.parameters()).dtype)
+        self.stats = {"aborted": 0}  # samples stopped before their end (touched under ``lock``)
 
     def backend(
         self, sampling: SamplingConfig, logprobs: int, cancel: threading.Event | None
     ) -> ServeBackend:
-        return _Locked(HFBackend(HFGenerator(self.lm, sampling, self.readout), cancel), self.lock)
+        gen = HFGenerator(self.lm, sampling, self.readout)
+        return _Locked(HFBackend(gen, cancel, self.stats), self.lock)
 
     def health(self) -> dict[str, Any]:
-        return {"backend": self.name, "engine": "running"}
+        return {"backend": self.name, "engine": "running", **self.stats}
 
     def close(self) -> None:
         return None
@@ -171,6 +219,9 @@ class _Locked:
     def top_logprobs(self, trace: Trace) -> list[list[tuple[int, float]]]:
         return []
 
+    def aborted(self, trace: Trace) -> bool:
+        return self.inner.aborted(trace)
+
 
 class VLLMEngine:
     """One vLLM engine for every request (see the module docstring)."""
@@ -198,6 +249,8 @@ class VLLMEngine:
         self.n_layers = info.n_layers
         self.context = self.session.max_model_len
         self.max_running = max_running
+        self.dtype = dtype_name(started.model_config.dtype)
+        self.lens_dtype = "float32" if engine.float32_lens and self.dtype != "float32" else self.dtype
 
     def backend(
         self, sampling: SamplingConfig, logprobs: int, cancel: threading.Event | None

@@ -37,8 +37,23 @@ _TYPES = {
 }
 
 
+# the code of an error raised without one: every error body carries a code a client can branch on
+_CODES = {
+    400: "invalid_request",
+    401: "invalid_api_key",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "body_too_large",
+    422: "invalid_type",
+    429: "queue_full",
+    500: "internal_error",
+    503: "unavailable",
+}
+
+
 class ApiError(Exception):
-    """An error the server answers with ``status`` and the OpenAI error body."""
+    """An error the server answers with ``status`` and the OpenAI error body (``code`` never null: without one
+    given, the status's own)."""
 
     def __init__(
         self,
@@ -52,7 +67,7 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.param = param
-        self.code = code
+        self.code = code or _CODES.get(status, "http_error")
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
@@ -118,13 +133,14 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     message = {404: f"no route {request.method} {request.url.path}", 405: "method not allowed"}.get(
         exc.status_code, str(exc.detail)
     )
-    return ApiError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None).response()
+    return ApiError(exc.status_code, message).response()
 
 
 async def _unforeseen(request: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     text = " ".join(str(exc).split())[:300]
-    return ApiError(500, f"internal error ({type(exc).__name__}: {text}); see the server's log").response()
+    message = f"internal error ({type(exc).__name__}: {text}); see the server's log"
+    return ApiError(500, message, code="internal_error").response()
 
 
 def install(app: Any) -> None:

@@ -85,7 +85,10 @@ def build_job(
             )
         if depth.think is not None and depth.online is not None:
             raise ApiError(
-                400, "depthlens.think and depthlens.online exclude each other; give one", "depthlens"
+                400,
+                "depthlens.think and depthlens.online exclude each other; give one",
+                "depthlens",
+                "invalid_value",
             )
     limit = body.max_completion_tokens if isinstance(body, ChatRequest) else None
     max_tokens = limit or body.max_tokens
@@ -127,7 +130,9 @@ def _prompts(body: CompletionRequest, tokenizer: Any, settings: ServeConfig) -> 
     for item in items:
         if isinstance(item, str):
             if tokenizer is None:
-                raise ApiError(400, "this model has no tokenizer: give the prompt as token ids", "prompt")
+                raise ApiError(
+                    400, "this model has no tokenizer: give the prompt as token ids", "prompt", "no_tokenizer"
+                )
             ids = as_token_ids(tokenizer(item, add_special_tokens=True)["input_ids"])
         else:
             ids = list(item)
@@ -145,6 +150,23 @@ def _chat_prompt(body: ChatRequest, tokenizer: Any) -> tuple[tuple[int, ...], ..
             "messages",
             "no_chat_template",
         )
+    for i, m in enumerate(body.messages):
+        if m.tool_calls:
+            raise ApiError(
+                400,
+                f"messages[{i}].tool_calls: depthlens serve runs no tools; send the assistant's turn as "
+                "its content (tool_calls empty or left out)",
+                f"messages[{i}].tool_calls",
+                "unsupported",
+            )
+        if m.content is None:
+            raise ApiError(
+                400,
+                f"messages[{i}] ({m.role}) has no content: give its text as 'content' (a string or a list "
+                "of text parts)",
+                f"messages[{i}].content",
+                "missing_content",
+            )
     messages = [
         {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
     ]
@@ -161,7 +183,10 @@ def _readout_window(options: DepthlensOptions, settings: ServeConfig, prefixes: 
     window = asked if isinstance(asked, int) else settings.readout_tokens
     if window is None or window < 1:
         raise ApiError(
-            400, f"depthlens.readout_tokens = {window} must be ≥ 1 or 'all'", "depthlens.readout_tokens"
+            400,
+            f"depthlens.readout_tokens = {window} must be ≥ 1 or 'all'",
+            "depthlens.readout_tokens",
+            "invalid_value",
         )
     return max(window, *prefixes)
 
@@ -212,6 +237,8 @@ def _sampling(
         return SamplingConfig(
             temperature=ServeConfig.TEMPERATURE if body.temperature is None else body.temperature,
             top_p=ServeConfig.TOP_P if body.top_p is None else body.top_p,
+            top_k=0 if body.top_k in (None, -1) else body.top_k,
+            min_p=body.min_p or 0.0,
             max_new_tokens=max_tokens,
             readout_tokens=_readout_window(options, settings, prefixes),
         )
@@ -230,7 +257,12 @@ def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
         if options.think is not None:
             t = options.think
             if t.n > settings.max_n:
-                raise ApiError(400, f"think.n = {t.n} is over --max-n {settings.max_n}", "depthlens.think.n")
+                raise ApiError(
+                    400,
+                    f"think.n = {t.n} is over --max-n {settings.max_n}",
+                    "depthlens.think.n",
+                    "invalid_value",
+                )
             think = VotingConfig(n=t.n, eta=t.eta, prefix=t.prefix, trials=1)
             answers = ExtractionConfig(answer_type=t.answer_type or answers.answer_type)
         if options.online is not None:

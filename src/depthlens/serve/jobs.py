@@ -18,7 +18,7 @@ from depthlens.evals.answers import extract_answer, vote_key
 from depthlens.sampling.backend import Paused, Trace
 from depthlens.sampling.live import Watch
 from depthlens.serve.depth import summary
-from depthlens.serve.engines import Engine, ServeBackend
+from depthlens.serve.engines import Engine, ServeBackend, read_with
 from depthlens.serve.job import Job
 from depthlens.serve.stream import GroupStream, Push
 from depthlens.serve.text import final_text
@@ -45,6 +45,7 @@ class Outcome:
     choices: list[Choice]
     prompt_tokens: int
     completion_tokens: int
+    readout_tokens: int = 0  # tokens read out at every layer, over every sample (rejected ones included)
 
 
 @dataclasses.dataclass
@@ -55,6 +56,7 @@ class _Context:
     cancel: threading.Event | None
     push: Push | None
     generated: int = 0
+    readout: int = 0
 
     def backend(self, logprobs: int = 0) -> ServeBackend:
         return self.engine.backend(self.job.sampling, logprobs, self.cancel)
@@ -67,7 +69,8 @@ class _Context:
 
     def describe(self, trace: Trace) -> dict[str, Any]:
         window = self.job.depth.online.window if self.job.depth.online else VotingConfig().deepconf_window
-        return summary(trace, self.engine.n_layers, self.job.depth.dtr, window, self.job.depth.tokens)
+        depth = self.job.depth
+        return summary(trace, self.engine.n_layers, depth.dtr, window, depth.tokens, self.tokenizer)
 
     def answer(self, trace: Trace) -> tuple[str | None, str | None]:
         """(the answer the trace states, its vote key), by the request's answer rules."""
@@ -78,9 +81,8 @@ class _Context:
     def choice(self, index: int, trace: Trace, backend: ServeBackend, extra: dict[str, Any]) -> Choice:
         text = final_text(self.tokenizer, trace.token_ids, self.job.stop)
         reason = FINISH_REASONS.get(trace.finish, "stop")
-        return Choice(
-            index, trace, text, reason, {**self.describe(trace), **extra}, backend.top_logprobs(trace)
-        )
+        depth = {**read_with(self.engine), **self.describe(trace), **extra}
+        return Choice(index, trace, text, reason, depth, backend.top_logprobs(trace))
 
 
 def run_job(
@@ -109,7 +111,7 @@ def run_job(
                 }
             )
             _push_end(push, voted)
-    return Outcome(choices, sum(len(p) for p in job.prompts), ctx.generated)
+    return Outcome(choices, sum(len(p) for p in job.prompts), ctx.generated, ctx.readout)
 
 
 def _push_end(push: Push, choice: Choice) -> None:
@@ -137,6 +139,7 @@ def _sample(ctx: _Context, p: int, prompt: list[int]) -> list[Choice]:
     finally:
         ctx.generated += backend.generated()
     stream.close(traces)
+    ctx.readout += sum(len(t.divergence) for t in traces)
     choices = [ctx.choice(p * job.n + i, t, backend, {}) for i, t in enumerate(traces)]
     if ctx.push is not None:
         for choice in choices:
@@ -179,6 +182,12 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
     finally:
         ctx.generated += backend.generated()
     kept = set(recorded.kept)
+    ctx.readout += sum(len(t.divergence) for t in traces)
+    # stopped: rejected at ℓ while the engine still ran it; a rejected sample that had ended by itself (EOS, max
+    # tokens or a stop string before ℓ) was not stopped and saved nothing
+    stopped = [
+        i for i, t in enumerate(traces) if i not in kept and t.finish == "paused" and backend.aborted(t)
+    ]
     voters = [i for i in sorted(kept) if answers.get(id(traces[i]), (None, None))[1] == answer]
     chosen = voters[0] if voters else min(kept, default=0)
     samples = []
@@ -191,16 +200,18 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
                 "seed": t.seed,
                 "prefix_dtr": prefix_dtr,
                 "kept": i in kept,
+                "stopped": i in stopped,
                 "answer": text,
                 "vote_key": key,
                 "tokens": len(t),
                 "generated": backend.engine_tokens(t),
-                "finish": t.finish,
+                # OpenAI's reasons only: a sample cut at ℓ has none (``kept`` / ``stopped`` say why it ended)
+                "finish_reason": None if t.finish == "paused" else FINISH_REASONS.get(t.finish, "stop"),
                 "text": final_text(ctx.tokenizer, t.token_ids, job.stop),
             }
         )
-    finished = [len(traces[i]) for i in kept]
-    saved = _saved(finished, [len(t) for i, t in enumerate(traces) if i not in kept], 0)
+    ended = [len(t) for t in traces if t.finish != "paused"]  # ran to their own end (kept or not)
+    saved = _saved(ended, [backend.engine_tokens(traces[i]) for i in stopped], 0)
     think = {
         "n": voting.n,
         "eta": voting.eta,
@@ -208,7 +219,7 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
         "answer": answer,
         "voted": chosen,
         "kept": sorted(kept),
-        "stopped": voting.n - len(kept),
+        "stopped": len(stopped),
         "tokens": backend.generated(),
         "tokens_saved": saved,
         "samples": samples,
@@ -217,8 +228,9 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
 
 
 def _saved(finished: Sequence[int], stopped: Sequence[int], unstarted: int) -> int:
-    """Tokens not generated, estimated: each stopped sample would have run to the mean length of those that ran
-    to their end, and each sample never started as long."""
+    """Tokens not generated, estimated: each stopped sample (``stopped``: the tokens the engine generated for it)
+    would have run to the mean length of those that ran to their end (``finished``), and each sample never
+    started as long. A sample that ended by itself is in ``finished``, never in ``stopped``."""
     if not finished:
         return 0
     mean = sum(finished) / len(finished)
@@ -255,6 +267,7 @@ def _online(ctx: _Context, p: int, prompt: list[int]) -> Choice:
     finally:
         ctx.generated += backend.generated()
     decisions = [d.to_dict() for d in outcome.decisions]
+    ctx.readout += sum(len(trace.divergence) for trace, _, _ in seen.values())
     for d in decisions:
         trace, text, key = seen[d["index"]]
         d.update(
@@ -266,8 +279,11 @@ def _online(ctx: _Context, p: int, prompt: list[int]) -> Choice:
         )
     voters = [d["index"] for d in decisions if d["votes"] and d["key"] == outcome.answer]
     chosen = voters[0] if voters else min(d["index"] for d in decisions if d["votes"])
-    finished = [d["tokens"] for d in decisions if d["stopped_at"] is None]
-    stopped = [d["tokens"] for d in decisions if d["stopped_at"] is not None]
+    # stopped: the policy stopped it and the engine was still running it (one that ended by itself saved nothing)
+    for d in decisions:
+        d["aborted"] = d["stopped_at"] is not None and backend.aborted(seen[d["index"]][0])
+    finished = [d["tokens"] for d in decisions if not d["aborted"]]
+    stopped = [d["generated"] for d in decisions if d["aborted"]]
     online = {
         **{k: v for k, v in cfg.to_dict().items()},
         "threshold": outcome.threshold,

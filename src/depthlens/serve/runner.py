@@ -139,11 +139,17 @@ class Runner:
             **self.engine.health(),
         }
 
-    def close(self) -> None:
-        """Abort every request still running, stop the engine, wait for the request threads."""
+    def abort(self) -> None:
+        """Abort every request still running or queued (the shutdown's grace period is over): each ends as an
+        aborted request does (``GenerationCancelled``: a 503, or a stream's error event) at its engine's next
+        step. New requests are refused from now on."""
         self.closing = True
         for cancel in list(self.cancels):
             cancel.set()
+
+    def close(self) -> None:
+        """Abort every request still running, stop the engine, wait for the request threads."""
+        self.abort()
         self.engine.close()
         self.pool.shutdown(wait=True, cancel_futures=True)
 

@@ -67,6 +67,14 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+class ResponseFormat(Strict):
+    """OpenAI's ``response_format``: plain text only (``json_object`` / ``json_schema`` need constrained
+    decoding, which the server does not do: refused by name, never ignored)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
 class Common(Strict):
     """Fields both endpoints share."""
 
@@ -74,6 +82,8 @@ class Common(Strict):
     n: int = 1
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None  # vLLM's extra sampling parameters (its -1 = off, as 0)
+    min_p: float | None = None
     seed: int | None = None
     max_tokens: int | None = None
     stop: str | list[str] | None = None
@@ -83,11 +93,14 @@ class Common(Strict):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
     depthlens: DepthlensOptions | None = None
 
     def unsupported(self) -> dict[str, object]:
         """Fields given at a value the server cannot honour: name → value."""
         out: dict[str, object] = {}
+        if self.response_format is not None and self.response_format.type != "text":
+            out["response_format"] = {"type": self.response_format.type}
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
                 out[name] = getattr(self, name)
@@ -121,8 +134,9 @@ class TextPart(Strict):
 
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart] | None = None  # None or missing is refused (job.py): 400 naming the field
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # accepted empty (clients echo an assistant turn whole)
 
     def text(self) -> str:
         if isinstance(self.content, list):

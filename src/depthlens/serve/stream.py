@@ -95,7 +95,8 @@ class GroupStream:
         if self.readout is not None:
             n_layers, dtr = self.readout
             if len(trace) > tokens:
-                event["tokens"] = {"offset": tokens, **token_columns(trace, tokens, len(trace))}
+                columns = token_columns(trace, tokens, len(trace), self.tokenizer)
+                event["tokens"] = {"offset": tokens, **columns}
             if len(trace.divergence) > rows:
                 new = trace.divergence[rows:]
                 event["readout"] = {"offset": rows, **readout_columns(new, n_layers, dtr)}
@@ -106,4 +107,5 @@ class GroupStream:
                 (trace.token_ids[j], trace.log_prob[j], top[j] if k and j < len(top) else [])
                 for j in range(tokens, len(trace))
             ]
-        self.push(event)
+        if piece or any(event[k] is not None for k in ("tokens", "readout", "logprobs")):
+            self.push(event)  # not a chunk of nothing (an end-of-turn token decodes to no text)

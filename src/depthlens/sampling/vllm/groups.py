@@ -28,6 +28,7 @@ class Sample:
     rows: list[list[list[float]]] = dataclasses.field(default_factory=list)  # per token, per kind, L floats
     engine_finish: str | None = None  # vLLM's finish reason
     stopped: bool = False  # aborted here (a decision, a Watch, a cancel): the trace holds all it will
+    aborted: bool = False  # stopped while the engine still ran it (not after it had ended by itself)
     ended: bool = False  # the trace is final
 
     @property

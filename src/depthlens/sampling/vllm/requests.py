@@ -15,7 +15,7 @@ from depthlens.config import SamplingConfig
 from depthlens.errors import InputError
 from depthlens.sampling.backend import Paused, Trace, kept_positions
 from depthlens.sampling.live import Watch
-from depthlens.sampling.vllm.groups import Group, GroupSpec
+from depthlens.sampling.vllm.groups import Group, GroupSpec, Sample
 from depthlens.sampling.vllm.session import EngineSession
 
 
@@ -78,5 +78,11 @@ class SessionBackend:
 
     def top_logprobs(self, trace: Trace) -> list[list[tuple[int, float]]]:
         """The top-k (token id, log p) of each of ``trace``'s tokens (empty without ``logprobs``)."""
-        sample = next(s for g in self.groups for s in g.samples if s.trace is trace)
-        return sample.top[: len(trace)]
+        return self._sample(trace).top[: len(trace)]
+
+    def aborted(self, trace: Trace) -> bool:
+        """Whether the engine aborted ``trace``'s request while it ran (not one that had ended by itself)."""
+        return self._sample(trace).aborted
+
+    def _sample(self, trace: Trace) -> Sample:
+        return next(s for g in self.groups for s in g.samples if s.trace is trace)

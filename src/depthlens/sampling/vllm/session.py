@@ -281,6 +281,7 @@ class EngineSession:
         if sample.running:
             self.engine.abort_request([sample.tag])
             self.stats["aborted"] += 1
+            sample.aborted = True
         sample.stopped = True
         sample.trace.finish = finish  # type: ignore[assignment]
 
