@@ -378,6 +378,40 @@ CASES = [
                        "--out", str(d / "s"), "--device", "cpu", "--max-new-tokens", "2"],
          "error: question 'long': its prompt is 330 tokens, DIR/chat's context is 256; no response fits —"
          " shorten or leave out that question, or use a longer-context model"),
+    Case("budget-beyond-context", "a prompt + `--max-new-tokens` longer than the model's context (before it loads)",
+         lambda d, f: ["generate", "--model", _chat(d, f), "--task",
+                       str(_questions(d, {"id": "q", "question": "1 + 1", "answer": 2})),
+                       "--out", str(d / "s"), "--device", "cpu", "--max-new-tokens", "1000"],
+         "error: --max-new-tokens 1000: the prompt of question 'q' is 95 tokens, and 95 + 1000 exceed DIR/chat"
+         "'s context of 256, so none of its responses could be sampled; use --max-new-tokens 161 or less"),
+    Case("max-new-tokens-huge", "`generate --max-new-tokens 99999999999`",
+         lambda d, f: ["generate", "--max-new-tokens", "99999999999", "--out", str(d / "s")],
+         "error: --max-new-tokens 99999999999: must be in 1..16,777,216 (longer than any model's context)"),
+    Case("seed-negative", "`generate --seed -1`",
+         lambda d, f: ["generate", "--seed", "-1", "--out", str(d / "s")],
+         "error: --seed -1: must be an integer ≥ 0"),
+    Case("task-seed-negative", "`generate --task-seed -1`",
+         lambda d, f: ["generate", "--task-seed", "-1", "--out", str(d / "s")],
+         "error: --task-seed -1: must be an integer ≥ 0"),
+    Case("thinkn-seed-negative", "`thinkn --from STORE --seed -1`",
+         lambda d, f: ["thinkn", "--from", str(f["store"]), "--n", "2", "--seed", "-1"],
+         "error: --seed -1: must be an integer ≥ 0"),
+    Case("pool-huge", "`generate --pool 1000000`",
+         lambda d, f: ["generate", "--pool", "1000000", "--out", str(d / "s")],
+         "error: --pool 1000000: must be at most 100,000 per question"),
+    Case("questions-huge", "`generate --questions 1000000`",
+         lambda d, f: ["generate", "--questions", "1000000", "--out", str(d / "s")],
+         "error: --questions 1000000: must be in 1..100,000"),
+    Case("questions-beyond-file", "`--questions 5` of a question file holding 1",
+         lambda d, f: ["generate", "--model", _chat(d, f), "--task",
+                       str(_questions(d, {"id": "q", "question": "1 + 1", "answer": 2})), "--questions", "5",
+                       "--out", str(d / "s"), "--device", "cpu"],
+         "error: --questions 5: task 'DIR/q.jsonl' has 1; leave out --questions to ask all of them, or ask for"
+         " 1 or fewer"),
+    Case("resume-and-overwrite", "`generate --resume --overwrite`",
+         lambda d, f: ["generate", "--resume", "--overwrite", "--out", str(d / "s")],
+         "error: --resume and --overwrite together: --resume continues DIR/s, --overwrite replaces it; pass on"
+         "e of them"),
 ]
 # fmt: on
 
@@ -480,6 +514,31 @@ def doc_table() -> str:
     rows = ["| input | what depthlens says (exit 2) |", "|---|---|"]
     rows += [f"| {c.what} | `` {c.message} `` |" for c in CASES]  # double backticks: messages quote commands
     return "\n".join(rows)
+
+
+def test_a_budget_beyond_the_context_is_refused_before_the_weights_load(tmp_path, fixtures, monkeypatch, capsys):
+    """The model's tokenizer and config tell prompt + --max-new-tokens against its context: no weights are loaded,
+    and the remedy the error names (the largest budget that fits) then generates every response."""
+    import depthlens.cli.generate_cmd as generate_cmd
+
+    case = next(c for c in CASES if c.name == "budget-beyond-context")
+    real_load = generate_cmd.load_for
+
+    def no_load(*args: object) -> None:
+        raise AssertionError("the weights were loaded before the refusal")
+
+    monkeypatch.setattr(generate_cmd, "load_for", no_load)
+    code, _, _ = run_case(case, tmp_path, fixtures, monkeypatch)
+    assert code == 2 and "use --max-new-tokens 161 or less" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()  # nothing written
+    monkeypatch.setattr(generate_cmd, "load_for", real_load)
+    args = [*case.make(tmp_path / "again", fixtures)[:-1], "161", "--pool", "2"]
+    monkeypatch.setattr(sys, "argv", ["depthlens", *args])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 0  # the remedy works
+    err = capsys.readouterr().err
+    assert "wrote 2 responses" in err and "failed" not in err, err
 
 
 def test_doc_matches_the_table():

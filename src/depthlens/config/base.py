@@ -71,6 +71,21 @@ def invalid(owner: str, name: str, value: object, requirement: str, hint: str = 
     return ConfigError(message, setting=name, value=value, requirement=requirement, flag=flag)
 
 
+MOST_QUESTIONS = 100_000
+"""The most questions a run may ask for (``--questions``): reasoning-gym generates about 2,000 a second, so more is a
+typo that would spend minutes before the first response, never a run."""
+MOST_RESPONSES = 100_000
+"""The most responses a question's pool may hold (``--pool``, online ``--max-n``): at 512 tokens × 30 layers each,
+more than a store could hold."""
+
+
+def check_seed(owner: str, name: str, value: int) -> None:
+    """A seed is an integer ≥ 0 (numpy's generators refuse negative ones — a traceback mid-run — and a store records
+    the seed it was sampled with)."""
+    if value < 0:
+        raise invalid(owner, name, value, "must be an integer ≥ 0")
+
+
 def check_choice(owner: str, name: str, value: object, literal: object) -> None:
     """``value`` is one of the ``Literal`` ``literal``'s choices, or ``invalid`` says which."""
     choices = get_args(literal)

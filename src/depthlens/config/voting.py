@@ -7,7 +7,7 @@ import dataclasses
 import math
 from typing import Any, Literal
 
-from depthlens.config.base import Config, check_choice, invalid
+from depthlens.config.base import MOST_RESPONSES, Config, check_choice, check_seed, invalid
 from depthlens.config.readout import PREFIX_TOKENS
 
 
@@ -42,6 +42,7 @@ class VotingConfig(Config):
             raise invalid("VotingConfig", "prefix", self.prefix, "must be ≥ 1 token", "or None for all")
         if self.trials < 1:
             raise invalid("VotingConfig", "trials", self.trials, "must be ≥ 1")
+        check_seed("VotingConfig", "seed", self.seed)
         if self.deepconf_window < 1:
             raise invalid("VotingConfig", "deepconf_window", self.deepconf_window, "must be ≥ 1 token")
 
@@ -83,6 +84,7 @@ class CorrelationConfig(Config):
         for name, least in (("min_responses", 3), ("min_questions", 1), ("min_outcome", 1)):
             if getattr(self, name) < least:
                 raise invalid("CorrelationConfig", name, getattr(self, name), f"must be ≥ {least}")
+        check_seed("CorrelationConfig", "seed", self.seed)
 
 
 Signal = Literal["dtr", "confidence"]
@@ -125,6 +127,10 @@ class OnlineConfig(Config):
         if self.warmup < 1:
             raise invalid(
                 "OnlineConfig", "warmup", self.warmup, "generate at least 1 warm-up response to set τ"
+            )
+        if self.max_n > MOST_RESPONSES:
+            raise invalid(
+                "OnlineConfig", "max_n", self.max_n, f"must be at most {MOST_RESPONSES:,} per question"
             )
         if self.warmup >= self.max_n:
             raise invalid(

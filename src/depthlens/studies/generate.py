@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from depthlens.config import AnswerConfig, DTRConfig, GenerateRun, StoreFormat
+from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, GenerateRun, StoreFormat
 from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.evals.grading import answer_fields
 from depthlens.evals.tasks import Question
@@ -197,7 +197,9 @@ def generate(
     fmt = samples_format(out_dir, spec.format, spec.resume, spec.overwrite)
     manifest = run_manifest(lm.name, lm.n_layers, questions, run, fmt)
     _refuse_pre_rules_resume(out_dir, spec.resume)
-    refuse_too_long(lm, questions, run.answers.prompt_style)
+    refuse_too_long(
+        lm, questions, run.answers.prompt_style, run.sampling.max_new_tokens, engine_len(run.engine)
+    )
     with store_lock(samples_path(out_dir, fmt)):
         if spec.overwrite:
             remove_other_format(out_dir, fmt)
@@ -205,18 +207,44 @@ def generate(
         return _generate_into(lm, run, questions, fmt, manifest, backend, events)
 
 
-def refuse_too_long(lm: LoadedModel, questions: Sequence[Question], prompt_style: str) -> None:
-    """Refuse, before anything is sampled, a question whose prompt leaves no room in the model's context."""
-    limit = lm.max_positions
-    if limit is None or lm.tokenizer is None:
+def refuse_too_long(
+    lm: Any,
+    questions: Sequence[Question],
+    prompt_style: str,
+    max_new_tokens: int = 0,
+    engine_len: int | None = None,
+) -> None:
+    """Refuse, before anything is sampled, a run with a question none of whose responses could be sampled: the
+    longest prompt leaves no room in the model's context, or it and ``max_new_tokens`` do not fit there (every
+    sampler refuses a prompt + budget longer than the context, so each of its responses would be stored as failed).
+
+    ``lm``: a loaded model, or a ``models.info.ModelInfo`` — tokenizer and config, no weights — so the CLI checks
+    before the weights load; ``engine_len``: the vLLM engine's ``--max-model-len`` where given (a tighter limit).
+    """
+    limit, what = lm.max_positions, f"{lm.name}'s context"
+    if engine_len is not None and (limit is None or engine_len < limit):
+        limit, what = engine_len, "the engine's --max-model-len"
+    if limit is None or lm.tokenizer is None or not questions:
         return
-    for question in questions:
-        length = len(prompt_ids(lm, question, prompt_style))
-        if length >= limit:
-            raise InputError(
-                f"question {question.id!r}: its prompt is {length} tokens, {lm.name}'s context is {limit}; no "
-                "response fits — shorten or leave out that question, or use a longer-context model"
-            )
+    longest, question = max(
+        ((len(prompt_ids(lm, q, prompt_style)), q) for q in questions), key=lambda x: x[0]
+    )
+    if longest >= limit:
+        raise InputError(
+            f"question {question.id!r}: its prompt is {longest} tokens, {what} is {limit}; no "
+            "response fits — shorten or leave out that question, or use a longer-context model"
+        )
+    if longest + max_new_tokens > limit:
+        raise InputError(
+            f"--max-new-tokens {max_new_tokens}: the prompt of question {question.id!r} is {longest} tokens, "
+            f"and {longest} + {max_new_tokens} exceed {what} of {limit}, so none of its responses could be "
+            f"sampled; use --max-new-tokens {limit - longest} or less"
+        )
+
+
+def engine_len(engine: EngineConfig) -> int | None:
+    """The vLLM engine's ``--max-model-len`` where one is given (the hf sampler has no such limit)."""
+    return engine.max_model_len if engine.backend == "vllm" else None
 
 
 def _generate_into(
