@@ -516,7 +516,9 @@ def doc_table() -> str:
     return "\n".join(rows)
 
 
-def test_a_budget_beyond_the_context_is_refused_before_the_weights_load(tmp_path, fixtures, monkeypatch, capsys):
+def test_a_budget_beyond_the_context_is_refused_before_the_weights_load(
+    tmp_path, fixtures, monkeypatch, capsys
+):
     """The model's tokenizer and config tell prompt + --max-new-tokens against its context: no weights are loaded,
     and the remedy the error names (the largest budget that fits) then generates every response."""
     import depthlens.cli.generate_cmd as generate_cmd
