@@ -87,7 +87,19 @@ def _checked_generation(
         _generate_here(model, run, questions, fmt) if here else _generate_on_ray(model, run, questions, ray)
     )
     _say_generated(report, run.answers, run.store)
+    refuse_nothing_usable(report, run.store.out)
     return report
+
+
+def refuse_nothing_usable(report: GenerationReport, out: Path) -> None:
+    """A run whose every new response failed made nothing to vote on or read: it ends with an error (exit 2),
+    not exit 0. The failed records stay in the store as the record of why; ``--resume`` does not retry them."""
+    if report.failed and not report.written:
+        cause = f" (the first: {report.first_error})" if report.first_error else ""
+        raise InputError(
+            f"{out}: all {report.failed} responses this run sampled failed{cause}, so it made nothing usable; "
+            "fix that, then generate again with --overwrite (--resume does not retry failed responses)"
+        )
 
 
 def refuse_short_task(task: TaskSpec, questions: list[Question]) -> None:

@@ -158,11 +158,13 @@ class GenerationReport:
     truncated: int = 0  # responses cut at --max-new-tokens
     tokens: int = 0
     changed: list[str] = dataclasses.field(default_factory=list)  # settings a resumed run changed
+    first_error: str = ""  # why the first failed response failed
 
     def count(self, record: dict[str, Any]) -> None:
         """Count one response written to the store (a failed one, or one with its grade and answer source)."""
         if record.get("status") == "failed":
             self.failed += 1
+            self.first_error = self.first_error or str(record.get("error", ""))
             return
         self.written += 1
         self.tokens += record["n_tokens"]
@@ -334,9 +336,10 @@ def generate_question(job: QuestionJob, report: GenerationReport, on_batch: Call
             traces = job.generator.start(prompt, seeds).traces
         except (InputError, RuntimeError) as exc:  # too long for the context, out of memory, ...
             for i in missing:
-                writer.write(failed_record(question, i, seeds[i - first], f"{type(exc).__name__}: {exc}"))
+                record = failed_record(question, i, seeds[i - first], f"{type(exc).__name__}: {exc}")
+                writer.write(record)
+                report.count(record)
             writer.flush()
-            report.failed += len(missing)
             on_batch(len(missing))
             continue
         for i in missing:
