@@ -232,8 +232,8 @@ CASES = [
     Case("id-out-of-vocab", "a token id outside the vocabulary in `completion_ids`",
          lambda d, f: _score(d, f, {"id": "a", "prompt_ids": [4], "completion_ids": [7, 5000]}),
          "error: line 1 (id 'a'): token id(s) [5000] outside TINY's vocabulary of 101; token ids must "
-         "come from this model's tokenizer (pass --skip-bad to skip such records) — results finished so "
-         "far are kept in DIR/out.jsonl; rerun with --resume"),
+         "come from this model's tokenizer — results finished so far are kept in DIR/out.jsonl; rerun with "
+         "--resume --skip-bad to score the rest, skipping such records"),
     Case("negative-id", "a negative token id in `prompt_ids`",
          lambda d, f: _score(d, f, {"id": "a", "prompt_ids": [-1], "completion_ids": [7]}),
          "error: DIR/in.jsonl:1: 'prompt_ids' must be a list of non-negative integers (pass --skip-bad "
@@ -489,6 +489,27 @@ def test_skip_bad_skips_record_level_cases_and_lists_them(tmp_path, fixtures, mo
     assert "skipped line 2: line 2 (id 'v'): token id(s) [5000] outside TINY's vocabulary of 101" in err
     assert "skipped line 3: DIR/in.jsonl:3: 'messages' must be a non-empty list" in err
     assert [r["id"] for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())] == ["a"]
+
+
+def test_a_bad_token_id_mid_run_is_mended_by_the_remedy_it_names(tmp_path, fixtures, monkeypatch, capsys):
+    """The run stops at the bad record, keeping what came before; `--resume --skip-bad` (as the error says) scores
+    the rest without scoring the kept ones again, and lists the skipped record."""
+    later = {**GOOD, "id": "c", "completion_ids": [9, 8, 7]}
+    args = _score(tmp_path, fixtures, GOOD, {"id": "b", "prompt_ids": [4], "completion_ids": [5000]}, later)
+    monkeypatch.setattr(sys, "argv", ["depthlens", *args])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    err = " ".join(capsys.readouterr().err.split())
+    assert stopped.value.code == 2 and "rerun with --resume --skip-bad to score the rest" in err, err
+    out = tmp_path / "out.jsonl"
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a"]
+    kept = out.read_text()
+    monkeypatch.setattr(sys, "argv", ["depthlens", *args, "--resume", "--skip-bad"])
+    main_exits_cleanly()
+    err = " ".join(capsys.readouterr().err.split())
+    assert "skipped line 2: line 2 (id 'b'): token id(s) [5000]" in err, err
+    assert out.read_text().startswith(kept)  # the record scored before is kept as it was
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a", "c"]
 
 
 def test_damaged_catalogue_copy_is_listed_as_damaged(tmp_path, fixtures, monkeypatch, capsys):
