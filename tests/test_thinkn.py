@@ -241,6 +241,40 @@ def test_summary_files_and_ablation(tiny_chat, tmp_path):
     assert think.cost_mean <= cons.cost_mean
 
 
+def test_a_full_disk_leaves_no_half_written_summary_and_names_the_file(
+    tiny_chat, tmp_path, monkeypatch, capsys
+):
+    """The summary's files are written whole or not at all; the error names the file and says what to do, and
+    doing it (space freed, the command run again) writes them."""
+    import errno
+    import os
+    import types
+
+    import depthlens.studies.tables as tables
+
+    _store(tiny_chat, tmp_path / "s")
+    before = sorted(p.name for p in (tmp_path / "s").iterdir())
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tables, "os", types.SimpleNamespace(getpid=os.getpid, fsync=full))
+    args = ("thinkn", "--from", tmp_path / "s", "--n", "2", "--trials", "2")
+    code, _, err = run(monkeypatch, capsys, *args)
+    csv = tmp_path / "s" / "thinkn-n2-eta0.5-l50.csv"
+    assert code == 2 and (
+        f"error: {csv}: the disk is full, so it was not written (nothing half-written is left); free some space, "
+        "then run the command again"
+    ) in " ".join(err.split()), err
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == before  # no 0-byte csv, no temporary file
+    monkeypatch.setattr(tables, "os", os)  # space freed; the command run again
+    code, _, err = run(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert (
+        csv.read_text().startswith("method,") and json.loads(csv.with_suffix(".json").read_text())["methods"]
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -9,6 +9,7 @@ voting setting (see ``summary_stem``); a summary of other settings under the sam
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -24,10 +25,10 @@ from depthlens.metrics.dtr import deep_from_divergence
 from depthlens.sampling.backend import GenerationBackend, Trace
 from depthlens.stats.paired import BASELINE, Comparison, paired_comparisons
 from depthlens.stats.resampling import mean_bootstrap
-from depthlens.stores.files import read_json, settings_differ, write_json
+from depthlens.stores.files import read_json, settings_differ
 from depthlens.stores.samples import damaged, read_manifest, read_responses
 from depthlens.stores.state import stale, store_state
-from depthlens.studies.tables import write_csv
+from depthlens.studies.tables import write_csv, write_whole
 from depthlens.voting.methods import Response, think_at_n
 from depthlens.voting.trials import (
     MethodSummary,
@@ -271,7 +272,8 @@ def _write_summary(
     write_csv(out_dir / f"{stem}.csv", rows)
     if report.ablation:
         write_csv(out_dir / f"{stem}-ablation.csv", report.ablation)
-    write_json(path, payload)  # last: the summary's JSON stands for a whole set of files
+    # last: the summary's JSON stands for a whole set of files
+    write_whole(path, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
 
 
 def think_at_n_live(
