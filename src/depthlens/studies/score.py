@@ -369,6 +369,10 @@ def run_score(
             raise type(exc)(
                 f"{exc} — results finished so far are kept in {out_path}; rerun with --resume"
             ) from exc
+        if writer.rescored and results_format(out_path) == "jsonl":  # re-scored records went to the end
+            from depthlens.stores.jsonl import reorder
+
+            reorder(out_path, list(hashes))
     return skipped
 
 
