@@ -384,6 +384,12 @@ CASES = [
                        "--out", str(d / "s"), "--device", "cpu", "--max-new-tokens", "1000"],
          "error: --max-new-tokens 1000: the prompt of question 'q' is 95 tokens, and 95 + 1000 exceed DIR/chat"
          "'s context of 256, so none of its responses could be sampled; use --max-new-tokens 161 or less"),
+    Case("online-budget-beyond-context", "`thinkn --online` with a prompt + `--max-new-tokens` beyond the context",
+         lambda d, f: ["thinkn", "--online", "--model", _chat(d, f), "--task",
+                       str(_questions(d, {"id": "q", "question": "1 + 1", "answer": 2})),
+                       "--out", str(d / "s"), "--device", "cpu", "--max-new-tokens", "1000"],
+         "error: --max-new-tokens 1000: the prompt of question 'q' is 95 tokens, and 95 + 1000 exceed DIR/chat"
+         "'s context of 256, so none of its responses could be sampled; use --max-new-tokens 161 or less"),
     Case("max-new-tokens-huge", "`generate --max-new-tokens 99999999999`",
          lambda d, f: ["generate", "--max-new-tokens", "99999999999", "--out", str(d / "s")],
          "error: --max-new-tokens 99999999999: must be in 1..16,777,216 (longer than any model's context)"),
@@ -549,6 +555,7 @@ def test_a_budget_beyond_the_context_is_refused_before_the_weights_load(
     """The model's tokenizer and config tell prompt + --max-new-tokens against its context: no weights are loaded,
     and the remedy the error names (the largest budget that fits) then generates every response."""
     import depthlens.cli.generate_cmd as generate_cmd
+    import depthlens.cli.online_cmd as online_cmd
 
     case = next(c for c in CASES if c.name == "budget-beyond-context")
     real_load = generate_cmd.load_for
@@ -557,9 +564,13 @@ def test_a_budget_beyond_the_context_is_refused_before_the_weights_load(
         raise AssertionError("the weights were loaded before the refusal")
 
     monkeypatch.setattr(generate_cmd, "load_for", no_load)
-    code, _, _ = run_case(case, tmp_path, fixtures, monkeypatch)
-    assert code == 2 and "use --max-new-tokens 161 or less" in capsys.readouterr().err
-    assert not (tmp_path / "s").exists()  # nothing written
+    monkeypatch.setattr(online_cmd, "load_for", no_load)
+    for name in ("budget-beyond-context", "online-budget-beyond-context"):
+        where = tmp_path / name
+        where.mkdir()
+        code, _, _ = run_case(next(c for c in CASES if c.name == name), where, fixtures, monkeypatch)
+        assert code == 2 and "use --max-new-tokens 161 or less" in capsys.readouterr().err
+        assert not (where / "s").exists()  # nothing written
     monkeypatch.setattr(generate_cmd, "load_for", real_load)
     args = [*case.make(tmp_path / "again", fixtures)[:-1], "161", "--pool", "2"]
     monkeypatch.setattr(sys, "argv", ["depthlens", *args])
