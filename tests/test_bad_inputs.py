@@ -390,6 +390,9 @@ CASES = [
                        "--out", str(d / "s"), "--device", "cpu", "--max-new-tokens", "1000"],
          "error: --max-new-tokens 1000: the prompt of question 'q' is 95 tokens, and 95 + 1000 exceed DIR/chat"
          "'s context of 256, so none of its responses could be sampled; use --max-new-tokens 161 or less"),
+    Case("n-beyond-pool", "`thinkn --out --n 10 --pool 4` (before anything is sampled)",
+         lambda d, f: ["thinkn", "--out", str(d / "s"), "--n", "10", "--pool", "4"],
+         "error: --n 10: more than --pool 4 responses per question; use --pool 10 or more"),
     Case("max-new-tokens-huge", "`generate --max-new-tokens 99999999999`",
          lambda d, f: ["generate", "--max-new-tokens", "99999999999", "--out", str(d / "s")],
          "error: --max-new-tokens 99999999999: must be in 1..16,777,216 (longer than any model's context)"),

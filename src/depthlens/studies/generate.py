@@ -286,7 +286,7 @@ def _generate_into(
             for question in questions:
                 generate_question(QuestionJob(lm, generator, writer, question, run), report, events.on_batch)
         except DepthlensError as exc:
-            if isinstance(exc, StoreError):  # the store's own error already says how to go on
+            if isinstance(exc, StoreError) or "--resume" in str(exc):  # it already says how to go on
                 raise
             raise type(exc)(
                 f"{exc} — responses finished so far are kept in {out_dir}; rerun with --resume"
