@@ -232,8 +232,8 @@ CASES = [
     Case("id-out-of-vocab", "a token id outside the vocabulary in `completion_ids`",
          lambda d, f: _score(d, f, {"id": "a", "prompt_ids": [4], "completion_ids": [7, 5000]}),
          "error: line 1 (id 'a'): token id(s) [5000] outside TINY's vocabulary of 101; token ids must "
-         "come from this model's tokenizer (pass --skip-bad to skip such records) — results finished so "
-         "far are kept in DIR/out.jsonl; rerun with --resume"),
+         "come from this model's tokenizer — results finished so far are kept in DIR/out.jsonl; rerun with "
+         "--resume --skip-bad to score the rest, skipping such records"),
     Case("negative-id", "a negative token id in `prompt_ids`",
          lambda d, f: _score(d, f, {"id": "a", "prompt_ids": [-1], "completion_ids": [7]}),
          "error: DIR/in.jsonl:1: 'prompt_ids' must be a list of non-negative integers (pass --skip-bad "
@@ -379,6 +379,55 @@ CASES = [
                        "--out", str(d / "s"), "--device", "cpu", "--max-new-tokens", "2"],
          "error: question 'long': its prompt is 330 tokens, DIR/chat's context is 256; no response fits —"
          " shorten or leave out that question, or use a longer-context model"),
+    Case("budget-beyond-context", "a prompt + `--max-new-tokens` longer than the model's context (before it loads)",
+         lambda d, f: ["generate", "--model", _chat(d, f), "--task",
+                       str(_questions(d, {"id": "q", "question": "1 + 1", "answer": 2})),
+                       "--out", str(d / "s"), "--device", "cpu", "--max-new-tokens", "1000"],
+         "error: --max-new-tokens 1000: the prompt of question 'q' is 95 tokens, and 95 + 1000 exceed DIR/chat"
+         "'s context of 256, so none of its responses could be sampled; use --max-new-tokens 161 or less"),
+    Case("online-budget-beyond-context", "`thinkn --online` with a prompt + `--max-new-tokens` beyond the context",
+         lambda d, f: ["thinkn", "--online", "--model", _chat(d, f), "--task",
+                       str(_questions(d, {"id": "q", "question": "1 + 1", "answer": 2})),
+                       "--out", str(d / "s"), "--device", "cpu", "--max-new-tokens", "1000"],
+         "error: --max-new-tokens 1000: the prompt of question 'q' is 95 tokens, and 95 + 1000 exceed DIR/chat"
+         "'s context of 256, so none of its responses could be sampled; use --max-new-tokens 161 or less"),
+    Case("n-beyond-pool", "`thinkn --out --n 10 --pool 4` (before anything is sampled)",
+         lambda d, f: ["thinkn", "--out", str(d / "s"), "--n", "10", "--pool", "4"],
+         "error: --n 10: more than --pool 4 responses per question; use --pool 10 or more"),
+    Case("max-new-tokens-huge", "`generate --max-new-tokens 99999999999`",
+         lambda d, f: ["generate", "--max-new-tokens", "99999999999", "--out", str(d / "s")],
+         "error: --max-new-tokens 99999999999: must be in 1..16,777,216 (longer than any model's context)"),
+    Case("seed-negative", "`generate --seed -1`",
+         lambda d, f: ["generate", "--seed", "-1", "--out", str(d / "s")],
+         "error: --seed -1: must be an integer ≥ 0"),
+    Case("task-seed-negative", "`generate --task-seed -1`",
+         lambda d, f: ["generate", "--task-seed", "-1", "--out", str(d / "s")],
+         "error: --task-seed -1: must be an integer ≥ 0"),
+    Case("thinkn-seed-negative", "`thinkn --from STORE --seed -1`",
+         lambda d, f: ["thinkn", "--from", str(f["store"]), "--n", "2", "--seed", "-1"],
+         "error: --seed -1: must be an integer ≥ 0"),
+    Case("trials-huge", "`thinkn --from STORE --trials 1000000`",
+         lambda d, f: ["thinkn", "--from", str(f["store"]), "--n", "2", "--trials", "1000000"],
+         "error: --trials 1000000: must be in 1..100,000"),
+    Case("bootstrap-huge", "`correlate --bootstrap 1000000`",
+         lambda d, f: ["correlate", str(f["store"]), "--out", str(d / "c"), "--bootstrap", "1000000"],
+         "error: --bootstrap 1000000: must be in 1..100,000"),
+    Case("pool-huge", "`generate --pool 1000000`",
+         lambda d, f: ["generate", "--pool", "1000000", "--out", str(d / "s")],
+         "error: --pool 1000000: must be at most 100,000 per question"),
+    Case("questions-huge", "`generate --questions 1000000`",
+         lambda d, f: ["generate", "--questions", "1000000", "--out", str(d / "s")],
+         "error: --questions 1000000: must be in 1..100,000"),
+    Case("questions-beyond-file", "`--questions 5` of a question file holding 1",
+         lambda d, f: ["generate", "--model", _chat(d, f), "--task",
+                       str(_questions(d, {"id": "q", "question": "1 + 1", "answer": 2})), "--questions", "5",
+                       "--out", str(d / "s"), "--device", "cpu"],
+         "error: --questions 5: task 'DIR/q.jsonl' has 1; leave out --questions to ask all of them, or ask for"
+         " 1 or fewer"),
+    Case("resume-and-overwrite", "`generate --resume --overwrite`",
+         lambda d, f: ["generate", "--resume", "--overwrite", "--out", str(d / "s")],
+         "error: --resume and --overwrite together: --resume continues DIR/s, --overwrite replaces it; pass on"
+         "e of them"),
 ]
 # fmt: on
 
@@ -452,6 +501,27 @@ def test_skip_bad_skips_record_level_cases_and_lists_them(tmp_path, fixtures, mo
     assert [r["id"] for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())] == ["a"]
 
 
+def test_a_bad_token_id_mid_run_is_mended_by_the_remedy_it_names(tmp_path, fixtures, monkeypatch, capsys):
+    """The run stops at the bad record, keeping what came before; `--resume --skip-bad` (as the error says) scores
+    the rest without scoring the kept ones again, and lists the skipped record."""
+    later = {**GOOD, "id": "c", "completion_ids": [9, 8, 7]}
+    args = _score(tmp_path, fixtures, GOOD, {"id": "b", "prompt_ids": [4], "completion_ids": [5000]}, later)
+    monkeypatch.setattr(sys, "argv", ["depthlens", *args])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    err = " ".join(capsys.readouterr().err.split())
+    assert stopped.value.code == 2 and "rerun with --resume --skip-bad to score the rest" in err, err
+    out = tmp_path / "out.jsonl"
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a"]
+    kept = out.read_text()
+    monkeypatch.setattr(sys, "argv", ["depthlens", *args, "--resume", "--skip-bad"])
+    main_exits_cleanly()
+    err = " ".join(capsys.readouterr().err.split())
+    assert "skipped line 2: line 2 (id 'b'): token id(s) [5000]" in err, err
+    assert out.read_text().startswith(kept)  # the record scored before is kept as it was
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a", "c"]
+
+
 def test_damaged_catalogue_copy_is_listed_as_damaged(tmp_path, fixtures, monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "1000")
     monkeypatch.setenv(
@@ -481,6 +551,38 @@ def doc_table() -> str:
     rows = ["| input | what depthlens says (exit 2) |", "|---|---|"]
     rows += [f"| {c.what} | `` {c.message} `` |" for c in CASES]  # double backticks: messages quote commands
     return "\n".join(rows)
+
+
+def test_a_budget_beyond_the_context_is_refused_before_the_weights_load(
+    tmp_path, fixtures, monkeypatch, capsys
+):
+    """The model's tokenizer and config tell prompt + --max-new-tokens against its context: no weights are loaded,
+    and the remedy the error names (the largest budget that fits) then generates every response."""
+    import depthlens.cli.generate_cmd as generate_cmd
+    import depthlens.cli.online_cmd as online_cmd
+
+    case = next(c for c in CASES if c.name == "budget-beyond-context")
+    real_load = generate_cmd.load_for
+
+    def no_load(*args: object) -> None:
+        raise AssertionError("the weights were loaded before the refusal")
+
+    monkeypatch.setattr(generate_cmd, "load_for", no_load)
+    monkeypatch.setattr(online_cmd, "load_for", no_load)
+    for name in ("budget-beyond-context", "online-budget-beyond-context"):
+        where = tmp_path / name
+        where.mkdir()
+        code, _, _ = run_case(next(c for c in CASES if c.name == name), where, fixtures, monkeypatch)
+        assert code == 2 and "use --max-new-tokens 161 or less" in capsys.readouterr().err
+        assert not (where / "s").exists()  # nothing written
+    monkeypatch.setattr(generate_cmd, "load_for", real_load)
+    args = [*case.make(tmp_path / "again", fixtures)[:-1], "161", "--pool", "2"]
+    monkeypatch.setattr(sys, "argv", ["depthlens", *args])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 0  # the remedy works
+    err = capsys.readouterr().err
+    assert "wrote 2 responses" in err and "failed" not in err, err
 
 
 def test_doc_matches_the_table():

@@ -202,3 +202,57 @@ def test_generate_cli_resumes_with_another_batch_size_and_more_questions(
     assert sorted(ids) == ["chain_sum-0#0", "chain_sum-0#1", "chain_sum-1#0", "chain_sum-1#1"]
     code, _, err = run(monkeypatch, capsys, *args, "--questions", "2", "--seed", "1", "--resume")
     assert code == 2 and "seed: stored 0, this run 1" in " ".join(err.split())
+
+
+def test_a_run_that_made_nothing_usable_exits_2_and_its_remedies_work(
+    tmp_path, chat_dir, monkeypatch, capsys
+):
+    """Every response failing (here the device running out of memory) ends `generate` with exit 2 naming the cause,
+    `thinkn --from` on that store says the same instead of "generate more", and the remedy both name — generate
+    again with --overwrite once the cause is gone — gives a store `thinkn --from` votes on."""
+    from depthlens.sampling.hf import HFGenerator
+
+    args = [
+        "generate",
+        "--model",
+        str(chat_dir),
+        "--device",
+        "cpu",
+        "--task",
+        "reasoning_gym:chain_sum",
+        "--questions",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--pool",
+        "2",
+        "--out",
+        str(tmp_path / "s"),
+    ]
+    real_start = HFGenerator.start
+
+    def out_of_memory(*a: object, **k: object) -> None:
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(HFGenerator, "start", out_of_memory)
+    code, _, err = run(monkeypatch, capsys, *args)
+    line = " ".join(err.split())
+    assert code == 2 and "2 failed" in line, err
+    assert (
+        f"error: {tmp_path / 's'}: all 2 responses this run sampled failed (the first: RuntimeError: CUDA out of "
+        "memory), so it made nothing usable; fix that, then generate again with --overwrite (--resume does not "
+        "retry failed responses)"
+    ) in line
+    code, _, err = run(monkeypatch, capsys, "thinkn", "--from", tmp_path / "s", "--n", "2")
+    assert code == 2 and "generate more" not in err
+    assert (
+        f"error: {tmp_path / 's'}: all 2 of its responses failed to generate (the first: RuntimeError: CUDA out "
+        "of memory), so there is nothing to vote on; fix that, then generate the store again with --overwrite"
+    ) in " ".join(err.split())
+    code, _, err = run(monkeypatch, capsys, *args, "--resume")  # the failed records are kept, not retried
+    assert code == 0 and "2 already there" in " ".join(err.split()), err
+    monkeypatch.setattr(HFGenerator, "start", real_start)  # the cause fixed; the remedy followed
+    code, _, err = run(monkeypatch, capsys, *args, "--overwrite")
+    assert code == 0 and "wrote 2 responses" in err, err
+    code, out, err = run(monkeypatch, capsys, "thinkn", "--from", tmp_path / "s", "--n", "2")
+    assert code == 0 and "think@n" in out, err

@@ -124,3 +124,21 @@ def test_interrupted_run_resumes_to_the_same_output(tiny_llama, tmp_path):
     assert list(iter_jsonl(out)) == list(iter_jsonl(full))
     manifest = json.loads(manifest_path(out).read_text())
     assert manifest["dtr"] == DTRConfig().to_dict() and manifest["tokens"] is True
+
+
+def test_a_resumed_score_keeps_the_input_order_after_a_rescore(tiny_llama, tmp_path):
+    """A record whose input changed is scored again on --resume and put back where the input has it (it used to
+    go to the end), equal to a fresh score of the same input."""
+    rows = [{"id": f"r{i}", "prompt_ids": [4, 5 + i], "completion_ids": [7, 8, 9 + i]} for i in range(4)]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(out)))
+    rows[1] = {**rows[1], "completion_ids": [7, 8]}
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rescored: list[str] = []
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(out, resume=True)), ScoreEvents(on_rescore=rescored.extend))
+    assert rescored == ["r1"]
+    assert [r["id"] for r in iter_jsonl(out)] == ["r0", "r1", "r2", "r3"]
+    fresh = tmp_path / "fresh.jsonl"
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(fresh)))
+    assert list(iter_jsonl(out)) == list(iter_jsonl(fresh))

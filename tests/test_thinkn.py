@@ -150,15 +150,65 @@ def test_failed_generation_is_recorded_not_dropped(tiny_chat, tmp_path):
             [QUESTIONS[0], too_long],
         )
     assert not (tmp_path / "s").exists()
-    long = Question("long", "1 " * 88, "1")  # fits (251 of 256 tokens), its responses do not: they fail
+    long = Question("long", "1 " * 88, "1")  # fits (251 of 256 tokens), its responses do not: refused too
+    with pytest.raises(
+        InputError,
+        match=r"the prompt of question 'long' is 251 tokens, and 251 \+ 10 exceed.*use --max-new-tokens 5 ",
+    ):
+        generate(
+            tiny_chat, GenerateRun(StoreSpec(tmp_path / "s"), pool=2, sampling=SAMPLING), [QUESTIONS[0], long]
+        )
+    assert not (tmp_path / "s").exists()
+    out_of_memory = Question("oom", "2 + 2", "4")  # fails as it is sampled (here: as if out of memory)
     report = generate(
-        tiny_chat, GenerateRun(StoreSpec(tmp_path / "s"), pool=2, sampling=SAMPLING), [QUESTIONS[0], long]
+        tiny_chat,
+        GenerateRun(StoreSpec(tmp_path / "s"), pool=2, sampling=SAMPLING),
+        [QUESTIONS[0], out_of_memory],
+        backend=_FailingOn(tiny_chat, out_of_memory),
     )
-    assert report.failed == 2
+    assert report.failed == 2 and report.first_error == "RuntimeError: CUDA out of memory"
     failed = [r for r in _records(tmp_path / "s") if r["status"] == "failed"]
-    assert [r["id"] for r in failed] == ["long#0", "long#1"] and "exceed" in failed[0]["error"]
+    assert [r["id"] for r in failed] == ["oom#0", "oom#1"] and "out of memory" in failed[0]["error"]
     pools, info = load_pools(tmp_path / "s", DTRConfig(), n=2)
-    assert list(pools) == ["q0"] and info.excluded == ["long"] and len(info.failed) == 2
+    assert list(pools) == ["q0"] and info.excluded == ["oom"] and len(info.failed) == 2
+    with pytest.raises(InputError) as too_many:
+        summarise(tmp_path / "s", VotingConfig(n=3, trials=1))
+    assert str(too_many.value) == (
+        f"{tmp_path / 's'}: no question has 3 usable responses (pool 2, 2 failed; the most any question has is "
+        "2); use --n 2 or less, or generate a store with a larger --pool"
+    )
+    assert summarise(tmp_path / "s", VotingConfig(n=2, trials=1)).info.excluded == ["oom"]  # the remedy works
+
+
+def test_a_store_without_responses_says_to_resume_it(tiny_chat, tmp_path):
+    """A store killed before its first record (the manifest written, no line yet): --resume finishes it."""
+    _store(tiny_chat, tmp_path / "s", store="jsonl")
+    (tmp_path / "s" / SAMPLES).write_text("")
+    with pytest.raises(InputError) as empty:
+        summarise(tmp_path / "s", VotingConfig(n=2, trials=1))
+    assert str(empty.value) == (
+        f"{tmp_path / 's'}: it holds no responses yet (pool 4); finish it first by rerunning the command that "
+        "wrote it with --resume"
+    )
+    _store(tiny_chat, tmp_path / "s", resume=True, store="jsonl")
+    assert summarise(tmp_path / "s", VotingConfig(n=2, trials=1)).info.responses == 12
+
+
+class _FailingOn:
+    """The hf sampler, raising as an exhausted device would for ``question``'s prompt."""
+
+    def __init__(self, lm, question):
+        from depthlens.config import EngineConfig
+        from depthlens.sampling.choose import make_backend
+        from depthlens.studies.generate import prompt_ids
+
+        self.inner = make_backend(lm, EngineConfig(), SAMPLING)
+        self.prompt = prompt_ids(lm, question)
+
+    def start(self, prompt, seeds):
+        if list(prompt) == self.prompt:
+            raise RuntimeError("CUDA out of memory")
+        return self.inner.start(prompt, seeds)
 
 
 def test_bad_stores_say_what_is_wrong(tiny_chat, tmp_path):
@@ -189,6 +239,40 @@ def test_summary_files_and_ablation(tiny_chat, tmp_path):
     cons = next(s for s in report.summaries if s.method == "cons@n")
     think = next(s for s in report.summaries if s.method == "think@n")
     assert think.cost_mean <= cons.cost_mean
+
+
+def test_a_full_disk_leaves_no_half_written_summary_and_names_the_file(
+    tiny_chat, tmp_path, monkeypatch, capsys
+):
+    """The summary's files are written whole or not at all; the error names the file and says what to do, and
+    doing it (space freed, the command run again) writes them."""
+    import errno
+    import os
+    import types
+
+    import depthlens.studies.tables as tables
+
+    _store(tiny_chat, tmp_path / "s")
+    before = sorted(p.name for p in (tmp_path / "s").iterdir())
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tables, "os", types.SimpleNamespace(getpid=os.getpid, fsync=full))
+    args = ("thinkn", "--from", tmp_path / "s", "--n", "2", "--trials", "2")
+    code, _, err = run(monkeypatch, capsys, *args)
+    csv = tmp_path / "s" / "thinkn-n2-eta0.5-l50.csv"
+    assert code == 2 and (
+        f"error: {csv}: the disk is full, so it was not written (nothing half-written is left); free some space, "
+        "then run the command again"
+    ) in " ".join(err.split()), err
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == before  # no 0-byte csv, no temporary file
+    monkeypatch.setattr(tables, "os", os)  # space freed; the command run again
+    code, _, err = run(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert (
+        csv.read_text().startswith("method,") and json.loads(csv.with_suffix(".json").read_text())["methods"]
+    )
 
 
 @pytest.mark.parametrize(

@@ -102,6 +102,26 @@ def load_for(engine: EngineConfig, spec: ModelSpec) -> Any:
         return load_info(spec.name, spec.trust_remote_code)
 
 
+def read_info(spec: ModelSpec) -> Any | None:
+    """The model's tokenizer and config (``models.info.ModelInfo``), read without its weights where nothing has to
+    be fetched or converted for it — a local directory, an installed catalogue model —, so what they tell (prompt
+    lengths against the context) is checked before any weights load; None elsewhere (a .gguf file, a hub id, a
+    catalogue model still to install): the loaded model is checked instead, before anything is sampled."""
+    from depthlens.models.locate import locate
+
+    source = locate(spec.name)
+    if source.path is None or source.kind not in ("directory", "catalogue"):
+        return None
+    from depthlens.cli.progress import quiet_transformers
+    from depthlens.models.info import load_info
+
+    quiet_transformers()
+    try:
+        return load_info(spec.name, spec.trust_remote_code)
+    except DepthlensError:  # no tokenizer or config to read: loading the model says what is wrong
+        return None
+
+
 class Terminated(BaseException):
     """SIGTERM, handled like Ctrl-C: finished records are on disk already (each is fsynced as it completes).
     Not a KeyboardInterrupt: typer turns those into a bare exit code 130, and this one must say 143."""

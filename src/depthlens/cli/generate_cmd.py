@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from depthlens.cli import options as opt
 from depthlens.cli import specs
-from depthlens.cli.app import app, err_console, load_for, warn, writes_to
+from depthlens.cli.app import app, err_console, load_for, read_info, warn, writes_to
 from depthlens.cli.progress import make_progress
 from depthlens.config import (
     AnswerConfig,
@@ -73,6 +73,7 @@ def _checked_generation(
     locate(model.name)
     assert run.task is not None  # the CLI always names its task
     questions = task_questions(run.task)
+    refuse_short_task(run.task, questions)
     if resuming:  # are the settings the stored run's?
         manifest = run_manifest(model.name, None, questions, run, fmt)
         check_results(samples, manifest, spec.resume, spec.overwrite, RESUME_RULES, fmt)
@@ -80,12 +81,53 @@ def _checked_generation(
 
     for line in degenerate_settings(run.readout, run.dtr):
         warn(line)
+    refuse_unfitting(model, run.engine, run.sampling, run.answers, questions)
     here = ray is None
     report = (
         _generate_here(model, run, questions, fmt) if here else _generate_on_ray(model, run, questions, ray)
     )
     _say_generated(report, run.answers, run.store)
+    refuse_nothing_usable(report, run.store.out)
     return report
+
+
+def refuse_nothing_usable(report: GenerationReport, out: Path) -> None:
+    """A run whose every new response failed made nothing to vote on or read: it ends with an error (exit 2),
+    not exit 0. The failed records stay in the store as the record of why; ``--resume`` does not retry them."""
+    if report.failed and not report.written:
+        cause = f" (the first: {report.first_error})" if report.first_error else ""
+        raise InputError(
+            f"{out}: all {report.failed} responses this run sampled failed{cause}, so it made nothing usable; "
+            "fix that, then generate again with --overwrite (--resume does not retry failed responses)"
+        )
+
+
+def refuse_short_task(task: TaskSpec, questions: list[Question]) -> None:
+    """``--questions`` beyond what a hub or JSONL task holds is refused, not cut silently to what it has (a
+    reasoning-gym task generates as many as asked)."""
+    asked = task.questions
+    if asked is not None and len(questions) < asked:
+        raise InputError(
+            f"--questions {asked}: task {task.name!r} has {len(questions)}; leave out --questions to ask all of "
+            f"them, or ask for {len(questions)} or fewer"
+        )
+
+
+def refuse_unfitting(
+    model: ModelSpec,
+    engine: EngineConfig,
+    sampling: SamplingConfig,
+    answers: AnswerConfig,
+    questions: list[Question],
+) -> None:
+    """A run none of whose responses fits the model's context (the longest prompt + --max-new-tokens) is refused
+    before the weights load: its tokenizer and config are enough (``app.read_info``). Where they cannot be read
+    without loading, ``studies.generate`` refuses it once the model is loaded, still before anything is sampled."""
+    from depthlens.studies.generate import engine_len, refuse_too_long
+
+    info = read_info(model)
+    if info is not None:
+        refuse_too_long(info, questions, answers.prompt_style, sampling.max_new_tokens, engine_len(engine))
 
 
 def _generate_here(

@@ -52,6 +52,10 @@ def run_live(model: ModelSpec, run: OnlineRun) -> None:
     check_online(run.online, run.sampling)  # before the task, the model or any generation
     assert run.task is not None
     questions = task_questions(run.task)
+    from depthlens.cli.generate_cmd import refuse_short_task, refuse_unfitting
+
+    refuse_short_task(run.task, questions)
+    refuse_unfitting(model, run.engine, run.sampling, run.answers, questions)  # before the weights load
     from depthlens.stores.guard import new_out
     from depthlens.studies.online import DECISIONS
 

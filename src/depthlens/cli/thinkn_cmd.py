@@ -295,6 +295,10 @@ def thinkn(
         chosen = method_list(methods)
         if out is not None:
             size = pool if pool is not None else 2 * n
+            if size < n:  # every question would be left out of the vote: knowable before sampling
+                raise InputError(
+                    f"--n {n}: more than --pool {size} responses per question; use --pool {n} or more"
+                )
             at_once = batch_size or GenerateRun.batch_size
             new = sampled(None if ablation else voting.prefix, size, at_once)
             run = GenerateRun(

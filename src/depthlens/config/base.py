@@ -71,6 +71,32 @@ def invalid(owner: str, name: str, value: object, requirement: str, hint: str = 
     return ConfigError(message, setting=name, value=value, requirement=requirement, flag=flag)
 
 
+MOST_QUESTIONS = 100_000
+"""The most questions a run may ask for (``--questions``): reasoning-gym generates about 2,000 a second, so more is a
+typo that would spend minutes before the first response, never a run."""
+MOST_RESPONSES = 100_000
+"""The most responses a question's pool may hold (``--pool``, online ``--max-n``): at 512 tokens × 30 layers each,
+more than a store could hold."""
+
+MOST_REPEATS = 100_000
+"""The most repetitions a study may draw (``--trials``, ``--seeds``, ``--bootstrap``): each is a pass over every
+question (10 and 30 by default, 1,000 bootstrap resamples), so more is a typo that would run for hours or fill the
+memory, never a study."""
+
+
+def check_repeats(owner: str, name: str, value: int) -> None:
+    """A repetition count lies in 1..``MOST_REPEATS``."""
+    if not (1 <= value <= MOST_REPEATS):
+        raise invalid(owner, name, value, f"must be in 1..{MOST_REPEATS:,}")
+
+
+def check_seed(owner: str, name: str, value: int) -> None:
+    """A seed is an integer ≥ 0 (numpy's generators refuse negative ones — a traceback mid-run — and a store records
+    the seed it was sampled with)."""
+    if value < 0:
+        raise invalid(owner, name, value, "must be an integer ≥ 0")
+
+
 def check_choice(owner: str, name: str, value: object, literal: object) -> None:
     """``value`` is one of the ``Literal`` ``literal``'s choices, or ``invalid`` says which."""
     choices = get_args(literal)

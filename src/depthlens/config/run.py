@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from depthlens.config.answers import AnswerConfig
-from depthlens.config.base import Config, invalid
+from depthlens.config.base import MOST_QUESTIONS, MOST_RESPONSES, Config, check_seed, invalid
 from depthlens.config.readout import DTRConfig, ReadoutConfig, TCBConfig
 from depthlens.config.sampling import EngineConfig, SamplingConfig
 from depthlens.config.voting import OnlineConfig
@@ -51,6 +51,11 @@ class TaskSpec(Config):
     task_config: str | None = None
     data: str | None = None  # a local JSONL for a hub task
 
+    def __post_init__(self) -> None:
+        check_seed("TaskSpec", "task_seed", self.task_seed)
+        if self.questions is not None and not (1 <= self.questions <= MOST_QUESTIONS):
+            raise invalid("TaskSpec", "questions", self.questions, f"must be in 1..{MOST_QUESTIONS:,}")
+
 
 @dataclasses.dataclass(frozen=True)
 class StoreSpec:
@@ -62,6 +67,13 @@ class StoreSpec:
     overwrite: bool = False
     format: StoreFormat | None = None
     float16: bool = False
+
+    def __post_init__(self) -> None:
+        if self.resume and self.overwrite:
+            raise InputError(
+                f"--resume and --overwrite together: --resume continues {self.out}, --overwrite replaces it; "
+                "pass one of them"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +140,13 @@ class GenerateRun:
     def __post_init__(self) -> None:
         if self.pool < 1:
             raise InputError(f"--pool = {self.pool}; sample at least 1 response per question")
+        if self.pool > MOST_RESPONSES:
+            raise invalid(
+                "GenerateRun", "pool", self.pool, f"must be at most {MOST_RESPONSES:,} per question"
+            )
         if self.batch_size < 1:
             raise InputError(f"--batch-size = {self.batch_size}; use 1 or more")
+        check_seed("GenerateRun", "seed", self.seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,3 +163,6 @@ class OnlineRun:
     answers: AnswerConfig = dataclasses.field(default_factory=AnswerConfig)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     task: TaskSpec | None = None
+
+    def __post_init__(self) -> None:
+        check_seed("OnlineRun", "seed", self.seed)

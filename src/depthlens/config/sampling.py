@@ -9,6 +9,11 @@ from typing import Literal
 from depthlens.config.base import Config, check_choice, invalid
 from depthlens.config.readout import PREFIX_TOKENS
 
+MOST_NEW_TOKENS = 1 << 24
+"""The most tokens a response may be asked to run to (16,777,216): longer than any model's context, so a larger
+``--max-new-tokens`` is a typo, refused before anything is allocated. A model's own context is checked against
+prompt + ``--max-new-tokens`` before its weights load (``studies.generate.refuse_too_long``)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig(Config):
@@ -47,8 +52,13 @@ class SamplingConfig(Config):
             raise invalid("SamplingConfig", "top_k", self.top_k, "must be ≥ 0", "0 = off")
         if not (0 <= self.min_p < 1):
             raise invalid("SamplingConfig", "min_p", self.min_p, "must lie in [0, 1)", "0 = off")
-        if self.max_new_tokens < 1:
-            raise invalid("SamplingConfig", "max_new_tokens", self.max_new_tokens, "must be ≥ 1")
+        if not (1 <= self.max_new_tokens <= MOST_NEW_TOKENS):
+            raise invalid(
+                "SamplingConfig",
+                "max_new_tokens",
+                self.max_new_tokens,
+                f"must be in 1..{MOST_NEW_TOKENS:,} (longer than any model's context)",
+            )
         if self.readout_tokens is not None and self.readout_tokens < 0:
             raise invalid(
                 "SamplingConfig", "readout_tokens", self.readout_tokens, "must be ≥ 0, or 'all'", "None = all"

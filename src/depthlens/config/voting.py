@@ -7,7 +7,7 @@ import dataclasses
 import math
 from typing import Any, Literal
 
-from depthlens.config.base import Config, check_choice, invalid
+from depthlens.config.base import MOST_RESPONSES, Config, check_choice, check_repeats, check_seed, invalid
 from depthlens.config.readout import PREFIX_TOKENS
 
 
@@ -40,8 +40,8 @@ class VotingConfig(Config):
             raise invalid("VotingConfig", "eta", self.eta, "must be in (0, 1]", "the share of n kept")
         if self.prefix is not None and self.prefix < 1:
             raise invalid("VotingConfig", "prefix", self.prefix, "must be ≥ 1 token", "or None for all")
-        if self.trials < 1:
-            raise invalid("VotingConfig", "trials", self.trials, "must be ≥ 1")
+        check_repeats("VotingConfig", "trials", self.trials)
+        check_seed("VotingConfig", "seed", self.seed)
         if self.deepconf_window < 1:
             raise invalid("VotingConfig", "deepconf_window", self.deepconf_window, "must be ≥ 1 token")
 
@@ -74,8 +74,7 @@ class CorrelationConfig(Config):
         if self.bins < 3:
             raise invalid("CorrelationConfig", "bins", self.bins, "must be ≥ 3", "a correlation over bins")
         for name in ("seeds", "bootstrap"):
-            if getattr(self, name) < 1:
-                raise invalid("CorrelationConfig", name, getattr(self, name), "must be ≥ 1")
+            check_repeats("CorrelationConfig", name, getattr(self, name))
         if self.n is not None and self.n < self.bins:
             raise invalid(
                 "CorrelationConfig", "n", self.n, f"must be ≥ --bins {self.bins}", "draw ≥ bins responses"
@@ -83,6 +82,7 @@ class CorrelationConfig(Config):
         for name, least in (("min_responses", 3), ("min_questions", 1), ("min_outcome", 1)):
             if getattr(self, name) < least:
                 raise invalid("CorrelationConfig", name, getattr(self, name), f"must be ≥ {least}")
+        check_seed("CorrelationConfig", "seed", self.seed)
 
 
 Signal = Literal["dtr", "confidence"]
@@ -125,6 +125,10 @@ class OnlineConfig(Config):
         if self.warmup < 1:
             raise invalid(
                 "OnlineConfig", "warmup", self.warmup, "generate at least 1 warm-up response to set τ"
+            )
+        if self.max_n > MOST_RESPONSES:
+            raise invalid(
+                "OnlineConfig", "max_n", self.max_n, f"must be at most {MOST_RESPONSES:,} per question"
             )
         if self.warmup >= self.max_n:
             raise invalid(

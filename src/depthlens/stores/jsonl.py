@@ -116,6 +116,15 @@ def _drop(out: Path, ids: set[str]) -> None:
         _rewrite(out, [raw for raw in src if str(json.loads(raw)["id"]) not in ids])
 
 
+def reorder(out: Path, order: list[str]) -> None:
+    """Rewrite ``out`` with its records in the order of the ids ``order`` (ids not in it last, as they were):
+    a resumed ``score`` puts re-scored records back where their input has them."""
+    rank = {rid: k for k, rid in enumerate(order)}
+    with out.open("rb") as src:
+        lines = src.readlines()
+    _rewrite(out, sorted(lines, key=lambda raw: rank.get(str(json.loads(raw)["id"]), len(rank))))
+
+
 def _reopen_truncated(out: Path, size: int, handle: TextIO) -> TextIO:
     with contextlib.suppress(OSError):  # the failed write's buffer cannot be flushed either
         handle.close()

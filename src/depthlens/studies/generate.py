@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from depthlens.config import AnswerConfig, DTRConfig, GenerateRun, StoreFormat
+from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, GenerateRun, StoreFormat
 from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.evals.grading import answer_fields
 from depthlens.evals.tasks import Question
@@ -158,11 +158,13 @@ class GenerationReport:
     truncated: int = 0  # responses cut at --max-new-tokens
     tokens: int = 0
     changed: list[str] = dataclasses.field(default_factory=list)  # settings a resumed run changed
+    first_error: str = ""  # why the first failed response failed
 
     def count(self, record: dict[str, Any]) -> None:
         """Count one response written to the store (a failed one, or one with its grade and answer source)."""
         if record.get("status") == "failed":
             self.failed += 1
+            self.first_error = self.first_error or str(record.get("error", ""))
             return
         self.written += 1
         self.tokens += record["n_tokens"]
@@ -197,7 +199,9 @@ def generate(
     fmt = samples_format(out_dir, spec.format, spec.resume, spec.overwrite)
     manifest = run_manifest(lm.name, lm.n_layers, questions, run, fmt)
     _refuse_pre_rules_resume(out_dir, spec.resume)
-    refuse_too_long(lm, questions, run.answers.prompt_style)
+    refuse_too_long(
+        lm, questions, run.answers.prompt_style, run.sampling.max_new_tokens, engine_len(run.engine)
+    )
     with store_lock(samples_path(out_dir, fmt)):
         if spec.overwrite:
             remove_other_format(out_dir, fmt)
@@ -205,18 +209,44 @@ def generate(
         return _generate_into(lm, run, questions, fmt, manifest, backend, events)
 
 
-def refuse_too_long(lm: LoadedModel, questions: Sequence[Question], prompt_style: str) -> None:
-    """Refuse, before anything is sampled, a question whose prompt leaves no room in the model's context."""
-    limit = lm.max_positions
-    if limit is None or lm.tokenizer is None:
+def refuse_too_long(
+    lm: Any,
+    questions: Sequence[Question],
+    prompt_style: str,
+    max_new_tokens: int = 0,
+    engine_len: int | None = None,
+) -> None:
+    """Refuse, before anything is sampled, a run with a question none of whose responses could be sampled: the
+    longest prompt leaves no room in the model's context, or it and ``max_new_tokens`` do not fit there (every
+    sampler refuses a prompt + budget longer than the context, so each of its responses would be stored as failed).
+
+    ``lm``: a loaded model, or a ``models.info.ModelInfo`` — tokenizer and config, no weights — so the CLI checks
+    before the weights load; ``engine_len``: the vLLM engine's ``--max-model-len`` where given (a tighter limit).
+    """
+    limit, what = lm.max_positions, f"{lm.name}'s context"
+    if engine_len is not None and (limit is None or engine_len < limit):
+        limit, what = engine_len, "the engine's --max-model-len"
+    if limit is None or lm.tokenizer is None or not questions:
         return
-    for question in questions:
-        length = len(prompt_ids(lm, question, prompt_style))
-        if length >= limit:
-            raise InputError(
-                f"question {question.id!r}: its prompt is {length} tokens, {lm.name}'s context is {limit}; no "
-                "response fits — shorten or leave out that question, or use a longer-context model"
-            )
+    longest, question = max(
+        ((len(prompt_ids(lm, q, prompt_style)), q) for q in questions), key=lambda x: x[0]
+    )
+    if longest >= limit:
+        raise InputError(
+            f"question {question.id!r}: its prompt is {longest} tokens, {what} is {limit}; no "
+            "response fits — shorten or leave out that question, or use a longer-context model"
+        )
+    if longest + max_new_tokens > limit:
+        raise InputError(
+            f"--max-new-tokens {max_new_tokens}: the prompt of question {question.id!r} is {longest} tokens, "
+            f"and {longest} + {max_new_tokens} exceed {what} of {limit}, so none of its responses could be "
+            f"sampled; use --max-new-tokens {limit - longest} or less"
+        )
+
+
+def engine_len(engine: EngineConfig) -> int | None:
+    """The vLLM engine's ``--max-model-len`` where one is given (the hf sampler has no such limit)."""
+    return engine.max_model_len if engine.backend == "vllm" else None
 
 
 def _generate_into(
@@ -256,7 +286,7 @@ def _generate_into(
             for question in questions:
                 generate_question(QuestionJob(lm, generator, writer, question, run), report, events.on_batch)
         except DepthlensError as exc:
-            if isinstance(exc, StoreError):  # the store's own error already says how to go on
+            if isinstance(exc, StoreError) or "--resume" in str(exc):  # it already says how to go on
                 raise
             raise type(exc)(
                 f"{exc} — responses finished so far are kept in {out_dir}; rerun with --resume"
@@ -306,9 +336,10 @@ def generate_question(job: QuestionJob, report: GenerationReport, on_batch: Call
             traces = job.generator.start(prompt, seeds).traces
         except (InputError, RuntimeError) as exc:  # too long for the context, out of memory, ...
             for i in missing:
-                writer.write(failed_record(question, i, seeds[i - first], f"{type(exc).__name__}: {exc}"))
+                record = failed_record(question, i, seeds[i - first], f"{type(exc).__name__}: {exc}")
+                writer.write(record)
+                report.count(record)
             writer.flush()
-            report.failed += len(missing)
             on_batch(len(missing))
             continue
         for i in missing:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from depthlens.config import DTRConfig, OnlineConfig, OnlineRun, SamplingConfig, VotingConfig
-from depthlens.errors import DepthlensError, InputError
+from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.evals.tasks import Question
 from depthlens.metrics.dtr import deep_from_divergence
 from depthlens.models.load import LoadedModel
@@ -53,7 +53,14 @@ from depthlens.stores.samples import (
     write_questions,
 )
 from depthlens.stores.state import remove_derived
-from depthlens.studies.generate import engine_job, prompt_ids, sample_record, sample_seed
+from depthlens.studies.generate import (
+    engine_job,
+    engine_len,
+    prompt_ids,
+    refuse_too_long,
+    sample_record,
+    sample_seed,
+)
 from depthlens.studies.thinkn import response_from_record
 from depthlens.voting.methods import Response
 from depthlens.voting.online import SIGNALS, OnlineOutcome, Sampler, replay_trials, run_policy, stop_point
@@ -186,6 +193,9 @@ def run_online(
     """
     online, out_dir = run.online, run.store.out
     check_online(online, run.sampling)
+    refuse_too_long(
+        lm, questions, run.answers.prompt_style, run.sampling.max_new_tokens, engine_len(run.engine)
+    )
     settings = {
         "task": run.task.to_dict() if run.task else {},
         "pool": online.max_n,
@@ -229,6 +239,8 @@ def run_online(
                     events.on_question(outcome)
                 report.add(line)
         except DepthlensError as exc:
+            if isinstance(exc, StoreError):  # the store's own error already says how to go on
+                raise
             raise type(exc)(
                 f"{exc} — questions finished so far are kept in {out_dir}; rerun with --resume"
             ) from exc

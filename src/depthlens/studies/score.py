@@ -118,6 +118,15 @@ def _result(
     return result
 
 
+class BadRecord(InputError):
+    """A record the model cannot read (a token id outside its vocabulary, too long for its context): ``--skip-bad``
+    skips it, so a rerun that resumes must pass it too. ``problem``: what is wrong, without the remedy."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(f"{problem} (pass --skip-bad to skip such records)")
+        self.problem = problem
+
+
 def _checked(
     lm: Any,
     record: InputRecord,
@@ -132,7 +141,7 @@ def _checked(
         validate(seq, where)
     except InputError as exc:
         if on_skip is None:
-            raise InputError(f"{exc} (pass --skip-bad to skip such records)") from None
+            raise BadRecord(str(exc)) from None
         on_skip(BadLine(record.line, str(exc)))
         return None
     return seq
@@ -352,9 +361,18 @@ def run_score(
         except DepthlensError as exc:
             if isinstance(exc, StoreError):  # the store's own error already says how to go on
                 raise
+            if isinstance(exc, BadRecord):  # --resume alone would stop at the same record again
+                raise InputError(
+                    f"{exc.problem} — results finished so far are kept in {out_path}; rerun with --resume "
+                    "--skip-bad to score the rest, skipping such records"
+                ) from exc
             raise type(exc)(
                 f"{exc} — results finished so far are kept in {out_path}; rerun with --resume"
             ) from exc
+        if writer.rescored and results_format(out_path) == "jsonl":  # re-scored records went to the end
+            from depthlens.stores.jsonl import reorder
+
+            reorder(out_path, list(hashes))
     return skipped
 
 

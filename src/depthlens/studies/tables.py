@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import errno
+import io
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from depthlens.errors import StoreError
 from depthlens.stats.paired import PAPER_GAPS
 
 
@@ -24,14 +28,38 @@ def format_p(p: float | None) -> str:
     return "<0.001" if p < 0.001 else f"{p:.2g}" if p < 0.1 else f"{p:.2f}"
 
 
-def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
-    """Rows (dicts with the same keys) as CSV; the header is the first row's keys."""
+def write_whole(path: Path, text: str) -> Path:
+    """Write a study's file whole or not at all: to a temporary name beside it, fsynced, then renamed over ``path``
+    — a full disk leaves no 0-byte or half-written file (and an older one as it was), and the error names it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
-        writer.writeheader()
-        writer.writerows(rows)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", newline="", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno == errno.ENOSPC:
+            raise StoreError(
+                f"{path}: the disk is full, so it was not written (nothing half-written is left); free some "
+                "space, then run the command again"
+            ) from exc
+        raise StoreError(
+            f"{path}: could not write ({exc.strerror or exc}); check the path and its permissions"
+        ) from exc
     return path
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
+    """Rows (dicts with the same keys) as CSV, written whole (``write_whole``); the header is the first row's
+    keys."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]) if rows else [])
+    writer.writeheader()
+    writer.writerows(rows)
+    return write_whole(path, text.getvalue())
 
 
 def _cell(value: Any) -> str:
@@ -57,11 +85,11 @@ def write_study(out_dir: Path, name: str, result: dict[str, Any], command: str) 
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = result["summary"]
     paths = [write_csv(out_dir / f"{name}.csv", result["rows"])]
-    (out_dir / f"{name}.json").write_text(
-        json.dumps({"summary": summary, "command": command}, indent=2) + "\n"
+    write_whole(
+        out_dir / f"{name}.json", json.dumps({"summary": summary, "command": command}, indent=2) + "\n"
     )
     table = markdown_table(summary if isinstance(summary, list) else [summary])
-    (out_dir / f"{name}.md").write_text(f"# {name}\n\n`{command}`\n\n{table}", encoding="utf-8")
+    write_whole(out_dir / f"{name}.md", f"# {name}\n\n`{command}`\n\n{table}")
     return [*paths, out_dir / f"{name}.json", out_dir / f"{name}.md"]
 
 

@@ -9,6 +9,7 @@ voting setting (see ``summary_stem``); a summary of other settings under the sam
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -24,10 +25,10 @@ from depthlens.metrics.dtr import deep_from_divergence
 from depthlens.sampling.backend import GenerationBackend, Trace
 from depthlens.stats.paired import BASELINE, Comparison, paired_comparisons
 from depthlens.stats.resampling import mean_bootstrap
-from depthlens.stores.files import read_json, settings_differ, write_json
+from depthlens.stores.files import read_json, settings_differ
 from depthlens.stores.samples import damaged, read_manifest, read_responses
 from depthlens.stores.state import stale, store_state
-from depthlens.studies.tables import write_csv
+from depthlens.studies.tables import write_csv, write_whole
 from depthlens.voting.methods import Response, think_at_n
 from depthlens.voting.trials import (
     MethodSummary,
@@ -47,6 +48,8 @@ class StoreInfo:
     excluded: list[str]  # questions left out of voting (fewer usable responses than n)
     grades: dict[str, int]
     answers: AnswerSummary
+    most_usable: int = 0  # the most usable responses any question has
+    first_error: str = ""  # why the first failed response failed
 
 
 def response_from_record(record: dict[str, Any], n_layers: int, dtr: DTRConfig) -> Response:
@@ -69,10 +72,11 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
     manifest = read_manifest(out_dir)
     n_layers = int(manifest["n_layers"])
     pools: dict[str, list[Response]] = {q: [] for q in manifest["questions"]}
-    failed, grades, usable_records = [], Counter(), []
+    failed, grades, usable_records, first_error = [], Counter(), [], ""
     for where, record in read_responses(out_dir):
         if record.get("status") == "failed":
             failed.append(str(record.get("id")))
+            first_error = first_error or str(record.get("error", ""))
             continue
         try:
             response = response_from_record(record, n_layers, dtr)
@@ -91,6 +95,8 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
         excluded,
         dict(grades),
         AnswerSummary.of(manifest, usable_records),
+        max((len(p) for p in pools.values()), default=0),
+        first_error,
     )
     return usable, info
 
@@ -106,6 +112,28 @@ class ThinkReport:
     paired: list[Comparison] = dataclasses.field(default_factory=list)
     intervals: dict[str, tuple[float | None, float | None]] = dataclasses.field(default_factory=dict)
     per_question: dict[str, Any] | None = None  # accuracy per method per question (trial means): for pooling
+
+
+def too_few(out_dir: Path, info: StoreInfo, n: int) -> str:
+    """Why no question can be voted on with ``n`` responses, and the remedy that works: a smaller ``--n`` where
+    some are usable; a store generated again where every response failed (``--resume`` does not retry those)."""
+    pool = info.manifest["pool"]
+    if info.most_usable == 0 and info.failed:
+        cause = f" (the first: {info.first_error})" if info.first_error else ""
+        return (
+            f"{out_dir}: all {len(info.failed)} of its responses failed to generate{cause}, so there is nothing "
+            "to vote on; fix that, then generate the store again with --overwrite"
+        )
+    if info.most_usable == 0:
+        return (
+            f"{out_dir}: it holds no responses yet (pool {pool}); finish it first by rerunning the command that "
+            "wrote it with --resume"
+        )
+    return (
+        f"{out_dir}: no question has {n} usable responses (pool {pool}, {len(info.failed)} failed; the most "
+        f"any question has is {info.most_usable}); use --n {info.most_usable} or less, or generate a store with "
+        f"a larger --pool"
+    )
 
 
 def summarise(
@@ -125,10 +153,7 @@ def summarise(
     dtr = dtr or DTRConfig.from_dict(manifest["dtr"])
     pools, info = load_pools(out_dir, dtr, voting.n)
     if not pools:
-        raise InputError(
-            f"{out_dir}: no question has {voting.n} usable responses (pool {manifest['pool']}, "
-            f"{len(info.failed)} failed); lower --n or generate more"
-        )
+        raise InputError(too_few(out_dir, info, voting.n))
     outcomes = trial_outcomes(pools, voting, methods)
     table = ablation(pools, voting) if with_ablation else None
     report = ThinkReport(
@@ -247,7 +272,8 @@ def _write_summary(
     write_csv(out_dir / f"{stem}.csv", rows)
     if report.ablation:
         write_csv(out_dir / f"{stem}-ablation.csv", report.ablation)
-    write_json(path, payload)  # last: the summary's JSON stands for a whole set of files
+    # last: the summary's JSON stands for a whole set of files
+    write_whole(path, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
 
 
 def think_at_n_live(
