@@ -95,7 +95,7 @@ def _leftovers(store: Path, listed: set[str], replaced: set[str], legacy: bool) 
 def _read_ids(path: Path) -> pa.Table:
     """A shard's ids (and its schema metadata and row count), without reading its other columns."""
     try:
-        file = pq.ParquetFile(path)
+        file = pq.ParquetFile(path, page_checksum_verification=True)
         columns = ["id"] if "id" in file.schema_arrow.names else []
         return file.read(columns=columns).replace_schema_metadata(file.schema_arrow.metadata)
     except (OSError, pa.ArrowException) as exc:
@@ -109,7 +109,8 @@ class _Unreadable(Exception):
 def _check_one(
     store: Path, stored: dict[str, Any], shard: dict[str, Any], settings: dict[str, Any] | None
 ) -> tuple[Path | None, layout.Problem | None, pa.Table | None]:
-    path, problem = layout.shard_problem(store, stored, shard, verify=False)
+    # verified against its sha256: a shard changed in place is set aside and recomputed, as `check` promises
+    path, problem = layout.shard_problem(store, stored, shard, verify=True)
     if problem is not None or path is None:
         return path, problem, None
     try:
@@ -145,8 +146,9 @@ def recover(
     """Take stock of a store before writing to it (under its lock; nothing is committed here).
 
     A shard of another run, or a data file the manifest does not list, stops the run naming it (it is not ours
-    to move). A lost or cut shard is dropped from the store — a cut one renamed to ``.part-N.parquet.damaged`` —
-    so a resumed run computes its records again; ``strict`` (a regrade, which cannot recompute) refuses instead.
+    to move). A lost, cut or changed (sha256) shard is dropped from the store — a cut or changed one renamed to
+    ``.part-N.parquet.damaged`` — so a resumed run computes its records again; ``strict`` (a regrade, which cannot
+    recompute) refuses instead.
     """
     legacy = layout.is_legacy(store)
     shards = layout.entries(store, stored)
