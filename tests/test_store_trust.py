@@ -238,10 +238,10 @@ def test_check_lists_a_cut_jsonl_manifest_and_a_record_missing_a_field(made, tmp
     record = json.loads(lines[0])
     del record["log_prob"]
     (out / SAMPLES).write_text("".join([json.dumps(record) + "\n", *lines[1:]]))
-    with pytest.raises(StoreError, match="lacks field"):
+    with pytest.raises(StoreError, match=r"missing field\(s\) \['log_prob'\]"):
         _records(out)
     code, text = _check(monkeypatch, capsys, out)
-    assert code == 1 and f"{out / SAMPLES}:1: record {record['id']!r} lacks field(s) ['log_prob']" in text
+    assert code == 1 and f"{out / SAMPLES}:1: missing field(s) ['log_prob'] (record {record['id']!r};" in text
     assert "delete that line and rerun the command that wrote the store with --resume" in text
     (out / SAMPLES).write_text("".join(lines[1:]))  # the remedy, followed
     _resume(made, out, "jsonl")

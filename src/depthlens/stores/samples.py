@@ -308,8 +308,8 @@ def read_responses(out_dir: Path, fields: Sequence[str] = REQUIRED) -> Iterator[
                     Problem(
                         Path(where),
                         "damaged",
-                        f"record {record.get('id')!r} lacks field(s) {missing} (the store is damaged or was not "
-                        "written by `depthlens generate`)",
+                        f"missing field(s) {missing} (record {record.get('id')!r}; the store is damaged or was "
+                        "not written by `depthlens generate`)",
                         _record_fix(out_dir),
                     )
                 )
@@ -340,8 +340,8 @@ def _check_schema(where: str, record: dict[str, Any], manifest: dict[str, Any], 
                 "manifest",
                 f"says the records hold {sorted(fields)} (readout kinds {', '.join(kinds)}), but they hold "
                 f"{sorted(present)} ({where}): the manifest's readout was edited outside depthlens",
-                "put the readout divergence kinds the records hold back in the manifest, or "
-                + MANIFEST_FIX.format(store=out_dir),
+                "put the divergence kinds the records hold back in the manifest's readout (or restore it from "
+                f"a copy of the store); `depthlens check {out_dir}` then says ok",
             )
         )
     rows = record.get("divergence")
@@ -352,8 +352,8 @@ def _check_schema(where: str, record: dict[str, Any], manifest: dict[str, Any], 
                 "manifest",
                 f"says n_layers {manifest['n_layers']}, but the records' divergence rows have {len(rows[0])} "
                 f"layers ({where}): the manifest was edited outside depthlens",
-                f"set n_layers back to {len(rows[0])} in the manifest, or "
-                + MANIFEST_FIX.format(store=out_dir),
+                f"set n_layers back to {len(rows[0])} in the manifest (or restore it from a copy of the store); "
+                f"`depthlens check {out_dir}` then says ok",
             )
         )
 
