@@ -262,3 +262,23 @@ def test_export_writes_over_no_file_of_a_run(made, tmp_path, monkeypatch, capsys
     for _ in range(2):  # an export may replace its own earlier export
         code, _, _ = run(monkeypatch, capsys, "export", out / SHARDS, "--out", export, "--overwrite")
         assert code in (0, None) and len(export.read_text().splitlines()) == 4
+
+
+def test_view_shows_a_repeated_line_once_with_the_readers_notice(made, tmp_path):
+    from depthlens.view.store import open_store
+
+    out = _copy(made, tmp_path, "jsonl")
+    lines = (out / SAMPLES).read_text().splitlines(keepends=True)
+    (out / SAMPLES).write_text("".join([*lines, lines[0]]))
+    store = open_store(out)
+    rid = json.loads(lines[0])["id"]
+    assert len(store.records) == len(lines)  # shown once
+    assert any(f"id {rid!r} held twice" in n and f"depthlens check {out}" in n for n in store.notices)
+    code = _check_code(out)
+    assert code == 1  # the store the notice says every reader refuses: check lists it
+
+
+def _check_code(out):
+    from depthlens.stores.check import check
+
+    return 1 if any(r.problems for r in check(out)) else 0

@@ -195,7 +195,7 @@ class ParquetSource:
             if problem is not None or path is None:
                 break
             try:
-                file = pq.ParquetFile(path)
+                file = pq.ParquetFile(path, page_checksum_verification=True)
                 light = [f.name for f in file.schema_arrow if _is_light(f)]
                 table = file.read(columns=light, use_threads=False)
             except FileNotFoundError:
@@ -224,7 +224,9 @@ class ParquetSource:
         name, or set aside by a regrade: ``layout.locate`` finds it); once a later write removes a replaced
         shard, its records are gone from disk and the read fails naming why."""
         try:
-            return pq.ParquetFile(self._paths[part], metadata=self._meta[part])
+            return pq.ParquetFile(
+                self._paths[part], metadata=self._meta[part], page_checksum_verification=True
+            )
         except FileNotFoundError:
             path = layout.locate(self.directory, self._entries[part])  # names are never reused: same bytes
             if path is None:
@@ -233,7 +235,7 @@ class ParquetSource:
                     "since: restart `depthlens view` to see its new state)"
                 ) from None
             self._paths[part] = path
-            return pq.ParquetFile(path, metadata=self._meta[part])
+            return pq.ParquetFile(path, metadata=self._meta[part], page_checksum_verification=True)
 
     def columns(self, part: int) -> list[pa.Field]:
         return list(self._schemas[part])

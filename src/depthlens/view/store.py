@@ -120,16 +120,25 @@ def open_store(path: Path) -> ViewStore:
     else:
         manifest, source = _open_scores(root, notices)
     records, locations, by_id = [], [], {}
-    missing_id = 0
+    missing_id, twice = 0, []
     for location, record in source.scan():
         if not isinstance(record.get("id"), str | int):
             missing_id += 1
+            continue
+        if str(record["id"]) in by_id:  # what every reader refuses: shown once, with the readers' notice
+            twice.append(str(record["id"]))
             continue
         by_id[str(record["id"])] = len(records)
         records.append(record)
         locations.append(location)
     if missing_id:
         notices.append(f"{missing_id} record(s) without an id; not shown")
+    if twice:
+        notices.append(
+            f"id {twice[0]!r}{f' and {len(twice) - 1} more' if len(twice) > 1 else ''} held twice (a line "
+            "repeated or a shard copied): every reader (export, thinkn --from, report) refuses this store, "
+            f"`depthlens check {root}` lists each with its remedy; shown once"
+        )
     n_layers = manifest.get("n_layers") if isinstance(manifest.get("n_layers"), int) else None
     if n_layers is None and kind != "tcb":
         n_layers = _layers(source)
