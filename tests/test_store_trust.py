@@ -282,3 +282,13 @@ def _check_code(out):
     from depthlens.stores.check import check
 
     return 1 if any(r.problems for r in check(out)) else 0
+
+
+def test_resume_sets_aside_a_shard_holding_a_value_out_of_range(made, tmp_path, monkeypatch, capsys):
+    out = _copy(made, tmp_path, "parquet")
+    whole = _records(out)
+    shard = _shards(out)[0]
+    _rewrite_shard(shard, _huge_jsd)  # checksums and hash made to match: only the ranges see it
+    assert _check(monkeypatch, capsys, out)[0] == 1
+    _resume(made, out, "parquet")  # the remedy the refusal gives, followed
+    assert _records(out) == whole and _check(monkeypatch, capsys, out)[0] == 0

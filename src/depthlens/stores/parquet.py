@@ -123,6 +123,13 @@ def shard_fault(
     )
     if problem is not None:
         return problem
+    return range_problem(store, path, manifest, shard, table)
+
+
+def range_problem(
+    store: Path, path: Path, manifest: dict[str, Any], shard: dict[str, Any], table: pa.Table
+) -> layout.Problem | None:
+    """The first value of a shard out of its range (``stores.validate``), named by row, record id and field."""
     fault = table_fault(table, bounds(manifest))
     if fault is None:
         return None

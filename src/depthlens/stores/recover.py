@@ -17,6 +17,7 @@ from depthlens.errors import StoreError
 from depthlens.stores import layout
 from depthlens.stores.files import settings_differ, write_error, write_json
 from depthlens.stores.lock import LOCK
+from depthlens.stores.parquet import range_problem
 
 
 def write_staged(store: Path, name: str, table: pa.Table, meta: dict[bytes, bytes]) -> dict[str, Any]:
@@ -92,14 +93,13 @@ def _leftovers(store: Path, listed: set[str], replaced: set[str], legacy: bool) 
             path.replace(store / f".{name}.unlisted")
 
 
-def _read_ids(path: Path) -> pa.Table:
-    """A shard's ids (and its schema metadata and row count), without reading its other columns."""
+def _read_whole(path: Path) -> pa.Table:
+    """A shard read whole, each page's checksum verified: its ids, rows and values are what a reader would see
+    (a resumed run sets aside what a reader would refuse)."""
     try:
-        file = pq.ParquetFile(path, page_checksum_verification=True)
-        columns = ["id"] if "id" in file.schema_arrow.names else []
-        return file.read(columns=columns).replace_schema_metadata(file.schema_arrow.metadata)
+        return pq.read_table(path, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
-        raise _Unreadable(str(exc)) from None
+        raise _Unreadable(" ".join(str(exc).split())) from None
 
 
 class _Unreadable(Exception):
@@ -114,7 +114,7 @@ def _check_one(
     if problem is not None or path is None:
         return path, problem, None
     try:
-        table = _read_ids(path)
+        table = _read_whole(path)
     except _Unreadable as exc:
         return (
             path,
@@ -127,6 +127,7 @@ def _check_one(
             None,
         )
     problem = layout.table_problem(store, path, stored, shard, table)
+    problem = problem or range_problem(store, path, stored, shard, table)
     if problem is None and settings is not None:
         shard_settings, free = layout.shard_settings(table)
         differ = settings_differ(shard_settings, settings, free)
