@@ -292,3 +292,26 @@ def test_resume_sets_aside_a_shard_holding_a_value_out_of_range(made, tmp_path, 
     assert _check(monkeypatch, capsys, out)[0] == 1
     _resume(made, out, "parquet")  # the remedy the refusal gives, followed
     assert _records(out) == whole and _check(monkeypatch, capsys, out)[0] == 0
+
+
+def test_regrade_names_an_edited_manifest_and_refuses_a_repeated_line_changing_nothing(made, tmp_path):
+    from depthlens.studies.regrade import regrade_store
+
+    out = _copy(made, tmp_path, "parquet")
+    meta = out / SHARDS / layout.MANIFEST
+    manifest = json.loads(meta.read_text())
+    manifest["dtr"]["g"] = 0.9
+    meta.write_text(json.dumps(manifest))
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    with pytest.raises(StoreError) as info:
+        regrade_store(out)
+    assert str(info.value).startswith(f"{meta}: ") and "move it out" not in str(info.value)
+    assert {
+        p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and p.name != "_depthlens.lock"
+    } == {p: b for p, b in before.items() if p.name != "_depthlens.lock"}
+    jsonl = _copy(made, tmp_path, "jsonl")
+    lines = (jsonl / SAMPLES).read_text().splitlines(keepends=True)
+    (jsonl / SAMPLES).write_text("".join([*lines, lines[0]]))
+    with pytest.raises(StoreError, match="a line repeated"):
+        regrade_store(jsonl)
+    assert (jsonl / SAMPLES).read_text() == "".join([*lines, lines[0]])

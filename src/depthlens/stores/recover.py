@@ -17,7 +17,7 @@ from depthlens.errors import StoreError
 from depthlens.stores import layout
 from depthlens.stores.files import settings_differ, write_error, write_json
 from depthlens.stores.lock import LOCK
-from depthlens.stores.parquet import range_problem
+from depthlens.stores.parquet import range_problem, settings_problem
 
 
 def write_staged(store: Path, name: str, table: pa.Table, meta: dict[bytes, bytes]) -> dict[str, Any]:
@@ -131,8 +131,8 @@ def _check_one(
     if problem is None and settings is not None:
         shard_settings, free = layout.shard_settings(table)
         differ = settings_differ(shard_settings, settings, free)
-        if differ:
-            problem = layout.Problem(
+        if differ:  # an edited manifest is the fault, named as such; else the shard is another run's
+            problem = settings_problem(store, path, stored, table) or layout.Problem(
                 path,
                 "foreign",
                 f"written with other settings than its store ({'; '.join(differ)})",
@@ -161,7 +161,7 @@ def recover(
     kept, dropped = [], []
     for shard in shards:
         path, problem, table = _check_one(store, stored, shard, settings)
-        if problem is not None and (problem.kind == "foreign" or strict):
+        if problem is not None and (problem.kind in ("foreign", "manifest") or strict):
             raise StoreError(problem.message())
         if problem is not None or path is None or table is None:
             if path is not None:
