@@ -315,3 +315,17 @@ def test_regrade_names_an_edited_manifest_and_refuses_a_repeated_line_changing_n
     with pytest.raises(StoreError, match="a line repeated"):
         regrade_store(jsonl)
     assert (jsonl / SAMPLES).read_text() == "".join([*lines, lines[0]])
+
+
+def test_view_names_an_edited_manifest_as_the_readers_do(made, tmp_path):
+    from depthlens.view.store import open_store
+
+    out = _copy(made, tmp_path, "parquet")
+    meta = out / SHARDS / layout.MANIFEST
+    manifest = json.loads(meta.read_text())
+    manifest["dtr"]["g"] = 0.9
+    meta.write_text(json.dumps(manifest))
+    store = open_store(out)
+    assert len(store.records) == 4  # the shards are whole: shown
+    said = [n for n in store.notices if n.startswith(f"{meta}: ")]
+    assert said and "dtr.g: the shards say 0.5, the manifest 0.9" in said[0] and "move it out" not in said[0]
