@@ -329,3 +329,17 @@ def test_view_names_an_edited_manifest_as_the_readers_do(made, tmp_path):
     assert len(store.records) == 4  # the shards are whole: shown
     said = [n for n in store.notices if n.startswith(f"{meta}: ")]
     assert said and "dtr.g: the shards say 0.5, the manifest 0.9" in said[0] and "move it out" not in said[0]
+
+
+def test_view_shows_a_value_out_of_range_as_a_notice_when_its_response_opens(made, tmp_path):
+    from depthlens.view.store import open_store
+
+    out = _copy(made, tmp_path, "parquet")
+    _rewrite_shard(_shards(out)[0], _huge_jsd)
+    store = open_store(out)
+    rid = json.loads((out / SHARDS / layout.MANIFEST).read_text())["shards"][0]["ids"][0]
+    store.read(store.by_id[rid])
+    assert any(
+        n.startswith(f"record {rid!r}: divergence holds 99999997952.0") and f"depthlens check {out}" in n
+        for n in store.notices
+    ), store.notices

@@ -29,6 +29,7 @@ from depthlens.stores.layout import MANIFEST, is_store, manifest_file
 from depthlens.stores.parquet import store_manifest
 from depthlens.stores.samples import SAMPLES
 from depthlens.stores.state import manifest_state
+from depthlens.stores.validate import bounds, record_fault
 from depthlens.studies.online import DECISIONS
 
 Kind = Literal["samples", "scores", "tcb"]
@@ -97,8 +98,18 @@ class ViewStore:
     )
 
     def read(self, index: int, columns: list[str] | None = None) -> dict[str, Any]:
-        """Record ``index`` with its per-token columns (``columns``: those wanted; None = all)."""
-        return self.source.read(self.locations[index], columns)
+        """Record ``index`` with its per-token columns (``columns``: those wanted; None = all); a value out of
+        its range (what every reader refuses) becomes a notice naming the record and field."""
+        record = self.source.read(self.locations[index], columns)
+        fault = record_fault(record, bounds(self.manifest))
+        if fault is not None:
+            note = (
+                f"{fault.detail(record.get('id', self.records[index].get('id')))}: every reader (export, thinkn "
+                f"--from, report) refuses this store; `depthlens check {self.path}` lists it with its remedy"
+            )
+            if note not in self.notices:
+                self.notices.append(note)
+        return record
 
     def read_rows(self, indices: list[int], columns: list[str] | None = None) -> list[dict[str, Any]]:
         """Several records at once (each shard's row group read once)."""
