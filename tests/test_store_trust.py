@@ -343,3 +343,16 @@ def test_view_shows_a_value_out_of_range_as_a_notice_when_its_response_opens(mad
         n.startswith(f"record {rid!r}: divergence holds 99999997952.0") and f"depthlens check {out}" in n
         for n in store.notices
     ), store.notices
+
+
+def test_resume_over_an_edited_manifest_names_the_manifest(made, tmp_path):
+    out = _copy(made, tmp_path, "parquet")
+    meta = out / SHARDS / layout.MANIFEST
+    manifest = json.loads(meta.read_text())
+    manifest["dtr"]["g"] = 0.9
+    meta.write_text(json.dumps(manifest))
+    with pytest.raises(StoreError) as info:
+        _resume(made, out, "parquet")
+    assert str(info.value).startswith(f"{meta}: ") and "dtr.g: the shards say 0.5, the manifest 0.9" in str(
+        info.value
+    )
