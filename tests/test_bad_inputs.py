@@ -320,10 +320,10 @@ CASES = [
          "s under this name"),
     Case("manifest-layers", "`thinkn --from` on a store whose manifest's `n_layers` disagrees with its shards",
          lambda d, f: ["thinkn", "--from", str(_store_copy(d, f, _wrong_layers, "sharded")), "--n", "2"],
-         "error: DIR/store/samples/part-000000.parquet row 1: divergence rows of 3 layers, the manifest s"
-         "ays n_layers 4; a manifest is written whole, so it was edited or damaged outside depthlens: res"
-         "tore it from a copy of the store (the responses are untouched; `depthlens check DIR/store` list"
-         "s them)"),
+         "error: DIR/store/samples/_manifest.json: says n_layers 4, but the records' divergence rows have"
+         " 3 layers (DIR/store/samples/part-000000.parquet row 1): the manifest was edited outside depthle"
+         "ns; set n_layers back to 3 in the manifest (or restore it from a copy of the store); `depthlens "
+         "check DIR/store` then says ok"),
     Case("two-stores", "`thinkn --from` on a directory holding a Parquet and a JSONL store",
          lambda d, f: ["thinkn", "--from", str(_both_formats(d, f)), "--n", "2"],
          "error: DIR/store holds two stores of responses, DIR/store/samples/ (parquet) and DIR/store/samp"

@@ -1,8 +1,12 @@
 """A sample store driven through random sequences of what happens to stores — writes, kill -9 mid-write (in a
 subprocess, ``DEPTHLENS_FAULT_KILL_AFTER``), resumes, regrades (also killed), exports, a lost shard, a cut shard,
-a shard of another run — with, after every step, every reader either returning exactly the committed records
-(unique, each equal to an uninterrupted run's) or refusing naming the damaged file; and ``--resume`` always
-bringing back everything computed. Bounded: a few examples of a few steps (about a minute on two cores)."""
+bytes flipped in place, a shard of another run or a copy of one of its own, an edited manifest — with, after every
+step, every reader either returning exactly the committed records (unique, each equal to an uninterrupted run's)
+or refusing naming the damaged file (the manifest, where it is the fault); ``depthlens check`` listing whatever a
+reader refuses (and saying ok only where every reader reads); a refused ``export`` leaving every file as it was;
+and ``--resume`` always bringing back everything computed. Bounded in ``make test`` (3 sequences of up to 8 steps);
+a soak: ``DEPTHLENS_SOAK_EXAMPLES=50 DEPTHLENS_SOAK_STEPS=20 pytest tests/test_store_states.py -s`` (prints the
+steps and states explored)."""
 
 from __future__ import annotations
 
@@ -86,6 +90,7 @@ class StoreStates(RuleBasedStateMachine):
     steps: ClassVar[Counter[str]] = (
         Counter()
     )  # what the sequences did, for the test to check its own coverage
+    states: ClassVar[set] = set()  # (committed ids, damaged files, manifest edited) seen after a step
 
     @initialize(questions=st.integers(1, 3))
     def start(self, questions):
@@ -97,6 +102,10 @@ class StoreStates(RuleBasedStateMachine):
             set()
         )  # shards lost or cut: readers must refuse naming one; --resume recomputes
         self.foreign: set[str] = set()  # files of another run: readers and resume refuse naming one
+        self.flipped: set[str] = (
+            set()
+        )  # bytes changed in place: readers refuse by page CRC (or read them equal)
+        self.edited: str | None = None  # the manifest as it was before an edit: readers refuse naming it
         self.write(questions)  # every sequence starts from a written store, so every fault applies at once
 
     # ---- what happens to a store ------------------------------------------------------------------------------
@@ -115,7 +124,7 @@ class StoreStates(RuleBasedStateMachine):
                 written += 1
         return done
 
-    @precondition(lambda self: not self.foreign)
+    @precondition(lambda self: not self.foreign and self.edited is None)
     @rule(questions=st.integers(1, 3))
     def write(self, questions):
         """generate (or --resume) with the first ``questions`` questions, to the end."""
@@ -126,9 +135,11 @@ class StoreStates(RuleBasedStateMachine):
         resume = self.out.exists()
         expected = self._expected_after(questions, None)
         generate(self.world["lm"], _run(self.out, resume=resume), QUESTIONS[:questions])
-        self.questions, self.committed, self.damaged = questions, expected, set()
+        self.questions, self.committed, self.damaged, self.flipped = questions, expected, set(), set()
 
-    @precondition(lambda self: not self.foreign and self.out.exists())
+    @precondition(
+        lambda self: not (self.foreign or self.flipped) and self.edited is None and self.out.exists()
+    )
     @rule(kill_after=st.integers(0, 3), questions=st.integers(1, 3))
     def killed_write(self, kill_after, questions):
         self.steps["killed_write"] += 1
@@ -141,7 +152,11 @@ class StoreStates(RuleBasedStateMachine):
             expected = self._expected_after(questions, None)
         self.questions, self.committed, self.damaged = questions, expected, set()
 
-    @precondition(lambda self: self.committed and not self.damaged and not self.foreign)
+    @precondition(
+        lambda self: (
+            self.committed and not (self.damaged or self.foreign or self.flipped) and self.edited is None
+        )
+    )
     @rule(killed=st.booleans(), kill_after=st.integers(0, 2))
     def regrade(self, killed, kill_after):
         self.steps["regrade"] += 1
@@ -152,41 +167,80 @@ class StoreStates(RuleBasedStateMachine):
         else:
             regrade_store(self.out)
 
-    @precondition(lambda self: self.committed and not self.foreign)
-    @rule(which=st.integers(0, 10), cut=st.booleans())
-    def damage(self, which, cut):
-        """A committed shard lost, or cut short."""
+    @precondition(lambda self: self.committed and not self.foreign and self.edited is None)
+    @rule(which=st.integers(0, 10), how=st.sampled_from(["lost", "cut", "flipped"]))
+    def damage(self, which, how):
+        """A committed shard lost, cut short, or with bytes changed in place (same size)."""
         self.steps["damage"] += 1
         shards = json.loads((self.out / SHARDS / layout.MANIFEST).read_text())["shards"]
-        present = [
-            s for s in shards if (self.out / SHARDS / s["file"]).is_file() and s["file"] not in self.damaged
-        ]
+        bad = self.damaged | self.flipped
+        present = [s for s in shards if (self.out / SHARDS / s["file"]).is_file() and s["file"] not in bad]
         if not present:
             return
         shard = present[which % len(present)]
         path = self.out / SHARDS / shard["file"]
-        if cut:
+        event(f"shard {how}")
+        self.steps[f"shard {how}"] += 1
+        if how == "flipped":
+            data = bytearray(path.read_bytes())
+            for i in range(len(data) // 3, len(data) // 3 + 8):
+                data[i] ^= 0xFF
+            path.write_bytes(bytes(data))
+            self.flipped.add(shard["file"])  # its ids stay committed: a resume computes them again
+            return
+        if how == "cut":
             path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
         else:
             path.unlink()
-        event("shard cut" if cut else "shard lost")
         self.damaged.add(shard["file"])
         self.committed -= set(shard["ids"])  # until a resume computes them again
 
-    @precondition(lambda self: self.out.exists() and not self.foreign)
-    @rule(which=st.integers(0, 10), listed=st.booleans())
-    def foreign_shard(self, which, listed):
-        """A shard of another run copied in: over a listed name, or under a name of its own."""
-        self.steps["foreign_shard"] += 1
-        others = sorted(self.world["other"].glob("part-*.parquet"))
+    @precondition(
+        lambda self: (
+            self.committed and not (self.foreign or self.damaged or self.flipped) and self.edited is None
+        )
+    )
+    @rule(key=st.sampled_from(["pool", "dtr.g", "readout.divergence"]))
+    def edit_manifest(self, key):
+        """The manifest edited outside depthlens: readers must name it, not the shards, as the fault."""
+        self.steps["edit_manifest"] += 1
+        meta = self.out / SHARDS / layout.MANIFEST
+        self.edited = meta.read_text()
+        manifest = json.loads(self.edited)
+        head, _, tail = key.partition(".")
+        if tail:
+            manifest[head][tail] = {"g": 0.77, "divergence": "kl"}[tail]
+        else:
+            manifest[head] = 9
+        meta.write_text(json.dumps(manifest))
+
+    @precondition(lambda self: self.edited is not None)
+    @rule()
+    def mend_the_manifest(self):
+        """The remedy: the manifest's values put back (here, from a copy)."""
+        self.steps["mend_the_manifest"] += 1
+        (self.out / SHARDS / layout.MANIFEST).write_text(self.edited)
+        self.edited = None
+
+    @precondition(lambda self: self.out.exists() and not self.foreign and self.edited is None)
+    @rule(which=st.integers(0, 10), listed=st.booleans(), own=st.booleans())
+    def foreign_shard(self, which, listed, own):
+        """A shard of another run (or, ``own``, a copy of one of this store's: its records twice) copied in, over
+        a listed name or under a name of its own."""
+        self.steps["foreign_shard" if not own else "own_shard_copied"] += 1
+        source = self.out / SHARDS if own else self.world["other"]
+        others = sorted(source.glob("part-*.parquet")) or sorted(self.world["other"].glob("part-*.parquet"))
         shards = json.loads((self.out / SHARDS / layout.MANIFEST).read_text())["shards"]
         names = [s["file"] for s in shards if s["file"] not in self.damaged]
         name = names[which % len(names)] if listed and names else "part-000777.parquet"
+        copied = others[which % len(others)]
+        if copied.name == name:  # a shard over itself changes nothing: copy it under a name of its own
+            name = "part-000777.parquet"
         self.saved = (
             name,
             (self.out / SHARDS / name).read_bytes() if (self.out / SHARDS / name).is_file() else None,
         )
-        shutil.copy(others[which % len(others)], self.out / SHARDS / name)
+        shutil.copy(copied, self.out / SHARDS / name)
         self.foreign.add(name)
 
     @precondition(lambda self: bool(self.foreign))
@@ -221,21 +275,55 @@ class StoreStates(RuleBasedStateMachine):
 
     # ---- what must hold after every step ---------------------------------------------------------------------
 
+    def _files(self) -> dict[str, bytes]:
+        return {str(p): p.read_bytes() for p in sorted(self.out.rglob("*")) if p.is_file()}
+
+    def _refused_export(self) -> None:
+        """``depthlens export`` of a store every reader refuses: exit 2, naming why, every file as it was."""
+        from depthlens.cli.app import main
+
+        before, target = self._files(), self.root / "refused.jsonl"
+        sys.argv = ["depthlens", "export", str(self.out / SHARDS), "--out", str(target), "--overwrite"]
+        with pytest.raises(SystemExit) as info:
+            main()
+        assert info.value.code == 2 and not target.exists()
+        assert self._files() == before  # a refused command changes nothing
+
     @invariant()
     def readers_return_the_committed_records_or_refuse_by_name(self):
         if not hasattr(self, "out") or not self.out.exists():
             return
+        from depthlens.stores.check import check
+
+        problems = [p for report in check(self.out) for p in report.problems]
+        self.states.add(
+            (
+                len(self.committed),
+                frozenset(self.damaged | self.foreign | self.flipped),
+                self.edited is not None,
+            )
+        )
         bad = self.damaged | self.foreign
-        if bad:
-            with pytest.raises(StoreError) as info:
-                list(iter_samples(self.out))
-            assert any(name in str(info.value) for name in bad), str(info.value)
+        names = bad | self.flipped | ({layout.MANIFEST} if self.edited is not None else set())
+        try:
+            records = list(iter_samples(self.out))
+        except StoreError as exc:
+            assert any(name in str(exc) for name in names), str(exc)  # refused by name
+            if self.edited is not None:
+                assert layout.MANIFEST in str(exc) and "move it out" not in str(exc), str(exc)
+            assert problems, f"a reader refuses ({exc}) and check lists nothing"
+            assert any(p.path.name in names or p.path.name.split(":")[0] in names for p in problems), problems
+            self._refused_export()
             return
-        records = list(iter_samples(self.out))
+        assert not bad and self.edited is None, f"read despite {bad or 'an edited manifest'}"
         ids = [r["id"] for r in records]
         assert len(ids) == len(set(ids)) and set(ids) == self.committed  # complete and unique
         reference = self.world["reference"]
         assert _core(records) == {i: reference[i] for i in ids}  # equal to an uninterrupted run
+        if self.flipped:  # changed bytes no page CRC covers: read equal, and check names them by hash
+            assert problems
+            return
+        assert not problems, problems  # check says ok where every reader reads
         import pandas as pd
 
         assert sorted(pd.read_parquet(self.out / SHARDS)["id"]) == sorted(ids)  # plain readers agree
@@ -248,15 +336,16 @@ def test_a_store_survives_any_sequence_of_faults(world, monkeypatch):
     StoreStates.world = world
     runner = StoreStates.TestCase
     runner.settings = settings(
-        max_examples=3,
-        stateful_step_count=8,
+        max_examples=int(os.environ.get("DEPTHLENS_SOAK_EXAMPLES", "3")),  # the soak: docs/reliability.md
+        stateful_step_count=int(os.environ.get("DEPTHLENS_SOAK_STEPS", "8")),
         deadline=None,
         derandomize=True,
         suppress_health_check=list(HealthCheck),
     )
     StoreStates.steps.clear()
+    StoreStates.states.clear()
     runner().runTest()
-    print(dict(StoreStates.steps))
+    print(dict(StoreStates.steps), f"{len(StoreStates.states)} distinct states")
     # derandomized (the same sequences every run); a run that met no fault at all would prove nothing
     assert (
         StoreStates.steps["killed_write"] + StoreStates.steps["damage"] + StoreStates.steps["foreign_shard"]

@@ -26,6 +26,41 @@ def refuse_inside(out: Path, store: Path) -> None:
         )
 
 
+def refuse_run_files(out: Path) -> None:
+    """An export's file is its own: ``out`` may be no file of a run's directory (a sample store's questions,
+    responses, manifests and summaries are that run's), no file inside a Parquet store, and no results store of
+    another command (a file with a manifest beside it that no export wrote) — ``--overwrite`` or not."""
+    from depthlens.errors import InputError
+    from depthlens.stores.files import manifest_path
+    from depthlens.stores.layout import is_store
+    from depthlens.stores.samples import QUESTIONS, SAMPLES, SHARDS
+
+    target = out.resolve()
+    folder = target.parent
+    run_dir = (folder / SHARDS).is_dir() or (folder / SAMPLES).is_file() or (folder / QUESTIONS).is_file()
+    if run_dir or any(is_store(p) for p in target.parents):
+        raise InputError(
+            f"--out {out}: {folder} is a run's directory (a store of `depthlens generate`, `thinkn` or `score`) "
+            "and its files are that run's, --overwrite or not; write the export outside it"
+        )
+    theirs = target.is_file() and manifest_path(target).is_file() and not _is_export(manifest_path(target))
+    if target.name.endswith(".manifest.json") or theirs:
+        raise InputError(
+            f"--out {out}: a results store of another command (its manifest is beside it), or a manifest; "
+            "--overwrite replaces only an earlier export — give another --out"
+        )
+
+
+def _is_export(meta: Path) -> bool:
+    """Whether the manifest ``meta`` is an export's (``export`` marks its own, so it may replace only those)."""
+    import json
+
+    try:
+        return bool(json.loads(meta.read_bytes()).get("exported_from"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 @app.command("export", short_help="Write a Parquet results store out as one JSONL file.")
 def export(
     store: opt.ResultsStore,
@@ -45,11 +80,15 @@ def export(
         raise InputError(f"store {str(store)!r} does not exist")
     stored = store_manifest(store)  # a store at all?
     refuse_inside(out, store)
+    refuse_run_files(out)
     if out.exists() and not overwrite:
         raise StoreError(f"{out} already exists; pass --overwrite to replace it")
     manifest = {
         k: v for k, v in stored.items() if k not in ("shards", "store", "layout", "next_shard", "superseded")
     }
+    manifest["exported_from"] = str(
+        store
+    )  # marks the export as export's own: a later --overwrite may replace it
     from depthlens.stores.lock import store_lock
 
     with store_lock(out):  # the export is a store of its own: one writer

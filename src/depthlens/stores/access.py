@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
 from depthlens.stores import layout
+from depthlens.stores.parquet import settings_problem
 
 HEAVY_SCALARS = ("text",)  # a scalar column too large to hold for every row (a response's whole text)
 
@@ -145,6 +146,7 @@ class ParquetSource:
         self._starts: list[list[int]] = []  # first row of each row group, per shard
         self._light: list[pa.Table | None] = []  # read with the footer, handed out once by ``scan``
         self._notes: dict[int, str] = {}  # why a shard could not be read after open
+        self._edited: str | None = None  # the manifest's settings disagree with its own run's shards
         shards = _entries(directory, manifest, notices)
         # a few shards at a time: Arrow reads without the GIL, and a store has hundreds of small footers
         with ThreadPoolExecutor(max_workers=4, thread_name_prefix="view-open") as pool:
@@ -165,6 +167,8 @@ class ParquetSource:
                     starts.append(first)
                     first += meta.row_group(g).num_rows
                 self._starts.append(starts)
+        if self._edited is not None:
+            notices.append(self._edited)
         self._note_others(manifest, [s["file"] for s in shards])
 
     def _note_others(self, manifest: dict[str, Any] | None, listed: list[str]) -> None:
@@ -195,21 +199,21 @@ class ParquetSource:
             if problem is not None or path is None:
                 break
             try:
-                file = pq.ParquetFile(path)
+                file = pq.ParquetFile(path, page_checksum_verification=True)
                 light = [f.name for f in file.schema_arrow if _is_light(f)]
                 table = file.read(columns=light, use_threads=False)
             except FileNotFoundError:
                 continue
             except (OSError, pa.ArrowException) as exc:
                 return f"{path}: not a readable Parquet shard ({exc}); its records are not shown"
-            problem = layout.table_problem(
-                self.directory,
-                path,
-                manifest,
-                shard,
-                table.replace_schema_metadata(file.schema_arrow.metadata),
-            )
+            stamped = table.replace_schema_metadata(file.schema_arrow.metadata)
+            problem = layout.table_problem(self.directory, path, manifest, shard, stamped)
             if problem is None:
+                edited = settings_problem(self.directory, path, manifest, stamped) if manifest else None
+                if (
+                    edited is not None and edited.kind == "manifest"
+                ):  # the readers' notice; the shard is whole
+                    self._edited = edited.message() + " — shown: what the shards hold"
                 return path, file.metadata, table
             break
         where = (
@@ -224,7 +228,9 @@ class ParquetSource:
         name, or set aside by a regrade: ``layout.locate`` finds it); once a later write removes a replaced
         shard, its records are gone from disk and the read fails naming why."""
         try:
-            return pq.ParquetFile(self._paths[part], metadata=self._meta[part])
+            return pq.ParquetFile(
+                self._paths[part], metadata=self._meta[part], page_checksum_verification=True
+            )
         except FileNotFoundError:
             path = layout.locate(self.directory, self._entries[part])  # names are never reused: same bytes
             if path is None:
@@ -233,7 +239,7 @@ class ParquetSource:
                     "since: restart `depthlens view` to see its new state)"
                 ) from None
             self._paths[part] = path
-            return pq.ParquetFile(path, metadata=self._meta[part])
+            return pq.ParquetFile(path, metadata=self._meta[part], page_checksum_verification=True)
 
     def columns(self, part: int) -> list[pa.Field]:
         return list(self._schemas[part])

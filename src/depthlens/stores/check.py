@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
 from depthlens.stores import layout
 from depthlens.stores.files import manifest_path, read_json
 from depthlens.stores.lock import holder
+from depthlens.stores.parquet import duplicate_problem, jsonl_ranges, jsonl_record_problem, shard_fault
 from depthlens.stores.samples import SAMPLES, SHARDS
 
 
@@ -42,6 +42,7 @@ def check(path: Path, verify: bool = True) -> list[CheckReport]:
         )
     reports = [check_parquet(s, verify) if s.is_dir() else check_jsonl(s) for s in found]
     if len(found) == 1 and found[0].parent == path:  # a sample store: are its summaries of its present state?
+        _read_as_studies_do(path, reports[0])
         reports[0].notes += _derived(path)
     if len(found) > 1:
         reports[0].problems.append(
@@ -53,6 +54,24 @@ def check(path: Path, verify: bool = True) -> list[CheckReport]:
             )
         )
     return reports
+
+
+def _read_as_studies_do(out_dir: Path, report: CheckReport) -> None:
+    """The sample store read through the one reader every study uses (``read_responses``): what it refuses beyond
+    the files — the manifest's fields, a record's fields, the divergences' kinds and width — is listed too, so
+    `check` says ok only where every reader reads. Skipped where the files already have problems (every reader
+    refuses those first)."""
+    from depthlens.stores.samples import read_responses
+
+    if report.problems:
+        return
+    try:
+        for _ in read_responses(out_dir):
+            pass
+    except layout.Refused as exc:
+        report.problems.append(exc.problem)
+    except StoreError as exc:
+        report.problems.append(layout.Problem(out_dir, "refused", str(exc), "mend what the message names"))
 
 
 def _derived(out_dir: Path) -> list[str]:
@@ -76,66 +95,73 @@ def _held(store: Path, report: CheckReport) -> None:
         report.notes.append(f"being written now by {who}: files in flight are expected")
 
 
+def _manifest_problem(meta: Path, exc: StoreError) -> layout.Problem:
+    """A manifest that cannot be read or does not hold a list of shards: the fault, named as such."""
+    problem = getattr(exc, "problem", None)
+    if problem is not None:
+        return problem
+    text = str(exc).removeprefix(f"{meta}: ")
+    detail, _, remedy = text.partition("; ")
+    return layout.Problem(meta, "manifest", detail, remedy or "restore it from a copy of the store")
+
+
 def check_parquet(store: Path, verify: bool) -> CheckReport:
+    """Every file of a Parquet store, each shard read and checked by the readers' own checks (``shard_fault``,
+    the duplicate ids across shards); ``verify`` also hashes each shard. A manifest that cannot be read, or lists
+    an id twice, is listed as the fault (nothing else can be checked without it)."""
     report = CheckReport(store)
     _held(store, report)
-    manifest, unlisted = layout.snapshot(
-        store,
-        lambda: read_json(layout.manifest_file(store), "manifest", "restore it from a copy of the store"),
-    )
-    shards = layout.entries(store, manifest)
+    meta = layout.manifest_file(store)
+    try:
+        manifest, unlisted = layout.snapshot(
+            store, lambda: read_json(meta, "manifest", "restore it from a copy of the store")
+        )
+        shards = layout.entries(store, manifest)
+    except StoreError as exc:
+        report.problems.append(_manifest_problem(meta, exc))
+        return report
     if layout.is_legacy(store):
         report.notes.append(
             f"written before {layout.MANIFEST} (its manifest.json stops `pd.read_parquet`); the "
             "next --resume moves it to the current layout"
         )
     report.problems += unlisted
-    listed = {s["file"] for s in shards}
     seen: dict[str, str] = {}
     for shard in shards:
         problem, table = _check_shard(store, manifest, shard, verify)
+        if problem is None and table is not None:
+            problem = duplicate_problem(store, manifest, shard, table, seen)
         if problem is not None:
-            report.problems.append(problem)
+            if problem not in report.problems:  # a damaged manifest: listed once, not under every shard
+                report.problems.append(problem)
             continue
         assert table is not None
         report.shards += 1
         report.records += table.num_rows
-        for i in (str(x) for x in table.column("id").to_pylist()) if "id" in table.column_names else []:
-            if i in seen:
-                report.problems.append(
-                    layout.Problem(
-                        store / shard["file"],
-                        "ids",
-                        f"id {i!r} is also in {seen[i]}",
-                        layout.resume_remedy(store, manifest, shard),
-                    )
-                )
-                break
-            seen[i] = shard["file"]
         if layout.locate(store, shard) == layout.staged(store, shard["file"]):
             report.notes.append(
                 f"{store / shard['file']}: committed, not yet under its name (a writer stopped "
                 "between its commit and the rename); the next --resume renames it"
             )
-    _hidden(store, listed, report)
+    _hidden(store, {s["file"] for s in shards}, report)
     return report
 
 
 def _check_shard(
     store: Path, manifest: dict[str, Any], shard: dict[str, Any], verify: bool
 ) -> tuple[layout.Problem | None, pa.Table | None]:
+    """One listed shard as a reader reads it: found, its size (and hash), read whole with its page checksums,
+    then ``shard_fault`` — the very checks ``iter_store`` makes."""
     path, problem = layout.shard_problem(store, manifest, shard, verify)
     if problem is not None or path is None:
         return problem, None
     try:
-        schema = pq.read_schema(path)
-        columns = ["id"] if "id" in schema.names else None  # the ids and the row count: enough to check
-        table = pq.read_table(path, columns=columns).replace_schema_metadata(schema.metadata)
-    except (OSError, pa.ArrowException) as exc:
-        return layout.Problem(
-            path, "cut", f"not a readable Parquet shard ({exc})", layout.resume_remedy(store, manifest, shard)
-        ), None
-    return layout.table_problem(store, path, manifest, shard, table), table
+        table = layout.read_table(path, layout.resume_remedy(store, manifest, shard))
+    except (StoreError, FileNotFoundError) as exc:
+        detail = str(exc).removeprefix(f"{path}: ").split("; rerun")[0]
+        return layout.Problem(path, "cut", detail, layout.resume_remedy(store, manifest, shard)), None
+    problem = shard_fault(store, path, manifest, shard, table)
+    return problem, None if problem is not None else table
 
 
 def _hidden(store: Path, listed: set[str], report: CheckReport) -> None:
@@ -160,42 +186,47 @@ def _hidden(store: Path, listed: set[str], report: CheckReport) -> None:
 
 
 def check_jsonl(store: Path) -> CheckReport:
+    """A JSONL store line by line, with the readers' own checks (``jsonl_record_problem``): cut or non-JSON
+    lines, repeated ids, values out of range; and its manifest, present and readable."""
     report = CheckReport(store)
     _held(store, report)
-    if not manifest_path(store).is_file():
+    meta = manifest_path(store)
+    if not meta.is_file():
         report.problems.append(
             layout.Problem(
-                manifest_path(store),
-                "missing",
-                "the store's manifest is missing",
-                "restore it from a copy of the store",
+                meta, "missing", "the store's manifest is missing", "restore it from a copy of the store"
             )
         )
+    else:
+        try:
+            read_json(meta, "manifest", "restore it from a copy of the store")
+        except StoreError as exc:
+            report.problems.append(_manifest_problem(meta, exc))
     fix = (
         "rerun the command that wrote it with --resume: it sets that line aside and computes its record again"
     )
-    seen: dict[str, int] = {}
+    ranges, seen = jsonl_ranges(store), {}
     with store.open("rb") as f:
         for number, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
-            where = Path(f"{store}:{number}")
+            where = f"{store}:{number}"
             if not raw.endswith(b"\n"):
                 report.problems.append(
-                    layout.Problem(where, "cut", "the last line is cut short (an interrupted write)", fix)
+                    layout.Problem(
+                        Path(where), "cut", "the last line is cut short (an interrupted write)", fix
+                    )
                 )
                 continue
             try:
-                rid = str(json.loads(raw)["id"])
-            except (ValueError, KeyError, TypeError):
-                report.problems.append(layout.Problem(where, "cut", "not a JSON record", fix))
+                record = json.loads(raw)
+                record["id"]
+            except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+                report.problems.append(layout.Problem(Path(where), "cut", "not a JSON record", fix))
                 continue
-            if rid in seen:
-                report.problems.append(
-                    layout.Problem(
-                        where, "ids", f"id {rid!r} also on line {seen[rid]}", "keep one of the two lines"
-                    )
-                )
-            seen[rid] = number
+            problem = jsonl_record_problem(store, where, record, ranges, seen)
+            if problem is not None:
+                report.problems.append(problem)
+                continue
             report.records += 1
     return report

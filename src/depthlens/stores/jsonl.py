@@ -24,6 +24,7 @@ from depthlens.stores.files import (
     write_json,
 )
 from depthlens.stores.lock import store_lock
+from depthlens.stores.validate import Bound, bounds, record_fault
 
 # Fault injection for the tests (tests/test_faults.py): after this many records the process SIGKILLs itself
 # halfway through writing the next one, leaving the torn line a real kill -9 or power cut would.
@@ -62,11 +63,13 @@ def iter_jsonl_located(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             yield where, record
 
 
-def _finished(out: Path) -> list[str]:
+def _finished(out: Path, ranges: dict[str, Bound] | None = None) -> list[str]:
     """Ids already written to ``out`` in order. A torn last line (a crash mid-write) is cut off; a whole line that
-    is not a record (edited or damaged outside depthlens) is moved to ``<out>.damaged``, so its record is computed
-    again and nothing else is touched."""
+    is not a record (edited or damaged outside depthlens), holds a value out of its range (``ranges``), or repeats
+    an id an earlier line holds is moved to ``<out>.damaged``, so its record is computed again (or, a repeat,
+    counted once) and nothing else is touched."""
     done: list[str] = []
+    seen: set[str] = set()
     good: list[bytes] = []
     bad: list[bytes] = []
     with out.open("rb") as f:
@@ -74,11 +77,18 @@ def _finished(out: Path) -> list[str]:
             if not raw.endswith(b"\n"):
                 break  # torn: dropped
             try:
-                done.append(str(json.loads(raw)["id"]))
-                good.append(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+                record = json.loads(raw)
+                rid = str(record["id"])
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, IndexError):
                 if raw.strip():
                     bad.append(raw)
+                continue
+            if rid in seen or (ranges and isinstance(record, dict) and record_fault(record, ranges)):
+                bad.append(raw)
+                continue
+            done.append(rid)
+            seen.add(rid)
+            good.append(raw)
     size = sum(len(r) for r in good)
     if bad:
         with out.with_name(out.name + ".damaged").open("ab") as f:
@@ -197,7 +207,7 @@ class ResultWriter:
         if check_output(out, manifest, resume, overwrite, rules):
             stored = read_json(meta, "manifest", "use --overwrite to start again, or a new --out")
             self.changed = changed_settings(stored, manifest, rules, _UNCOMPARED)
-            finished = _finished(out)
+            finished = _finished(out, bounds(stored))
             stale = _stale(stored.get("input_hashes"), hashes, finished)
             if stale:
                 _drop(out, stale)

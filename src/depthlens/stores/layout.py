@@ -111,7 +111,10 @@ def encode(table: pa.Table, meta: dict[bytes, bytes]) -> bytes:
     """``table`` as the bytes of one Parquet file with ``meta`` in its schema metadata (zstd)."""
     sink = pa.BufferOutputStream()
     pq.write_table(
-        table.replace_schema_metadata({**(table.schema.metadata or {}), **meta}), sink, compression="zstd"
+        table.replace_schema_metadata({**(table.schema.metadata or {}), **meta}),
+        sink,
+        compression="zstd",
+        write_page_checksum=True,  # every read verifies each page's CRC: a changed byte is refused, not read
     )
     return sink.getvalue().to_pybytes()
 
@@ -166,6 +169,14 @@ class Problem:
 
     def message(self) -> str:
         return f"{self.path}: {self.detail}; {self.remedy}"
+
+
+class Refused(StoreError):
+    """A reader's refusal of one file of a store, with the ``Problem`` that ``depthlens check`` lists for it."""
+
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(problem.message())
+        self.problem = problem
 
 
 def resume_remedy(store: Path, manifest: dict[str, Any], shard: dict[str, Any]) -> str:
@@ -317,13 +328,14 @@ _SNAPSHOT_TRIES = 8
 
 
 def read_table(path: Path, fix: str) -> pa.Table:
-    """One shard file as a table; an unreadable one raises StoreError naming it and ``fix``."""
+    """One shard file as a table, each page's checksum verified (shards written before checksums read as they
+    are); an unreadable one raises StoreError naming it and ``fix``."""
     try:
-        return pq.read_table(path)
+        return pq.read_table(path, page_checksum_verification=True)
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as exc:
-        detail = re.sub(r"^Could not open Parquet input source '[^']*': ", "", str(exc))
+        detail = " ".join(re.sub(r"^Could not open Parquet input source '[^']*': ", "", str(exc)).split())
         raise StoreError(f"{path}: not a readable Parquet shard ({detail}); {fix}") from None
 
 

@@ -27,6 +27,7 @@ from depthlens.stores.arrow import table_records, to_table
 from depthlens.stores.files import read_json, settings_differ
 from depthlens.stores.jsonl import iter_jsonl_located
 from depthlens.stores.layout import MANIFEST, is_store, manifest_file
+from depthlens.stores.validate import bounds, record_fault, table_fault
 
 __all__ = [
     "MANIFEST",
@@ -80,6 +81,68 @@ def _check_settings(path: Path, table: pa.Table, settings: dict[str, Any]) -> No
         )
 
 
+def settings_problem(
+    store: Path, path: Path, manifest: dict[str, Any], table: pa.Table
+) -> layout.Problem | None:
+    """A shard whose recorded settings differ from its manifest's. A shard of this very run (its run id is the
+    manifest's) was written with the settings the run had, so then the manifest is the fault (edited outside
+    depthlens), and the remedy puts the shard's values back in it; a shard of no known run is the fault."""
+    stored, free = layout.shard_settings(table)
+    differ = settings_differ(stored, _settings(manifest), free)
+    if not differ:
+        return None
+    run = (table.schema.metadata or {}).get(layout.RUN_KEY, b"").decode()
+    if run and run == manifest.get("run_id"):
+        said = "; ".join(
+            d.replace("stored", "the shards say").replace("this run", "the manifest") for d in differ
+        )
+        return layout.Problem(
+            manifest_file(store),
+            "manifest",
+            f"the manifest's settings differ from those its own run's shards were written with ({said}): the "
+            "manifest was edited outside depthlens, the shards are not at fault",
+            "put the shards' values back in the manifest (or restore it from a copy of the store); "
+            f"`depthlens check {store}` then says ok",
+        )
+    return layout.Problem(
+        path,
+        "foreign",
+        f"this shard was written with other settings than its store ({'; '.join(differ)})",
+        "move it out of the store; `--resume` then computes the records the manifest lists under this name",
+    )
+
+
+def shard_fault(
+    store: Path, path: Path, manifest: dict[str, Any], shard: dict[str, Any], table: pa.Table
+) -> layout.Problem | None:
+    """Everything a reader checks of one read shard, in the order it checks it: its run, rows and ids
+    (``layout.table_problem``), its settings against the manifest, and every ranged value. ``depthlens check``
+    runs this same function, so it lists every shard a reader refuses."""
+    problem = layout.table_problem(store, path, manifest, shard, table) or settings_problem(
+        store, path, manifest, table
+    )
+    if problem is not None:
+        return problem
+    return range_problem(store, path, manifest, shard, table)
+
+
+def range_problem(
+    store: Path, path: Path, manifest: dict[str, Any], shard: dict[str, Any], table: pa.Table
+) -> layout.Problem | None:
+    """The first value of a shard out of its range (``stores.validate``), named by row, record id and field."""
+    fault = table_fault(table, bounds(manifest))
+    if fault is None:
+        return None
+    ids = table.column("id") if "id" in table.column_names else None
+    rid = ids[fault.row - 1].as_py() if ids is not None and fault.row else None
+    return layout.Problem(
+        path,
+        "damaged",
+        f"row {fault.row}, {fault.detail(rid)}",
+        layout.resume_remedy(store, manifest, shard),
+    )
+
+
 def read_shard(path: Path, settings: dict[str, Any] | None = None) -> pa.Table:
     """One shard file; refused when it was written with other ``settings`` than its store's (naming each)."""
     table = layout.read_table(
@@ -126,30 +189,88 @@ def iter_store_located(path: Path, verify: bool = False) -> Iterator[tuple[str, 
     with ``verify``), of another run, or holding ids listed elsewhere is refused naming it and the safe remedy; so
     is a data file the manifest does not list. Files a writer has not committed yet are not looked at."""
     if not path.is_dir():
-        yield from iter_jsonl_located(path)
+        yield from _iter_jsonl_checked(path)
         return
     verify = verify or _verify.get()
     manifest, extra = layout.snapshot(path, lambda: store_manifest(path))
     shards = layout.entries(path, manifest)
     if extra:
-        raise StoreError(extra[0].message())
+        raise layout.Refused(extra[0])
     seen: dict[str, str] = {}
     for shard in shards:
         file, table = _read_listed(path, manifest, shard, verify)
-        problem = layout.table_problem(path, file, manifest, shard, table)
+        problem = shard_fault(path, file, manifest, shard, table) or duplicate_problem(
+            path, manifest, shard, table, seen
+        )
         if problem is not None:
-            raise StoreError(problem.message())
-        _check_settings(file, table, _settings(manifest))
+            raise layout.Refused(problem)
         where = path / shard["file"]
         for i, record in enumerate(table_records(table), start=1):
-            rid = str(record.get("id"))
-            if rid in seen:
-                raise StoreError(
-                    f"{where} row {i}: id {rid!r} is also in {seen[rid]}; "
-                    + layout.resume_remedy(path, manifest, shard)
-                )
-            seen[rid] = shard["file"]
             yield f"{where} row {i}", record
+
+
+def jsonl_ranges(path: Path) -> dict[str, Any]:
+    """The ranges of a JSONL store's values, from the manifest beside it (none readable: the ranges every store
+    has, without depth or divergence kind)."""
+    from depthlens.stores.files import manifest_path
+
+    try:
+        manifest = json.loads(manifest_path(path).read_bytes())
+    except (OSError, ValueError):
+        manifest = {}
+    return bounds(manifest if isinstance(manifest, dict) else {})
+
+
+def jsonl_record_problem(
+    path: Path, where: str, record: dict[str, Any], ranges: dict[str, Any], seen: dict[str, str]
+) -> layout.Problem | None:
+    """What a reader refuses in one JSONL record: an id an earlier line holds (``seen``: id → line), or a value
+    out of its range. ``depthlens check`` runs this same function."""
+    fix = (
+        "rerun the command that wrote it with --resume: it sets that line aside (in "
+        f"{path.name}.damaged) and computes its record again"
+    )
+    rid = str(record.get("id"))
+    if "id" in record and rid in seen:
+        return layout.Problem(
+            Path(where),
+            "ids",
+            f"id {rid!r} is also on {seen[rid]} (a line repeated); readers would count it twice",
+            "rerun the command that wrote it with --resume: it keeps the first line and sets the repeat aside "
+            f"(in {path.name}.damaged)",
+        )
+    seen[rid] = where
+    fault = record_fault(record, ranges)
+    if fault is not None:
+        return layout.Problem(Path(where), "damaged", fault.detail(record.get("id")), fix)
+    return None
+
+
+def _iter_jsonl_checked(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A JSONL store's records, each checked as ``jsonl_record_problem`` says."""
+    ranges, seen = jsonl_ranges(path), {}
+    for where, record in iter_jsonl_located(path):
+        problem = jsonl_record_problem(path, where, record, ranges, seen)
+        if problem is not None:
+            raise layout.Refused(problem)
+        yield where, record
+
+
+def duplicate_problem(
+    store: Path, manifest: dict[str, Any], shard: dict[str, Any], table: pa.Table, seen: dict[str, str]
+) -> layout.Problem | None:
+    """An id of this shard that an earlier shard (``seen``: id → file) also holds; adds this shard's ids."""
+    ids = [str(i) for i in table.column("id").to_pylist()] if "id" in table.column_names else []
+    for row, rid in enumerate(ids, start=1):
+        if rid in seen:
+            return layout.Problem(
+                store / shard["file"],
+                "ids",
+                f"row {row}: id {rid!r} is also in {seen[rid]}",
+                layout.resume_remedy(store, manifest, shard),
+            )
+        seen[rid] = shard["file"]
+    return None
 
 
 def _read_listed(

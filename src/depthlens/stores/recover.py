@@ -17,6 +17,7 @@ from depthlens.errors import StoreError
 from depthlens.stores import layout
 from depthlens.stores.files import settings_differ, write_error, write_json
 from depthlens.stores.lock import LOCK
+from depthlens.stores.parquet import range_problem, settings_problem
 
 
 def write_staged(store: Path, name: str, table: pa.Table, meta: dict[bytes, bytes]) -> dict[str, Any]:
@@ -92,14 +93,13 @@ def _leftovers(store: Path, listed: set[str], replaced: set[str], legacy: bool) 
             path.replace(store / f".{name}.unlisted")
 
 
-def _read_ids(path: Path) -> pa.Table:
-    """A shard's ids (and its schema metadata and row count), without reading its other columns."""
+def _read_whole(path: Path) -> pa.Table:
+    """A shard read whole, each page's checksum verified: its ids, rows and values are what a reader would see
+    (a resumed run sets aside what a reader would refuse)."""
     try:
-        file = pq.ParquetFile(path)
-        columns = ["id"] if "id" in file.schema_arrow.names else []
-        return file.read(columns=columns).replace_schema_metadata(file.schema_arrow.metadata)
+        return pq.read_table(path, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
-        raise _Unreadable(str(exc)) from None
+        raise _Unreadable(" ".join(str(exc).split())) from None
 
 
 class _Unreadable(Exception):
@@ -109,11 +109,12 @@ class _Unreadable(Exception):
 def _check_one(
     store: Path, stored: dict[str, Any], shard: dict[str, Any], settings: dict[str, Any] | None
 ) -> tuple[Path | None, layout.Problem | None, pa.Table | None]:
-    path, problem = layout.shard_problem(store, stored, shard, verify=False)
+    # verified against its sha256: a shard changed in place is set aside and recomputed, as `check` promises
+    path, problem = layout.shard_problem(store, stored, shard, verify=True)
     if problem is not None or path is None:
         return path, problem, None
     try:
-        table = _read_ids(path)
+        table = _read_whole(path)
     except _Unreadable as exc:
         return (
             path,
@@ -126,11 +127,12 @@ def _check_one(
             None,
         )
     problem = layout.table_problem(store, path, stored, shard, table)
+    problem = problem or range_problem(store, path, stored, shard, table)
     if problem is None and settings is not None:
         shard_settings, free = layout.shard_settings(table)
         differ = settings_differ(shard_settings, settings, free)
-        if differ:
-            problem = layout.Problem(
+        if differ:  # an edited manifest is the fault, named as such; else the shard is another run's
+            problem = settings_problem(store, path, stored, table) or layout.Problem(
                 path,
                 "foreign",
                 f"written with other settings than its store ({'; '.join(differ)})",
@@ -145,8 +147,9 @@ def recover(
     """Take stock of a store before writing to it (under its lock; nothing is committed here).
 
     A shard of another run, or a data file the manifest does not list, stops the run naming it (it is not ours
-    to move). A lost or cut shard is dropped from the store — a cut one renamed to ``.part-N.parquet.damaged`` —
-    so a resumed run computes its records again; ``strict`` (a regrade, which cannot recompute) refuses instead.
+    to move). A lost, cut or changed (sha256) shard is dropped from the store — a cut or changed one renamed to
+    ``.part-N.parquet.damaged`` — so a resumed run computes its records again; ``strict`` (a regrade, which cannot
+    recompute) refuses instead.
     """
     legacy = layout.is_legacy(store)
     shards = layout.entries(store, stored)
@@ -158,7 +161,7 @@ def recover(
     kept, dropped = [], []
     for shard in shards:
         path, problem, table = _check_one(store, stored, shard, settings)
-        if problem is not None and (problem.kind == "foreign" or strict):
+        if problem is not None and (problem.kind in ("foreign", "manifest") or strict):
             raise StoreError(problem.message())
         if problem is not None or path is None or table is None:
             if path is not None:

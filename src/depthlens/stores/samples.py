@@ -34,7 +34,7 @@ from depthlens.evals.grading import RULES
 from depthlens.sampling.backend import PER_TOKEN
 from depthlens.stores.files import ResumeRules, manifest_path, read_json
 from depthlens.stores.formats import FORMATS, store_entry
-from depthlens.stores.layout import is_store, manifest_file
+from depthlens.stores.layout import Problem, Refused, is_store, manifest_file
 from depthlens.stores.parquet import iter_store_located
 
 if TYPE_CHECKING:
@@ -238,14 +238,23 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
     manifest = read_json(meta, "store's manifest", MANIFEST_FIX.format(store=out_dir))
     version = manifest.get("store_version")
     if version != STORE_VERSION:
-        raise StoreError(
-            f"{out_dir} is a version-{version} store; this depthlens ({__version__}) reads "
-            f"version {STORE_VERSION} — read it with the depthlens that wrote it"
+        raise Refused(
+            Problem(
+                meta,
+                "manifest",
+                f"a version-{version} store; this depthlens ({__version__}) reads version {STORE_VERSION}",
+                "read it with the depthlens that wrote it",
+            )
         )
     wrong = _wrong_fields(manifest)
     if wrong:
-        raise StoreError(
-            f"{meta}: field(s) {wrong} missing or of the wrong type; " + MANIFEST_FIX.format(store=out_dir)
+        raise Refused(
+            Problem(
+                meta,
+                "manifest",
+                f"field(s) {wrong} missing or of the wrong type",
+                MANIFEST_FIX.format(store=out_dir),
+            )
         )
     return manifest
 
@@ -295,29 +304,57 @@ def read_responses(out_dir: Path, fields: Sequence[str] = REQUIRED) -> Iterator[
         if record.get("status") != "failed":
             missing = [k for k in fields if k not in record]
             if missing:
-                raise StoreError(
-                    f"{where}: missing field(s) {missing}; the store is damaged or was not written by "
-                    "`depthlens generate`"
+                raise Refused(
+                    Problem(
+                        Path(where),
+                        "damaged",
+                        f"missing field(s) {missing} (record {record.get('id')!r}; the store is damaged or was "
+                        "not written by `depthlens generate`)",
+                        _record_fix(out_dir),
+                    )
                 )
             _check_schema(where, record, manifest, out_dir)
         yield where, record
 
 
+def _record_fix(out_dir: Path) -> str:
+    if stored_format(out_dir) == "parquet":
+        return (
+            "move that shard out of the store and rerun the command that wrote it with --resume: it computes the "
+            "shard's records again"
+        )
+    return "delete that line and rerun the command that wrote the store with --resume: it computes that record again"
+
+
 def _check_schema(where: str, record: dict[str, Any], manifest: dict[str, Any], out_dir: Path) -> None:
-    """A record's divergences as its manifest describes them: ``n_layers`` values a row, one field per kind."""
+    """A record's divergences as its manifest describes them: ``n_layers`` values a row, one field per kind. The
+    records were written with the settings their run had, so a disagreement names the manifest as the fault."""
     kinds = stored_kinds(manifest)
     fields = {kind_field(k, manifest) for k in kinds}
     present = {k for k in record if k == "divergence" or k.startswith("divergence_")}
+    meta = samples_manifest(out_dir)
     if present - fields or (fields - present and "divergence" in present):
-        raise StoreError(
-            f"{where}: holds the divergence fields {sorted(present)}, the manifest says {sorted(fields)} "
-            f"(kinds {', '.join(kinds)}); " + MANIFEST_FIX.format(store=out_dir)
+        raise Refused(
+            Problem(
+                meta,
+                "manifest",
+                f"says the records hold {sorted(fields)} (readout kinds {', '.join(kinds)}), but they hold "
+                f"{sorted(present)} ({where}): the manifest's readout was edited outside depthlens",
+                "put the divergence kinds the records hold back in the manifest's readout (or restore it from "
+                f"a copy of the store); `depthlens check {out_dir}` then says ok",
+            )
         )
     rows = record.get("divergence")
     if isinstance(rows, list) and rows and isinstance(rows[0], list) and len(rows[0]) != manifest["n_layers"]:
-        raise StoreError(
-            f"{where}: divergence rows of {len(rows[0])} layers, the manifest says n_layers {manifest['n_layers']}; "
-            + MANIFEST_FIX.format(store=out_dir)
+        raise Refused(
+            Problem(
+                meta,
+                "manifest",
+                f"says n_layers {manifest['n_layers']}, but the records' divergence rows have {len(rows[0])} "
+                f"layers ({where}): the manifest was edited outside depthlens",
+                f"set n_layers back to {len(rows[0])} in the manifest (or restore it from a copy of the store); "
+                f"`depthlens check {out_dir}` then says ok",
+            )
         )
 
 

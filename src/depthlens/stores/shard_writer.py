@@ -27,7 +27,7 @@ from depthlens.stores.files import ResumeRules, changed_settings, read_json, res
 from depthlens.stores.jsonl import KILL_AFTER
 from depthlens.stores.layout import manifest_file
 from depthlens.stores.lock import LOCK, store_lock
-from depthlens.stores.parquet import _UNCOMPARED, _settings, read_shard, store_manifest
+from depthlens.stores.parquet import _UNCOMPARED, _settings, read_shard, settings_problem, store_manifest
 from depthlens.stores.recover import publish, recover, replace_store_files, write_staged
 
 
@@ -50,9 +50,14 @@ def check_store(
     """As ``jsonl.check_output`` for a store directory: whether writing resumes it; refusals name settings."""
     if out.exists() and not out.is_dir():
         raise StoreError(f"{out} is a file; a Parquet store is a directory — give a new --out")
-    return resume_check(
-        out, manifest_file(out), has_records(out), manifest, resume, overwrite, rules, _UNCOMPARED
-    )
+    try:
+        return resume_check(
+            out, manifest_file(out), has_records(out), manifest, resume, overwrite, rules, _UNCOMPARED
+        )
+    except StoreError:
+        if resume:
+            _manifest_at_fault(out)  # settings that differ because the manifest was edited: name it
+        raise
 
 
 def _float16(manifest: dict[str, Any]) -> bool:
@@ -107,6 +112,23 @@ def rewrite_store(
                 for shard in new:
                     layout.staged(path, shard["file"]).unlink(missing_ok=True)
             raise
+
+
+def _manifest_at_fault(out: Path) -> None:
+    """Raise the manifest's own problem where its settings disagree with the shards its own run wrote (edited
+    outside depthlens): a resume refused for "other settings" must not send the user to change the run's."""
+    import pyarrow.parquet as pq
+
+    try:
+        stored = read_json(manifest_file(out), "manifest", "")
+        shard = next(iter(layout.entries(out, stored)), None)
+        path = layout.locate(out, shard) if shard is not None else None
+        table = pq.read_schema(path).empty_table() if path is not None else None
+    except (StoreError, OSError, pa.ArrowException):
+        return
+    problem = settings_problem(out, path, stored, table) if table is not None and path is not None else None
+    if problem is not None and problem.kind == "manifest":
+        raise layout.Refused(problem)
 
 
 def _meta(settings: dict[str, Any], free: Collection[str], run_id: str) -> dict[bytes, bytes]:

@@ -32,6 +32,7 @@ from depthlens.evals.tasks import HUB_TASKS, Question, infer_answer_type
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.lock import store_lock
+from depthlens.stores.parquet import iter_store
 from depthlens.stores.samples import QUESTIONS, read_manifest, samples_path, stored_format
 from depthlens.stores.shard_writer import rewrite_store
 from depthlens.studies.thinkn import summarise, summary_files
@@ -226,7 +227,8 @@ def _regrade_locked(
     if fmt == "parquet":  # new shards, then the manifest as the commit (stores.shard_writer.rewrite_store)
         rewrite_store(samples, updated, regrade)
     else:
-        lines = [json.dumps(regrade(record), ensure_ascii=False) + "\n" for record in iter_jsonl(samples)]
+        # the readers' checked read: a repeated line or a value out of range is refused, not regraded twice
+        lines = [json.dumps(regrade(record), ensure_ascii=False) + "\n" for record in iter_store(samples)]
         _write_atomically(samples, lines)
         _write_atomically(manifest_path(samples), [json.dumps(updated, indent=2) + "\n"])
     old, new = regrade.old, regrade.new

@@ -29,6 +29,7 @@ from depthlens.stores.layout import MANIFEST, is_store, manifest_file
 from depthlens.stores.parquet import store_manifest
 from depthlens.stores.samples import SAMPLES
 from depthlens.stores.state import manifest_state
+from depthlens.stores.validate import bounds, record_fault
 from depthlens.studies.online import DECISIONS
 
 Kind = Literal["samples", "scores", "tcb"]
@@ -97,8 +98,18 @@ class ViewStore:
     )
 
     def read(self, index: int, columns: list[str] | None = None) -> dict[str, Any]:
-        """Record ``index`` with its per-token columns (``columns``: those wanted; None = all)."""
-        return self.source.read(self.locations[index], columns)
+        """Record ``index`` with its per-token columns (``columns``: those wanted; None = all); a value out of
+        its range (what every reader refuses) becomes a notice naming the record and field."""
+        record = self.source.read(self.locations[index], columns)
+        fault = record_fault(record, bounds(self.manifest))
+        if fault is not None:
+            note = (
+                f"{fault.detail(record.get('id', self.records[index].get('id')))}: every reader (export, thinkn "
+                f"--from, report) refuses this store; `depthlens check {self.path}` lists it with its remedy"
+            )
+            if note not in self.notices:
+                self.notices.append(note)
+        return record
 
     def read_rows(self, indices: list[int], columns: list[str] | None = None) -> list[dict[str, Any]]:
         """Several records at once (each shard's row group read once)."""
@@ -120,16 +131,25 @@ def open_store(path: Path) -> ViewStore:
     else:
         manifest, source = _open_scores(root, notices)
     records, locations, by_id = [], [], {}
-    missing_id = 0
+    missing_id, twice = 0, []
     for location, record in source.scan():
         if not isinstance(record.get("id"), str | int):
             missing_id += 1
+            continue
+        if str(record["id"]) in by_id:  # what every reader refuses: shown once, with the readers' notice
+            twice.append(str(record["id"]))
             continue
         by_id[str(record["id"])] = len(records)
         records.append(record)
         locations.append(location)
     if missing_id:
         notices.append(f"{missing_id} record(s) without an id; not shown")
+    if twice:
+        notices.append(
+            f"id {twice[0]!r}{f' and {len(twice) - 1} more' if len(twice) > 1 else ''} held twice (a line "
+            "repeated or a shard copied): every reader (export, thinkn --from, report) refuses this store, "
+            f"`depthlens check {root}` lists each with its remedy; shown once"
+        )
     n_layers = manifest.get("n_layers") if isinstance(manifest.get("n_layers"), int) else None
     if n_layers is None and kind != "tcb":
         n_layers = _layers(source)

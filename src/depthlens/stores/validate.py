@@ -1,0 +1,162 @@
+"""Range checks on stored values: every value that has a range is checked on every read, so a damaged record is
+refused by name and never voted on (issue 41).
+
+The ranges come from the store's manifest (its depth ``n_layers``, the divergence kind of each divergence field):
+JSD in [0, 1] bits or [0, ln 2] nats, cosine distance in [0, 2], KL ≥ 0, settling depths in 1..L, DTR in [0, 1],
+log-probabilities ≤ 0, entropies ≥ 0, token ids ≥ 0, every float finite (KL may be +inf). A Parquet shard is
+checked column by column (numpy over the flattened Arrow column: no per-value Python); a JSONL record field by
+field. Only on a failure is the row looked for, to name it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from depthlens.config.readout import DIVERGENCE_MAX
+
+# Stored floats are rounded to 5 decimals and may be float16 (spacing ~5e-4 near ln 2): a value this far past a
+# bound is the bound rounded, not damage.
+_SLACK = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The range of one stored field: [lo, hi], whole numbers only (``whole``), infinities allowed (``inf``)."""
+
+    lo: float
+    hi: float
+    what: str
+    whole: bool = False
+    inf: bool = False
+
+    def first_bad(self, values: np.ndarray) -> int | None:
+        """The index of the first value out of range in ``values`` (flat float64), or None."""
+        if values.size == 0:
+            return None
+        slack = 0.0 if self.whole else _SLACK * max(1.0, abs(self.hi) if math.isfinite(self.hi) else 1.0)
+        with np.errstate(invalid="ignore"):
+            good = (values >= self.lo - slack) & (values <= self.hi + slack)
+            if not self.inf:
+                good &= np.isfinite(values)
+            if self.whole:
+                good &= values == np.floor(values)
+        if good.all():
+            return None
+        return int(np.argmin(good))
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """A stored value out of its range: the row (1-based, in its shard) or None (a JSONL record), the field,
+    the value, and what it should be."""
+
+    row: int | None
+    field: str
+    value: Any
+    bound: Bound | None  # None: the field is not numbers (wrong type or shape)
+
+    def detail(self, rid: object) -> str:
+        wanted = self.bound.what if self.bound else "numbers"
+        return f"record {rid!r}: {self.field} holds {self.value!r}, not {wanted} — the record is damaged"
+
+
+def _share(what: str) -> Bound:
+    return Bound(0.0, 1.0, f"{what} in [0, 1]")
+
+
+def bounds(manifest: dict[str, Any]) -> dict[str, Bound]:
+    """Each ranged field of the records of the store ``manifest`` describes, and its range."""
+    out = {
+        "dtr": _share("a deep-thinking ratio"),
+        "dtr_readout": _share("a deep-thinking ratio"),
+        "dtr_prefix": _share("a deep-thinking ratio"),
+        "log_prob": Bound(-math.inf, 0.0, "a log-probability (finite, ≤ 0)"),
+        "entropy": Bound(0.0, math.inf, "an entropy (finite, ≥ 0)"),
+        "self_certainty": Bound(-math.inf, math.inf, "a finite number"),
+        "confidence": Bound(-math.inf, math.inf, "a finite number"),
+        "n_tokens": Bound(0, math.inf, "a token count (a whole number ≥ 0)", whole=True),
+        "token_ids": Bound(0, math.inf, "token ids (whole numbers ≥ 0)", whole=True),
+        "prompt_ids": Bound(0, math.inf, "token ids (whole numbers ≥ 0)", whole=True),
+    }
+    n_layers = manifest.get("n_layers")
+    if isinstance(n_layers, int) and not isinstance(n_layers, bool) and n_layers >= 1:
+        out["settling_depth"] = Bound(1, n_layers, f"a settling depth in 1..{n_layers}", whole=True)
+        out["mean_settling_depth"] = Bound(1.0, n_layers, f"a mean settling depth in [1, {n_layers}]")
+    readout = manifest.get("readout")
+    readout = readout if isinstance(readout, dict) else {}
+    primary = readout.get("divergence", "jsd")
+    also = readout.get("also") if isinstance(readout.get("also"), list) else []
+    for kind in [primary, *also]:
+        if not isinstance(kind, str):
+            continue
+        field = "divergence" if kind == primary else f"divergence_{kind}"
+        if kind in DIVERGENCE_MAX:
+            top, said = DIVERGENCE_MAX[kind]
+            out[field] = Bound(0.0, top, f"a {kind} divergence in [0, {said}]")
+        elif kind == "kl":
+            out[field] = Bound(0.0, math.inf, "a KL divergence (≥ 0)", inf=True)
+    return out
+
+
+def _flat(array: pa.Array) -> np.ndarray:
+    """Every number of an Arrow array, however nested in lists, as flat float64 (nulls left out)."""
+    while pa.types.is_list(array.type) or pa.types.is_fixed_size_list(array.type):
+        array = array.flatten()
+    return np.asarray(array.drop_null().to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def table_fault(table: pa.Table, ranges: dict[str, Bound]) -> Fault | None:
+    """The first value of a shard out of its range, or None: each ranged column checked whole."""
+    for field in table.column_names:
+        bound = ranges.get(field)
+        if bound is None:
+            continue
+        column = table.column(field)
+        try:
+            bad = [bound.first_bad(_flat(chunk)) for chunk in column.chunks]
+        except (ValueError, TypeError, pa.ArrowException):
+            return _find_row(column.to_pylist(), field, bound)
+        if any(b is not None for b in bad):
+            return _find_row(column.to_pylist(), field, bound)
+    return None
+
+
+def _find_row(values: Iterable[Any], field: str, bound: Bound) -> Fault:
+    """The row (1-based) of a column whose value is out of range: only looked for once a column failed."""
+    for row, value in enumerate(values, start=1):
+        fault = _value_fault(field, value, bound)
+        if fault is not None:
+            return dataclasses.replace(fault, row=row)
+    return Fault(None, field, "(unreadable)", bound)
+
+
+def _value_fault(field: str, value: Any, bound: Bound) -> Fault | None:
+    if value is None:
+        return None
+    try:
+        values = np.asarray(value, dtype=np.float64).ravel()
+    except (ValueError, TypeError):
+        return Fault(None, field, _short(value), None)
+    bad = bound.first_bad(values)
+    return None if bad is None else Fault(None, field, float(values[bad]), bound)
+
+
+def record_fault(record: dict[str, Any], ranges: dict[str, Bound]) -> Fault | None:
+    """The first value of one record (a JSONL line) out of its range, or None."""
+    for field, bound in ranges.items():
+        if field in record:
+            fault = _value_fault(field, record[field], bound)
+            if fault is not None:
+                return fault
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
