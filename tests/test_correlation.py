@@ -311,8 +311,12 @@ def test_report_covers_finished_stores_and_names_the_others(store, monkeypatch, 
         holder.communicate("")
     for name in ("done", "writing"):
         shutil.rmtree(run_dir / name)
+    shutil.copytree(run_dir / "damaged", run_dir / "damaged-too")
     code, _, err = run(monkeypatch, capsys, "report", run_dir)
-    assert code == 2 and "could be reported" in err and "damaged" in err
+    assert code == 2 and "could be reported" in err and "damaged-too" in err
+    shutil.rmtree(run_dir / "damaged-too")  # one store: its reader's own error, no preamble
+    code, _, err = run(monkeypatch, capsys, "report", run_dir)
+    assert code == 2 and "could be reported" not in err and ":1:" in err
 
 
 def test_nan_free_outputs(store):

@@ -223,7 +223,8 @@ def prepare_report(
         else "depthlens report"
     )
     studies, skipped = [], []
-    for path in find_stores(run_dir):
+    paths = find_stores(run_dir)
+    for path in paths:
         who = writer(samples_path(path, stored_format(path)))
         if who is not None:  # its numbers would change under the report: report it once it is finished
             skipped.append(Skipped(path, f"still being written by {who}; report again when it has finished"))
@@ -233,6 +234,8 @@ def prepare_report(
             on_store(store.label)
             studies.append(_study(store, cfg, dtr, voting, tokenizer_for))
         except DepthlensError as exc:  # damaged, foreign, too small to study: the others are still reported
+            if len(paths) == 1:  # the report of one store is that store's: its reader's error, as it is
+                raise
             skipped.append(Skipped(path, str(exc)))
     if not studies:
         raise InputError(
