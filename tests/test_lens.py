@@ -1,0 +1,114 @@
+"""The tuned lens (issue 43): the fit recovers a known affine map, identity translators read exactly what the logit
+lens reads, a lens fitted to another model is refused by name, and the top-k settling rule."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from depthlens.config import LensFitConfig, LensSpec, ReadoutConfig
+from depthlens.errors import ConfigError, InputError
+from depthlens.readout.lens import LogitLens, TunedLens
+from depthlens.readout.stream import TokenSequence, iter_readout
+from depthlens.readout.tuned import hidden_size, model_fingerprint, save_lens
+from depthlens.studies.lens_fit import States, fit_lens, fit_translators, heldout_kl, least_squares
+from tests.conftest import tiny_model
+
+
+def _synthetic(lm, n: int, seed: int) -> tuple[States, torch.Tensor, torch.Tensor]:
+    """States whose last-block state is a known affine map of every earlier layer's: h_L = A h_l + b."""
+    d, gen = hidden_size(lm), torch.Generator().manual_seed(seed)
+    a = torch.eye(d) + 0.3 * torch.randn(d, d, generator=gen) / d**0.5
+    b = 0.5 * torch.randn(d, generator=gen)
+    hidden = torch.randn(lm.n_layers - 1, n, d, generator=gen)
+    return States(hidden, hidden[0] @ a.T + b), a, b
+
+
+def test_fit_recovers_a_known_affine_map(tiny_llama):
+    train, a, b = _synthetic(tiny_llama, 400, seed=0)
+    weight, bias = least_squares(train.hidden[0], train.last, ridge=0.0)
+    torch.testing.assert_close(weight, a, atol=1e-4, rtol=0)
+    torch.testing.assert_close(bias, b, atol=1e-4, rtol=0)
+    # The KL steps start there and stay: at the known map p_l = p_L, the KL's minimum.
+    cfg = LensFitConfig(steps=10, lr=1e-3, batch_tokens=32, layers_per_step=2, ridge=0.0)
+    lens = LogitLens(tiny_llama.parts)
+    with torch.enable_grad():
+        weight, bias, steps = fit_translators(lens, dataclasses.replace(train, hidden=train.hidden[:1]), cfg)
+    assert steps == 10
+    torch.testing.assert_close(weight[0], a, atol=0.02, rtol=0)
+    held, _, _ = _synthetic(tiny_llama, 100, seed=1)
+    held = dataclasses.replace(held, hidden=held.hidden[:1], last=held.hidden[0] @ a.T + b)
+    kl = heldout_kl(lens, held, weight, bias)
+    assert kl["tuned"][0] < 1e-3 < kl["logit"][0]
+
+
+def test_kl_steps_lower_the_held_out_kl_from_a_poor_start(tiny_llama):
+    """Started from a ridge so strong the least-squares map is nearly zero, Adam's KL steps bring p_l toward p_L."""
+    train, a, b = _synthetic(tiny_llama, 400, seed=0)
+    train = dataclasses.replace(train, hidden=train.hidden[:1])
+    lens = LogitLens(tiny_llama.parts)
+    held, _, _ = _synthetic(tiny_llama, 100, seed=1)
+    held = dataclasses.replace(held, hidden=held.hidden[:1], last=held.hidden[0] @ a.T + b)
+    cfg = LensFitConfig(steps=0, ridge=1e3)
+    before = heldout_kl(lens, held, *fit_translators(lens, train, cfg)[:2])["tuned"][0]
+    with torch.enable_grad():
+        weight, bias, _ = fit_translators(
+            lens, train, dataclasses.replace(cfg, steps=150, lr=3e-2, batch_tokens=64)
+        )
+    assert heldout_kl(lens, held, weight, bias)["tuned"][0] < 0.5 * before
+
+
+def _identity_lens(lm, path):
+    d, n = hidden_size(lm), lm.n_layers - 1
+    stamp = {"model": lm.name, "model_hash": model_fingerprint(lm), "n_layers": lm.n_layers, "d": d}
+    return save_lens(path, torch.eye(d).repeat(n, 1, 1), torch.zeros(n, d), stamp)
+
+
+def test_identity_translators_equal_the_logit_lens_exactly(tiny_llama, tmp_path):
+    _identity_lens(tiny_llama, tmp_path / "lens")
+    seqs = [TokenSequence([1, 5, 9], [7, 3, 11, 20, 4]), TokenSequence([1], [8, 8, 30])]
+    tuned = ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}")
+    for plain, other in zip(
+        iter_readout(tiny_llama, seqs), iter_readout(tiny_llama, seqs, tuned), strict=True
+    ):
+        assert isinstance(other.lens, TunedLens) and not isinstance(plain.lens, TunedLens)
+        for x, y in zip(plain.layer_blocks(rows=64), other.layer_blocks(rows=64), strict=True):
+            assert x[0] == y[0] and torch.equal(x[1], y[1]) and torch.equal(x[2], y[2])
+        for layer in range(1, plain.n_layers):
+            assert torch.equal(
+                plain.layer_rows(layer, torch.tensor([0]))[0], other.layer_rows(layer, torch.tensor([0]))[0]
+            )
+
+
+def test_a_lens_fitted_to_another_model_is_refused_by_name(tiny_llama, tmp_path):
+    from depthlens.models.load import wrap
+
+    _identity_lens(tiny_llama, tmp_path / "lens")
+    other = wrap(tiny_model("llama", seed=1), name="other-llama")
+    seqs = [TokenSequence([1, 5], [7, 3])]
+    with pytest.raises(InputError, match=r"fitted to .*model_hash"):
+        list(iter_readout(other, seqs, ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}")))
+    deeper = wrap(tiny_model("llama", num_hidden_layers=4))
+    with pytest.raises(InputError, match="n_layers 3 ≠ 4"):
+        list(iter_readout(deeper, seqs, ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}")))
+    with pytest.raises(InputError, match="no fitted lens there"):
+        list(iter_readout(tiny_llama, seqs, ReadoutConfig(lens=f"tuned:{tmp_path / 'none'}")))
+    with pytest.raises(ConfigError, match="--lens"):
+        ReadoutConfig(lens="tuned")
+    assert str(LensSpec.parse("tuned:x/y")) == "tuned:x/y"
+
+
+def test_fit_lens_writes_a_resumable_stamped_lens(tiny_llama, tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    seqs = [TokenSequence([1], torch.randint(3, 100, (30,), generator=gen).tolist()) for _ in range(6)]
+    cfg = LensFitConfig(max_tokens=150, steps=4, checkpoint_every=2, batch_tokens=16, layers_per_step=1)
+    stamp = fit_lens(tiny_llama, seqs, tmp_path / "lens", cfg, data="synthetic")
+    assert stamp["steps"] == 4 and stamp["n_layers"] == 3 and stamp["tokens"]["heldout"] > 0
+    assert len(stamp["heldout_kl"]["tuned"]) == 2 and (tmp_path / "lens" / "checkpoint.pt").exists()
+    more = fit_lens(tiny_llama, seqs, tmp_path / "lens", dataclasses.replace(cfg, steps=6), resume=True)
+    assert more["steps"] == 6
+    # Resumed 4 → 6 equals a fit run 0 → 6 at once: the minibatches are seeded by step.
+    once = fit_lens(tiny_llama, seqs, tmp_path / "once", dataclasses.replace(cfg, steps=6))
+    assert once["heldout_kl"] == more["heldout_kl"]
