@@ -112,3 +112,85 @@ def test_fit_lens_writes_a_resumable_stamped_lens(tiny_llama, tmp_path):
     # Resumed 4 → 6 equals a fit run 0 → 6 at once: the minibatches are seeded by step.
     once = fit_lens(tiny_llama, seqs, tmp_path / "once", dataclasses.replace(cfg, steps=6))
     assert once["heldout_kl"] == more["heldout_kl"]
+
+
+TOPK_CASES = [  # (agreement per layer 1..L, the top-k settling depth by the rule's words)
+    ([1, 1, 1, 1], 1),
+    ([0, 0, 0, 1], 4),
+    ([0, 0, 0, 0], 4),  # layer L agrees by definition
+    ([1, 0, 1, 1], 3),  # agreeing once does not settle: it must hold to the end
+    ([1, 1, 0, 1], 4),
+    ([0, 1, 1, 0], 2),  # column L is taken as agreeing, whatever the table says
+    ([0, 1, 1, 1], 2),
+]
+
+
+def test_topk_settling_equals_a_direct_computation_on_a_table_of_cases():
+    from depthlens.metrics.dtr import topk_settling_depth
+
+    table = torch.tensor([row for row, _ in TOPK_CASES], dtype=torch.bool)
+    expected = [case[1] for case in TOPK_CASES]
+    assert topk_settling_depth(table).tolist() == expected
+    direct = [min(lay + 1 for lay in range(4) if all(row[lay:-1]) or lay == 3) for row, _ in TOPK_CASES]
+    assert direct == expected
+
+
+def test_topk_agreement_compares_sets_not_orders():
+    from depthlens.metrics.dtr import topk_agreement
+
+    final = torch.log_softmax(torch.tensor([[5.0, 4.0, 3.0, 0.0], [5.0, 4.0, 3.0, 0.0]]), -1)
+    layer = torch.tensor(
+        [[3.0, 4.0, 5.0, 0.0], [5.0, 0.0, 3.0, 4.0]]
+    )  # same top-3 set reordered; another set
+    assert topk_agreement(final, layer, 3).tolist() == [True, False]
+    assert topk_agreement(final, layer, 1).tolist() == [False, True]
+
+
+def test_score_settles_by_topk_from_the_readout(tiny_llama):
+    """score's ``topk:K`` settling depths equal the rule applied to top-K sets computed directly from each layer."""
+    from depthlens.config import DTRConfig
+    from depthlens.metrics.dtr import topk_settling_depth
+    from depthlens.studies.score import score
+
+    records = [{"id": "a", "prompt_ids": [1, 4, 9], "completion_ids": [7, 3, 11, 20, 4, 50, 60]}]
+    for k in (1, 3):
+        (result,) = score(tiny_llama, records, dtr=DTRConfig(settle=f"topk:{k}"), tcb=None, tokens=True)
+        (chunk,) = iter_readout(tiny_llama, [TokenSequence([1, 4, 9], records[0]["completion_ids"])])
+        final = chunk.final.logprobs.topk(k).indices.sort().values
+        agree = [(lay.logprobs.topk(k).indices.sort().values == final).all(-1) for lay in chunk.layers()] + [
+            torch.ones(len(chunk), dtype=torch.bool)
+        ]
+        assert result["settling_depth"] == topk_settling_depth(torch.stack(agree, 1)).tolist()
+
+
+def test_the_store_stamps_the_lens_and_refuses_to_resume_under_another(tiny_llama, tmp_path):
+    import json
+
+    from depthlens.config import ScoreRun, StoreSpec
+    from depthlens.errors import StoreError
+    from depthlens.readout.tuned import stamped
+    from depthlens.stores.jsonl import iter_jsonl
+    from depthlens.studies.score import run_score
+
+    rows = [{"id": f"r{i}", "prompt_ids": [4, 5 + i], "completion_ids": [7, 8, 9 + i]} for i in range(3)]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stamp = _identity_lens(tiny_llama, tmp_path / "lens")
+    tuned = stamped(ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}"))
+    assert tuned.lens_digest == stamp["digest"]
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "logit.jsonl")))
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "tuned.jsonl"), readout=tuned))
+    manifest = json.loads((tmp_path / "tuned.jsonl.manifest.json").read_text())
+    assert manifest["readout"]["lens"] == tuned.lens and manifest["readout"]["lens_digest"] == stamp["digest"]
+    # identity translators: the very scores of the logit lens
+    assert list(iter_jsonl(tmp_path / "tuned.jsonl")) == list(iter_jsonl(tmp_path / "logit.jsonl"))
+    with pytest.raises(StoreError, match="lens"):
+        run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "logit.jsonl", resume=True), readout=tuned))
+    # the same folder refitted (another digest) is another lens
+    d, n = hidden_size(tiny_llama), tiny_llama.n_layers - 1
+    save_lens(tmp_path / "lens", 2 * torch.eye(d).repeat(n, 1, 1), torch.zeros(n, d), dict(stamp))
+    with pytest.raises(InputError, match=r"not .* that this store was read with"):
+        stamped(tuned)
+    refit = stamped(ReadoutConfig(lens=tuned.lens))
+    with pytest.raises(StoreError, match="lens_digest"):
+        run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "tuned.jsonl", resume=True), readout=refit))

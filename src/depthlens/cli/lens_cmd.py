@@ -41,6 +41,11 @@ Heldout = Annotated[
     float, typer.Option("--heldout", help="Share of the sequences kept apart for the held-out KL.")
 ]
 Resume = Annotated[bool, typer.Option("--resume", help="Go on from the lens folder's checkpoint.")]
+BatchTokens = Annotated[int, typer.Option("--batch-tokens", help="Token positions per KL step.")]
+LayersPerStep = Annotated[
+    int, typer.Option("--layers-per-step", help="Layers (drawn at random) per KL step.")
+]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the held-out split and the minibatches.")]
 
 
 @lens_app.command("fit", short_help="Fit a tuned lens (per-layer affine translators) for a model.")
@@ -53,6 +58,9 @@ def fit(
     max_seconds: MaxSeconds = LensFitConfig.max_seconds,
     lr: Lr = LensFitConfig.lr,
     heldout: Heldout = LensFitConfig.heldout,
+    batch_tokens: BatchTokens = LensFitConfig.batch_tokens,
+    layers_per_step: LayersPerStep = LensFitConfig.layers_per_step,
+    seed: Seed = LensFitConfig.seed,
     resume: Resume = False,
     device: opt.Device = ModelSpec.device,
     dtype: opt.DType = ModelSpec.dtype,
@@ -61,12 +69,22 @@ def fit(
     """Fit a tuned lens: the least-squares map of each layer's state onto the last one's, then KL(p_L ‖ p_l) steps.
 
     Writes OUT/translators.safetensors and OUT/lens.json (the model's fingerprint, L, d, the data, token counts,
-    steps, held-out KL per layer for the logit and the tuned lens). Use it with ``--lens tuned:OUT``.
+    steps, held-out KL per layer for the logit and the tuned lens). Read through it with
+    `depthlens score --lens tuned:OUT`.
     """
     from depthlens.errors import InputError
     from depthlens.studies.lens_fit import fit_lens, lens_sequences
 
-    cfg = LensFitConfig(max_tokens=max_tokens, steps=steps, max_seconds=max_seconds, lr=lr, heldout=heldout)
+    cfg = LensFitConfig(
+        max_tokens=max_tokens,
+        heldout=heldout,
+        steps=steps,
+        lr=lr,
+        batch_tokens=batch_tokens,
+        layers_per_step=layers_per_step,
+        max_seconds=max_seconds,
+        seed=seed,
+    )
     if out.exists() and not resume and any(out.iterdir()):
         raise InputError(
             f"--out {out} exists and is not empty; add --resume to go on with its fit, or remove it"
@@ -84,7 +102,9 @@ def fit(
             progress=lambda step, loss: status.update(f"KL step {step}/{cfg.steps}: {loss:.4f} nats"),
         )
     print_kl(stamp)
-    err_console.print(f"wrote {out} ({stamp['steps']} KL steps; use --lens tuned:{out})")
+    err_console.print(
+        f"wrote {out} ({stamp['steps']} KL steps; read through it with `score --lens tuned:{out}`)"
+    )
 
 
 def print_kl(stamp: dict) -> None:

@@ -163,10 +163,18 @@ def score_records(
         chunks = iter_readout(lm, [s for s in seqs if s.completion_ids], readout)
         nonempty = [i for i, s in enumerate(seqs) if s.completion_ids]
         # Without per-token output nothing needs the divergence table: settle by exact early exit instead.
-        settle_at = dtr.g if readout.early_exit and not tokens else None
+        settle_at = dtr.g if readout.early_exit and not tokens and dtr.top_k is None else None
         compiled = use_compiled(readout.compile, lm.device)
         reduced = reduce_readout(
-            chunks, len(nonempty), lm.n_layers, readout.divergence, tcb, settle_at, compiled, block_rows
+            chunks,
+            len(nonempty),
+            lm.n_layers,
+            readout.divergence,
+            tcb,
+            settle_at,
+            compiled,
+            block_rows,
+            dtr.top_k,
         )
         tables = [TokenTable.empty(lm.n_layers)] * len(seqs)
         for i, table in zip(nonempty, reduced, strict=True):
@@ -202,6 +210,8 @@ def score_records_on(
     out itself, and ``lm`` is then a ``models.info.ModelInfo``. No TCB fields there."""
     if tcb is not None:
         raise InputError("the TCB fields need the transformers readout: add --no-tcb, or use --backend hf")
+    if dtr.top_k is not None:
+        raise InputError(f"--settle {dtr.settle} needs the transformers readout: use --backend hf")
     if batch_size < 1:
         raise InputError(f"batch_size = {batch_size}; use 1 or more")
     batch: list[tuple[InputRecord, TokenSequence]] = []
