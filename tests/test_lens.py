@@ -63,6 +63,7 @@ def test_kl_steps_lower_the_held_out_kl_from_a_poor_start(tiny_llama):
 def _identity_lens(lm, path):
     d, n = hidden_size(lm), lm.n_layers - 1
     stamp = {"model": lm.name, "model_hash": model_fingerprint(lm), "n_layers": lm.n_layers, "d": d}
+    stamp["heldout_kl"] = {"logit": [0.5] * n, "tuned": [0.5] * n}  # identity: the logit lens's own
     return save_lens(path, torch.eye(d).repeat(n, 1, 1), torch.zeros(n, d), stamp)
 
 
@@ -194,3 +195,59 @@ def test_the_store_stamps_the_lens_and_refuses_to_resume_under_another(tiny_llam
     refit = stamped(ReadoutConfig(lens=tuned.lens))
     with pytest.raises(StoreError, match="lens_digest"):
         run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "tuned.jsonl", resume=True), readout=refit))
+
+
+def test_lens_compare_sets_lenses_and_rules_side_by_side(tiny_llama, tmp_path, monkeypatch, capsys):
+    import json
+
+    from depthlens.config import DTRConfig, ScoreRun, StoreSpec
+    from depthlens.readout.tuned import stamped
+    from depthlens.studies.lens_compare import compare_arms, load_arm
+    from depthlens.studies.score import run_score
+    from tests.test_cli import run
+
+    gen = torch.Generator().manual_seed(0)
+    rows = [
+        {
+            "id": f"q{i // 4}#{i % 4}",
+            "prompt_ids": [1, 4],
+            "completion_ids": torch.randint(3, 100, (12,), generator=gen).tolist(),
+        }
+        for i in range(24)
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _identity_lens(tiny_llama, tmp_path / "lens")
+    tuned = stamped(ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}"))
+    dtr = DTRConfig(g=0.0155)  # about the median of the tiny model's min_l D_{t,l}: DTR varies by response
+    arms = {
+        "logit": (ReadoutConfig(), dtr),
+        "tuned": (tuned, dtr),
+        "topk": (ReadoutConfig(), DTRConfig(settle="topk:1")),
+    }
+    for name, (readout, rule) in arms.items():
+        run_score(
+            tiny_llama, ScoreRun(src, StoreSpec(tmp_path / f"{name}.jsonl"), readout, rule, None, tokens=True)
+        )
+    loaded = [load_arm(tmp_path / f"{name}.jsonl") for name in arms]
+    graded = {r["id"]: (r["id"].split("#")[0], i % 3 == 0) for i, r in enumerate(rows)}
+    table = compare_arms(loaded, graded)
+    assert [r["arm"] for r in table] == ["logit · jsd", "tuned (lens) · jsd", "logit · topk:1"]
+    assert (
+        table[1]["spearman_vs_first"] == pytest.approx(1.0) and table[1]["mean_dtr"] == table[0]["mean_dtr"]
+    )
+    assert table[0]["depth_of"] == "tokens" and table[0]["responses"] == 24
+    assert "accuracy_spearman" in table[0]
+    code, out, err = run(
+        monkeypatch,
+        capsys,
+        "lens",
+        "compare",
+        *(tmp_path / f"{n}.jsonl" for n in arms),
+        "--out",
+        tmp_path / "cmp",
+    )
+    assert code in (0, None), err
+    saved = json.loads((tmp_path / "cmp" / "lens_compare.json").read_text())
+    assert len(saved["arms"]) == 3 and list(saved["heldout_kl"]) == [tuned.lens]
+    assert (tmp_path / "cmp" / "lens_compare.png").stat().st_size > 0 and "topk:1" in out

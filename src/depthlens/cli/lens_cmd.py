@@ -116,3 +116,75 @@ def print_kl(stamp: dict) -> None:
     for layer, (a, b) in enumerate(zip(kl["logit"], kl["tuned"], strict=True), start=1):
         table.add_row(str(layer), f"{a:.3f}", f"{b:.3f}")
     console.print(table)
+
+
+Stores = Annotated[
+    list[Path], typer.Argument(help="Score stores of the same responses, one per lens or rule.")
+]
+CompareSamples = Annotated[
+    Path | None,
+    typer.Option(
+        "--samples", help="The sample store the responses came from: adds DTR's correlation with accuracy."
+    ),
+]
+CompareOut = Annotated[
+    Path | None,
+    typer.Option("--out", help="Folder for lens_compare.json / .png (default: beside the first store)."),
+]
+
+
+@lens_app.command("compare", short_help="Lenses and settling rules side by side on the same responses.")
+def compare(stores: Stores, samples: CompareSamples = None, out: CompareOut = None) -> None:
+    """Score stores of the same responses under different lenses or settling rules, compared.
+
+    Per store: mean DTR, mean settling depth and its quartiles, the Spearman rank agreement of responses by DTR with
+    the first store, and with --samples the correlation of DTR with accuracy (Table 1's statistics); tuned lenses
+    add their stamps' held-out KL per layer. Writes lens_compare.json and lens_compare.png.
+    """
+    import json
+
+    from depthlens.studies.lens_compare import compare_arms, lens_kl, load_arm, outcomes
+    from depthlens.viz.lens import draw_lens_comparison
+
+    arms = [load_arm(path) for path in stores]
+    graded = outcomes(samples) if samples is not None else None
+    rows = compare_arms(arms, graded)
+    kl = lens_kl(arms)
+    for stamp_kl in kl.values():
+        print_kl({"model": arms[0].path.name, "heldout_kl": stamp_kl})
+    _print_rows(rows, graded is not None)
+    folder = out if out is not None else stores[0].resolve().parent
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "lens_compare.json").write_text(json.dumps({"arms": rows, "heldout_kl": kl}, indent=1) + "\n")
+    depths = {a.label: (a.token_depths if a.token_depths.size else list(a.depth.values())) for a in arms}
+    figure = draw_lens_comparison(kl, depths, arms[0].n_layers, folder / "lens_compare.png")
+    err_console.print(f"wrote {folder / 'lens_compare.json'} and {figure}")
+
+
+def _cell(value: object, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _print_rows(rows: list[dict], graded: bool) -> None:
+    table = Table(title="lenses and settling rules on the same responses", title_justify="left")
+    columns = ["lens · rule", "responses", "mean DTR", "mean depth", "depth q25/q50/q75", "ρ vs first"]
+    for column in columns + (["ρ(DTR, correct) [95% CI]", "r_pb"] if graded else []):
+        table.add_column(column, justify="right")
+    for row in rows:
+        quartiles = "/".join(_cell(q, 1) for q in row["depth_quartiles"]) + f" ({row['depth_of']})"
+        cells = [
+            row["arm"],
+            str(row["responses"]),
+            _cell(row["mean_dtr"]),
+            _cell(row["mean_settling_depth"], 2),
+            quartiles,
+            _cell(row["spearman_vs_first"]),
+        ]
+        if graded:
+            lo, hi = row["accuracy_spearman_ci"]
+            rho = row["accuracy_spearman"]
+            ci = f" [{_cell(lo, 2)}, {_cell(hi, 2)}]" if lo is not None else ""
+            cells.append(row["accuracy_note"] if rho is None else _cell(rho) + ci)
+            cells.append(_cell(row["accuracy_point_biserial"]))
+        table.add_row(*cells)
+    console.print(table)
