@@ -174,7 +174,7 @@ class LensFitConfig(Config):
     max_tokens: int = 8192
     heldout: float = 0.2
     steps: int = 200
-    lr: float = 1e-3
+    lr: float = 1e-4
     batch_tokens: int = 64
     layers_per_step: int = 4
     max_seconds: float = 600.0

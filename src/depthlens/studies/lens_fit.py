@@ -34,6 +34,7 @@ class States:
 
     hidden: torch.Tensor
     last: torch.Tensor
+    sequences: int = 0  # how many sequences they were read from
 
     @property
     def n_tokens(self) -> int:
@@ -48,7 +49,7 @@ def collect_states(lm: LoadedModel, sequences: Sequence[TokenSequence], max_toke
     hook = lm.parts.final_norm.register_forward_pre_hook(lambda _, args: captured.append(args[0]))
     hidden: list[torch.Tensor] = []
     last: list[torch.Tensor] = []
-    n = 0
+    n, used = 0, 0
     try:
         for seq in sequences:
             if n >= max_tokens or not seq.completion_ids:
@@ -60,12 +61,12 @@ def collect_states(lm: LoadedModel, sequences: Sequence[TokenSequence], max_toke
             hi = min(ids.shape[1] - 1, lo + max_tokens - n)
             hidden.append(torch.stack([h[0, lo:hi].float() for h in out.hidden_states[1:-1]]))
             last.append(captured[-1][0, lo:hi].float())
-            n += hi - lo
+            n, used = n + hi - lo, used + 1
     finally:
         hook.remove()
     if not last:
         raise ValueError("no completion tokens to fit a lens on: give sequences with completions")
-    return States(torch.cat(hidden, dim=1), torch.cat(last))
+    return States(torch.cat(hidden, dim=1), torch.cat(last), used)
 
 
 def least_squares(x: torch.Tensor, y: torch.Tensor, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -235,7 +236,7 @@ def fit_lens(
         "d": hidden_size(lm),
         "data": data,
         "tokens": {"train": train.n_tokens, "heldout": held.n_tokens},
-        "sequences": {"train": len(train_seqs), "heldout": len(held_seqs)},
+        "sequences": {"train": train.sequences, "heldout": held.sequences},
         "steps": steps,
         "kl_seconds": round(time.monotonic() - started, 1),
         "fit": cfg.to_dict(),
