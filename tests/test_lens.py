@@ -251,3 +251,20 @@ def test_lens_compare_sets_lenses_and_rules_side_by_side(tiny_llama, tmp_path, m
     saved = json.loads((tmp_path / "cmp" / "lens_compare.json").read_text())
     assert len(saved["arms"]) == 3 and list(saved["heldout_kl"]) == [tuned.lens]
     assert (tmp_path / "cmp" / "lens_compare.png").stat().st_size > 0 and "topk:1" in out
+
+
+def test_score_refuses_a_mismatched_lens_before_writing_anything(tiny_llama, tmp_path):
+    import json
+
+    from depthlens.config import ScoreRun, StoreSpec
+    from depthlens.models.load import wrap
+    from depthlens.studies.score import run_score
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "a", "prompt_ids": [4, 5], "completion_ids": [7, 8]}) + "\n")
+    _identity_lens(tiny_llama, tmp_path / "lens")
+    other = wrap(tiny_model("llama", seed=1), name="other-llama")
+    readout = ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}")
+    with pytest.raises(InputError, match="fitted to"):
+        run_score(other, ScoreRun(src, StoreSpec(tmp_path / "out.jsonl"), readout=readout))
+    assert not (tmp_path / "out.jsonl").exists()
