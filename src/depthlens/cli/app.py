@@ -188,6 +188,7 @@ from depthlens.cli import (  # noqa: E402, F401
     export_cmd,
     generate_cmd,
     heatmap_cmd,
+    lens_cmd,
     models_cmd,
     regrade_cmd,
     report_cmd,

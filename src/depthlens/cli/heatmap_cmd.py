@@ -22,6 +22,8 @@ def heatmap(
     rho: opt.Rho = DTRConfig.rho,
     deep_rule: opt.DeepRuleOpt = DTRConfig.deep_rule,
     divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
+    lens: opt.LensOpt = ReadoutConfig.lens,
+    settle: opt.SettleOpt = DTRConfig.settle,
     device: opt.Device = ModelSpec.device,
     dtype: opt.DType = ModelSpec.dtype,
     trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
@@ -44,8 +46,8 @@ def heatmap(
         raise InputError("--completion is empty: give the text to read out")
     if token is not None and token < 0:
         raise InputError(f"--token {token}: give a token index, 0 or more")
-    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
-    readout = ReadoutConfig(divergence=divergence)  # type: ignore[arg-type]
+    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, settle=settle)  # type: ignore[arg-type]
+    readout = ReadoutConfig(divergence=divergence, lens=lens)  # type: ignore[arg-type]
     for line in degenerate_settings(readout, dtr):
         warn(line)
     lm = load_model(model_spec)
@@ -58,7 +60,8 @@ def heatmap(
     unit = {"jsd": "bits", "jsd-nat": "nats", "kl": "nats", "cosine": "1 − cos"}[divergence]
     out.mkdir(parents=True, exist_ok=True)
     (out / "record.json").write_text(json.dumps(record) + "\n")
-    title = f"{model}: {divergence.upper()} to the final layer ({unit}); DTR = {record['dtr']:.2f}"
+    read = ("" if lens == "logit" else " through the tuned lens") + ("" if settle == "jsd" else f", {settle}")
+    title = f"{model}: {divergence.upper()} to the final layer ({unit}){read}; DTR = {record['dtr']:.2f}"
     paths = [
         draw_divergence_heatmap(record, out / "heatmap.png", title=title),
         write_heatmap_html(record, out / "heatmap.html", title=title, unit=unit),

@@ -47,6 +47,8 @@ def score(
     divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
     deep_rule: opt.DeepRuleOpt = DTRConfig.deep_rule,
     final_norm: opt.FinalNorm = ReadoutConfig.final_norm,
+    lens: opt.LensOpt = ReadoutConfig.lens,
+    settle: opt.SettleOpt = DTRConfig.settle,
     tcb: opt.Tcb = True,
     epsilon: opt.Epsilon = TCBConfig.epsilon,
     v_eff: opt.VEffOpt = TCBConfig.v_eff,
@@ -87,8 +89,16 @@ def score(
         final_norm=final_norm,
         memory_mb=memory_mb,  # type: ignore[arg-type]
         compile=compile_kernel,
+        lens=lens,
     )  # type: ignore[arg-type]
-    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix)  # type: ignore[arg-type]
+    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix, settle=settle)  # type: ignore[arg-type]
+    if backend == "vllm" and (lens != "logit" or dtr.top_k is not None):
+        raise InputError(
+            f"--lens {lens} --settle {settle} reads out on the transformers path only: use --backend hf"
+        )
+    from depthlens.readout.tuned import stamped
+
+    readout = stamped(readout)  # the store's manifest names the very fit that reads it
     tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral, exact=tcb_exact) if tcb else None  # type: ignore[arg-type]
     store = StoreSpec(out_path, resume, overwrite, float16=float16)
     ray_on = ray or ray_address is not None

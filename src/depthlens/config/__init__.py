@@ -11,6 +11,9 @@ from depthlens.config.readout import (
     DeepRule,
     Divergence,
     DTRConfig,
+    LensFitConfig,
+    LensKind,
+    LensSpec,
     ReadoutConfig,
     TCBConfig,
     TCBStudies,
@@ -34,7 +37,8 @@ from depthlens.config.voting import CorrelationConfig, OnlineConfig, Signal, Vot
 __all__ = [
     "DIVERGENCE_MAX", "FLAGS", "PREFIX_TOKENS", "AnswerConfig", "AnswerType", "Backend", "Compile", "Config",
     "CorrelationConfig", "DTRConfig", "DeepRule", "Divergence", "EngineConfig", "EngineDType", "Fallback",
-    "GenerateRun", "ModelSpec", "OnlineConfig", "OnlineRun", "PromptStyle", "RayConfig", "ReadoutConfig",
+    "GenerateRun", "LensFitConfig", "LensKind", "LensSpec",
+    "ModelSpec", "OnlineConfig", "OnlineRun", "PromptStyle", "RayConfig", "ReadoutConfig",
     "SamplingConfig", "ScoreRun", "ServeConfig", "Signal", "StoreFormat", "StoreSpec", "TCBConfig", "TCBStudies",
     "TaskSpec", "VEff", "VotingConfig", "degenerate_settings", "flag_for", "invalid",
 ]  # fmt: skip

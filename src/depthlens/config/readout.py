@@ -29,6 +29,40 @@ Compile = Literal["auto", "on", "off"]
 """``auto``: a compiled (fused) readout kernel on CUDA, eager elsewhere; ``on``: compiled on any device (on a
 CPU it pays ~20 s of compilation once, then runs at the matmul's pace); ``off``: eager everywhere."""
 
+LensKind = Literal["logit", "tuned"]
+"""``logit``: each layer read through the final norm and unembedding as it is; ``tuned``: through a per-layer affine
+translator A_l h + b_l first (the tuned lens, Belrose et al. 2023; fitted by ``depthlens lens fit``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LensSpec:
+    """Which lens reads the layers out, as one argument: ``logit`` or ``tuned:PATH`` (``ReadoutConfig.lens``).
+
+    ``readout.tuned.lens_for`` resolves it to a lens object for a loaded model (refusing one fitted to another).
+    """
+
+    kind: LensKind = "logit"
+    path: str | None = None  # the fitted lens's directory (``tuned`` only)
+
+    @classmethod
+    def parse(cls, text: str) -> LensSpec:
+        """``logit`` or ``tuned:PATH``; anything else raises naming ``--lens``."""
+        if text == "logit":
+            return cls()
+        if text.startswith("tuned:") and text.removeprefix("tuned:").strip():
+            return cls("tuned", text.removeprefix("tuned:").strip())
+        raise invalid(
+            "ReadoutConfig",
+            "lens",
+            text,
+            "must be logit or tuned:PATH",
+            "PATH: a `depthlens lens fit --out` folder",
+        )
+
+    def __str__(self) -> str:
+        return self.kind if self.path is None else f"{self.kind}:{self.path}"
+
+
 DeepRule = Literal["spec", "paper-literal"]
 """``spec``: deep when c_t ≥ ⌈ρ·L⌉ (docs/definitions.md §2, the paper's figures); ``paper-literal``: c_t ≥ ⌈(1−ρ)·L⌉
 (the paper's Algorithm 1 as printed)."""
@@ -54,6 +88,9 @@ class ReadoutConfig(Config):
         also: further divergences measured in the same layer walk and stored beside the primary one (the
             KL / cosine ablation of the correlation study costs no extra unembedding product).
         vocab_size: cut logits to this many rows (padded vocabularies); None = the tokenizer's length.
+        lens: which lens reads the layers out: ``logit`` or ``tuned:PATH`` (``LensSpec``).
+        lens_digest: the tuned lens's content hash (its stamp's ``digest``), set when the spec is resolved
+            (``readout.tuned.stamped``) so a store records *which* fit read it, and a refit is refused on resume.
     """
 
     divergence: Divergence = "jsd"
@@ -63,9 +100,12 @@ class ReadoutConfig(Config):
     early_exit: bool = True
     compile: Compile = "auto"
     also: tuple[Divergence, ...] = ()
+    lens: str = "logit"
+    lens_digest: str | None = None
 
     def __post_init__(self) -> None:
         check_choice("ReadoutConfig", "divergence", self.divergence, Divergence)
+        LensSpec.parse(self.lens)
         check_choice("ReadoutConfig", "compile", self.compile, Compile)
         object.__setattr__(self, "also", tuple(k for k in dict.fromkeys(self.also) if k != self.divergence))
         for kind in self.also:
@@ -87,14 +127,24 @@ class DTRConfig(Config):
         rho: depth fraction defining the deep regime.
         deep_rule: how ρ becomes a layer threshold (see ``DeepRule``).
         prefix: when set, ``dtr_prefix`` is also reported over the first ``prefix`` completion tokens.
+        settle: the settling rule: ``jsd`` — the first layer whose cumulative-minimum divergence (``--divergence``,
+            JSD by default) is ≤ g; ``topk:K`` — the first layer from which every layer's top-K token set equals
+            the final layer's (DTR-explorer's rule; g is then unused). docs/definitions.md §2.
     """
 
     g: float = 0.5
     rho: float = 0.85
     deep_rule: DeepRule = "spec"
     prefix: int | None = None
+    settle: str = "jsd"
+
+    @property
+    def top_k(self) -> int | None:
+        """K of a ``topk:K`` settling rule; None for the divergence threshold rule."""
+        return settle_top_k(self.settle)
 
     def __post_init__(self) -> None:
+        settle_top_k(self.settle)
         if not (math.isfinite(self.g) and self.g >= 0):
             raise invalid("DTRConfig", "g", self.g, "must be a finite number ≥ 0", f"default {DTRConfig.g}")
         if not (0 < self.rho <= 1):
@@ -102,6 +152,56 @@ class DTRConfig(Config):
         check_choice("DTRConfig", "deep_rule", self.deep_rule, DeepRule)
         if self.prefix is not None and self.prefix < 1:
             raise invalid("DTRConfig", "prefix", self.prefix, "must be ≥ 1 token", "or None for no prefix")
+
+
+@dataclasses.dataclass(frozen=True)
+class LensFitConfig(Config):
+    """How a tuned lens is fitted (``depthlens lens fit``, ``studies.lens_fit``; docs/definitions.md §1).
+
+    Attributes:
+        max_tokens: token positions read (training and held-out together).
+        heldout: share of the sequences kept apart for the held-out KL (never trained on).
+        steps: KL steps (Adam) after the least-squares start; 0 keeps the least-squares translators.
+        lr: Adam's learning rate.
+        batch_tokens: token positions per KL step.
+        layers_per_step: layers trained per KL step (drawn at random; each costs an unembedding product).
+        max_seconds: the KL steps stop after this much wall time (checkpointed; ``--resume`` goes on).
+        ridge: the least-squares ridge, relative to the states' mean square.
+        checkpoint_every: steps between checkpoints.
+        seed: the held-out split's and the minibatches' seed.
+    """
+
+    max_tokens: int = 8192
+    heldout: float = 0.2
+    steps: int = 200
+    lr: float = 1e-4
+    batch_tokens: int = 64
+    layers_per_step: int = 4
+    max_seconds: float = 600.0
+    ridge: float = 1e-4
+    checkpoint_every: int = 20
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "batch_tokens", "layers_per_step", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise invalid("LensFitConfig", name, getattr(self, name), "must be ≥ 1")
+        if self.steps < 0:
+            raise invalid("LensFitConfig", "steps", self.steps, "must be ≥ 0")
+        if not 0 < self.heldout < 1:
+            raise invalid("LensFitConfig", "heldout", self.heldout, "must be in (0, 1)")
+        if not (self.lr > 0 and self.max_seconds > 0 and self.ridge >= 0):
+            raise invalid("LensFitConfig", "lr", self.lr, "lr and max_seconds must be > 0, ridge ≥ 0")
+
+
+def settle_top_k(settle: str) -> int | None:
+    """K of ``topk:K`` (K ≥ 1), None for ``jsd``; anything else raises naming ``--settle``."""
+    if settle == "jsd":
+        return None
+    k = settle.removeprefix("topk:")
+    if settle.startswith("topk:") and k.isdigit() and int(k) >= 1:
+        return int(k)
+    raise invalid("DTRConfig", "settle", settle, "must be jsd or topk:K with K ≥ 1", "e.g. topk:5")
 
 
 VEff = Literal["ipr", "exp-entropy"]

@@ -80,3 +80,29 @@ def deep_from_divergence(
     """Deep-thinking flags [R] of R read-out tokens from their stored [R][L] divergence rows (R may be 0)."""
     table = torch.tensor(divergence, dtype=torch.float32).reshape(-1, n_layers)
     return deep_flags(settling_depth(table, dtr.g), n_layers, dtr.rho, dtr.deep_rule)
+
+
+def topk_agreement(final_logprobs: torch.Tensor, layer_logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Whether each row's top-``k`` token set at one layer equals the final layer's: [c, V] × [c, V] → [c] bool.
+
+    Sets, not orders: the two top-k id lists are compared sorted. Ties at the k-th place are broken as
+    ``torch.topk`` breaks them, on both sides alike.
+    """
+    k = min(k, final_logprobs.shape[-1])
+    final = final_logprobs.topk(k, dim=-1).indices.sort(dim=-1).values
+    layer = layer_logits.topk(k, dim=-1).indices.sort(dim=-1).values
+    return (final == layer).all(dim=-1)
+
+
+def topk_settling_depth(agree_tl: torch.Tensor) -> torch.Tensor:
+    """c_t = min{ l : the top-K set equals the final layer's at every layer j ≥ l }, 1-based; [T, L] bool → [T].
+
+    DTR-explorer's rule: unlike the divergence rule's cumulative minimum, a layer that agrees and a later one that
+    does not leave the token unsettled until the agreement holds to the end. Column L agrees by definition.
+    """
+    if agree_tl.ndim != 2:
+        raise ValueError(f"agree_tl must be [tokens, layers], got shape {tuple(agree_tl.shape)}")
+    agree = agree_tl.bool().clone()
+    agree[:, -1] = True
+    trailing = agree.flip(1).int().cumprod(dim=1).sum(dim=1)  # layers agreeing from the last one backwards
+    return agree.shape[1] - trailing + 1

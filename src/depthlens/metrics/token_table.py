@@ -15,7 +15,14 @@ import torch
 from depthlens.config import Divergence, DTRConfig, TCBConfig
 from depthlens.metrics.baselines import sequence_baselines, token_baselines
 from depthlens.metrics.divergence import layer_divergence
-from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, mean_settling_depth, settling_depth
+from depthlens.metrics.dtr import (
+    deep_flags,
+    deep_thinking_ratio,
+    mean_settling_depth,
+    settling_depth,
+    topk_agreement,
+    topk_settling_depth,
+)
 from depthlens.metrics.fused import compiled_step
 from depthlens.metrics.tcb import Unembedding, token_constraint_terms
 from depthlens.readout.stream import ReadoutChunk, check_finite
@@ -33,7 +40,7 @@ class TokenTable:
     entropy: torch.Tensor  # [T] H(p_L), nats
     self_certainty: torch.Tensor  # [T] KL(U ‖ p_L), nats
     tcb: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # TCB_FIELDS present → [T] float64
-    settling: torch.Tensor | None = None  # [T] long, when found by early exit (then divergence is None)
+    settling: torch.Tensor | None = None  # [T] long: found by early exit (divergence None) or the topk rule
 
     @property
     def n_tokens(self) -> int:
@@ -61,9 +68,11 @@ def chunk_divergences(
 
 
 def chunk_divergence_kinds(
-    chunk: ReadoutChunk, kinds: Sequence[Divergence], rows: int = 0
+    chunk: ReadoutChunk, kinds: Sequence[Divergence], rows: int = 0, top_k: int | None = None
 ) -> dict[str, torch.Tensor]:
-    """D_{t,l} of several divergence kinds in one walk over the layers: each kind → [c, L], on the chunk's device.
+    """D_{t,l} of several divergence kinds in one walk over the layers: each kind → [c, L], on the chunk's device;
+    with ``top_k``, also ``"topk"`` → [c, L] bool: the layer's top-K token set equals the final layer's (the
+    ``topk:K`` settling rule, ``metrics.dtr.topk_settling_depth``), from the same unembedding products.
 
     The unembedding runs on blocks of layers (one large product); the log-softmax then follows layer by layer,
     each straight before that layer's divergences, so its [c, V] is still warm in cache (on a CPU twice as fast
@@ -71,8 +80,12 @@ def chunk_divergence_kinds(
     """
     final = chunk.final
     out = {kind: torch.zeros(len(chunk), chunk.n_layers, device=final.logprobs.device) for kind in kinds}
+    if top_k is not None:
+        out["topk"] = torch.ones(len(chunk), chunk.n_layers, dtype=torch.bool, device=final.logprobs.device)
     for first, logits, normed in chunk.logit_blocks(rows):
         for j in range(logits.shape[0]):
+            if top_k is not None:
+                out["topk"][:, first - 1 + j] = topk_agreement(final.logprobs, logits[j], top_k)
             logprobs = torch.log_softmax(logits[j], dim=-1)
             for kind in kinds:
                 d = layer_divergence(kind, final.logprobs, logprobs, final.normed, normed[j])
@@ -153,6 +166,7 @@ def reduce_readout(
     settle_at: float | None = None,
     compiled: bool = False,
     rows: int = 0,
+    top_k: int | None = None,
 ) -> list[TokenTable]:
     """Collect the chunks of ``n_sequences`` sequences into one TokenTable each (empty when no chunk came).
 
@@ -161,7 +175,8 @@ def reduce_readout(
     ``rows``: the eager divergence table unembeds blocks of layers of about that many token-layer rows (a chunk
     shorter than ``rows`` then gets one large product for several layers instead of one small one per layer).
     Every per-layer and per-term result stays on the device until its chunk is done, then crosses to the host in
-    one copy.
+    one copy. ``top_k``: settle by the ``topk:K`` rule instead (the divergence table is still kept; ``settle_at``
+    must then be None).
     """
     parts: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(n_sequences)]
     unembed, row_norms_sq = None, None
@@ -170,11 +185,15 @@ def reduce_readout(
         columns = {
             "nonfinite": chunk.nonfinite,
             "ids": chunk.target_ids,
-            "second": chunk_divergences(chunk, kind, rows, compiled=compiled)
-            if settle_at is None
-            else chunk_settling(chunk, kind, settle_at, compiled=compiled),
             **{k: base[k] for k in ("log_prob", "entropy", "self_certainty")},
         }
+        if top_k is not None:
+            walked = chunk_divergence_kinds(chunk, (kind,), rows, top_k)
+            columns.update(second=walked[kind], topk=walked["topk"])
+        elif settle_at is None:
+            columns["second"] = chunk_divergences(chunk, kind, rows, compiled=compiled)
+        else:
+            columns["second"] = chunk_settling(chunk, kind, settle_at, compiled=compiled)
         if tcb is not None:
             if unembed is None:  # the same unembedding for every chunk: row norms once per call
                 unembed = Unembedding.from_lens(chunk.lens)
@@ -191,7 +210,12 @@ def reduce_readout(
         joined = {k: torch.cat([p[k] for p in seq_parts]) for k in seq_parts[0]}
         tcb_columns = {k.removeprefix("tcb:"): v for k, v in joined.items() if k.startswith("tcb:")}
         baselines = (joined["log_prob"], joined["entropy"], joined["self_certainty"])
-        if settle_at is None:
+        if top_k is not None:
+            settling = topk_settling_depth(joined["topk"])
+            tables.append(
+                TokenTable(joined["ids"], joined["second"], *baselines, tcb_columns, settling=settling)
+            )
+        elif settle_at is None:
             tables.append(TokenTable(joined["ids"], joined["second"], *baselines, tcb_columns))
         else:
             tables.append(TokenTable(joined["ids"], None, *baselines, tcb_columns, settling=joined["second"]))
@@ -200,7 +224,9 @@ def reduce_readout(
 
 def sequence_scores(table: TokenTable, dtr: DTRConfig, n_layers: int) -> dict[str, Any]:
     """DTR, mean settling depth and the six baselines for one sequence, plus per-token settling and deep flags."""
-    if table.settling is not None:  # early exit found them (at this g: the caller passes dtr.g)
+    if (
+        table.settling is not None
+    ):  # early exit (at this g: the caller passes dtr.g) or the topk rule found them
         settling = table.settling
     elif table.n_tokens and table.divergence is not None:
         settling = settling_depth(table.divergence, dtr.g)

@@ -108,14 +108,14 @@ class ReadoutChunk:
         per_block = max(1, rows // max(1, len(self)))
         for lo in range(first, last + 1, per_block):
             hi = min(lo + per_block, last + 1)
-            normed = self.lens.normed(torch.stack(self._hidden[lo - 1 : hi - 1]))
+            normed = self.lens.normed_block(torch.stack(self._hidden[lo - 1 : hi - 1]), lo)
             yield lo, self.lens.logits_from_normed(normed), normed.float()
 
     @torch.inference_mode()
     def normed_rows(self, layer: int, index: torch.Tensor | None = None) -> torch.Tensor:
         """norm(h_l) of layer ``layer`` (1..L−1), for the tokens at ``index`` (default all): [k, d], model dtype."""
         hidden = self._hidden[layer - 1]
-        return self.lens.normed(hidden if index is None else hidden[index])
+        return self.lens.normed_at(hidden if index is None else hidden[index], layer)
 
     @torch.inference_mode()
     def layer_rows(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,8 +149,13 @@ def check_finite(nonfinite: Sequence[int] | torch.Tensor, start: int) -> None:
 
 
 def lens_for(lm: LoadedModel, config: ReadoutConfig) -> LogitLens:
-    """The logit lens of ``lm`` as ``config`` asks: padded vocabulary rows cut to the tokenizer's length."""
+    """The lens of ``lm`` as ``config`` asks (``config.lens``: the logit lens, or a tuned lens checked to fit
+    ``lm``, ``readout.tuned.load_tuned``): padded vocabulary rows cut to the tokenizer's length."""
     vocab = config.vocab_size or (len(lm.tokenizer) if lm.tokenizer is not None else None)
+    if config.lens != "logit":
+        from depthlens.readout.tuned import load_tuned
+
+        return load_tuned(lm, config, vocab)
     return LogitLens(lm.parts, vocab_size=vocab, final_norm=config.final_norm)
 
 

@@ -172,10 +172,18 @@ def score_records(
         chunks = iter_readout(lm, [s for s in seqs if s.completion_ids], readout)
         nonempty = [i for i, s in enumerate(seqs) if s.completion_ids]
         # Without per-token output nothing needs the divergence table: settle by exact early exit instead.
-        settle_at = dtr.g if readout.early_exit and not tokens else None
+        settle_at = dtr.g if readout.early_exit and not tokens and dtr.top_k is None else None
         compiled = use_compiled(readout.compile, lm.device)
         reduced = reduce_readout(
-            chunks, len(nonempty), lm.n_layers, readout.divergence, tcb, settle_at, compiled, block_rows
+            chunks,
+            len(nonempty),
+            lm.n_layers,
+            readout.divergence,
+            tcb,
+            settle_at,
+            compiled,
+            block_rows,
+            dtr.top_k,
         )
         tables = [TokenTable.empty(lm.n_layers)] * len(seqs)
         for i, table in zip(nonempty, reduced, strict=True):
@@ -211,6 +219,8 @@ def score_records_on(
     out itself, and ``lm`` is then a ``models.info.ModelInfo``. No TCB fields there."""
     if tcb is not None:
         raise InputError("the TCB fields need the transformers readout: add --no-tcb, or use --backend hf")
+    if dtr.top_k is not None:
+        raise InputError(f"--settle {dtr.settle} needs the transformers readout: use --backend hf")
     if batch_size < 1:
         raise InputError(f"batch_size = {batch_size}; use 1 or more")
     batch: list[tuple[InputRecord, TokenSequence]] = []
@@ -342,6 +352,8 @@ def run_score(
 
     out_path, spec = run.store.out, run.store
     refuse_same_file(run.source, out_path)
+    if run.readout.lens != "logit" and run.engine.backend != "vllm":
+        lens_for(lm, run.readout)  # a lens fitted to another model is refused before the store is touched
     records, skipped = read_inputs(run.source, skip_bad=run.skip_bad)
     store = store_entry(results_format(out_path), spec.float16)
     manifest = score_manifest(lm.name, lm.n_layers, run, store)

@@ -12,10 +12,25 @@ from depthlens.config import ReadoutConfig
 
 __all__ = [
     "AlsoDivergences", "Chat", "CompileOpt", "Completion", "DeepRuleOpt", "DivergenceOpt", "Epsilon", "FigureOut",
-    "FinalNorm", "G", "HeatmapPrompt", "MemoryMB", "Prefix", "Rho", "ScoreBatch", "Spectral", "StoreDeepRule",
+    "FinalNorm", "G", "HeatmapPrompt", "LensOpt", "MemoryMB", "Prefix", "Rho", "ScoreBatch", "SettleOpt", "Spectral",
+    "StoreDeepRule",
     "StoreDivergence", "StoreG", "StoreRho", "Tcb", "TcbExact", "Token", "Tokens", "VEffOpt",
 ]  # fmt: skip
 
+LensOpt = Annotated[
+    str,
+    typer.Option(
+        "--lens",
+        help="logit (the final norm and unembedding as they are) or tuned:PATH (a `depthlens lens fit` folder).",
+    ),
+]
+SettleOpt = Annotated[
+    str,
+    typer.Option(
+        "--settle",
+        help="jsd: cumulative-minimum divergence ≤ g; topk:K: top-K set equal to the final layer's from there on.",
+    ),
+]
 G = Annotated[
     float,
     typer.Option("--g", callback=finite, help="Settling threshold on the cumulative-minimum divergence."),
