@@ -158,3 +158,38 @@ def test_same_response_in_table_sample_store_and_score_store(pooled, tmp_path):
         assert row["settling_depth"] == s["settling_depth"] and row["deep"] == s["deep"]
         assert float32_close(row["dtr"], s["dtr"]) and float32_close(rec["dtr_readout"], s["dtr"])
         assert float32_close(row["mean_settling_depth"], s["mean_settling_depth"])
+
+
+def test_the_notebook_example_runs_and_shows_something(tmp_path):
+    """examples/notebook.py on the tiny chat model (saved where `depthlens.load` finds it), at a tiny size: the
+    pool's table, the Think@n vs Cons@n rows and the heatmap are real."""
+    import csv
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import save_chat_model
+
+    root = Path(__file__).parent.parent
+    model, out = save_chat_model(tmp_path / "model"), tmp_path / "out"
+    env = {**os.environ, "NOTEBOOK_QUESTIONS": "2", "NOTEBOOK_TOKENS": "12", "PYTHONPATH": str(root / "src")}
+    done = subprocess.run(
+        [sys.executable, str(root / "examples" / "notebook.py"), str(model), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for column in ("token_count", "dtr", "dtr_prefix", "mean_settling_depth", "cost_vs_cons"):
+        assert column in done.stdout
+    rows = list(csv.DictReader((out / "thinkn.csv").read_text().splitlines()))
+    assert [r["method"] for r in rows] == ["cons@n", "think@n"]
+    for r in rows:
+        assert 0 <= float(r["accuracy_mean"]) <= 1 and float(r["cost_mean"]) > 0
+    figure = out / "heatmap.png"
+    assert figure.stat().st_size > 1000 and figure.read_bytes()[:4] == b"\x89PNG"
+    code = [line for line in (root / "examples" / "notebook.py").read_text().splitlines() if line.strip()]
+    body = code[code.index('"""', 1) + 1 :]  # after the docstring
+    assert len([line for line in body if not line.lstrip().startswith("#")]) < 40
