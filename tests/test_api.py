@@ -5,6 +5,8 @@ the sample store and the score store (issue 42, items 1 and 2's read side)."""
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,16 +125,22 @@ def _float32(result: dict) -> dict:
     }
 
 
-def test_online_table_is_the_decisions(tiny_chat, tmp_path):
+@pytest.fixture(scope="module")
+def online_run(pooled, tmp_path_factory):
+    lm = pooled[0]
+    out = tmp_path_factory.mktemp("api") / "online"
     policy = {"warmup": 2, "max_n": 4, "batch_size": 2, "prefix": 4}
-    table = depthlens.online(tiny_chat, TASK, out=tmp_path / "o", **policy, **SMALL)
-    lines = list(iter_jsonl(tmp_path / "o" / DECISIONS))
+    return depthlens.online(lm, TASK, out=out, **policy, **SMALL), out
+
+
+def test_online_table_is_the_decisions(online_run):
+    table, out = online_run
+    lines = list(iter_jsonl(out / DECISIONS))
     assert table.num_rows == 2 and [r["id"] for r in table.to_pylist()] == [r["id"] for r in lines]
+    keys = ("answer", "correct", "tokens", "started", "stop")
     for row, line in zip(table.to_pylist(), lines, strict=True):
-        assert {k: row[k] for k in ("answer", "correct", "tokens", "started", "stop")} == {
-            k: line[k] for k in ("answer", "correct", "tokens", "started", "stop")
-        }
-    assert depthlens.responses(tmp_path / "o").num_rows >= 2 * 2  # the warm-up at least
+        assert {k: row[k] for k in keys} == {k: line[k] for k in keys}
+    assert depthlens.responses(out).num_rows >= 2 * 2  # the warm-up at least
 
 
 def test_unknown_setting_is_refused_naming_the_known(tiny_chat):
@@ -167,7 +175,6 @@ def test_the_notebook_example_runs_and_shows_something(tmp_path):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     from tests.conftest import save_chat_model
 
@@ -193,3 +200,43 @@ def test_the_notebook_example_runs_and_shows_something(tmp_path):
     code = [line for line in (root / "examples" / "notebook.py").read_text().splitlines() if line.strip()]
     body = code[code.index('"""', 1) + 1 :]  # after the docstring
     assert len([line for line in body if not line.lstrip().startswith("#")]) < 40
+
+
+DOC = Path(__file__).parent.parent / "docs" / "python.md"
+
+
+def doc_columns(verb: str) -> dict[str, list[str]]:
+    """docs/python.md's column lists of ``depthlens.<verb>``: ``columns`` and, for ``score``, ``tokens``."""
+    section = DOC.read_text(encoding="utf-8").split(f"## `depthlens.{verb}(", 1)[1].split("\n## ", 1)[0]
+    lists = {}
+    for line in section.splitlines():
+        for label, key in (("columns: ", "columns"), ("with `tokens=True`, also: ", "tokens")):
+            if line.startswith(label):
+                lists[key] = re.findall(r"`([^`]+)`", line[len(label) :])
+    return lists
+
+
+def test_the_python_doc_lists_the_columns_the_calls_return(pooled, online_run, tiny_chat):
+    _, table, out = pooled
+    assert doc_columns("generate")["columns"] == table.column_names
+    assert depthlens.responses(out, tokenizer=pooled[0].tokenizer).column_names == table.column_names
+    assert doc_columns("think_at_n")["columns"] == depthlens.think_at_n(table, trials=2).column_names
+    assert doc_columns("online")["columns"] == online_run[0].column_names
+    records = [{"id": "a", "prompt": "1 2", "completion": "3 4"}]
+    listed = doc_columns("score")
+    assert listed["columns"] == depthlens.score(tiny_chat, records).column_names
+    assert (
+        listed["columns"] + listed["tokens"] == depthlens.score(tiny_chat, records, tokens=True).column_names
+    )
+
+
+def test_the_readme_wrap_snippet_runs_as_it_is():
+    """The README's `depthlens.wrap` example builds its transformers model from a config: no hub, no download."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    (snippet,) = [b for b in blocks if "depthlens.wrap(AutoModelForCausalLM" in b]
+    scope: dict = {}
+    exec(compile(snippet, "README.md", "exec"), scope)
+    scores = scope["scores"]
+    assert scores.num_rows == 1 and len(scores.column("settling_depth").to_pylist()[0]) == 3
+    assert 0 <= scores.column("dtr").to_pylist()[0] <= 1
