@@ -4,6 +4,7 @@ the sample store and the score store (issue 42, items 1 and 2's read side)."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -17,6 +18,7 @@ from depthlens.config import DTRConfig, ScoreRun, StoreSpec, VotingConfig
 from depthlens.errors import InputError
 from depthlens.metrics.dtr import deep_flags, settling_depth
 from depthlens.models.tokens import token_texts
+from depthlens.sampling.choose import vllm_available
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.samples import read_responses
 from depthlens.studies.online import DECISIONS
@@ -240,3 +242,18 @@ def test_the_readme_wrap_snippet_runs_as_it_is():
     scores = scope["scores"]
     assert scores.num_rows == 1 and len(scores.column("settling_depth").to_pylist()[0]) == 3
     assert 0 <= scores.column("dtr").to_pylist()[0] <= 1
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not vllm_available(), reason="needs the vllm extra: pip install 'depthlens[vllm]'")
+def test_generate_on_the_vllm_backend(real_model):
+    """`backend="vllm"` samples in a vLLM engine (the tests' float32 engine settings): the same columns and depth."""
+    pool = depthlens.generate(
+        real_model, TASK, pool=2, batch_size=2, backend="vllm", dtype="float32", max_model_len=512, **SMALL
+    )
+    assert pool.column_names == doc_columns("generate")["columns"] and pool.num_rows == 2 * 2
+    manifest = json.loads(pool.schema.metadata[b"depthlens"])["manifest"]
+    assert manifest["engine"]["backend"] == "vllm"
+    for row in pool.to_pylist():
+        c = settling_depth(torch.tensor(row["divergence"]), DTRConfig().g)
+        assert row["settling_depth"] == c.tolist() and len(c) == min(row["token_count"], 50)

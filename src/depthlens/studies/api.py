@@ -16,10 +16,11 @@ a temporary directory it reads back and removes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from depthlens.config import (
 from depthlens.errors import InputError
 from depthlens.evals.loading import task_questions
 from depthlens.evals.tasks import Question
+from depthlens.sampling.choose import make_backend
 from depthlens.stores.arrow import to_table
 from depthlens.stores.inputs import InputRecord, check_record
 from depthlens.stores.jsonl import iter_jsonl
@@ -93,6 +95,31 @@ def _store(out: str | Path | None) -> tuple[Path, Any]:
     return Path(scratch.name) / "store", scratch
 
 
+@contextlib.contextmanager
+def _engine_of(
+    model: Any, run: GenerateRun | OnlineRun, requests: int, questions: Sequence[Question]
+) -> Iterator[Any]:
+    """The generation backend ``run`` gets (``make_backend``, as the studies build it: a vLLM engine's KV cache
+    sized for ``requests`` of the longest prompt), its engine shut down when the call returns: a notebook goes on
+    after it, and a started engine holds its memory until then."""
+    new_tokens = run.sampling.max_new_tokens
+    job = generation.engine_job(model, questions, new_tokens, requests, run.answers.prompt_style)
+    backend = make_backend(model, run.engine, run.sampling, run.readout, job=job)
+    try:
+        yield backend
+    finally:
+        _stop(backend)
+
+
+def _stop(reader: Any) -> None:
+    """Shut down the vLLM engine a backend or reader started (an ``hf`` one holds none)."""
+    started = getattr(reader, "engine", None)
+    if started is not None:
+        from depthlens.sampling.vllm.engine import stop_engine  # imports no vllm
+
+        stop_engine(started)
+
+
 def score(
     model: Any,
     records: Iterable[dict[str, Any]],
@@ -128,9 +155,13 @@ def score(
 
         info = info_of(model)
         reader = engine_reader(info, run)
-        results = score_records_on(
-            reader, info, inputs, dtr=run.dtr, tcb=run.tcb, tokens=tokens, batch_size=batch_size
-        )
+        try:
+            results = score_records_on(
+                reader, info, inputs, dtr=run.dtr, tcb=run.tcb, tokens=tokens, batch_size=batch_size
+            )
+            return to_table(list(results))
+        finally:
+            _stop(reader)
     else:
         results = score_records(
             model, inputs, readout=run.readout, dtr=run.dtr, tcb=run.tcb, tokens=tokens, batch_size=batch_size
@@ -172,7 +203,8 @@ def generate(
         task_spec,
     )
     try:
-        generation.generate(model, run, questions)
+        with _engine_of(model, run, batch_size, questions) as backend:
+            generation.generate(model, run, questions, backend=backend)
         return responses(where, prefix=prefix, tokenizer=getattr(model, "tokenizer", None))
     finally:
         if scratch is not None:
@@ -278,8 +310,10 @@ def online(
         EngineConfig(**engine),
         task_spec,
     )
+    requests = max(online_config.warmup, online_config.batch_size)  # as ``run_online`` sizes its engine
     try:
-        live.run_online(model, run, questions)
+        with _engine_of(model, run, requests, questions) as backend:
+            live.run_online(model, run, questions, backend=backend)
         return to_table(list(iter_jsonl(where / live.DECISIONS)))
     finally:
         if scratch is not None:
