@@ -1,7 +1,7 @@
 """A notebook's first hour with depthlens, cell by cell: a model, a pool of answers with every token's depth,
 Think@n against Cons@n, and one response's token × layer heatmap (docs/python.md).
 
-    python examples/notebook.py [MODEL] [OUT]     # SmolLM2-135M on 2 cores: about 2 minutes
+    python examples/notebook.py [MODEL] [OUT]     # SmolLM2-135M: 8 questions × 8 answers × 80 tokens, CPU
 
 The recipe is the one the default model answers (docs/view.md): reasoning-gym's chain_sum with two one-digit
 terms, 80 new tokens. NOTEBOOK_QUESTIONS and NOTEBOOK_TOKENS shrink it (the tests run it on a tiny model).
