@@ -115,6 +115,7 @@ def adapters(suite: Suite) -> dict:
     from tests.conftest import TINY_CONFIGS, tiny_model
 
     import depthlens
+    from depthlens.studies.score import score as score_records  # the results as dicts
 
     g = torch.Generator().manual_seed(0)
     record = [
@@ -128,10 +129,10 @@ def adapters(suite: Suite) -> dict:
     for model_type in sorted(TINY_CONFIGS):
         try:
             model = tiny_model(model_type)
-            cpu = depthlens.score(depthlens.wrap(model), record, tokens=True)[0]
-            here = depthlens.score(
-                depthlens.wrap(copy.deepcopy(model).to(suite.device)), record, tokens=True
-            )[0]
+            cpu = score_records(depthlens.wrap(model), record, tokens=True)[0]
+            here = score_records(depthlens.wrap(copy.deepcopy(model).to(suite.device)), record, tokens=True)[
+                0
+            ]
             jsd = (torch.tensor(cpu["divergence"]) - torch.tensor(here["divergence"])).abs().max()
             rows[model_type] = {
                 "max_abs_djsd_bits": float(jsd),
@@ -179,6 +180,7 @@ def _peak_above(suite: Suite, fn: Callable[[], object], base: int) -> float | No
 
 def score_scaling(suite: Suite, model: torch.nn.Module) -> dict:
     import depthlens
+    from depthlens.studies.score import score as score_records  # the results as dicts
 
     lm = depthlens.wrap(model, name="qwen3-8b-shape")
     base = torch.cuda.memory_allocated(suite.device) if suite.device.type == "cuda" else 0
@@ -192,13 +194,13 @@ def score_scaling(suite: Suite, model: torch.nn.Module) -> dict:
                 model(x, logits_to_keep=1)
 
         bare = suite.best(forward)
-        seconds = suite.best(lambda record=record: depthlens.score(lm, record))
+        seconds = suite.best(lambda record=record: score_records(lm, record))
         rows[str(tokens)] = {
             "score_s": seconds,
             "bare_forward_s": bare,
             "vs_forward": round(seconds / bare, 2),
             "peak_above_weights_gib": _peak_above(
-                suite, lambda record=record: depthlens.score(lm, record), base
+                suite, lambda record=record: score_records(lm, record), base
             ),
         }
     return {"rows": rows}
@@ -207,6 +209,7 @@ def score_scaling(suite: Suite, model: torch.nn.Module) -> dict:
 def score_variants(suite: Suite, model: torch.nn.Module) -> dict:
     import depthlens
     from depthlens.config import ReadoutConfig, TCBConfig
+    from depthlens.studies.score import score as score_records  # the results as dicts
 
     lm = depthlens.wrap(model, name="qwen3-8b-shape")
     record = _record(model.config.vocab_size, 256 if suite.small else 8192)
@@ -222,9 +225,9 @@ def score_variants(suite: Suite, model: torch.nn.Module) -> dict:
     rows = {}
     for name, kw in variants.items():
         try:
-            seconds = suite.best(lambda kw=kw: depthlens.score(lm, record, **kw))
+            seconds = suite.best(lambda kw=kw: score_records(lm, record, **kw))
             with counted_transfers() as counts:
-                depthlens.score(lm, record, **kw)
+                score_records(lm, record, **kw)
             rows[name] = {"seconds": seconds, "host_transfers": dict(counts)}
         except Exception as exc:  # one variant's failure is a row
             rows[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}

@@ -2,7 +2,11 @@
 
 >>> import depthlens
 >>> lm = depthlens.load("smollm2-135m-instruct")                         # doctest: +SKIP
->>> depthlens.score(lm, [{"id": "a", "prompt": "2+3=", "completion": "5"}])  # doctest: +SKIP
+>>> depthlens.score(lm, [{"id": "a", "prompt": "2+3=", "completion": "5"}]).to_pandas()  # doctest: +SKIP
+>>> pool = depthlens.generate(lm, "reasoning_gym:chain_sum", pool=4, questions=3)  # doctest: +SKIP
+>>> depthlens.think_at_n(pool, methods=["think@n", "cons@n"])  # doctest: +SKIP
+
+Every call returns a pyarrow Table with the stores' columns (docs/python.md).
 
 Heavy modules (torch, transformers) load on first use of a name below, so importing depthlens is instant.
 """
@@ -18,7 +22,11 @@ _LAZY = {
     "load": "depthlens.models.load",
     "wrap": "depthlens.models.load",
     "LoadedModel": "depthlens.models.load",
-    "score": "depthlens.studies.score",
+    "score": "depthlens.studies.api",
+    "generate": "depthlens.studies.api",
+    "think_at_n": "depthlens.studies.api",
+    "online": "depthlens.studies.api",
+    "responses": "depthlens.studies.api",
     "ReadoutConfig": "depthlens.config",
     "DTRConfig": "depthlens.config",
     "DepthlensError": "depthlens.errors",

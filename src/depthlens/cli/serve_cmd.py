@@ -17,7 +17,10 @@ from depthlens.models.catalogue import DEFAULT_MODEL
 if TYPE_CHECKING:
     from depthlens.serve.engines import Engine
 
-SERVE_MISSING = "depthlens serve needs the serve extra: pip install 'depthlens[serve]' (FastAPI, uvicorn, prometheus-client)"
+SERVE_MISSING = (
+    "depthlens serve needs the serve extra: pip install 'depthlens[serve]' "
+    "(FastAPI, uvicorn, prometheus-client)"
+)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +69,18 @@ def load_pools(out_dir: Path, dtr: DTRConfig, n: int = 1) -> tuple[dict[str, lis
 
     Questions with fewer than ``n`` usable responses (because generation failed) are left out and listed.
     """
-    manifest = read_manifest(out_dir)
+    return pools_from_records(read_manifest(out_dir), read_responses(out_dir), dtr, n)
+
+
+def pools_from_records(
+    manifest: dict[str, Any], records: Iterable[tuple[str, dict[str, Any]]], dtr: DTRConfig, n: int = 1
+) -> tuple[dict[str, list[Response]], StoreInfo]:
+    """``load_pools`` over (where, record) pairs of a store (``manifest``: its ``n_layers`` and ``questions``) —
+    read from disk, or the rows of ``depthlens.generate``'s table."""
     n_layers = int(manifest["n_layers"])
     pools: dict[str, list[Response]] = {q: [] for q in manifest["questions"]}
     failed, grades, usable_records, first_error = [], Counter(), [], ""
-    for where, record in read_responses(out_dir):
+    for where, record in records:
         if record.get("status") == "failed":
             failed.append(str(record.get("id")))
             first_error = first_error or str(record.get("error", ""))
@@ -114,7 +121,7 @@ class ThinkReport:
     per_question: dict[str, Any] | None = None  # accuracy per method per question (trial means): for pooling
 
 
-def too_few(out_dir: Path, info: StoreInfo, n: int) -> str:
+def too_few(out_dir: Path | str, info: StoreInfo, n: int) -> str:
     """Why no question can be voted on with ``n`` responses, and the remedy that works: a smaller ``--n`` where
     some are usable; a store generated again where every response failed (``--resume`` does not retry those)."""
     pool = info.manifest["pool"]
@@ -152,11 +159,27 @@ def summarise(
     manifest = read_manifest(out_dir)
     dtr = dtr or DTRConfig.from_dict(manifest["dtr"])
     pools, info = load_pools(out_dir, dtr, voting.n)
+    report = vote_pools(pools, info, voting, dtr, methods, with_ablation, where=str(out_dir))
+    _write_summary(out_dir, report, methods, overwrite)
+    return report
+
+
+def vote_pools(
+    pools: dict[str, list[Response]],
+    info: StoreInfo,
+    voting: VotingConfig,
+    dtr: DTRConfig,
+    methods: Sequence[str] | None = None,
+    with_ablation: bool = False,
+    where: str = "the pool",
+) -> ThinkReport:
+    """``summarise``'s vote, in memory: ``voting.trials`` draws of n from each usable pool, every method against
+    Cons@n per question (``where`` names the pool in the error when no question has n usable responses)."""
     if not pools:
-        raise InputError(too_few(out_dir, info, voting.n))
+        raise InputError(too_few(where, info, voting.n))
     outcomes = trial_outcomes(pools, voting, methods)
     table = ablation(pools, voting) if with_ablation else None
-    report = ThinkReport(
+    return ThinkReport(
         outcomes.summaries(),
         info,
         voting,
@@ -166,8 +189,6 @@ def summarise(
         accuracy_intervals(outcomes, seed=voting.seed),
         per_question_table(outcomes),
     )
-    _write_summary(out_dir, report, methods, overwrite)
-    return report
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -219,6 +240,21 @@ def summary_files(out_dir: Path) -> list[Path]:
     return sorted(out_dir.glob("thinkn-*.json"), key=lambda p: (p.stat().st_mtime_ns, p.name))
 
 
+def summary_rows(report: ThinkReport) -> list[dict[str, Any]]:
+    """One row per method as the summary CSV holds it: accuracy and cost, cost against Cons@n, the 95 % accuracy
+    interval over questions and the paired test against Cons@n (empty in Cons@n's own row)."""
+    cons = next((s for s in report.summaries if s.method == "cons@n"), None)
+    rows = []
+    paired = {c.method: c.row() for c in report.paired}
+    blank = dict.fromkeys(next(iter(paired.values()), {}))  # the baseline's row: the same columns, empty
+    for s in report.summaries:
+        row = s.to_dict()
+        row["cost_vs_cons"] = s.cost_mean / cons.cost_mean if cons and cons.cost_mean else None
+        row["accuracy_lo"], row["accuracy_hi"] = report.intervals.get(s.method, (None, None))
+        rows.append({**row, **paired.get(s.method, blank)})
+    return rows
+
+
 def _write_summary(
     out_dir: Path, report: ThinkReport, methods: Sequence[str] | None, overwrite: bool
 ) -> None:
@@ -243,15 +279,7 @@ def _write_summary(
                 + (f", and {old}" if old else "")
                 + "; pass --overwrite to replace it, or vote with its settings"
             )
-    cons = next((s for s in report.summaries if s.method == "cons@n"), None)
-    rows = []
-    paired = {c.method: c.row() for c in report.paired}
-    blank = dict.fromkeys(next(iter(paired.values()), {}))  # the baseline's row: the same columns, empty
-    for s in report.summaries:
-        row = s.to_dict()
-        row["cost_vs_cons"] = s.cost_mean / cons.cost_mean if cons and cons.cost_mean else None
-        row["accuracy_lo"], row["accuracy_hi"] = report.intervals.get(s.method, (None, None))
-        rows.append({**row, **paired.get(s.method, blank)})
+    rows = summary_rows(report)
     payload = {
         "store": str(out_dir),
         "store_state": state,  # which committed state of the store this summary was voted over

@@ -1,0 +1,320 @@
+"""The method from Python (docs/python.md): one call per verb, each returning a ``pyarrow.Table`` whose columns are
+the stores' (``.to_pandas()`` for a DataFrame).
+
+- ``score(model, records)``: ``depthlens score``'s results (the score store's columns);
+- ``generate(model, task)``: a pool per question with per-token depth (the sample store's columns, with the depth
+  ``pool_table`` derives and the score store's names ``dtr`` and ``token_count``);
+- ``think_at_n(pool_or_store)``: Think@n and its peers over a pool (``thinkn --from``'s summary rows);
+- ``online(model, task)``: the live policy (``thinkn --online``'s decision per question);
+- ``responses(store)``: a sample store on disk as ``generate``'s table.
+
+Each runs the CLI's code path (the run specs of ``config.run``, ``studies.generate`` / ``online`` / ``thinkn``),
+with the CLI's defaults — those of the config classes, which every keyword setting is routed to by its field name
+(``temperature=0.6`` → ``SamplingConfig.temperature``). A verb that writes a store writes it into ``out``, or into
+a temporary directory it reads back and removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from depthlens.config import (
+    PREFIX_TOKENS,
+    AnswerConfig,
+    DTRConfig,
+    EngineConfig,
+    GenerateRun,
+    OnlineConfig,
+    OnlineRun,
+    ReadoutConfig,
+    SamplingConfig,
+    ScoreRun,
+    StoreSpec,
+    TaskSpec,
+    TCBConfig,
+    VotingConfig,
+)
+from depthlens.errors import InputError
+from depthlens.evals.loading import task_questions
+from depthlens.evals.tasks import Question
+from depthlens.sampling.choose import make_backend
+from depthlens.stores.arrow import to_table
+from depthlens.stores.inputs import InputRecord, check_record
+from depthlens.stores.jsonl import iter_jsonl
+from depthlens.stores.samples import read_manifest, read_responses
+from depthlens.studies import generate as generation
+from depthlens.studies import online as live
+from depthlens.studies import thinkn
+from depthlens.studies.pool_table import metadata, pool_rows, read_metadata, store_records
+from depthlens.studies.score import engine_reader, score_records, score_records_on
+
+Table = Any  # a pyarrow.Table (pyarrow is imported only under stores/)
+Task = str | TaskSpec | Sequence[Question]
+
+
+def settings_for(verb: str, settings: dict[str, Any], *classes: type) -> list[dict[str, Any]]:
+    """``settings`` split by config class: each keyword goes to the first of ``classes`` with a field of its name;
+    one that none has is refused, naming those it could be."""
+    parts: list[dict[str, Any]] = [{} for _ in classes]
+    names = [{f.name for f in dataclasses.fields(c)} - {"name"} for c in classes]
+    for key, value in settings.items():
+        i = next((i for i, fields in enumerate(names) if key in fields), None)
+        if i is None:
+            known = sorted(set().union(*names))
+            raise InputError(f"depthlens.{verb}({key}=…): no such setting; known: {', '.join(known)}")
+        parts[i][key] = value
+    return parts
+
+
+def _questions(task: Task, spec: TaskSpec | None) -> tuple[list[Question], TaskSpec | None]:
+    """The questions of ``task`` (a task name with ``spec``'s settings, a ``TaskSpec``, or Question objects)."""
+    if isinstance(task, TaskSpec):
+        return task_questions(task), task
+    if isinstance(task, str):
+        named = dataclasses.replace(spec or TaskSpec(), name=task)
+        return task_questions(named), named
+    questions = list(task)
+    if not all(isinstance(q, Question) for q in questions):
+        raise InputError(
+            "task: give a task name ('reasoning_gym:chain_sum'), a TaskSpec, or Question objects"
+        )
+    return questions, None
+
+
+def _store(out: str | Path | None) -> tuple[Path, Any]:
+    """Where a verb's store goes: ``out`` (replaced), or a temporary directory removed once it is read back."""
+    if out is not None:
+        return Path(out), None
+    scratch = tempfile.TemporaryDirectory(prefix="depthlens-")
+    return Path(scratch.name) / "store", scratch
+
+
+@contextlib.contextmanager
+def _engine_of(
+    model: Any, run: GenerateRun | OnlineRun, requests: int, questions: Sequence[Question]
+) -> Iterator[Any]:
+    """The generation backend ``run`` gets (``make_backend``, as the studies build it: a vLLM engine's KV cache
+    sized for ``requests`` of the longest prompt), its engine shut down when the call returns: a notebook goes on
+    after it, and a started engine holds its memory until then."""
+    new_tokens = run.sampling.max_new_tokens
+    job = generation.engine_job(model, questions, new_tokens, requests, run.answers.prompt_style)
+    backend = make_backend(model, run.engine, run.sampling, run.readout, job=job)
+    try:
+        yield backend
+    finally:
+        _stop(backend)
+
+
+def _stop(reader: Any) -> None:
+    """Shut down the vLLM engine a backend or reader started (an ``hf`` one holds none)."""
+    started = getattr(reader, "engine", None)
+    if started is not None:
+        from depthlens.sampling.vllm.engine import stop_engine  # imports no vllm
+
+        stop_engine(started)
+
+
+def score(
+    model: Any,
+    records: Iterable[dict[str, Any]],
+    *,
+    tokens: bool = False,
+    batch_size: int = ScoreRun.batch_size,
+    tcb: bool | None = None,
+    **settings: Any,
+) -> Table:
+    """``depthlens score`` on in-memory records (dicts shaped like its JSONL input): one row per record, the score
+    store's columns (with ``tokens``: the per-token ones too). Settings: ``ReadoutConfig``, ``DTRConfig``,
+    ``TCBConfig`` and ``EngineConfig`` fields (``backend="vllm"`` reads out in a vLLM engine, which has no TCB:
+    ``tcb`` None is on for ``hf`` only)."""
+    readout, dtr, tcb_settings, engine = settings_for(
+        "score", settings, ReadoutConfig, DTRConfig, TCBConfig, EngineConfig
+    )
+    inputs = []
+    for i, data in enumerate(records):
+        check_record(data, f"record {i}")
+        inputs.append(InputRecord(str(data.get("id", i)), 0, data))
+    run = ScoreRun(
+        Path(),
+        StoreSpec(Path()),
+        ReadoutConfig(**readout),
+        DTRConfig(**dtr),
+        TCBConfig(**tcb_settings) if tcb or (tcb is None and engine.get("backend") != "vllm") else None,
+        tokens,
+        batch_size,
+        engine=EngineConfig(**engine),
+    )
+    if run.engine.backend == "vllm":
+        from depthlens.models.info import info_of
+
+        info = info_of(model)
+        reader = engine_reader(info, run)
+        try:
+            results = score_records_on(
+                reader, info, inputs, dtr=run.dtr, tcb=run.tcb, tokens=tokens, batch_size=batch_size
+            )
+            return to_table(list(results))
+        finally:
+            _stop(reader)
+    else:
+        results = score_records(
+            model, inputs, readout=run.readout, dtr=run.dtr, tcb=run.tcb, tokens=tokens, batch_size=batch_size
+        )
+    return to_table(list(results))
+
+
+def generate(
+    model: Any,
+    task: Task,
+    *,
+    pool: int = GenerateRun.POOL,
+    seed: int = GenerateRun.seed,
+    batch_size: int = GenerateRun.batch_size,
+    prefix: int | None = PREFIX_TOKENS,
+    out: str | Path | None = None,
+    **settings: Any,
+) -> Table:
+    """``depthlens generate``: ``pool`` responses per question of ``task``, every read-out token's layers, as a
+    table of the sample store's columns plus their depth (``prefix``: the tokens ``dtr_prefix`` covers). ``out``
+    keeps the store there (replacing one). Settings: ``SamplingConfig``, ``ReadoutConfig``, ``DTRConfig``,
+    ``AnswerConfig``, ``EngineConfig`` and ``TaskSpec`` fields (``backend="vllm"``, ``max_new_tokens=80``,
+    ``task_config="min_terms=2,max_terms=2"``, ``questions=8``)."""
+    sampling, readout, dtr, answers, engine, task_settings = settings_for(
+        "generate", settings, SamplingConfig, ReadoutConfig, DTRConfig, AnswerConfig, EngineConfig, TaskSpec
+    )
+    questions, task_spec = _questions(task, TaskSpec(**task_settings))
+    where, scratch = _store(out)
+    run = GenerateRun(
+        StoreSpec(where, overwrite=True),
+        pool,
+        seed,
+        batch_size,
+        SamplingConfig(**sampling),
+        ReadoutConfig(**readout),
+        DTRConfig(**dtr),
+        AnswerConfig(**answers),
+        EngineConfig(**engine),
+        task_spec,
+    )
+    try:
+        with _engine_of(model, run, batch_size, questions) as backend:
+            generation.generate(model, run, questions, backend=backend)
+        return responses(where, prefix=prefix, tokenizer=getattr(model, "tokenizer", None))
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+
+
+def responses(
+    store: str | Path, *, prefix: int | None = PREFIX_TOKENS, tokenizer: Any = None, **dtr_settings: Any
+) -> Table:
+    """A sample store's responses as ``generate``'s table: depth from the stored divergences with the store's DTR
+    settings (``g``, ``rho``, ``deep_rule`` override them), ``tokens`` where a ``tokenizer`` is given."""
+    manifest = read_manifest(Path(store))
+    dtr = _dtr(manifest, dtr_settings, "responses")
+    records = [record for _, record in read_responses(Path(store))]
+    rows = pool_rows(records, int(manifest["n_layers"]), dtr, prefix, tokenizer)
+    table = to_table(rows)
+    return table.replace_schema_metadata(metadata(manifest, dtr, prefix))
+
+
+def _dtr(manifest: dict[str, Any], overrides: dict[str, Any], verb: str) -> DTRConfig:
+    """The store's DTR settings, each overridden where given (``thinkn --from``'s ``--g`` / ``--rho``)."""
+    (given,) = settings_for(verb, overrides, DTRConfig)
+    base = DTRConfig.from_dict(manifest["dtr"]) if "dtr" in manifest else DTRConfig()
+    return dataclasses.replace(base, **given)
+
+
+def think_at_n(
+    pool: Table | str | Path,
+    *,
+    methods: Sequence[str] | None = None,
+    n: int | None = None,
+    **settings: Any,
+) -> Table:
+    """Think@n and its peers over a pool — ``generate``'s table, or a sample store on disk — as ``thinkn --from``
+    votes it (nothing is written): one row per method, the summary CSV's columns. ``n`` None: ``VotingConfig.n``,
+    or the smallest usable pool where that is smaller. Settings: ``VotingConfig`` fields, then ``DTRConfig``'s
+    (the pool's own DTR settings where not given)."""
+    voting_settings, dtr_settings = settings_for("think_at_n", settings, VotingConfig, DTRConfig)
+    if isinstance(pool, (str, Path)):
+        manifest = read_manifest(Path(pool))
+        records = list(read_responses(Path(pool)))
+        where = str(pool)
+    else:
+        manifest = _table_manifest(pool)
+        records = list(store_records(pool.to_pylist()))
+        where = "the pool table"
+    dtr = _dtr(manifest, dtr_settings, "think_at_n")
+    if n is None:
+        usable = Counter(str(r["question_id"]) for _, r in records if r.get("status") != "failed")
+        n = min([VotingConfig.n, *usable.values()])
+    voting = VotingConfig(n=n, **voting_settings)
+    pools, info = thinkn.pools_from_records(manifest, records, dtr, voting.n)
+    report = thinkn.vote_pools(pools, info, voting, dtr, methods, where=where)
+    return to_table(thinkn.summary_rows(report))
+
+
+def _table_manifest(table: Table) -> dict[str, Any]:
+    """The manifest a pool table carries; a table that lost it (through pandas) gets the parts voting needs."""
+    carried = read_metadata(table.schema.metadata)
+    if carried is not None:
+        return carried["manifest"]
+    rows = table.select(["question_id", "divergence"]).to_pylist()
+    layers = next((len(r["divergence"][0]) for r in rows if r["divergence"]), 1)
+    return {"n_layers": layers, "questions": list(dict.fromkeys(r["question_id"] for r in rows))}
+
+
+def online(
+    model: Any,
+    task: Task,
+    *,
+    seed: int = OnlineRun.seed,
+    out: str | Path | None = None,
+    **settings: Any,
+) -> Table:
+    """``thinkn --online``: the live policy on every question, one row per question (``online.jsonl``'s
+    columns: the voted answer, whether it is right, tokens spent, responses started, τ, why sampling stopped and
+    every response's decision). ``out`` keeps the store (its responses: ``responses(out)``). Settings:
+    ``OnlineConfig`` fields (``prefix`` is the policy's ℓ; ``readout_tokens`` defaults to it, as the CLI's), then
+    ``SamplingConfig``, ``ReadoutConfig``, ``DTRConfig``, ``AnswerConfig``, ``EngineConfig``, ``TaskSpec``."""
+    policy, sampling, readout, dtr, answers, engine, task_settings = settings_for(
+        "online",
+        settings,
+        OnlineConfig,
+        SamplingConfig,
+        ReadoutConfig,
+        DTRConfig,
+        AnswerConfig,
+        EngineConfig,
+        TaskSpec,
+    )
+    online_config = OnlineConfig(**policy)
+    sampling.setdefault("readout_tokens", online_config.prefix)
+    questions, task_spec = _questions(task, TaskSpec(**task_settings))
+    where, scratch = _store(out)
+    run = OnlineRun(
+        StoreSpec(where, overwrite=True),
+        online_config,
+        seed,
+        SamplingConfig(**sampling),
+        ReadoutConfig(**readout),
+        DTRConfig(**dtr),
+        AnswerConfig(**answers),
+        EngineConfig(**engine),
+        task_spec,
+    )
+    requests = max(online_config.warmup, online_config.batch_size)  # as ``run_online`` sizes its engine
+    try:
+        with _engine_of(model, run, requests, questions) as backend:
+            live.run_online(model, run, questions, backend=backend)
+        return to_table(list(iter_jsonl(where / live.DECISIONS)))
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
