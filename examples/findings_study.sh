@@ -1,29 +1,39 @@
 #!/usr/bin/env bash
-# The study of docs/findings.md §6 (issue 32): both papers' protocols at a size with statistical power.
-# Per model, three reasoning-gym families × 30 questions × a pool of 16 responses, every token read out at every
-# layer (JSD, KL and cosine in one pass), hf sampler in float32; then Think@n and its peers (n = 8 of 16, 10 trials),
-# online Think@n / online DeepConf replayed over the same pools, and the report (Table 1, Table 2 with paired tests,
-# Figures 1-5). Every step resumes (--resume) or re-reads the stores; nothing needs the model after generation.
+# The study of docs/findings.md §6 (issues 32, 44): both papers' Table 1 and Table 2 at a size with statistical
+# power, for the least compute that answers them (the protocol and its measured cost: findings.md §6.3).
 #
-# Usage: bash examples/findings_study.sh [OUT] [stage]      stage: generate | vote | report | all (default)
-# Cost on a quiet 2-core CPU: ~10 tokens per CPU-second for SmolLM2-135M with every token read out, ~2.5 for
-# Qwen2.5-Coder-0.5B (its readout is ~4x larger per token): a SmolLM2 family ≈ 1.5 CPU-hours, a Qwen one ≈ 6.
+#   SmolLM2-135M: three reasoning-gym families × 30 questions × a pool of 16, every token read out, JSD only —
+#                 except chain_sum, which also stores KL and cosine (the divergence ablation, on one family).
+#   Qwen2.5-Coder-0.5B: the same families, in order, as far as the compute goes (each ≈ 3.7 CPU-hours).
+#   ≤ 192 tokens (the measured answers end at a median of 108 / 144 tokens, p90 185 / 164; 6–12 % are cut).
+#   Then Think@n and its peers (n = 8 of 16, 10 trials), online Think@n / DeepConf replayed over the same pools,
+#   and the report (Table 1, Table 2 with paired tests, Figures 1-5).
+#
+# Usage: bash examples/findings_study.sh [OUT] [stage] [model…]   stage: generate | vote | report | all (default)
+# Every store resumes (--resume): stop it any time, run the same line again. JOBS stores are generated at once, one
+# thread each (OMP_NUM_THREADS=1): on a 2-core machine JOBS=2 (the default) keeps both cores busy and no more.
 set -euo pipefail
 OUT=${1:-runs/findings}
 STAGE=${2:-all}
+shift $(( $# > 2 ? 2 : $# ))
+MODELS=("$@")
+[[ ${#MODELS[@]} -gt 0 ]] || MODELS=(smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
 D=${DEPTHLENS:-.venv/bin/depthlens}
 QUESTIONS=${QUESTIONS:-30}
+JOBS=${JOBS:-2}
 FAMILIES=(
   "basic_arithmetic|min_terms=2,max_terms=2,max_digits=1,allow_parentheses=false,allow_negation=false"
   "chain_sum|min_terms=2,max_terms=2,max_digits=1"
   "products|min_terms=2,max_terms=2,min_digits=1,max_digits=1"
 )
-MODELS=(smollm2-135m-instruct qwen2.5-coder-0.5b-instruct)
+ABLATION_FAMILY=chain_sum  # KL and cosine beside JSD on this family only (SmolLM2)
 
 generate() {  # model family config
-  $D generate --model "$1" --task "reasoning_gym:$2" --task-config "$3" --questions "$QUESTIONS" --pool 16 \
-    --batch-size 16 --max-new-tokens 192 --readout-tokens all --also-divergences kl,cosine --backend hf \
-    --seed 0 --task-seed 0 --out "$OUT/$1/$2" --resume
+  local also=()
+  if [[ $1 == smollm2-135m-instruct && $2 == "$ABLATION_FAMILY" ]]; then also=(--also-divergences kl,cosine); fi
+  OMP_NUM_THREADS=1 $D generate --model "$1" --task "reasoning_gym:$2" --task-config "$3" \
+    --questions "$QUESTIONS" --pool 16 --batch-size 16 --max-new-tokens 192 --readout-tokens all "${also[@]}" \
+    --backend hf --seed 0 --task-seed 0 --out "$OUT/$1/$2" --resume
 }
 
 vote() {  # store: offline methods, then both online policies over the same pools and the same Cons@n draws
@@ -34,10 +44,20 @@ vote() {  # store: offline methods, then both online policies over the same pool
   done
 }
 
+if [[ $STAGE == generate || $STAGE == all ]]; then
+  for model in "${MODELS[@]}"; do
+    for f in "${FAMILIES[@]}"; do
+      while [[ $(jobs -rp | wc -l) -ge $JOBS ]]; do wait -n; done
+      name=${f%%|*}; cfg=${f#*|}
+      mkdir -p "$OUT"
+      generate "$model" "$name" "$cfg" > "$OUT/generate-$model-$name.log" 2>&1 &
+    done
+  done
+  wait
+fi
 for model in "${MODELS[@]}"; do
   for f in "${FAMILIES[@]}"; do
-    name=${f%%|*}; cfg=${f#*|}
-    if [[ $STAGE == generate || $STAGE == all ]]; then generate "$model" "$name" "$cfg"; fi
+    name=${f%%|*}
     if [[ ($STAGE == vote || $STAGE == all) && -d $OUT/$model/$name ]]; then vote "$OUT/$model/$name"; fi
   done
 done
