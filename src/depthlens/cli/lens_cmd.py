@@ -3,9 +3,6 @@ responses (docs/definitions.md §1–2, issue 43)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
 import typer
 from rich.table import Table
 
@@ -21,47 +18,21 @@ lens_app = typer.Typer(
 )
 app.add_typer(lens_app, name="lens", short_help="Fit a tuned lens; compare lenses and settling rules.")
 
-LensOut = Annotated[
-    Path, typer.Option("--out", help="The lens folder written (translators + lens.json stamp).")
-]
-FitIn = Annotated[
-    Path | None,
-    typer.Option(
-        "--in",
-        help="Records (JSONL) or a sample store whose completions are read; default: the Python stdlib's docstrings.",
-    ),
-]
-MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Token positions read, held-out ones included.")]
-Steps = Annotated[int, typer.Option("--steps", help="KL steps (Adam) after the least-squares start.")]
-MaxSeconds = Annotated[
-    float, typer.Option("--max-seconds", help="Wall-time bound of the KL steps (resumable).")
-]
-Lr = Annotated[float, typer.Option("--lr", help="Adam's learning rate.")]
-Heldout = Annotated[
-    float, typer.Option("--heldout", help="Share of the sequences kept apart for the held-out KL.")
-]
-Resume = Annotated[bool, typer.Option("--resume", help="Go on from the lens folder's checkpoint.")]
-BatchTokens = Annotated[int, typer.Option("--batch-tokens", help="Token positions per KL step.")]
-LayersPerStep = Annotated[
-    int, typer.Option("--layers-per-step", help="Layers (drawn at random) per KL step.")
-]
-Seed = Annotated[int, typer.Option("--seed", help="Seed of the held-out split and the minibatches.")]
-
 
 @lens_app.command("fit", short_help="Fit a tuned lens (per-layer affine translators) for a model.")
 def fit(
-    out: LensOut,
+    out: opt.LensOut,
     model: opt.Model = DEFAULT_MODEL,
-    in_path: FitIn = None,
-    max_tokens: MaxTokens = LensFitConfig.max_tokens,
-    steps: Steps = LensFitConfig.steps,
-    max_seconds: MaxSeconds = LensFitConfig.max_seconds,
-    lr: Lr = LensFitConfig.lr,
-    heldout: Heldout = LensFitConfig.heldout,
-    batch_tokens: BatchTokens = LensFitConfig.batch_tokens,
-    layers_per_step: LayersPerStep = LensFitConfig.layers_per_step,
-    seed: Seed = LensFitConfig.seed,
-    resume: Resume = False,
+    in_path: opt.FitIn = None,
+    max_tokens: opt.FitMaxTokens = LensFitConfig.max_tokens,
+    steps: opt.FitSteps = LensFitConfig.steps,
+    max_seconds: opt.FitMaxSeconds = LensFitConfig.max_seconds,
+    lr: opt.FitLr = LensFitConfig.lr,
+    heldout: opt.FitHeldout = LensFitConfig.heldout,
+    batch_tokens: opt.FitBatchTokens = LensFitConfig.batch_tokens,
+    layers_per_step: opt.FitLayersPerStep = LensFitConfig.layers_per_step,
+    seed: opt.FitSeed = LensFitConfig.seed,
+    resume: opt.FitResume = False,
     device: opt.Device = ModelSpec.device,
     dtype: opt.DType = ModelSpec.dtype,
     trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
@@ -118,23 +89,10 @@ def print_kl(stamp: dict) -> None:
     console.print(table)
 
 
-Stores = Annotated[
-    list[Path], typer.Argument(help="Score stores of the same responses, one per lens or rule.")
-]
-CompareSamples = Annotated[
-    Path | None,
-    typer.Option(
-        "--samples", help="The sample store the responses came from: adds DTR's correlation with accuracy."
-    ),
-]
-CompareOut = Annotated[
-    Path | None,
-    typer.Option("--out", help="Folder for lens_compare.json / .png (default: beside the first store)."),
-]
-
-
 @lens_app.command("compare", short_help="Lenses and settling rules side by side on the same responses.")
-def compare(stores: Stores, samples: CompareSamples = None, out: CompareOut = None) -> None:
+def compare(
+    stores: opt.CompareStores, samples: opt.CompareSamples = None, out: opt.CompareOut = None
+) -> None:
     """Score stores of the same responses under different lenses or settling rules, compared.
 
     Per store: mean DTR, mean settling depth and its quartiles, the Spearman rank agreement of responses by DTR with

@@ -4,6 +4,7 @@ and the one check an option carries is ``finite`` (``base``). tests/test_cli_hel
 its own options, and docs/cli.md's tables to ``--help``."""
 
 from depthlens.cli.options.base import finite as finite
+from depthlens.cli.options.lens import *  # noqa: F403
 from depthlens.cli.options.model import *  # noqa: F403
 from depthlens.cli.options.readout import *  # noqa: F403
 from depthlens.cli.options.sampling import *  # noqa: F403
