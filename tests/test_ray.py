@@ -26,7 +26,6 @@ from depthlens.studies.score import ScoreEvents, run_score
 from tests.conftest import tiny_model
 from tests.test_faults import chat_dir  # noqa: F401  (a fixture: the tiny llama with a chat tokenizer)
 from tests.test_parquet_store import ROWS, _write, assert_same_results
-from tests.test_tcb import TCB_RTOL
 from tests.tolerance import assert_float32_equal, assert_same_records, shifted, wrong_layer
 
 ray = pytest.importorskip("ray")
@@ -330,9 +329,10 @@ def test_real_model_scores_on_two_workers_like_one_process(local_ray, real_model
         torch.set_num_threads(threads)
     run = ScoreRun(src, StoreSpec(tmp_path / "store"), tokens=True)
     score_on_ray(ModelSpec(catalogue.DEFAULT_MODEL, device="cpu"), run, RayConfig(2, block=2))
-    reference = {r["id"]: r for r in iter_jsonl(tmp_path / "ref.jsonl")}
-    # two workers score other batches than the one process: δ_TCB's float32 closed form agrees to its own accuracy
-    assert_same_results(reference, {r["id"]: r for r in iter_store(tmp_path / "store")}, tcb_rtol=TCB_RTOL)
+    reference = sorted(iter_jsonl(tmp_path / "ref.jsonl"), key=lambda r: r["id"])
+    # two workers score other batches than the one process: the real model's floats agree as two float32 runs
+    # of one computation (tests/tolerance.py), not to the store's rounding; all else exactly
+    assert_same_records(sorted(iter_store(tmp_path / "store"), key=lambda r: r["id"]), reference)
 
 
 @pytest.mark.integration
