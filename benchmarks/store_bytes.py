@@ -82,7 +82,7 @@ def main() -> None:
         ) as writer:
             for record in records:
                 writer.write(record)
-    tokens = sum(r["n_tokens"] for r in records)
+    tokens = sum(r["token_count"] for r in records)
     cells = tokens * lm.n_layers
     json_cells = sum(len(json.dumps(r["divergence"])) for r in records)
     result = {

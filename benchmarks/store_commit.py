@@ -29,7 +29,7 @@ def _records(rng: np.random.Generator, first: int, rows: int, tokens: int, layer
     return [
         {
             "id": f"q#{first + i}",
-            "n_tokens": tokens,
+            "token_count": tokens,
             "token_ids": rng.integers(0, 49152, tokens).tolist(),
             "log_prob": rng.random(tokens).tolist(),
             "entropy": rng.random(tokens).tolist(),

@@ -53,7 +53,7 @@ def _run(lm: Any, task: TaskSpec, pool: int, max_new: int, compile_: str, out: P
     generate(lm, run, questions)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     records = [r for r in iter_samples(out) if r.get("status") == "ok"]
-    lengths = [int(r["n_tokens"]) for r in records]
+    lengths = [int(r["token_count"]) for r in records]
     return {
         "compile": compile_,
         "responses": len(records),

@@ -82,7 +82,7 @@ def _batch(
         "seed": [sample_seed(0, q.id, first + i) for i in range(n)],
         "status": ["ok"] * n,
         "finish": ["eos"] * n,
-        "n_tokens": lengths.tolist(),
+        "token_count": lengths.tolist(),
         "text": [letters[starts[i] : starts[i + 1]] for i in range(n)],
         "prompt_ids": [list(range(3, 60))] * n,
         "token_ids": pa.ListArray.from_arrays(offsets, pa.array(rng.integers(3, 49152, total))),
@@ -92,7 +92,7 @@ def _batch(
         "grade": ["correct" if k == q.answer else "wrong" for k in keys],
         "correct": [k == q.answer for k in keys],
         "task_score": [float(k == q.answer) for k in keys],
-        "dtr_readout": [0.0] * n,
+        "dtr": [0.0] * n,
         "log_prob": floats(-6, 0),
         "entropy": floats(0, 5),
         "self_certainty": floats(0, 8),
@@ -137,7 +137,7 @@ def build(out: Path, args: argparse.Namespace) -> None:
         "seed": 0,
         "status": "ok",
         "finish": "eos",
-        "n_tokens": 1,
+        "token_count": 1,
         "text": "",
         "prompt_ids": [1],
         "token_ids": [1],
@@ -147,7 +147,7 @@ def build(out: Path, args: argparse.Namespace) -> None:
         "grade": "wrong",
         "correct": False,
         "task_score": 0.0,
-        "dtr_readout": 0.0,
+        "dtr": 0.0,
         "log_prob": [0.5],
         "entropy": [0.5],
         "self_certainty": [0.5],
@@ -384,7 +384,7 @@ def main() -> None:
     import pyarrow.dataset as ds
 
     shards = sorted((store / SHARDS).glob("part-*.parquet"))
-    tokens = int(ds.dataset(shards).to_table(columns=["n_tokens"]).column("n_tokens").to_numpy().sum())
+    tokens = int(ds.dataset(shards).to_table(columns=["token_count"]).column("token_count").to_numpy().sum())
     load = [os.getloadavg()[0]]  # the 1-minute load average before and after: the timings are wall times
     server = Server(store)
     try:

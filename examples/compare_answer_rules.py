@@ -54,7 +54,7 @@ def main(root: Path) -> None:
                 dropped_right += right
         n = len(responses)
         print(
-            f"{store.parent.name} · {store.name}: {n} responses, {sum(r['n_tokens'] for r in responses)} tokens, "
+            f"{store.parent.name} · {store.name}: {n} responses, {sum(r['token_count'] for r in responses)} tokens, "
             f"{truncated} truncated; accuracy old rule {100 * old_right / n:.1f} %, now {100 * new_right / n:.1f} %; "
             f"{dropped} old-rule answers now unanswered ({dropped_right} of them graded right); "
             f"sources {dict(sources)}"

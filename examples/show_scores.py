@@ -32,7 +32,7 @@ def main() -> None:
     for r in records:
         table.add_row(
             r["id"],
-            str(r["n_tokens"]),
+            str(r["token_count"]),
             _fmt(r["dtr"]),
             _fmt(r["mean_settling_depth"], 1),
             _fmt(r["log_prob"]),
@@ -44,7 +44,9 @@ def main() -> None:
     drawable = [r for r in records if r.get("divergence")]
     if not drawable:
         return
-    chosen = next((r for r in drawable if r["id"] == args.record), max(drawable, key=lambda r: r["n_tokens"]))
+    chosen = next(
+        (r for r in drawable if r["id"] == args.record), max(drawable, key=lambda r: r["token_count"])
+    )
     png = args.png or args.scores.with_name(args.scores.stem + "-heatmap.png")
     draw_divergence_heatmap(chosen, png)
     console.print(f"heatmap of {chosen['id']!r}: {png}")

@@ -4,12 +4,14 @@ the sample store and the score store (issue 42, items 1 and 2's read side)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -20,7 +22,7 @@ from depthlens.metrics.dtr import deep_flags, settling_depth
 from depthlens.models.tokens import token_texts
 from depthlens.sampling.choose import vllm_available
 from depthlens.stores.jsonl import iter_jsonl
-from depthlens.stores.samples import read_responses
+from depthlens.stores.samples import read_manifest, read_responses
 from depthlens.studies.online import DECISIONS
 from depthlens.studies.score import run_score, score
 from depthlens.studies.thinkn import summarise
@@ -56,8 +58,8 @@ def test_generate_table_is_the_store_with_its_depth(pooled):
     assert [r["id"] for r in rows] == [r["id"] for r in stored] and len(rows) == 2 * 4
     dtr = DTRConfig()
     for row, record in zip(rows, stored, strict=True):
-        assert row["token_count"] == record["n_tokens"] == len(row["token_ids"])
-        assert row["dtr"] == record["dtr_readout"]
+        assert row["token_count"] == record["token_count"] == len(row["token_ids"])
+        assert row["dtr"] == record["dtr"]
         assert "n_tokens" not in row and "dtr_readout" not in row  # one name per quantity
         for key in ("token_ids", "prompt_ids", "text", "answer", "correct", "seed"):
             assert row[key] == record[key]
@@ -152,22 +154,105 @@ def test_unknown_setting_is_refused_naming_the_known(tiny_chat):
         depthlens.generate(tiny_chat, TASK, temprature=0.5)
 
 
-def test_same_response_in_table_sample_store_and_score_store(pooled, tmp_path):
-    """Issue 42's "same in all four places", less the server: a response's token ids, token count and depth equal
-    in the API table, the sample store and `depthlens score` over the sample store."""
-    lm, table, out = pooled
+DEPTH = ("token_count", "dtr", "dtr_prefix", "mean_settling_depth", "settling_depth", "deep")
+
+
+def test_same_response_in_table_sample_store_score_store_and_server(pooled, tmp_path):
+    """Issue 42's "same in all four places": each response's token ids, token count and depth — under one name
+    each — equal in the Python API's table, the sample store, `depthlens score` over the sample store (at the
+    store's prefix) and the server. The server seeds sample i of its prompt 0 as a sample store seeds response i
+    of question "0" (``sample_seed``), so one request with the store's seed and the stored prompt ids samples the
+    same responses."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from depthlens.config import SamplingConfig, ServeConfig
+    from depthlens.evals.tasks import Question
+    from depthlens.serve.app import create_app
+    from depthlens.serve.engines import HFEngine
+
+    lm = pooled[0]
+    out, pool, seed, max_new = tmp_path / "pool", 3, 11, 12
+    question = Question("0", "What is 2 + 3?", "5")
+    table = depthlens.generate(
+        lm, [question], pool=pool, seed=seed, out=out, readout_tokens=None, max_new_tokens=max_new
+    )
+    prefix = read_manifest(out)["depth"]["prefix"]
     scores = tmp_path / "scores.jsonl"
-    run_score(lm, ScoreRun(out / "samples", StoreSpec(scores), tokens=True, tcb=None))
+    run_score(
+        lm, ScoreRun(out / "samples", StoreSpec(scores), dtr=DTRConfig(prefix=prefix), tokens=True, tcb=None)
+    )
     scored = {r["id"]: r for r in iter_jsonl(scores)}
     stored = {r["id"]: r for _, r in read_responses(out)}
-    for row in table.to_pylist():
-        s, rec = scored[row["id"]], stored[row["id"]]
-        assert row["token_ids"] == rec["token_ids"] == s["token_ids"]
-        assert row["token_count"] == rec["n_tokens"] == s["token_count"] == s["n_tokens"]
-        assert float32_close(row["divergence"], s["divergence"], rounded=True)
-        assert row["settling_depth"] == s["settling_depth"] and row["deep"] == s["deep"]
-        assert float32_close(row["dtr"], s["dtr"]) and float32_close(rec["dtr_readout"], s["dtr"])
-        assert float32_close(row["mean_settling_depth"], s["mean_settling_depth"])
+    rows = table.to_pylist()
+    sampling = SamplingConfig()
+    body = {
+        "model": "tiny",
+        "prompt": rows[0]["prompt_ids"],
+        "n": pool,
+        "max_tokens": max_new,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "seed": seed,
+        "depthlens": {"tokens": True, "prefix": prefix},
+    }
+    with TestClient(create_app(HFEngine(lm), lm.tokenizer, ServeConfig("tiny"))) as client:
+        reply = client.post("/v1/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    choices = sorted(reply.json()["choices"], key=lambda c: c["index"])
+    assert len(rows) == len(choices) == pool
+    for row, choice in zip(rows, choices, strict=True):
+        s, rec, served = scored[row["id"]], stored[row["id"]], choice["depthlens"]
+        served = {**served, **{k: served["tokens"][k] for k in ("token_ids", "settling_depth", "deep")}}
+        assert row["token_ids"] == rec["token_ids"] == s["token_ids"] == served["token_ids"]
+        assert row["seed"] == served["seed"]
+        assert "n_tokens" not in s and "dtr_readout" not in rec  # one name per quantity
+        for key in DEPTH:
+            values = {"table": row[key], "sample store": rec[key], "score": s[key], "server": served[key]}
+            if isinstance(row[key], float):
+                assert all(float32_close(v, row[key]) for v in values.values()), (key, values)
+            else:
+                assert all(v == row[key] for v in values.values()), (key, values)
+    assert any(row["token_count"] > 1 for row in rows)  # something to compare
+
+
+def test_an_old_store_reads_with_todays_names_and_regrade_migrates_it(pooled, tmp_path):
+    """A store written before one name per quantity (``n_tokens``, ``dtr_readout``, no depth columns) reads with
+    today's names and its depth derived; ``regrade`` rewrites it with both, atomically, and reads the same."""
+    import shutil
+
+    from depthlens.studies.regrade import regrade_store
+
+    _, table, out = pooled
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    samples = old / "samples"
+    manifest = json.loads((samples / "_manifest.json").read_text())
+    for entry in manifest[
+        "shards"
+    ]:  # each shard as an older depthlens wrote it, and its manifest entry to match
+        shard = samples / entry["file"]
+        t = pq.read_table(shard).drop_columns(["settling_depth", "deep", "dtr_prefix", "mean_settling_depth"])
+        meta = dict(pq.read_schema(shard).metadata)
+        settings = json.loads(meta[b"depthlens.settings"])
+        del settings["depth"]
+        meta[b"depthlens.settings"] = json.dumps(settings).encode()
+        names = {"token_count": "n_tokens", "dtr": "dtr_readout"}
+        t = t.rename_columns([names.get(c, c) for c in t.column_names]).replace_schema_metadata(meta)
+        pq.write_table(t, shard)
+        entry.update(bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+    depth = manifest.pop("depth")
+    (samples / "_manifest.json").write_text(json.dumps(manifest))
+    assert "n_tokens" in pq.read_table(next(samples.glob("*.parquet"))).column_names
+    before = depthlens.responses(old).to_pylist()
+    keep = [c for c in table.column_names if c != "tokens"]
+    assert [{k: r[k] for k in keep} for r in before] == [{k: r[k] for k in keep} for r in table.to_pylist()]
+    regrade_store(old)
+    shard = pq.read_table(next(samples.glob("*.parquet")))
+    assert {"token_count", "dtr", *DEPTH} <= set(shard.column_names) and "n_tokens" not in shard.column_names
+    assert read_manifest(old)["depth"] == depth
+    after = depthlens.responses(old).to_pylist()
+    assert [{k: r[k] for k in DEPTH} for r in after] == [{k: r[k] for k in DEPTH} for r in before]
 
 
 def test_the_notebook_example_runs_and_shows_something(tmp_path):

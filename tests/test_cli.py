@@ -57,7 +57,7 @@ def test_score_writes_records(monkeypatch, capsys, tmp_path, tiny_dir):
     )
     assert code in (0, None), err
     (record,) = iter_jsonl(out)
-    assert record["n_tokens"] == 4 and len(record["divergence"]) == 4 and "dtr_prefix" in record
+    assert record["token_count"] == 4 and len(record["divergence"]) == 4 and "dtr_prefix" in record
     assert len(record["tcb"]) == 4 and record["tcb_min"] == min(record["tcb"])
     assert f"wrote {out}" in err
 

@@ -244,8 +244,8 @@ def test_score_ends_with_a_summary(monkeypatch, capsys, tmp_path, tiny_dir):
             "mean settling depth",
             f"{(a['mean_settling_depth'] + b['mean_settling_depth']) / 2:.1f} of {n_layers} layers",
         ),
-        ("most deep", f"{most['id']} (DTR {most['dtr']:.3f}, {most['n_tokens']} tokens)"),
-        ("least deep", f"{least['id']} (DTR {least['dtr']:.3f}, {least['n_tokens']} tokens)"),
+        ("most deep", f"{most['id']} (DTR {most['dtr']:.3f}, {most['token_count']} tokens)"),
+        ("least deep", f"{least['id']} (DTR {least['dtr']:.3f}, {least['token_count']} tokens)"),
     ]
     lines = stdout.splitlines()
     assert lines[0].strip() == "score summary"

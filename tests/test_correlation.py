@@ -168,7 +168,7 @@ def test_store_metrics_match_the_generation_pass(store):
         s, CorrelationConfig(seeds=3, bootstrap=50, min_responses=10, min_questions=2)
     )
     assert [r["metric"] for r in rows] == list(METRIC_NAMES)
-    stored = [json.loads(x)["dtr_readout"] for x in (store / SAMPLES).read_text().splitlines()]
+    stored = [json.loads(x)["dtr"] for x in (store / SAMPLES).read_text().splitlines()]
     from depthlens.studies.correlation import dtr_settings
 
     settings = dtr_settings(s, DTRConfig())

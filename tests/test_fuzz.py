@@ -100,7 +100,7 @@ good_sample = {
     "question_id": "q0",
     "sample": 0,
     "status": "ok",
-    "n_tokens": 1,
+    "token_count": 1,
     "vote_key": "1",
     "correct": True,
     "log_prob": [-0.1],

@@ -152,10 +152,10 @@ def test_live_run_equals_the_replay_of_its_own_store(tiny_chat, tmp_path, signal
     )
     records = list(iter_jsonl(tmp_path / "s" / SAMPLES))
     line = _decisions(tmp_path / "s")[0]
-    assert report.tokens == line["tokens"] == sum(r["n_tokens"] for r in records)  # every token counted
+    assert report.tokens == line["tokens"] == sum(r["token_count"] for r in records)  # every token counted
     assert [r["sample"] for r in records] == list(range(line["started"]))
     stopped = [r for r in records if r["stopped_at"] is not None]
-    assert all(r["finish"] == "stopped" and r["n_tokens"] == r["stopped_at"] for r in stopped)
+    assert all(r["finish"] == "stopped" and r["token_count"] == r["stopped_at"] for r in stopped)
     assert stopped and len(stopped) < line["started"] - cfg.warmup  # some stopped, some went on
     _live_equals_replay(tmp_path / "s", cfg)
 

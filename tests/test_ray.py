@@ -105,7 +105,7 @@ def test_a_resumed_run_rescores_changed_inputs_and_says_which(local_ray, setup, 
     assert rescored == [rows[0]["id"]]
     stored = {r["id"]: r for r in iter_store(tmp_path / "store")}
     assert sorted(stored) == sorted(reference)
-    assert stored[rows[0]["id"]]["n_tokens"] > reference[rows[0]["id"]]["n_tokens"]
+    assert stored[rows[0]["id"]]["token_count"] > reference[rows[0]["id"]]["token_count"]
 
 
 @pytest.mark.parametrize("source", ["parquet", "no-ids"])

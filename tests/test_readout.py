@@ -179,7 +179,7 @@ def test_scores_without_tokens_use_early_exit_and_agree(tiny_llama):
         fast = score(tiny_llama, records, dtr=dtr, tcb=None)
         slow = score(tiny_llama, records, dtr=dtr, tcb=None, tokens=True)
         off = score(tiny_llama, records, dtr=dtr, tcb=None, readout=ReadoutConfig(early_exit=False))
-        keys = ("dtr", "mean_settling_depth", "n_tokens", "log_prob", "self_certainty")
+        keys = ("dtr", "mean_settling_depth", "token_count", "log_prob", "self_certainty")
         assert [{k: r[k] for k in keys} for r in fast] == [{k: r[k] for k in keys} for r in slow]
         assert fast == off
         with warnings.catch_warnings():

@@ -34,16 +34,18 @@ def test_score_in_memory_fields(tiny_llama):
     assert [r["id"] for r in results] == ["r0", "r1"]
     for r, rec in zip(results, _records(2), strict=True):
         assert set(SUMMARY_FIELDS) <= set(r)
-        assert r["n_tokens"] == len(rec["completion_ids"]) == len(r["settling_depth"]) == len(r["divergence"])
+        assert (
+            r["token_count"] == len(rec["completion_ids"]) == len(r["settling_depth"]) == len(r["divergence"])
+        )
         assert r["token_ids"] == rec["completion_ids"]
         assert all(len(row) == tiny_llama.n_layers for row in r["divergence"])
         assert 0 <= r["dtr"] <= 1 and 0 <= r["dtr_prefix"] <= 1
-        assert r["dtr"] == sum(r["deep"]) / r["n_tokens"]
+        assert r["dtr"] == sum(r["deep"]) / r["token_count"]
 
 
 def test_empty_completion_gives_null_metrics(tiny_llama):
     (r,) = score(tiny_llama, [{"id": "e", "prompt_ids": [5, 6], "completion_ids": []}])
-    assert r["n_tokens"] == 0 and r["token_count"] == 0
+    assert "n_tokens" not in r and r["token_count"] == 0
     assert r["dtr"] is None and r["log_prob"] is None and r["self_certainty"] is None
 
 

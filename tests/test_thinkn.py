@@ -98,8 +98,10 @@ def test_store_records_every_response(tiny_chat, tmp_path):
     records = _records(tmp_path / "s")
     assert report.written == len(records) == 12 and report.failed == 0
     r = records[0]
-    assert r["seed"] == sample_seed(3, "q0", 0) and r["n_tokens"] == len(r["token_ids"]) == len(r["log_prob"])
-    assert len(r["divergence"]) == r["n_tokens"] and len(r["divergence"][0]) == tiny_chat.n_layers
+    assert r["seed"] == sample_seed(3, "q0", 0) and r["token_count"] == len(r["token_ids"]) == len(
+        r["log_prob"]
+    )
+    assert len(r["divergence"]) == r["token_count"] and len(r["divergence"][0]) == tiny_chat.n_layers
     assert r["grade"] in {"correct", "wrong", "no_answer", "unparsed"}
     assert sum(report.grades.values()) == 12
     questions = [json.loads(line) for line in (tmp_path / "s" / "questions.jsonl").read_text().splitlines()]
@@ -303,7 +305,7 @@ def test_real_model_thinkn_end_to_end(real_model, monkeypatch, capsys, tmp_path)
     )
     assert report.written == 3 and report.failed == 0
     record = _records(tmp_path / "s")[0]
-    assert "<|im_end|>" not in record["text"] and len(record["divergence"]) == min(8, record["n_tokens"])
+    assert "<|im_end|>" not in record["text"] and len(record["divergence"]) == min(8, record["token_count"])
     code, out, err = run(
         monkeypatch, capsys, "thinkn", "--from", tmp_path / "s", "--n", "2", "--prefix", "8", "--trials", "2"
     )

@@ -194,11 +194,11 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
     # response → its tokens; a token → its divergence at every layer; the heatmap
     # a kept response long enough for token 5 (a random-init model may draw its end token first)
     records = {r["id"]: r for r in iter_samples(store)}
-    rid = next(i for i in kept_shown() + ids if records[i]["n_tokens"] > 5)
+    rid = next(i for i in kept_shown() + ids if records[i]["token_count"] > 5)
     record = records[rid]
     page.click(f'#responses tbody tr[data-id="{rid}"] a')
     page.wait_for_selector("#tokens .tok", timeout=WAIT_MS)
-    assert page.eval_on_selector_all("#tokens .tok", "s => s.length") == record["n_tokens"]
+    assert page.eval_on_selector_all("#tokens .tok", "s => s.length") == record["token_count"]
     depth = settling_depth(torch.tensor(record["divergence"]), dtr.g).tolist()
     page.click('#tokens .tok[data-i="2"]')
     assert page.inner_text('#token-facts [data-field="settling depth"]') == f"layer {depth[2]} of 3"
@@ -216,14 +216,14 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
     ticks = page.eval_on_selector_all(
         "#heatmap-x text[data-token]", "ts => ts.map(t => Number(t.textContent))"
     )
-    assert ticks[0] == 0 and ticks == sorted(ticks) and ticks[-1] < record["n_tokens"]
+    assert ticks[0] == 0 and ticks == sorted(ticks) and ticks[-1] < record["token_count"]
     titles = page.eval_on_selector_all(
         ".axis text:not([data-layer]):not([data-token])", "ts => ts.map(t => t.textContent)"
     )
     assert sorted(titles) == ["layer", "token"]
     page.screenshot(path=str(tmp_path / "heatmap.png"), full_page=True)
     page.mouse.click(
-        box["x"] + box["width"] * (5.5 / record["n_tokens"]), box["y"] + 4
+        box["x"] + box["width"] * (5.5 / record["token_count"]), box["y"] + 4
     )  # the column of token 5
     page.wait_for_function(
         "document.querySelector('#token-panel h3').innerText.startsWith('token 5')", timeout=WAIT_MS
@@ -238,7 +238,7 @@ def test_score_store_records_in_chromium(view_stores, serve, page, tmp_path):
     stored = next(r for r in iter_samples(view_stores["samples_jsonl"]) if r["id"] == first)
     page.click(f'#records tbody tr[data-id="{first}"] a')
     page.wait_for_selector("#tokens .tok", timeout=WAIT_MS)
-    assert page.eval_on_selector_all("#tokens .tok", "s => s.length") == stored["n_tokens"]
+    assert page.eval_on_selector_all("#tokens .tok", "s => s.length") == stored["token_count"]
     page.screenshot(path=str(tmp_path / "record.png"), full_page=True)
 
 

@@ -196,7 +196,7 @@ def test_store_records_engine_and_prompt_and_rescores(real_model, llm_engine, tm
     assert code in (0, None), err
     scored = json.loads((tmp_path / "scored.jsonl").read_text().splitlines()[0])
     assert scored["id"] == record["id"]
-    assert scored["n_tokens"] == record["n_tokens"]
+    assert scored["token_count"] == record["token_count"]
     head = torch.tensor(scored["divergence"][: len(record["divergence"])])
     assert (head - torch.tensor(record["divergence"])).abs().max() <= 1e-4
 

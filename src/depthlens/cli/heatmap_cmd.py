@@ -55,7 +55,7 @@ def heatmap(
     data.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     with err_console.status("reading out every layer"):
         (record,) = score(lm, [data], readout=readout, dtr=dtr, tcb=None, tokens=True)
-    if not record["n_tokens"]:
+    if not record["token_count"]:
         raise InputError(f"--completion {completion!r} has no tokens for {model}'s tokenizer; give some text")
     unit = {"jsd": "bits", "jsd-nat": "nats", "kl": "nats", "cosine": "1 − cos"}[divergence]
     out.mkdir(parents=True, exist_ok=True)

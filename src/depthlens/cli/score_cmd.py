@@ -242,5 +242,5 @@ def print_summary(summary: dict[str, Any], n_layers: int) -> None:
         table.add_row("mean settling depth", f"{summary['mean_settling_depth']:.1f} of {n_layers} layers")
         for label, key in (("most deep", "most_deep"), ("least deep", "least_deep")):
             record = summary[key]
-            table.add_row(label, f"{record['id']} (DTR {record['dtr']:.3f}, {record['n_tokens']} tokens)")
+            table.add_row(label, f"{record['id']} (DTR {record['dtr']:.3f}, {record['token_count']} tokens)")
     console.print(table)

@@ -19,6 +19,7 @@ from depthlens.config.readout import (
     TCBStudies,
     VEff,
     degenerate_settings,
+    depth_prefix,
 )
 from depthlens.config.run import (
     GenerateRun,
@@ -40,5 +41,5 @@ __all__ = [
     "GenerateRun", "LensFitConfig", "LensKind", "LensSpec",
     "ModelSpec", "OnlineConfig", "OnlineRun", "PromptStyle", "RayConfig", "ReadoutConfig",
     "SamplingConfig", "ScoreRun", "ServeConfig", "Signal", "StoreFormat", "StoreSpec", "TCBConfig", "TCBStudies",
-    "TaskSpec", "VEff", "VotingConfig", "degenerate_settings", "flag_for", "invalid",
+    "TaskSpec", "VEff", "VotingConfig", "degenerate_settings", "depth_prefix", "flag_for", "invalid",
 ]  # fmt: skip

@@ -154,6 +154,12 @@ class DTRConfig(Config):
             raise invalid("DTRConfig", "prefix", self.prefix, "must be ≥ 1 token", "or None for no prefix")
 
 
+def depth_prefix(dtr: DTRConfig) -> int:
+    """ℓ of a sample store's ``dtr_prefix`` column: the run's ``--prefix`` where it set one, else ``PREFIX_TOKENS``
+    (what Think@n ranks by)."""
+    return dtr.prefix if dtr.prefix is not None else PREFIX_TOKENS
+
+
 @dataclasses.dataclass(frozen=True)
 class LensFitConfig(Config):
     """How a tuned lens is fitted (``depthlens lens fit``, ``studies.lens_fit``; docs/definitions.md §1).

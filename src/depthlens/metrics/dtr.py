@@ -74,6 +74,25 @@ def matched_threshold(reference_tl: torch.Tensor, g: float, other_tl: torch.Tens
     return float(np.quantile(oth, 1.0 - deep_share))
 
 
+def response_depth(
+    divergence: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig, prefix: int | None
+) -> dict[str, object]:
+    """The depth of one response from its [R][L] divergence rows (R read-out tokens, R may be 0), as the sample
+    store and the Python API carry it: per-token ``settling_depth`` (c_t) and ``deep``, the response's ``dtr`` over
+    its read-out tokens, ``dtr_prefix`` over the first ``prefix`` of them (None: all) and ``mean_settling_depth``
+    (the ratios and the mean are None for no tokens)."""
+    table = torch.tensor(divergence, dtype=torch.float32).reshape(-1, n_layers)
+    settling = settling_depth(table, dtr.g)
+    deep = deep_flags(settling, n_layers, dtr.rho, dtr.deep_rule)
+    return {
+        "settling_depth": settling.tolist(),
+        "deep": deep.tolist(),
+        "dtr": deep_thinking_ratio(deep),
+        "dtr_prefix": deep_thinking_ratio(deep, prefix),
+        "mean_settling_depth": mean_settling_depth(settling),
+    }
+
+
 def deep_from_divergence(
     divergence: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig
 ) -> torch.Tensor:

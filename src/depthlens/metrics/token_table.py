@@ -234,7 +234,6 @@ def sequence_scores(table: TokenTable, dtr: DTRConfig, n_layers: int) -> dict[st
         settling = torch.zeros(0, dtype=torch.long)
     deep = deep_flags(settling, n_layers, dtr.rho, dtr.deep_rule)
     scores: dict[str, Any] = {
-        "n_tokens": table.n_tokens,
         "dtr": deep_thinking_ratio(deep),
         "mean_settling_depth": mean_settling_depth(settling),
     }

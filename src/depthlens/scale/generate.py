@@ -121,7 +121,9 @@ def generate_on_ray(
 
     def take(block: Any) -> Any:  # count what the block holds, then commit it whole
         counted = [
-            c for c in ("status", "grade", "answer_source", "finish", "n_tokens") if c in block.column_names
+            c
+            for c in ("status", "grade", "answer_source", "finish", "token_count")
+            if c in block.column_names
         ]
         for record in block.select(counted).to_pylist():
             report.count(record)

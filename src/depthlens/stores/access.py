@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
 from depthlens.stores import layout
+from depthlens.stores.names import current_table, stored_columns
 from depthlens.stores.parquet import settings_problem
 
 HEAVY_SCALARS = ("text",)  # a scalar column too large to hold for every row (a response's whole text)
@@ -248,22 +249,22 @@ class ParquetSource:
         """Every record's light columns (``columns``: those of them wanted; None = every light column)."""
         for part in range(len(self.names)):
             present = [f.name for f in self.columns(part) if _is_light(f)]
-            wanted = present if columns is None else [c for c in columns if c in present]
+            wanted = present if columns is None else stored_columns(present, columns)
             table, self._light[part] = self._light[part], None
             if table is None:
                 table = self._read(part, lambda f, w=wanted: f.read(columns=w, use_threads=False))
             else:
                 table = table.select(wanted)
-            for row, record in enumerate(table.to_pylist() if table is not None else []):
+            for row, record in enumerate(current_table(table).to_pylist() if table is not None else []):
                 yield Location(part, row), record
 
     def arrays(self, columns: Sequence[str]) -> Iterator[tuple[int, ShardArrays]]:
         """Each readable shard's ``columns`` (those it has) as numpy, shard by shard: a pass over the store."""
         for part in range(len(self.names)):
-            present = [c for c in columns if c in {f.name for f in self.columns(part)}]
+            present = stored_columns([f.name for f in self.columns(part)], columns)
             table = self._read(part, lambda f, p=present: f.read(columns=p, use_threads=False))
             if table is not None:
-                yield part, _arrays(table)
+                yield part, _arrays(current_table(table))
 
     def settings(self) -> dict[str, Any]:
         """The settings the first readable shard was written with (every shard carries its store's, bar the
@@ -297,12 +298,13 @@ class ParquetSource:
             starts = self._starts[location.part]
             group = bisect.bisect_right(starts, location.row) - 1
             if (location.part, group) not in groups:
-                names = {f.name for f in self.columns(location.part)}
-                wanted = None if columns is None else [c for c in columns if c in names]
-                groups[(location.part, group)] = self._read(
+                names = [f.name for f in self.columns(location.part)]
+                wanted = None if columns is None else stored_columns(names, columns)
+                group_table = self._read(
                     location.part,
                     lambda f, g=group, w=wanted: f.read_row_group(g, columns=w, use_threads=False),
                 )
+                groups[(location.part, group)] = None if group_table is None else current_table(group_table)
             table = groups[(location.part, group)]
             if table is None:
                 raise LookupError(self._notes[location.part])

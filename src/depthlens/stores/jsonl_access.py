@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from depthlens.stores.access import HEAVY_SCALARS, Location
+from depthlens.stores.names import current_names
 
 
 def json_row(record: dict[str, Any], columns: Sequence[str] | None) -> dict[str, Any]:
@@ -84,7 +85,7 @@ class JsonlSource:
                 if not isinstance(record, dict):
                     self._note(f"{where}: not a JSON record (a line cut or edited); not shown")
                     continue
-                yield start, record
+                yield start, current_names(record)
 
     def changed(self, stat: os.stat_result) -> bool:
         """Whether the file (``stat``: as it is now) is no longer the one read at open: replaced, or grown."""
@@ -109,5 +110,5 @@ class JsonlSource:
                 )
             for location in locations:
                 f.seek(location.row)
-                out.append(json_row(json.loads(f.readline()), columns))
+                out.append(json_row(current_names(json.loads(f.readline())), columns))
         return out

@@ -22,12 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from depthlens import __version__
 from depthlens.config import (
+    PREFIX_TOKENS,
     AnswerConfig,
     DTRConfig,
     EngineConfig,
     ReadoutConfig,
     SamplingConfig,
     StoreFormat,
+    depth_prefix,
 )
 from depthlens.errors import InputError, StoreError
 from depthlens.evals.grading import RULES
@@ -35,6 +37,7 @@ from depthlens.sampling.backend import PER_TOKEN
 from depthlens.stores.files import ResumeRules, manifest_path, read_json
 from depthlens.stores.formats import FORMATS, store_entry
 from depthlens.stores.layout import Problem, Refused, is_store, manifest_file
+from depthlens.stores.names import current_names
 from depthlens.stores.parquet import iter_store_located
 
 if TYPE_CHECKING:
@@ -53,13 +56,18 @@ REQUIRED = (
     "question_id",
     "sample",
     "status",
-    "n_tokens",
+    "token_count",
     "vote_key",
     "correct",
     *PER_TOKEN,
     "divergence",
 )
 """The fields of a usable (``status: ok``) response record that voting and the studies read."""
+
+DEPTH_FIELDS = ("settling_depth", "deep", "dtr", "dtr_prefix", "mean_settling_depth")
+"""The depth a response record carries beside its divergences (``metrics.dtr.response_depth``), computed with the
+manifest's ``dtr`` settings, ``dtr_prefix`` over its ``depth.prefix`` tokens. A store written before them lacks them
+(readers derive them: ``studies.pool_table``; ``depthlens regrade`` writes them in)."""
 
 STORED_DIGITS = 5
 """Per-token floats are stored rounded to 5 decimals (a divergence row costs ~9 bytes per layer in JSONL). A live
@@ -81,6 +89,7 @@ MANIFEST_DEFAULTS = {
     "readout": ReadoutConfig().to_dict(),
     "dtr": DTRConfig().to_dict(),
     "engine": EngineConfig().to_dict(),  # stores written before the engine was recorded: hf
+    "depth": {"prefix": PREFIX_TOKENS},  # stores written before their records carried depth
 }
 """Settings a manifest written before a field existed is read with."""
 # Batch size and a longer question list change no stored response (a response's seed is its own; a changed batch
@@ -115,6 +124,7 @@ def store_manifest(
         "sampling": configs["sampling"].to_dict(),
         "readout": configs["readout"].to_dict(),
         "dtr": configs["dtr"].to_dict(),
+        "depth": {"prefix": depth_prefix(configs["dtr"])},
         "engine": configs["engine"].to_dict(),
         "answers": {**answers.to_dict(), "rules": RULES} if answers is not None else None,
         "command": " ".join(sys.argv),
@@ -224,7 +234,7 @@ def samples_manifest(out_dir: Path) -> Path:
 def iter_samples(out_dir: Path) -> Iterator[dict[str, Any]]:
     """A store's response records, from ``samples.jsonl`` or from every shard of ``samples/`` read as one."""
     for _, record in iter_store_located(samples_path(out_dir, stored_format(out_dir))):
-        yield record
+        yield current_names(record)
 
 
 def read_manifest(out_dir: Path) -> dict[str, Any]:
@@ -301,6 +311,7 @@ def read_responses(out_dir: Path, fields: Sequence[str] = REQUIRED) -> Iterator[
     (``status: failed``) are yielded as they are, for the caller to count."""
     manifest = read_manifest(out_dir)
     for where, record in iter_store_located(samples_path(out_dir, stored_format(out_dir))):
+        current_names(record)
         if record.get("status") != "failed":
             missing = [k for k in fields if k not in record]
             if missing:

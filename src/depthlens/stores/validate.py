@@ -74,13 +74,14 @@ def bounds(manifest: dict[str, Any]) -> dict[str, Bound]:
     """Each ranged field of the records of the store ``manifest`` describes, and its range."""
     out = {
         "dtr": _share("a deep-thinking ratio"),
-        "dtr_readout": _share("a deep-thinking ratio"),
+        "dtr_readout": _share("a deep-thinking ratio"),  # ``dtr`` in stores before issue 42
         "dtr_prefix": _share("a deep-thinking ratio"),
         "log_prob": Bound(-math.inf, 0.0, "a log-probability (finite, ≤ 0)"),
         "entropy": Bound(0.0, math.inf, "an entropy (finite, ≥ 0)"),
         "self_certainty": Bound(-math.inf, math.inf, "a finite number"),
         "confidence": Bound(-math.inf, math.inf, "a finite number"),
-        "n_tokens": Bound(0, math.inf, "a token count (a whole number ≥ 0)", whole=True),
+        "token_count": Bound(0, math.inf, "a token count (a whole number ≥ 0)", whole=True),
+        "n_tokens": Bound(0, math.inf, "a token count (a whole number ≥ 0)", whole=True),  # before issue 42
         "token_ids": Bound(0, math.inf, "token ids (whole numbers ≥ 0)", whole=True),
         "prompt_ids": Bound(0, math.inf, "token ids (whole numbers ≥ 0)", whole=True),
     }

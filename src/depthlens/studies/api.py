@@ -2,8 +2,8 @@
 the stores' (``.to_pandas()`` for a DataFrame).
 
 - ``score(model, records)``: ``depthlens score``'s results (the score store's columns);
-- ``generate(model, task)``: a pool per question with per-token depth (the sample store's columns, with the depth
-  ``pool_table`` derives and the score store's names ``dtr`` and ``token_count``);
+- ``generate(model, task)``: a pool per question with per-token depth (the sample store's columns: ``dtr``,
+  ``dtr_prefix``, ``settling_depth``, ``deep``, ``token_count`` as in every other table);
 - ``think_at_n(pool_or_store)``: Think@n and its peers over a pool (``thinkn --from``'s summary rows);
 - ``online(model, task)``: the live policy (``thinkn --online``'s decision per question);
 - ``responses(store)``: a sample store on disk as ``generate``'s table.
@@ -197,7 +197,7 @@ def generate(
         batch_size,
         SamplingConfig(**sampling),
         ReadoutConfig(**readout),
-        DTRConfig(**dtr),
+        DTRConfig(**dtr, prefix=prefix),  # the store's dtr_prefix at the table's
         AnswerConfig(**answers),
         EngineConfig(**engine),
         task_spec,
@@ -219,7 +219,8 @@ def responses(
     manifest = read_manifest(Path(store))
     dtr = _dtr(manifest, dtr_settings, "responses")
     records = [record for _, record in read_responses(Path(store))]
-    rows = pool_rows(records, int(manifest["n_layers"]), dtr, prefix, tokenizer)
+    as_stored = dtr == _dtr(manifest, {}, "responses") and prefix == manifest.get("depth", {}).get("prefix")
+    rows = pool_rows(records, int(manifest["n_layers"]), dtr, prefix, tokenizer, as_stored)
     table = to_table(rows)
     return table.replace_schema_metadata(metadata(manifest, dtr, prefix))
 

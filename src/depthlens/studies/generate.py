@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, GenerateRun, StoreFormat
+from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, GenerateRun, StoreFormat, depth_prefix
 from depthlens.errors import DepthlensError, InputError, StoreError
 from depthlens.evals.grading import answer_fields
 from depthlens.evals.tasks import Question
-from depthlens.metrics.dtr import deep_from_divergence, deep_thinking_ratio
+from depthlens.metrics.dtr import response_depth
 from depthlens.models.load import LoadedModel
 from depthlens.sampling.backend import PER_TOKEN, GenerationBackend, Trace
 from depthlens.sampling.choose import make_backend
@@ -94,10 +94,12 @@ def sample_record(
     """One stored response: tokens, text, graded answer, and the per-token values voting and studies need.
 
     ``prompt_ids`` (the prompt as fed) and ``token_ids`` make the line a ``depthlens score`` input by itself.
-    Per-token floats are kept as ``stores.samples.stored`` rounds them.
+    Per-token floats are kept as ``stores.samples.stored`` rounds them; the depth fields
+    (``stores.samples.DEPTH_FIELDS``) come from the divergences before rounding, as ``score`` and the server
+    compute them.
     """
     text = lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True) if lm.tokenizer else ""
-    deep = deep_from_divergence(trace.divergence, lm.n_layers, dtr)
+    depth = response_depth(trace.divergence, lm.n_layers, dtr, depth_prefix(dtr))
     return {
         "id": f"{question.id}#{index}",
         "question_id": question.id,
@@ -105,14 +107,15 @@ def sample_record(
         "seed": trace.seed,
         "status": "ok",
         "finish": trace.finish,
-        "n_tokens": len(trace),
+        "token_count": len(trace),
         "text": text,
         "prompt_ids": list(prompt),
         "token_ids": trace.token_ids,
         **answer_fields(question, text, trace.finish, rules, timeout_s),
-        "dtr_readout": deep_thinking_ratio(deep),
+        **{key: depth.pop(key) for key in ("dtr", "dtr_prefix", "mean_settling_depth")},
         **{key: stored(getattr(trace, key)) for key in PER_TOKEN},
         "divergence": stored_rows(trace.divergence),
+        **depth,  # settling_depth, deep: per read-out token
         **{f"divergence_{kind}": stored_rows(rows) for kind, rows in trace.also.items()},
     }
 
@@ -167,7 +170,7 @@ class GenerationReport:
             self.first_error = self.first_error or str(record.get("error", ""))
             return
         self.written += 1
-        self.tokens += record["n_tokens"]
+        self.tokens += record["token_count"]
         self.grades[record["grade"]] += 1
         self.sources[record["answer_source"]] += 1
         self.truncated += record["finish"] == "length"

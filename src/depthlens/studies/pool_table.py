@@ -1,7 +1,8 @@
 """A sample store's responses as the Python API's rows: each response with the depth it is about — per-token
-``settling_depth`` and ``deep``, per-response ``dtr``, ``dtr_prefix`` and ``mean_settling_depth`` — computed from
-its stored divergences with the run's DTR settings (``metrics.dtr``), under the score store's names (``dtr``,
-``token_count``). A store written before these columns reads the same: they are derived here, on read.
+``settling_depth`` and ``deep``, per-response ``dtr``, ``dtr_prefix`` and ``mean_settling_depth`` — under the
+names of every other table (``dtr``, ``token_count``). A store's records carry their depth
+(``stores.samples.DEPTH_FIELDS``); a record written before they did, or read with other DTR settings than its
+store's, gets it computed here from its stored divergences (``metrics.dtr.response_depth``).
 """
 
 from __future__ import annotations
@@ -10,50 +11,34 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import torch
-
 from depthlens.config import DTRConfig
-from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, mean_settling_depth, settling_depth
+from depthlens.metrics.dtr import response_depth
 from depthlens.models.tokens import token_texts
+from depthlens.stores.samples import DEPTH_FIELDS, current_names
 
-# The score store's name of a quantity ← the sample store's name of the same quantity (one name per quantity in
-# every table the API returns; the sample store keeps its own until it is migrated).
-RENAMED = {"dtr": "dtr_readout", "token_count": "n_tokens"}
-_STORE_TO_API = {old: new for new, old in RENAMED.items()}
-DEPTH_COLUMNS = ("settling_depth", "deep", "dtr", "dtr_prefix", "mean_settling_depth")
 METADATA_KEY = (
     "depthlens"  # the table's schema metadata: the store's manifest and the DTR settings of its depth
 )
 
 
-def depth_fields(
-    divergence: list[list[float]], n_layers: int, dtr: DTRConfig, prefix: int | None
-) -> dict[str, Any]:
-    """The depth of one response from its stored [T × L] divergences: c_t, deep flags, DTR over the read-out
-    tokens, DTR over the first ``prefix`` of them (None: all) and the mean c_t (None for no tokens)."""
-    table = torch.tensor(divergence, dtype=torch.float32).reshape(-1, n_layers)
-    settling = settling_depth(table, dtr.g)
-    deep = deep_flags(settling, n_layers, dtr.rho, dtr.deep_rule)
-    return {
-        "settling_depth": settling.tolist(),
-        "deep": deep.tolist(),
-        "dtr": deep_thinking_ratio(deep),
-        "dtr_prefix": deep_thinking_ratio(deep, prefix),
-        "mean_settling_depth": mean_settling_depth(settling),
-    }
-
-
 def pool_row(
-    record: dict[str, Any], n_layers: int, dtr: DTRConfig, prefix: int | None, tokenizer: Any | None = None
+    record: dict[str, Any],
+    n_layers: int,
+    dtr: DTRConfig,
+    prefix: int | None,
+    tokenizer: Any | None = None,
+    as_stored: bool = False,
 ) -> dict[str, Any]:
-    """A stored response as a row of the API's pool table: the store's fields under the score store's names, its
-    depth (``depth_fields``) and, where a tokenizer is at hand, its ``tokens`` as readable labels."""
-    row = {_STORE_TO_API.get(key, key): value for key, value in record.items()}
-    if record.get("status") == "failed":
+    """A stored response as a row of the API's pool table: its fields, its depth and, where a tokenizer is at
+    hand, its ``tokens`` as readable labels. ``as_stored``: ``dtr`` and ``prefix`` are the store's own, so depth
+    the record carries is kept as it is (it was computed before the divergences were rounded for storing)."""
+    row = dict(record)
+    if row.get("status") == "failed":
         return row
-    row.update(depth_fields(record["divergence"], n_layers, dtr, prefix))
+    if not (as_stored and all(k in row for k in DEPTH_FIELDS)):
+        row.update(response_depth(row["divergence"], n_layers, dtr, prefix))
     if tokenizer is not None:
-        row["tokens"] = token_texts(tokenizer, record["token_ids"])
+        row["tokens"] = token_texts(tokenizer, row["token_ids"])
     return row
 
 
@@ -63,15 +48,17 @@ def pool_rows(
     dtr: DTRConfig,
     prefix: int | None,
     tokenizer: Any = None,
+    as_stored: bool = False,
 ) -> list[dict[str, Any]]:
-    return [pool_row(r, n_layers, dtr, prefix, tokenizer) for r in records]
+    return [pool_row(r, n_layers, dtr, prefix, tokenizer, as_stored) for r in records]
 
 
 def store_records(rows: Iterable[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The rows of a pool table back as the store's records, (where, record) as ``read_responses`` yields them."""
+    """The rows of a pool table back as the store's records, (where, record) as ``read_responses`` yields them
+    (a table written out by an older depthlens may hold the old names: they are read as today's)."""
     for i, row in enumerate(rows):
-        record = {RENAMED.get(k, k): v for k, v in row.items() if k not in DEPTH_COLUMNS or k == "dtr"}
-        yield f"row {i} of the pool table", record
+        record = {k: v for k, v in row.items() if k != "tokens"}
+        yield f"row {i} of the pool table", current_names(record)
 
 
 def metadata(manifest: dict[str, Any], dtr: DTRConfig, prefix: int | None) -> dict[str, str]:

@@ -5,10 +5,12 @@ task's questions (reasoning-gym regenerates its entries from the manifest's seed
 ``score_answer`` gets the real entry; other tasks are read back from ``questions.jsonl``), re-extracts and
 re-grades every response, and rewrites the responses atomically: ``samples.jsonl`` as a temporary file, fsynced,
 renamed over it; a sharded ``samples/`` store as new shards committed by its manifest
-(``parquet_store.rewrite_store``). Nothing is lost: each record appends the answer fields it had before to its
-``answer_history`` list, with the rules that produced them. The manifest records the rules now in force
-(``answers``) and a ``regraded`` log. Every summary already in the store is recomputed with its own voting
-settings.
+(``parquet_store.rewrite_store``). It is also the migration of a store written before one name per quantity:
+its records get today's names (``stores.names``) and the depth they lacked (``stores.samples.DEPTH_FIELDS``,
+from their stored divergences with the manifest's DTR settings). Nothing is lost: each record appends the answer
+fields it had before to its ``answer_history`` list, with the rules that produced them. The manifest records the
+rules now in force (``answers``) and a ``regraded`` log. Every summary already in the store is recomputed with its
+own voting settings.
 """
 
 from __future__ import annotations
@@ -23,17 +25,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from depthlens.config import AnswerConfig, DTRConfig, VotingConfig
+from depthlens.config import AnswerConfig, DTRConfig, VotingConfig, depth_prefix
 from depthlens.errors import StoreError
 from depthlens.evals.answers import RULES
 from depthlens.evals.grading import ANSWER_FIELDS, AnswerSummary, answer_fields, store_answers
 from depthlens.evals.loading import load_task, parse_task_config
 from depthlens.evals.tasks import HUB_TASKS, Question, infer_answer_type
+from depthlens.metrics.dtr import response_depth
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.lock import store_lock
+from depthlens.stores.names import current_names
 from depthlens.stores.parquet import iter_store
-from depthlens.stores.samples import QUESTIONS, read_manifest, samples_path, stored_format
+from depthlens.stores.samples import DEPTH_FIELDS, QUESTIONS, read_manifest, samples_path, stored_format
 from depthlens.stores.shard_writer import rewrite_store
 from depthlens.studies.thinkn import summarise, summary_files
 
@@ -141,6 +145,8 @@ class _Regrader:
     rules_before: str
     timeout_s: int
     on_record: Callable[[], None]
+    n_layers: int
+    dtr: DTRConfig
     now: str = dataclasses.field(
         default_factory=lambda: datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     )
@@ -149,8 +155,13 @@ class _Regrader:
     changed: Counter[str] = dataclasses.field(default_factory=Counter)
 
     def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
+        current_names(record)
         if record.get("status") == "failed":
             return record
+        if any(k not in record for k in DEPTH_FIELDS) and "divergence" in record:
+            record.update(
+                response_depth(record["divergence"], self.n_layers, self.dtr, depth_prefix(self.dtr))
+            )
         question = self.questions.get(str(record.get("question_id")))
         if question is None or "text" not in record:
             raise StoreError(
@@ -215,9 +226,13 @@ def _regrade_locked(
     questions = rebuild_questions(store, manifest)
     fmt = stored_format(store)
     samples = samples_path(store, fmt)
-    regrade = _Regrader(samples, questions, rules, rules_before, timeout_s, on_record)
+    dtr = DTRConfig.from_dict(manifest["dtr"])
+    regrade = _Regrader(
+        samples, questions, rules, rules_before, timeout_s, on_record, manifest["n_layers"], dtr
+    )
     updated = {
         **manifest,
+        "depth": manifest.get("depth", {"prefix": depth_prefix(dtr)}),
         "answers": {**rules.to_dict(), "rules": RULES},
         "regraded": [
             *manifest.get("regraded", []),

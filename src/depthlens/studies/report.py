@@ -121,11 +121,11 @@ def write_correlation(
 
 def example_response(store: Store) -> StoredResponse | None:
     """The response a reader is shown: a correct one of median length (else any of median length)."""
-    full = [r for r in store.responses if r.divergence["jsd"].shape[0] == r.n_tokens and r.n_tokens > 0]
+    full = [r for r in store.responses if r.divergence["jsd"].shape[0] == r.token_count and r.token_count > 0]
     pick = [r for r in full if r.correct] or full
     if not pick:
         return None
-    lengths = np.array([r.n_tokens for r in pick])
+    lengths = np.array([r.token_count for r in pick])
     return pick[int(np.argsort(lengths)[len(pick) // 2])]
 
 

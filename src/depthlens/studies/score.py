@@ -25,10 +25,9 @@ from depthlens.stores.guard import refuse_same_file
 from depthlens.stores.inputs import BadLine, InputRecord, check_record
 
 SUMMARY_FIELDS = (
-    "n_tokens",
+    "token_count",
     "dtr",
     "mean_settling_depth",
-    "token_count",
     "reverse_token_count",
     "log_prob",
     "log_prob_sum",
@@ -273,8 +272,8 @@ def score_summary(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """What a person looks for at the end of a run: how many records, mean DTR and settling depth over the records
     with tokens, the most and least deep records, and the share of deep-thinking tokens over all tokens."""
     rows = list(results)
-    scored = [r for r in rows if r.get("n_tokens") and r.get("dtr") is not None]
-    tokens = sum(r["n_tokens"] for r in scored)
+    scored = [r for r in rows if r.get("token_count") and r.get("dtr") is not None]
+    tokens = sum(r["token_count"] for r in scored)
     return {
         "records": len(rows),
         "scored": len(scored),
@@ -283,7 +282,7 @@ def score_summary(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "mean_settling_depth": (
             sum(r["mean_settling_depth"] for r in scored) / len(scored) if scored else None
         ),
-        "deep_share": sum(r["dtr"] * r["n_tokens"] for r in scored) / tokens if tokens else None,
+        "deep_share": sum(r["dtr"] * r["token_count"] for r in scored) / tokens if tokens else None,
         "most_deep": max(scored, key=lambda r: r["dtr"]) if scored else None,
         "least_deep": min(scored, key=lambda r: r["dtr"]) if scored else None,
     }

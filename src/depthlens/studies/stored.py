@@ -26,7 +26,7 @@ class StoredResponse:
 
     question_id: str
     correct: bool
-    n_tokens: int
+    token_count: int
     token_ids: list[int]  # to label heatmaps without re-reading the store
     log_prob: np.ndarray  # [T]
     entropy: np.ndarray  # [T]
@@ -94,7 +94,7 @@ def load_store(path: Path) -> Store:
                 StoredResponse(
                     question_id=str(record["question_id"]),
                     correct=bool(record["correct"]),
-                    n_tokens=int(record["n_tokens"]),
+                    token_count=int(record["token_count"]),
                     token_ids=list(record.get("token_ids", [])),
                     log_prob=np.asarray(record["log_prob"], dtype=np.float64),
                     entropy=np.asarray(record["entropy"], dtype=np.float64),

@@ -332,7 +332,7 @@ def _answer_row(
         "answer": graded.answer,
         "perplexity": -s["neg_perplexity"],
         "tcb_mean": s["tcb_mean"],
-        "n_tokens": s["n_tokens"],
+        "token_count": s["token_count"],
     }
 
 

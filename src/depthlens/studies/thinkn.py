@@ -57,7 +57,7 @@ def response_from_record(record: dict[str, Any], n_layers: int, dtr: DTRConfig) 
     return Response(
         key=record["vote_key"],
         correct=bool(record["correct"]),
-        length=int(record["n_tokens"]),
+        length=int(record["token_count"]),
         deep=deep_from_divergence(record["divergence"], n_layers, dtr).numpy(),
         self_certainty=np.asarray(record["self_certainty"], dtype=np.float64),
         confidence=np.asarray(record["confidence"], dtype=np.float64),

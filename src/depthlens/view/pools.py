@@ -44,7 +44,7 @@ VOTING_COLUMNS = (
     "question_id",
     "vote_key",
     "correct",
-    "n_tokens",
+    "token_count",
     "divergence",
     "self_certainty",
     "confidence",
@@ -106,7 +106,7 @@ def shard_responses(shard: ShardArrays, n_layers: int, dtr: DTRConfig) -> list[S
     deep = deep_flags(settling_depth(torch.from_numpy(rows), dtr.g), n_layers, dtr.rho, dtr.deep_rule).numpy()
     ends = np.cumsum(lengths)
     certainty, confidence = shard.row_values("self_certainty"), shard.row_values("confidence")
-    status, key, correct, n_tokens = (shard.scalars[c] for c in ("status", "vote_key", "correct", "n_tokens"))
+    status, key, correct, count = (shard.scalars[c] for c in ("status", "vote_key", "correct", "token_count"))
     out: list[Stored | None] = []
     for i in range(shard.rows):
         if status[i] == "failed":
@@ -116,7 +116,7 @@ def shard_responses(shard: ShardArrays, n_layers: int, dtr: DTRConfig) -> list[S
             Stored(
                 key[i],
                 bool(correct[i]),
-                int(n_tokens[i]),
+                int(count[i]),
                 deep[ends[i] - lengths[i] : ends[i]],
                 certainty[i],
                 confidence[i],
