@@ -320,11 +320,39 @@ def test_thinkn_table_fits_80_columns(monkeypatch, capsys, tmp_path, tiny_chat):
 
     _store(tiny_chat, tmp_path / "s", pool=2)
     code, out, err = run80(
-        monkeypatch, capsys, "thinkn", "--from", tmp_path / "s", "--n", "2", "--trials", "1"
+        monkeypatch,
+        capsys,
+        "thinkn",
+        "--from",
+        tmp_path / "s",
+        "--n",
+        "2",
+        "--trials",
+        "1",
+        "--methods",
+        "all",
     )
     assert code == 0, err
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "│ deepconf-high-bottom10@n │" in out  # the longest method name, whole
+
+
+def test_thinkn_prints_the_papers_methods_first_and_folds_deepconf(monkeypatch, capsys, tmp_path, tiny_chat):
+    """Issue 42: Think@n and Cons@n lead the table; DeepConf's 12 variants print as one line per filter unless
+    --methods all; n defaults to what the stored pool allows, and says so."""
+    from tests.test_thinkn import _store
+
+    _store(tiny_chat, tmp_path / "s", pool=2)
+    code, out, err = run80(monkeypatch, capsys, "thinkn", "--from", tmp_path / "s", "--trials", "1")
+    assert code == 0, err
+    said = " ".join(err.split())  # rich wraps at 80 columns
+    assert "n = 2: the pool in" in said and "holds 2 responses per question" in said
+    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    table = rows[: rows.index("deepconf-high-*@n (4)") + 1]
+    assert table[:6] == ["think@n", "cons@n", "mean@n", "long@n", "short@n", "self-certainty@n"]
+    assert table[6:] == ["deepconf-*@n (4)", "deepconf-low-*@n (4)", "deepconf-high-*@n (4)"]
+    assert "12 variants folded into 3 lines" in said and "deepconf-low-tail@n" not in out
+    assert max(len(line) for line in out.splitlines()) <= 80
 
 
 # 6. Docs stand on their own.

@@ -87,7 +87,10 @@ def test_a_request_becomes_its_job(tokenizer):
     assert job.prompts == ((14, 15), (16,))  # this tokenizer adds no BOS
     assert job.n == 2 and job.stop == ("x",) and job.seed == 3
     assert _job(tokenizer, {"prompt": [[1, 5, 6], [7]]}).prompts == ((1, 5, 6), (7,))
-    assert job.sampling.max_new_tokens == 9 and job.sampling.temperature == 1.0 and job.sampling.top_p == 1.0
+    assert job.sampling.max_new_tokens == 9
+    assert (
+        job.sampling.temperature == 0.6 and job.sampling.top_p == 0.95
+    )  # the server's defaults, not OpenAI's
     assert job.sampling.readout_tokens == 20  # raised to the DTR prefix
     chat = _job(
         tokenizer, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, chat=True
@@ -359,3 +362,32 @@ def test_a_port_in_use_is_one_error_line(monkeypatch, capsys, tmp_path):
             monkeypatch, capsys, "--model", model, "--backend", "hf", "--device", "cpu", "--port", port
         )
     assert code == 2 and f"error: could not serve on 127.0.0.1:{port}" in err
+
+
+def test_default_sampling_is_the_models_generation_config_else_depthlens(tokenizer):
+    """A request without temperature / top_p samples at the model's generation_config (as vLLM's
+    `--generation-config auto`) where it sets them, else at depthlens's 0.6 / 0.95 — never OpenAI's 1 / 1."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig, LlamaConfig
+
+    from depthlens.models.info import sampling_defaults
+
+    def model_with(config):
+        return SimpleNamespace(model=SimpleNamespace(generation_config=config))
+
+    assert sampling_defaults(model_with(GenerationConfig(do_sample=True, temperature=0.3, top_p=0.8))) == (
+        0.3,
+        0.8,
+        "the model's generation_config",
+    )
+    assert sampling_defaults(model_with(GenerationConfig(do_sample=True, temperature=0.2)))[:2] == (0.2, 0.95)
+    derived = GenerationConfig.from_model_config(
+        LlamaConfig()
+    )  # what a model without generation_config.json gets
+    assert sampling_defaults(model_with(derived)) == (0.6, 0.95, "depthlens's defaults")
+    assert sampling_defaults(model_with(None)) == (0.6, 0.95, "depthlens's defaults")
+    job = _job(tokenizer, {"prompt": "x"}, temperature=0.3, top_p=0.8)
+    assert job.sampling.temperature == 0.3 and job.sampling.top_p == 0.8
+    given = _job(tokenizer, {"prompt": "x", "temperature": 1.0, "top_p": 1.0}, temperature=0.3, top_p=0.8)
+    assert given.sampling.temperature == 1.0 and given.sampling.top_p == 1.0

@@ -1,14 +1,62 @@
-"""How ``thinkn`` prints the paired comparisons with Cons@n (``stats.paired``): the cells of ``studies.tables``
-per method and a line on the power to see the paper's gap."""
+"""How ``thinkn`` prints its methods: the paper's first, DeepConf's twelve offline variants folded into one line
+per filter unless ``--methods all`` (or a list) asks for each; the paired comparisons with Cons@n
+(``stats.paired``): the cells of ``studies.tables`` per method and a line on the power to see the paper's gap."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from rich.table import Table
 
 from depthlens.stats.paired import PAPER_GAPS, Comparison
 from depthlens.studies.tables import paired_cells
+
+PAPER_METHODS = ("think@n", "cons@n", "mean@n", "long@n", "short@n", "self-certainty@n")
+"""The DTR paper's Table 2 rows, printed first in this order; DeepConf's variants follow."""
+DEEPCONF_GROUPS = {
+    "deepconf": "deepconf-",
+    "deepconf-low": "deepconf-low-",
+    "deepconf-high": "deepconf-high-",
+}
+"""DeepConf's offline variants by filter (none / top 10 % / top 90 %), each over four trace scores."""
+
+
+def deepconf_group(method: str) -> str | None:
+    """The filter group of a DeepConf variant (``deepconf-low-tail@n`` → ``deepconf-low``); None for others."""
+    if not method.startswith("deepconf-"):
+        return None
+    for group in ("deepconf-low", "deepconf-high"):
+        if method.startswith(DEEPCONF_GROUPS[group]):
+            return group
+    return "deepconf"
+
+
+def in_order(methods: Sequence[str]) -> list[str]:
+    """``methods`` with the paper's first (in ``PAPER_METHODS``' order), the rest as they came."""
+    first = [m for m in PAPER_METHODS if m in methods]
+    return first + [m for m in methods if m not in first]
+
+
+def folded(rows: Sequence[Any], method: Callable[[Any], str]) -> tuple[list[Any], dict[str, list[Any]]]:
+    """``rows`` in print order, DeepConf's taken out into their groups: (the other rows, group → its rows)."""
+    order = in_order([method(r) for r in rows])
+    by_name = {method(r): r for r in rows}
+    groups: dict[str, list[Any]] = {}
+    plain = []
+    for name in order:
+        group = deepconf_group(name)
+        if group is None:
+            plain.append(by_name[name])
+        else:
+            groups.setdefault(group, []).append(by_name[name])
+    return plain, groups
+
+
+def span(values: Sequence[float], fmt: str) -> str:
+    """``lo–hi`` of ``values`` in ``fmt`` (one value when they are all the same)."""
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}–{hi:{fmt}}"
 
 
 def paired_table(paired: Sequence[Comparison]) -> Table:

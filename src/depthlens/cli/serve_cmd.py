@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import signal
@@ -86,6 +87,13 @@ def serve(
         )
     # vllm: only the tokenizer and config — the engine holds the one copy of the weights and reads them out itself
     model_or_info = load_for(engine_config, model_spec)
+    from depthlens.models.info import sampling_defaults
+
+    temperature, top_p, source = sampling_defaults(model_or_info)
+    settings = dataclasses.replace(settings, temperature=temperature, top_p=top_p)
+    err_console.print(
+        f"a request without temperature / top_p samples at {temperature:g} / {top_p:g} ({source})"
+    )
     with err_console.status(f"starting the {chosen} engine"):
         engine = _engine(model_or_info, engine_config, max_running)
     _run(engine, model_or_info.tokenizer, settings, host, port, log_level)

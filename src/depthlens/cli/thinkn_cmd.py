@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 
 
 def method_list(methods: str | None) -> list[str] | None:
-    """``--methods`` as names of ``voting.methods.METHODS`` (None: all), unknown ones refused."""
-    if not methods:
+    """``--methods`` as names of ``voting.methods.METHODS`` (None or ``all``: all), unknown ones refused."""
+    if not methods or methods.strip() == "all":
         return None
     from depthlens.voting.methods import METHODS
 
@@ -69,21 +69,26 @@ def vote(
     methods: list[str] | None,
     ablation: bool,
     overwrite: bool,
+    every: bool = False,
 ) -> None:
-    """Vote over the store's pools, print the table and where the summary went."""
+    """Vote over the store's pools, print the table (DeepConf folded unless ``every``) and where the summary
+    went."""
     from depthlens.studies.thinkn import summarise, summary_stem
 
     with err_console.status("voting"):
         report = summarise(store, voting, dtr, methods, with_ablation=ablation, overwrite=overwrite)
-    print_report(report, store)
+    print_report(report, store, every)
     if report.voting.trials > 1 and report.info.manifest["pool"] == voting.n:
         err_console.print("note: pool = n, so every trial draws the same responses (std 0); use --pool > n")
     stem = store / summary_stem(report.voting)
     err_console.print(f"summary: {stem}.json, {stem}.csv")
 
 
-def print_report(report: ThinkReport, store: Path | None = None) -> None:
-    """The table ``thinkn`` prints: accuracy, tokens per question, cost against Cons@n, per method."""
+def print_report(report: ThinkReport, store: Path | None = None, every: bool = False) -> None:
+    """The table ``thinkn`` prints: accuracy, tokens per question, cost against Cons@n, per method — the paper's
+    methods first, DeepConf's variants one line per filter (their range over the trace scores) unless ``every``."""
+    from depthlens.cli.paired_view import folded, span
+
     info = report.info
     v = report.voting
     prefix = "full" if v.prefix is None else v.prefix
@@ -96,7 +101,10 @@ def print_report(report: ThinkReport, store: Path | None = None) -> None:
     for column in ("accuracy %", "tokens/q", "vs Cons@n", "paper cost"):
         table.add_column(column, justify="right")
     cons = next((s for s in report.summaries if s.method == "cons@n"), None)
-    for s in report.summaries:
+    plain, groups = folded(report.summaries, lambda s: s.method)
+    if every:
+        plain, groups = plain + [s for rows in groups.values() for s in rows], {}
+    for s in plain:
         ratio = f"{s.cost_mean / cons.cost_mean:.0%}" if cons and cons.cost_mean else "—"
         table.add_row(
             s.method,
@@ -105,11 +113,27 @@ def print_report(report: ThinkReport, store: Path | None = None) -> None:
             ratio,
             f"{s.cost_paper_mean:,.0f}",
         )
+    for group, rows in groups.items():
+        ratios = [s.cost_mean / cons.cost_mean for s in rows] if cons and cons.cost_mean else []
+        table.add_row(
+            f"{group}-*@n ({len(rows)})",
+            span([100 * s.accuracy_mean for s in rows], ".1f"),
+            span([s.cost_mean for s in rows], ",.0f"),
+            span([100 * r for r in ratios], ".0f") + "%" if ratios else "—",
+            span([s.cost_paper_mean for s in rows], ",.0f"),
+        )
     console.print(table)
+    if groups:
+        err_console.print(
+            f"DeepConf: {sum(len(r) for r in groups.values())} variants folded into {len(groups)} lines (the range "
+            "over their trace scores); --methods all shows each, as the summary CSV holds them",
+            highlight=False,
+        )
     if report.paired:
         from depthlens.cli.paired_view import paired_table, power_line
 
-        console.print(paired_table(report.paired))
+        paired = folded(report.paired, lambda c: c.method)[0] if groups else report.paired
+        console.print(paired_table(paired))
         if (line := power_line(report.paired)) is not None:
             err_console.print(line, highlight=False)
     _print_notes(report, store)
@@ -174,7 +198,7 @@ def thinkn(
     questions: opt.Questions = TaskSpec.questions,
     task_seed: opt.TaskSeed = TaskSpec.task_seed,
     task_config: opt.TaskConfig = TaskSpec.task_config,
-    n: opt.N = VotingConfig.n,
+    n: opt.ThinknN = None,
     pool: opt.ThinknPool = None,
     eta: opt.Eta = VotingConfig.eta,
     prefix: opt.PrefixOpt = str(VotingConfig.prefix),
@@ -261,6 +285,7 @@ def thinkn(
     ):  # --store picks one of two stores to read
         if from_store is not None:
             honoured(from_store, divergence)
+        n = n if n is not None else default_n(from_store)
         if online or sweep:
             if ray or ray_address is not None:
                 raise InputError("--ray samples a pool for offline voting; run --online without --ray")
@@ -314,7 +339,25 @@ def thinkn(
                 task_spec,
             )
             run_generation(new.model, run, specs.ray_config(ray, ray_address, workers, cpus, gpus))
-        vote(store.out, voting, dtr_for(store.out, g, rho, deep_rule), chosen, ablation, overwrite)
+        every = methods is not None  # a list, or `all`: each method on its own line
+        vote(store.out, voting, dtr_for(store.out, g, rho, deep_rule), chosen, ablation, overwrite, every)
+
+
+def default_n(store: Path | None) -> int:
+    """n when ``--n`` is not given: ``VotingConfig.n``, or a stored pool's size where that is smaller (said)."""
+    if store is None:
+        return VotingConfig.n
+    from depthlens.stores.samples import read_manifest
+
+    pool = int(read_manifest(store)["pool"])
+    if pool >= VotingConfig.n:
+        return VotingConfig.n
+    err_console.print(
+        f"n = {pool}: the pool in {store} holds {pool} responses per question, fewer than the default "
+        f"{VotingConfig.n}; --n chooses another",
+        highlight=False,
+    )
+    return pool
 
 
 def honoured(store: Path, divergence: str | None) -> None:

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from depthlens.config.base import invalid
 from depthlens.config.readout import PREFIX_TOKENS
+from depthlens.config.sampling import SamplingConfig
 
 LOCALHOST = "127.0.0.1"
 """Where ``serve`` and ``view`` listen unless ``--host`` says otherwise: this machine only."""
@@ -34,6 +35,9 @@ class ServeConfig:
         max_queue: requests waiting beyond those; past them a request gets 429 with ``Retry-After``.
         max_body_bytes: larger request bodies get 413.
         shutdown_grace: seconds SIGTERM gives in-flight requests to finish before they are aborted.
+        temperature, top_p: a request's when it gives none — the model's ``generation_config``'s where it sets
+            them, else depthlens's sampling defaults (``models.info.sampling_defaults``; not OpenAI's 1 / 1,
+            which make a small model answer noise).
     """
 
     HOST: ClassVar[str] = LOCALHOST
@@ -41,8 +45,6 @@ class ServeConfig:
     LOG_LEVEL: ClassVar[str] = "warning"  # uvicorn's
     # OpenAI's defaults for a request that gives none of these
     COMPLETION_MAX_TOKENS: ClassVar[int] = 16
-    TEMPERATURE: ClassVar[float] = 1.0
-    TOP_P: ClassVar[float] = 1.0
 
     model_id: str
     api_key: str | None = None
@@ -55,6 +57,8 @@ class ServeConfig:
     max_queue: int = 64
     max_body_bytes: int = 1 << 20
     shutdown_grace: float = 30.0
+    temperature: float = SamplingConfig.temperature
+    top_p: float = SamplingConfig.top_p
 
     def __post_init__(self) -> None:
         for name in (

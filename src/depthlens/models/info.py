@@ -117,6 +117,33 @@ def _end_ids(source: str, config: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(int(i) for i in ids)
 
 
+def sampling_defaults(model: Any) -> tuple[float, float, str]:
+    """The temperature and top-p for a request that gives none, and where they come from: those the model's
+    ``generation_config`` sets (as vLLM's ``--generation-config auto`` reads them), else depthlens's own
+    (``SamplingConfig``: 0.6 / 0.95, what every command samples with). ``model``: a ``LoadedModel`` or a
+    ``ModelInfo``."""
+    from depthlens.config import SamplingConfig
+
+    config = getattr(getattr(model, "model", None), "generation_config", None)
+    if config is None and isinstance(model, ModelInfo):
+        from transformers import GenerationConfig
+
+        try:
+            config = GenerationConfig.from_pretrained(model.source)
+        except (OSError, ValueError):
+            config = None
+    # a config transformers derived from the model's own (no generation_config.json) sets no sampling
+    chosen = {} if config is None or getattr(config, "_from_model_config", False) else config.to_diff_dict()
+    temperature, top_p = chosen.get("temperature"), chosen.get("top_p")
+    if temperature is None and top_p is None:
+        return SamplingConfig.temperature, SamplingConfig.top_p, "depthlens's defaults"
+    return (
+        float(temperature if temperature is not None else SamplingConfig.temperature),
+        float(top_p if top_p is not None else SamplingConfig.top_p),
+        "the model's generation_config",
+    )
+
+
 def load_info(
     name: str = catalogue.DEFAULT_MODEL,
     trust_remote_code: bool = False,

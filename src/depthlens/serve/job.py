@@ -235,8 +235,8 @@ def _sampling(
         prefixes.append(depth.online.prefix)
     try:
         return SamplingConfig(
-            temperature=ServeConfig.TEMPERATURE if body.temperature is None else body.temperature,
-            top_p=ServeConfig.TOP_P if body.top_p is None else body.top_p,
+            temperature=settings.temperature if body.temperature is None else body.temperature,
+            top_p=settings.top_p if body.top_p is None else body.top_p,
             top_k=0 if body.top_k in (None, -1) else body.top_k,
             min_p=body.min_p or 0.0,
             max_new_tokens=max_tokens,

@@ -29,18 +29,32 @@ __all__ = [
     "SignalOpt",
     "Sweep",
     "Sweeps",
+    "ThinknN",
     "Trials",
     "Warmup",
 ]  # fmt: skip
 
 N = Annotated[int, typer.Option("--n", min=1, help="Responses drawn per question per trial.")]
+ThinknN = Annotated[
+    int | None,
+    typer.Option(
+        "--n",
+        min=1,
+        help="Responses drawn per question per trial (default 16; from a smaller stored pool, its size).",
+    ),
+]
 Eta = Annotated[
     float,
     typer.Option("--eta", callback=finite, help="Share of n kept by the selecting methods, in (0, 1]."),
 ]
 PrefixOpt = Annotated[str, typer.Option("--prefix", help="ℓ_prefix in tokens, or 'full'.")]
 Trials = Annotated[int, typer.Option("--trials", min=1, help="Resamplings of n from each pool.")]
-Methods = Annotated[str | None, typer.Option("--methods", help="Comma-separated subset (default: all).")]
+Methods = Annotated[
+    str | None,
+    typer.Option(
+        "--methods", help="Comma-separated subset, or 'all' to print every DeepConf variant (default: all)."
+    ),
+]
 Ablation = Annotated[
     bool, typer.Option("--ablation", help="Also Think@n over ℓ_prefix ∈ {50,100,500,full} × η.")
 ]
