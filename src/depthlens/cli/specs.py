@@ -82,10 +82,27 @@ def answer_config(
     return rules
 
 
-def readout_config(divergence: str, also_divergences: str = "") -> ReadoutConfig:
-    """``--divergence`` and ``--also-divergences`` (comma-separated)."""
+def readout_config(
+    divergence: str, also_divergences: str = "", lens: str = ReadoutConfig.lens
+) -> ReadoutConfig:
+    """``--divergence``, ``--also-divergences`` (comma-separated) and ``--lens``, a tuned lens stamped with its
+    fit's digest (``readout.tuned.stamped``) so that the store's manifest names the very fit that read it."""
+    from depthlens.readout.tuned import stamped
+
     also = tuple(k.strip() for k in also_divergences.split(",") if k.strip())
-    return ReadoutConfig(divergence=divergence, also=also)  # type: ignore[arg-type]
+    return stamped(ReadoutConfig(divergence=divergence, also=also, lens=lens))  # type: ignore[arg-type]
+
+
+def lens_backend(backend: str, lens: str) -> str:
+    """``--backend`` for a run read through ``--lens``: ``auto`` keeps to hf under a tuned lens, which only the
+    transformers readout applies; an explicit vllm is refused there, naming both."""
+    if lens == ReadoutConfig.lens:
+        return backend
+    if backend == "vllm":
+        raise InputError(
+            f"--lens {lens}: a tuned lens reads out on the transformers path only; use --backend hf"
+        )
+    return "hf" if backend == "auto" else backend
 
 
 def readout_tokens(value: str | None, default: int | None) -> int | None:

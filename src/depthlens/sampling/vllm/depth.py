@@ -21,7 +21,7 @@ from depthlens.models.info import ModelInfo
 from depthlens.readout.stream import chunk_sizes
 from depthlens.sampling.vllm.engine import EngineError
 from depthlens.sampling.vllm.generator import nonfinite_error, take_readout
-from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout
+from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout, refuse_tuned_lens
 
 Rows = list[list[list[float]]]
 """A run of tokens' rows: per token, per divergence kind (``ReadoutConfig.divergence`` first, then ``also``), L
@@ -32,6 +32,7 @@ class EngineDepth:
     """The in-engine readout's settings for the session's requests, and its rows as they come."""
 
     def __init__(self, info: ModelInfo, readout: ReadoutConfig = ReadoutConfig()) -> None:
+        refuse_tuned_lens(readout)
         self.kinds = (readout.divergence, *readout.also)
         self.final_norm = readout.final_norm
         self.vocab = readout.vocab_size or info.vocab_size

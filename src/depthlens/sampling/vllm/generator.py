@@ -59,7 +59,7 @@ from depthlens.sampling.vllm.engine import (
     sampling_params,
     start_engine,
 )
-from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout
+from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout, refuse_tuned_lens
 
 _FINISH = {"stop": "eos", "length": "length"}
 StopRule = Callable[[], Callable[[float], bool]]  # makes one response's rule: token confidence → end here?
@@ -121,6 +121,7 @@ class EngineGenerator:
         """``model``: a ``ModelInfo`` (or a loaded model, of which only the tokenizer and config are used);
         ``llm_engine``: an engine already started for it (``start_engine``) to share; else one is started, its KV
         cache sized for ``job``."""
+        refuse_tuned_lens(readout)
         self.info = info_of(model)
         self.sampling = sampling
         self.readout = readout

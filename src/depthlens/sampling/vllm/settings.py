@@ -14,11 +14,22 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from depthlens.config import Divergence
+from depthlens.config import Divergence, ReadoutConfig
+from depthlens.errors import InputError
 
 CONFIG_KEY = "depthlens_readout"  # additional_config key (engine-wide)
 REQUEST_KEY = "depthlens_readout"  # SamplingParams.extra_args key (per request)
 TAG_KEY = "depthlens_readout_tag"  # extra_args key naming the request in the drained readout
+
+
+def refuse_tuned_lens(readout: ReadoutConfig) -> None:
+    """The worker reads layers through the logit lens only: a tuned lens's translators do not reach it yet, so a
+    run that asks for one is refused here rather than read silently through the logit lens."""
+    if readout.lens != ReadoutConfig.lens:
+        raise InputError(
+            f"--lens {readout.lens}: the vLLM engine reads layers through the logit lens only; "
+            "use --backend hf (backend='hf') for a tuned lens"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
