@@ -70,13 +70,37 @@ def test_the_api_stamps_the_lens_and_think_at_n_votes_on_the_pools_own(tiny_chat
         depthlens.think_at_n(tmp_path / "pool", lens="logit", n=2)
 
 
-def test_the_vllm_engine_refuses_a_tuned_lens_by_name(tiny_chat, tmp_path):
-    from depthlens.sampling.vllm.settings import refuse_tuned_lens
+def test_the_engine_gets_the_lens_checked_against_the_checkpoint(chat_dir, tmp_path):
+    """The vLLM driver holds no transformers weights: the lens's fingerprint is checked against the checkpoint's
+    files (the same hash as the loaded model's), and the worker gets the folder and the fit's digest."""
+    from depthlens.models.info import info_of
+    from depthlens.models.load import load, wrap
+    from depthlens.sampling.vllm.settings import RequestReadout
+    from depthlens.sampling.vllm.tuned import checkpoint_fingerprint, engine_lens, load_translators
+    from tests.conftest import CharTokenizer, tiny_model
 
-    tuned_lens(tiny_chat, tmp_path / "lens")
-    with pytest.raises(InputError, match=r"--lens tuned:.*logit lens only; use --backend hf"):
-        refuse_tuned_lens(ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}"))
-    refuse_tuned_lens(ReadoutConfig())
+    lm = load(str(chat_dir), device="cpu")
+    info = info_of(lm)  # the tokenizer, config and checkpoint directory: no weights
+    assert checkpoint_fingerprint(info) == model_fingerprint(lm)
+    stamp = tuned_lens(lm, tmp_path / "lens", noise=0.1)
+    readout = ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}")
+    sent = engine_lens(readout, info, info)
+    assert sent == {"lens": str((tmp_path / "lens").resolve()), "lens_digest": stamp["digest"]}
+    assert engine_lens(ReadoutConfig(), info, info) == {"lens": None, "lens_digest": None}
+    settings = RequestReadout(4, **sent)
+    assert RequestReadout.from_extra(settings.to_extra()) == settings
+    weight, _ = load_translators(
+        sent["lens"], sent["lens_digest"], lm.n_layers, hidden_size(lm), torch.device("cpu")
+    )
+    assert weight.shape == (lm.n_layers - 1, hidden_size(lm), hidden_size(lm))
+    with pytest.raises(InputError, match="holds another fit than 0000"):
+        load_translators(sent["lens"], "0000", lm.n_layers, hidden_size(lm), torch.device("cpu"))
+    other = wrap(tiny_model("llama", seed=1), CharTokenizer(), name="other-llama")
+    tuned_lens(other, tmp_path / "other")
+    with pytest.raises(InputError, match=r"fitted to 'other-llama', not to .*\(model_hash"):
+        engine_lens(ReadoutConfig(lens=f"tuned:{tmp_path / 'other'}"), info, info)
+    with pytest.raises(InputError, match="no fitted lens there"):
+        engine_lens(ReadoutConfig(lens=f"tuned:{tmp_path / 'none'}"), info, info)
 
 
 @pytest.fixture(scope="module")
@@ -129,11 +153,11 @@ def test_generate_and_thinkn_stamp_the_lens_and_refuse_another(chat_dir, tmp_pat
     )
     code, _, err = run(monkeypatch, capsys, "thinkn", "--from", tmp_path / "s", "--n", "2", "--lens", lens)
     assert code in (0, None), err
-    # the engine that cannot apply it is refused before anything loads
-    vllm = _generate_args(chat_dir, tmp_path / "v")
-    code, _, err = run(monkeypatch, capsys, *vllm, "--lens", lens, "--backend", "vllm")
-    assert code == 2 and "a tuned lens reads out on the transformers path only; use --backend hf" in err
-    assert not (tmp_path / "v").exists()
+    # a lens folder that holds none is refused before anything loads or is created
+    code, _, err = run(
+        monkeypatch, capsys, *_generate_args(chat_dir, tmp_path / "v"), "--lens", "tuned:nowhere"
+    )
+    assert code == 2 and "--lens tuned:nowhere: no fitted lens there" in err and not (tmp_path / "v").exists()
 
 
 def test_thinkn_samples_a_new_pool_through_the_lens(chat_dir, tmp_path, monkeypatch, capsys):

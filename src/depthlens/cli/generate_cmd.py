@@ -264,7 +264,7 @@ def generate(
     store = StoreSpec(out, resume, overwrite, store_format, float16)  # type: ignore[arg-type]
     job = specs.job_size(questions, pool, batch_size, sampling)  # what auto picks the backend for
     model_spec, engine = specs.model_and_engine(
-        options, specs.engine_backend(specs.lens_backend(backend, lens), model, resumed_manifest(store), job)
+        options, specs.engine_backend(backend, model, resumed_manifest(store), job)
     )
     run = GenerateRun(
         store,

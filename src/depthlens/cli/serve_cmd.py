@@ -82,7 +82,7 @@ def serve(
         max_body_bytes,
         shutdown_grace,
     )
-    chosen = _backend(specs.lens_backend(backend, lens), model)
+    chosen = _backend(backend, model)
     model_spec, engine_config = specs.model_and_engine(options, chosen)
     if host not in LOOPBACK and api_key is None:
         warn(

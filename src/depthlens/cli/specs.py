@@ -93,18 +93,6 @@ def readout_config(
     return stamped(ReadoutConfig(divergence=divergence, also=also, lens=lens))  # type: ignore[arg-type]
 
 
-def lens_backend(backend: str, lens: str) -> str:
-    """``--backend`` for a run read through ``--lens``: ``auto`` keeps to hf under a tuned lens, which only the
-    transformers readout applies; an explicit vllm is refused there, naming both."""
-    if lens == ReadoutConfig.lens:
-        return backend
-    if backend == "vllm":
-        raise InputError(
-            f"--lens {lens}: a tuned lens reads out on the transformers path only; use --backend hf"
-        )
-    return "hf" if backend == "auto" else backend
-
-
 def readout_tokens(value: str | None, default: int | None) -> int | None:
     """``--readout-tokens N|all`` (None: ``default``)."""
     if value is None:

@@ -244,9 +244,7 @@ def thinkn(
         window = specs.readout_tokens(readout_tokens, window)
         sampling = SamplingConfig(temperature, top_p, max_new_tokens, window, top_k=top_k, min_p=min_p)
         job = specs.job_size(questions, per_question, at_once, sampling)  # what auto picks the backend for
-        chosen = specs.engine_backend(
-            specs.lens_backend(backend, new_lens), model, resumed_manifest(store), job
-        )
+        chosen = specs.engine_backend(backend, model, resumed_manifest(store), job)
         model_spec, engine = specs.model_and_engine(options, chosen)
         return Sampled(
             model_spec,

@@ -59,7 +59,8 @@ from depthlens.sampling.vllm.engine import (
     sampling_params,
     start_engine,
 )
-from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout, refuse_tuned_lens
+from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout
+from depthlens.sampling.vllm.tuned import engine_lens
 
 _FINISH = {"stop": "eos", "length": "length"}
 StopRule = Callable[[], Callable[[float], bool]]  # makes one response's rule: token confidence → end here?
@@ -121,7 +122,6 @@ class EngineGenerator:
         """``model``: a ``ModelInfo`` (or a loaded model, of which only the tokenizer and config are used);
         ``llm_engine``: an engine already started for it (``start_engine``) to share; else one is started, its KV
         cache sized for ``job``."""
-        refuse_tuned_lens(readout)
         self.info = info_of(model)
         self.sampling = sampling
         self.readout = readout
@@ -139,6 +139,9 @@ class EngineGenerator:
             vocab,
             rows,
             float32_lens=engine.float32_lens,
+            **engine_lens(
+                readout, model, self.info
+            ),  # a tuned lens checked against the model, before it starts
         )
         if job is None:
             job = JobSize(8, sampling.max_new_tokens + 1024)  # a prompt budget where the job does not say

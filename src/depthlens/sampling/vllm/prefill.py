@@ -24,7 +24,8 @@ from depthlens.models.info import ModelInfo, info_of
 from depthlens.readout.stream import TokenSequence, chunk_sizes
 from depthlens.sampling.vllm.engine import EngineError, JobSize, readout_capture, start_engine
 from depthlens.sampling.vllm.generator import nonfinite_error, take_readout
-from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout, refuse_tuned_lens
+from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout
+from depthlens.sampling.vllm.tuned import engine_lens
 
 _REQUEST_IDS = itertools.count()
 
@@ -41,7 +42,6 @@ class EngineScorer:
         job: JobSize | None = None,
         progress: Callable[[str], None] = lambda _: None,
     ) -> None:
-        refuse_tuned_lens(readout)
         self.info = info_of(model)
         self.n_layers = self.info.n_layers
         vocab = readout.vocab_size or self.info.vocab_size
@@ -52,6 +52,9 @@ class EngineScorer:
             vocab=vocab,
             rows=rows,
             float32_lens=engine.float32_lens,
+            **engine_lens(
+                readout, model, self.info
+            ),  # a tuned lens checked against the model, before it starts
         )
         if llm_engine is None:
             llm_engine = start_engine(
