@@ -68,6 +68,9 @@ def test_the_api_stamps_the_lens_and_think_at_n_votes_on_the_pools_own(tiny_chat
     assert depthlens.think_at_n(tmp_path / "pool", lens=stored, n=2).num_rows > 0
     with pytest.raises(InputError, match=rf"lens='logit'\): .* was read out through lens '{stored}'"):
         depthlens.think_at_n(tmp_path / "pool", lens="logit", n=2)
+    policy = {"warmup": 2, "max_n": 3, "batch_size": 2, "prefix": 4}
+    depthlens.online(tiny_chat, TASK, out=tmp_path / "online", lens=stored, **policy, **SMALL)
+    assert read_manifest(tmp_path / "online")["readout"]["lens"] == stored
 
 
 def test_the_engine_gets_the_lens_checked_against_the_checkpoint(chat_dir, tmp_path):
@@ -89,6 +92,10 @@ def test_the_engine_gets_the_lens_checked_against_the_checkpoint(chat_dir, tmp_p
     assert engine_lens(ReadoutConfig(), info, info) == {"lens": None, "lens_digest": None}
     settings = RequestReadout(4, **sent)
     assert RequestReadout.from_extra(settings.to_extra()) == settings
+    from depthlens.sampling.vllm.depth import EngineDepth  # the server's requests on vLLM
+
+    served = RequestReadout.from_extra(EngineDepth(info, readout).request_args("t", 4))
+    assert served is not None and (served.lens, served.lens_digest) == (sent["lens"], sent["lens_digest"])
     weight, _ = load_translators(
         sent["lens"], sent["lens_digest"], lm.n_layers, hidden_size(lm), torch.device("cpu")
     )

@@ -72,3 +72,54 @@ def test_scored_tuned_readout_equals_score_records(real_model, smollm2_engine, l
     for a, b in zip(ours, ref, strict=True):
         assert a["token_ids"] == b["token_ids"]
         assert (torch.tensor(a["divergence"]) - torch.tensor(b["divergence"])).abs().max() <= BITS
+
+
+def test_serve_on_vllm_reads_every_depth_through_the_lens(tmp_path):
+    """``serve --backend vllm --lens tuned:X``: /health and every response name the lens, and a served sample's
+    divergence rows equal the transformers readout of the same tokens through the same (random) lens."""
+    import importlib.util
+    import json
+    import urllib.request
+
+    from depthlens.models.load import load
+    from depthlens.stores.inputs import InputRecord
+    from depthlens.studies.score import score_records
+    from tests.serving import save_tiny_chat, serving
+
+    if any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn")):
+        pytest.skip("needs the serve extra")
+    model_dir = save_tiny_chat(tmp_path / "model")
+    lm = load(str(model_dir), device="cpu", dtype="float32")
+    stamp = tuned_lens(lm, tmp_path / "lens", noise=0.1, seed=5)
+    lens = f"tuned:{tmp_path / 'lens'}"
+    args = [
+        *("--model", str(model_dir), "--backend", "vllm", "--device", "cpu", "--dtype", "float32"),
+        *("--enforce-eager", "--max-model-len", "256", "--kv-cache-gib", "0.05", "--max-tokens", "32"),
+        *("--readout-tokens", "all", "--lens", lens),
+    ]
+    prompt = [5, 6, 7, 8, 9]
+    body = {
+        "model": str(model_dir),
+        "prompt": prompt,
+        "max_tokens": 8,
+        "seed": 4,
+        "depthlens": {"tokens": True},
+    }
+    with serving(args, tmp_path / "server.log") as server:
+        health = server.health()
+        request = urllib.request.Request(
+            f"{server.url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=180) as answer:
+            reply = json.loads(answer.read())
+    assert health["lens"] == lens and health["lens_digest"] == stamp["digest"]
+    depth = reply["choices"][0]["depthlens"]
+    assert reply["depthlens"]["lens"] == lens == depth["lens"]
+    served = depth["tokens"]
+    record = InputRecord("a", 1, {"prompt_ids": prompt, "completion_ids": served["token_ids"]})
+    readout = stamped(ReadoutConfig(lens=lens))
+    (ref,) = score_records(lm, [record], readout=readout, tcb=None, tokens=True)
+    rows = torch.tensor(served["divergence"])
+    assert (rows - torch.tensor(ref["divergence"])).abs().max() <= BITS
+    (plain,) = score_records(lm, [record], tcb=None, tokens=True)
+    assert (rows - torch.tensor(plain["divergence"])).abs().max() > 100 * BITS  # the lens reached the worker

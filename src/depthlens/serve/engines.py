@@ -256,7 +256,7 @@ class VLLMEngine:
         started = llm_engine if llm_engine is not None else start_engine(info, engine)
         self.session = EngineSession(started, EngineDepth(info, readout), sorted(info.end_ids), info.n_layers)
         self.capture = readout_capture(started)  # how the worker takes the residual stream: aux | hooks
-        self.readout = readout
+        self.readout = stamped(readout)  # /health names the fit the worker reads every served depth with
         self.lens = readout.lens
         self.n_layers = info.n_layers
         self.context = self.session.max_model_len
