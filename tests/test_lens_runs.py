@@ -158,7 +158,8 @@ def test_generate_and_thinkn_stamp_the_lens_and_refuse_another(chat_dir, tmp_pat
         f"error: --lens logit: {tmp_path / 's'} was read out through --lens {lens}, and Think@n votes on what "
         "it holds; leave out --lens, or generate a store with --lens logit"
     )
-    code, _, err = run(monkeypatch, capsys, "thinkn", "--from", tmp_path / "s", "--n", "2", "--lens", lens)
+    spelled = f"tuned:{tmp_path}/./lens"  # the same folder, however it is spelled
+    code, _, err = run(monkeypatch, capsys, "thinkn", "--from", tmp_path / "s", "--n", "2", "--lens", spelled)
     assert code in (0, None), err
     # a lens folder that holds none is refused before anything loads or is created
     code, _, err = run(

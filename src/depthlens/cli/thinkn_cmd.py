@@ -322,11 +322,12 @@ def thinkn(
 def honoured(store: Path, divergence: str | None, lens: str | None = None) -> None:
     """An option a stored pool cannot honour is an error naming what the store holds: Think@n votes on the
     divergence the store was generated with, read through the lens it was generated with."""
+    from depthlens.readout.tuned import same_lens
     from depthlens.stores.samples import kinds_line, read_manifest, stored_kinds
 
     manifest = read_manifest(store)
     stored_lens = (manifest.get("readout") or {}).get("lens", ReadoutConfig.lens)
-    if lens is not None and lens != stored_lens:
+    if lens is not None and not same_lens(lens, stored_lens):
         raise InputError(
             f"--lens {lens}: {store} was read out through --lens {stored_lens}, and Think@n votes on what it "
             f"holds; leave out --lens, or generate a store with --lens {lens}"

@@ -43,7 +43,7 @@ from depthlens.config import (
 from depthlens.errors import InputError
 from depthlens.evals.loading import task_questions
 from depthlens.evals.tasks import Question
-from depthlens.readout.tuned import stamped
+from depthlens.readout.tuned import same_lens, stamped
 from depthlens.sampling.choose import make_backend
 from depthlens.stores.arrow import to_table
 from depthlens.stores.inputs import InputRecord, check_record
@@ -256,7 +256,7 @@ def think_at_n(
         records = list(store_records(pool.to_pylist()))
         where = "the pool table"
     stored_lens = (manifest.get("readout") or {}).get("lens", ReadoutConfig.lens)
-    if lens is not None and lens != stored_lens:
+    if lens is not None and not same_lens(lens, stored_lens):
         raise InputError(
             f"depthlens.think_at_n(lens={lens!r}): {where} was read out through lens {stored_lens!r}; leave out "
             f"lens=, or generate a pool with lens={lens!r}"
