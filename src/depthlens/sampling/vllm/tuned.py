@@ -13,6 +13,7 @@ No vllm import: shared by the driver and the worker.
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -66,17 +67,31 @@ def checkpoint_fingerprint(info: Any) -> str | None:
         return None
     opened = [safe_open(str(f), "pt") for f in files]
     where = {key: handle for handle in opened for key in handle.keys()}  # noqa: SIM118 (safe_open has no __iter__)
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(info.config)
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(info.config)
+    except (ValueError, KeyError, ImportError, OSError):  # a model_type transformers does not know
+        return None
     digest = hashlib.sha256()
     for name, param in skeleton.named_parameters():
         handle = where.get(name)
         if handle is None:
             return None
-        values = handle.get_tensor(name).flatten()[:FINGERPRINT_VALUES].to(torch.bfloat16).float()
+        values = _leading(handle, name).to(torch.bfloat16).float()
         digest.update(f"{name}:{tuple(param.shape)}".encode())
         digest.update(values.numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def _leading(handle: Any, name: str) -> torch.Tensor:
+    """The first ``FINGERPRINT_VALUES`` values of tensor ``name``, flattened, reading only the leading rows that
+    hold them (a 7B model's checkpoint is not read whole to hash 4,096 values per tensor)."""
+    part = handle.get_slice(name)
+    shape = part.get_shape()
+    if not shape:
+        return handle.get_tensor(name).flatten()
+    per_row = math.prod(shape[1:]) or 1
+    return part[: -(-FINGERPRINT_VALUES // per_row)].flatten()[:FINGERPRINT_VALUES]
 
 
 def load_translators(
