@@ -328,7 +328,9 @@ def test_vllm_serve_loads_no_transformers_model(monkeypatch, capsys, tmp_path):
     model = save_tiny_chat(tmp_path / "m")
     given = []
     monkeypatch.setattr(app, "load_model", lambda spec: pytest.fail(f"{spec.name}'s weights were loaded"))
-    monkeypatch.setattr(serve_cmd, "_engine", lambda model, config, running: given.append(model) or "engine")
+    monkeypatch.setattr(
+        serve_cmd, "_engine", lambda model, config, running, readout: given.append(model) or "engine"
+    )
     monkeypatch.setattr(serve_cmd, "_run", lambda engine, tokenizer, *rest: given.append(tokenizer))
     code, _, err = _cli(monkeypatch, capsys, "--model", model, "--backend", "vllm", "--device", "cpu")
     assert code == 0, err

@@ -223,6 +223,7 @@ def generate(
     deep_rule: opt.DeepRuleOpt = DTRConfig.deep_rule,
     divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
     also_divergences: opt.AlsoDivergences = "",
+    lens: opt.LensOpt = ReadoutConfig.lens,
     prompt_style: opt.PromptStyleOpt = AnswerConfig.prompt_style,
     answer_type: opt.AnswerTypeOpt = AnswerConfig.answer_type,
     answer_fallback: opt.AnswerFallbackOpt = AnswerConfig.fallback,
@@ -254,6 +255,9 @@ def generate(
     The store feeds `depthlens thinkn --from` and `depthlens correlate` (docs/definitions.md §4–5).
     """
     options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
+    readout = specs.readout_config(
+        divergence, also_divergences, lens
+    )  # a tuned lens stamped, before any load
     answers = specs.answer_config(prompt_style, answer_type, answer_fallback, task)
     window = specs.readout_tokens(readout_tokens, SamplingConfig.readout_tokens)
     sampling = SamplingConfig(temperature, top_p, max_new_tokens, window, top_k=top_k, min_p=min_p)
@@ -268,7 +272,7 @@ def generate(
         seed,
         batch_size,
         sampling,
-        specs.readout_config(divergence, also_divergences),
+        readout,
         DTRConfig(g, rho, deep_rule),  # type: ignore[arg-type]
         answers,
         engine,

@@ -92,10 +92,8 @@ def score(
         lens=lens,
     )  # type: ignore[arg-type]
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix, settle=settle)  # type: ignore[arg-type]
-    if backend == "vllm" and (lens != "logit" or dtr.top_k is not None):
-        raise InputError(
-            f"--lens {lens} --settle {settle} reads out on the transformers path only: use --backend hf"
-        )
+    if backend == "vllm" and dtr.top_k is not None:
+        raise InputError(f"--settle {settle} reads out on the transformers path only: use --backend hf")
     from depthlens.readout.tuned import stamped
 
     readout = stamped(readout)  # the store's manifest names the very fit that reads it

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from depthlens.cli import options as opt
 from depthlens.cli import specs
 from depthlens.cli.app import app, err_console, load_for, warn
-from depthlens.config import Backend, EngineConfig, ModelSpec, ServeConfig
+from depthlens.config import Backend, EngineConfig, ModelSpec, ReadoutConfig, ServeConfig
 from depthlens.errors import ConfigError
 from depthlens.models.catalogue import DEFAULT_MODEL
 
@@ -39,6 +39,7 @@ def serve(
     api_key: opt.ApiKey = ServeConfig.api_key,
     served_model_name: opt.ServedName = None,
     readout_tokens: opt.ServeReadout = str(ServeConfig.readout_tokens),
+    lens: opt.LensOpt = ReadoutConfig.lens,
     max_n: opt.ServeMaxN = ServeConfig.max_n,
     max_tokens: opt.MaxTokens = ServeConfig.max_tokens,
     default_max_tokens: opt.DefaultMax = ServeConfig.default_max_tokens,
@@ -66,6 +67,9 @@ def serve(
     options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
     _check_extra()
     window = specs.readout_tokens(readout_tokens, ServeConfig.readout_tokens)
+    readout = specs.readout_config(
+        ReadoutConfig.divergence, lens=lens
+    )  # a tuned lens stamped, before any load
     settings = ServeConfig(
         served_model_name or model,
         api_key,
@@ -95,7 +99,7 @@ def serve(
         f"a request without temperature / top_p samples at {temperature:g} / {top_p:g} ({source})"
     )
     with err_console.status(f"starting the {chosen} engine"):
-        engine = _engine(model_or_info, engine_config, max_running)
+        engine = _engine(model_or_info, engine_config, max_running, readout)
     _run(engine, model_or_info.tokenizer, settings, host, port, log_level)
 
 
@@ -110,13 +114,13 @@ def _backend(backend: str, model: str) -> Backend:
     return specs.engine_backend(backend, model)
 
 
-def _engine(model: Any, config: EngineConfig, max_running: int) -> Engine:
+def _engine(model: Any, config: EngineConfig, max_running: int, readout: ReadoutConfig) -> Engine:
     """``model``: a ``ModelInfo`` for vllm, a ``LoadedModel`` for hf (``cli.app.load_for``)."""
     from depthlens.serve.engines import HFEngine, VLLMEngine
 
     if config.backend == "vllm":
-        return VLLMEngine(model, config, max_running=max_running)
-    return HFEngine(model)
+        return VLLMEngine(model, config, readout, max_running=max_running)
+    return HFEngine(model, readout)
 
 
 def _run(engine: Engine, tokenizer: Any, settings: ServeConfig, host: str, port: int, log_level: str) -> None:

@@ -82,10 +82,15 @@ def answer_config(
     return rules
 
 
-def readout_config(divergence: str, also_divergences: str = "") -> ReadoutConfig:
-    """``--divergence`` and ``--also-divergences`` (comma-separated)."""
+def readout_config(
+    divergence: str, also_divergences: str = "", lens: str = ReadoutConfig.lens
+) -> ReadoutConfig:
+    """``--divergence``, ``--also-divergences`` (comma-separated) and ``--lens``, a tuned lens stamped with its
+    fit's digest (``readout.tuned.stamped``) so that the store's manifest names the very fit that read it."""
+    from depthlens.readout.tuned import stamped
+
     also = tuple(k.strip() for k in also_divergences.split(",") if k.strip())
-    return ReadoutConfig(divergence=divergence, also=also)  # type: ignore[arg-type]
+    return stamped(ReadoutConfig(divergence=divergence, also=also, lens=lens))  # type: ignore[arg-type]
 
 
 def readout_tokens(value: str | None, default: int | None) -> int | None:

@@ -224,6 +224,7 @@ def thinkn(
     rho: opt.StoreRho = None,
     deep_rule: opt.StoreDeepRule = None,
     divergence: opt.StoreDivergence = None,
+    lens: opt.StoreLens = None,
     prompt_style: opt.PromptStyleOpt = AnswerConfig.prompt_style,
     answer_type: opt.AnswerTypeOpt = AnswerConfig.answer_type,
     answer_fallback: opt.AnswerFallbackOpt = AnswerConfig.fallback,
@@ -261,6 +262,7 @@ def thinkn(
         raise InputError("give --out DIR to generate and vote, or --from DIR to re-vote an existing store")
     store = StoreSpec(from_store or out, resume, overwrite, store_format, float16)  # type: ignore[arg-type]
     task_spec = specs.task_spec(task, questions, task_seed, task_config, data)
+    new_lens = lens or ReadoutConfig.lens
 
     def sampled(window: int | None, per_question: int, at_once: int) -> Sampled:  # built only where one is
         window = specs.readout_tokens(readout_tokens, window)
@@ -273,7 +275,7 @@ def thinkn(
             specs.answer_config(prompt_style, answer_type, answer_fallback, task),
             sampling,
             engine,
-            specs.readout_config(divergence or ReadoutConfig.divergence),
+            specs.readout_config(divergence or ReadoutConfig.divergence, lens=new_lens),
         )
 
     from depthlens.stores.parquet import verifying
@@ -284,7 +286,7 @@ def thinkn(
         verifying(verify),
     ):  # --store picks one of two stores to read
         if from_store is not None:
-            honoured(from_store, divergence)
+            honoured(from_store, divergence, lens)
         n = n if n is not None else default_n(from_store)
         if online or sweep:
             if ray or ray_address is not None:
@@ -360,12 +362,19 @@ def default_n(store: Path | None) -> int:
     return pool
 
 
-def honoured(store: Path, divergence: str | None) -> None:
+def honoured(store: Path, divergence: str | None, lens: str | None = None) -> None:
     """An option a stored pool cannot honour is an error naming what the store holds: Think@n votes on the
-    divergence the store was generated with."""
+    divergence the store was generated with, read through the lens it was generated with."""
+    from depthlens.readout.tuned import same_lens
     from depthlens.stores.samples import kinds_line, read_manifest, stored_kinds
 
     manifest = read_manifest(store)
+    stored_lens = (manifest.get("readout") or {}).get("lens", ReadoutConfig.lens)
+    if lens is not None and not same_lens(lens, stored_lens):
+        raise InputError(
+            f"--lens {lens}: {store} was read out through --lens {stored_lens}, and Think@n votes on what it "
+            f"holds; leave out --lens, or generate a store with --lens {lens}"
+        )
     if divergence is not None and divergence != stored_kinds(manifest)[0]:
         raise InputError(
             f"--divergence {divergence}: {store} holds {kinds_line(manifest)} divergences and votes on "

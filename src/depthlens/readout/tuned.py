@@ -116,6 +116,15 @@ def stamped(config: ReadoutConfig) -> ReadoutConfig:
     return dataclasses.replace(config, lens_digest=digest)
 
 
+def same_lens(given: str, stored: str) -> bool:
+    """Whether ``--lens given`` names the lens a store was read through (``stored``): the same kind, and for a
+    tuned lens the same folder however it is spelled (``tuned:runs/l`` and ``tuned:./runs/l``)."""
+    a, b = LensSpec.parse(given), LensSpec.parse(stored)
+    if a.path is None or b.path is None:
+        return a.path is None and b.path is None
+    return Path(a.path).resolve() == Path(b.path).resolve()
+
+
 def load_tuned(lm: LoadedModel, config: ReadoutConfig, vocab: int | None) -> TunedLens:
     """The tuned lens ``config.lens`` names, checked to fit ``lm`` (``check_matches``) and to be the fit
     ``config.lens_digest`` names; loaded once per model and folder."""

@@ -23,11 +23,11 @@ from typing import Any, Protocol
 from depthlens.config import EngineConfig, ReadoutConfig, SamplingConfig, ServeConfig
 from depthlens.models.info import ModelInfo
 from depthlens.models.load import LoadedModel
+from depthlens.readout.stream import lens_for
+from depthlens.readout.tuned import stamped
 from depthlens.sampling.backend import Paused, Trace
 from depthlens.sampling.hf import HFGenerator
 from depthlens.sampling.live import GenerationCancelled, Watch
-
-LENS = "logit"  # the lens every served depth is read with (a tuned lens is another issue's)
 
 
 def dtype_name(dtype: Any) -> str:
@@ -36,8 +36,15 @@ def dtype_name(dtype: Any) -> str:
 
 
 def read_with(engine: Engine) -> dict[str, str]:
-    """What every depth ``engine`` serves was read with: its forward pass's dtype, the lens and the lens's dtype."""
-    return {"dtype": engine.dtype, "lens": LENS, "lens_dtype": engine.lens_dtype}
+    """What every depth ``engine`` serves was read with: its forward pass's dtype, the lens (``logit`` or
+    ``tuned:PATH``, ``serve --lens``) and the lens's dtype."""
+    return {"dtype": engine.dtype, "lens": engine.lens, "lens_dtype": engine.lens_dtype}
+
+
+def lens_health(readout: ReadoutConfig) -> dict[str, str]:
+    """``/health``'s account of the lens: its spec, and for a tuned lens the digest of the fit it loaded."""
+    digest = {"lens_digest": readout.lens_digest} if readout.lens_digest is not None else {}
+    return {"lens": readout.lens, **digest}
 
 
 class ServeBackend(Protocol):
@@ -72,6 +79,7 @@ class Engine(Protocol):
     name: str  # "vllm" or "hf"
     n_layers: int
     dtype: str  # the forward pass's dtype: the one every depth it serves was read in
+    lens: str  # the lens every depth it serves was read with: logit or tuned:PATH
     lens_dtype: (
         str  # the lens's (final norm + unembedding) dtype: float32 with --float32-lens, else ``dtype``
     )
@@ -166,7 +174,9 @@ class HFEngine:
 
     def __init__(self, lm: LoadedModel, readout: ReadoutConfig = ReadoutConfig()) -> None:
         self.lm = lm
-        self.readout = readout
+        self.readout = stamped(readout)  # /health names the fit that reads every served depth
+        self.lens = readout.lens
+        lens_for(lm, self.readout)  # a lens fitted to another model is refused now, not at the first request
         self.n_layers = lm.n_layers
         self.context = lm.max_positions
         self.lock = threading.Lock()  # one request on the model at a time, whatever the thread pool does
@@ -180,7 +190,7 @@ class HFEngine:
         return _Locked(HFBackend(gen, cancel, self.stats), self.lock)
 
     def health(self) -> dict[str, Any]:
-        return {"backend": self.name, "engine": "running", **self.stats}
+        return {"backend": self.name, "engine": "running", **lens_health(self.readout), **self.stats}
 
     def close(self) -> None:
         return None
@@ -246,6 +256,8 @@ class VLLMEngine:
         started = llm_engine if llm_engine is not None else start_engine(info, engine)
         self.session = EngineSession(started, EngineDepth(info, readout), sorted(info.end_ids), info.n_layers)
         self.capture = readout_capture(started)  # how the worker takes the residual stream: aux | hooks
+        self.readout = stamped(readout)  # /health names the fit the worker reads every served depth with
+        self.lens = readout.lens
         self.n_layers = info.n_layers
         self.context = self.session.max_model_len
         self.max_running = max_running
@@ -265,6 +277,7 @@ class VLLMEngine:
             "backend": self.name,
             "engine": "failed" if failed else "running",
             "capture": self.capture,
+            **lens_health(self.readout),
             "engine_requests": self.session.running(),
             **self.session.stats,
             **({"error": str(failed)} if failed else {}),

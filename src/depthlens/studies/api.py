@@ -43,6 +43,7 @@ from depthlens.config import (
 from depthlens.errors import InputError
 from depthlens.evals.loading import task_questions
 from depthlens.evals.tasks import Question
+from depthlens.readout.tuned import same_lens, stamped
 from depthlens.sampling.choose import make_backend
 from depthlens.stores.arrow import to_table
 from depthlens.stores.inputs import InputRecord, check_record
@@ -143,7 +144,7 @@ def score(
     run = ScoreRun(
         Path(),
         StoreSpec(Path()),
-        ReadoutConfig(**readout),
+        stamped(ReadoutConfig(**readout)),  # lens='tuned:PATH' names its fit's digest in the store
         DTRConfig(**dtr),
         TCBConfig(**tcb_settings) if tcb or (tcb is None and engine.get("backend") != "vllm") else None,
         tokens,
@@ -196,7 +197,7 @@ def generate(
         seed,
         batch_size,
         SamplingConfig(**sampling),
-        ReadoutConfig(**readout),
+        stamped(ReadoutConfig(**readout)),  # lens='tuned:PATH' names its fit's digest in the store
         DTRConfig(**dtr, prefix=prefix),  # the store's dtr_prefix at the table's
         AnswerConfig(**answers),
         EngineConfig(**engine),
@@ -237,12 +238,14 @@ def think_at_n(
     *,
     methods: Sequence[str] | None = None,
     n: int | None = None,
+    lens: str | None = None,
     **settings: Any,
 ) -> Table:
     """Think@n and its peers over a pool — ``generate``'s table, or a sample store on disk — as ``thinkn --from``
     votes it (nothing is written): one row per method, the summary CSV's columns. ``n`` None: ``VotingConfig.n``,
     or the smallest usable pool where that is smaller. Settings: ``VotingConfig`` fields, then ``DTRConfig``'s
-    (the pool's own DTR settings where not given)."""
+    (the pool's own DTR settings where not given). ``lens``: the pool votes on what it holds, read through the lens
+    it was generated with; another one is refused, naming both."""
     voting_settings, dtr_settings = settings_for("think_at_n", settings, VotingConfig, DTRConfig)
     if isinstance(pool, (str, Path)):
         manifest = read_manifest(Path(pool))
@@ -252,6 +255,12 @@ def think_at_n(
         manifest = _table_manifest(pool)
         records = list(store_records(pool.to_pylist()))
         where = "the pool table"
+    stored_lens = (manifest.get("readout") or {}).get("lens", ReadoutConfig.lens)
+    if lens is not None and not same_lens(lens, stored_lens):
+        raise InputError(
+            f"depthlens.think_at_n(lens={lens!r}): {where} was read out through lens {stored_lens!r}; leave out "
+            f"lens=, or generate a pool with lens={lens!r}"
+        )
     dtr = _dtr(manifest, dtr_settings, "think_at_n")
     if n is None:
         usable = Counter(str(r["question_id"]) for _, r in records if r.get("status") != "failed")
@@ -305,7 +314,7 @@ def online(
         online_config,
         seed,
         SamplingConfig(**sampling),
-        ReadoutConfig(**readout),
+        stamped(ReadoutConfig(**readout)),  # lens='tuned:PATH' names its fit's digest in the store
         DTRConfig(**dtr),
         AnswerConfig(**answers),
         EngineConfig(**engine),

@@ -14,7 +14,7 @@ __all__ = [
     "AlsoDivergences", "Chat", "CompileOpt", "Completion", "DeepRuleOpt", "DivergenceOpt", "Epsilon", "FigureOut",
     "FinalNorm", "G", "HeatmapPrompt", "LensOpt", "MemoryMB", "Prefix", "Rho", "ScoreBatch", "SettleOpt", "Spectral",
     "StoreDeepRule",
-    "StoreDivergence", "StoreG", "StoreRho", "Tcb", "TcbExact", "Token", "Tokens", "VEffOpt",
+    "StoreDivergence", "StoreG", "StoreLens", "StoreRho", "Tcb", "TcbExact", "Token", "Tokens", "VEffOpt",
 ]  # fmt: skip
 
 LensOpt = Annotated[
@@ -22,6 +22,14 @@ LensOpt = Annotated[
     typer.Option(
         "--lens",
         help="logit (the final norm and unembedding as they are) or tuned:PATH (a `depthlens lens fit` folder).",
+    ),
+]
+StoreLens = Annotated[
+    str | None,
+    typer.Option(
+        "--lens",
+        help="logit or tuned:PATH (a `depthlens lens fit` folder) for a new pool (default logit); "
+        "with --from, the store's own.",
     ),
 ]
 SettleOpt = Annotated[

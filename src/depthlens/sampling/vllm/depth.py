@@ -22,6 +22,7 @@ from depthlens.readout.stream import chunk_sizes
 from depthlens.sampling.vllm.engine import EngineError
 from depthlens.sampling.vllm.generator import nonfinite_error, take_readout
 from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout
+from depthlens.sampling.vllm.tuned import engine_lens
 
 Rows = list[list[list[float]]]
 """A run of tokens' rows: per token, per divergence kind (``ReadoutConfig.divergence`` first, then ``also``), L
@@ -37,10 +38,13 @@ class EngineDepth:
         self.vocab = readout.vocab_size or info.vocab_size
         # token-layer rows per unembedding product: the memory budget EngineGenerator reads with
         self.rows = chunk_sizes(readout, self.vocab, info.hidden_size, info.n_layers, 1)[1]
+        self.lens = engine_lens(
+            readout, info, info
+        )  # a tuned lens checked against the model, before it starts
 
     def request_args(self, tag: str, window: int | None) -> dict[str, Any]:
         """``extra_args`` that make the worker read out generated tokens 0..``window``−1 of request ``tag``."""
-        settings = RequestReadout(window, self.kinds, self.final_norm, self.vocab, self.rows)
+        settings = RequestReadout(window, self.kinds, self.final_norm, self.vocab, self.rows, **self.lens)
         return {TAG_KEY: tag, **settings.to_extra()}
 
     def take(self, engine: Any, have: Mapping[str, int]) -> tuple[dict[str, Rows], dict[str, DepthlensError]]:

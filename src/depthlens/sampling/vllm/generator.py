@@ -60,6 +60,7 @@ from depthlens.sampling.vllm.engine import (
     start_engine,
 )
 from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout
+from depthlens.sampling.vllm.tuned import engine_lens
 
 _FINISH = {"stop": "eos", "length": "length"}
 StopRule = Callable[[], Callable[[float], bool]]  # makes one response's rule: token confidence → end here?
@@ -138,6 +139,9 @@ class EngineGenerator:
             vocab,
             rows,
             float32_lens=engine.float32_lens,
+            **engine_lens(
+                readout, model, self.info
+            ),  # a tuned lens checked against the model, before it starts
         )
         if job is None:
             job = JobSize(8, sampling.max_new_tokens + 1024)  # a prompt budget where the job does not say

@@ -25,6 +25,7 @@ from depthlens.readout.stream import TokenSequence, chunk_sizes
 from depthlens.sampling.vllm.engine import EngineError, JobSize, readout_capture, start_engine
 from depthlens.sampling.vllm.generator import nonfinite_error, take_readout
 from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout
+from depthlens.sampling.vllm.tuned import engine_lens
 
 _REQUEST_IDS = itertools.count()
 
@@ -51,6 +52,9 @@ class EngineScorer:
             vocab=vocab,
             rows=rows,
             float32_lens=engine.float32_lens,
+            **engine_lens(
+                readout, model, self.info
+            ),  # a tuned lens checked against the model, before it starts
         )
         if llm_engine is None:
             llm_engine = start_engine(

@@ -52,6 +52,9 @@ class RequestReadout:
         float32_lens: norm and unembed the captured states in float32 (a float32 copy of the final norm and of
             the unembedding, made once per worker) where the engine runs in a lower precision; the states
             themselves stay the engine's.
+        lens: a tuned lens's folder (absolute), whose translators the worker applies to layers 1..L−1 before the
+            norm; None: the logit lens. The driver checked it against the model (``sampling.vllm.tuned``).
+        lens_digest: that fit's digest: the worker refuses a folder that holds another fit by now.
     """
 
     window: int | None
@@ -61,6 +64,8 @@ class RequestReadout:
     rows: int = 0
     prompt_from: int | None = None
     float32_lens: bool = False
+    lens: str | None = None
+    lens_digest: str | None = None
 
     def to_extra(self) -> dict[str, Any]:
         return {REQUEST_KEY: dataclasses.asdict(self) | {"kinds": list(self.kinds)}}
@@ -81,4 +86,6 @@ class RequestReadout:
             self.rows,
             self.prompt_from is not None,
             self.float32_lens,
+            self.lens,
+            self.lens_digest,
         )

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from depthlens.sampling.vllm.capture import Capture, install
-from depthlens.sampling.vllm.lens import EngineLens, Float32Head, read_rows, walk_collectives
+from depthlens.sampling.vllm.lens import EngineLens, EngineTunedLens, Float32Head, read_rows, walk_collectives
 from depthlens.sampling.vllm.settings import TAG_KEY, EngineReadout, RequestReadout
+from depthlens.sampling.vllm.tuned import load_translators
 
 # tag → (positions, rows [n, kinds, L], prefill baselines [n, 3] or None)
 Taken = dict[str, tuple[list[int], torch.Tensor, torch.Tensor | None]]
@@ -75,16 +76,23 @@ class InEngineReadout:
 
         self.rank = get_tensor_model_parallel_rank()
         self.float32: Float32Head | None = None  # made at the first request that asks for a float32 lens
+        self.hidden_size = int(runner.model_config.get_hidden_size())
+        self.device = next(self.model.parameters()).device
 
     def lens(self, settings: RequestReadout) -> EngineLens:
-        """The lens a request's settings ask for: the engine's own modules, or their float32 copies."""
-        if not settings.float32_lens:
-            return EngineLens(
-                self.capture.norm, self.model.compute_logits, settings.vocab, settings.final_norm
-            )
-        if self.float32 is None:
-            self.float32 = Float32Head(self.model, self.capture.norm)
-        return EngineLens(self.float32.norm, self.float32.compute_logits, settings.vocab, settings.final_norm)
+        """The lens a request's settings ask for: the engine's own modules, or their float32 copies; through a
+        tuned lens's translators where it names one."""
+        norm, compute_logits = self.capture.norm, self.model.compute_logits
+        if settings.float32_lens:
+            if self.float32 is None:
+                self.float32 = Float32Head(self.model, self.capture.norm)
+            norm, compute_logits = self.float32.norm, self.float32.compute_logits
+        if settings.lens is None:
+            return EngineLens(norm, compute_logits, settings.vocab, settings.final_norm)
+        weight, bias = load_translators(
+            settings.lens, settings.lens_digest, self.n_layers, self.hidden_size, self.device
+        )
+        return EngineTunedLens(norm, compute_logits, weight, bias, settings.vocab, settings.final_norm)
 
     def _groups(self, runner: Any, state: Any) -> list[_Rows]:
         batch = runner.input_batch

@@ -1,0 +1,121 @@
+"""A tuned lens inside the vLLM engine: checked against the model by the driver, its translators loaded by the worker.
+
+The driver holds no transformers copy of the weights, so the lens's fingerprint (``readout.tuned.model_fingerprint``,
+a hash over ``named_parameters``) is recomputed from the checkpoint's safetensors files, in the order of a model
+built on the meta device (no memory): the same names, shapes and values the transformers model would hash. Where
+the files do not name the model's parameters as transformers does (a GGUF file, renamed keys) only the depth L and
+width d can be checked. The worker receives the folder and the fit's digest (``RequestReadout.lens``,
+``lens_digest``) and refuses a folder that holds another fit by then.
+
+No vllm import: shared by the driver and the worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from depthlens.config import LensSpec, ReadoutConfig
+from depthlens.errors import InputError
+from depthlens.readout.tuned import (
+    FINGERPRINT_VALUES,
+    WEIGHTS,
+    file_digest,
+    model_fingerprint,
+    read_stamp,
+    stamped,
+)
+
+_TRANSLATORS: dict[tuple[str, str, str], tuple[torch.Tensor, torch.Tensor]] = {}  # (folder, digest, device)
+
+
+def engine_lens(readout: ReadoutConfig, model: Any, info: Any) -> dict[str, str | None]:
+    """``RequestReadout``'s ``lens`` and ``lens_digest`` for ``readout`` (both None under the logit lens), the lens
+    checked to fit the model: ``model`` a ``LoadedModel`` (its own fingerprint) or the ``ModelInfo`` ``info``
+    (the checkpoint's). Raises InputError naming the lens and what differs, as the transformers readout does."""
+    spec = LensSpec.parse(readout.lens)
+    if spec.path is None:
+        return {"lens": None, "lens_digest": None}
+    folder = Path(spec.path)
+    stamp = read_stamp(folder)
+    digest = stamped(readout).lens_digest
+    mine: dict[str, Any] = {"n_layers": info.n_layers, "d": info.hidden_size}
+    fingerprint = model_fingerprint(model) if hasattr(model, "parts") else checkpoint_fingerprint(info)
+    if fingerprint is not None:
+        mine["model_hash"] = fingerprint
+    wrong = [f"{k} {stamp.get(k)!r} ≠ {v!r}" for k, v in mine.items() if stamp.get(k) != v]
+    if wrong:
+        raise InputError(
+            f"--lens {readout.lens}: this lens was fitted to {stamp.get('model')!r}, not to {info.name!r} "
+            f"({', '.join(wrong)}); fit one for it with `depthlens lens fit --model {info.name} --out LENS`"
+        )
+    return {"lens": str(folder.resolve()), "lens_digest": digest}
+
+
+def checkpoint_fingerprint(info: Any) -> str | None:
+    """``model_fingerprint`` of the model ``info`` describes, from its safetensors files (one tensor in memory at a
+    time); None where they do not hold every parameter under its transformers name."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    files = sorted(Path(str(info.source)).glob("*.safetensors")) if Path(str(info.source)).is_dir() else []
+    if not files:
+        return None
+    opened = [safe_open(str(f), "pt") for f in files]
+    where = {key: handle for handle in opened for key in handle.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(info.config)
+    except (ValueError, KeyError, ImportError, OSError):  # a model_type transformers does not know
+        return None
+    digest = hashlib.sha256()
+    for name, param in skeleton.named_parameters():
+        handle = where.get(name)
+        if handle is None:
+            return None
+        values = _leading(handle, name).to(torch.bfloat16).float()
+        digest.update(f"{name}:{tuple(param.shape)}".encode())
+        digest.update(values.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _leading(handle: Any, name: str) -> torch.Tensor:
+    """The first ``FINGERPRINT_VALUES`` values of tensor ``name``, flattened, reading only the leading rows that
+    hold them (a 7B model's checkpoint is not read whole to hash 4,096 values per tensor)."""
+    part = handle.get_slice(name)
+    shape = part.get_shape()
+    if not shape:
+        return handle.get_tensor(name).flatten()
+    per_row = math.prod(shape[1:]) or 1
+    return part[: -(-FINGERPRINT_VALUES // per_row)].flatten()[:FINGERPRINT_VALUES]
+
+
+def load_translators(
+    folder: str, digest: str | None, n_layers: int, d: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The worker's copy of the translators in ``folder`` (weight [L−1, d, d], bias [L−1, d], float32 on
+    ``device``), loaded once per fit and device; refused when the folder holds another fit than ``digest`` (refitted
+    since the driver checked it) or translators of another shape."""
+    from safetensors.torch import load_file
+
+    key = (folder, str(digest), str(device))
+    if key not in _TRANSLATORS:
+        where = f"--lens tuned:{folder}"
+        if file_digest(Path(folder) / WEIGHTS) != digest:
+            raise InputError(
+                f"{where}: the folder holds another fit than {digest}, which this run was checked against; "
+                "restore that lens, or start the run again"
+            )
+        tensors = load_file(str(Path(folder) / WEIGHTS))
+        weight, bias = tensors["weight"].float(), tensors["bias"].float()
+        if tuple(weight.shape) != (n_layers - 1, d, d) or tuple(bias.shape) != (n_layers - 1, d):
+            raise InputError(
+                f"{where}: translators {tuple(weight.shape)}, {tuple(bias.shape)} do not fit the engine's model "
+                f"(L = {n_layers}, d = {d}); fit one for it with `depthlens lens fit`"
+            )
+        _TRANSLATORS[key] = (weight.to(device), bias.to(device))
+    return _TRANSLATORS[key]
