@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
+from depthlens.errors import InputError
 from depthlens.stats.paired import PAPER_GAPS, Comparison
 from depthlens.studies.tables import paired_cells
 
@@ -20,6 +21,19 @@ DEEPCONF_GROUPS = {
     "deepconf-high": "deepconf-high-",
 }
 """DeepConf's offline variants by filter (none / top 10 % / top 90 %), each over four trace scores."""
+
+
+def method_list(methods: str | None) -> list[str] | None:
+    """``--methods`` as names of ``voting.methods.METHODS`` (None or ``all``: all), unknown ones refused."""
+    if not methods or methods.strip() == "all":
+        return None
+    from depthlens.voting.methods import METHODS
+
+    names = [m.strip() for m in methods.split(",")]
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        raise InputError(f"--methods {methods}: unknown {', '.join(unknown)}; known: {', '.join(METHODS)}")
+    return names
 
 
 def deepconf_group(method: str) -> str | None:

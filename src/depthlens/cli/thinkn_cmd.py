@@ -37,19 +37,6 @@ if TYPE_CHECKING:
     from depthlens.studies.thinkn import ThinkReport
 
 
-def method_list(methods: str | None) -> list[str] | None:
-    """``--methods`` as names of ``voting.methods.METHODS`` (None or ``all``: all), unknown ones refused."""
-    if not methods or methods.strip() == "all":
-        return None
-    from depthlens.voting.methods import METHODS
-
-    names = [m.strip() for m in methods.split(",")]
-    unknown = [m for m in names if m not in METHODS]
-    if unknown:
-        raise InputError(f"--methods {methods}: unknown {', '.join(unknown)}; known: {', '.join(METHODS)}")
-    return names
-
-
 def dtr_for(store: Path | None, g: float | None, rho: float | None, deep_rule: str | None) -> DTRConfig:
     """The DTR settings of a vote: the store's own (a new store: the defaults), each overridden where given."""
     from depthlens.stores.samples import read_manifest
@@ -319,6 +306,8 @@ def thinkn(
             )
             return
         voting = VotingConfig(n, eta, specs.prefix(prefix), trials, seed, deepconf_window)
+        from depthlens.cli.paired_view import method_list
+
         chosen = method_list(methods)
         if out is not None:
             size = pool if pool is not None else 2 * n
