@@ -237,7 +237,12 @@ def test_lens_compare_sets_lenses_and_rules_side_by_side(tiny_llama, tmp_path, m
         table[1]["spearman_vs_first"] == pytest.approx(1.0) and table[1]["mean_dtr"] == table[0]["mean_dtr"]
     )
     assert table[0]["depth_of"] == "tokens" and table[0]["responses"] == 24
-    assert "accuracy_spearman" in table[0]
+    assert {
+        "accuracy_spearman",
+        "accuracy_binned_r",
+        "accuracy_binned_r_ci",
+        "accuracy_point_biserial_p",
+    } <= set(table[0])
     code, out, err = run(
         monkeypatch,
         capsys,

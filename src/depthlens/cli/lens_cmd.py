@@ -123,10 +123,24 @@ def _cell(value: object, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def _statistic(row: dict, stat: str) -> str:
+    """``r [lo, hi] p`` of one accuracy statistic of a comparison row (its note where there is none)."""
+    from depthlens.studies.tables import format_p
+
+    value = row[f"accuracy_{stat}"]
+    if value is None:
+        return row["accuracy_note"] or "—"
+    lo, hi = row[f"accuracy_{stat}_ci"]
+    ci = f" [{_cell(lo, 2)}, {_cell(hi, 2)}]" if lo is not None else ""
+    p = row[f"accuracy_{stat}_p"]
+    return f"{value:+.2f}{ci}" + (f" p {format_p(p)}" if p is not None else "")
+
+
 def _print_rows(rows: list[dict], graded: bool) -> None:
     table = Table(title="lenses and settling rules on the same responses", title_justify="left")
     columns = ["lens · rule", "responses", "mean DTR", "mean depth", "depth q25/q50/q75", "ρ vs first"]
-    for column in columns + (["ρ(DTR, correct) [95% CI]", "r_pb"] if graded else []):
+    accuracy = ["binned r [95% CI] p", "ρ(DTR, correct) [95% CI] p", "r_pb [95% CI] p"]
+    for column in columns + (accuracy if graded else []):
         table.add_column(column, justify="right")
     for row in rows:
         quartiles = "/".join(_cell(q, 1) for q in row["depth_quartiles"]) + f" ({row['depth_of']})"
@@ -139,10 +153,7 @@ def _print_rows(rows: list[dict], graded: bool) -> None:
             _cell(row["spearman_vs_first"]),
         ]
         if graded:
-            lo, hi = row["accuracy_spearman_ci"]
-            rho = row["accuracy_spearman"]
-            ci = f" [{_cell(lo, 2)}, {_cell(hi, 2)}]" if lo is not None else ""
-            cells.append(row["accuracy_note"] if rho is None else _cell(rho) + ci)
-            cells.append(_cell(row["accuracy_point_biserial"]))
+            for stat in ("binned_r", "spearman", "point_biserial"):
+                cells.append(_statistic(row, stat))
         table.add_row(*cells)
     console.print(table)

@@ -118,7 +118,8 @@ def compare_arms(
     cfg: CorrelationConfig = CorrelationConfig(),
 ) -> list[dict[str, Any]]:
     """One row per arm: responses, mean DTR, mean settling depth and its quartiles, Spearman ρ of DTR with the first
-    arm on the shared responses, and (``graded``) the correlation of DTR with accuracy."""
+    arm on the shared responses, and (``graded``) the correlation of DTR with accuracy: the paper's binned r, ρ and
+    the point-biserial r, each with its question-resampled 95 % interval and p."""
     if not arms:
         raise InputError("lens compare: give at least one score store")
     first = arms[0]
@@ -145,10 +146,17 @@ def compare_arms(
         }
         if graded is not None:
             c = accuracy_correlation(arm, graded, cfg)
-            row.update(
+            row.update(  # Table 1's statistics, as `depthlens correlate` reports them
+                accuracy_binned_r=c.binned_r,
+                accuracy_binned_r_ci=list(c.binned_r_ci),
+                accuracy_binned_r_p=c.binned_r_p,
+                accuracy_binned_questions=c.questions_used,
                 accuracy_spearman=c.spearman,
                 accuracy_spearman_ci=list(c.spearman_ci),
+                accuracy_spearman_p=c.spearman_p,
                 accuracy_point_biserial=c.point_biserial,
+                accuracy_point_biserial_ci=list(c.point_biserial_ci),
+                accuracy_point_biserial_p=c.point_biserial_p,
                 accuracy_note=c.note,
             )
         rows.append(row)
