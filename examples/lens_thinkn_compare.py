@@ -8,6 +8,7 @@ accuracies, trials averaged), the share of draws whose kept set differs, the Spe
 the lenses (all responses, and within each question), and how often the Think@n cut falls on a tie.
 
 Usage: python examples/lens_thinkn_compare.py LOGIT_STORE TUNED_STORE [--n 8 --prefix 50 --trials 10 --eta 0.5]
+       [--g-second G]   (the second store's deep flags re-derived at threshold G from its stored divergences)
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ from depthlens.voting.methods import METHODS, Response
 from depthlens.voting.trials import draw
 
 
-def load(store: str) -> tuple[dict[str, Any], dict[str, tuple[dict[str, Any], Response]]]:
-    """The store's manifest and its usable responses by id: (record, Response with the store's own DTR rule)."""
+def load(
+    store: str, g: float | None = None
+) -> tuple[dict[str, Any], dict[str, tuple[dict[str, Any], Response]]]:
+    """The store's manifest and its usable responses by id: (record, Response with the store's own DTR rule, or
+    its rule with threshold ``g`` where given)."""
     manifest = read_manifest(Path(store))
-    dtr = DTRConfig.from_dict(manifest["dtr"])
+    dtr = DTRConfig.from_dict({**manifest["dtr"], **({} if g is None else {"g": g})})
     out = {}
     for _, record in read_responses(Path(store)):
         if record.get("status") != "failed":
@@ -47,10 +51,11 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=50)
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--eta", type=float, default=0.5)
+    ap.add_argument("--g-second", type=float, help="the second store's g (bits); default: its manifest's")
     a = ap.parse_args()
     stores = {}
-    for path in (a.first, a.second):
-        manifest, responses = load(path)
+    for path, g in ((a.first, None), (a.second, a.g_second)):
+        manifest, responses = load(path, g)
         stores[f"{manifest['readout']['lens']} ({path})"] = responses
     (la, first), (lb, second) = stores.items()
     print(f"lenses: {la} | {lb}")
