@@ -63,6 +63,9 @@ def client(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=TIMEOUT)
 
 
+OPENAI_SAMPLING = {"temperature": 1.0, "top_p": 1.0}  # what a request meant before the server's own defaults
+
+
 def _depth(choice) -> dict:
     """The choice's ``depthlens`` object as the typed SDK object carries it (an extra field)."""
     return choice.model_extra["depthlens"]
@@ -264,15 +267,23 @@ def test_think_at_n_keeps_the_deepest_prefixes_and_stops_the_rest_at_l(client, m
 def test_think_at_n_counts_only_the_samples_it_stopped(server, client, model):
     """Samples that end by themselves before ℓ (EOS, or max_tokens ≤ ℓ) were not stopped and saved nothing:
     ``stopped``, ``tokens_saved`` and /health's ``aborted`` agree (seed 5: samples 5 and 7 end by EOS at 1 and 5
-    tokens, the others run to 16)."""
+    tokens, the others run to 16, at OpenAI's temperature 1 / top-p 1 — given: the server's own defaults are
+    lower)."""
     prefix, n = 8, 8
-    plain = client.completions.create(model=model, prompt="5+5=", max_tokens=16, n=n, seed=5)
+    plain = client.completions.create(
+        model=model, prompt="5+5=", max_tokens=16, n=n, seed=5, **OPENAI_SAMPLING
+    )
     whole = [_depth(c)["token_count"] for c in plain.choices]
     assert any(k < prefix for k in whole) and any(k > prefix for k in whole)
     before = server.health()["aborted"]
     think_body = {"g": G, "answer_type": "string", "think": {"n": n, "eta": 0.25, "prefix": prefix}}
     r = client.completions.create(
-        model=model, prompt="5+5=", max_tokens=16, seed=5, extra_body={"depthlens": think_body}
+        model=model,
+        prompt="5+5=",
+        max_tokens=16,
+        seed=5,
+        **OPENAI_SAMPLING,
+        extra_body={"depthlens": think_body},
     )
     think = _depth(r.choices[0])["think"]
     samples = think["samples"]
@@ -289,7 +300,12 @@ def test_think_at_n_counts_only_the_samples_it_stopped(server, client, model):
     # max_tokens ≤ ℓ: every sample ends by itself at its length before any decision; nothing stopped or saved
     before = server.health()["aborted"]
     r = client.completions.create(
-        model=model, prompt="5+5=", max_tokens=prefix, seed=5, extra_body={"depthlens": think_body}
+        model=model,
+        prompt="5+5=",
+        max_tokens=prefix,
+        seed=5,
+        **OPENAI_SAMPLING,
+        extra_body={"depthlens": think_body},
     )
     think = _depth(r.choices[0])["think"]
     assert think["stopped"] == think["tokens_saved"] == server.health()["aborted"] - before == 0

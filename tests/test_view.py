@@ -100,6 +100,8 @@ def test_voting_table_is_what_thinkn_from_prints(view_stores, tmp_path, monkeypa
         prefix,
         "--trials",
         "4",
+        "--methods",
+        "all",  # every DeepConf variant on its own line, as the explorer shows them
     )
     assert code in (0, None), err
     _, api = client(view_stores["answers"])

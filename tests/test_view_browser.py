@@ -152,6 +152,8 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
         "50",
         "--trials",
         "10",
+        "--methods",
+        "all",  # every DeepConf variant on its own line, as the page shows them
     )
     assert code in (0, None), err
     page.goto(serve(store))

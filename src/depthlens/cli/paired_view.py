@@ -12,9 +12,8 @@ from rich.table import Table
 from depthlens.errors import InputError
 from depthlens.stats.paired import PAPER_GAPS, Comparison
 from depthlens.studies.tables import paired_cells
+from depthlens.voting.methods import in_order
 
-PAPER_METHODS = ("think@n", "cons@n", "mean@n", "long@n", "short@n", "self-certainty@n")
-"""The DTR paper's Table 2 rows, printed first in this order; DeepConf's variants follow."""
 DEEPCONF_GROUPS = {
     "deepconf": "deepconf-",
     "deepconf-low": "deepconf-low-",
@@ -44,12 +43,6 @@ def deepconf_group(method: str) -> str | None:
         if method.startswith(DEEPCONF_GROUPS[group]):
             return group
     return "deepconf"
-
-
-def in_order(methods: Sequence[str]) -> list[str]:
-    """``methods`` with the paper's first (in ``PAPER_METHODS``' order), the rest as they came."""
-    first = [m for m in PAPER_METHODS if m in methods]
-    return first + [m for m in methods if m not in first]
 
 
 def folded(rows: Sequence[Any], method: Callable[[Any], str]) -> tuple[list[Any], dict[str, list[Any]]]:

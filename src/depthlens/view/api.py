@@ -18,7 +18,7 @@ from depthlens.view.detail import scalar
 from depthlens.view.pools import Failed, VotingIndex, answer_summary, draw_detail, question_pool
 from depthlens.view.store import ViewStore, changed_since
 from depthlens.viz.heatmap import _colour
-from depthlens.voting.methods import METHODS, Response, trace_confidence
+from depthlens.voting.methods import METHODS, Response, in_order, trace_confidence
 from depthlens.voting.trials import MethodSummary
 
 RUN_FIELDS = (
@@ -150,8 +150,9 @@ def voting_table(store: ViewStore, index: VotingIndex, voting: VotingConfig) -> 
 def _method_rows(summaries: list[MethodSummary]) -> list[dict[str, Any]]:
     """One row per method: its cells as ``thinkn`` prints them, and its summary's values."""
     cons = next((s for s in summaries if s.method == "cons@n"), None)
+    by_method = {s.method: s for s in summaries}
     rows = []
-    for s in summaries:
+    for s in (by_method[m] for m in in_order(list(by_method))):  # the paper's methods first, as thinkn prints
         ratio = f"{s.cost_mean / cons.cost_mean:.0%}" if cons and cons.cost_mean else "—"
         rows.append(
             {

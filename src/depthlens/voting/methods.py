@@ -245,3 +245,13 @@ METHODS: dict[str, Callable[[Sequence[Response], VotingConfig], Outcome]] = {
         for kind in TRACE_SCORES
     },
 }
+
+PAPER_METHODS = ("think@n", "cons@n", "mean@n", "long@n", "short@n", "self-certainty@n")
+"""The deep-thinking paper's Table 2 rows, shown first in this order (``thinkn``'s table, the explorer's);
+DeepConf's variants follow."""
+
+
+def in_order(methods: Sequence[str]) -> list[str]:
+    """``methods`` with the paper's first (in ``PAPER_METHODS``' order), the rest as they came."""
+    first = [m for m in PAPER_METHODS if m in methods]
+    return first + [m for m in methods if m not in first]
