@@ -12,14 +12,7 @@ from rich.table import Table
 from depthlens.errors import InputError
 from depthlens.stats.paired import PAPER_GAPS, Comparison
 from depthlens.studies.tables import paired_cells
-from depthlens.voting.methods import in_order
-
-DEEPCONF_GROUPS = {
-    "deepconf": "deepconf-",
-    "deepconf-low": "deepconf-low-",
-    "deepconf-high": "deepconf-high-",
-}
-"""DeepConf's offline variants by filter (none / top 10 % / top 90 %), each over four trace scores."""
+from depthlens.voting.methods import DEEPCONF_FILTERS, in_order
 
 
 def method_list(methods: str | None) -> list[str] | None:
@@ -36,13 +29,14 @@ def method_list(methods: str | None) -> list[str] | None:
 
 
 def deepconf_group(method: str) -> str | None:
-    """The filter group of a DeepConf variant (``deepconf-low-tail@n`` → ``deepconf-low``); None for others."""
-    if not method.startswith("deepconf-"):
-        return None
-    for group in ("deepconf-low", "deepconf-high"):
-        if method.startswith(DEEPCONF_GROUPS[group]):
-            return group
-    return "deepconf"
+    """The filter group of a DeepConf variant (``deepconf-low-tail@n`` → ``deepconf-low``; the filters are
+    ``voting.methods.DEEPCONF_FILTERS``'); None for other methods."""
+    for name in sorted(
+        DEEPCONF_FILTERS, key=len, reverse=True
+    ):  # "low-" and "high-" before the unfiltered ""
+        if method.startswith(f"deepconf-{name}"):
+            return f"deepconf-{name}".rstrip("-")
+    return None
 
 
 def folded(rows: Sequence[Any], method: Callable[[Any], str]) -> tuple[list[Any], dict[str, list[Any]]]:

@@ -74,16 +74,24 @@ def matched_threshold(reference_tl: torch.Tensor, g: float, other_tl: torch.Tens
     return float(np.quantile(oth, 1.0 - deep_share))
 
 
+def settling_and_deep(
+    divergence: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Settling depths c_t [R] (long) and deep-thinking flags [R] of R read-out tokens from their [R][L] divergence
+    rows (R may be 0): what the sample store, the server and voting all derive from the same rows."""
+    table = torch.tensor(divergence, dtype=torch.float32).reshape(-1, n_layers)
+    settling = settling_depth(table, dtr.g)
+    return settling, deep_flags(settling, n_layers, dtr.rho, dtr.deep_rule)
+
+
 def response_depth(
     divergence: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig, prefix: int | None
 ) -> dict[str, object]:
     """The depth of one response from its [R][L] divergence rows (R read-out tokens, R may be 0), as the sample
-    store and the Python API carry it: per-token ``settling_depth`` (c_t) and ``deep``, the response's ``dtr`` over
-    its read-out tokens, ``dtr_prefix`` over the first ``prefix`` of them (None: all) and ``mean_settling_depth``
-    (the ratios and the mean are None for no tokens)."""
-    table = torch.tensor(divergence, dtype=torch.float32).reshape(-1, n_layers)
-    settling = settling_depth(table, dtr.g)
-    deep = deep_flags(settling, n_layers, dtr.rho, dtr.deep_rule)
+    store, the server and the Python API carry it: per-token ``settling_depth`` (c_t) and ``deep``, the response's
+    ``dtr`` over its read-out tokens, ``dtr_prefix`` over the first ``prefix`` of them (None: all) and
+    ``mean_settling_depth`` (the ratios and the mean are None for no tokens)."""
+    settling, deep = settling_and_deep(divergence, n_layers, dtr)
     return {
         "settling_depth": settling.tolist(),
         "deep": deep.tolist(),
@@ -97,8 +105,7 @@ def deep_from_divergence(
     divergence: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig
 ) -> torch.Tensor:
     """Deep-thinking flags [R] of R read-out tokens from their stored [R][L] divergence rows (R may be 0)."""
-    table = torch.tensor(divergence, dtype=torch.float32).reshape(-1, n_layers)
-    return deep_flags(settling_depth(table, dtr.g), n_layers, dtr.rho, dtr.deep_rule)
+    return settling_and_deep(divergence, n_layers, dtr)[1]
 
 
 def topk_agreement(final_logprobs: torch.Tensor, layer_logits: torch.Tensor, k: int) -> torch.Tensor:

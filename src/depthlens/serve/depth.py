@@ -11,7 +11,7 @@ import torch
 
 from depthlens.config import DTRConfig
 from depthlens.metrics.baselines import sequence_baselines
-from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, mean_settling_depth, settling_depth
+from depthlens.metrics.dtr import deep_thinking_ratio, mean_settling_depth, settling_and_deep
 from depthlens.models.tokens import token_bytes
 from depthlens.sampling.backend import Trace
 from depthlens.voting.methods import TRACE_SCORES, trace_confidence
@@ -19,18 +19,9 @@ from depthlens.voting.methods import TRACE_SCORES, trace_confidence
 PER_TOKEN_FIELDS = ("log_prob", "entropy", "self_certainty", "confidence")
 
 
-def _settling(
-    rows: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Settling depths c_t and deep flags of read-out rows [R][L] (each token's row alone decides its own)."""
-    table = torch.tensor(rows, dtype=torch.float32).reshape(-1, n_layers)
-    settle = settling_depth(table, dtr.g) if len(table) else torch.zeros(0, dtype=torch.long)
-    return settle, deep_flags(settle, n_layers, dtr.rho, dtr.deep_rule)
-
-
 def readout_columns(rows: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig) -> dict[str, list]:
     """Settling depth, deep flag and divergence row of each read-out token."""
-    settle, deep = _settling(rows, n_layers, dtr)
+    settle, deep = settling_and_deep(rows, n_layers, dtr)
     return {"settling_depth": settle.tolist(), "deep": deep.tolist(), "divergence": [list(r) for r in rows]}
 
 
@@ -59,7 +50,7 @@ def summary(
     with ``tokens``, the per-token values too (their strings by ``tokenizer``). ``window``: DeepConf's group size
     for its trace scores."""
     rows = trace.divergence
-    settle, deep = _settling(rows, n_layers, dtr)
+    settle, deep = settling_and_deep(rows, n_layers, dtr)
     baselines = sequence_baselines(
         torch.tensor(trace.log_prob, dtype=torch.float64),
         torch.tensor(trace.entropy, dtype=torch.float64),
