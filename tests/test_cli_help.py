@@ -74,8 +74,10 @@ def test_help_names_only_the_commands_own_flags(name):
 
 
 def test_config_errors_name_real_flags():
-    """``config.FLAGS`` (and the default ``--field-name``) maps every field of a validated config to a flag some
+    """``cli.flags.FLAGS`` (and the default ``--field-name``) maps every field of a validated config to a flag some
     command has, or to None: a ConfigError never names a flag that does not exist."""
+    from depthlens.cli.flags import flag_for, flag_line
+
     every = set().union(*(_options(c) for c in COMMANDS.values()))
     classes = [
         config.ReadoutConfig,
@@ -94,13 +96,13 @@ def test_config_errors_name_real_flags():
         f"{cls.__name__}.{field.name} → {flag}"
         for cls in classes
         for field in dataclasses.fields(cls)
-        if (flag := config.flag_for(cls.__name__, field.name)) is not None and flag not in every
+        if (flag := flag_for(cls.__name__, field.name)) is not None and flag not in every
     ]
     assert not missing, missing
     with pytest.raises(ConfigError) as raised:
         config.VotingConfig(eta=1.5)
-    assert raised.value.flag_line == "--eta 1.5: must be in (0, 1]"
-    assert str(raised.value) == "--eta 1.5: must be in (0, 1] (VotingConfig.eta; the share of n kept)"
+    assert flag_line(raised.value) == "--eta 1.5: must be in (0, 1]"  # the command line's phrasing
+    assert str(raised.value) == "eta=1.5: must be in (0, 1] (VotingConfig.eta; the share of n kept)"  # Python's
 
 
 # ---- docs/cli.md's option tables against --help --------------------------------------------------------------

@@ -96,7 +96,7 @@ def test_a_lens_fitted_to_another_model_is_refused_by_name(tiny_llama, tmp_path)
         list(iter_readout(deeper, seqs, ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}")))
     with pytest.raises(InputError, match="no fitted lens there"):
         list(iter_readout(tiny_llama, seqs, ReadoutConfig(lens=f"tuned:{tmp_path / 'none'}")))
-    with pytest.raises(ConfigError, match="--lens"):
+    with pytest.raises(ConfigError, match="^lens='tuned': must be logit or tuned:PATH"):
         ReadoutConfig(lens="tuned")
     assert str(LensSpec.parse("tuned:x/y")) == "tuned:x/y"
 
@@ -169,7 +169,6 @@ def test_the_store_stamps_the_lens_and_refuses_to_resume_under_another(tiny_llam
 
     from depthlens.config import ScoreRun, StoreSpec
     from depthlens.errors import StoreError
-    from depthlens.readout.tuned import stamped
     from depthlens.stores.jsonl import iter_jsonl
     from depthlens.studies.score import run_score
 
@@ -177,7 +176,7 @@ def test_the_store_stamps_the_lens_and_refuses_to_resume_under_another(tiny_llam
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     stamp = _identity_lens(tiny_llama, tmp_path / "lens")
-    tuned = stamped(ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}"))
+    tuned = ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}")  # resolved when built: its fit's digest taken
     assert tuned.lens_digest == stamp["digest"]
     run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "logit.jsonl")))
     run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "tuned.jsonl"), readout=tuned))
@@ -191,8 +190,8 @@ def test_the_store_stamps_the_lens_and_refuses_to_resume_under_another(tiny_llam
     d, n = hidden_size(tiny_llama), tiny_llama.n_layers - 1
     save_lens(tmp_path / "lens", 2 * torch.eye(d).repeat(n, 1, 1), torch.zeros(n, d), dict(stamp))
     with pytest.raises(InputError, match=r"not .* that this store was read with"):
-        stamped(tuned)
-    refit = stamped(ReadoutConfig(lens=tuned.lens))
+        ReadoutConfig(lens=tuned.lens, lens_digest=tuned.lens_digest)  # a store's record of the old fit
+    refit = ReadoutConfig(lens=tuned.lens)
     with pytest.raises(StoreError, match="lens_digest"):
         run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "tuned.jsonl", resume=True), readout=refit))
 
@@ -201,7 +200,6 @@ def test_lens_compare_sets_lenses_and_rules_side_by_side(tiny_llama, tmp_path, m
     import json
 
     from depthlens.config import DTRConfig, ScoreRun, StoreSpec
-    from depthlens.readout.tuned import stamped
     from depthlens.studies.lens_compare import compare_arms, load_arm
     from depthlens.studies.score import run_score
     from tests.test_cli import run
@@ -218,7 +216,7 @@ def test_lens_compare_sets_lenses_and_rules_side_by_side(tiny_llama, tmp_path, m
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     _identity_lens(tiny_llama, tmp_path / "lens")
-    tuned = stamped(ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}"))
+    tuned = ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}")  # resolved when built: its fit's digest taken
     dtr = DTRConfig(g=0.0155)  # about the median of the tiny model's min_l D_{t,l}: DTR varies by response
     arms = {
         "logit": (ReadoutConfig(), dtr),

@@ -177,5 +177,5 @@ def test_configs_round_trip_and_reject_unknown_keys():
     assert DTRConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ConfigError, match=r"unknown key\(s\) \['gg'\]"):
         DTRConfig.from_dict({"gg": 0.3})
-    with pytest.raises(ConfigError, match=r"--divergence js: .* \(ReadoutConfig.divergence\)"):
+    with pytest.raises(ConfigError, match=r"^divergence='js': .* \(ReadoutConfig.divergence\)"):
         ReadoutConfig(divergence="js")  # type: ignore[arg-type]

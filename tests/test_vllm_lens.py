@@ -12,7 +12,6 @@ import torch
 
 from depthlens.config import ReadoutConfig, SamplingConfig
 from depthlens.evals.loading import load_task
-from depthlens.readout.tuned import stamped
 from depthlens.sampling.choose import vllm_available
 from depthlens.sampling.hf import HFGenerator
 from tests.conftest import SMOLLM2_ENGINE
@@ -31,7 +30,7 @@ GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=10, readout_tokens=None)
 def lens(real_model, tmp_path_factory):
     path = tmp_path_factory.mktemp("lens") / "random"
     tuned_lens(real_model, path, noise=0.02, seed=3)
-    return stamped(ReadoutConfig(lens=f"tuned:{path}", also=("cosine",)))
+    return ReadoutConfig(lens=f"tuned:{path}", also=("cosine",))
 
 
 def test_generated_tuned_readout_equals_the_transformers_one(real_model, smollm2_engine, lens):
@@ -117,7 +116,7 @@ def test_serve_on_vllm_reads_every_depth_through_the_lens(tmp_path):
     assert reply["depthlens"]["lens"] == lens == depth["lens"]
     served = depth["tokens"]
     record = InputRecord("a", 1, {"prompt_ids": prompt, "completion_ids": served["token_ids"]})
-    readout = stamped(ReadoutConfig(lens=lens))
+    readout = ReadoutConfig(lens=lens)
     (ref,) = score_records(lm, [record], readout=readout, tcb=None, tokens=True)
     rows = torch.tensor(served["divergence"])
     assert (rows - torch.tensor(ref["divergence"])).abs().max() <= BITS

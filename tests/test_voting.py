@@ -239,7 +239,7 @@ def test_prefix_longer_than_the_readout_is_an_error():
 
 
 def test_voting_config_errors():
-    with pytest.raises(ConfigError, match=r"--n 0: .* \(VotingConfig.n\)"):
+    with pytest.raises(ConfigError, match=r"^n=0: .* \(VotingConfig.n\)"):
         VotingConfig(n=0)
     for eta in (0.0, 1.5):
         with pytest.raises(ConfigError, match="eta"):

@@ -1,40 +1,53 @@
-"""Every error depthlens raises on purpose: what was received, what was expected, and the fix."""
+"""Every error depthlens raises on purpose: what was received, what was expected, and the fix.
+
+An error about one setting names the *setting* (``setting``: a config field's name, ``lens``), the value and what
+it must be (``requirement``; ``{name}`` in it stands for the setting named again), never how a front spells it:
+each front phrases it (``phrased``) — the command line as ``--lens tuned:x: …`` (``cli.flags``), Python as
+``lens='tuned:x': …`` (the default ``str``), the server as ``depthlens.lens 'tuned:x': …`` (``serve.errors``)."""
 
 from __future__ import annotations
 
 
 class DepthlensError(Exception):
-    """Base class: the CLI turns any of these into a one-line message and exit code 2."""
+    """Base class: the CLI turns any of these into a one-line message and exit code 2.
 
-
-class ConfigError(DepthlensError, ValueError):
-    """A setting is out of range or unknown.
-
-    ``setting`` (the config field), ``value``, ``requirement`` and ``flag`` (the command-line flag that sets it)
-    come from ``config.base.invalid``; ``flag_line`` is what the CLI prints: ``--rho 1.5: must be in (0, 1]``.
-    """
+    ``setting`` / ``value`` / ``requirement`` are set where the error is about one setting
+    (``config.base.invalid``, or raised with them); ``owner`` is the config class holding it, ``hint`` a gloss
+    a Python caller reads after the requirement."""
 
     def __init__(
         self,
-        message: str,
+        message: str = "",
         *,
         setting: str | None = None,
         value: object = None,
         requirement: str = "",
-        flag: str | None = None,
+        owner: str | None = None,
+        hint: str = "",
     ) -> None:
-        super().__init__(message)
         self.setting = setting
         self.value = value
         self.requirement = requirement
-        self.flag = flag
+        self.owner = owner
+        self.hint = hint
+        if not message and setting is not None:
+            where = "; ".join(p for p in (f"{owner}.{setting}" if owner else "", hint) if p)
+            message = self.phrased(f"{setting}=", repr_value=True) + (f" ({where})" if where else "")
+        super().__init__(message)
 
-    @property
-    def flag_line(self) -> str:
-        """The error as a command-line user reads it: the flag, the value given and what it must be."""
-        if self.flag and self.requirement:
-            return f"{self.flag} {self.value}: {self.requirement}"
-        return str(self)
+    def phrased(self, name: str, *, repr_value: bool = False) -> str:
+        """The error as a front spells its setting ``name`` (``--lens``, ``lens=``, ``depthlens.lens``); an error
+        about no one setting reads as it is."""
+        if self.setting is None or not self.requirement:
+            return str(self)
+        value = repr(self.value) if repr_value else str(self.value)
+        joiner = "" if name.endswith("=") else " "
+        requirement = self.requirement.replace("{name}", name.removesuffix("="))  # the setting named again
+        return f"{name}{joiner}{value}: {requirement}"
+
+
+class ConfigError(DepthlensError, ValueError):
+    """A setting is out of range or unknown (``config.base.invalid``)."""
 
 
 class UnsupportedArchitectureError(DepthlensError):

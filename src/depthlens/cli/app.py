@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from depthlens.errors import ConfigError, DepthlensError
+from depthlens.errors import DepthlensError
 
 try:  # typer ≥ 0.24 carries its own click
     from typer._click.exceptions import UsageError
@@ -59,9 +59,11 @@ def _root(
 
 
 def error_line(exc: DepthlensError) -> str:
-    """The one line a user reads: a config error names the flag that set it (``--rho 1.5: must be in (0, 1]``;
-    ``config.base.FLAGS`` maps the fields to their flags)."""
-    return exc.flag_line if isinstance(exc, ConfigError) else str(exc)
+    """The one line a user reads: an error about a setting names the flag that sets it (``--rho 1.5: must be in
+    (0, 1]``; ``cli.flags`` maps the settings to their flags)."""
+    from depthlens.cli.flags import flag_line
+
+    return flag_line(exc)
 
 
 def warn(message: str) -> None:

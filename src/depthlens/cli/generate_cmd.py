@@ -257,7 +257,7 @@ def generate(
     options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
     readout = specs.readout_config(
         divergence, also_divergences, lens
-    )  # a tuned lens stamped, before any load
+    )  # a tuned lens resolved, before any load
     answers = specs.answer_config(prompt_style, answer_type, answer_fallback, task)
     window = specs.readout_tokens(readout_tokens, SamplingConfig.readout_tokens)
     sampling = SamplingConfig(temperature, top_p, max_new_tokens, window, top_k=top_k, min_p=min_p)

@@ -94,9 +94,6 @@ def score(
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix, settle=settle)  # type: ignore[arg-type]
     if backend == "vllm" and dtr.top_k is not None:
         raise InputError(f"--settle {settle} reads out on the transformers path only: use --backend hf")
-    from depthlens.readout.tuned import stamped
-
-    readout = stamped(readout)  # the store's manifest names the very fit that reads it
     tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral, exact=tcb_exact) if tcb else None  # type: ignore[arg-type]
     store = StoreSpec(out_path, resume, overwrite, float16=float16)
     ray_on = ray or ray_address is not None

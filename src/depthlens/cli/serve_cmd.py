@@ -69,7 +69,7 @@ def serve(
     window = specs.readout_tokens(readout_tokens, ServeConfig.readout_tokens)
     readout = specs.readout_config(
         ReadoutConfig.divergence, lens=lens
-    )  # a tuned lens stamped, before any load
+    )  # a tuned lens resolved, before any load
     settings = ServeConfig(
         served_model_name or model,
         api_key,

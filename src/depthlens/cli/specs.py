@@ -85,12 +85,11 @@ def answer_config(
 def readout_config(
     divergence: str, also_divergences: str = "", lens: str = ReadoutConfig.lens
 ) -> ReadoutConfig:
-    """``--divergence``, ``--also-divergences`` (comma-separated) and ``--lens``, a tuned lens stamped with its
-    fit's digest (``readout.tuned.stamped``) so that the store's manifest names the very fit that read it."""
-    from depthlens.readout.tuned import stamped
+    """``--divergence``, ``--also-divergences`` (comma-separated) and ``--lens`` (``studies.resolve.readout``: a
+    tuned lens resolved, its fit's digest taken, so that the store's manifest names the very fit that read it)."""
+    from depthlens.studies.resolve import readout
 
-    also = tuple(k.strip() for k in also_divergences.split(",") if k.strip())
-    return stamped(ReadoutConfig(divergence=divergence, also=also, lens=lens))  # type: ignore[arg-type]
+    return readout(divergence, also_divergences, lens)
 
 
 def readout_tokens(value: str | None, default: int | None) -> int | None:

@@ -335,40 +335,31 @@ def thinkn(
 
 
 def default_n(store: Path | None) -> int:
-    """n when ``--n`` is not given: ``VotingConfig.n``, or a stored pool's size where that is smaller (said)."""
-    if store is None:
-        return VotingConfig.n
-    from depthlens.stores.samples import read_manifest
+    """n when ``--n`` is not given (``studies.resolve.voting_n``: a stored pool's size where smaller, said)."""
+    from depthlens.studies.resolve import voting_n
 
-    pool = int(read_manifest(store)["pool"])
-    if pool >= VotingConfig.n:
-        return VotingConfig.n
-    err_console.print(
-        f"n = {pool}: the pool in {store} holds {pool} responses per question, fewer than the default "
-        f"{VotingConfig.n}; --n chooses another",
-        highlight=False,
-    )
-    return pool
+    pool = None
+    if store is not None:
+        from depthlens.stores.samples import read_manifest
+
+        pool = int(read_manifest(store)["pool"])
+    n, lowered = voting_n(None, pool)
+    if lowered:
+        err_console.print(
+            f"n = {pool}: the pool in {store} holds {pool} responses per question, fewer than the default "
+            f"{VotingConfig.n}; --n chooses another",
+            highlight=False,
+        )
+    return n
 
 
 def honoured(store: Path, divergence: str | None, lens: str | None = None) -> None:
-    """An option a stored pool cannot honour is an error naming what the store holds: Think@n votes on the
-    divergence the store was generated with, read through the lens it was generated with."""
-    from depthlens.readout.tuned import same_lens
-    from depthlens.stores.samples import kinds_line, read_manifest, stored_kinds
+    """An option a stored pool cannot honour is an error naming what the store holds
+    (``studies.resolve.check_stored_readout``)."""
+    from depthlens.stores.samples import read_manifest
+    from depthlens.studies.resolve import check_stored_readout
 
-    manifest = read_manifest(store)
-    stored_lens = (manifest.get("readout") or {}).get("lens", ReadoutConfig.lens)
-    if lens is not None and not same_lens(lens, stored_lens):
-        raise InputError(
-            f"--lens {lens}: {store} was read out through --lens {stored_lens}, and Think@n votes on what it "
-            f"holds; leave out --lens, or generate a store with --lens {lens}"
-        )
-    if divergence is not None and divergence != stored_kinds(manifest)[0]:
-        raise InputError(
-            f"--divergence {divergence}: {store} holds {kinds_line(manifest)} divergences and votes on "
-            f"{stored_kinds(manifest)[0]}; leave out --divergence, or generate a store with --divergence {divergence}"
-        )
+    check_stored_readout(read_manifest(store), str(store), lens=lens, divergence=divergence)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,8 @@ docs read them from here. Every config round-trips through a plain dict (``to_di
 ``from_dict`` rejects keys it does not know rather than silently ignoring a typo."""
 
 from depthlens.config.answers import AnswerConfig, AnswerType, Fallback, PromptStyle
-from depthlens.config.base import FLAGS, Config, flag_for, invalid
+from depthlens.config.base import Config, invalid
+from depthlens.config.lens import LensKind, LensSpec
 from depthlens.config.readout import (
     DIVERGENCE_MAX,
     PREFIX_TOKENS,
@@ -12,8 +13,6 @@ from depthlens.config.readout import (
     Divergence,
     DTRConfig,
     LensFitConfig,
-    LensKind,
-    LensSpec,
     ReadoutConfig,
     TCBConfig,
     TCBStudies,
@@ -36,10 +35,10 @@ from depthlens.config.serve import ServeConfig
 from depthlens.config.voting import CorrelationConfig, OnlineConfig, Signal, VotingConfig
 
 __all__ = [
-    "DIVERGENCE_MAX", "FLAGS", "PREFIX_TOKENS", "AnswerConfig", "AnswerType", "Backend", "Compile", "Config",
+    "DIVERGENCE_MAX", "PREFIX_TOKENS", "AnswerConfig", "AnswerType", "Backend", "Compile", "Config",
     "CorrelationConfig", "DTRConfig", "DeepRule", "Divergence", "EngineConfig", "EngineDType", "Fallback",
     "GenerateRun", "LensFitConfig", "LensKind", "LensSpec",
     "ModelSpec", "OnlineConfig", "OnlineRun", "PromptStyle", "RayConfig", "ReadoutConfig",
     "SamplingConfig", "ScoreRun", "ServeConfig", "Signal", "StoreFormat", "StoreSpec", "TCBConfig", "TCBStudies",
-    "TaskSpec", "VEff", "VotingConfig", "degenerate_settings", "depth_prefix", "flag_for", "invalid",
+    "TaskSpec", "VEff", "VotingConfig", "degenerate_settings", "depth_prefix", "invalid",
 ]  # fmt: skip

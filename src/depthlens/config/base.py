@@ -1,8 +1,8 @@
 """The config mixin and its checks: every config round-trips through a plain dict (``to_dict`` / ``from_dict``) so a
 run's manifest reproduces it; ``from_dict`` rejects keys it does not know rather than silently ignoring a typo.
 
-Every bad setting is raised by ``invalid``, which names the command-line flag that sets it (``FLAGS``: the one
-table of config field ↔ flag), so a user reads ``--rho 1.5: must be in (0, 1]``, never a dataclass field."""
+Every bad setting is raised by ``invalid``, which names the setting (the config field) and what it must be; each
+front phrases it in its own terms (the command line's ``--rho 1.5: must be in (0, 1]``, ``cli.flags``)."""
 
 from __future__ import annotations
 
@@ -29,49 +29,13 @@ class Config:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
-FLAGS: dict[tuple[str, str], str | None] = {
-    ("ReadoutConfig", "also"): "--also-divergences",
-    ("ReadoutConfig", "vocab_size"): None,
-    ("ReadoutConfig", "early_exit"): None,
-    ("ReadoutConfig", "lens_digest"): None,
-    ("TCBConfig", "power_iterations"): None,
-    ("LensFitConfig", "ridge"): None,
-    ("LensFitConfig", "checkpoint_every"): None,
-    ("TCBConfig", "exact"): "--tcb-exact",
-    ("SamplingConfig", "confidence_top_k"): None,
-    ("AnswerConfig", "fallback"): "--answer-fallback",
-    ("CorrelationConfig", "min_responses"): None,
-    ("CorrelationConfig", "min_questions"): None,
-    ("CorrelationConfig", "min_outcome"): None,
-    ("OnlineConfig", "keep"): "--eta",
-    ("OnlineConfig", "window"): "--deepconf-window",
-    ("OnlineConfig", "threshold"): None,
-    ("RayConfig", "address"): "--ray-address",
-    ("RayConfig", "block"): "--block-rows",
-    ("ServeConfig", "model_id"): "--served-model-name",
-}
-"""The config fields whose command-line flag is not ``--`` + the field's name with dashes (None: no flag sets it,
-so its errors name the field); every other field's flag is that one."""
-
-
-def flag_for(owner: str, name: str) -> str | None:
-    """The command-line flag that sets ``owner.name`` (None: set from Python or a manifest only)."""
-    return FLAGS.get((owner, name), "--" + name.replace("_", "-"))
-
-
 def invalid(owner: str, name: str, value: object, requirement: str, hint: str = "") -> ConfigError:
     """The error for setting ``owner.name`` = ``value``, which ``requirement`` (``must be ≥ 1``) it breaks.
 
-    It names the flag: ``--eta 1.5: must be in (0, 1] (VotingConfig.eta; the share of n kept)``; the CLI prints
-    the part before the parentheses (``ConfigError.flag_line``), Python callers see the keyword too. A field no
-    flag sets keeps the config's wording: ``ReadoutConfig.vocab_size = 1 must be ≥ 2``."""
-    flag = flag_for(owner, name)
-    where = f"{owner}.{name}" + (f"; {hint}" if hint else "")
-    if flag is None:
-        message = f"{owner}.{name} = {value!r} {requirement}" + (f" ({hint})" if hint else "")
-    else:
-        message = f"{flag} {value}: {requirement} ({where})"
-    return ConfigError(message, setting=name, value=value, requirement=requirement, flag=flag)
+    It names the setting, never a front's spelling of it: Python reads ``eta=1.5: must be in (0, 1]
+    (VotingConfig.eta; the share of n kept)``, the command line ``--eta 1.5: must be in (0, 1]`` (``cli.flags``),
+    a server request ``depthlens.eta 1.5: …`` (``errors.DepthlensError.phrased``)."""
+    return ConfigError(setting=name, value=value, requirement=requirement, owner=owner, hint=hint)
 
 
 MOST_QUESTIONS = 100_000

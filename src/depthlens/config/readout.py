@@ -8,6 +8,7 @@ import math
 from typing import Literal
 
 from depthlens.config.base import Config, check_choice, invalid
+from depthlens.config.lens import LensSpec
 
 Divergence = Literal["jsd", "jsd-nat", "kl", "cosine"]
 """``jsd``: Jensen–Shannon divergence in bits (base 2, bounded by 1); ``jsd-nat``: the same in nats;
@@ -28,40 +29,6 @@ unless told (``SamplingConfig.readout_tokens``, the server's ``--readout-tokens`
 Compile = Literal["auto", "on", "off"]
 """``auto``: a compiled (fused) readout kernel on CUDA, eager elsewhere; ``on``: compiled on any device (on a
 CPU it pays ~20 s of compilation once, then runs at the matmul's pace); ``off``: eager everywhere."""
-
-LensKind = Literal["logit", "tuned"]
-"""``logit``: each layer read through the final norm and unembedding as it is; ``tuned``: through a per-layer affine
-translator A_l h + b_l first (the tuned lens, Belrose et al. 2023; fitted by ``depthlens lens fit``)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LensSpec:
-    """Which lens reads the layers out, as one argument: ``logit`` or ``tuned:PATH`` (``ReadoutConfig.lens``).
-
-    ``readout.tuned.lens_for`` resolves it to a lens object for a loaded model (refusing one fitted to another).
-    """
-
-    kind: LensKind = "logit"
-    path: str | None = None  # the fitted lens's directory (``tuned`` only)
-
-    @classmethod
-    def parse(cls, text: str) -> LensSpec:
-        """``logit`` or ``tuned:PATH``; anything else raises naming ``--lens``."""
-        if text == "logit":
-            return cls()
-        if text.startswith("tuned:") and text.removeprefix("tuned:").strip():
-            return cls("tuned", text.removeprefix("tuned:").strip())
-        raise invalid(
-            "ReadoutConfig",
-            "lens",
-            text,
-            "must be logit or tuned:PATH",
-            "PATH: a `depthlens lens fit --out` folder",
-        )
-
-    def __str__(self) -> str:
-        return self.kind if self.path is None else f"{self.kind}:{self.path}"
-
 
 DeepRule = Literal["spec", "paper-literal"]
 """``spec``: deep when c_t ≥ ⌈ρ·L⌉ (docs/definitions.md §2, the paper's figures); ``paper-literal``: c_t ≥ ⌈(1−ρ)·L⌉
@@ -88,9 +55,11 @@ class ReadoutConfig(Config):
         also: further divergences measured in the same layer walk and stored beside the primary one (the
             KL / cosine ablation of the correlation study costs no extra unembedding product).
         vocab_size: cut logits to this many rows (padded vocabularies); None = the tokenizer's length.
-        lens: which lens reads the layers out: ``logit`` or ``tuned:PATH`` (``LensSpec``).
-        lens_digest: the tuned lens's content hash (its stamp's ``digest``), set when the spec is resolved
-            (``readout.tuned.stamped``) so a store records *which* fit read it, and a refit is refused on resume.
+        lens: which lens reads the layers out: ``logit`` or ``tuned:PATH``; resolved once, when the config is
+            built, into ``lens_spec`` (``config.lens.LensSpec``: parsed, its stamp read, its fit's digest taken).
+        lens_digest: the tuned lens's content hash (its stamp's ``digest``), taken when the config is built — a
+            store records *which* fit read it by construction; given (a store's record), a folder that holds
+            another fit by now is refused.
     """
 
     divergence: Divergence = "jsd"
@@ -103,9 +72,17 @@ class ReadoutConfig(Config):
     lens: str = "logit"
     lens_digest: str | None = None
 
+    @property
+    def lens_spec(self) -> LensSpec:
+        """The lens, resolved once when this config was built (its stamp and digest for a tuned lens)."""
+        spec: LensSpec = self._lens  # type: ignore[attr-defined]
+        return spec
+
     def __post_init__(self) -> None:
         check_choice("ReadoutConfig", "divergence", self.divergence, Divergence)
-        LensSpec.parse(self.lens)
+        spec = LensSpec.parse(self.lens).resolve(self.lens_digest)
+        object.__setattr__(self, "lens_digest", spec.digest)
+        object.__setattr__(self, "_lens", spec)
         check_choice("ReadoutConfig", "compile", self.compile, Compile)
         object.__setattr__(self, "also", tuple(k for k in dict.fromkeys(self.also) if k != self.divergence))
         for kind in self.also:

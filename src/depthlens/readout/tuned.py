@@ -9,7 +9,6 @@ depth or width — is refused by name: its translators would read nonsense witho
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import weakref
@@ -19,20 +18,21 @@ from typing import Any
 import torch
 
 from depthlens.config import LensSpec, ReadoutConfig
+from depthlens.config.lens import STAMP, STAMP_FORMAT, WEIGHTS
 from depthlens.errors import InputError
 from depthlens.models.load import LoadedModel
 from depthlens.readout.lens import TunedLens
 
-STAMP_FORMAT = "depthlens-tuned-lens-1"
-WEIGHTS = "translators.safetensors"
-STAMP = "lens.json"
 CHECKPOINT = "checkpoint.pt"
 FINGERPRINT_VALUES = (
     4096  # values per parameter hashed: enough to tell two checkpoints apart, cheap for any size
 )
 
 _FINGERPRINTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-_LOADED: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], TunedLens]] = weakref.WeakKeyDictionary()
+_CHECKED: weakref.WeakKeyDictionary[Any, set[str]] = (
+    weakref.WeakKeyDictionary()
+)  # model → digests that fit it
+_TRANSLATORS: dict[tuple[str, str, str], tuple[torch.Tensor, torch.Tensor]] = {}  # (folder, digest, device)
 
 
 def model_fingerprint(lm: LoadedModel) -> str:
@@ -70,82 +70,50 @@ def save_lens(out: Path, weight: torch.Tensor, bias: torch.Tensor, stamp: dict[s
     return stamp
 
 
-def read_stamp(path: Path) -> dict[str, Any]:
-    """The stamp of the lens folder ``path``; InputError naming it when it is not one."""
-    file = path / STAMP
-    if not (file.is_file() and (path / WEIGHTS).is_file()):
-        raise InputError(
-            f"--lens tuned:{path}: no fitted lens there ({STAMP} and {WEIGHTS} expected); "
-            f"fit one with `depthlens lens fit --model MODEL --out {path}`"
-        )
-    try:
-        stamp = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(
-            f"--lens tuned:{path}: {file} is not a lens stamp ({exc}); fit the lens again"
-        ) from None
-    if not isinstance(stamp, dict) or stamp.get("format") != STAMP_FORMAT:
-        raise InputError(f"--lens tuned:{path}: {file} is not a {STAMP_FORMAT} stamp; fit the lens again")
-    return stamp
-
-
-def check_matches(stamp: dict[str, Any], lm: LoadedModel, where: str) -> None:
-    """Refuse a lens fitted to another model: its fingerprint, depth L or width d differ from ``lm``'s."""
-    mine = {"model_hash": model_fingerprint(lm), "n_layers": lm.n_layers, "d": hidden_size(lm)}
+def check_fit(lens: LensSpec, mine: dict[str, Any], model: str) -> None:
+    """Refuse a lens fitted to another model: the stamp's fingerprint (``model_hash``), depth L or width d differ
+    from ``mine`` — the loaded model's, or on the vLLM driver the checkpoint's (``sampling.vllm.tuned``). One check
+    for both backends; ``mine`` leaves out what cannot be known (a checkpoint without transformers names)."""
+    stamp = lens.stamp or {}
     wrong = [f"{k} {stamp.get(k)!r} ≠ {v!r}" for k, v in mine.items() if stamp.get(k) != v]
     if wrong:
         raise InputError(
-            f"{where}: this lens was fitted to {stamp.get('model')!r}, not to {lm.name!r} ({', '.join(wrong)}); "
-            f"fit one for it with `depthlens lens fit --model {lm.name} --out LENS`"
+            setting="lens",
+            value=str(lens),
+            requirement=f"this lens was fitted to {stamp.get('model')!r}, not to {model!r} ({', '.join(wrong)}); "
+            f"fit one for it with `depthlens lens fit --model {model} --out LENS`",
         )
 
 
-def stamped(config: ReadoutConfig) -> ReadoutConfig:
-    """``config`` with ``lens_digest`` set from its tuned lens's stamp (unchanged for the logit lens): the store's
-    manifest then names the very fit that read it. Raises InputError when the lens folder is not one, or when it
-    holds another fit than ``config.lens_digest`` already names."""
-    spec = LensSpec.parse(config.lens)
-    if spec.path is None:
-        return config
-    digest = read_stamp(Path(spec.path))["digest"]
-    if config.lens_digest not in (None, digest):
-        raise InputError(
-            f"--lens {config.lens}: the lens there is fit {digest}, not {config.lens_digest} that this store was "
-            "read with; score into a new --out, or restore that lens"
-        )
-    return dataclasses.replace(config, lens_digest=digest)
+def translators(lens: LensSpec, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The translators of the fit ``lens`` names (weight [L−1, d, d], bias [L−1, d], float32 on ``device``), read
+    once per fit and device — the one cache the transformers readout and the vLLM worker share; refused when the
+    folder holds another fit than ``lens.digest`` by now (refitted since the run was set up)."""
+    from safetensors.torch import load_file
 
-
-def same_lens(given: str, stored: str) -> bool:
-    """Whether ``--lens given`` names the lens a store was read through (``stored``): the same kind, and for a
-    tuned lens the same folder however it is spelled (``tuned:runs/l`` and ``tuned:./runs/l``)."""
-    a, b = LensSpec.parse(given), LensSpec.parse(stored)
-    if a.path is None or b.path is None:
-        return a.path is None and b.path is None
-    return Path(a.path).resolve() == Path(b.path).resolve()
+    folder = Path(str(lens.path)).resolve()
+    key = (str(folder), str(lens.digest), str(device))
+    if key not in _TRANSLATORS:
+        if file_digest(folder / WEIGHTS) != lens.digest:
+            raise InputError(
+                setting="lens",
+                value=str(lens),
+                requirement=f"the folder holds another fit than {lens.digest}, which this run was checked "
+                "against; restore that lens, or start the run again",
+            )
+        tensors = load_file(str(folder / WEIGHTS))
+        _TRANSLATORS[key] = (tensors["weight"].float().to(device), tensors["bias"].float().to(device))
+    return _TRANSLATORS[key]
 
 
 def load_tuned(lm: LoadedModel, config: ReadoutConfig, vocab: int | None) -> TunedLens:
-    """The tuned lens ``config.lens`` names, checked to fit ``lm`` (``check_matches``) and to be the fit
-    ``config.lens_digest`` names; loaded once per model and folder."""
-    from safetensors.torch import load_file
-
-    spec = LensSpec.parse(config.lens)
-    path = Path(str(spec.path))
-    stamp = read_stamp(path)
-    config = stamped(config)
-    key = (str(path.resolve()), stamp["digest"])
-    loaded = _LOADED.setdefault(lm.model, {})
-    if key not in loaded:
-        check_matches(stamp, lm, f"--lens {config.lens}")
-        if file_digest(path / WEIGHTS) != stamp["digest"]:
-            raise InputError(
-                f"--lens {config.lens}: {WEIGHTS} does not match its stamp's digest; fit it again"
-            )
-        tensors = load_file(str(path / WEIGHTS))
-        lens = TunedLens(lm.parts, tensors["weight"], tensors["bias"], stamp=stamp)
-        loaded[key] = lens.to(lm.device)
-    cached = loaded[key]
-    return TunedLens(
-        lm.parts, cached.weight, cached.bias, vocab_size=vocab, final_norm=config.final_norm, stamp=stamp
-    )
+    """The tuned lens ``config`` carries (``config.lens_spec``, resolved when the config was built), checked to fit
+    ``lm`` (``check_fit``, once per model and fit)."""
+    lens = config.lens_spec
+    checked = _CHECKED.setdefault(lm.model, set())
+    if lens.digest not in checked:
+        mine = {"model_hash": model_fingerprint(lm), "n_layers": lm.n_layers, "d": hidden_size(lm)}
+        check_fit(lens, mine, lm.name)
+        checked.add(str(lens.digest))
+    weight, bias = translators(lens, lm.device)
+    return TunedLens(lm.parts, weight, bias, vocab_size=vocab, final_norm=config.final_norm, stamp=lens.stamp)

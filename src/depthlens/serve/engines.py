@@ -24,7 +24,6 @@ from depthlens.config import EngineConfig, ReadoutConfig, SamplingConfig, ServeC
 from depthlens.models.info import ModelInfo
 from depthlens.models.load import LoadedModel
 from depthlens.readout.stream import lens_for
-from depthlens.readout.tuned import stamped
 from depthlens.sampling.backend import Paused, Trace
 from depthlens.sampling.hf import HFGenerator
 from depthlens.sampling.live import GenerationCancelled, Watch
@@ -174,7 +173,7 @@ class HFEngine:
 
     def __init__(self, lm: LoadedModel, readout: ReadoutConfig = ReadoutConfig()) -> None:
         self.lm = lm
-        self.readout = stamped(readout)  # /health names the fit that reads every served depth
+        self.readout = readout  # resolved: /health names the fit that reads every served depth
         self.lens = readout.lens
         lens_for(lm, self.readout)  # a lens fitted to another model is refused now, not at the first request
         self.n_layers = lm.n_layers
@@ -256,7 +255,7 @@ class VLLMEngine:
         started = llm_engine if llm_engine is not None else start_engine(info, engine)
         self.session = EngineSession(started, EngineDepth(info, readout), sorted(info.end_ids), info.n_layers)
         self.capture = readout_capture(started)  # how the worker takes the residual stream: aux | hooks
-        self.readout = stamped(readout)  # /health names the fit the worker reads every served depth with
+        self.readout = readout  # resolved: /health names the fit the worker reads every served depth with
         self.lens = readout.lens
         self.n_layers = info.n_layers
         self.context = self.session.max_model_len

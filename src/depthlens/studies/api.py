@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import inspect
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from depthlens.config import (
     PREFIX_TOKENS,
@@ -43,7 +45,6 @@ from depthlens.config import (
 from depthlens.errors import InputError
 from depthlens.evals.loading import task_questions
 from depthlens.evals.tasks import Question
-from depthlens.readout.tuned import same_lens, stamped
 from depthlens.sampling.choose import make_backend
 from depthlens.stores.arrow import to_table
 from depthlens.stores.inputs import InputRecord, check_record
@@ -51,7 +52,7 @@ from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.samples import read_manifest, read_responses
 from depthlens.studies import generate as generation
 from depthlens.studies import online as live
-from depthlens.studies import thinkn
+from depthlens.studies import resolve, thinkn
 from depthlens.studies.pool_table import metadata, pool_rows, read_metadata, store_records
 from depthlens.studies.score import engine_reader, score_records, score_records_on
 
@@ -60,17 +61,40 @@ Task = str | TaskSpec | Sequence[Question]
 
 
 def settings_for(verb: str, settings: dict[str, Any], *classes: type) -> list[dict[str, Any]]:
-    """``settings`` split by config class: each keyword goes to the first of ``classes`` with a field of its name;
-    one that none has is refused, naming those it could be."""
-    parts: list[dict[str, Any]] = [{} for _ in classes]
-    names = [{f.name for f in dataclasses.fields(c)} - {"name"} for c in classes]
-    for key, value in settings.items():
-        i = next((i for i, fields in enumerate(names) if key in fields), None)
-        if i is None:
-            known = sorted(set().union(*names))
-            raise InputError(f"depthlens.{verb}({key}=…): no such setting; known: {', '.join(known)}")
-        parts[i][key] = value
-    return parts
+    """``settings`` split by config class, each keyword checked against its field's type (``resolve.split``)."""
+    return resolve.split(verb, settings, *classes)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _verb(*classes: type) -> Callable[[F], F]:
+    """A verb of the API: its keyword settings (the fields of ``classes``) spelt out, with their types and
+    defaults, in its signature (``help()``, an editor's completion), and its errors about a setting phrased for
+    Python: ``depthlens.generate(lens='x'): …``."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with resolve.python_front(fn.__name__):
+                return fn(*args, **kwargs)
+
+        signature = inspect.signature(fn)
+        params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        taken = {p.name for p in params}
+        for name, (cls, hint) in resolve.fields_of(*classes).items():
+            if name not in taken:
+                field = next(f for f in dataclasses.fields(cls) if f.name == name)
+                default = (
+                    field.default if field.default is not dataclasses.MISSING else field.default_factory()
+                )  # type: ignore[misc]
+                params.append(
+                    inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint)
+                )
+        call.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        return call  # type: ignore[return-value]
+
+    return wrap
 
 
 def _questions(task: Task, spec: TaskSpec | None) -> tuple[list[Question], TaskSpec | None]:
@@ -121,6 +145,7 @@ def _stop(reader: Any) -> None:
         stop_engine(started)
 
 
+@_verb(ReadoutConfig, DTRConfig, TCBConfig, EngineConfig)
 def score(
     model: Any,
     records: Iterable[dict[str, Any]],
@@ -144,7 +169,7 @@ def score(
     run = ScoreRun(
         Path(),
         StoreSpec(Path()),
-        stamped(ReadoutConfig(**readout)),  # lens='tuned:PATH' names its fit's digest in the store
+        resolve.readout(**readout),  # lens='tuned:PATH' resolved: its fit's digest in the store
         DTRConfig(**dtr),
         TCBConfig(**tcb_settings) if tcb or (tcb is None and engine.get("backend") != "vllm") else None,
         tokens,
@@ -170,6 +195,7 @@ def score(
     return to_table(list(results))
 
 
+@_verb(SamplingConfig, ReadoutConfig, DTRConfig, AnswerConfig, EngineConfig, TaskSpec)
 def generate(
     model: Any,
     task: Task,
@@ -197,7 +223,7 @@ def generate(
         seed,
         batch_size,
         SamplingConfig(**sampling),
-        stamped(ReadoutConfig(**readout)),  # lens='tuned:PATH' names its fit's digest in the store
+        resolve.readout(**readout),  # lens='tuned:PATH' resolved: its fit's digest in the store
         DTRConfig(**dtr, prefix=prefix),  # the store's dtr_prefix at the table's
         AnswerConfig(**answers),
         EngineConfig(**engine),
@@ -212,6 +238,7 @@ def generate(
             scratch.cleanup()
 
 
+@_verb(DTRConfig)
 def responses(
     store: str | Path, *, prefix: int | None = PREFIX_TOKENS, tokenizer: Any = None, **dtr_settings: Any
 ) -> Table:
@@ -233,6 +260,7 @@ def _dtr(manifest: dict[str, Any], overrides: dict[str, Any], verb: str) -> DTRC
     return dataclasses.replace(base, **given)
 
 
+@_verb(VotingConfig, DTRConfig)
 def think_at_n(
     pool: Table | str | Path,
     *,
@@ -255,16 +283,10 @@ def think_at_n(
         manifest = _table_manifest(pool)
         records = list(store_records(pool.to_pylist()))
         where = "the pool table"
-    stored_lens = (manifest.get("readout") or {}).get("lens", ReadoutConfig.lens)
-    if lens is not None and not same_lens(lens, stored_lens):
-        raise InputError(
-            f"depthlens.think_at_n(lens={lens!r}): {where} was read out through lens {stored_lens!r}; leave out "
-            f"lens=, or generate a pool with lens={lens!r}"
-        )
+    resolve.check_stored_readout(manifest, where, lens=lens)
     dtr = _dtr(manifest, dtr_settings, "think_at_n")
-    if n is None:
-        usable = Counter(str(r["question_id"]) for _, r in records if r.get("status") != "failed")
-        n = min([VotingConfig.n, *usable.values()])
+    usable = Counter(str(r["question_id"]) for _, r in records if r.get("status") != "failed")
+    n, _ = resolve.voting_n(n, min(usable.values(), default=None))
     voting = VotingConfig(n=n, **voting_settings)
     pools, info = thinkn.pools_from_records(manifest, records, dtr, voting.n)
     report = thinkn.vote_pools(pools, info, voting, dtr, methods, where=where)
@@ -281,6 +303,7 @@ def _table_manifest(table: Table) -> dict[str, Any]:
     return {"n_layers": layers, "questions": list(dict.fromkeys(r["question_id"] for r in rows))}
 
 
+@_verb(OnlineConfig, SamplingConfig, ReadoutConfig, DTRConfig, AnswerConfig, EngineConfig, TaskSpec)
 def online(
     model: Any,
     task: Task,
@@ -306,7 +329,9 @@ def online(
         TaskSpec,
     )
     online_config = OnlineConfig(**policy)
-    sampling.setdefault("readout_tokens", online_config.prefix)
+    sampling["readout_tokens"] = resolve.online_window(
+        sampling.get("readout_tokens"), "readout_tokens" in sampling, online_config
+    )
     questions, task_spec = _questions(task, TaskSpec(**task_settings))
     where, scratch = _store(out)
     run = OnlineRun(
@@ -314,7 +339,7 @@ def online(
         online_config,
         seed,
         SamplingConfig(**sampling),
-        stamped(ReadoutConfig(**readout)),  # lens='tuned:PATH' names its fit's digest in the store
+        resolve.readout(**readout),  # lens='tuned:PATH' resolved: its fit's digest in the store
         DTRConfig(**dtr),
         AnswerConfig(**answers),
         EngineConfig(**engine),

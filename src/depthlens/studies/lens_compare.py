@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from depthlens.config import CorrelationConfig, LensSpec
+from depthlens.config import CorrelationConfig, ReadoutConfig
 from depthlens.errors import InputError, StoreError
 from depthlens.stats.correlation import spearman
 from depthlens.studies.correlation import Correlation, correlate
@@ -94,13 +94,11 @@ def accuracy_correlation(
 
 def lens_kl(arms: Sequence[Arm]) -> dict[str, dict[str, list[float]]]:
     """Per tuned lens of the arms (by its spec): the stamp's held-out KL per layer, logit and tuned."""
-    from depthlens.readout.tuned import read_stamp
-
     out = {}
     for arm in arms:
-        spec = LensSpec.parse(arm.lens)
-        if spec.path is not None and arm.lens not in out:
-            kl = read_stamp(Path(spec.path)).get("heldout_kl")
+        stamp = ReadoutConfig(lens=arm.lens).lens_spec.stamp  # the lens resolved: its stamp read
+        if stamp is not None and arm.lens not in out:
+            kl = stamp.get("heldout_kl")
             if kl is not None:  # a hand-made lens (tests' identity translators) has no fit to report
                 out[arm.lens] = kl
     return out

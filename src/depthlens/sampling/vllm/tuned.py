@@ -21,39 +21,22 @@ import torch
 
 from depthlens.config import LensSpec, ReadoutConfig
 from depthlens.errors import InputError
-from depthlens.readout.tuned import (
-    FINGERPRINT_VALUES,
-    WEIGHTS,
-    file_digest,
-    model_fingerprint,
-    read_stamp,
-    stamped,
-)
-
-_TRANSLATORS: dict[tuple[str, str, str], tuple[torch.Tensor, torch.Tensor]] = {}  # (folder, digest, device)
+from depthlens.readout.tuned import FINGERPRINT_VALUES, check_fit, model_fingerprint, translators
 
 
 def engine_lens(readout: ReadoutConfig, model: Any, info: Any) -> dict[str, str | None]:
     """``RequestReadout``'s ``lens`` and ``lens_digest`` for ``readout`` (both None under the logit lens), the lens
-    checked to fit the model: ``model`` a ``LoadedModel`` (its own fingerprint) or the ``ModelInfo`` ``info``
-    (the checkpoint's). Raises InputError naming the lens and what differs, as the transformers readout does."""
-    spec = LensSpec.parse(readout.lens)
-    if spec.path is None:
+    checked to fit the model (``readout.tuned.check_fit``, the transformers readout's own check): ``model`` a
+    ``LoadedModel`` (its own fingerprint) or the ``ModelInfo`` ``info`` (the checkpoint's)."""
+    lens = readout.lens_spec
+    if lens.path is None:
         return {"lens": None, "lens_digest": None}
-    folder = Path(spec.path)
-    stamp = read_stamp(folder)
-    digest = stamped(readout).lens_digest
     mine: dict[str, Any] = {"n_layers": info.n_layers, "d": info.hidden_size}
     fingerprint = model_fingerprint(model) if hasattr(model, "parts") else checkpoint_fingerprint(info)
     if fingerprint is not None:
         mine["model_hash"] = fingerprint
-    wrong = [f"{k} {stamp.get(k)!r} ≠ {v!r}" for k, v in mine.items() if stamp.get(k) != v]
-    if wrong:
-        raise InputError(
-            f"--lens {readout.lens}: this lens was fitted to {stamp.get('model')!r}, not to {info.name!r} "
-            f"({', '.join(wrong)}); fit one for it with `depthlens lens fit --model {info.name} --out LENS`"
-        )
-    return {"lens": str(folder.resolve()), "lens_digest": digest}
+    check_fit(lens, mine, info.name)
+    return {"lens": str(Path(lens.path).resolve()), "lens_digest": lens.digest}
 
 
 def checkpoint_fingerprint(info: Any) -> str | None:
@@ -97,25 +80,16 @@ def _leading(handle: Any, name: str) -> torch.Tensor:
 def load_translators(
     folder: str, digest: str | None, n_layers: int, d: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The worker's copy of the translators in ``folder`` (weight [L−1, d, d], bias [L−1, d], float32 on
-    ``device``), loaded once per fit and device; refused when the folder holds another fit than ``digest`` (refitted
-    since the driver checked it) or translators of another shape."""
-    from safetensors.torch import load_file
-
-    key = (folder, str(digest), str(device))
-    if key not in _TRANSLATORS:
-        where = f"--lens tuned:{folder}"
-        if file_digest(Path(folder) / WEIGHTS) != digest:
-            raise InputError(
-                f"{where}: the folder holds another fit than {digest}, which this run was checked against; "
-                "restore that lens, or start the run again"
-            )
-        tensors = load_file(str(Path(folder) / WEIGHTS))
-        weight, bias = tensors["weight"].float(), tensors["bias"].float()
-        if tuple(weight.shape) != (n_layers - 1, d, d) or tuple(bias.shape) != (n_layers - 1, d):
-            raise InputError(
-                f"{where}: translators {tuple(weight.shape)}, {tuple(bias.shape)} do not fit the engine's model "
-                f"(L = {n_layers}, d = {d}); fit one for it with `depthlens lens fit`"
-            )
-        _TRANSLATORS[key] = (weight.to(device), bias.to(device))
-    return _TRANSLATORS[key]
+    """The worker's copy of the translators in ``folder`` (``readout.tuned.translators``: once per fit and device,
+    refused when the folder holds another fit than ``digest`` by now), refused when they do not fit the engine's
+    model."""
+    lens = LensSpec("tuned", folder, digest)
+    weight, bias = translators(lens, device)
+    if tuple(weight.shape) != (n_layers - 1, d, d) or tuple(bias.shape) != (n_layers - 1, d):
+        raise InputError(
+            setting="lens",
+            value=str(lens),
+            requirement=f"translators {tuple(weight.shape)}, {tuple(bias.shape)} do not fit the engine's model "
+            f"(L = {n_layers}, d = {d}); fit one for it with `depthlens lens fit`",
+        )
+    return weight, bias

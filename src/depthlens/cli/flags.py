@@ -1,0 +1,47 @@
+"""The command line's spelling of a setting: the one table of setting ↔ flag, and an error phrased with it.
+
+A library error names the setting it is about (``errors.DepthlensError.setting``: a config field's name); the
+command line reads it as the flag that sets it — ``--rho 1.5: must be in (0, 1]`` —, Python callers as the keyword.
+"""
+
+from __future__ import annotations
+
+from depthlens.errors import DepthlensError
+
+FLAGS: dict[tuple[str, str], str | None] = {
+    ("ReadoutConfig", "also"): "--also-divergences",
+    ("ReadoutConfig", "vocab_size"): None,
+    ("ReadoutConfig", "early_exit"): None,
+    ("ReadoutConfig", "lens_digest"): None,
+    ("TCBConfig", "power_iterations"): None,
+    ("LensFitConfig", "ridge"): None,
+    ("LensFitConfig", "checkpoint_every"): None,
+    ("TCBConfig", "exact"): "--tcb-exact",
+    ("SamplingConfig", "confidence_top_k"): None,
+    ("AnswerConfig", "fallback"): "--answer-fallback",
+    ("CorrelationConfig", "min_responses"): None,
+    ("CorrelationConfig", "min_questions"): None,
+    ("CorrelationConfig", "min_outcome"): None,
+    ("OnlineConfig", "keep"): "--eta",
+    ("OnlineConfig", "window"): "--deepconf-window",
+    ("OnlineConfig", "threshold"): None,
+    ("RayConfig", "address"): "--ray-address",
+    ("RayConfig", "block"): "--block-rows",
+    ("ServeConfig", "model_id"): "--served-model-name",
+}
+"""The settings whose command-line flag is not ``--`` + the setting's name with dashes (None: no flag sets it, so
+its errors read as Python's); every other setting's flag is that one."""
+
+
+def flag_for(owner: str | None, name: str) -> str | None:
+    """The command-line flag that sets ``owner.name`` (None: set from Python or a manifest only)."""
+    return FLAGS.get((owner or "", name), "--" + name.replace("_", "-"))
+
+
+def flag_line(exc: DepthlensError) -> str:
+    """``exc`` as a command-line user reads it: a setting's error names its flag (``--eta 1.5: must be in
+    (0, 1]``); any other error reads as it is."""
+    if exc.setting is None or not exc.requirement:
+        return str(exc)
+    flag = flag_for(exc.owner, exc.setting)
+    return str(exc) if flag is None else exc.phrased(flag)

@@ -1,0 +1,160 @@
+"""One front door: plain settings become a run's specs here, for the command line, the Python API
+(``studies.api``) and the server (``serve``) alike. Defaults, derived defaults and refusals live here once; each
+front only phrases what this module raises (``errors.DepthlensError.phrased``: ``--lens`` on the command line,
+``lens=`` in Python, ``depthlens.lens`` in a request).
+
+A setting travels: front (a flag, a keyword, a request field) → ``settings``/``readout``/… here (checked,
+defaulted) → the config classes (``config``: each checks its own range and names the setting) → the run specs
+(``config.run``) → the studies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from depthlens.config import LensSpec, OnlineConfig, ReadoutConfig, VotingConfig
+from depthlens.errors import ConfigError, InputError
+
+
+def readout(
+    divergence: str = ReadoutConfig.divergence,
+    also: str | tuple[str, ...] = (),
+    lens: str = ReadoutConfig.lens,
+    **rest: Any,
+) -> ReadoutConfig:
+    """The readout of a run: ``also`` comma-separated (the command line's) or a tuple; a tuned ``lens`` resolved
+    — parsed, its stamp read, its fit's digest taken — by ``ReadoutConfig`` itself, once."""
+    kinds = tuple(k.strip() for k in also.split(",") if k.strip()) if isinstance(also, str) else tuple(also)
+    return ReadoutConfig(divergence=divergence, also=kinds, lens=lens, **rest)  # type: ignore[arg-type]
+
+
+def voting_n(n: int | None, available: int | None) -> tuple[int, bool]:
+    """n of a vote: as given, else ``VotingConfig.n`` — or the stored pool's ``available`` responses per question
+    where that is smaller. Returns n and whether it was lowered to the pool (a front says so)."""
+    if n is not None:
+        return n, False
+    if available is not None and available < VotingConfig.n:
+        return available, True
+    return VotingConfig.n, False
+
+
+def check_stored_readout(
+    manifest: Mapping[str, Any], where: str, lens: str | None = None, divergence: str | None = None
+) -> None:
+    """A vote over a stored pool honours only what the pool holds: a ``lens`` other than the one it was read out
+    through, or a ``divergence`` it was not generated with, is refused naming both."""
+    stored_lens = str((manifest.get("readout") or {}).get("lens", ReadoutConfig.lens))
+    if lens is not None and not LensSpec.parse(lens).same_folder(LensSpec.parse(stored_lens)):
+        raise InputError(
+            setting="lens",
+            value=lens,
+            requirement=f"{where} was read out through {{name}} {stored_lens}, and Think@n votes on what it "
+            f"holds; leave out {{name}}, or generate a store with {{name}} {lens}",
+        )
+    if divergence is not None:
+        from depthlens.stores.samples import kinds_line, stored_kinds
+
+        voted = stored_kinds(dict(manifest))[0]
+        if divergence != voted:
+            raise InputError(
+                setting="divergence",
+                value=divergence,
+                requirement=f"{where} holds {kinds_line(dict(manifest))} divergences and votes on {voted}; leave "
+                f"out {{name}}, or generate a store with {{name}} {divergence}",
+            )
+
+
+def online_window(readout_tokens: int | None, given: bool, policy: OnlineConfig) -> int | None:
+    """The read-out window of an online run: as given, else the policy's ℓ (no token past it decides)."""
+    return readout_tokens if given else policy.prefix
+
+
+def online_policy(prefix: int | None, **settings: Any) -> OnlineConfig:
+    """Online Think@n's policy; it decides at a finite ℓ, so a full-length ``prefix`` is refused."""
+    if prefix is None:
+        raise InputError(
+            setting="prefix",
+            value="full",
+            requirement="online Think@n decides on a finite prefix ℓ; 'full' is an offline ablation",
+        )
+    return OnlineConfig(prefix=prefix, **settings)
+
+
+# ---- keyword settings (the Python API's) ---------------------------------------------------------------------
+
+
+def fields_of(*classes: type) -> dict[str, tuple[type, Any]]:
+    """Every settable field of ``classes`` (the first class having a name wins): name → (class, its type)."""
+    out: dict[str, tuple[type, Any]] = {}
+    for cls in classes:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name != "name" and f.name not in out and not f.name.startswith("_"):
+                out[f.name] = (cls, hints[f.name])
+    return out
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is of the type ``hint`` (Literal choices are the config's own check, with its message)."""
+    origin = typing.get_origin(hint)
+    if hint is Any or origin is typing.Literal:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin is tuple:
+        return isinstance(value, (tuple, list))
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def split(verb: str, settings: Mapping[str, Any], *classes: type) -> list[dict[str, Any]]:
+    """``settings`` split by config class (each keyword to the first of ``classes`` with a field of its name),
+    each checked against its field's type; an unknown or mistyped keyword is refused naming the known ones."""
+    known = fields_of(*classes)
+    parts: dict[type, dict[str, Any]] = {c: {} for c in classes}
+    for key, value in settings.items():
+        if key not in known:
+            raise InputError(
+                f"depthlens.{verb}({key}=…): no such setting; known: {', '.join(sorted(known))}",
+                setting=key,
+            )
+        cls, hint = known[key]
+        if not _fits(value, hint):
+            raise InputError(
+                f"depthlens.{verb}({key}={value!r}): must be {_type_name(hint)} ({cls.__name__}.{key})",
+                setting=key,
+            )
+        parts[cls][key] = value
+    return [parts[c] for c in classes]
+
+
+def _type_name(hint: Any) -> str:
+    return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+@contextlib.contextmanager
+def python_front(verb: str) -> Iterator[None]:
+    """Errors about a setting, as a Python caller reads them: ``depthlens.generate(lens='x'): …``."""
+    try:
+        yield
+    except (ConfigError, InputError) as exc:
+        if exc.setting is None or not exc.requirement or type(exc) not in (ConfigError, InputError):
+            raise
+        message = f"depthlens.{verb}({exc.setting}={exc.value!r}): " + exc.requirement.replace(
+            "{name}", exc.setting
+        )
+        raise type(exc)(
+            message, setting=exc.setting, value=exc.value, requirement=exc.requirement, owner=exc.owner
+        ) from None
