@@ -40,6 +40,12 @@ def read_with(engine: Engine) -> dict[str, str]:
     return {"dtype": engine.dtype, "lens": engine.lens, "lens_dtype": engine.lens_dtype}
 
 
+def lens_dtype(float32_lens: bool, dtype: str) -> str:
+    """The dtype the lens (final norm + unembedding) runs in: float32 where the readout asks it of a lower-precision
+    engine, else the engine's own."""
+    return "float32" if float32_lens and dtype != "float32" else dtype
+
+
 def lens_health(readout: ReadoutConfig) -> dict[str, str]:
     """``/health``'s account of the lens: its spec, and for a tuned lens the digest of the fit it loaded."""
     digest = {"lens_digest": readout.lens_digest} if readout.lens_digest is not None else {}
@@ -253,7 +259,8 @@ class VLLMEngine:
         from depthlens.sampling.vllm.session import EngineSession
 
         started = llm_engine if llm_engine is not None else start_engine(info, engine)
-        self.session = EngineSession(started, EngineDepth(info, readout), sorted(info.end_ids), info.n_layers)
+        depth = EngineDepth(info, readout, engine)
+        self.session = EngineSession(started, depth, sorted(info.end_ids), info.n_layers)
         self.capture = readout_capture(started)  # how the worker takes the residual stream: aux | hooks
         self.readout = readout  # resolved: /health names the fit the worker reads every served depth with
         self.lens = readout.lens
@@ -261,7 +268,8 @@ class VLLMEngine:
         self.context = self.session.max_model_len
         self.max_running = max_running
         self.dtype = dtype_name(started.model_config.dtype)
-        self.lens_dtype = "float32" if engine.float32_lens and self.dtype != "float32" else self.dtype
+        # what the worker runs, read from the settings every request carries (not from the options)
+        self.lens_dtype = lens_dtype(depth.settings.float32_lens, self.dtype)
 
     def backend(
         self, sampling: SamplingConfig, logprobs: int, cancel: threading.Event | None

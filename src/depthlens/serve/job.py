@@ -242,8 +242,8 @@ def _sampling(
             max_new_tokens=max_tokens,
             readout_tokens=_readout_window(options, settings, prefixes),
         )
-    except ConfigError as exc:
-        raise ApiError(400, f"{exc.setting or 'sampling'}: {exc}", exc.setting, "invalid_value") from None
+    except ConfigError as exc:  # an OpenAI field: named as the body spells it
+        raise depthlens_error(exc) from None
 
 
 def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
@@ -263,15 +263,16 @@ def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
                     "depthlens.think.n",
                     "invalid_value",
                 )
-            think = VotingConfig(n=t.n, eta=t.eta, prefix=t.prefix, trials=1)
+            try:  # VotingConfig checks the ranges: its error names the request's field
+                think = VotingConfig(n=t.n, eta=t.eta, prefix=t.prefix, trials=1)
+            except ConfigError as exc:
+                raise depthlens_error(exc, "depthlens.think") from None
             answers = ExtractionConfig(answer_type=t.answer_type or answers.answer_type)
         if options.online is not None:
             online = _online(options.online, settings)
             answers = ExtractionConfig(answer_type=options.online.answer_type or answers.answer_type)
     except DepthlensError as exc:
-        error = depthlens_error(exc)
-        error.param = f"depthlens.{error.param}" if error.param else "depthlens"
-        raise error from None
+        raise depthlens_error(exc, "depthlens") from None
     return Depth(options.tokens, dtr, answers, think, online)
 
 
@@ -305,8 +306,9 @@ def _online(o: OnlineOptions, settings: ServeConfig) -> OnlineConfig:
     given = {k: v for k, v in fields.items() if v is not None}
     try:
         config = OnlineConfig(signal=signal, keep=keep, threshold=o.threshold, **given)  # type: ignore[arg-type]
-    except ConfigError as exc:  # the policy's own check, across fields: the error names the depthlens object
-        raise ApiError(400, str(exc), "depthlens", "invalid_value") from None
+    except ConfigError as exc:  # the policy's own check, across fields: the object answers for it
+        error = depthlens_error(exc, "depthlens.online")
+        raise ApiError(400, error.message, "depthlens", "invalid_value") from None
     if config.max_n > settings.max_n:
         raise ApiError(
             400,

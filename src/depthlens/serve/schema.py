@@ -28,9 +28,9 @@ def _alias(*names: str) -> Any:
 class ThinkOptions(Strict):
     """Think@n per request: sample ``n``, keep the top ``eta`` by prefix DTR over ``prefix`` tokens, vote."""
 
-    n: Annotated[int, Field(ge=1)] = VotingConfig.n
-    eta: Annotated[float, Field(gt=0, le=1)] = VotingConfig.eta
-    prefix: Annotated[int, Field(ge=1)] = PREFIX_TOKENS
+    n: int = VotingConfig.n  # ranges: VotingConfig's own checks (serve.job), named depthlens.think.*
+    eta: float = VotingConfig.eta
+    prefix: int = PREFIX_TOKENS
     answer_type: AnswerType | None = None
 
 

@@ -10,19 +10,18 @@ stop, a rejected sample's rows past ℓ). There is one copy of the weights: the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from depthlens.config import ReadoutConfig
+from depthlens.config import EngineConfig, ReadoutConfig
 from depthlens.errors import DepthlensError
 from depthlens.models.info import ModelInfo
-from depthlens.readout.stream import chunk_sizes
 from depthlens.sampling.vllm.engine import EngineError
 from depthlens.sampling.vllm.generator import nonfinite_error, take_readout
-from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout
-from depthlens.sampling.vllm.tuned import engine_lens
+from depthlens.sampling.vllm.settings import TAG_KEY, request_readout
 
 Rows = list[list[list[float]]]
 """A run of tokens' rows: per token, per divergence kind (``ReadoutConfig.divergence`` first, then ``also``), L
@@ -32,19 +31,18 @@ floats."""
 class EngineDepth:
     """The in-engine readout's settings for the session's requests, and its rows as they come."""
 
-    def __init__(self, info: ModelInfo, readout: ReadoutConfig = ReadoutConfig()) -> None:
-        self.kinds = (readout.divergence, *readout.also)
-        self.final_norm = readout.final_norm
-        self.vocab = readout.vocab_size or info.vocab_size
-        # token-layer rows per unembedding product: the memory budget EngineGenerator reads with
-        self.rows = chunk_sizes(readout, self.vocab, info.hidden_size, info.n_layers, 1)[1]
-        self.lens = engine_lens(
-            readout, info, info
-        )  # a tuned lens checked against the model, before it starts
+    def __init__(
+        self,
+        info: ModelInfo,
+        readout: ReadoutConfig = ReadoutConfig(),
+        engine: EngineConfig = EngineConfig("vllm"),
+    ) -> None:
+        # what the worker runs for every request (the one builder: float32_lens and the lens included)
+        self.settings = request_readout(readout, engine, info)
 
     def request_args(self, tag: str, window: int | None) -> dict[str, Any]:
         """``extra_args`` that make the worker read out generated tokens 0..``window``−1 of request ``tag``."""
-        settings = RequestReadout(window, self.kinds, self.final_norm, self.vocab, self.rows, **self.lens)
+        settings = dataclasses.replace(self.settings, window=window)
         return {TAG_KEY: tag, **settings.to_extra()}
 
     def take(self, engine: Any, have: Mapping[str, int]) -> tuple[dict[str, Rows], dict[str, DepthlensError]]:

@@ -50,7 +50,6 @@ import torch
 from depthlens.config import EngineConfig, ReadoutConfig, SamplingConfig
 from depthlens.errors import DepthlensError, InputError, NonFiniteError
 from depthlens.models.info import ModelInfo, info_of
-from depthlens.readout.stream import chunk_sizes
 from depthlens.sampling.backend import Paused, Trace, kept_positions
 from depthlens.sampling.vllm.engine import (
     EngineError,
@@ -59,8 +58,7 @@ from depthlens.sampling.vllm.engine import (
     sampling_params,
     start_engine,
 )
-from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout
-from depthlens.sampling.vllm.tuned import engine_lens
+from depthlens.sampling.vllm.settings import TAG_KEY, request_readout
 
 _FINISH = {"stop": "eos", "length": "length"}
 StopRule = Callable[[], Callable[[float], bool]]  # makes one response's rule: token confidence → end here?
@@ -130,19 +128,7 @@ class EngineGenerator:
         self.end_ids = set(self.info.end_ids)
         self.on_token = on_token
         self.kinds = (readout.divergence, *readout.also)
-        vocab = readout.vocab_size or self.info.vocab_size
-        rows = chunk_sizes(readout, vocab, self.info.hidden_size, self.n_layers, 1)[1]
-        self.request_readout = RequestReadout(
-            sampling.readout_tokens,
-            self.kinds,
-            readout.final_norm,
-            vocab,
-            rows,
-            float32_lens=engine.float32_lens,
-            **engine_lens(
-                readout, model, self.info
-            ),  # a tuned lens checked against the model, before it starts
-        )
+        self.request_readout = request_readout(readout, engine, self.info, model, sampling.readout_tokens)
         if job is None:
             job = JobSize(8, sampling.max_new_tokens + 1024)  # a prompt budget where the job does not say
         self.engine = llm_engine if llm_engine is not None else start_engine(self.info, engine, job, progress)

@@ -11,6 +11,7 @@ be captured), so every request carries its own ``cache_salt``: each record is pr
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,11 +22,10 @@ from depthlens.config import EngineConfig, ReadoutConfig
 from depthlens.errors import InputError
 from depthlens.metrics.token_table import TokenTable
 from depthlens.models.info import ModelInfo, info_of
-from depthlens.readout.stream import TokenSequence, chunk_sizes
+from depthlens.readout.stream import TokenSequence
 from depthlens.sampling.vllm.engine import EngineError, JobSize, readout_capture, start_engine
 from depthlens.sampling.vllm.generator import nonfinite_error, take_readout
-from depthlens.sampling.vllm.settings import TAG_KEY, RequestReadout
-from depthlens.sampling.vllm.tuned import engine_lens
+from depthlens.sampling.vllm.settings import TAG_KEY, request_readout
 
 _REQUEST_IDS = itertools.count()
 
@@ -44,18 +44,8 @@ class EngineScorer:
     ) -> None:
         self.info = info_of(model)
         self.n_layers = self.info.n_layers
-        vocab = readout.vocab_size or self.info.vocab_size
-        rows = chunk_sizes(readout, vocab, self.info.hidden_size, self.n_layers, 1)[1]
-        self.settings = dict(
-            kinds=(readout.divergence,),
-            final_norm=readout.final_norm,
-            vocab=vocab,
-            rows=rows,
-            float32_lens=engine.float32_lens,
-            **engine_lens(
-                readout, model, self.info
-            ),  # a tuned lens checked against the model, before it starts
-        )
+        # the primary divergence, read at every completion position inside the prefill
+        self.settings = request_readout(readout, engine, self.info, model, window=0, primary_only=True)
         if llm_engine is None:
             llm_engine = start_engine(
                 self.info, engine, job or JobSize(8, self.info.max_positions or 4096), progress
@@ -85,7 +75,7 @@ class EngineScorer:
             if not seq.completion_ids:
                 continue
             request_id = f"depthlens-score-{next(_REQUEST_IDS)}"
-            readout = RequestReadout(window=0, prompt_from=len(seq.prompt_ids), **self.settings)
+            readout = dataclasses.replace(self.settings, prompt_from=len(seq.prompt_ids))
             params = SamplingParams(
                 n=1,
                 max_tokens=1,

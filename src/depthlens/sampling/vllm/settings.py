@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from depthlens.config import Divergence
+from depthlens.config import Divergence, EngineConfig, ReadoutConfig
 
 CONFIG_KEY = "depthlens_readout"  # additional_config key (engine-wide)
 REQUEST_KEY = "depthlens_readout"  # SamplingParams.extra_args key (per request)
@@ -70,12 +70,12 @@ class RequestReadout:
     def to_extra(self) -> dict[str, Any]:
         return {REQUEST_KEY: dataclasses.asdict(self) | {"kinds": list(self.kinds)}}
 
-    @staticmethod
-    def from_extra(extra: dict[str, Any] | None) -> RequestReadout | None:
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any] | None) -> RequestReadout | None:
         data = (extra or {}).get(REQUEST_KEY)
         if not data:
             return None
-        return RequestReadout(**{**data, "kinds": tuple(data["kinds"])})
+        return cls(**{**data, "kinds": tuple(data["kinds"])})
 
     def group(self) -> tuple[Any, ...]:
         """The settings rows must share to be read out in one lens walk (prefill rows also read the baselines)."""
@@ -89,3 +89,33 @@ class RequestReadout:
             self.lens,
             self.lens_digest,
         )
+
+
+def request_readout(
+    readout: ReadoutConfig,
+    engine: EngineConfig,
+    info: Any,
+    model: Any = None,
+    window: int | None = None,
+    primary_only: bool = False,
+) -> RequestReadout:
+    """The one builder of a request's readout settings from the run's ``readout`` and ``engine`` configs — every
+    in-engine caller's (``EngineGenerator``, ``EngineScorer``, the server's ``EngineDepth``), so what the worker
+    runs is what the run asked for (``float32_lens`` included). ``info``: the model's ``ModelInfo``; ``model``: the
+    loaded model where there is one (a tuned lens is checked against its own weights, else against the
+    checkpoint's, before the engine starts); ``primary_only``: the primary divergence alone
+    (teacher-forced scoring)."""
+    from depthlens.readout.stream import chunk_sizes
+    from depthlens.sampling.vllm.tuned import engine_lens
+
+    vocab = readout.vocab_size or info.vocab_size
+    rows = chunk_sizes(readout, vocab, info.hidden_size, info.n_layers, 1)[
+        1
+    ]  # the memory budget's block size
+    kinds = (readout.divergence,) if primary_only else (readout.divergence, *readout.also)
+    lens = engine_lens(
+        readout, info if model is None else model, info
+    )  # checked against the model, before it starts
+    return RequestReadout(
+        window, kinds, readout.final_norm, vocab, rows, float32_lens=engine.float32_lens, **lens
+    )
