@@ -96,7 +96,7 @@ def test_a_lens_fitted_to_another_model_is_refused_by_name(tiny_llama, tmp_path)
         list(iter_readout(deeper, seqs, ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}")))
     with pytest.raises(InputError, match="no fitted lens there"):
         list(iter_readout(tiny_llama, seqs, ReadoutConfig(lens=f"tuned:{tmp_path / 'none'}")))
-    with pytest.raises(ConfigError, match="^lens='tuned': must be logit or tuned:PATH"):
+    with pytest.raises(ConfigError, match=r"^lens='tuned': must be logit or tuned:PATH"):
         ReadoutConfig(lens="tuned")
     assert str(LensSpec.parse("tuned:x/y")) == "tuned:x/y"
 
