@@ -102,7 +102,9 @@ def test_config_errors_name_real_flags():
     with pytest.raises(ConfigError) as raised:
         config.VotingConfig(eta=1.5)
     assert flag_line(raised.value) == "--eta 1.5: must be in (0, 1]"  # the command line's phrasing
-    assert str(raised.value) == "eta=1.5: must be in (0, 1] (VotingConfig.eta; the share of n kept)"  # Python's
+    assert (
+        str(raised.value) == "eta=1.5: must be in (0, 1] (VotingConfig.eta; the share of n kept)"
+    )  # Python's
 
 
 # ---- docs/cli.md's option tables against --help --------------------------------------------------------------

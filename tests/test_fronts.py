@@ -52,7 +52,9 @@ def test_the_verbs_spell_their_settings_out_typed():
     assert generate["temperature"].annotation is float and generate["lens"].default == "logit"
     assert {"backend", "max_new_tokens", "questions", "divergence"} <= set(generate)
     assert {"eta", "trials", "g"} <= set(inspect.signature(depthlens.think_at_n).parameters)
-    with pytest.raises(InputError, match=r"depthlens\.score\(temprature=…\): no such setting; known: .*divergence"):
+    with pytest.raises(
+        InputError, match=r"depthlens\.score\(temprature=…\): no such setting; known: .*divergence"
+    ):
         depthlens.score(None, [], temprature=0.5)
     with pytest.raises(InputError, match=r"depthlens\.score\(rho='high'\): must be float \(DTRConfig\.rho\)"):
         depthlens.score(None, [], rho="high")
