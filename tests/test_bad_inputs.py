@@ -558,8 +558,8 @@ def test_a_budget_beyond_the_context_is_refused_before_the_weights_load(
 ):
     """The model's tokenizer and config tell prompt + --max-new-tokens against its context: no weights are loaded,
     and the remedy the error names (the largest budget that fits) then generates every response."""
-    import depthlens.cli.generate_cmd as generate_cmd
-    import depthlens.cli.online_cmd as online_cmd
+    import depthlens.cli.online_runs as online_cmd
+    import depthlens.cli.runs as generate_cmd
 
     case = next(c for c in CASES if c.name == "budget-beyond-context")
     real_load = generate_cmd.load_for

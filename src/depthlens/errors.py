@@ -7,6 +7,9 @@ each front phrases it (``phrased``) â€” the command line as ``--lens tuned:x: â€
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 
 class DepthlensError(Exception):
     """Base class: the CLI turns any of these into a one-line message and exit code 2.
@@ -35,14 +38,18 @@ class DepthlensError(Exception):
             message = self.phrased(f"{setting}=", repr_value=True) + (f" ({where})" if where else "")
         super().__init__(message)
 
-    def phrased(self, name: str, *, repr_value: bool = False) -> str:
-        """The error as a front spells its setting ``name`` (``--lens``, ``lens=``, ``depthlens.lens``); an error
-        about no one setting reads as it is."""
+    def phrased(
+        self, name: str, *, repr_value: bool = False, spell: Callable[[str], str] | None = None
+    ) -> str:
+        """The error as a front spells its setting ``name`` (``--lens``, ``lens=``, ``depthlens.lens``), and any
+        other setting its requirement names as ``{other}`` (``spell``: the front's spelling; else the bare name);
+        an error about no one setting reads as it is."""
         if self.setting is None or not self.requirement:
             return str(self)
         value = repr(self.value) if repr_value else str(self.value)
         joiner = "" if name.endswith("=") else " "
         requirement = self.requirement.replace("{name}", name.removesuffix("="))  # the setting named again
+        requirement = re.sub(r"\{([a-z_]+)\}", lambda m: (spell or str)(m.group(1)), requirement)
         return f"{name}{joiner}{value}: {requirement}"
 
 

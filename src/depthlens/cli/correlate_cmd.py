@@ -38,7 +38,7 @@ def correlate(
 
     cfg = CorrelationConfig(bins=bins, seeds=seeds, n=n, bootstrap=bootstrap)
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
-    from depthlens.cli.export_cmd import refuse_inside
+    from depthlens.stores.guard import refuse_inside
     from depthlens.stores.parquet import verifying
     from depthlens.stores.samples import SAMPLES, SHARDS, picking
 

@@ -9,23 +9,6 @@ from depthlens.cli import options as opt
 from depthlens.cli.app import app, err_console
 
 
-def refuse_inside(out: Path, store: Path) -> None:
-    """Writes never land inside a store: ``out`` may be neither the store, a file in it, its manifest, nor a file
-    in a sample store's directory (it would read as that store's responses)."""
-    from depthlens.errors import InputError
-    from depthlens.stores.files import manifest_path
-    from depthlens.stores.samples import SAMPLES, SHARDS
-
-    target, source = out.resolve(), store.resolve()
-    inside = target == source or source in target.parents or target == manifest_path(source)
-    sample_store = (target.parent / SHARDS).is_dir() or (target.parent / SAMPLES).is_file()
-    if inside or (sample_store and target.name in (SAMPLES, manifest_path(Path(SAMPLES)).name)):
-        raise InputError(
-            f"--out {out}: inside the store {store} (or where its responses are kept); write the export "
-            "outside it"
-        )
-
-
 def refuse_run_files(out: Path) -> None:
     """An export's file is its own: ``out`` may be no file of a run's directory (a sample store's questions,
     responses, manifests and summaries are that run's), no file inside a Parquet store, and no results store of
@@ -79,6 +62,8 @@ def export(
     if not store.exists():
         raise InputError(f"store {str(store)!r} does not exist")
     stored = store_manifest(store)  # a store at all?
+    from depthlens.stores.guard import refuse_inside
+
     refuse_inside(out, store)
     refuse_run_files(out)
     if out.exists() and not overwrite:

@@ -44,4 +44,6 @@ def flag_line(exc: DepthlensError) -> str:
     if exc.setting is None or not exc.requirement:
         return str(exc)
     flag = flag_for(exc.owner, exc.setting)
-    return str(exc) if flag is None else exc.phrased(flag)
+    if flag is None:
+        return str(exc)
+    return exc.phrased(flag, spell=lambda other: flag_for(exc.owner, other) or other)

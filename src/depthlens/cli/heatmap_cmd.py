@@ -3,20 +3,24 @@ settling plot."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+from depthlens.cli import groups
 from depthlens.cli import options as opt
-from depthlens.cli import specs
 from depthlens.cli.app import app, console, err_console, load_model, warn
-from depthlens.config import DTRConfig, ModelSpec, ReadoutConfig
-from depthlens.models.catalogue import DEFAULT_MODEL
+from depthlens.config import DTRConfig, ReadoutConfig
 
 
 @app.command("heatmap", short_help="One text's token × layer divergence heatmap.")
+@groups.grouped
 def heatmap(
+    *,
     completion: opt.Completion,
     out: opt.FigureOut,
     prompt: opt.HeatmapPrompt = "",
     chat: opt.Chat = False,
-    model: opt.Model = DEFAULT_MODEL,
+    model: groups.Model,
     token: opt.Token = None,
     g: opt.G = DTRConfig.g,
     rho: opt.Rho = DTRConfig.rho,
@@ -24,23 +28,12 @@ def heatmap(
     divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
     lens: opt.LensOpt = ReadoutConfig.lens,
     settle: opt.SettleOpt = DTRConfig.settle,
-    device: opt.Device = ModelSpec.device,
-    dtype: opt.DType = ModelSpec.dtype,
-    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
-    blocks: opt.Blocks = None,
-    final_norm_path: opt.FinalNormPath = None,
-    unembed: opt.Unembed = None,
+    arch: groups.Arch,
 ) -> None:
     """One text's token × layer divergence heatmap (PNG and interactive HTML) and one token's settling plot."""
-    model_spec = specs.model_spec(locals())
-    import json
-
     from depthlens.config import degenerate_settings
     from depthlens.errors import InputError
-    from depthlens.metrics.dtr import deep_threshold
     from depthlens.studies.score import score
-    from depthlens.viz.heatmap import draw_divergence_heatmap, write_heatmap_html
-    from depthlens.viz.study import draw_token_settling
 
     if not completion:
         raise InputError("--completion is empty: give the text to read out")
@@ -50,18 +43,45 @@ def heatmap(
     readout = ReadoutConfig(divergence=divergence, lens=lens)  # type: ignore[arg-type]
     for line in degenerate_settings(readout, dtr):
         warn(line)
-    lm = load_model(model_spec)
+    lm = load_model(model.spec(arch))
     data = {"id": "text", "completion": completion}
     data.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     with err_console.status("reading out every layer"):
         (record,) = score(lm, [data], readout=readout, dtr=dtr, tcb=None, tokens=True)
     if not record["token_count"]:
-        raise InputError(f"--completion {completion!r} has no tokens for {model}'s tokenizer; give some text")
-    unit = {"jsd": "bits", "jsd-nat": "nats", "kl": "nats", "cosine": "1 − cos"}[divergence]
+        raise InputError(
+            f"--completion {completion!r} has no tokens for {model.model}'s tokenizer; give some text"
+        )
+    _draw(record, out, token, lm.n_layers, model.model, readout, dtr)
+
+
+def _draw(
+    record: dict[str, Any],
+    out: Path,
+    token: int | None,
+    layers: int,
+    model: str,
+    readout: ReadoutConfig,
+    dtr: DTRConfig,
+) -> None:
+    """The heatmap, its page and one token's settling plot (``token``, else the deepest-settling one)."""
+    import json
+
+    from depthlens.errors import InputError
+    from depthlens.metrics.dtr import deep_threshold
+    from depthlens.viz.heatmap import draw_divergence_heatmap, write_heatmap_html
+    from depthlens.viz.study import draw_token_settling
+
+    unit = {"jsd": "bits", "jsd-nat": "nats", "kl": "nats", "cosine": "1 − cos"}[readout.divergence]
     out.mkdir(parents=True, exist_ok=True)
     (out / "record.json").write_text(json.dumps(record) + "\n")
-    read = ("" if lens == "logit" else " through the tuned lens") + ("" if settle == "jsd" else f", {settle}")
-    title = f"{model}: {divergence.upper()} to the final layer ({unit}){read}; DTR = {record['dtr']:.2f}"
+    settle = dtr.settle
+    read = ("" if readout.lens == "logit" else " through the tuned lens") + (
+        "" if settle == "jsd" else f", {settle}"
+    )
+    title = (
+        f"{model}: {readout.divergence.upper()} to the final layer ({unit}){read}; DTR = {record['dtr']:.2f}"
+    )
     paths = [
         draw_divergence_heatmap(record, out / "heatmap.png", title=title),
         write_heatmap_html(record, out / "heatmap.html", title=title, unit=unit),
@@ -73,8 +93,8 @@ def heatmap(
     paths.append(
         draw_token_settling(
             record["divergence"][t],
-            g,
-            deep_threshold(lm.n_layers, rho, deep_rule),  # type: ignore[arg-type]
+            dtr.g,
+            deep_threshold(layers, dtr.rho, dtr.deep_rule),
             out / "token.png",
             token=record["tokens"][t],
             unit=unit,
@@ -82,6 +102,6 @@ def heatmap(
     )
     console.print(
         f"{n} tokens · DTR {record['dtr']:.2f} · mean settling depth {record['mean_settling_depth']:.1f} "
-        f"of {lm.n_layers} layers"
+        f"of {layers} layers"
     )
     err_console.print(f"wrote {', '.join(p.name for p in paths)} and record.json to {out}")

@@ -6,11 +6,10 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
+from depthlens.cli import groups
 from depthlens.cli import options as opt
-from depthlens.cli import specs
 from depthlens.cli.app import app, console, err_console, load_model
-from depthlens.config import LensFitConfig, ModelSpec
-from depthlens.models.catalogue import DEFAULT_MODEL
+from depthlens.config import LensFitConfig
 
 lens_app = typer.Typer(
     help="The tuned lens: fit one for a model; compare lenses and settling rules (docs/definitions.md §1–2).",
@@ -20,9 +19,11 @@ app.add_typer(lens_app, name="lens", short_help="Fit a tuned lens; compare lense
 
 
 @lens_app.command("fit", short_help="Fit a tuned lens (per-layer affine translators) for a model.")
+@groups.grouped
 def fit(
+    *,
     out: opt.LensOut,
-    model: opt.Model = DEFAULT_MODEL,
+    model: groups.Model,
     in_path: opt.FitIn = None,
     max_tokens: opt.FitMaxTokens = LensFitConfig.max_tokens,
     steps: opt.FitSteps = LensFitConfig.steps,
@@ -33,9 +34,6 @@ def fit(
     layers_per_step: opt.FitLayersPerStep = LensFitConfig.layers_per_step,
     seed: opt.FitSeed = LensFitConfig.seed,
     resume: opt.FitResume = False,
-    device: opt.Device = ModelSpec.device,
-    dtype: opt.DType = ModelSpec.dtype,
-    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
 ) -> None:
     """Fit a tuned lens: the least-squares map of each layer's state onto the last one's, then KL(p_L ‖ p_l) steps.
 
@@ -60,7 +58,7 @@ def fit(
         raise InputError(
             f"--out {out} exists and is not empty; add --resume to go on with its fit, or remove it"
         )
-    lm = load_model(specs.model_spec(locals()))
+    lm = load_model(model.spec())
     sequences, data = lens_sequences(lm, in_path)
     with err_console.status("fitting the tuned lens") as status:
         stamp = fit_lens(

@@ -8,8 +8,8 @@ from typing import Any
 
 from rich.table import Table
 
+from depthlens.cli import groups, specs
 from depthlens.cli import options as opt
-from depthlens.cli import specs
 from depthlens.cli.app import app, console, err_console, load_for, warn, writes_to
 from depthlens.cli.progress import make_progress
 from depthlens.config import (
@@ -21,10 +21,9 @@ from depthlens.config import (
     ReadoutConfig,
     ScoreRun,
     StoreSpec,
-    TCBConfig,
 )
 from depthlens.errors import InputError
-from depthlens.models.catalogue import DEFAULT_MODEL
+from depthlens.studies import resolve
 
 
 def _say_rescored(ids: list[str]) -> None:
@@ -36,10 +35,12 @@ def _say_rescored(ids: list[str]) -> None:
 
 
 @app.command("score", short_help="Score responses: DTR, settling depth, baselines, TCB.")
+@groups.grouped
 def score(
+    *,
     in_path: opt.InFile,
     out_path: opt.ResultsOut,
-    model: opt.Model = DEFAULT_MODEL,
+    model: groups.Model,
     tokens: opt.Tokens = ScoreRun.tokens,
     g: opt.G = DTRConfig.g,
     rho: opt.Rho = DTRConfig.rho,
@@ -49,30 +50,17 @@ def score(
     final_norm: opt.FinalNorm = ReadoutConfig.final_norm,
     lens: opt.LensOpt = ReadoutConfig.lens,
     settle: opt.SettleOpt = DTRConfig.settle,
-    tcb: opt.Tcb = True,
-    epsilon: opt.Epsilon = TCBConfig.epsilon,
-    v_eff: opt.VEffOpt = TCBConfig.v_eff,
-    spectral: opt.Spectral = TCBConfig.spectral,
-    tcb_exact: opt.TcbExact = TCBConfig.exact,
+    tcb: groups.Tcb,
     batch_size: opt.ScoreBatch = ScoreRun.batch_size,
     memory_mb: opt.MemoryMB = ReadoutConfig.memory_mb,
     compile_kernel: opt.CompileOpt = ReadoutConfig.compile,
-    device: opt.Device = ModelSpec.device,
-    dtype: opt.DType = ModelSpec.dtype,
-    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
-    blocks: opt.Blocks = None,
-    final_norm_path: opt.FinalNormPath = None,
-    unembed: opt.Unembed = None,
+    arch: groups.Arch,
     resume: opt.ResumeOut = StoreSpec.resume,
     overwrite: opt.OverwriteOut = StoreSpec.overwrite,
     skip_bad: opt.SkipBad = ScoreRun.skip_bad,
     quiet: opt.Quiet = False,
     float16: opt.Float16 = StoreSpec.float16,
-    ray: opt.RayOpt = False,
-    ray_address: opt.RayAddress = RayConfig.address,
-    workers: opt.Workers = RayConfig.workers,
-    cpus: opt.Cpus = RayConfig.cpus,
-    gpus: opt.Gpus = RayConfig.gpus,
+    ray: groups.Ray,
     block_rows: opt.BlockRows = RayConfig.SCORE_BLOCK,
     backend: opt.ScoreBackend = EngineConfig.backend,
     tensor_parallel_size: opt.TensorParallel = EngineConfig.tensor_parallel_size,
@@ -83,33 +71,33 @@ def score(
 
     The metrics are defined in docs/definitions.md.
     """
-    options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
-    readout = ReadoutConfig(
-        divergence=divergence,
-        final_norm=final_norm,
-        memory_mb=memory_mb,  # type: ignore[arg-type]
-        compile=compile_kernel,
-        lens=lens,
-    )  # type: ignore[arg-type]
+    readout = resolve.readout(
+        divergence, (), lens, final_norm=final_norm, memory_mb=memory_mb, compile=compile_kernel
+    )
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix, settle=settle)  # type: ignore[arg-type]
     if backend == "vllm" and dtr.top_k is not None:
         raise InputError(f"--settle {settle} reads out on the transformers path only: use --backend hf")
-    tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral, exact=tcb_exact) if tcb else None  # type: ignore[arg-type]
+    tcb_config = tcb.config()
     store = StoreSpec(out_path, resume, overwrite, float16=float16)
-    ray_on = ray or ray_address is not None
-    model_spec, engine = specs.model_and_engine(options, _backend(backend, model, tcb, ray_on))
+    chosen = _backend(backend, model.model, tcb.tcb, ray.on)
+    engine = EngineConfig(
+        chosen, model.dtype, tensor_parallel_size, max_model_len=max_model_len, float32_lens=float32_lens
+    )
     run = ScoreRun(in_path, store, readout, dtr, tcb_config, tokens, batch_size, skip_bad, engine)
-    ray_config = specs.ray_config(ray, ray_address, workers, cpus, gpus, block_rows)
+    _score(model.spec(arch), run, ray.config(block_rows), quiet)
+
+
+def _score(model_spec: ModelSpec, run: ScoreRun, ray_config: RayConfig | None, quiet: bool) -> None:
+    """Check what needs no model, then score here or on Ray actors; one writer, and a run failing before its
+    first record leaves no --out."""
     from depthlens.stores.guard import new_out, refuse_same_file
     from depthlens.stores.lock import store_lock
 
+    out_path = run.store.out
     refuse_same_file(run.source, out_path)  # before anything is created or loaded
     refuse_inside_input(run.source, out_path)
-    with (
-        new_out(out_path),
-        store_lock(out_path),
-    ):  # one writer; a run failing before its first record leaves no --out
-        _check_before_loading(model, run, ray_config is not None)
+    with new_out(out_path), store_lock(out_path):
+        _check_before_loading(model_spec.name, run, ray_config is not None)
         if ray_config is not None:
             _score_on_ray(model_spec, run, ray_config, quiet)
             return

@@ -8,8 +8,8 @@ import os
 import signal
 from typing import TYPE_CHECKING, Any
 
+from depthlens.cli import groups, specs
 from depthlens.cli import options as opt
-from depthlens.cli import specs
 from depthlens.cli.app import app, err_console, load_for, warn
 from depthlens.config import Backend, EngineConfig, ModelSpec, ReadoutConfig, ServeConfig
 from depthlens.errors import ConfigError
@@ -30,8 +30,39 @@ def _check_extra() -> None:
         raise ConfigError(SERVE_MISSING)
 
 
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one request may ask, and how many are served at once (``ServeConfig``)."""
+
+    max_n: opt.ServeMaxN = ServeConfig.max_n
+    max_tokens: opt.MaxTokens = ServeConfig.max_tokens
+    default_max_tokens: opt.DefaultMax = ServeConfig.default_max_tokens
+    max_prompts: opt.MaxPrompts = ServeConfig.max_prompts
+    max_running: opt.MaxRunning = ServeConfig.max_running
+    max_queue: opt.MaxQueue = ServeConfig.max_queue
+    max_body_bytes: opt.MaxBody = ServeConfig.max_body_bytes
+    shutdown_grace: opt.Grace = ServeConfig.shutdown_grace
+
+    def config(self, model_id: str, api_key: str | None, readout_tokens: int | None) -> ServeConfig:
+        return ServeConfig(
+            model_id,
+            api_key,
+            self.max_n,
+            self.max_tokens,
+            self.default_max_tokens,
+            self.max_prompts,
+            readout_tokens,
+            self.max_running,
+            self.max_queue,
+            self.max_body_bytes,
+            self.shutdown_grace,
+        )
+
+
 @app.command("serve", short_help="An OpenAI-compatible server whose answers carry their depth.")
+@groups.grouped
 def serve(
+    *,
     model: opt.Model = DEFAULT_MODEL,
     backend: opt.ServeBackend = "auto",
     host: opt.Host = ServeConfig.HOST,
@@ -40,14 +71,7 @@ def serve(
     served_model_name: opt.ServedName = None,
     readout_tokens: opt.ServeReadout = str(ServeConfig.readout_tokens),
     lens: opt.LensOpt = ReadoutConfig.lens,
-    max_n: opt.ServeMaxN = ServeConfig.max_n,
-    max_tokens: opt.MaxTokens = ServeConfig.max_tokens,
-    default_max_tokens: opt.DefaultMax = ServeConfig.default_max_tokens,
-    max_prompts: opt.MaxPrompts = ServeConfig.max_prompts,
-    max_running: opt.MaxRunning = ServeConfig.max_running,
-    max_queue: opt.MaxQueue = ServeConfig.max_queue,
-    max_body_bytes: opt.MaxBody = ServeConfig.max_body_bytes,
-    shutdown_grace: opt.Grace = ServeConfig.shutdown_grace,
+    limits: Limits,
     device: opt.Device = ModelSpec.device,
     dtype: opt.DType = ModelSpec.dtype,
     trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
@@ -64,27 +88,16 @@ def serve(
     online Think@n / DeepConf in `depthlens` (docs/serve.md). SIGTERM stops taking requests, lets those in flight
     finish for --shutdown-grace seconds, aborts the rest and exits 0.
     """
-    options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
     _check_extra()
     window = specs.readout_tokens(readout_tokens, ServeConfig.readout_tokens)
     readout = specs.readout_config(
         ReadoutConfig.divergence, lens=lens
     )  # a tuned lens resolved, before any load
-    settings = ServeConfig(
-        served_model_name or model,
-        api_key,
-        max_n,
-        max_tokens,
-        default_max_tokens,
-        max_prompts,
-        window,
-        max_running,
-        max_queue,
-        max_body_bytes,
-        shutdown_grace,
-    )
+    settings = limits.config(served_model_name or model, api_key, window)
     chosen = _backend(backend, model)
-    model_spec, engine_config = specs.model_and_engine(options, chosen)
+    model_spec = ModelSpec(model, device, dtype, trust_remote_code)
+    vllm = (tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager, kv_cache_gib)
+    engine_config = EngineConfig(chosen, dtype, *vllm)
     if host not in LOOPBACK and api_key is None:
         warn(
             f"--host {host} answers other machines and no --api-key is set: anyone who reaches it can use it"
@@ -99,7 +112,7 @@ def serve(
         f"a request without temperature / top_p samples at {temperature:g} / {top_p:g} ({source})"
     )
     with err_console.status(f"starting the {chosen} engine"):
-        engine = _engine(model_or_info, engine_config, max_running, readout)
+        engine = _engine(model_or_info, engine_config, limits.max_running, readout)
     _run(engine, model_or_info.tokenizer, settings, host, port, log_level)
 
 

@@ -1,14 +1,13 @@
 """Command-line options → the run's specs (``depthlens.config``), built once per command and passed whole.
 
-Each builder takes one group of options, checks what needs no model, and says which flag is wrong; nothing here
-loads a model or imports torch, so a bad option fails in milliseconds.
+Each builder takes a few options (the option groups of ``cli.groups`` build their own specs), checks what needs no
+model, and says which flag is wrong; nothing here loads a model or imports torch, so a bad option fails in
+milliseconds.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args
 
@@ -16,43 +15,13 @@ from depthlens.config import (
     AnswerConfig,
     AnswerType,
     Backend,
-    EngineConfig,
     Fallback,
-    ModelSpec,
     PromptStyle,
-    RayConfig,
     ReadoutConfig,
     SamplingConfig,
     TaskSpec,
 )
 from depthlens.errors import InputError
-
-# The engine's options, named as EngineConfig's fields (and so as the commands' parameters).
-_ENGINE_OPTIONS = tuple(f.name for f in dataclasses.fields(EngineConfig) if f.name != "backend")
-
-
-def model_and_engine(options: Mapping[str, Any], backend: Backend) -> tuple[ModelSpec, EngineConfig]:
-    """The run's model (``model_spec``) and engine, built from a command's options by name — ``options`` is the
-    command's ``locals()`` —, so every command builds them alike: ``backend`` is ``--backend`` resolved
-    (``engine_backend``), the vLLM engine's options are read where the command has them (the others keep
-    ``EngineConfig``'s defaults)."""
-    engine = EngineConfig(backend, **{k: options[k] for k in _ENGINE_OPTIONS if k in options})
-    return model_spec(options), engine
-
-
-def model_spec(options: Mapping[str, Any]) -> ModelSpec:
-    """``--model`` and how to load it, from a command's options by name: ``--device``, ``--dtype``,
-    ``--trust-remote-code`` and, where the command has them, ``--blocks`` / ``--final-norm-path`` / ``--unembed``
-    (an architecture without an adapter row)."""
-    return ModelSpec(
-        options["model"],
-        options["device"],
-        options["dtype"],
-        options["trust_remote_code"],
-        options.get("blocks"),
-        options.get("final_norm_path"),
-        options.get("unembed"),
-    )
 
 
 def task_spec(
@@ -112,15 +81,6 @@ def prefix(value: str) -> int | None:
         return int(value)
     except ValueError:
         raise InputError(f"--prefix {value!r}: give a number of tokens or 'full'") from None
-
-
-def ray_config(
-    ray: bool, address: str | None, workers: int, cpus: float, gpus: float, block: int | None = None
-) -> RayConfig | None:
-    """Ray's settings, or None to run in this process (``--ray-address`` implies ``--ray``)."""
-    if not ray and address is None:
-        return None
-    return RayConfig(workers, cpus, gpus, address, block)
 
 
 def job_size(questions: int | None, per_question: int, at_once: int, sampling: SamplingConfig) -> Any:

@@ -11,11 +11,10 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from depthlens.cli import groups, specs
 from depthlens.cli import options as opt
-from depthlens.cli import specs
 from depthlens.cli.app import app, console, err_console, load_model, writes_to
-from depthlens.config import EngineConfig, ModelSpec, TCBConfig, TCBStudies
-from depthlens.models.catalogue import DEFAULT_MODEL
+from depthlens.config import EngineConfig, TCBConfig, TCBStudies
 
 tcb_app = typer.Typer(
     help="Token Constraint Bound studies: regimes, geometry, prompts, trace (docs/definitions.md §6).",
@@ -71,32 +70,28 @@ def _finish(out: Path, name: str, result: dict[str, Any], figure: Path) -> None:
 
 
 @tcb_app.command("regimes", short_help="corr(δ, √V_eff) and corr(δ, margin) per prompt set.")
+@groups.grouped
 def regimes(
+    *,
     out: opt.TcbOut,
-    model: opt.Model = DEFAULT_MODEL,
+    model: groups.Model,
     epsilon: opt.Epsilon = TCBConfig.epsilon,
     split: opt.Split = TCBStudies.split,
-    device: opt.Device = ModelSpec.device,
-    dtype: opt.DType = ModelSpec.dtype,
-    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
-    blocks: opt.Blocks = None,
-    final_norm_path: opt.FinalNormPath = None,
-    unembed: opt.Unembed = None,
+    arch: groups.Arch,
     resume: opt.StudyResume = False,
     overwrite: opt.StudyOverwrite = False,
 ) -> None:
     """corr(δ, √V_eff) and corr(δ, margin) on the diverse vs the low-V_eff prompt set (paper Table 1)."""
-    model_spec = specs.model_spec(locals())
     from depthlens.studies.tcb_studies import StudyRun, prompt_set
     from depthlens.studies.tcb_studies import regimes as run
     from depthlens.viz.tcb import draw_regimes
 
     tcb = TCBConfig(epsilon=epsilon)
-    lm = load_model(model_spec)
+    lm = load_model(model.spec(arch))
     sets = {"diverse": prompt_set("diverse"), "low_veff": prompt_set("low_veff")}
-    settings = {"tcb": tcb.to_dict(), "split": split, "dtype": dtype}
+    settings = {"tcb": tcb.to_dict(), "split": split, "dtype": model.dtype}
     with (
-        _units(out, "regimes", model, settings, resume, overwrite) as (done, on_unit),
+        _units(out, "regimes", model.model, settings, resume, overwrite) as (done, on_unit),
         err_console.status("regimes"),
     ):
         result = run(lm, sets, tcb, split, StudyRun(done, on_unit))
@@ -104,32 +99,28 @@ def regimes(
 
 
 @tcb_app.command("geometry", short_help="δ as competing embeddings cluster or disperse.")
+@groups.grouped
 def geometry(
+    *,
     out: opt.TcbOut,
-    model: opt.Model = DEFAULT_MODEL,
+    model: groups.Model,
     top_k: opt.TopK = TCBStudies.top_k,
     cluster: opt.Cluster = TCBStudies.cluster,
     disperse: opt.Disperse = TCBStudies.disperse,
-    device: opt.Device = ModelSpec.device,
-    dtype: opt.DType = ModelSpec.dtype,
-    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
-    blocks: opt.Blocks = None,
-    final_norm_path: opt.FinalNormPath = None,
-    unembed: opt.Unembed = None,
+    arch: groups.Arch,
     resume: opt.StudyResume = False,
     overwrite: opt.StudyOverwrite = False,
 ) -> None:
     """How often δ_cluster > δ_orig > δ_disperse with o fixed, by V_eff band (paper Table 2)."""
-    model_spec = specs.model_spec(locals())
     from depthlens.studies.tcb_studies import StudyRun, prompt_set
     from depthlens.studies.tcb_studies import geometry as run
     from depthlens.viz.tcb import draw_geometry
 
-    lm = load_model(model_spec)
+    lm = load_model(model.spec(arch))
     prompts = [p["prompt"] for p in prompt_set("diverse") + prompt_set("low_veff")]
-    settings = {"top_k": top_k, "cluster": cluster, "disperse": disperse, "dtype": dtype}
+    settings = {"top_k": top_k, "cluster": cluster, "disperse": disperse, "dtype": model.dtype}
     with (
-        _units(out, "geometry", model, settings, resume, overwrite) as (done, on_unit),
+        _units(out, "geometry", model.model, settings, resume, overwrite) as (done, on_unit),
         err_console.status("geometry"),
     ):
         result = run(lm, prompts, top_k, cluster, disperse, StudyRun(done, on_unit))
@@ -137,66 +128,48 @@ def geometry(
 
 
 @tcb_app.command("prompts", short_help="Accuracy, perplexity and δ per template and k-shot.")
+@groups.grouped
 def prompts(
+    *,
     out: opt.TcbOut,
-    model: opt.Model = DEFAULT_MODEL,
+    model: groups.Model,
     task: opt.TcbTask = TCBStudies.task,
     questions: opt.TcbQuestions = TCBStudies.questions,
     task_config: opt.TaskConfig = None,
     shots: opt.Shots = ",".join(map(str, TCBStudies.shots)),
     templates: opt.Templates = None,
     max_new_tokens: opt.TcbMaxNew = TCBStudies.prompts_max_new_tokens,
-    device: opt.Device = ModelSpec.device,
-    dtype: opt.DType = ModelSpec.dtype,
-    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
-    blocks: opt.Blocks = None,
-    final_norm_path: opt.FinalNormPath = None,
-    unembed: opt.Unembed = None,
+    arch: groups.Arch,
     resume: opt.StudyResume = False,
     overwrite: opt.StudyOverwrite = False,
     backend: opt.BackendOpt = "auto",
-    tensor_parallel_size: opt.TensorParallel = EngineConfig.tensor_parallel_size,
-    gpu_memory_utilization: opt.GpuMemory = EngineConfig.gpu_memory_utilization,
-    max_model_len: opt.MaxModelLen = EngineConfig.max_model_len,
-    enforce_eager: opt.EnforceEager = EngineConfig.enforce_eager,
-    kv_cache_gib: opt.KvCacheGib = EngineConfig.kv_cache_gib,
+    vllm: groups.Engine,
 ) -> None:
     """Accuracy, answer perplexity and δ per prompt template × k-shot, greedy answers (paper §4.3–4.4)."""
-    options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
-    from depthlens.errors import InputError
     from depthlens.evals.loading import load_task, parse_task_config
-    from depthlens.studies.tcb_studies import TEMPLATES, StudyRun, prompt_variants
+    from depthlens.studies.tcb_studies import StudyRun, prompt_variants
     from depthlens.viz.tcb import draw_prompt_variants
 
-    try:
-        shot_list = [int(s) for s in shots.split(",")]
-    except ValueError:
-        raise InputError(f"--shots {shots!r}: give comma-separated integers such as 0,2") from None
-    names = [t.strip() for t in templates.split(",")] if templates else list(TEMPLATES)
-    unknown = [t for t in names if t not in TEMPLATES]
-    if unknown:
-        raise InputError(
-            f"--templates {templates}: unknown {', '.join(unknown)}; known: {', '.join(TEMPLATES)}"
-        )
+    shot_list, names = _variants(shots, templates)
     parsed_config = parse_task_config(task_config)
     load_task(task, 1, config=parsed_config)  # an unknown task or setting fails now, before the model loads
     backend_name = specs.engine_backend(
-        backend, model, _progress_manifest(out, "prompts") if resume else None
+        backend, model.model, _progress_manifest(out, "prompts") if resume else None
     )
-    model_spec, engine = specs.model_and_engine(options, backend_name)
-    lm = load_model(model_spec)
+    engine = vllm.engine(backend_name, model)
+    lm = load_model(model.spec(arch))
     settings = {
         "task": task,
         "task_config": task_config,
         "templates": names,
         "shots": shot_list,
         "max_new_tokens": max_new_tokens,
-        "dtype": dtype,
+        "dtype": model.dtype,
         **_engine_setting(engine),
     }
     status = f"{len(names)} templates × {len(shot_list)} shot settings × {questions} questions"
     with (
-        _units(out, "prompts", model, settings, resume, overwrite) as (done, on_unit),
+        _units(out, "prompts", model.model, settings, resume, overwrite) as (done, on_unit),
         err_console.status(status),
     ):
         result = prompt_variants(
@@ -212,50 +185,62 @@ def prompts(
     _finish(out, "prompts", result, draw_prompt_variants(result, out / "prompts.png"))
 
 
+def _variants(shots: str, templates: str | None) -> tuple[list[int], list[str]]:
+    """``--shots`` and ``--templates`` (default: every template), checked."""
+    from depthlens.errors import InputError
+    from depthlens.studies.tcb_studies import TEMPLATES
+
+    try:
+        shot_list = [int(s) for s in shots.split(",")]
+    except ValueError:
+        raise InputError(f"--shots {shots!r}: give comma-separated integers such as 0,2") from None
+    names = [t.strip() for t in templates.split(",")] if templates else list(TEMPLATES)
+    unknown = [t for t in names if t not in TEMPLATES]
+    if unknown:
+        raise InputError(
+            f"--templates {templates}: unknown {', '.join(unknown)}; known: {', '.join(TEMPLATES)}"
+        )
+    return shot_list, names
+
+
 @tcb_app.command("trace", short_help="δ and perplexity per generated token; sharp drops.")
+@groups.grouped
 def trace(
+    *,
     out: opt.TcbOut,
     prompt: opt.TracePrompt = TCBStudies.prompt,
-    model: opt.Model = DEFAULT_MODEL,
+    model: groups.Model,
     max_new_tokens: opt.TcbMaxNew = TCBStudies.trace_max_new_tokens,
     window: opt.Window = TCBStudies.window,
     factor: opt.Factor = TCBStudies.factor,
     max_perplexity: opt.MaxPerplexity = TCBStudies.max_perplexity,
     chat: opt.TraceChat = TCBStudies.chat,
-    device: opt.Device = ModelSpec.device,
-    dtype: opt.DType = ModelSpec.dtype,
-    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
-    blocks: opt.Blocks = None,
-    final_norm_path: opt.FinalNormPath = None,
-    unembed: opt.Unembed = None,
+    arch: groups.Arch,
     resume: opt.StudyResume = False,
     overwrite: opt.StudyOverwrite = False,
     backend: opt.BackendOpt = "auto",
-    tensor_parallel_size: opt.TensorParallel = EngineConfig.tensor_parallel_size,
-    gpu_memory_utilization: opt.GpuMemory = EngineConfig.gpu_memory_utilization,
-    max_model_len: opt.MaxModelLen = EngineConfig.max_model_len,
-    enforce_eager: opt.EnforceEager = EngineConfig.enforce_eager,
-    kv_cache_gib: opt.KvCacheGib = EngineConfig.kv_cache_gib,
+    vllm: groups.Engine,
 ) -> None:
     """δ and perplexity per generated token, sharp δ drops at low perplexity flagged (paper §4.5)."""
-    options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
     from depthlens.studies.tcb_studies import DropRule, StudyRun, generation_trace
     from depthlens.viz.tcb import draw_generation_trace
 
-    backend_name = specs.engine_backend(backend, model, _progress_manifest(out, "trace") if resume else None)
-    model_spec, engine = specs.model_and_engine(options, backend_name)
-    lm = load_model(model_spec)
+    backend_name = specs.engine_backend(
+        backend, model.model, _progress_manifest(out, "trace") if resume else None
+    )
+    engine = vllm.engine(backend_name, model)
+    lm = load_model(model.spec(arch))
     rule = DropRule(window, factor, max_perplexity)
     settings = {
         "prompt": prompt,
         "max_new_tokens": max_new_tokens,
         "rule": rule.__dict__,
         "chat": chat,
-        "dtype": dtype,
+        "dtype": model.dtype,
         **_engine_setting(engine),
     }
     with (
-        _units(out, "trace", model, settings, resume, overwrite) as (done, on_unit),
+        _units(out, "trace", model.model, settings, resume, overwrite) as (done, on_unit),
         err_console.status("generating"),
     ):
         result = generation_trace(lm, prompt, max_new_tokens, rule, chat, StudyRun(done, on_unit, engine))

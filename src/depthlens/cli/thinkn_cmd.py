@@ -1,337 +1,175 @@
 """``depthlens thinkn``: Think@n vs Cons@n and the other voting methods — sampling a pool first (``--out``, as
-``depthlens generate``), or re-voting a stored one (``--from``); ``--online`` runs or replays online Think@n."""
+``depthlens generate``), or re-voting a stored one (``--from``); ``--online`` runs or replays online Think@n
+(``cli.online_runs``). The table it prints is ``cli.thinkn_view``'s."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
-
-from depthlens.cli import online_cmd as oc
+from depthlens.cli import groups, runs, specs
+from depthlens.cli import online_runs as live
 from depthlens.cli import options as opt
-from depthlens.cli import specs
-from depthlens.cli.app import app, console, err_console
-from depthlens.cli.generate_cmd import resumed_manifest, run_generation
-from depthlens.config import (
-    AnswerConfig,
-    DTRConfig,
-    EngineConfig,
-    GenerateRun,
-    ModelSpec,
-    OnlineConfig,
-    OnlineRun,
-    RayConfig,
-    ReadoutConfig,
-    SamplingConfig,
-    StoreSpec,
-    TaskSpec,
-    VotingConfig,
-)
+from depthlens.cli.app import app, err_console
+from depthlens.cli.thinkn_view import vote
+from depthlens.config import GenerateRun, OnlineConfig, OnlineRun, ReadoutConfig, StoreSpec, VotingConfig
 from depthlens.errors import InputError
-from depthlens.models.catalogue import DEFAULT_MODEL
-
-if TYPE_CHECKING:
-    from depthlens.studies.thinkn import ThinkReport
 
 
-def dtr_for(store: Path | None, g: float | None, rho: float | None, deep_rule: str | None) -> DTRConfig:
-    """The DTR settings of a vote: the store's own (a new store: the defaults), each overridden where given."""
-    from depthlens.stores.samples import read_manifest
+@dataclasses.dataclass(frozen=True)
+class Given:
+    """What ``thinkn`` was given, by group: how a new pool is sampled, and the stored depth settings."""
 
-    base = DTRConfig.from_dict(read_manifest(store)["dtr"]) if store is not None else DTRConfig()
-    return DTRConfig(
-        base.g if g is None else g,
-        base.rho if rho is None else rho,
-        base.deep_rule if deep_rule is None else deep_rule,
-    )  # type: ignore[arg-type]
+    task: groups.Task
+    model: groups.Model
+    arch: groups.Arch
+    sampling: groups.Sampling
+    answers: groups.Answers
+    vllm: groups.Vllm
+    ray: groups.Ray
+    stored: groups.Stored
+    store: StoreSpec
+    backend: str
+    readout_tokens: str | None
+    batch_size: int | None
 
-
-def vote(
-    store: Path,
-    voting: VotingConfig,
-    dtr: DTRConfig,
-    methods: list[str] | None,
-    ablation: bool,
-    overwrite: bool,
-    every: bool = False,
-) -> None:
-    """Vote over the store's pools, print the table (DeepConf folded unless ``every``) and where the summary
-    went."""
-    from depthlens.studies.thinkn import summarise, summary_stem
-
-    with err_console.status("voting"):
-        report = summarise(store, voting, dtr, methods, with_ablation=ablation, overwrite=overwrite)
-    print_report(report, store, every)
-    if report.voting.trials > 1 and report.info.manifest["pool"] == voting.n:
-        err_console.print("note: pool = n, so every trial draws the same responses (std 0); use --pool > n")
-    stem = store / summary_stem(report.voting)
-    err_console.print(f"summary: {stem}.json, {stem}.csv")
-
-
-def print_report(report: ThinkReport, store: Path | None = None, every: bool = False) -> None:
-    """The table ``thinkn`` prints: accuracy, tokens per question, cost against Cons@n, per method — the paper's
-    methods first, DeepConf's variants one line per filter (their range over the trace scores) unless ``every``."""
-    from depthlens.cli.paired_view import folded, span
-
-    info = report.info
-    v = report.voting
-    prefix = "full" if v.prefix is None else v.prefix
-    table = Table(
-        title=f"{info.manifest['model']} · {(info.manifest.get('task') or {}).get('name', '?')} · n={v.n} "
-        f"η={v.eta} ℓ={prefix} · {v.trials} trials × {info.questions - len(info.excluded)} questions",
-        title_justify="left",
-    )
-    table.add_column("method", no_wrap=True)  # never cut: the names are what --methods takes
-    for column in ("accuracy %", "tokens/q", "vs Cons@n", "paper cost"):
-        table.add_column(column, justify="right")
-    cons = next((s for s in report.summaries if s.method == "cons@n"), None)
-    plain, groups = folded(report.summaries, lambda s: s.method)
-    if every:
-        plain, groups = plain + [s for rows in groups.values() for s in rows], {}
-    for s in plain:
-        ratio = f"{s.cost_mean / cons.cost_mean:.0%}" if cons and cons.cost_mean else "—"
-        table.add_row(
-            s.method,
-            f"{100 * s.accuracy_mean:.1f} ± {100 * s.accuracy_std:.1f}",
-            f"{s.cost_mean:,.0f} ± {s.cost_std:,.0f}",
-            ratio,
-            f"{s.cost_paper_mean:,.0f}",
+    def new_pool(self, window: int | None, per_question: int, at_once: int) -> runs.NewPool:
+        """How a new pool is sampled, ``window`` tokens of each response read out unless --readout-tokens says."""
+        sampling = self.sampling.config(specs.readout_tokens(self.readout_tokens, window))
+        job = specs.job_size(self.task.questions, per_question, at_once, sampling)  # what auto picks for
+        chosen = specs.engine_backend(self.backend, self.model.model, runs.resumed_manifest(self.store), job)
+        readout = specs.readout_config(
+            self.stored.divergence or ReadoutConfig.divergence, lens=self.stored.lens or ReadoutConfig.lens
         )
-    for group, rows in groups.items():
-        ratios = [s.cost_mean / cons.cost_mean for s in rows] if cons and cons.cost_mean else []
-        table.add_row(
-            f"{group}-*@n ({len(rows)})",
-            span([100 * s.accuracy_mean for s in rows], ".1f"),
-            span([s.cost_mean for s in rows], ",.0f"),
-            span([100 * r for r in ratios], ".0f") + "%" if ratios else "—",
-            span([s.cost_paper_mean for s in rows], ",.0f"),
+        answers = self.answers.config(self.task.task)
+        return runs.NewPool(
+            self.model.spec(self.arch), answers, sampling, self.vllm.engine(chosen, self.model), readout
         )
-    console.print(table)
-    if groups:
-        err_console.print(
-            f"DeepConf: {sum(len(r) for r in groups.values())} variants folded into {len(groups)} lines (the range "
-            "over their trace scores); --methods all shows each, as the summary CSV holds them",
-            highlight=False,
-        )
-    if report.paired:
-        from depthlens.cli.paired_view import paired_table, power_line
-
-        paired = folded(report.paired, lambda c: c.method)[0] if groups else report.paired
-        console.print(paired_table(paired))
-        if (line := power_line(report.paired)) is not None:
-            err_console.print(line, highlight=False)
-    _print_notes(report, store)
-    if report.ablation:
-        _print_ablation(report.ablation)
-
-
-def _print_notes(report: ThinkReport, store: Path | None) -> None:
-    """How the answers were read, and what was left out of the vote."""
-    from depthlens.evals.answers import RULES
-
-    info = report.info
-    err_console.print(info.answers.line(), highlight=False)
-    if info.answers.rules != RULES:
-        err_console.print(
-            f"[yellow]these answers were read by older rules ({info.answers.rules}); `depthlens regrade "
-            f"{store or 'STORE'}` re-reads them under {RULES}[/]"
-        )
-    unanswered = {s.method: s.no_answer for s in report.summaries if s.no_answer}
-    if unanswered:
-        err_console.print(
-            "votes with no answer (wrong), questions per trial: "
-            + ", ".join(f"{m} {v:g}" for m, v in unanswered.items()),
-            highlight=False,
-        )
-    if info.excluded:
-        err_console.print(
-            f"[yellow]{len(info.excluded)} question(s) left out (fewer than n usable responses):[/] "
-            + ", ".join(info.excluded[:10])
-        )
-    if info.failed:
-        err_console.print(
-            f"[yellow]{len(info.failed)} response(s) failed to generate[/] (status 'failed' in the store)"
-        )
-
-
-def _print_ablation(rows: list[dict[str, Any]]) -> None:
-    if rows:
-        ab = Table(title="Think@n ablation (same pool)", title_justify="left")
-        ab.add_column("method", no_wrap=True)
-        for column in ("ℓ_prefix", "η", "accuracy %", "cost vs Cons@n"):
-            ab.add_column(column, justify="right")
-        for row in rows:
-            ratio = row["cost_vs_cons"]
-            ab.add_row(
-                row["method"],
-                str(row["prefix"]),
-                f"{row['eta']:g}",
-                f"{100 * row['accuracy_mean']:.1f} ± {100 * row['accuracy_std']:.1f}",
-                f"{ratio:.0%}" if ratio is not None else "—",
-            )
-        console.print(ab)
 
 
 @app.command("thinkn", short_help="Think@n vs Cons@n and the other voting methods.")
+@groups.grouped
 def thinkn(
+    *,
     out: opt.OptionalOutDir = None,
     from_store: opt.FromStore = None,
-    task: opt.Task = TaskSpec.name,
-    model: opt.Model = DEFAULT_MODEL,
-    data: opt.Data = None,
-    questions: opt.Questions = TaskSpec.questions,
-    task_seed: opt.TaskSeed = TaskSpec.task_seed,
-    task_config: opt.TaskConfig = TaskSpec.task_config,
-    n: opt.ThinknN = None,
-    pool: opt.ThinknPool = None,
-    eta: opt.Eta = VotingConfig.eta,
-    prefix: opt.PrefixOpt = str(VotingConfig.prefix),
-    trials: opt.Trials = VotingConfig.trials,
-    methods: opt.Methods = None,
-    ablation: opt.Ablation = False,
-    seed: opt.Seed = VotingConfig.seed,
-    temperature: opt.Temperature = SamplingConfig.temperature,
-    top_p: opt.TopP = SamplingConfig.top_p,
-    top_k: opt.TopKSampling = SamplingConfig.top_k,
-    min_p: opt.MinP = SamplingConfig.min_p,
-    max_new_tokens: opt.MaxNew = SamplingConfig.max_new_tokens,
+    task: groups.Task,
+    model: groups.Model,
+    vote_on: groups.Vote,
+    sampling: groups.Sampling,
     readout_tokens: opt.ThinknReadoutTokens = None,
     batch_size: opt.ThinknBatch = None,
-    online: opt.Online = False,
-    signal: opt.SignalOpt = OnlineConfig.signal,
-    warmup: opt.Warmup = OnlineConfig.warmup,
-    max_n: opt.MaxN = OnlineConfig.max_n,
-    consensus: opt.Consensus = OnlineConfig.consensus,
-    deepconf_window: opt.DeepconfWindow = VotingConfig.deepconf_window,
-    sweep: opt.Sweep = False,
-    g: opt.StoreG = None,
-    rho: opt.StoreRho = None,
-    deep_rule: opt.StoreDeepRule = None,
-    divergence: opt.StoreDivergence = None,
-    lens: opt.StoreLens = None,
-    prompt_style: opt.PromptStyleOpt = AnswerConfig.prompt_style,
-    answer_type: opt.AnswerTypeOpt = AnswerConfig.answer_type,
-    answer_fallback: opt.AnswerFallbackOpt = AnswerConfig.fallback,
-    device: opt.Device = ModelSpec.device,
-    dtype: opt.DType = ModelSpec.dtype,
-    trust_remote_code: opt.TrustRemoteCode = ModelSpec.trust_remote_code,
-    blocks: opt.Blocks = None,
-    final_norm_path: opt.FinalNormPath = None,
-    unembed: opt.Unembed = None,
-    resume: opt.Resume = StoreSpec.resume,
-    overwrite: opt.Overwrite = StoreSpec.overwrite,
+    policy: groups.Live,
+    stored: groups.Stored,
+    answers: groups.Answers,
+    arch: groups.Arch,
+    store: groups.Store,
     backend: opt.BackendOpt = "auto",
-    tensor_parallel_size: opt.TensorParallel = EngineConfig.tensor_parallel_size,
-    gpu_memory_utilization: opt.GpuMemory = EngineConfig.gpu_memory_utilization,
-    max_model_len: opt.MaxModelLen = EngineConfig.max_model_len,
-    enforce_eager: opt.EnforceEager = EngineConfig.enforce_eager,
-    kv_cache_gib: opt.KvCacheGib = EngineConfig.kv_cache_gib,
-    float32_lens: opt.Float32Lens = EngineConfig.float32_lens,
-    store_format: opt.StoreFormatOpt = StoreSpec.format,
+    vllm: groups.Vllm,
     verify: opt.Verify = False,
-    float16: opt.Float16 = StoreSpec.float16,
-    ray: opt.RayOpt = False,
-    ray_address: opt.RayAddress = RayConfig.address,
-    workers: opt.Workers = RayConfig.workers,
-    cpus: opt.Cpus = RayConfig.cpus,
-    gpus: opt.Gpus = RayConfig.gpus,
+    ray: groups.Ray,
 ) -> None:
     """Think@n vs Cons@n, Mean@n, Long/Short@n, Self-Certainty@n and DeepConf: accuracy and exact cost.
 
     Generates a pool per question into --out (or reads --from), then votes over --trials draws of n.
     The methods are defined in docs/definitions.md §5.
     """
-    options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
     if (out is None) == (from_store is None):
         raise InputError("give --out DIR to generate and vote, or --from DIR to re-vote an existing store")
-    store = StoreSpec(from_store or out, resume, overwrite, store_format, float16)  # type: ignore[arg-type]
-    task_spec = specs.task_spec(task, questions, task_seed, task_config, data)
-    new_lens = lens or ReadoutConfig.lens
-
-    def sampled(window: int | None, per_question: int, at_once: int) -> Sampled:  # built only where one is
-        window = specs.readout_tokens(readout_tokens, window)
-        sampling = SamplingConfig(temperature, top_p, max_new_tokens, window, top_k=top_k, min_p=min_p)
-        job = specs.job_size(questions, per_question, at_once, sampling)  # what auto picks the backend for
-        chosen = specs.engine_backend(backend, model, resumed_manifest(store), job)
-        model_spec, engine = specs.model_and_engine(options, chosen)
-        return Sampled(
-            model_spec,
-            specs.answer_config(prompt_style, answer_type, answer_fallback, task),
-            sampling,
-            engine,
-            specs.readout_config(divergence or ReadoutConfig.divergence, lens=new_lens),
-        )
-
+    spec = store.spec(from_store or out)  # type: ignore[arg-type]
+    given = Given(
+        task, model, arch, sampling, answers, vllm, ray, stored, spec, backend, readout_tokens, batch_size
+    )
     from depthlens.stores.parquet import verifying
     from depthlens.stores.samples import picking
 
-    with (
-        picking(store_format if from_store is not None else None),
-        verifying(verify),
-    ):  # --store picks one of two stores to read
+    # --store picks one of two stores to read
+    with picking(store.store_format if from_store is not None else None), verifying(verify):
         if from_store is not None:
-            honoured(from_store, divergence, lens)
-        n = n if n is not None else default_n(from_store)
-        if online or sweep:
-            if ray or ray_address is not None:
-                raise InputError("--ray samples a pool for offline voting; run --online without --ray")
-            if (store_format is not None and from_store is None) or float16:
-                raise InputError(
-                    "--store and --float16 set the format of an offline pool; an online store is JSONL"
-                )
-            if not online:
-                raise InputError("--sweep replays the online policy: pass it with --online --from DIR")
-            policy = oc.online_config(
-                signal,
-                warmup,
-                max_n,
-                consensus,
-                eta,
-                specs.prefix(prefix),
-                deepconf_window,
-                batch_size or OnlineConfig.batch_size,
-            )
-            live = lambda: sampled(policy.prefix, policy.max_n, policy.batch_size)  # noqa: E731
-            _online(
-                store,
-                policy,
-                dtr_for(from_store, g, rho, deep_rule),
-                oc.Replay(trials, seed, sweep, n),
-                live,
-                task_spec,
-                from_store is not None,
-            )
-            return
-        voting = VotingConfig(n, eta, specs.prefix(prefix), trials, seed, deepconf_window)
-        from depthlens.cli.paired_view import method_list
+            honoured(from_store, stored.divergence, stored.lens)
+        n = vote_on.n if vote_on.n is not None else default_n(from_store)
+        if policy.online or policy.sweep:
+            _online(given, policy, vote_on, n, from_store is not None)
+        else:
+            _offline(given, vote_on, n, out is not None)
 
-        chosen = method_list(methods)
-        if out is not None:
-            size = pool if pool is not None else 2 * n
-            if size < n:  # every question would be left out of the vote: knowable before sampling
-                raise InputError(
-                    f"--n {n}: more than --pool {size} responses per question; use --pool {n} or more"
-                )
-            at_once = batch_size or GenerateRun.batch_size
-            new = sampled(None if ablation else voting.prefix, size, at_once)
-            run = GenerateRun(
-                store,
-                size,
-                seed,
-                at_once,
-                new.sampling,
-                new.readout,
-                dtr_for(None, g, rho, deep_rule),
-                new.answers,
-                new.engine,
-                task_spec,
+
+def _offline(given: Given, vote_on: groups.Vote, n: int, sample: bool) -> None:
+    """Think@n and its peers over the store's pools, sampling them first (``sample``: ``--out``)."""
+    from depthlens.cli.paired_view import method_list
+
+    voting = VotingConfig(
+        n, vote_on.eta, specs.prefix(vote_on.prefix), vote_on.trials, vote_on.seed, vote_on.deepconf_window
+    )
+    chosen = method_list(vote_on.methods)
+    store = given.store
+    if sample:
+        size = vote_on.pool if vote_on.pool is not None else 2 * n
+        if size < n:  # every question would be left out of the vote: knowable before sampling
+            raise InputError(
+                f"--n {n}: more than --pool {size} responses per question; use --pool {n} or more"
             )
-            run_generation(new.model, run, specs.ray_config(ray, ray_address, workers, cpus, gpus))
-        every = methods is not None  # a list, or `all`: each method on its own line
-        vote(store.out, voting, dtr_for(store.out, g, rho, deep_rule), chosen, ablation, overwrite, every)
+        at_once = given.batch_size or GenerateRun.batch_size
+        new = given.new_pool(None if vote_on.ablation else voting.prefix, size, at_once)
+        dtr = given.stored.dtr(None)
+        run = GenerateRun(
+            store,
+            size,
+            vote_on.seed,
+            at_once,
+            new.sampling,
+            new.readout,
+            dtr,
+            new.answers,
+            new.engine,
+            given.task.spec(),
+        )
+        runs.run_generation(new.model, run, given.ray.config())
+    every = vote_on.methods is not None  # a list, or `all`: each method on its own line
+    vote(store.out, voting, given.stored.dtr(store.out), chosen, vote_on.ablation, store.overwrite, every)
+
+
+def _online(given: Given, policy: groups.Live, vote_on: groups.Vote, n: int, stored: bool) -> None:
+    """``thinkn --online``: replay the policy over a stored pool (``stored``: ``--from``), or run it live."""
+    from depthlens.studies.resolve import online_policy
+
+    if given.ray.on:
+        raise InputError("--ray samples a pool for offline voting; run --online without --ray")
+    if (given.store.format is not None and not stored) or given.store.float16:
+        raise InputError("--store and --float16 set the format of an offline pool; an online store is JSONL")
+    if not policy.online:
+        raise InputError("--sweep replays the online policy: pass it with --online --from DIR")
+    online: OnlineConfig = online_policy(
+        specs.prefix(vote_on.prefix),
+        signal=policy.signal,
+        warmup=policy.warmup,
+        max_n=policy.max_n,
+        consensus=policy.consensus,
+        keep=vote_on.eta,
+        window=vote_on.deepconf_window,
+        batch_size=given.batch_size or OnlineConfig.batch_size,
+    )
+    dtr = given.stored.dtr(given.store.out if stored else None)
+    if stored:
+        live.run_replay(
+            online, given.store.out, dtr, live.Replay(vote_on.trials, vote_on.seed, policy.sweep, n)
+        )
+        return
+    if policy.sweep:
+        raise InputError("--sweep replays a stored pool: pass it with --online --from DIR")
+    new = given.new_pool(online.prefix, online.max_n, online.batch_size)
+    run = OnlineRun(
+        given.store,
+        online,
+        vote_on.seed,
+        new.sampling,
+        new.readout,
+        dtr,
+        new.answers,
+        new.engine,
+        given.task.spec(),
+    )
+    live.run_live(new.model, run)
 
 
 def default_n(store: Path | None) -> int:
@@ -360,34 +198,3 @@ def honoured(store: Path, divergence: str | None, lens: str | None = None) -> No
     from depthlens.studies.resolve import check_stored_readout
 
     check_stored_readout(read_manifest(store), str(store), lens=lens, divergence=divergence)
-
-
-@dataclasses.dataclass(frozen=True)
-class Sampled:
-    """How a new pool is sampled: the model, the answer rules, sampling, the engine, the readout."""
-
-    model: ModelSpec
-    answers: AnswerConfig
-    sampling: SamplingConfig
-    engine: EngineConfig
-    readout: ReadoutConfig
-
-
-def _online(
-    store: StoreSpec,
-    policy: OnlineConfig,
-    dtr: DTRConfig,
-    replay: oc.Replay,
-    sampled: Callable[[], Sampled],
-    task: TaskSpec,
-    stored: bool,
-) -> None:
-    """``thinkn --online``: replay the policy over a stored pool (``stored``: ``--from``), or run it live."""
-    if stored:
-        oc.run_replay(policy, store.out, dtr, replay)
-        return
-    if replay.sweep:
-        raise InputError("--sweep replays a stored pool: pass it with --online --from DIR")
-    new = sampled()
-    run = OnlineRun(store, policy, replay.seed, new.sampling, new.readout, dtr, new.answers, new.engine, task)
-    oc.run_live(new.model, run)

@@ -77,7 +77,7 @@ class CorrelationConfig(Config):
             check_repeats("CorrelationConfig", name, getattr(self, name))
         if self.n is not None and self.n < self.bins:
             raise invalid(
-                "CorrelationConfig", "n", self.n, f"must be ≥ --bins {self.bins}", "draw ≥ bins responses"
+                "CorrelationConfig", "n", self.n, f"must be ≥ {{bins}} {self.bins}", "draw ≥ bins responses"
             )
         for name, least in (("min_responses", 3), ("min_questions", 1), ("min_outcome", 1)):
             if getattr(self, name) < least:
@@ -135,8 +135,8 @@ class OnlineConfig(Config):
                 "OnlineConfig",
                 "warmup",
                 self.warmup,
-                f"must be below --max-n {self.max_n} (the warm-up alone would use the whole budget); raise "
-                "--max-n or lower --warmup",
+                f"must be below {{max_n}} {self.max_n} (the warm-up alone would use the whole budget); raise "
+                "{max_n} or lower {warmup}",
             )
         if not (0.5 < self.consensus <= 1):
             raise invalid(

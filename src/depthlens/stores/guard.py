@@ -52,3 +52,20 @@ def refuse_same_file(in_path: Path, out_path: Path) -> None:
     """Scores never replace their own input (``--overwrite`` included): nothing a user has is lost."""
     if out_path.exists() and in_path.exists() and out_path.resolve() == in_path.resolve():
         raise InputError(f"--out {out_path} is the input file itself; write the scores to another file")
+
+
+def refuse_inside(out: Path, store: Path) -> None:
+    """Writes never land inside a store: ``out`` may be neither the store, a file in it, its manifest, nor a file
+    in a sample store's directory (it would read as that store's responses)."""
+    from depthlens.stores.files import manifest_path
+    from depthlens.stores.samples import SAMPLES, SHARDS
+
+    target, source = out.resolve(), store.resolve()
+    inside = target == source or source in target.parents or target == manifest_path(source)
+    sample_store = (target.parent / SHARDS).is_dir() or (target.parent / SAMPLES).is_file()
+    if inside or (sample_store and target.name in (SAMPLES, manifest_path(Path(SAMPLES)).name)):
+        raise InputError(
+            setting="out",
+            value=out,
+            requirement=f"inside the store {store} (or where its responses are kept); write the export outside it",
+        )

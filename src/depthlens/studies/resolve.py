@@ -80,7 +80,7 @@ def online_policy(prefix: int | None, **settings: Any) -> OnlineConfig:
         raise InputError(
             setting="prefix",
             value="full",
-            requirement="online Think@n decides on a finite prefix ℓ; 'full' is an offline ablation",
+            requirement="online Think@n decides on a finite ℓ; 'full' is an offline ablation",
         )
     return OnlineConfig(prefix=prefix, **settings)
 

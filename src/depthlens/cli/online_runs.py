@@ -13,25 +13,9 @@ from rich.table import Table
 from depthlens.cli.app import console, err_console, load_for
 from depthlens.cli.progress import make_progress
 from depthlens.config import DTRConfig, ModelSpec, OnlineConfig, OnlineRun, VotingConfig
-from depthlens.errors import InputError
 
 if TYPE_CHECKING:
     from depthlens.voting.online import OnlineSummary
-
-
-def online_config(
-    signal: str,
-    warmup: int,
-    max_n: int,
-    consensus: float,
-    eta: float,
-    prefix: int | None,
-    window: int,
-    batch: int,
-) -> OnlineConfig:
-    if prefix is None:
-        raise InputError("--online decides on a finite --prefix ℓ; 'full' is an offline ablation")
-    return OnlineConfig(signal, warmup, max_n, consensus, eta, prefix, window, batch)  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +36,7 @@ def run_live(model: ModelSpec, run: OnlineRun) -> None:
     check_online(run.online, run.sampling)  # before the task, the model or any generation
     assert run.task is not None
     questions = task_questions(run.task)
-    from depthlens.cli.generate_cmd import refuse_short_task, refuse_unfitting
+    from depthlens.cli.runs import refuse_short_task, refuse_unfitting
 
     refuse_short_task(run.task, questions)
     refuse_unfitting(model, run.engine, run.sampling, run.answers, questions)  # before the weights load

@@ -1,0 +1,210 @@
+"""Running a generation from the command line, shared by ``depthlens generate``, ``thinkn --out`` and ``thinkn
+--online``: what needs no model is checked first (the store, the model's name, the task, whether any response fits
+the context), then the pool is sampled here or on Ray actors, with a progress display, and what was written is
+said."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from depthlens.cli.app import err_console, load_for, read_info, warn, writes_to
+from depthlens.cli.progress import make_progress
+from depthlens.config import (
+    AnswerConfig,
+    EngineConfig,
+    GenerateRun,
+    ModelSpec,
+    RayConfig,
+    ReadoutConfig,
+    SamplingConfig,
+    StoreSpec,
+    TaskSpec,
+)
+from depthlens.errors import InputError
+
+if TYPE_CHECKING:
+    from depthlens.config import StoreFormat
+    from depthlens.evals.tasks import Question
+    from depthlens.studies.generate import GenerationReport
+
+
+def run_generation(model: ModelSpec, run: GenerateRun, ray: RayConfig | None) -> GenerationReport:
+    """Check everything that needs no model (``--out``, the model's name, the task, ``--resume``), then sample
+    here or on Ray actors, and say what was written."""
+    from depthlens.stores.samples import samples_entry, samples_format, samples_path
+
+    out, spec = run.store.out, run.store
+    fmt = samples_format(out, spec.format, spec.resume, spec.overwrite)
+    samples_entry(fmt, spec.float16)  # --float16 with a JSONL store is refused here
+    if ray is not None:
+        from depthlens.scale.ray import import_ray
+
+        if fmt == "jsonl":
+            raise InputError(
+                f"--ray writes a sharded Parquet store and {out} is a JSONL one; resume it without "
+                "--ray, or leave out --store jsonl"
+            )
+        import_ray()  # the missing extra is named before anything else happens
+    samples = samples_path(out, fmt)
+    from depthlens.stores.guard import new_out
+    from depthlens.stores.lock import store_lock
+
+    # One writer from here on (a second is refused now, naming this one), and a run that fails before its first
+    # record leaves no --out behind.
+    with new_out(out, samples_path(out, "parquet"), samples_path(out, "jsonl")), store_lock(samples):
+        return _checked_generation(model, run, ray, fmt)
+
+
+def _checked_generation(
+    model: ModelSpec, run: GenerateRun, ray: RayConfig | None, fmt: StoreFormat
+) -> GenerationReport:
+    from depthlens.evals.loading import task_questions
+    from depthlens.models.locate import locate
+    from depthlens.stores.formats import check_results
+    from depthlens.stores.samples import RESUME_RULES, samples_path
+    from depthlens.studies.generate import run_manifest
+
+    out, spec = run.store.out, run.store
+    samples = samples_path(out, fmt)
+    resuming = check_results(samples, None, spec.resume, spec.overwrite, fmt=fmt)
+    locate(model.name)
+    assert run.task is not None  # the CLI always names its task
+    questions = task_questions(run.task)
+    refuse_short_task(run.task, questions)
+    if resuming:  # are the settings the stored run's?
+        manifest = run_manifest(model.name, None, questions, run, fmt)
+        check_results(samples, manifest, spec.resume, spec.overwrite, RESUME_RULES, fmt)
+    from depthlens.config import degenerate_settings
+
+    for line in degenerate_settings(run.readout, run.dtr):
+        warn(line)
+    refuse_unfitting(model, run.engine, run.sampling, run.answers, questions)
+    here = ray is None
+    report = (
+        _generate_here(model, run, questions, fmt) if here else _generate_on_ray(model, run, questions, ray)
+    )
+    _say_generated(report, run.answers, run.store)
+    refuse_nothing_usable(report, run.store.out)
+    return report
+
+
+def refuse_nothing_usable(report: GenerationReport, out: Path) -> None:
+    """A run whose every new response failed made nothing to vote on or read: it ends with an error (exit 2),
+    not exit 0. The failed records stay in the store as the record of why; ``--resume`` does not retry them."""
+    if report.failed and not report.written:
+        cause = f" (the first: {report.first_error})" if report.first_error else ""
+        raise InputError(
+            f"{out}: all {report.failed} responses this run sampled failed{cause}, so it made nothing usable; "
+            "fix that, then generate again with --overwrite (--resume does not retry failed responses)"
+        )
+
+
+def refuse_short_task(task: TaskSpec, questions: list[Question]) -> None:
+    """``--questions`` beyond what a hub or JSONL task holds is refused, not cut silently to what it has (a
+    reasoning-gym task generates as many as asked)."""
+    asked = task.questions
+    if asked is not None and len(questions) < asked:
+        raise InputError(
+            f"--questions {asked}: task {task.name!r} has {len(questions)}; leave out --questions to ask all of "
+            f"them, or ask for {len(questions)} or fewer"
+        )
+
+
+def refuse_unfitting(
+    model: ModelSpec,
+    engine: EngineConfig,
+    sampling: SamplingConfig,
+    answers: AnswerConfig,
+    questions: list[Question],
+) -> None:
+    """A run none of whose responses fits the model's context (the longest prompt + --max-new-tokens) is refused
+    before the weights load: its tokenizer and config are enough (``app.read_info``). Where they cannot be read
+    without loading, ``studies.generate`` refuses it once the model is loaded, still before anything is sampled."""
+    from depthlens.studies.generate import engine_len, refuse_too_long
+
+    info = read_info(model)
+    if info is not None:
+        refuse_too_long(info, questions, answers.prompt_style, sampling.max_new_tokens, engine_len(engine))
+
+
+def _generate_here(
+    model: ModelSpec, run: GenerateRun, questions: list[Question], fmt: StoreFormat
+) -> GenerationReport:
+    """Generation in this process (the model loaded here), with a progress display."""
+    from depthlens.stores.samples import samples_path
+    from depthlens.studies.generate import GenerationEvents, generate
+
+    lm = load_for(run.engine, model)
+    with make_progress(err_console) as progress:
+        responses = progress.add_task("responses", total=None)
+        tokens = progress.add_task("tokens", total=None)
+
+        def on_start(total: int, done: int) -> None:
+            writes_to(samples_path(run.store.out, fmt))
+            progress.update(responses, total=total, completed=done)
+
+        events = GenerationEvents(
+            on_start, lambda n: progress.advance(responses, n), lambda n: progress.advance(tokens, n)
+        )
+        return generate(lm, run, questions, events=events)
+
+
+def _generate_on_ray(
+    model: ModelSpec, run: GenerateRun, questions: list[Question], ray: RayConfig
+) -> GenerationReport:
+    """Generation on Ray actors into the sharded store out/samples/."""
+    from depthlens.scale.generate import generate_on_ray
+    from depthlens.stores.samples import SHARDS
+    from depthlens.studies.generate import GenerationEvents
+
+    with make_progress(err_console) as progress:
+        responses = progress.add_task("responses on Ray", total=None)
+
+        def on_start(total: int, done: int) -> None:
+            writes_to(run.store.out / SHARDS)
+            progress.update(responses, total=total, completed=done)
+
+        events = GenerationEvents(on_start, lambda n: progress.advance(responses, n))
+        return generate_on_ray(model, run, questions, ray, events)
+
+
+def _say_generated(report: GenerationReport, answers: AnswerConfig, store: StoreSpec) -> None:
+    """What a generation run wrote, on stderr."""
+    for line in report.changed:
+        err_console.print(f"resumed with a changed setting: {line}", highlight=False, soft_wrap=True)
+    grades = ", ".join(f"{k} {v}" for k, v in sorted(report.grades.items()))
+    sources = ", ".join(f"{k} {v}" for k, v in sorted(report.sources.items()))
+    err_console.print(
+        f"wrote {report.written} responses ({report.tokens} tokens; {grades or 'none graded'}) to {store.out}"
+        + (f", {report.skipped} already there" if report.skipped else "")
+        + (f", [red]{report.failed} failed[/] (kept as status 'failed')" if report.failed else "")
+    )
+    if report.written:
+        err_console.print(
+            f"answers by source: {sources}; {report.truncated} of {report.written} cut at --max-new-tokens "
+            f"({answers.prompt_style} prompts, fallback {answers.fallback})"
+        )
+    if report.grades.get("unparsed"):
+        err_console.print(
+            f"{report.grades['unparsed']} answers Math-Verify could not parse were counted wrong"
+        )
+
+
+def resumed_manifest(store: StoreSpec) -> Path | None:
+    """The manifest of the sample store a resumed run continues (whose backend ``--backend auto`` keeps)."""
+    from depthlens.stores.samples import samples_manifest
+
+    return samples_manifest(store.out) if store.resume else None
+
+
+@dataclasses.dataclass(frozen=True)
+class NewPool:
+    """How a new pool is sampled: the model, the answer rules, sampling, the engine, the readout."""
+
+    model: ModelSpec
+    answers: AnswerConfig
+    sampling: SamplingConfig
+    engine: EngineConfig
+    readout: ReadoutConfig
