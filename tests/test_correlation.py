@@ -213,7 +213,7 @@ def test_bad_stores_and_prefix_only_stores(store, tmp_path, tiny_chat):
     prefix = tmp_path / "prefix"
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=10, readout_tokens=4)
     generate(tiny_chat, GenerateRun(StoreSpec(prefix), pool=2, sampling=sampling), QUESTIONS[:1])
-    with pytest.raises(InputError, match=r"only the first 4 tokens .* --readout-tokens all"):
+    with pytest.raises(InputError, match=r"only the first 4 tokens .* readout_tokens all"):
         store_correlations(load_store(prefix))
 
 

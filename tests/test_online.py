@@ -84,7 +84,7 @@ def test_replay_orders_and_errors():
     s = replay_trials({"q": POOL}, POLICY, trials=3, seed=0)
     assert s.trials == 3 and s.questions == 1 and s.accuracy_std >= 0
     assert replay_trials({"q": POOL}, POLICY, 1).cost_mean == replay(POOL, POLICY).tokens  # order 0 = stored
-    with pytest.raises(InputError, match="--max-n 12 needs response 9 of a question, but its pool has 8"):
+    with pytest.raises(InputError, match="max_n 12 needs response 9 of a question, but its pool has 8"):
         replay(POOL[:8], POLICY)
     assert replay(POOL[:10], POLICY) == replay(POOL, POLICY)  # consensus comes before the pool runs out
 

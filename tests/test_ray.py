@@ -172,7 +172,7 @@ def test_unreachable_address_fails_within_seconds(local_ray):
     from depthlens.scale.ray import connect
 
     start = time.monotonic()
-    with pytest.raises(ClusterError, match=r"--ray-address 127\.0\.0\.1:9: no Ray cluster answers there"):
+    with pytest.raises(ClusterError, match=r"ray_address 127\.0\.0\.1:9: no Ray cluster answers there"):
         connect("127.0.0.1:9", timeout_s=3)
     assert time.monotonic() - start < 5
 
@@ -181,7 +181,7 @@ def test_ray_without_the_extra_names_it(monkeypatch):
     from depthlens.scale.ray import import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(ClusterError, match=r"^--ray needs the Ray extra: pip install 'depthlens\[ray\]'$"):
+    with pytest.raises(ClusterError, match=r"^ray needs the Ray extra: pip install 'depthlens\[ray\]'$"):
         import_ray()
 
 

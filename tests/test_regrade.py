@@ -178,7 +178,7 @@ def test_an_old_store_resumes_once_regraded(tiny_chat, tmp_path):
     _old_store(tiny_chat, store)
     again = GenerateRun(StoreSpec(store, resume=True), pool=2, seed=1, sampling=SAMPLING, batch_size=2)
     with pytest.raises(
-        StoreError, match=r"before the answer rules.*`depthlens regrade .*` first, then --resume"
+        StoreError, match=r"before the answer rules.*`depthlens regrade .*` first, then resume"
     ):
         generate(tiny_chat, again, QUESTIONS)
     regrade_store(store)

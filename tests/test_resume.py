@@ -108,7 +108,7 @@ def test_summaries_are_named_by_settings_and_never_silently_replaced(tiny_chat, 
     ]
     summarise(store, VotingConfig(n=2, trials=2, prefix=3))  # the same settings: the same summary, rewritten
     with pytest.raises(
-        StoreError, match=r"other settings \(voting.trials: stored 2, this run 5\); pass --overwrite"
+        StoreError, match=r"other settings \(voting.trials: stored 2, this run 5\); pass overwrite"
     ):
         summarise(store, VotingConfig(n=2, trials=5, prefix=3))
     summarise(store, VotingConfig(n=2, trials=5, prefix=3), overwrite=True)

@@ -66,7 +66,7 @@ def test_text_records_need_a_tokenizer(tiny_llama):
 
 def test_malformed_line_is_named_or_skipped(tiny_llama, tmp_path):
     src = _write(tmp_path / "in.jsonl", [_records(1)[0], "{not json", {"id": "x", "prompt": "no completion"}])
-    with pytest.raises(InputError, match=r"in.jsonl:2: not valid JSON .* \(pass --skip-bad"):
+    with pytest.raises(InputError, match=r"in.jsonl:2: not valid JSON .* \(pass skip_bad"):
         run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "out.jsonl")))
     skipped = run_score(
         tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "out.jsonl", overwrite=True), skip_bad=True)
@@ -112,7 +112,7 @@ def test_interrupted_run_resumes_to_the_same_output(tiny_llama, tmp_path):
     assert len(list(iter_jsonl(out))) == 2
     with out.open("a") as f:
         f.write('{"id": "r2", "n_tok')  # a write torn by the crash
-    with pytest.raises(StoreError, match="already exists; pass --resume"):
+    with pytest.raises(StoreError, match="already exists; pass resume"):
         run_score(tiny_llama, ScoreRun(src, StoreSpec(out), tokens=True, batch_size=2))
     with pytest.raises(StoreError, match="tokens: stored True, this run False"):
         run_score(tiny_llama, ScoreRun(src, StoreSpec(out, resume=True), tokens=False, batch_size=2))

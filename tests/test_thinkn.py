@@ -55,7 +55,7 @@ def test_hub_tasks_read_local_rows_of_the_same_schema():
     assert grade(q, f"The answer is ({wrong})").status == "wrong"
     with pytest.raises(InputError, match=r"row 0: missing column\(s\) \['Question'"):
         load_task("gpqa_diamond", data=DATA / "aime2025_sample.jsonl")
-    with pytest.raises(InputError, match=r"--data FILE\.jsonl"):  # offline (or without `datasets`)
+    with pytest.raises(InputError, match=r"data FILE\.jsonl"):  # offline (or without `datasets`)
         load_task("hmmt_feb2025")
 
 
@@ -353,7 +353,7 @@ def test_task_config_sets_reasoning_gym_difficulty():
     assert all(
         len(q.question.split("problem:")[1].split()) == 4 for q in qs
     )  # "a ± b =": two one-digit terms
-    with pytest.raises(InputError, match="rejects --task-config"):
+    with pytest.raises(InputError, match="rejects task_config"):
         load_task("reasoning_gym:chain_sum", 2, config={"no_such_setting": 1})
     with pytest.raises(InputError, match="key=value"):
         parse_task_config("max_terms")

@@ -356,7 +356,7 @@ def test_engine_errors_name_the_fix(real_model, tmp_path):
         (dict(gpu_memory_utilization=1e-5), "now --gpu"),
     ):
         with pytest.raises(
-            EngineError, match=rf"too small .*{now}.*raise --kv-cache-gib .* lower --max-model-len"
+            EngineError, match=rf"too small .*{now}.*raise kv_cache_gib .* lower max_model_len"
         ):
             start_engine(load_info(real_model.name), dataclasses.replace(ENGINE, enforce_eager=True, **tiny))
 

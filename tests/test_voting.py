@@ -288,7 +288,7 @@ def test_trials_mean_and_std(monkeypatch):
 
 
 def test_trials_need_a_pool_of_n():
-    with pytest.raises(InputError, match="lower --n"):
+    with pytest.raises(InputError, match="lower n"):
         run_trials(_pools(np.random.default_rng(1), size=3), VotingConfig(n=4))
     with pytest.raises(InputError, match="unknown method"):
         run_trials(_pools(np.random.default_rng(1)), VotingConfig(n=4), ["best@n"])

@@ -1,7 +1,7 @@
 """Every error depthlens raises on purpose: what was received, what was expected, and the fix.
 
 An error about one setting names the *setting* (``setting``: a config field's name, ``lens``), the value and what
-it must be (``requirement``; ``{name}`` in it stands for the setting named again), never how a front spells it:
+it must be (``requirement``), and any setting it mentions as ``named('max_n')``, never how a front spells it:
 each front phrases it (``phrased``) — the command line as ``--lens tuned:x: …`` (``cli.flags``), Python as
 ``lens='tuned:x': …`` (the default ``str``), the server as ``depthlens.lens 'tuned:x': …`` (``serve.errors``)."""
 
@@ -10,13 +10,26 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+_NAMED = re.compile(r"‹([a-z_][a-z0-9_]*)›")
+
+
+def named(setting: str) -> str:
+    """``setting`` named inside an error's text (``f"pass {named('resume')} to continue"``): each front spells
+    it its own way when it phrases the error (``--resume`` on the command line), Python reads the bare name."""
+    return f"‹{setting}›"
+
+
+def spelt(text: str, spell: Callable[[str], str] = str) -> str:
+    """``text`` with every ``named`` setting in it spelt by ``spell`` (the bare name by default)."""
+    return _NAMED.sub(lambda m: spell(m.group(1)), text)
+
 
 class DepthlensError(Exception):
     """Base class: the CLI turns any of these into a one-line message and exit code 2.
 
     ``setting`` / ``value`` / ``requirement`` are set where the error is about one setting
     (``config.base.invalid``, or raised with them); ``owner`` is the config class holding it, ``hint`` a gloss
-    a Python caller reads after the requirement."""
+    a Python caller reads after the requirement. Any other setting the text mentions is ``named``."""
 
     def __init__(
         self,
@@ -36,21 +49,20 @@ class DepthlensError(Exception):
         if not message and setting is not None:
             where = "; ".join(p for p in (f"{owner}.{setting}" if owner else "", hint) if p)
             message = self.phrased(f"{setting}=", repr_value=True) + (f" ({where})" if where else "")
-        super().__init__(message)
+        self.template = message  # settings still ``named``: each front spells them (``phrased``)
+        super().__init__(spelt(message))
 
     def phrased(
-        self, name: str, *, repr_value: bool = False, spell: Callable[[str], str] | None = None
+        self, name: str | None = None, *, repr_value: bool = False, spell: Callable[[str], str] = str
     ) -> str:
-        """The error as a front spells its setting ``name`` (``--lens``, ``lens=``, ``depthlens.lens``), and any
-        other setting its requirement names as ``{other}`` (``spell``: the front's spelling; else the bare name);
-        an error about no one setting reads as it is."""
-        if self.setting is None or not self.requirement:
-            return str(self)
+        """The error as a front spells its setting ``name`` (``--lens``, ``lens=``, ``depthlens.lens``; None: as
+        Python reads it) and every other setting it names (``spell``: the front's spelling)."""
+        if self.setting is None or not self.requirement or name is None:
+            return spelt(self.template, spell)
         value = repr(self.value) if repr_value else str(self.value)
         joiner = "" if name.endswith("=") else " "
-        requirement = self.requirement.replace("{name}", name.removesuffix("="))  # the setting named again
-        requirement = re.sub(r"\{([a-z_]+)\}", lambda m: (spell or str)(m.group(1)), requirement)
-        return f"{name}{joiner}{value}: {requirement}"
+        requirement = self.requirement.replace(named(self.setting), name.removesuffix("="))  # named again
+        return f"{name}{joiner}{value}: {spelt(requirement, spell)}"
 
 
 class ConfigError(DepthlensError, ValueError):

@@ -40,10 +40,10 @@ def flag_for(owner: str | None, name: str) -> str | None:
 
 def flag_line(exc: DepthlensError) -> str:
     """``exc`` as a command-line user reads it: a setting's error names its flag (``--eta 1.5: must be in
-    (0, 1]``); any other error reads as it is."""
-    if exc.setting is None or not exc.requirement:
-        return str(exc)
-    flag = flag_for(exc.owner, exc.setting)
-    if flag is None:
-        return str(exc)
-    return exc.phrased(flag, spell=lambda other: flag_for(exc.owner, other) or other)
+    (0, 1]``), and so does every setting its text names (``errors.named``)."""
+
+    def spell(setting: str) -> str:
+        return flag_for(exc.owner, setting) or setting
+
+    flag = flag_for(exc.owner, exc.setting) if exc.setting is not None else None
+    return exc.phrased(flag, spell=spell)

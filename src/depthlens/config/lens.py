@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from depthlens.errors import ConfigError, InputError
+from depthlens.errors import ConfigError, InputError, named
 
 LensKind = Literal["logit", "tuned"]
 """``logit``: each layer read through the final norm and unembedding as it is; ``tuned``: through a per-layer affine
@@ -85,7 +85,7 @@ def read_stamp(path: Path) -> dict[str, Any]:
             setting="lens",
             value=given,
             requirement=f"no fitted lens there ({STAMP} and {WEIGHTS} expected); fit one with `depthlens lens "
-            f"fit --model MODEL --out {path}`",
+            f"fit {named('model')} MODEL {named('out')} {path}`",
         )
     try:
         stamp = json.loads(file.read_text())

@@ -13,7 +13,7 @@ from depthlens.config.base import MOST_QUESTIONS, MOST_RESPONSES, Config, check_
 from depthlens.config.readout import DTRConfig, ReadoutConfig, TCBConfig
 from depthlens.config.sampling import EngineConfig, SamplingConfig
 from depthlens.config.voting import OnlineConfig
-from depthlens.errors import InputError
+from depthlens.errors import InputError, named
 
 StoreFormat = Literal["parquet", "jsonl"]
 """``parquet``: a sharded Parquet store directory (the default for new stores); ``jsonl``: one JSON line per
@@ -71,7 +71,8 @@ class StoreSpec:
     def __post_init__(self) -> None:
         if self.resume and self.overwrite:
             raise InputError(
-                f"--resume and --overwrite together: --resume continues {self.out}, --overwrite replaces it; "
+                f"{named('resume')} and {named('overwrite')} together: {named('resume')} continues {self.out}, "
+                f"{named('overwrite')} replaces it; "
                 "pass one of them"
             )
 
@@ -93,7 +94,8 @@ class RayConfig(Config):
     def __post_init__(self) -> None:
         if self.workers < 1 or self.cpus <= 0 or self.gpus < 0:
             raise InputError(
-                f"--workers {self.workers}, --cpus {self.cpus:g}, --gpus {self.gpus:g}: need 1+ workers, "
+                f"{named('workers')} {self.workers}, {named('cpus')} {self.cpus:g}, {named('gpus')} {self.gpus:g}: "
+                f"need 1+ workers, "
                 "CPUs > 0, GPUs ≥ 0"
             )
         if self.block is not None and self.block < 1:
@@ -139,13 +141,13 @@ class GenerateRun:
 
     def __post_init__(self) -> None:
         if self.pool < 1:
-            raise InputError(f"--pool = {self.pool}; sample at least 1 response per question")
+            raise InputError(f"{named('pool')} = {self.pool}; sample at least 1 response per question")
         if self.pool > MOST_RESPONSES:
             raise invalid(
                 "GenerateRun", "pool", self.pool, f"must be at most {MOST_RESPONSES:,} per question"
             )
         if self.batch_size < 1:
-            raise InputError(f"--batch-size = {self.batch_size}; use 1 or more")
+            raise InputError(f"{named('batch_size')} = {self.batch_size}; use 1 or more")
         check_seed("GenerateRun", "seed", self.seed)
 
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from depthlens.config.base import MOST_RESPONSES, Config, check_choice, check_repeats, check_seed, invalid
 from depthlens.config.readout import PREFIX_TOKENS
+from depthlens.errors import named
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +78,11 @@ class CorrelationConfig(Config):
             check_repeats("CorrelationConfig", name, getattr(self, name))
         if self.n is not None and self.n < self.bins:
             raise invalid(
-                "CorrelationConfig", "n", self.n, f"must be ≥ {{bins}} {self.bins}", "draw ≥ bins responses"
+                "CorrelationConfig",
+                "n",
+                self.n,
+                f"must be ≥ {named('bins')} {self.bins}",
+                "draw ≥ bins responses",
             )
         for name, least in (("min_responses", 3), ("min_questions", 1), ("min_outcome", 1)):
             if getattr(self, name) < least:
@@ -135,8 +140,8 @@ class OnlineConfig(Config):
                 "OnlineConfig",
                 "warmup",
                 self.warmup,
-                f"must be below {{max_n}} {self.max_n} (the warm-up alone would use the whole budget); raise "
-                "{max_n} or lower {warmup}",
+                f"must be below {named('max_n')} {self.max_n} (the warm-up alone would use the whole budget); "
+                f"raise {named('max_n')} or lower {named('warmup')}",
             )
         if not (0.5 < self.consensus <= 1):
             raise invalid(

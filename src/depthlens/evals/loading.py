@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlens.config import TaskSpec
-from depthlens.errors import InputError
+from depthlens.errors import InputError, named
 from depthlens.evals.gold import reference_disagrees
 from depthlens.evals.tasks import ANSWER_TYPES, HUB_TASKS, LETTERS, HubTask, Question, infer_answer_type
 
@@ -33,7 +33,7 @@ def parse_task_config(text: str | None) -> dict[str, Any]:
             continue
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise InputError(f"--task-config {text!r}: expected key=value pairs separated by commas")
+            raise InputError(f"{named('task_config')} {text!r}: expected key=value pairs separated by commas")
         try:
             config[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
@@ -58,7 +58,7 @@ def _reasoning_gym(
     except (TypeError, ValueError, AssertionError) as exc:  # reasoning-gym validates configs with asserts
         detail = str(exc) or traceback.format_exception_only(exc)[-1].strip()
         raise InputError(
-            f"reasoning-gym dataset {name!r} rejects --task-config {config}: {detail}; "
+            f"reasoning-gym dataset {name!r} rejects {named('task_config')} {config}: {detail}; "
             "see its config class for the allowed values"
         ) from None
     chosen, skipped = _trusted_entries(name, data, count, seed, config, check_references)
@@ -102,7 +102,8 @@ def _trusted_entries(
         if i == size:
             if i >= 10 * count + 100:
                 raise InputError(
-                    f"reasoning-gym {name} with --task-config {config}: {len(skipped)} of the first {i} questions "
+                    f"reasoning-gym {name} with {named('task_config')} {config}: {len(skipped)} of the first {i} "
+                    f"questions "
                     f"state answers their expressions do not equal (e.g. {skipped[0][1]}); choose other settings"
                 )
             size *= 2
@@ -172,14 +173,14 @@ def _hub_rows(name: str, spec: HubTask) -> list[dict[str, Any]]:
     except ImportError:
         raise InputError(
             f"task {name} reads {spec.dataset} from the Hugging Face hub, which needs `pip install datasets`; "
-            f"or pass --data FILE.jsonl with its columns ({spec.question}, {spec.answer})"
+            f"or pass {named('data')} FILE.jsonl with its columns ({spec.question}, {spec.answer})"
         ) from None
     try:
         return list(datasets.load_dataset(spec.dataset, spec.config, split=spec.split))
     except Exception as exc:
         raise InputError(
             f"task {name}: could not load {spec.dataset} from the hub ({type(exc).__name__}); offline, pass "
-            f"--data FILE.jsonl with the same columns ({spec.question}, {spec.answer})"
+            f"{named('data')} FILE.jsonl with the same columns ({spec.question}, {spec.answer})"
         ) from None
 
 
@@ -198,18 +199,19 @@ def load_task(
     ``check_references=False`` keeps them, marked by ``Question.reference_issue`` (to re-grade old stores).
     """
     if count is not None and count < 1:
-        raise InputError(f"--questions = {count}; ask for at least 1")
+        raise InputError(f"{named('questions')} = {count}; ask for at least 1")
     if data is not None and name not in HUB_TASKS:  # never silently ignored
         raise InputError(
-            f"--data gives the rows of a hub task ({', '.join(HUB_TASKS)}); task {name!r} takes none — a question "
-            "file is itself the task: --task FILE.jsonl"
+            f"{named('data')} gives the rows of a hub task ({', '.join(HUB_TASKS)}); task {name!r} takes none — a "
+            f"question "
+            f"file is itself the task: {named('task')} FILE.jsonl"
         )
     if name.startswith("reasoning_gym:"):
         return _reasoning_gym(
             name.split(":", 1)[1], count or TaskSpec.GENERATED, seed, config or {}, check_references
         )
     if config:
-        raise InputError(f"--task-config applies to reasoning_gym tasks only, not {name!r}")
+        raise InputError(f"{named('task_config')} applies to reasoning_gym tasks only, not {name!r}")
     if name in HUB_TASKS:
         spec = HUB_TASKS[name]
         rows = _read_jsonl(data) if data is not None else _hub_rows(name, spec)

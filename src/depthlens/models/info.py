@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from depthlens.errors import ConfigError, InputError, ModelNotFoundError
+from depthlens.errors import ConfigError, InputError, ModelNotFoundError, named
 from depthlens.models import catalogue
 from depthlens.models.locate import locate
 
@@ -97,7 +97,7 @@ class ModelInfo:
         if limit is not None and len(prompt) + budget > limit:
             raise InputError(
                 f"{what}: {len(prompt) + budget} tokens exceed {self.name}'s context of {limit}; shorten the "
-                "prompt or lower --max-new-tokens"
+                f"prompt or lower {named('max_new_tokens')}"
             )
 
 
@@ -156,8 +156,8 @@ def load_info(
     source = locate(name)
     if source.kind == "gguf":
         raise ConfigError(
-            f"{name}: --backend vllm loads safetensors model directories, not a .gguf file; convert it, use a "
-            "catalogue name (its cached safetensors copy is used), or --backend hf"
+            f"{name}: {named('backend')} vllm loads safetensors model directories, not a .gguf file; convert it, use a "
+            f"catalogue name (its cached safetensors copy is used), or {named('backend')} hf"
         )
     from transformers import AutoConfig, AutoTokenizer
 
@@ -177,7 +177,7 @@ def load_info(
             f"could not read the config and tokenizer of model {name!r}: {said}"
         ) from exc
     if not hasattr(text_config(config), "num_hidden_layers"):
-        raise ConfigError(f"model {name!r}: its config names no num_hidden_layers; use --backend hf")
+        raise ConfigError(f"model {name!r}: its config names no num_hidden_layers; use {named('backend')} hf")
     return ModelInfo(name, target, tokenizer, config, _end_ids(target, config, tokenizer))
 
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import torch
 from safetensors import SafetensorError
 
-from depthlens.errors import ConfigError, DepthlensError, ModelInstallError, ModelNotFoundError
+from depthlens.errors import ConfigError, DepthlensError, ModelInstallError, ModelNotFoundError, named
 from depthlens.models import catalogue
 from depthlens.models.adapters import ModelParts, resolve_parts
 from depthlens.models.allocator import keep_freed_memory
@@ -76,7 +76,7 @@ def resolve_device(device: str) -> torch.device:
     if not _available(resolved.type):
         raise ConfigError(
             f"device {device!r} asked for, but {_NAMES.get(resolved.type, resolved.type)} is not available here; "
-            "use --device cpu"
+            f"use {named('device')} cpu"
         )
     if resolved.index is not None and resolved.type in ("cuda", "xpu"):
         count = getattr(torch, resolved.type).device_count()

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from depthlens.config import ReadoutConfig
-from depthlens.errors import InputError, NonFiniteError
+from depthlens.errors import InputError, NonFiniteError, named
 from depthlens.models.load import LoadedModel
 from depthlens.readout.lens import LogitLens
 
@@ -144,7 +144,7 @@ def check_finite(nonfinite: Sequence[int] | torch.Tensor, start: int) -> None:
         row = layers.index(min(bad))
         raise NonFiniteError(
             f"non-finite hidden state at layer {layers[row]}, completion token {start + row}; the model "
-            "overflowed in this dtype — try --dtype float32"
+            f"overflowed in this dtype — try {named('dtype')} float32"
         )
 
 

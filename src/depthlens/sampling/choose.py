@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from depthlens.config import Backend, EngineConfig, ReadoutConfig, SamplingConfig
-from depthlens.errors import ConfigError
+from depthlens.errors import ConfigError, named
 from depthlens.sampling.backend import GenerationBackend
 from depthlens.sampling.hf import HFGenerator
 from depthlens.sampling.vllm.backend import VLLM_MISSING
@@ -54,7 +54,7 @@ def resolve_backend(
             or pick_backend(model, job, vllm_available(), torch.cuda.is_available())
         )
     if name not in ("hf", "vllm"):
-        raise ConfigError(f"--backend {name!r} is not one of auto, hf, vllm")
+        raise ConfigError(f"{named('backend')} {name!r} is not one of auto, hf, vllm")
     if name == "vllm" and not vllm_available():
         raise ConfigError(VLLM_MISSING)
     return name  # type: ignore[return-value]

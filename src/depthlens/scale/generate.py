@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from depthlens.config import GenerateRun, ModelSpec, RayConfig
-from depthlens.errors import StoreError
+from depthlens.errors import StoreError, named
 from depthlens.evals.tasks import Question
 from depthlens.scale.ray import actor_load_kwargs, connect, import_ray, note_actor_start, run_on_actors
 from depthlens.stores.samples import RESUME_RULES, SAMPLES, SHARDS, remove_other_format, write_questions
@@ -96,8 +96,9 @@ def generate_on_ray(
     out_dir, spec = run.store.out, run.store
     if (out_dir / SAMPLES).exists() and not spec.overwrite:
         raise StoreError(
-            f"{out_dir} holds a {SAMPLES} store, which --ray cannot continue; give a new --out, or resume it "
-            "without --ray"
+            f"{out_dir} holds a {SAMPLES} store, which {named('ray')} cannot continue; give a new {named('out')}, or "
+            f"resume it "
+            f"without {named('ray')}"
         )
     if spec.overwrite:
         remove_other_format(out_dir, "parquet")

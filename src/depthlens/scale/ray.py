@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlens.config import ModelSpec, RayConfig
-from depthlens.errors import ClusterError, DepthlensError
+from depthlens.errors import ClusterError, DepthlensError, named
 from depthlens.stores.shard_writer import ShardWriter
 
 EXTRA_HINT = "--ray needs the Ray extra: pip install 'depthlens[ray]'"
@@ -44,15 +44,15 @@ def _probe(address: str, timeout_s: float) -> None:
     if match is None:
         if address == "auto":
             return
-        raise ClusterError(f"--ray-address {address!r}: expected HOST:PORT, ray://HOST:PORT or auto")
+        raise ClusterError(f"{named('ray_address')} {address!r}: expected HOST:PORT, ray://HOST:PORT or auto")
     host, port = match.group(1), int(match.group(2))
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
             pass
     except OSError as exc:
         raise ClusterError(
-            f"--ray-address {address}: no Ray cluster answers there ({exc.strerror or exc}); start one with "
-            "`ray start --head`, check the address, or leave --ray-address out to run a local Ray"
+            f"{named('ray_address')} {address}: no Ray cluster answers there ({exc.strerror or exc}); start one with "
+            f"`ray start --head`, check the address, or leave {named('ray_address')} out to run a local Ray"
         ) from None
 
 
@@ -79,7 +79,7 @@ def connect(address: str | None = None, num_cpus: int | None = None, timeout_s: 
                 ray.init(address=address, **quiet)
             except (ConnectionError, TimeoutError, RuntimeError) as exc:
                 raise ClusterError(
-                    f"--ray-address {address}: could not join the Ray cluster ({exc})"
+                    f"{named('ray_address')} {address}: could not join the Ray cluster ({exc})"
                 ) from None
         else:
             ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **quiet)
@@ -166,7 +166,7 @@ def run_on_actors(
     except Exception as exc:  # a Ray task or actor error: report the worker's own line, keep the shards
         raise ClusterError(
             f"a Ray worker failed: {worker_error(exc)} — shards finished so far are kept in {Path(writer.out)}; "
-            "fix the cause and rerun with --resume"
+            f"fix the cause and rerun with {named('resume')}"
         ) from None
     return n_layers
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlens.config import ModelSpec, RayConfig, ScoreRun
-from depthlens.errors import InputError
+from depthlens.errors import InputError, named
 from depthlens.scale.ray import (
     actor_load_kwargs,
     connect,
@@ -142,7 +142,7 @@ def score_on_ray(
     refuse_same_file(run.source, out_path)
     if results_format(out_path) == "jsonl":
         raise InputError(
-            f"--out {out_path}: scoring on Ray writes a sharded Parquet store; give a directory name"
+            f"{named('out')} {out_path}: scoring on Ray writes a sharded Parquet store; give a directory name"
         )
     records, skipped = read_inputs(run.source, skip_bad=run.skip_bad)
     manifest = score_manifest(model.name, None, run, {"format": "parquet", "float16": spec.float16})

@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from depthlens.errors import StoreError
+from depthlens.errors import StoreError, named
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,9 +164,11 @@ def resume_check(
                 raise StoreError(
                     f"cannot resume {out}: "
                     + "; ".join(mismatch)
-                    + " — use the stored settings, or a new --out"
+                    + f" — use the stored settings, or a new {named('out')}"
                 )
         return True
     if exists and not overwrite:
-        raise StoreError(f"{out} already exists; pass --resume to continue it or --overwrite to replace it")
+        raise StoreError(
+            f"{out} already exists; pass {named('resume')} to continue it or {named('overwrite')} to replace it"
+        )
     return False

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from depthlens.config import StoreFormat
-from depthlens.errors import InputError
+from depthlens.errors import InputError, named
 from depthlens.stores.files import ResumeRules
 from depthlens.stores.inputs import BadLine, InputRecord, RecordCollector, read_records
 from depthlens.stores.jsonl import ResultWriter, check_output
@@ -84,7 +84,7 @@ def store_entry(
     ``float16`` there is refused, the error saying ``jsonl_fix``)."""
     if fmt == "jsonl":
         if float16:
-            raise InputError(f"--float16 applies to Parquet stores; {jsonl_fix}")
+            raise InputError(f"{named('float16')} applies to Parquet stores; {jsonl_fix}")
         return None
     return {"format": "parquet", "float16": float16}
 

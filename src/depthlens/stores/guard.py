@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from depthlens.errors import InputError
+from depthlens.errors import InputError, named
 from depthlens.stores.files import manifest_path
 from depthlens.stores.lock import lock_path
 
@@ -51,7 +51,9 @@ def new_out(out: Path, *stores: Path) -> Iterator[None]:
 def refuse_same_file(in_path: Path, out_path: Path) -> None:
     """Scores never replace their own input (``--overwrite`` included): nothing a user has is lost."""
     if out_path.exists() and in_path.exists() and out_path.resolve() == in_path.resolve():
-        raise InputError(f"--out {out_path} is the input file itself; write the scores to another file")
+        raise InputError(
+            f"{named('out')} {out_path} is the input file itself; write the scores to another file"
+        )
 
 
 def refuse_inside(out: Path, store: Path) -> None:

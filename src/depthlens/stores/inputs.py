@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from depthlens.errors import InputError
+from depthlens.errors import InputError, named
 
 _SHAPES = (
     ("prompt", "completion"),
@@ -136,7 +136,7 @@ class RecordCollector:
                 )
         except InputError as exc:
             if not self.skip_bad:
-                raise InputError(f"{exc} (pass --skip-bad to skip such {self.unit}s)") from None
+                raise InputError(f"{exc} (pass {named('skip_bad')} to skip such {self.unit}s)") from None
             self.bad.append(BadLine(number, str(exc)))
             return
         self._seen[record_id] = number

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from depthlens.errors import StoreError
+from depthlens.errors import StoreError, named
 from depthlens.stores.files import (
     ResumeRules,
     changed_settings,
@@ -52,7 +52,7 @@ def iter_jsonl_located(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             if not raw.endswith(b"\n"):
                 raise StoreError(
                     f"{where}: the last line is cut short (an interrupted write); rerun the command that wrote it "
-                    "with --resume: it drops the cut line and computes that record again"
+                    f"with {named('resume')}: it drops the cut line and computes that record again"
                 )
             try:
                 record = json.loads(raw)

@@ -31,7 +31,7 @@ from depthlens.config import (
     StoreFormat,
     depth_prefix,
 )
-from depthlens.errors import InputError, StoreError
+from depthlens.errors import InputError, StoreError, named
 from depthlens.evals.grading import RULES
 from depthlens.sampling.backend import PER_TOKEN
 from depthlens.stores.files import ResumeRules, manifest_path, read_json
@@ -151,7 +151,7 @@ def samples_format(
     must agree) or neither resumed nor overwritten, else ``requested`` (default Parquet). Needs no model:
     commands check it before loading one."""
     if requested is not None and requested not in FORMATS:
-        raise InputError(f"--store {requested!r}: use one of {', '.join(FORMATS)}")
+        raise InputError(f"{named('store')} {requested!r}: use one of {', '.join(FORMATS)}")
     found = [f for f in FORMATS if samples_path(out_dir, f).exists()]  # type: ignore[arg-type]
     if len(found) > 1 and (overwrite or (resume and requested is not None)):
         found = [requested or "parquet"]  # the flag picks one; --overwrite removes the other
@@ -163,8 +163,9 @@ def samples_format(
     if resume and existing is not None:
         if requested is not None and requested != existing:
             raise StoreError(
-                f"--store {requested}: the store in {out_dir} is {existing}; resume it without --store, or give "
-                "a new --out"
+                f"{named('store')} {requested}: the store in {out_dir} is {existing}; resume it without "
+                f"{named('store')}, or give "
+                f"a new {named('out')}"
             )
         return existing
     return requested or "parquet"
@@ -196,7 +197,7 @@ _picked: contextvars.ContextVar[StoreFormat | None] = contextvars.ContextVar("pi
 def picking(fmt: StoreFormat | None) -> Iterator[None]:
     """Read the responses in ``fmt`` where a directory holds both formats (``--store`` of a reading command)."""
     if fmt is not None and fmt not in FORMATS:
-        raise InputError(f"--store {fmt!r}: use one of {', '.join(FORMATS)}")
+        raise InputError(f"{named('store')} {fmt!r}: use one of {', '.join(FORMATS)}")
     token = _picked.set(fmt)
     try:
         yield

@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from depthlens.errors import StoreError
+from depthlens.errors import StoreError, named
 from depthlens.stores import layout
 from depthlens.stores.arrow import table_records, to_table
 from depthlens.stores.files import ResumeRules, changed_settings, read_json, resume_check
@@ -49,7 +49,7 @@ def check_store(
 ) -> bool:
     """As ``jsonl.check_output`` for a store directory: whether writing resumes it; refusals name settings."""
     if out.exists() and not out.is_dir():
-        raise StoreError(f"{out} is a file; a Parquet store is a directory — give a new --out")
+        raise StoreError(f"{out} is a file; a Parquet store is a directory — give a new {named('out')}")
     try:
         return resume_check(
             out, manifest_file(out), has_records(out), manifest, resume, overwrite, rules, _UNCOMPARED

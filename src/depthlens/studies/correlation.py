@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from depthlens.config import CorrelationConfig, DTRConfig
-from depthlens.errors import InputError
+from depthlens.errors import InputError, named
 from depthlens.metrics.baselines import sequence_baselines
 from depthlens.metrics.dtr import (
     deep_flags,
@@ -95,14 +95,15 @@ def dtr_settings(
     if "jsd" not in store.kinds:
         raise InputError(
             f"{store.path}: the store holds {list(store.kinds)} divergences; the study needs jsd (the primary "
-            "kind) — generate with --divergence jsd"
+            f"kind) — generate with {named('divergence')} jsd"
         )
     given = {k: g for k, g in (g_by_kind or {}).items() if g is not None}
     never = sorted(k for k in given if k not in store.kinds)
     if never:  # an option the store cannot honour is an error, never silently ignored
         raise InputError(
-            f"--g-{never[0]}: {store.path} holds no {never[0]} divergence (it holds {', '.join(store.kinds)}); "
-            f"leave out --g-{never[0]}, or generate with --also-divergences {never[0]}"
+            f"{named('g_')}{never[0]}: {store.path} holds no {never[0]} divergence (it holds "
+            f"{', '.join(store.kinds)}); "
+            f"leave out {named('g_')}{never[0]}, or generate with {named('also_divergences')} {never[0]}"
         )
     thresholds = {"jsd": dtr.g, "jsd-nat": dtr.g * math.log(2.0)}
     unmatched = [k for k in store.kinds if k not in thresholds and k not in given]
@@ -326,8 +327,8 @@ def store_correlations(
     if store.readout_tokens is not None and dtr.prefix is None:
         raise InputError(
             f"{store.path}: only the first {store.readout_tokens} tokens of each response were read out, so "
-            "DTR over whole responses cannot be computed; pass a prefix ≤ that (--prefix) or regenerate with "
-            "--readout-tokens all"
+            f"DTR over whole responses cannot be computed; pass a prefix ≤ that ({named('prefix')}) or regenerate with "
+            f"{named('readout_tokens')} all"
         )
     settings = dtr_settings(store, dtr, g_by_kind)
     wanted = [

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, GenerateRun, StoreFormat, depth_prefix
-from depthlens.errors import DepthlensError, InputError, StoreError
+from depthlens.errors import DepthlensError, InputError, StoreError, named
 from depthlens.evals.grading import answer_fields
 from depthlens.evals.tasks import Question
 from depthlens.metrics.dtr import response_depth
@@ -241,9 +241,9 @@ def refuse_too_long(
         )
     if longest + max_new_tokens > limit:
         raise InputError(
-            f"--max-new-tokens {max_new_tokens}: the prompt of question {question.id!r} is {longest} tokens, "
+            f"{named('max_new_tokens')} {max_new_tokens}: the prompt of question {question.id!r} is {longest} tokens, "
             f"and {longest} + {max_new_tokens} exceed {what} of {limit}, so none of its responses could be "
-            f"sampled; use --max-new-tokens {limit - longest} or less"
+            f"sampled; use {named('max_new_tokens')} {limit - longest} or less"
         )
 
 
@@ -292,7 +292,7 @@ def _generate_into(
             if isinstance(exc, StoreError) or "--resume" in str(exc):  # it already says how to go on
                 raise
             raise type(exc)(
-                f"{exc} — responses finished so far are kept in {out_dir}; rerun with --resume"
+                f"{exc} — responses finished so far are kept in {out_dir}; rerun with {named('resume')}"
             ) from exc
     return report
 
@@ -306,7 +306,7 @@ def _refuse_pre_rules_resume(out_dir: Path, resume: bool) -> None:
     ):
         raise StoreError(
             f"cannot resume {out_dir}: it was written before the answer rules, so its answers and new ones would "
-            f"be read differently; run `depthlens regrade {out_dir}` first, then --resume"
+            f"be read differently; run `depthlens regrade {out_dir}` first, then {named('resume')}"
         )
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from depthlens.config import DTRConfig, OnlineConfig, OnlineRun, SamplingConfig, VotingConfig
-from depthlens.errors import DepthlensError, InputError, StoreError
+from depthlens.errors import DepthlensError, InputError, StoreError, named
 from depthlens.evals.tasks import Question
 from depthlens.metrics.dtr import deep_from_divergence
 from depthlens.models.load import LoadedModel
@@ -75,13 +75,15 @@ def check_online(online: OnlineConfig, sampling: SamplingConfig) -> None:
         return
     if online.prefix > sampling.max_new_tokens:
         raise InputError(
-            f"--prefix {online.prefix} is longer than --max-new-tokens {sampling.max_new_tokens}: no response "
-            "could reach the decision; lower --prefix or raise --max-new-tokens"
+            f"{named('prefix')} {online.prefix} is longer than {named('max_new_tokens')} {sampling.max_new_tokens}: "
+            f"no response "
+            f"could reach the decision; lower {named('prefix')} or raise {named('max_new_tokens')}"
         )
     readout = sampling.readout_tokens
     if readout is not None and readout < online.prefix:
         raise InputError(
-            f"--readout-tokens {readout} is below --prefix {online.prefix}: the prefix DTR needs every prefix "
+            f"{named('readout_tokens')} {readout} is below {named('prefix')} {online.prefix}: the prefix DTR needs "
+            f"every prefix "
             "token read out"
         )
 
@@ -242,7 +244,7 @@ def run_online(
             if isinstance(exc, StoreError):  # the store's own error already says how to go on
                 raise
             raise type(exc)(
-                f"{exc} — questions finished so far are kept in {out_dir}; rerun with --resume"
+                f"{exc} — questions finished so far are kept in {out_dir}; rerun with {named('resume')}"
             ) from exc
     return report
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from depthlens.config import LensSpec, OnlineConfig, ReadoutConfig, VotingConfig
-from depthlens.errors import ConfigError, InputError
+from depthlens.errors import ConfigError, InputError, named, spelt
 
 
 def readout(
@@ -53,8 +53,8 @@ def check_stored_readout(
         raise InputError(
             setting="lens",
             value=lens,
-            requirement=f"{where} was read out through {{name}} {stored_lens}, and Think@n votes on what it "
-            f"holds; leave out {{name}}, or generate a store with {{name}} {lens}",
+            requirement=f"{where} was read out through {named('lens')} {stored_lens}, and Think@n votes on what "
+            f"it holds; leave out {named('lens')}, or generate a store with {named('lens')} {lens}",
         )
     if divergence is not None:
         from depthlens.stores.samples import kinds_line, stored_kinds
@@ -65,7 +65,7 @@ def check_stored_readout(
                 setting="divergence",
                 value=divergence,
                 requirement=f"{where} holds {kinds_line(dict(manifest))} divergences and votes on {voted}; leave "
-                f"out {{name}}, or generate a store with {{name}} {divergence}",
+                f"out {named('divergence')}, or generate a store with {named('divergence')} {divergence}",
             )
 
 
@@ -152,9 +152,7 @@ def python_front(verb: str) -> Iterator[None]:
     except (ConfigError, InputError) as exc:
         if exc.setting is None or not exc.requirement or type(exc) not in (ConfigError, InputError):
             raise
-        message = f"depthlens.{verb}({exc.setting}={exc.value!r}): " + exc.requirement.replace(
-            "{name}", exc.setting
-        )
+        message = f"depthlens.{verb}({exc.setting}={exc.value!r}): " + spelt(exc.requirement)
         raise type(exc)(
             message, setting=exc.setting, value=exc.value, requirement=exc.requirement, owner=exc.owner
         ) from None

@@ -14,7 +14,7 @@ from typing import Any
 
 from depthlens import __version__
 from depthlens.config import DTRConfig, ReadoutConfig, ScoreRun, TCBConfig
-from depthlens.errors import DepthlensError, InputError, StoreError
+from depthlens.errors import DepthlensError, InputError, StoreError, named
 from depthlens.metrics.fused import use_compiled
 from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout, sequence_scores, tcb_summary
 from depthlens.models.load import LoadedModel
@@ -217,9 +217,13 @@ def score_records_on(
     ``sampling.vllm.prefill.EngineScorer`` teacher forces the records through a vLLM engine that reads the layers
     out itself, and ``lm`` is then a ``models.info.ModelInfo``. No TCB fields there."""
     if tcb is not None:
-        raise InputError("the TCB fields need the transformers readout: add --no-tcb, or use --backend hf")
+        raise InputError(
+            f"the TCB fields need the transformers readout: add {named('no_tcb')}, or use {named('backend')} hf"
+        )
     if dtr.top_k is not None:
-        raise InputError(f"--settle {dtr.settle} needs the transformers readout: use --backend hf")
+        raise InputError(
+            f"{named('settle')} {dtr.settle} needs the transformers readout: use {named('backend')} hf"
+        )
     if batch_size < 1:
         raise InputError(f"batch_size = {batch_size}; use 1 or more")
     batch: list[tuple[InputRecord, TokenSequence]] = []
@@ -374,11 +378,11 @@ def run_score(
                 raise
             if isinstance(exc, BadRecord):  # --resume alone would stop at the same record again
                 raise InputError(
-                    f"{exc.problem} — results finished so far are kept in {out_path}; rerun with --resume "
-                    "--skip-bad to score the rest, skipping such records"
+                    f"{exc.problem} — results finished so far are kept in {out_path}; rerun with {named('resume')} "
+                    f"{named('skip_bad')} to score the rest, skipping such records"
                 ) from exc
             raise type(exc)(
-                f"{exc} — results finished so far are kept in {out_path}; rerun with --resume"
+                f"{exc} — results finished so far are kept in {out_path}; rerun with {named('resume')}"
             ) from exc
         if writer.rescored and results_format(out_path) == "jsonl":  # re-scored records went to the end
             from depthlens.stores.jsonl import reorder

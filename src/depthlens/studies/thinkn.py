@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from depthlens.config import DTRConfig, VotingConfig
-from depthlens.errors import InputError, StoreError
+from depthlens.errors import InputError, StoreError, named
 from depthlens.evals.grading import ANSWER_FIELDS, AnswerSummary
 from depthlens.metrics.dtr import deep_from_divergence
 from depthlens.sampling.backend import GenerationBackend, Trace
@@ -277,7 +277,7 @@ def _write_summary(
             raise StoreError(
                 f"{path} holds a summary voted with other settings ({'; '.join(differ)})"
                 + (f", and {old}" if old else "")
-                + "; pass --overwrite to replace it, or vote with its settings"
+                + f"; pass {named('overwrite')} to replace it, or vote with its settings"
             )
     rows = summary_rows(report)
     payload = {
@@ -318,7 +318,7 @@ def think_at_n_live(
     """
     if voting.prefix is None:
         raise InputError(
-            "live Think@n needs a finite --prefix (the full-length ranking is an offline ablation)"
+            f"live Think@n needs a finite {named('prefix')} (the full-length ranking is an offline ablation)"
         )
     paused = backend.start(prompt, seeds, stop_after=voting.prefix)
     responses = [response_from_trace(t, backend.n_layers, dtr) for t in paused.traces]

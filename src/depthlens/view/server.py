@@ -16,7 +16,7 @@ import webbrowser
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from depthlens.errors import InputError
+from depthlens.errors import InputError, named
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -25,7 +25,7 @@ def bind(host: str, port: int) -> socket.socket:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise InputError(
-            f"--host {host}: not an address of this machine ({exc.strerror}); use 127.0.0.1"
+            f"{named('host')} {host}: not an address of this machine ({exc.strerror}); use 127.0.0.1"
         ) from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
@@ -37,13 +37,15 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise InputError(
-                f"--port {port}: {host}:{port} is in use (another server?); pick another --port"
+                f"{named('port')} {port}: {host}:{port} is in use (another server?); pick another {named('port')}"
             ) from None
         if exc.errno == errno.EACCES:
             raise InputError(
-                f"--port {port}: not allowed to listen on it here; use a port above 1023"
+                f"{named('port')} {port}: not allowed to listen on it here; use a port above 1023"
             ) from None
-        raise InputError(f"--host {host} --port {port}: cannot listen there ({exc.strerror})") from None
+        raise InputError(
+            f"{named('host')} {host} {named('port')} {port}: cannot listen there ({exc.strerror})"
+        ) from None
     return sock
 
 

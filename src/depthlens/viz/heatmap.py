@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from depthlens.errors import InputError
+from depthlens.errors import InputError, named
 
 _NEEDED = ("tokens", "divergence", "settling_depth", "deep")
 _SHALLOW, _DEEP = "#2ca02c", "#1f77b4"  # green: settles before the deep regime; blue: a deep-thinking token
@@ -20,7 +20,7 @@ def draw_divergence_heatmap(record: dict[str, Any], path: Path, title: str | Non
     missing = [k for k in _NEEDED if k not in record]
     if missing:
         raise InputError(
-            f"record {record.get('id')!r} lacks {missing}; score it with --tokens to draw a heatmap"
+            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens')} to draw a heatmap"
         )
     if not record["divergence"]:
         raise InputError(f"record {record.get('id')!r} has no completion tokens to draw")
@@ -109,7 +109,7 @@ def write_heatmap_html(
     missing = [k for k in _NEEDED if k not in record]
     if missing:
         raise InputError(
-            f"record {record.get('id')!r} lacks {missing}; score it with --tokens to draw a heatmap"
+            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens')} to draw a heatmap"
         )
     table = record["divergence"]
     if not table:

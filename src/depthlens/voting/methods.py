@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from depthlens.config import VotingConfig
-from depthlens.errors import InputError
+from depthlens.errors import InputError, named
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,8 @@ class Response:
         if len(self.deep) < window:
             raise InputError(
                 f"the DTR of a {window}-token prefix needs the readout of {window} tokens, but this store read "
-                f"out only {len(self.deep)}; regenerate with --readout-tokens {prefix or 'all'} or a shorter --prefix"
+                f"out only {len(self.deep)}; regenerate with {named('readout_tokens')} {prefix or 'all'} or a "
+                f"shorter {named('prefix')}"
             )
         return float(self.deep[:window].mean()) if window else 0.0
 

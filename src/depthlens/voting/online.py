@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from depthlens.config import OnlineConfig
-from depthlens.errors import InputError
+from depthlens.errors import InputError, named
 from depthlens.voting.methods import Response, trace_confidence, vote
 from depthlens.voting.trials import _std
 
@@ -233,8 +233,9 @@ def replay(pool: Sequence[Response], cfg: OnlineConfig) -> OnlineOutcome:
     def sample(indices: Sequence[int], tau: float | None) -> list[Response]:
         if indices and indices[-1] >= len(pool):
             raise InputError(
-                f"replaying --max-n {cfg.max_n} needs response {len(pool) + 1} of a question, but its pool has "
-                f"{len(pool)}; lower --max-n or generate a larger --pool"
+                f"replaying {named('max_n')} {cfg.max_n} needs response {len(pool) + 1} of a question, but its pool "
+                f"has "
+                f"{len(pool)}; lower {named('max_n')} or generate a larger {named('pool')}"
             )
         out = []
         for i in indices:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from depthlens.config import VotingConfig
-from depthlens.errors import InputError
+from depthlens.errors import InputError, named
 from depthlens.voting.methods import METHODS, Response
 
 
@@ -97,7 +97,7 @@ def trial_outcomes(
         q, size = next(iter(small.items()))
         raise InputError(
             f"question {q!r} has {size} responses but n = {cfg.n} are drawn per trial ({len(small)} question(s) "
-            f"short); lower --n or generate a larger --pool"
+            f"short); lower {named('n')} or generate a larger {named('pool')}"
         )
     questions = sorted(pools)
     shape = (cfg.trials, len(questions))

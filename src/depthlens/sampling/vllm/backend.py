@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from depthlens.errors import ConfigError
+from depthlens.errors import ConfigError, named
 from depthlens.models import catalogue
 
 VLLM_MISSING = (
@@ -52,6 +52,6 @@ def check_source(name: str) -> None:
     """Refuse, before any model loads, a model vLLM cannot take as it is (a ``.gguf`` file)."""
     if name not in catalogue.CATALOGUE and Path(name).expanduser().suffix == ".gguf":
         raise ConfigError(
-            f"{name}: --backend vllm loads safetensors model directories, not a .gguf file; convert it, use a "
-            "catalogue name (its cached safetensors copy is used), or --backend hf"
+            f"{name}: {named('backend')} vllm loads safetensors model directories, not a .gguf file; convert it, use a "
+            f"catalogue name (its cached safetensors copy is used), or {named('backend')} hf"
         )

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from vllm.model_executor.models.interfaces import EagleModelMixin, supports_eagle3
 
+from depthlens.errors import named
 from depthlens.sampling.vllm.settings import EngineReadout
 
 HINT = "use --backend hf (the transformers readout), or report the model so its vLLM modules can be added"
@@ -105,7 +106,7 @@ def install(runner: Any, config: EngineReadout) -> Capture:
         raise RuntimeError(
             f"depthlens: {name}: the engine holds blocks {getattr(decoder, 'start_layer', 0)}.."
             f"{len(layers)} of {config.n_layers}; the in-engine readout needs every block in one process "
-            "(pipeline parallelism is not supported: use --tensor-parallel-size)"
+            f"(pipeline parallelism is not supported: use {named('tensor_parallel_size')})"
         )
     kind = config.capture
     if kind == "auto":

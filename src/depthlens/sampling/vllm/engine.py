@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from depthlens.config import EngineConfig, SamplingConfig
-from depthlens.errors import ConfigError, DepthlensError, UnsupportedArchitectureError
+from depthlens.errors import ConfigError, DepthlensError, UnsupportedArchitectureError, named
 from depthlens.models.info import ModelInfo, kv_bytes_per_token, kv_cache_bytes
 from depthlens.sampling.vllm.backend import VLLM_MISSING, build_mismatch
 from depthlens.sampling.vllm.settings import EngineReadout
@@ -89,7 +89,7 @@ def capture_for(info: ModelInfo) -> str:
     classes = [c for c in (ModelRegistry._try_load_model_cls(a) for a in archs) if c is not None]
     if not classes:
         raise UnsupportedArchitectureError(
-            f"model {info.name}: vLLM has no model class for its architectures {archs}; use --backend hf"
+            f"model {info.name}: vLLM has no model class for its architectures {archs}; use {named('backend')} hf"
         )
     cls = classes[0]
     if supports_eagle3(cls):
@@ -98,7 +98,7 @@ def capture_for(info: ModelInfo) -> str:
         return "hooks"
     raise UnsupportedArchitectureError(
         f"model {info.name}: the in-engine readout does not know vLLM's {cls.__name__} (no auxiliary hidden "
-        f"states, and its blocks are not verified for the hook capture); use --backend hf, or set "
+        f"states, and its blocks are not verified for the hook capture); use {named('backend')} hf, or set "
         f"{CAPTURE_ENV}=hooks to try the generic capture and check it against `depthlens score --tokens`"
     )
 

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from depthlens.config import EngineConfig, ReadoutConfig, SamplingConfig
-from depthlens.errors import DepthlensError, InputError, NonFiniteError
+from depthlens.errors import DepthlensError, InputError, NonFiniteError, named
 from depthlens.models.info import ModelInfo, info_of
 from depthlens.sampling.backend import Paused, Trace, kept_positions
 from depthlens.sampling.vllm.engine import (
@@ -152,8 +152,8 @@ class EngineGenerator:
         limit = self.engine.model_config.max_model_len
         if len(prompt) + budget > limit:
             raise InputError(
-                f"prompt + max_new_tokens: {len(prompt) + budget} tokens exceed the engine's --max-model-len "
-                f"{limit}; raise it or lower --max-new-tokens"
+                f"prompt + max_new_tokens: {len(prompt) + budget} tokens exceed the engine's {named('max_model_len')} "
+                f"{limit}; raise it or lower {named('max_new_tokens')}"
             )
 
     def start(
@@ -235,7 +235,9 @@ class EngineGenerator:
         try:
             while waiting():
                 if not self.engine.has_unfinished_requests():
-                    raise EngineError("vLLM ended requests without reporting them; rerun with --resume")
+                    raise EngineError(
+                        f"vLLM ended requests without reporting them; rerun with {named('resume')}"
+                    )
                 for output in self._step():
                     i = row.get(output.request_id)
                     if i is not None:
@@ -258,7 +260,7 @@ class EngineGenerator:
         except Exception as exc:  # vLLM raises what its worker raised, or its own EngineDeadError
             said = " ".join(str(exc).split())[:300] or type(exc).__name__
             raise EngineError(
-                f"the vLLM engine failed ({type(exc).__name__}: {said}); rerun with --resume"
+                f"the vLLM engine failed ({type(exc).__name__}: {said}); rerun with {named('resume')}"
             ) from exc
 
     def _apply_stops(self, batch: _Batch) -> None:
@@ -323,7 +325,7 @@ class EngineGenerator:
         if missing or len(batch.log_prob[i]) < len(tokens):
             raise EngineError(
                 f"vLLM reported no scores or readout for token(s) {sorted(set(missing))[:5]} of request "
-                f"{request_id}; rerun with --resume, or report it with the vLLM version"
+                f"{request_id}; rerun with {named('resume')}, or report it with the vLLM version"
             )
         trace.log_prob = batch.log_prob[i][: len(tokens)]
         columns = list(zip(*(scores[k] for k in range(len(tokens))), strict=True)) or [(), (), ()]

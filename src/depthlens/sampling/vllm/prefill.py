@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from depthlens.config import EngineConfig, ReadoutConfig
-from depthlens.errors import InputError
+from depthlens.errors import InputError, named
 from depthlens.metrics.token_table import TokenTable
 from depthlens.models.info import ModelInfo, info_of
 from depthlens.readout.stream import TokenSequence
@@ -61,7 +61,8 @@ class EngineScorer:
         total = len(seq.prompt_ids) + len(seq.completion_ids)
         if total >= limit:  # the engine samples one token after the record
             raise InputError(
-                f"{where}: {total} tokens do not fit the engine's --max-model-len {limit}; raise it (up to the "
+                f"{where}: {total} tokens do not fit the engine's {named('max_model_len')} {limit}; raise it (up to "
+                f"the "
                 "model's context) or shorten the record"
             )
 
@@ -92,7 +93,9 @@ class EngineScorer:
         try:
             while waiting:
                 if not self.engine.has_unfinished_requests():
-                    raise EngineError("vLLM ended requests without reporting them; rerun with --resume")
+                    raise EngineError(
+                        f"vLLM ended requests without reporting them; rerun with {named('resume')}"
+                    )
                 waiting -= {o.request_id for o in self.engine.step() if o.finished}
             taken = take_readout(self.engine, list(ids))
         except BaseException:
