@@ -76,7 +76,7 @@ def test_a_byte_changed_in_place_is_refused_by_its_page_checksum_and_resume_mend
     for i in range(len(data) // 3, len(data) // 3 + 8):  # inside a data page; same size
         data[i] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(StoreError, match=f"{shard}: .*rerun the command that wrote the store with resume"):
+    with pytest.raises(StoreError, match=f"{shard}: .*rerun the command that wrote the store with --resume"):
         _records(out)
     code, text = _check(monkeypatch, capsys, out)
     assert (

@@ -234,7 +234,7 @@ def test_trials_count_votes_without_an_answer():
 
 def test_prefix_longer_than_the_readout_is_an_error():
     pool = [_r("a", True, 100, [1] * 10), _r("b", False, 100, [0] * 10)]
-    with pytest.raises(InputError, match="readout-tokens"):
+    with pytest.raises(InputError, match="readout_tokens"):
         METHODS["think@n"](pool, VotingConfig(n=2, prefix=50))
 
 
