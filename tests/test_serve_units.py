@@ -393,3 +393,40 @@ def test_default_sampling_is_the_models_generation_config_else_depthlens(tokeniz
     assert job.sampling.temperature == 0.3 and job.sampling.top_p == 0.8
     given = _job(tokenizer, {"prompt": "x", "temperature": 1.0, "top_p": 1.0}, temperature=0.3, top_p=0.8)
     assert given.sampling.temperature == 1.0 and given.sampling.top_p == 1.0
+
+
+@pytest.mark.parametrize("float32_lens", [True, False])
+def test_the_served_readout_is_the_one_the_engine_runs(tokenizer, monkeypatch, float32_lens):
+    """A response's ``read_with`` (and so ``/health``) reports the lens dtype from the settings every request
+    hands the engine's worker (``request_readout``, the one builder), not from the options: ``--float32-lens``
+    reaches the worker and is reported, and without it the engine's own dtype is."""
+    import depthlens.sampling.vllm.engine as engine_module
+    import depthlens.sampling.vllm.session as session_module
+    from depthlens.config import EngineConfig, ReadoutConfig
+    from depthlens.models.info import ModelInfo
+    from depthlens.serve.engines import VLLMEngine, read_with
+
+    class Session:  # the engine session, minus the engine: it keeps what the worker would be told
+        def __init__(self, engine, depth, end_ids, n_layers):
+            self.depth, self.max_model_len, self.failed, self.stats = depth, 256, None, {}
+
+        def running(self):
+            return 0
+
+    class Started:  # a started vLLM engine as far as the server reads it: its dtype
+        model_config = type("ModelConfig", (), {"dtype": torch.bfloat16})()
+
+    monkeypatch.setattr(session_module, "EngineSession", Session)
+    monkeypatch.setattr(engine_module, "readout_capture", lambda engine: "hooks")
+    config = type("Config", (), {"num_hidden_layers": 3, "hidden_size": 64})()
+    info = ModelInfo(name="tiny", source="tiny", tokenizer=tokenizer, config=config, end_ids=frozenset({2}))
+    served = VLLMEngine(
+        info, EngineConfig("vllm", float32_lens=float32_lens), ReadoutConfig(), llm_engine=Started()
+    )
+    sent = served.session.depth.request_args("r0", 4)["depthlens_readout"]
+    assert sent["float32_lens"] is float32_lens
+    assert read_with(served) == {
+        "dtype": "bfloat16",
+        "lens": "logit",
+        "lens_dtype": "float32" if float32_lens else "bfloat16",
+    }
