@@ -13,6 +13,13 @@ LEGACY_NAMES = {"n_tokens": "token_count", "dtr_readout": "dtr"}
 server's and the Python API's). ``read_responses`` and ``iter_samples`` give every record the names of now."""
 
 
+def divergence_field(kind: str, primary: str | None = None) -> str:
+    """The field (and column) holding divergence ``kind`` in a store whose primary divergence is ``primary``:
+    ``divergence`` for the primary one, ``divergence_<kind>`` for one measured beside it (``also``; None: ``kind``
+    is one of those)."""
+    return "divergence" if kind == primary else f"divergence_{kind}"
+
+
 def current_names(record: dict[str, Any]) -> dict[str, Any]:
     """``record`` with its ``LEGACY_NAMES`` fields renamed, in place (a record of now is returned as it is)."""
     for old, new in LEGACY_NAMES.items():

@@ -37,7 +37,7 @@ from depthlens.sampling.backend import PER_TOKEN
 from depthlens.stores.files import ResumeRules, manifest_path, read_json
 from depthlens.stores.formats import FORMATS, store_entry
 from depthlens.stores.layout import Problem, Refused, is_store, manifest_file
-from depthlens.stores.names import current_names
+from depthlens.stores.names import current_names, divergence_field
 from depthlens.stores.parquet import iter_store_located
 
 if TYPE_CHECKING:
@@ -294,7 +294,7 @@ def stored_kinds(manifest: dict[str, Any]) -> tuple[str, ...]:
 
 def kind_field(kind: str, manifest: dict[str, Any]) -> str:
     """The record field holding divergence ``kind``: ``divergence`` for the primary one, else ``divergence_<kind>``."""
-    return "divergence" if kind == stored_kinds(manifest)[0] else f"divergence_{kind}"
+    return divergence_field(kind, stored_kinds(manifest)[0])
 
 
 def damaged(where: str, exc: Exception) -> StoreError:

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from depthlens.config.readout import DIVERGENCE_MAX
+from depthlens.stores.names import LEGACY_NAMES, divergence_field
 
 # Stored floats are rounded to 5 decimals and may be float16 (spacing ~5e-4 near ln 2): a value this far past a
 # bound is the bound rounded, not damage.
@@ -74,17 +75,16 @@ def bounds(manifest: dict[str, Any]) -> dict[str, Bound]:
     """Each ranged field of the records of the store ``manifest`` describes, and its range."""
     out = {
         "dtr": _share("a deep-thinking ratio"),
-        "dtr_readout": _share("a deep-thinking ratio"),  # ``dtr`` in stores before issue 42
         "dtr_prefix": _share("a deep-thinking ratio"),
         "log_prob": Bound(-math.inf, 0.0, "a log-probability (finite, ≤ 0)"),
         "entropy": Bound(0.0, math.inf, "an entropy (finite, ≥ 0)"),
         "self_certainty": Bound(-math.inf, math.inf, "a finite number"),
         "confidence": Bound(-math.inf, math.inf, "a finite number"),
         "token_count": Bound(0, math.inf, "a token count (a whole number ≥ 0)", whole=True),
-        "n_tokens": Bound(0, math.inf, "a token count (a whole number ≥ 0)", whole=True),  # before issue 42
         "token_ids": Bound(0, math.inf, "token ids (whole numbers ≥ 0)", whole=True),
         "prompt_ids": Bound(0, math.inf, "token ids (whole numbers ≥ 0)", whole=True),
     }
+    out |= {old: out[new] for old, new in LEGACY_NAMES.items() if new in out}  # a store written before them
     n_layers = manifest.get("n_layers")
     if isinstance(n_layers, int) and not isinstance(n_layers, bool) and n_layers >= 1:
         out["settling_depth"] = Bound(1, n_layers, f"a settling depth in 1..{n_layers}", whole=True)
@@ -96,7 +96,7 @@ def bounds(manifest: dict[str, Any]) -> dict[str, Bound]:
     for kind in [primary, *also]:
         if not isinstance(kind, str):
             continue
-        field = "divergence" if kind == primary else f"divergence_{kind}"
+        field = divergence_field(kind, primary)
         if kind in DIVERGENCE_MAX:
             top, said = DIVERGENCE_MAX[kind]
             out[field] = Bound(0.0, top, f"a {kind} divergence in [0, {said}]")

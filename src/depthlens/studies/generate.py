@@ -31,6 +31,7 @@ from depthlens.stores.files import read_json
 from depthlens.stores.formats import open_results
 from depthlens.stores.jsonl import ResultWriter
 from depthlens.stores.lock import store_lock
+from depthlens.stores.names import divergence_field
 from depthlens.stores.samples import (
     RESUME_RULES,
     remove_other_format,
@@ -116,7 +117,7 @@ def sample_record(
         **{key: stored(getattr(trace, key)) for key in PER_TOKEN},
         "divergence": stored_rows(trace.divergence),
         **depth,  # settling_depth, deep: per read-out token
-        **{f"divergence_{kind}": stored_rows(rows) for kind, rows in trace.also.items()},
+        **{divergence_field(kind): stored_rows(rows) for kind, rows in trace.also.items()},
     }
 
 
