@@ -13,7 +13,7 @@ from depthlens.metrics.tcb import final_output, geometry_ablation, sharp_drops, 
 from depthlens.stats.correlation import pearson, spearman
 from depthlens.studies.tcb_studies import generation_trace, geometry, prompt_set, prompt_variants, regimes
 from tests.test_cli import run
-from tests.test_tcb import _states, _unembedding
+from tests.test_tcb import _states, _unembedding, reference_frobenius
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gemma2"])
@@ -36,6 +36,19 @@ def test_geometry_counterfactual_equals_brute_force(model_type):
             assert got[f"frobenius_{alpha:g}"][t].item() == pytest.approx(
                 torch.linalg.matrix_norm(jac).item(), rel=1e-9
             )
+
+
+@pytest.mark.parametrize("scale", [30.0, 100.0])
+def test_geometry_counterfactual_keeps_its_digits_on_peaked_outputs(scale):
+    """α = 1 is the model as it is: on outputs peaked to 1 − 1e-20 and beyond (where the origin-expanded form lost
+    every digit) ‖J‖_F equals the term-by-term float64 reference."""
+    lm, unembed = _unembedding("llama")
+    states = _states(lm, scale)
+    got = geometry_ablation(unembed, states, unembed.row_norms_sq(), 5, (1.0,))["frobenius_1"]
+    expected = reference_frobenius(unembed, states)
+    finite = expected > 0
+    assert finite.any()
+    assert ((got[finite] - expected[finite]).abs() / expected[finite]).max().item() <= 1e-9
 
 
 def test_sharp_drop_rule():

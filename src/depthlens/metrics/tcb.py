@@ -161,14 +161,26 @@ def log_jacobian_frobenius(
         anchor = anchor * s.gather(-1, top)  # w̃_k
         mu, nu = unembed.times_w(q * s), unembed.times_w(q_sq * s)
         first = (q_sq * s * s) @ row_norms_sq.to(dtype)
-    spread = q_sq.sum(-1)  # R
+    inner = _anchored(o_top, log_r.exp(), anchor, mu, nu, first, q_sq.sum(-1))
+    return log_r.double() + 0.5 * inner.clamp_min(0.0).double().log()
+
+
+def _anchored(
+    o_top: torch.Tensor,
+    r: torch.Tensor,
+    anchor: torch.Tensor,
+    mu: torch.Tensor,
+    nu: torch.Tensor,
+    first: torch.Tensor,
+    spread: torch.Tensor,
+) -> torch.Tensor:
+    """‖J‖_F² / r² by the anchored closed form (module docstring), from o_k, r, a = w̃_k, Σ q_j w̃_j, ν̂, F and R;
+    → [c]. Every term is of the size of the result."""
     m = mu - anchor  # m̂, [c, d]
-    r = log_r.exp()
     around_anchor = first - 2 * (anchor * nu).sum(-1) + spread * (anchor * anchor).sum(-1)
     m_sq = (m * m).sum(-1)
     cross = (m * (nu - spread[:, None] * anchor)).sum(-1)
-    inner = o_top * o_top * m_sq + around_anchor - 2 * r * cross + r * r * spread * m_sq
-    return log_r.double() + 0.5 * inner.clamp_min(0.0).double().log()
+    return o_top * o_top * m_sq + around_anchor - 2 * r * cross + r * r * spread * m_sq
 
 
 def jacobian_frobenius(unembed: Unembedding, out: FinalOutput, row_norms_sq: torch.Tensor) -> torch.Tensor:
@@ -246,31 +258,42 @@ def geometry_ablation(
 
     The competitors are the ``top_k`` most probable tokens; each of their rows w̃_i moves to c + α (w̃_i − c), c
     their probability-weighted centroid, for every α in ``scales`` (α < 1 clusters, α > 1 disperses; α = 1 is the
-    model as it is). o is not recomputed from the moved rows — the counterfactual isolates geometry. Only k rows
-    change, so the closed form is updated by their deltas: μ' = μ + Σ_C o_i Δw_i, ν' = ν + Σ_C o_i² Δw_i and
-    Σ o_i² ‖w̃_i‖² gains Σ_C o_i² (‖w̃_i'‖² − ‖w̃_i‖²). States [c, d] → {"v_eff", "frobenius_<α>"} each [c].
+    model as it is). o is not recomputed from the moved rows — the counterfactual isolates geometry. ‖J‖_F is the
+    anchored closed form of ``log_jacobian_frobenius`` (the origin-expanded one loses every digit on a peaked o),
+    anchored at the top token's moved row; only k rows change, so its sums over the other tokens are updated by
+    their deltas: Σ q_j w̃_j by Σ_C q_i Δw_i, ν̂ by Σ_C q_i² Δw_i, F by Σ_C q_i² (‖w̃_i'‖² − ‖w̃_i‖²) (q_k = 0).
+    States [c, d] → {"v_eff", "frobenius_<α>"} each [c].
     """
     out = final_output(unembed, normed)
-    o, s = out.o, out.slope_or_ones
-    o_sq = o * o
-    mu = unembed.times_w(o * s)
-    nu = unembed.times_w(o_sq * s)
-    first = (o_sq * s * s) @ row_norms_sq
-    total_o_sq = o_sq.sum(-1)
+    y, s = out.logits, out.slope_or_ones
+    o = out.o
+    k_top = y.argmax(-1, keepdim=True)  # [c, 1] the anchor
+    others = y.scatter(-1, k_top, float("-inf"))
+    r = (torch.logsumexp(others, -1) - torch.logsumexp(y, -1)).exp()  # Σ_{j≠k} o_j, never 1 − o_k
+    o_top = o.gather(-1, k_top).squeeze(-1)
+    q = torch.softmax(others, -1)  # [c, V], q_k = 0
+    q_sq = q * q
+    mu = unembed.times_w(q * s)
+    nu = unembed.times_w(q_sq * s)
+    first = (q_sq * s * s) @ row_norms_sq.to(y.dtype)
+    spread = q_sq.sum(-1)
     k = min(top_k, o.shape[-1])
-    top = o.topk(k, dim=-1).indices  # [c, k]
+    top = o.topk(k, dim=-1).indices  # [c, k]; the anchor is among them (the most probable)
     p = o.gather(-1, top)  # [c, k]
+    q_top = q.gather(-1, top)  # [c, k], 0 at the anchor
     rows = unembed.weight[top].double() * s.gather(-1, top)[..., None]  # [c, k, d] scaled rows w̃_i
     centroid = (p[..., None] * rows).sum(1) / p.sum(-1, keepdim=True)  # [c, d]
-    result = {"v_eff": 1.0 / total_o_sq}
+    at_anchor = (top == k_top).double()[..., None]  # [c, k, 1]: which competitor is the anchor
+    result = {"v_eff": 1.0 / (o * o).sum(-1)}
     for alpha in scales:
         moved = centroid[:, None] + alpha * (rows - centroid[:, None])
         delta = moved - rows
-        mu_a = mu + (p[..., None] * delta).sum(1)
-        nu_a = nu + (p[..., None] ** 2 * delta).sum(1)
-        first_a = first + (p**2 * (moved.pow(2).sum(-1) - rows.pow(2).sum(-1))).sum(-1)
-        norm_sq = first_a - 2 * (mu_a * nu_a).sum(-1) + (mu_a * mu_a).sum(-1) * total_o_sq
-        result[f"frobenius_{alpha:g}"] = norm_sq.clamp_min(0.0).sqrt()
+        anchor = (at_anchor * moved).sum(1)  # the anchor's row, moved with the others
+        mu_a = mu + (q_top[..., None] * delta).sum(1)
+        nu_a = nu + (q_top[..., None] ** 2 * delta).sum(1)
+        first_a = first + (q_top**2 * (moved.pow(2).sum(-1) - rows.pow(2).sum(-1))).sum(-1)
+        inner = _anchored(o_top, r, anchor, mu_a, nu_a, first_a, spread)
+        result[f"frobenius_{alpha:g}"] = r * inner.clamp_min(0.0).sqrt()
     return result
 
 
