@@ -228,3 +228,17 @@ def test_cli_lens_help_names_tuned(monkeypatch, capsys):
         code, out, _ = run(monkeypatch, capsys, verb, "--help")
         assert code in (0, None) and "tuned:PATH" in out
     assert json.dumps(ReadoutConfig().to_dict())  # the manifest's readout stays JSON
+
+
+def test_a_run_resolves_its_lens_once(tiny_chat, tmp_path, monkeypatch):
+    """The lens is resolved once per run — parsed, its stamp read, its digest taken when the run's ReadoutConfig
+    is built — and carried from there: the stamp file is read once, and the store's manifest has the digest."""
+    import depthlens.config.lens as lens_module
+
+    stamp = tuned_lens(tiny_chat, tmp_path / "lens")
+    reads = []
+    real = lens_module.read_stamp
+    monkeypatch.setattr(lens_module, "read_stamp", lambda path: reads.append(path) or real(path))
+    _pool(tiny_chat, tmp_path / "pool", lens=f"tuned:{tmp_path / 'lens'}")
+    assert len(reads) == 1
+    assert read_manifest(tmp_path / "pool")["readout"]["lens_digest"] == stamp["digest"]
