@@ -156,15 +156,15 @@ def test_token_baselines_against_direct_formulas():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"g": -0.1}, r"--g -0.1: must be a finite number ≥ 0 \(DTRConfig.g; default 0.5\)"),
-        ({"g": float("nan")}, r"--g nan: .* \(DTRConfig.g"),
-        ({"rho": 0.0}, r"--rho 0.0: must be in \(0, 1\] \(DTRConfig.rho"),
-        ({"rho": 1.5}, r"--rho 1.5: .* \(DTRConfig.rho"),
+        ({"g": -0.1}, r"g=-0.1: must be a finite number ≥ 0 \(DTRConfig.g; default 0.5\)"),
+        ({"g": float("nan")}, r"g=nan: .* \(DTRConfig.g"),
+        ({"rho": 0.0}, r"rho=0.0: must be in \(0, 1\] \(DTRConfig.rho"),
+        ({"rho": 1.5}, r"rho=1.5: .* \(DTRConfig.rho"),
         (
             {"deep_rule": "literal"},
-            r"--deep-rule literal: must be one of spec, paper-literal \(DTRConfig.deep_rule\)",
+            r"deep_rule='literal': must be one of spec, paper-literal \(DTRConfig.deep_rule\)",
         ),
-        ({"prefix": 0}, r"--prefix 0: must be ≥ 1 token \(DTRConfig.prefix"),
+        ({"prefix": 0}, r"prefix=0: must be ≥ 1 token \(DTRConfig.prefix"),
     ],
 )
 def test_invalid_dtr_settings_are_errors(kwargs, message):

@@ -159,7 +159,7 @@ def test_a_worker_that_cannot_load_the_model_stops_the_run(local_ray, setup, tmp
     start = time.monotonic()
     from depthlens.scale.score import score_on_ray
 
-    failed = r"a Ray worker failed: .*could not load model .*broken.*rerun with --resume"
+    failed = r"a Ray worker failed: .*could not load model .*broken.*rerun with resume"
     with pytest.raises(ClusterError, match=failed):
         score_on_ray(
             ModelSpec(str(broken), device="cpu"), ScoreRun(src, StoreSpec(tmp_path / "store")), RayConfig()

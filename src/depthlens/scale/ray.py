@@ -18,7 +18,7 @@ from depthlens.config import ModelSpec, RayConfig
 from depthlens.errors import ClusterError, DepthlensError, named
 from depthlens.stores.shard_writer import ShardWriter
 
-EXTRA_HINT = "--ray needs the Ray extra: pip install 'depthlens[ray]'"
+EXTRA_HINT = f"{named('ray')} needs the Ray extra: pip install 'depthlens[ray]'"
 # Fault injection for tests/test_ray.py: the first actor call that finds this file absent creates it and has
 # Ray kill its own actor, as an operator's ``ray.kill`` or a lost node would, mid-block.
 RAY_KILL_ONCE = "DEPTHLENS_FAULT_RAY_KILL_ONCE"
