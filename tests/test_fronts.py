@@ -4,8 +4,11 @@ The Python verbs' keywords are spelt out, typed, in their signatures, and a mist
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import inspect
+import re
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +61,53 @@ def test_the_verbs_spell_their_settings_out_typed():
         depthlens.score(None, [], temprature=0.5)
     with pytest.raises(InputError, match=r"depthlens\.score\(rho='high'\): must be float \(DTRConfig\.rho\)"):
         depthlens.score(None, [], rho="high")
+
+
+# ---- the shape that keeps one front door: thin commands, settings named by the library -----------------------
+
+SRC = Path(__file__).parent.parent / "src" / "depthlens"
+FLAG = re.compile(r"(?<![\w`-])--[a-z][a-z0-9-]+")
+
+
+def _functions(path: Path) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def test_commands_are_thin():
+    """No command-line function over 60 lines, none reading its ``locals()`` by name (option groups instead:
+    ``cli.groups``), and no command module importing another (shared run helpers live in ``cli.runs`` …)."""
+    long, local, imports = [], [], []
+    for path in sorted((SRC / "cli").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        long += [f"{path.name}:{f.name}" for f in _functions(path) if f.end_lineno - f.lineno + 1 > 60]
+        calls = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call)]
+        local += [path.name for c in calls if getattr(c.func, "id", None) == "locals"]
+        if path.name.endswith("_cmd.py"):
+            imports += [f"{path.name}: {m}" for m in re.findall(r"depthlens\.cli\.(\w+_cmd)\b", text)]
+            imports += [
+                f"{path.name}: {m}" for m in re.findall(r"from depthlens\.cli import .*\b(\w+_cmd)\b", text)
+            ]
+    assert not long and not local and not imports, (long, local, imports)
+
+
+def test_the_library_names_settings_not_flags():
+    """Outside the fronts (``cli/``; the server's and the explorer's own HTTP errors, which name their launch
+    flags) a raised error names a setting (``errors.named``), never its command-line flag; a command to run, in
+    backticks, is quoted whole."""
+    spelt = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith("cli/"):
+            continue
+        text = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.Raise) or node.exc is None:
+                continue
+            call = node.exc.func if isinstance(node.exc, ast.Call) else None
+            if getattr(call, "id", getattr(call, "attr", None)) in ("ApiError", "BadQuery"):
+                continue
+            source = re.sub(r"`[^`]*`", "", ast.get_source_segment(text, node.exc) or "")
+            if FLAG.search(source):
+                spelt.append(f"{rel}:{node.lineno}")
+    assert not spelt, spelt

@@ -28,6 +28,7 @@ FLAGS: dict[tuple[str, str], str | None] = {
     ("RayConfig", "address"): "--ray-address",
     ("RayConfig", "block"): "--block-rows",
     ("ServeConfig", "model_id"): "--served-model-name",
+    ("ModelSpec", "final_norm"): "--final-norm-path",
 }
 """The settings whose command-line flag is not ``--`` + the setting's name with dashes (None: no flag sets it, so
 its errors read as Python's); every other setting's flag is that one."""

@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from depthlens.errors import UnsupportedArchitectureError
+from depthlens.errors import UnsupportedArchitectureError, named
 
 Path = str | tuple[str, ...]
 PostKind = Literal["softcap", "divide", "multiply"]
@@ -133,9 +133,6 @@ def _get_path(root: nn.Module, path: str) -> object | None:
     return obj
 
 
-_FLAGS = {"blocks": "blocks", "final_norm": "final-norm-path", "unembed": "unembed"}
-
-
 def _resolve(model: nn.Module, path: Path, what: str, model_type: str, flag: str) -> nn.Module:
     candidates = (path,) if isinstance(path, str) else path
     for candidate in candidates:
@@ -144,7 +141,8 @@ def _resolve(model: nn.Module, path: Path, what: str, model_type: str, flag: str
             return found
     raise UnsupportedArchitectureError(
         f"model_type {model_type!r}: could not find the {what} at {' or '.join(candidates)}; "
-        f"pass {flag}= (--{_FLAGS[flag]}) with its dotted attribute path from {type(model).__name__}"
+        f"pass {named(flag)} with its dotted attribute path from {type(model).__name__}",
+        owner="ModelSpec",
     )
 
 
@@ -175,9 +173,10 @@ def adapter_for(model_type: str) -> Adapter:
     except KeyError:
         raise UnsupportedArchitectureError(
             f"model_type {model_type!r} has no adapter (known: {', '.join(sorted(ADAPTERS))}); "
-            "pass blocks=, final_norm= and unembed= (on the command line --blocks, --final-norm-path, "
-            "--unembed: dotted attribute paths, e.g. 'model.layers', 'model.norm', 'lm_head'; the unembedding "
-            "defaults to the model's output embeddings) or add a row in depthlens/models/adapters.py"
+            f"pass {named('blocks')}, {named('final_norm')} and {named('unembed')} (dotted attribute paths, e.g. "
+            "'model.layers', 'model.norm', 'lm_head'; the unembedding defaults to the model's output embeddings) "
+            "or add a row in depthlens/models/adapters.py",
+            owner="ModelSpec",
         ) from None
 
 

@@ -30,7 +30,7 @@ from vllm.model_executor.models.interfaces import EagleModelMixin, supports_eagl
 from depthlens.errors import named
 from depthlens.sampling.vllm.settings import EngineReadout
 
-HINT = "use --backend hf (the transformers readout), or report the model so its vLLM modules can be added"
+HINT = f"use {named('backend')} hf (the transformers readout), or report the model so its vLLM modules can be added"
 
 
 class Capture(Protocol):
