@@ -40,6 +40,11 @@ class EngineDepth:
         # what the worker runs for every request (the one builder: float32_lens and the lens included)
         self.settings = request_readout(readout, engine, info)
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The divergence kinds each row holds, the primary one first."""
+        return self.settings.kinds
+
     def request_args(self, tag: str, window: int | None) -> dict[str, Any]:
         """``extra_args`` that make the worker read out generated tokens 0..``window``−1 of request ``tag``."""
         settings = dataclasses.replace(self.settings, window=window)
