@@ -74,7 +74,7 @@ def write_error(path: Path, exc: OSError) -> StoreError:
     if exc.errno == errno.ENOSPC:
         return StoreError(
             f"{path}: the disk is full; what finished before is kept — free some space, then rerun the command "
-            "with --resume"
+            f"with {named('resume')}"
         )
     return StoreError(f"{path}: could not write ({exc.strerror or exc}); check the path and its permissions")
 

@@ -208,7 +208,7 @@ def picking(fmt: StoreFormat | None) -> Iterator[None]:
 def _two_stores(out_dir: Path) -> StoreError:
     return StoreError(
         f"{out_dir} holds two stores of responses, {out_dir / SHARDS}/ (parquet) and {out_dir / SAMPLES} (jsonl); "
-        "pick one with --store parquet or --store jsonl, or move the other out of the directory"
+        f"pick one with {named('store')} parquet or {named('store')} jsonl, or move the other out of the directory"
     )
 
 

@@ -219,12 +219,12 @@ def _start_error(name: str, args: dict, exc: Exception) -> DepthlensError:
             else f"--gpu-memory-utilization {args['gpu_memory_utilization']}"
         )
         return EngineError(
-            f"vLLM's KV cache is too small for {name} (now {now}): raise --kv-cache-gib (or, on a GPU, "
-            f"--gpu-memory-utilization) or lower --max-model-len (vLLM: {message[:300]})"
+            f"vLLM's KV cache is too small for {name} (now {now}): raise {named('kv_cache_gib')} (or, on a GPU, "
+            f"{named('gpu_memory_utilization')}) or lower {named('max_model_len')} (vLLM: {message[:300]})"
         )
     return EngineError(
         f"vLLM could not load {name} ({type(exc).__name__}: {message[:300]}); "
-        "use --backend hf, which reads any transformers model"
+        f"use {named('backend')} hf, which reads any transformers model"
     )
 
 

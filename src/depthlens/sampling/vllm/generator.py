@@ -82,7 +82,7 @@ def take_readout(
 def nonfinite_error(k: int) -> NonFiniteError:
     return NonFiniteError(
         f"non-finite hidden state or logit at completion token {k}; the model overflowed in this dtype — try "
-        "--dtype float32"
+        f"{named('dtype')} float32"
     )
 
 
