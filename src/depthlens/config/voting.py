@@ -25,7 +25,8 @@ class VotingConfig(Config):
         eta: the share of the n kept by Think@n, Short@n, Long@n and Self-Certainty@n (ceil(η·n)); DeepConf-low/-high
             keep their own 10 % / 90 %.
         prefix: ℓ_prefix, the generated tokens whose DTR (or self-certainty) ranks the responses; None = all.
-        trials: resamplings of n from each question's pool; accuracy and cost are mean ± std over them.
+        trials: resamplings of n from each question's pool; accuracy and cost are mean and draw s.d.
+            over them (the spread of re-draws from one pool, not an error bar).
         seed: seeds the draws of the trials.
         deepconf_window: DeepConf's group (sliding window) and tail length, in tokens; their code's 2,048 by
             default, so a response shorter than that scores its mean under every trace score.

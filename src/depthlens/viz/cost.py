@@ -3,7 +3,7 @@
 Methods that land on the same point (the DeepConf scores coincide on responses shorter than their window) share
 one point and one label; labels sit in a column right of the plot, spread so none overlaps another, each with a
 thin line to its point. The vertical bars are 95 % intervals of the accuracy over resampled questions (within
-[0, 100] by construction); a summary written before those were stored shows mean ± std over trials, clipped to
+[0, 100] by construction); a summary written before those were stored shows mean ± draw s.d. over trials, clipped to
 [0, 100] and said so in the axis label. Drawing only: every number arrives computed.
 """
 
@@ -73,7 +73,7 @@ def group_points(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def accuracy_interval(row: dict[str, Any]) -> tuple[float, float, bool]:
-    """(low, high) in %, within [0, 100], and whether it is the stored 95 % interval (else ± std, clipped)."""
+    """(low, high) in %, within [0, 100], and whether it is the stored 95 % interval (else ± draw s.d., clipped)."""
     if row.get("accuracy_lo") is not None and row.get("accuracy_hi") is not None:
         return 100 * row["accuracy_lo"], 100 * row["accuracy_hi"], True
     mean, std = 100 * row["accuracy_mean"], 100 * (row.get("accuracy_std") or 0.0)
@@ -156,7 +156,9 @@ def draw_accuracy_cost(rows: Sequence[dict[str, Any]], path: Path, title: str = 
     ax.set_xlabel(
         "tokens generated per question" + (" (equal costs drawn side by side)" if xs != costs else "")
     )
-    ax.set_ylabel("accuracy %  (" + ("95 % interval over questions" if stored else "± std over trials") + ")")
+    ax.set_ylabel(
+        "accuracy %  (" + ("95 % interval over questions" if stored else "± draw s.d. over trials") + ")"
+    )
     ax.set_title(title or "accuracy vs cost per method", fontsize=10)
     ax.grid(alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -167,7 +169,7 @@ def draw_accuracy_cost(rows: Sequence[dict[str, Any]], path: Path, title: str = 
 
 def _accuracy_cell(row: dict[str, Any]) -> str:
     if row.get("accuracy_lo") is None:
-        return f"{100 * row['accuracy_mean']:.1f} ± {100 * (row.get('accuracy_std') or 0):.1f} (std)"
+        return f"{100 * row['accuracy_mean']:.1f} ± {100 * (row.get('accuracy_std') or 0):.1f} (draw s.d.)"
     return (
         f"{100 * row['accuracy_mean']:.1f} [{100 * row['accuracy_lo']:.1f}, {100 * row['accuracy_hi']:.1f}]"
     )

@@ -132,7 +132,7 @@ def trial_outcomes(
 def run_trials(
     pools: Mapping[str, Sequence[Response]], cfg: VotingConfig, methods: Sequence[str] | None = None
 ) -> list[MethodSummary]:
-    """Every method's accuracy and cost, mean ± std over ``cfg.trials`` draws of n per question."""
+    """Every method's accuracy and cost, mean and draw s.d. over ``cfg.trials`` draws of n per question."""
     return trial_outcomes(pools, cfg, methods).summaries()
 
 
