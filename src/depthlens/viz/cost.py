@@ -175,9 +175,18 @@ def _accuracy_cell(row: dict[str, Any]) -> str:
     )
 
 
-def table_two_markdown(rows: Sequence[dict[str, Any]], pooled: Sequence[dict[str, Any]]) -> list[str]:
-    """Table 2 (every store's methods with the paired test against Cons@n) and the per-model pooled table, as
-    Markdown lines; ``p_bh`` must already be the adjustment over ``rows`` (and, per model, over ``pooled``)."""
+GAPS_COLUMN = "95 % interval vs the paper's +2.0 / +3.3"
+
+
+def table_two_markdown(
+    rows: Sequence[dict[str, Any]],
+    pooled: Sequence[dict[str, Any]],
+    control: Sequence[dict[str, Any]] = (),
+    pooled_control: Sequence[dict[str, Any]] = (),
+) -> list[str]:
+    """Table 2 (every store's methods with the paired test against Cons@n), the per-model pooled table, and
+    Think@n − random@n per store and per model, as Markdown lines; ``p_bh`` must already be the adjustment over
+    ``rows`` (and, per model, over ``pooled``)."""
     from depthlens.studies.tables import markdown_table, paired_cells
 
     def tested(r: dict[str, Any]) -> dict[str, str]:
@@ -192,7 +201,7 @@ def table_two_markdown(rows: Sequence[dict[str, Any]], pooled: Sequence[dict[str
             "tokens / question": f"{r['cost_mean']:,.0f}",
             "cost vs Cons@n": f"{r['cost_vs_cons']:.0%}" if r.get("cost_vs_cons") else "—",
             **tested(r),
-            "power +2.0 / +3.3 (questions for 80 %)": paired_cells(r).planning,
+            GAPS_COLUMN: paired_cells(r).gaps,
         }
 
     by_store: dict[str, list[dict[str, str]]] = {}
@@ -204,9 +213,11 @@ def table_two_markdown(rows: Sequence[dict[str, Any]], pooled: Sequence[dict[str
         "Accuracy: mean over trials, [95 % interval over resampled questions]. Δ: the method minus Cons@n on the "
         "same questions (trials averaged per question), paired-bootstrap interval; p: sign-flip permutation test "
         "over questions (exact McNemar when outcomes are 0/1); p_BH: Benjamini–Hochberg over every comparison in "
-        "these tables, † < 0.05. Power: of a paired test at α = 0.05 with this many questions and this spread, to "
-        "detect the paper's Think@n − Cons@n gaps on AIME25 (+2.0 and +3.3 points); in brackets the questions "
-        "80 % power would take.",
+        "these tables, † < 0.05. The last column: whether that 95 % interval includes or excludes the paper's "
+        "Think@n − Cons@n gaps on AIME25 (+2.0 and +3.3 points) — the verdict on the paper's claim. random@n is "
+        "Think@n's control: a vote over a random ⌈η·n⌉ of the same draw (the exact expectation over its subsets); "
+        "Think@n − random@n is below. The power to detect the gaps, and the questions 80 % power would take, are "
+        "planning numbers kept in the summary CSVs (power_gap*, questions_for_gap*).",
         "",
     ]
     for store, table in by_store.items():
@@ -224,10 +235,31 @@ def table_two_markdown(rows: Sequence[dict[str, Any]], pooled: Sequence[dict[str
                         "method": r["method"],
                         **tested(r),
                         "won / lost": f"{r['wins']} / {r['losses']}",
-                        "power +2.0 / +3.3 (questions for 80 %)": paired_cells(r).planning,
+                        GAPS_COLUMN: paired_cells(r).gaps,
                     }
                     for r in pooled
                 ]
             ),
+            "",
+        ]
+    if control or pooled_control:
+        lines += [
+            "**Think@n − random@n, the control** (does DTR select better than a random vote of the same size? one "
+            "sign-flip test over questions per row, outside the families above; pooled: every question of the "
+            "model's stores):",
+            "",
+            markdown_table(
+                [
+                    {
+                        "stores": r.get("store") or f"{r['model']} ({r['stores']} pooled)",
+                        "Δ points [95 %]": paired_cells(r).difference,
+                        "p": paired_cells(r).p,
+                        "won / lost": f"{r['wins']} / {r['losses']}",
+                        GAPS_COLUMN: paired_cells(r).gaps,
+                    }
+                    for r in [*control, *pooled_control]
+                ]
+            ),
+            "",
         ]
     return lines
