@@ -272,6 +272,12 @@ def control_row(control: Comparison | None) -> dict[str, Any] | None:
     return None if control is None else {"method": control.method, **control.row()}
 
 
+def stored_voting(settings: dict[str, Any]) -> VotingConfig:
+    """The voting settings a summary was voted with (its ``voting``): one written before ``tie_break`` existed was
+    voted under ``summed-dtr``, the only rule then."""
+    return VotingConfig.from_dict({"tie_break": "summed-dtr", **settings})
+
+
 def summary_stem(voting: VotingConfig) -> str:
     """The file stem of a summary, from the settings most runs vary: ``thinkn-n16-eta0.5-l50``."""
     prefix = "full" if voting.prefix is None else voting.prefix
@@ -314,7 +320,10 @@ def _write_summary(
         earlier = read_json(
             path, "summary", "it is derived from the store: pass --overwrite to vote it again"
         )
-        differ = settings_differ({k: earlier.get(k) for k in settings}, settings, ())
+        stored = {k: earlier.get(k) for k in settings}
+        if isinstance(stored["voting"], dict):  # voted before tie_break existed: under summed-dtr
+            stored["voting"] = {"tie_break": "summed-dtr", **stored["voting"]}
+        differ = settings_differ(stored, settings, ())
         if differ:
             old = stale(earlier, out_dir)
             raise StoreError(
@@ -371,7 +380,9 @@ def think_at_n_live(
     final = [
         dataclasses.replace(response_from_trace(t, backend.n_layers, dtr), key=answer_key(t)) for t in traces
     ]
-    outcome = think_at_n(final, dataclasses.replace(voting, eta=1.0))  # a plain vote among the kept
+    # A plain vote among the kept. A tie under ``uniform`` answers the first given of the tied: the samples are
+    # exchangeable, so that is a uniform pick.
+    outcome = think_at_n(final, dataclasses.replace(voting, eta=1.0))
     return outcome.answer, paused.traces, sum(len(t) for t in paused.traces)
 
 

@@ -13,7 +13,7 @@ from depthlens.stats.paired import Comparison
 from depthlens.stores.files import read_json
 from depthlens.studies.score import score_summary
 from depthlens.studies.tables import paired_cells, paired_title
-from depthlens.studies.thinkn import summary_files, summary_stem, vote_notes
+from depthlens.studies.thinkn import stored_voting, summary_files, summary_stem, vote_notes
 from depthlens.view.detail import scalar
 from depthlens.view.pools import Failed, VotingIndex, answer_summary, draw_detail, question_pool
 from depthlens.view.store import ViewStore, changed_since
@@ -53,7 +53,7 @@ def default_voting(store: ViewStore) -> VotingConfig:
     if files:
         try:
             summary = read_json(files[-1], "summary", "")
-            voting = VotingConfig.from_dict(summary["voting"])
+            voting = stored_voting(summary["voting"])
         except (DepthlensError, KeyError, TypeError):
             store.notices.append(f"{files[-1]}: a summary whose settings could not be read; defaults used")
         else:
