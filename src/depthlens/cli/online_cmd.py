@@ -143,7 +143,16 @@ def run_replay(online: OnlineConfig, store: Path, dtr: DTRConfig, replay: Replay
 
 def _print_summaries(summaries: list[OnlineSummary], title: str) -> None:
     table = Table(title=title, title_justify="left")
-    for column in ("signal", "β", "max n", "accuracy %", "tokens / question", "started", "consensus stops"):
+    # ± is the s.d. over sampling orders of one pool: the spread of re-orderings, not an error bar
+    for column in (
+        "signal",
+        "β",
+        "max n",
+        "accuracy % ± order s.d.",
+        "tokens / q ± order s.d.",
+        "started",
+        "consensus stops",
+    ):
         table.add_column(column, justify="right")
     for s in summaries:
         table.add_row(

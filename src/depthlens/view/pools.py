@@ -310,6 +310,7 @@ def draw_detail(
             "accuracy": outcome.accuracy,
             "cost": outcome.cost,
             "voted": outcome.voted,
+            "subsets": outcome.subsets,  # random@n: an expectation over this many subsets, no one answer
             "kept": [pool[picks[k]][0] for k in outcome.kept],
         }
     return {"drawn": [pool[p][0] for p in picks], "methods": methods, "note": None}

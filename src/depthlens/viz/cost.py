@@ -17,7 +17,7 @@ from typing import Any
 from depthlens.errors import InputError
 from depthlens.viz.study import _pyplot
 
-COLOURS = {"think@n": "#d62728", "cons@n": "#1f77b4"}
+COLOURS = {"think@n": "#d62728", "cons@n": "#1f77b4", "random@n": "#2ca02c"}  # random@n: Think@n's control
 
 
 def merged_label(methods: Sequence[str]) -> str:

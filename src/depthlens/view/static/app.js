@@ -207,7 +207,7 @@ async function questionView(main, qid, params, mine) {
     ? `Think@n keeps ${kept} of the ${data.draw.drawn.length} drawn (⌈η·n⌉, η = ${s.eta}) by prefix DTR over ℓ = ${s.prefix} tokens and answers ${think.answer ?? "nothing"} — ${think.accuracy === 1 ? "right" : "wrong"}; it pays ${think.cost} tokens (Cons@n: ${data.draw.methods["cons@n"].cost}).`
     : data.draw.note;
   const methods = Object.entries(data.draw.methods).map(([m, o]) => el("tr", {"data-method": m},
-    el("td", {class: "method"}, m), el("td", {}, o.voted ? (o.answer ?? "none") : "(mean)"),
+    el("td", {class: "method"}, m), el("td", {}, o.subsets ? `(over ${o.subsets} subsets)` : o.voted ? (o.answer ?? "none") : "(mean)"),
     el("td", {class: "mark"}, mark(o.accuracy)), el("td", {class: "num"}, o.cost), el("td", {class: "num"}, o.kept.length)));
   const rows = data.rows.map((r) => responseRow(r, params));
   main.replaceChildren(el("section", {id: "question", "data-id": qid},
