@@ -308,7 +308,7 @@ def draw_detail(
         methods[name] = {
             "answer": outcome.answer,
             "accuracy": outcome.accuracy,
-            "cost": outcome.cost,
+            "cost": round(outcome.cost, 1),  # random@n: an expectation
             "voted": outcome.voted,
             "subsets": outcome.subsets,  # random@n: an expectation over this many subsets, no one answer
             "kept": [pool[picks[k]][0] for k in outcome.kept],
