@@ -224,8 +224,9 @@ def accuracy_intervals(
 
 
 def per_question_table(outcomes: TrialOutcomes) -> dict[str, Any]:
-    """The per-question accuracies as a summary stores them (6 decimals: trial means of 0/1 are exact to 1e-6 for
-    up to 10⁶ trials), so stores of one model can be pooled later without voting again."""
+    """The per-question accuracies as a summary stores them, so stores of one model can be pooled later without
+    voting again: 6 decimals (trial means of 0/1 are exact to 1e-6 for up to 10⁶ trials; the fractional credits of
+    a uniform tie or of random@n's expectation are off by < 5·10⁻⁷, far below a point of accuracy)."""
     return {
         "questions": list(outcomes.questions),
         "accuracy": {m: [round(float(v), 6) for v in a] for m, a in per_question_accuracy(outcomes).items()},
