@@ -10,6 +10,11 @@ from typing import Any, Literal
 from depthlens.config.base import MOST_RESPONSES, Config, check_choice, check_repeats, check_seed, invalid
 from depthlens.config.readout import PREFIX_TOKENS
 
+TieBreak = Literal["uniform", "summed-dtr"]
+"""How a vote tied at the top is scored (docs/definitions.md §5). ``uniform``: each tied answer is as likely, so
+the draw earns the share of right ones among them (an exact expectation; no DTR in the baselines).
+``summed-dtr``: the tied answer whose voters have the highest summed prefix DTR wins, then the one given first."""
+
 
 @dataclasses.dataclass(frozen=True)
 class VotingConfig(Config):
@@ -20,10 +25,13 @@ class VotingConfig(Config):
         eta: the share of the n kept by Think@n, Short@n, Long@n and Self-Certainty@n (ceil(η·n)); DeepConf-low/-high
             keep their own 10 % / 90 %.
         prefix: ℓ_prefix, the generated tokens whose DTR (or self-certainty) ranks the responses; None = all.
-        trials: resamplings of n from each question's pool; accuracy and cost are mean ± std over them.
+        trials: resamplings of n from each question's pool; accuracy and cost are mean and draw s.d.
+            over them (the spread of re-draws from one pool, not an error bar).
         seed: seeds the draws of the trials.
         deepconf_window: DeepConf's group (sliding window) and tail length, in tokens; their code's 2,048 by
             default, so a response shorter than that scores its mean under every trace score.
+        tie_break: how a vote tied at the top is scored (see ``TieBreak``), for every method but DeepConf's,
+            which keep their authors' rule (the answer seen first).
     """
 
     n: int = 16
@@ -32,6 +40,7 @@ class VotingConfig(Config):
     trials: int = 10
     seed: int = 0
     deepconf_window: int = 2048
+    tie_break: TieBreak = "uniform"
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -44,6 +53,7 @@ class VotingConfig(Config):
         check_seed("VotingConfig", "seed", self.seed)
         if self.deepconf_window < 1:
             raise invalid("VotingConfig", "deepconf_window", self.deepconf_window, "must be ≥ 1 token")
+        check_choice("VotingConfig", "tie_break", self.tie_break, TieBreak)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -263,7 +263,7 @@ def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
                     "depthlens.think.n",
                     "invalid_value",
                 )
-            think = VotingConfig(n=t.n, eta=t.eta, prefix=t.prefix, trials=1)
+            think = VotingConfig(n=t.n, eta=t.eta, prefix=t.prefix, trials=1, tie_break=t.tie_break)
             answers = ExtractionConfig(answer_type=t.answer_type or answers.answer_type)
         if options.online is not None:
             online = _online(options.online, settings)

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from depthlens.config import PREFIX_TOKENS, AnswerType, VotingConfig
+from depthlens.config import PREFIX_TOKENS, AnswerType, TieBreak, VotingConfig
 
 
 class Strict(BaseModel):
@@ -31,6 +31,7 @@ class ThinkOptions(Strict):
     n: Annotated[int, Field(ge=1)] = VotingConfig.n
     eta: Annotated[float, Field(gt=0, le=1)] = VotingConfig.eta
     prefix: Annotated[int, Field(ge=1)] = PREFIX_TOKENS
+    tie_break: TieBreak = VotingConfig.tie_break  # a live tie: uniform answers the first given of the tied
     answer_type: AnswerType | None = None
 
 

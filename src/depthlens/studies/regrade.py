@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from depthlens.config import AnswerConfig, DTRConfig, VotingConfig, depth_prefix
+from depthlens.config import AnswerConfig, DTRConfig, depth_prefix
 from depthlens.errors import StoreError
 from depthlens.evals.answers import RULES
 from depthlens.evals.grading import ANSWER_FIELDS, AnswerSummary, answer_fields, store_answers
@@ -39,7 +39,7 @@ from depthlens.stores.names import current_names
 from depthlens.stores.parquet import iter_store
 from depthlens.stores.samples import DEPTH_FIELDS, QUESTIONS, read_manifest, samples_path, stored_format
 from depthlens.stores.shard_writer import rewrite_store
-from depthlens.studies.thinkn import summarise, summary_files
+from depthlens.studies.thinkn import stored_voting, summarise, summary_files
 
 GRADED = ("answer", "answer_source", "vote_key", "grade", "correct", "task_score")
 
@@ -274,7 +274,7 @@ def _resummarise(store: Path) -> bool:
         previous = json.loads(path.read_text())
         summarise(
             store,
-            VotingConfig.from_dict(previous["voting"]),
+            stored_voting(previous["voting"]),
             DTRConfig.from_dict(previous["dtr"]),
             [m for m in previous.get("methods_asked") or [] if m in METHODS] or None,
             with_ablation=bool(previous.get("ablation")),
