@@ -10,9 +10,10 @@ A response answers only where it states an answer; a number met in its reasoning
    ``letter`` — a letter task's last "(X)" (or "X)" opening a line); ``last-number`` — a numeric task's last
    number (not the "2." that numbers a step), and only with ``fallback="last-number"``; ``statement`` then
    ``equation`` — with ``fallback="final-result"``, a numeric task's result stated in a small model's own words
-   ("the final answer within the specified format is 4", "so, 0 / 4 is simply 0"), else the number that ends
-   the response's last equation ("10 + 8 = 18") — nothing when that equation is cut off ("3 + 4 =") or goes on
-   past a number ("= 3 + 0"), and never an equation the question itself states.
+   ("the final answer within the specified format is 4", "so, 0 / 4 is simply 0", "7 + 9 is 16, which is the
+   final answer"), else the number that ends the response's last equation ("10 + 8 = 18") — nothing when that
+   equation is cut off ("3 + 4 =") or goes on past a number ("= 3 + 0"), and never an equation the question
+   itself states.
 
 The answer type decides what counts: ``string`` and ``list`` answers are text (never a bare number), ``letter``
 answers only the task's option letters, ``number`` and ``expression`` numbers and LaTeX (equivalence through
@@ -78,12 +79,19 @@ _RESULT = (
 )
 # "is 4." / "is 4, …": the number closes its clause (a statement's number may not run on into words).
 _CLAUSE_END = r"(?=[^\S\n]*(?:\$|\*\*|\\\)|\\\])?[^\S\n]*(?:[.,;:!?]|\n|$))"
+_NAMED = (
+    r"[^\S\n]*,?\s*which\s+is\s+the\s+(?:final\s+)?(?:answer|result|solution)\b"  # "…, which is the answer"
+)
 _STATEMENTS = tuple(
-    re.compile(lead + _RESULT + _CLAUSE_END, re.IGNORECASE)
-    for lead in (
-        r"\bfinal\s+answer\b[^\n]{0,60}?\bis\s+",  # "The final answer within the specified format is 4."
-        r"\b(?:so|thus|therefore|hence)\b,?[^\n]{0,80}?\b(?:is|equals)\s+(?:equal\s+to\s+)?",  # "So, x is 7."
-        r"\bsimply\s+",  # "So, 0 / 4 is simply 0." / "… or simply 4."
+    re.compile(lead + _RESULT + trail, re.IGNORECASE)
+    for lead, trail in (
+        # "The final answer within the specified format is 4."
+        (r"\bfinal\s+answer\b[^\n]{0,60}?\bis\s+", _CLAUSE_END),
+        # "So, 0 / 4 is 1." / "Therefore, x equals 7."
+        (r"\b(?:so|thus|therefore|hence)\b,?[^\n]{0,80}?\b(?:is|equals)\s+(?:equal\s+to\s+)?", _CLAUSE_END),
+        (r"\bsimply\s+", _CLAUSE_END),  # "So, 0 / 4 is simply 0." / "… or simply 4."
+        (r"\bsolution\s+is\s+", _CLAUSE_END),  # "In this example, the solution is 0."
+        (r"\bis\s+", _NAMED),  # "7 + 9 is 16, which is the final answer."
     )
 )
 _EQUALS = re.compile(r"(?<![<>!=])=(?!=)")

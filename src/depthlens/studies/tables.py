@@ -53,10 +53,10 @@ def write_whole(path: Path, text: str) -> Path:
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
-    """Rows (dicts with the same keys) as CSV, written whole (``write_whole``); the header is the first row's
-    keys."""
+    """Rows as CSV, written whole (``write_whole``); the header is every key, in the order first met (a row
+    without one leaves its cell empty)."""
     text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]) if rows else [])
+    writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
     writer.writeheader()
     writer.writerows(rows)
     return write_whole(path, text.getvalue())
