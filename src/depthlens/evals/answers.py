@@ -204,7 +204,7 @@ def _final_result(text: str, question: str) -> Answer | None:
     result = _EQUATION_RESULT.match(text, last.end())
     if result is None:  # cut off ("3 + 4 =") or not a number: an earlier step is not the answer either
         return None
-    lhs = _LHS.search(text, 0, last.start())
+    lhs = _LHS.search(text, max(0, last.start() - 200), last.start())  # bounded: no quadratic scan
     equation = re.sub(r"\s+", "", f"{lhs.group(0) if lhs else ''}={result.group('n')}").strip(".")
     if question and equation in re.sub(r"\s+", "", question):
         return None  # the question's own equation, restated
