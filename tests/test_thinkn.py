@@ -236,7 +236,9 @@ def test_summary_files_and_ablation(tiny_chat, tmp_path):
     report = summarise(tmp_path / "s", VotingConfig(n=2, trials=3, prefix=4), with_ablation=True)
     payload = json.loads((tmp_path / "s" / "thinkn-n2-eta0.5-l4.json").read_text())
     assert [m["method"] for m in payload["methods"]] == [s.method for s in report.summaries]
-    assert (tmp_path / "s" / "thinkn-n2-eta0.5-l4.csv").read_text().startswith("method,accuracy_mean")
+    assert (
+        (tmp_path / "s" / "thinkn-n2-eta0.5-l4.csv").read_text().startswith("model,task,method,accuracy_mean")
+    )
     assert report.ablation and (tmp_path / "s" / "thinkn-n2-eta0.5-l4-ablation.csv").exists()
     cons = next(s for s in report.summaries if s.method == "cons@n")
     think = next(s for s in report.summaries if s.method == "think@n")
@@ -273,7 +275,8 @@ def test_a_full_disk_leaves_no_half_written_summary_and_names_the_file(
     code, _, err = run(monkeypatch, capsys, *args)
     assert code == 0, err
     assert (
-        csv.read_text().startswith("method,") and json.loads(csv.with_suffix(".json").read_text())["methods"]
+        csv.read_text().startswith("model,task,method,")
+        and json.loads(csv.with_suffix(".json").read_text())["methods"]
     )
 
 

@@ -65,6 +65,7 @@ class CorrelationConfig(Config):
         seeds: repetitions of the per-question subsampling and tie-breaking; binned r is averaged over them.
         n: responses drawn per question per seed; None = the whole pool (then only tie-breaking varies).
         bootstrap: resamples of questions for the 95 % confidence intervals of the unbinned statistics.
+        permutations: shuffles of correctness within questions for the within-question r's p-value.
         min_responses: fewer usable responses than this → no statistic, a "too few" note instead.
         min_questions: fewer questions with both right and wrong responses than this → no binned r.
         min_outcome: fewer right (or fewer wrong) responses than this → no statistic: r would hinge on them.
@@ -75,6 +76,7 @@ class CorrelationConfig(Config):
     seeds: int = 30
     n: int | None = None
     bootstrap: int = 1000
+    permutations: int = 1000
     min_responses: int = 20
     min_questions: int = 3
     min_outcome: int = 5
@@ -83,7 +85,7 @@ class CorrelationConfig(Config):
     def __post_init__(self) -> None:
         if self.bins < 3:
             raise invalid("CorrelationConfig", "bins", self.bins, "must be ≥ 3", "a correlation over bins")
-        for name in ("seeds", "bootstrap"):
+        for name in ("seeds", "bootstrap", "permutations"):
             check_repeats("CorrelationConfig", name, getattr(self, name))
         if self.n is not None and self.n < self.bins:
             raise invalid(

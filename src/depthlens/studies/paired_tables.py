@@ -128,14 +128,21 @@ def table_two_rows(
     """One row per voted method and per online replay compared on this summary's Cons@n (same n)."""
     n = summary["voting"]["n"]
     cons = next((m for m in summary["methods"] if m["method"] == BASELINE), None)
-    rows = [{"store": label, **m} for m in summary["methods"]]
+    # Model, task and questions in every row, so that a table written out names what each number is of.
+    named = {
+        "store": label,
+        "model": summary.get("model"),
+        "task": str((summary.get("task") or {}).get("name", "?")).removeprefix("reasoning_gym:"),
+    }
+    rows = [{**named, **m} for m in summary["methods"]]
     for replay in replays:
         if replay.get("cons_n") != n or replay.get("paired") is None:
             continue  # compared with another Cons@n than this table's, or not at all
         s = replay["summary"]
         rows.append(
             {
-                "store": label,
+                **named,
+                "questions": len((replay.get("per_question") or {}).get("questions", [])) or None,
                 "method": f"{replay['method']} (max n {s['max_n']}, β {s['consensus']:g})",
                 "accuracy_mean": s["accuracy_mean"],
                 "accuracy_std": s["accuracy_std"],

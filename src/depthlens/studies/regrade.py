@@ -10,7 +10,7 @@ its records get today's names (``stores.names``) and the depth they lacked (``st
 from their stored divergences with the manifest's DTR settings). Nothing is lost: each record appends the answer
 fields it had before to its ``answer_history`` list, with the rules that produced them. The manifest records the
 rules now in force (``answers``) and a ``regraded`` log. Every summary already in the store is recomputed with its
-own voting settings.
+own voting settings. ``regrade_copy`` does all this to a copy, leaving the store as it was.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import dataclasses
 import datetime
 import json
 import os
+import shutil
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from depthlens.evals.tasks import HUB_TASKS, Question, infer_answer_type
 from depthlens.metrics.dtr import response_depth
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
-from depthlens.stores.lock import store_lock
+from depthlens.stores.lock import LOCK, store_lock
 from depthlens.stores.names import current_names
 from depthlens.stores.parquet import iter_store
 from depthlens.stores.samples import DEPTH_FIELDS, QUESTIONS, read_manifest, samples_path, stored_format
@@ -216,6 +217,30 @@ def regrade_store(
     """
     with store_lock(samples_path(store, stored_format(store))):
         return _regrade_locked(store, answer_type, fallback, timeout_s, on_record)
+
+
+def regrade_copy(
+    store: Path,
+    out: Path,
+    answer_type: str | None = None,
+    fallback: str | None = None,
+    timeout_s: int = 5,
+    on_record: Callable[[], None] = lambda: None,
+) -> RegradeReport:
+    """Copy ``store`` to ``out`` and regrade the copy (``regrade_store``); ``store`` is left as it was.
+
+    One store's responses graded under two rules side by side — the same texts, no resampling — so every
+    summary and table (thinkn, correlate, report) can be read under both. ``out`` must not exist yet.
+    """
+    if out.exists():
+        raise StoreError(f"--out {out} already exists; regrade into a new directory (the copy is made there)")
+    if out.resolve().is_relative_to(store.resolve()):
+        raise StoreError(f"--out {out} lies inside the store {store}; give a directory outside it")
+    samples = samples_path(store, stored_format(store))
+    with store_lock(samples):  # no writer changes the store while it is copied
+        read_manifest(store)  # a store, not any directory
+        shutil.copytree(store, out, ignore=shutil.ignore_patterns(LOCK, ".*.lock", ".*.regrade-tmp"))
+    return regrade_store(out, answer_type, fallback, timeout_s, on_record)
 
 
 def _regrade_locked(

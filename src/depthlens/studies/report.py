@@ -265,6 +265,8 @@ def prepare_report(
             by_model.setdefault(study.store.model, []).append(study.per_question)
     table_two = [r for s in studies for r in s.table_two]
     add_fdr(table_two, PAIRED_FIELDS)  # the whole Table 2 one family (a summary's own p_bh: its methods)
+    if table_two:  # beside correlation.csv: Table 2's numbers, each row naming its model, task and questions
+        write_csv(run_dir / "report" / "table_two.csv", table_two)
     control = [r for s in studies for r in s.control]
     return ReportData(
         run_dir,

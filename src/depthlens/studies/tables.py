@@ -53,10 +53,10 @@ def write_whole(path: Path, text: str) -> Path:
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
-    """Rows (dicts with the same keys) as CSV, written whole (``write_whole``); the header is the first row's
-    keys."""
+    """Rows as CSV, written whole (``write_whole``); the header is every key, in the order first met (a row
+    without one leaves its cell empty)."""
     text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]) if rows else [])
+    writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
     writer.writeheader()
     writer.writerows(rows)
     return write_whole(path, text.getvalue())
@@ -150,6 +150,16 @@ def table_one(rows: Sequence[dict[str, Any]]) -> str:
         rho = f"{_fmt(r['spearman'])}{_ci(r['spearman_lo'], r['spearman_hi'])}"
         return f"r_pb {pb}{_p(r, 'point_biserial_p', ' ')}; ρ {rho}{_p(r, 'spearman_p', ' ')}"
 
+    def within(r: dict[str, Any]) -> str:
+        if r.get("r_within") is None and r.get("r_length_within") is None:
+            return "—"
+        accuracy = (
+            "—"
+            if r.get("r_within") is None
+            else f"{_fmt(r['r_within'])}{_p(r, 'p_within_perm', ' ')} (q={r['n_questions_within']})"
+        )
+        return f"{accuracy}; length {_fmt(r.get('r_length_within'))}"
+
     counts = {f"{r['model']} · {r['task']}": r for r in rows}
     lines = [
         "**Binned r** (definitions.md §4: 5 quantile bins per question, Pearson r of bin metric vs bin accuracy, "
@@ -162,6 +172,13 @@ def table_one(rows: Sequence[dict[str, Any]]) -> str:
         f"**Unbinned, per response**: point-biserial r and Spearman ρ with question-bootstrap 95 % CIs; {P_LEGEND}",
         "",
         *table(unbinned),
+        "",
+        "**Within questions**: metric and correctness centred on each question's means, then the point-biserial r "
+        "over all responses (q: questions with both right and wrong responses); p from shuffling correctness within "
+        "each question (p_BH over the table; † < 0.05); length: the metric's question-centred r with token count "
+        "(near ±1: a length proxy)",
+        "",
+        *table(within),
         "",
         "Samples: "
         + "; ".join(

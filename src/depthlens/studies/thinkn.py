@@ -351,7 +351,9 @@ def _write_summary(
         "control": control_row(report.control),
         "command": " ".join(sys.argv),
     }
-    write_csv(out_dir / f"{stem}.csv", rows)
+    # The CSV stands alone (committed under docs/data, compared across stores): it names its model and task.
+    task = str((report.info.manifest.get("task") or {}).get("name", "?")).removeprefix("reasoning_gym:")
+    write_csv(out_dir / f"{stem}.csv", [{"model": payload["model"], "task": task, **r} for r in rows])
     if report.ablation:
         write_csv(out_dir / f"{stem}-ablation.csv", report.ablation)
     # last: the summary's JSON stands for a whole set of files
