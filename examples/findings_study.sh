@@ -9,7 +9,12 @@
 #   Then Think@n and its peers (n = 8 of 16, 10 trials), online Think@n / DeepConf replayed over the same pools,
 #   and the report (Table 1, Table 2 with paired tests, Figures 1-5).
 #
+#   Issue 48's second model, fixed before running: Qwen2.5-Coder-0.5B on chain_sum (2–4 terms of 1–2 digits, the
+#   setting where it answers about half), 32 questions × 16, ≤ 192 tokens, only the first 50 tokens read out (Think@n
+#   needs the prefix alone), g = 0.5 bits and ρ = 0.85 (the defaults, not tuned): stage `qwen-chain`.
+#
 # Usage: bash examples/findings_study.sh [OUT] [stage] [model…]   stage: generate | vote | report | all (default)
+#                                                                        | qwen-chain (the second model's store)
 # Every store resumes (--resume): stop it any time, run the same line again. JOBS stores are generated at once, one
 # thread each (OMP_NUM_THREADS=1): on a 2-core machine JOBS=2 (the default) keeps both cores busy and no more.
 set -euo pipefail
@@ -44,6 +49,13 @@ vote() {  # store: offline methods, then both online policies over the same pool
   done
 }
 
+if [[ $STAGE == qwen-chain ]]; then
+  OMP_NUM_THREADS=1 $D generate --model qwen2.5-coder-0.5b-instruct --task reasoning_gym:chain_sum \
+    --task-config min_terms=2,max_terms=4,min_digits=1,max_digits=2 --questions 32 --pool 16 --batch-size 16 \
+    --max-new-tokens 192 --readout-tokens 50 --g 0.5 --rho 0.85 --backend hf --seed 0 --task-seed 0 \
+    --out "$OUT/qwen2.5-coder-0.5b-instruct/chain_sum" --resume
+  exit
+fi
 if [[ $STAGE == generate || $STAGE == all ]]; then
   for model in "${MODELS[@]}"; do
     for f in "${FAMILIES[@]}"; do

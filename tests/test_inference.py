@@ -28,6 +28,7 @@ from depthlens.stores.samples import SAMPLES
 from depthlens.studies.correlation import METRICS, dtr_settings, metric_values, store_correlations
 from depthlens.studies.generate import generate
 from depthlens.studies.stored import load_store
+from depthlens.studies.tables import paired_cells
 from depthlens.studies.thinkn import compare_methods, load_pools
 from depthlens.voting.trials import run_trials, trial_outcomes
 from tests.test_cli import run
@@ -287,8 +288,15 @@ def test_report_table_two_has_online_replays_paired_tests_and_the_pooled_model(s
     text = md.read_text()
     assert "online think@n (max n 8, β 0.8)" in text and "online deepconf (max n 8, β 0.8)" in text
     assert "Pooled over each model's stores" in text and "Δ vs Cons@n, points [95 %]" in text
-    assert "p_BH" in text and "power +2.0 / +3.3" in text
-    # Table 2's p_BH is over all its comparisons (17 offline methods + 2 online), not each summary's own family
+    assert "p_BH" in text and "95 % interval vs the paper's +2.0 / +3.3" in text and "power +2.0" not in text
+    # Think@n − random@n: the store's and the model's pooled, the same questions here (one store)
+    control = [
+        line for line in text.splitlines() if line.startswith(("| tiny-llama · tiny", "| tiny-llama ("))
+    ]
+    assert "Think@n − random@n, the control" in text and len(control) == 2
+    stored = json.loads((study / "thinkn-n4-eta0.5-l4.json").read_text())["control"]
+    assert stored["method"] == "think@n" and stored["vs"] == "random@n" and 0 < stored["p"] <= 1
+    # Table 2's p_BH is over all its comparisons (18 offline methods + 2 online), not each summary's own family
     from depthlens.studies.tables import format_p
 
     summary = json.loads((study / "thinkn-n4-eta0.5-l4.json").read_text())
@@ -304,13 +312,16 @@ def test_report_table_two_has_online_replays_paired_tests_and_the_pooled_model(s
     first = lines.index("**tiny-llama · tiny**")
     row = next(line for line in lines[first:] if line.startswith("| think@n |"))
     header = next(line for line in lines[first:] if line.startswith("| method |"))
-    assert not any(line.startswith("| tiny-llama · tiny |") for line in lines)
+    control_at = next(i for i, line in enumerate(lines) if line.startswith("**Think@n − random@n"))
+    assert not any(
+        line.startswith("| tiny-llama · tiny |") for line in lines[:control_at]
+    )  # the control's has
     cells = dict(zip(header.strip("|").split(" | "), row.strip("|").split(" | "), strict=True))
     assert cells["p_BH"].strip().rstrip("†") == format_p(table_bh)
 
 
-def test_power_line_names_the_spread_the_power_and_the_questions_needed():
-    from depthlens.cli.paired_view import power_line
+def test_verdict_line_states_the_interval_against_the_gaps_and_power_only_to_plan():
+    from depthlens.cli.paired_view import verdict_line as power_line
     from depthlens.stats.paired import paired_comparisons
 
     rng = np.random.default_rng(0)
@@ -323,8 +334,46 @@ def test_power_line_names_the_spread_the_power_and_the_questions_needed():
     assert (
         f"{c.power['2.0']:.2f} / {c.power['3.3']:.2f}" in line and c.power["2.0"] < 0.2
     )  # 30 questions: hopeless
+    assert c.test.p >= 0.05 and "For planning, not a verdict" in line
+    assert f"the 95 % interval {paired_cells(c.row()).gaps} (the paper's" in line
     flat = paired_comparisons({"cons@n": cons, "think@n": cons})
     assert "the same outcome on every question" in power_line(flat)
+    # a significant difference: the interval against the gaps, no post-hoc power beside it
+    wins = np.r_[np.ones(25), np.zeros(5)]
+    (sure,) = paired_comparisons({"cons@n": np.zeros(30), "think@n": wins}, resamples=2000)
+    line = power_line([sure])
+    assert sure.test.p < 0.05 and "power" not in line and "the 95 % interval excludes +2.0, +3.3" in line
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "cell"),
+    [
+        (-0.10, -0.03, "excludes +2.0, +3.3"),
+        (0.0, 0.025, "includes +2.0; excludes +3.3"),
+        (0.025, 0.05, "includes +3.3; excludes +2.0"),
+        (-0.05, 0.05, "includes +2.0, +3.3"),
+    ],
+)
+def test_the_interval_against_the_papers_gaps(low, high, cell):
+    from depthlens.stats.paired import PairedTest, gap_verdict
+
+    test = PairedTest(30, (low + high) / 2, low, high, 0.5, 1, 1, 0.1, True)
+    verdict = gap_verdict(test)
+    assert verdict == {"2.0": not (low <= 0.02 <= high), "3.3": not (low <= 0.033 <= high)}
+    row = {"diff": test.difference, "diff_lo": low, "diff_hi": high}
+    assert paired_cells(row).gaps == cell  # from the interval alone (a row written before excludes_gap*)
+    assert paired_cells({**row, **{f"excludes_gap{g}": v for g, v in verdict.items()}}).gaps == cell
+
+
+def test_the_control_is_think_at_n_against_random_at_n_on_its_own():
+    from depthlens.stats.paired import control_comparison, paired_test
+
+    rng = np.random.default_rng(3)
+    per_q = {"think@n": rng.random(20), "random@n": rng.random(20), "cons@n": rng.random(20)}
+    c = control_comparison(per_q, seed=0)
+    expected = paired_test(per_q["think@n"], per_q["random@n"], rng=np.random.default_rng([0, 7_919]))
+    assert (c.method, c.baseline, c.test, c.p_bh) == ("think@n", "random@n", expected, expected.p)
+    assert control_comparison({"think@n": per_q["think@n"]}) is None  # random@n not voted
 
 
 def test_correlate_prints_and_writes_the_adjusted_p_beside_the_intervals(

@@ -170,7 +170,9 @@ def test_native_prompts_need_a_reasoning_gym_task(monkeypatch, capsys, tmp_path)
         "not 'aime2025'; use --prompt-style paper"
     )
     code, _, err = run(monkeypatch, capsys, "generate", "--out", tmp_path / "s", "--answer-fallback", "last")
-    assert code == 2 and err.strip() == "error: --answer-fallback 'last': use one of none, last-number"
+    assert code == 2 and err.strip() == (
+        "error: --answer-fallback 'last': use one of none, last-number, final-result"
+    )
 
 
 def test_an_old_store_resumes_once_regraded(tiny_chat, tmp_path):
@@ -225,3 +227,43 @@ def test_a_sharded_store_is_regraded_by_new_shards_its_manifest_commits(tiny_cha
     )
     assert generate(tiny_chat, again, QUESTIONS).skipped == 4  # still resumes
     assert len(json.loads((shards / MANIFEST).read_text())["regraded"]) == 1  # and keeps its regrade log
+
+
+def test_regrade_into_a_copy_grades_the_same_texts_under_the_fallback(
+    monkeypatch, capsys, tiny_chat, tmp_path
+):
+    """`regrade --out`: the store as it was, its copy read under final-result; thinkn reads each like any store."""
+    store, copy = tmp_path / "s", tmp_path / "copy"
+    generate(
+        tiny_chat,
+        GenerateRun(StoreSpec(store, format="jsonl"), pool=2, seed=1, sampling=SAMPLING, batch_size=2),
+        QUESTIONS,
+    )
+    texts = ["1 + 2 = 3", "So, 1 + 2 is simply 3.", "4 + 5 =", "4 + 5 = 9\n\nThe answer is 8."]
+    records = list(iter_jsonl(store / SAMPLES))
+    for record, text in zip(records, texts, strict=True):
+        record.update(text=text, finish="eos")
+    (store / SAMPLES).write_text("".join(json.dumps(r) + "\n" for r in records))
+    regrade_store(store)  # the strict rules, as generate would have read these texts
+    before = {p.name: p.read_bytes() for p in store.iterdir() if p.is_file()}
+
+    code, _, err = run(
+        monkeypatch, capsys, "regrade", store, "--answer-fallback", "final-result", "--out", copy
+    )
+    assert code in (0, None), err
+    assert {p.name: p.read_bytes() for p in store.iterdir() if p.is_file()} == before  # untouched
+    graded = [(r["answer"], r["answer_source"], r["grade"]) for r in iter_jsonl(copy / SAMPLES)]
+    assert graded == [
+        ("3", "equation", "correct"),
+        ("3", "statement", "correct"),
+        (None, "none", "no_answer"),  # trails off: not read
+        ("8", "phrase", "wrong"),  # a stated answer wins over the equation before it
+    ]
+    assert json.loads(manifest_path(copy / SAMPLES).read_text())["answers"]["fallback"] == "final-result"
+    for path, fallback in ((store, "none"), (copy, "final-result")):
+        code, _, err = run(monkeypatch, capsys, "thinkn", "--from", path, "--n", "2", "--trials", "1")
+        assert code in (0, None) and f"paper prompts, fallback {fallback})" in err, err
+    code, _, err = run(monkeypatch, capsys, "regrade", store, "--out", copy)
+    assert code not in (0, None) and "already exists" in err
+    code, _, err = run(monkeypatch, capsys, "regrade", store, copy, "--out", tmp_path / "c2")
+    assert code not in (0, None) and "one at a time" in err

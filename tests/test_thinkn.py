@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from depthlens.config import DTRConfig, GenerateRun, SamplingConfig, StoreSpec, VotingConfig
-from depthlens.errors import InputError, StoreError
+from depthlens.errors import ConfigError, InputError, StoreError
 from depthlens.evals.grading import grade
 from depthlens.evals.loading import load_task
 from depthlens.evals.tasks import Question
@@ -236,7 +236,9 @@ def test_summary_files_and_ablation(tiny_chat, tmp_path):
     report = summarise(tmp_path / "s", VotingConfig(n=2, trials=3, prefix=4), with_ablation=True)
     payload = json.loads((tmp_path / "s" / "thinkn-n2-eta0.5-l4.json").read_text())
     assert [m["method"] for m in payload["methods"]] == [s.method for s in report.summaries]
-    assert (tmp_path / "s" / "thinkn-n2-eta0.5-l4.csv").read_text().startswith("method,accuracy_mean")
+    assert (
+        (tmp_path / "s" / "thinkn-n2-eta0.5-l4.csv").read_text().startswith("model,task,method,accuracy_mean")
+    )
     assert report.ablation and (tmp_path / "s" / "thinkn-n2-eta0.5-l4-ablation.csv").exists()
     cons = next(s for s in report.summaries if s.method == "cons@n")
     think = next(s for s in report.summaries if s.method == "think@n")
@@ -273,7 +275,8 @@ def test_a_full_disk_leaves_no_half_written_summary_and_names_the_file(
     code, _, err = run(monkeypatch, capsys, *args)
     assert code == 0, err
     assert (
-        csv.read_text().startswith("method,") and json.loads(csv.with_suffix(".json").read_text())["methods"]
+        csv.read_text().startswith("model,task,method,")
+        and json.loads(csv.with_suffix(".json").read_text())["methods"]
     )
 
 
@@ -283,11 +286,72 @@ def test_a_full_disk_leaves_no_half_written_summary_and_names_the_file(
         (["--n", "4", "--eta", "0"], "error: --eta 0.0: must be in (0, 1]"),
         (["--n", "4", "--prefix", "fifty"], "--prefix 'fifty': give a number of tokens or 'full'"),
         (["--n", "4", "--task", "nope"], "unknown task 'nope'"),
+        (["--n", "4", "--tie-break", "coin"], "error: --tie-break coin: must be one of uniform, summed-dtr"),
     ],
 )
 def test_thinkn_cli_errors(monkeypatch, capsys, tmp_path, args, message):
     code, _, err = run(monkeypatch, capsys, "thinkn", "--out", tmp_path / "o", *args)
     assert code == 2 and message in err
+
+
+def test_thinkn_shows_random_at_n_the_control_and_the_ties(view_stores, monkeypatch, capsys, tmp_path):
+    """Issue 48: random@n after Think@n and Cons@n, Think@n − random@n under the paired table, the tie rule and
+    the tie shares under the table, all of it in the summary; --tie-break is a setting of the summary."""
+    import shutil
+
+    import depthlens
+
+    shutil.copytree(view_stores["answers"], tmp_path / "s")  # answered responses, votes that tie
+    args = ("thinkn", "--from", tmp_path / "s", "--n", "4", "--trials", "3", "--prefix", "4")
+    code, out, err = run(monkeypatch, capsys, *args)
+    assert code in (0, None), err
+    said = " ".join(err.split())
+    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    assert rows[:3] == ["think@n", "cons@n", "random@n"] and "think@n − random@n" in rows
+    assert "accuracy % ± draw s.d." in out and "95 % vs paper's +2.0 / +3.3" in out
+    assert "random@n: the expectation over all 6 subsets of 2 of each draw" in said
+    assert "think@n vs random@n over 3 questions" in said and "the 95 % interval" in said, said
+    summary = json.loads((tmp_path / "s" / "thinkn-n4-eta0.5-l4.json").read_text())
+    assert summary["voting"]["tie_break"] == "uniform"
+    methods = {m["method"]: m for m in summary["methods"]}
+    assert methods["random@n"]["subsets"] == 6 and methods["think@n"]["subsets"] == 0
+    assert all(0 <= m["tie_draws"] <= 9 for m in methods.values()) and methods["mean@n"]["tie_draws"] == 0
+    assert (
+        methods["cons@n"]["tie_draws"] > 0
+    )  # this pool's votes tie: the line says how often, and by which rule
+    share = methods["cons@n"]["tie_draws"] / 9
+    assert "votes tied at the top, share of the draws (uniform" in said and f"cons@n {share:.0%}" in said
+    assert summary["control"]["method"] == "think@n" and summary["control"]["vs"] == "random@n"
+    assert set(summary["per_question"]["accuracy"]) == set(methods)
+    # the other rule is another summary's settings: refused without --overwrite, then recorded
+    code, _, err = run(monkeypatch, capsys, *args, "--tie-break", "summed-dtr")
+    assert code == 2 and "voting.tie_break: stored 'uniform', this run 'summed-dtr'" in " ".join(err.split())
+    code, _, err = run(monkeypatch, capsys, *args, "--tie-break", "summed-dtr", "--overwrite")
+    assert code in (0, None), err
+    summary = json.loads((tmp_path / "s" / "thinkn-n4-eta0.5-l4.json").read_text())
+    assert summary["voting"]["tie_break"] == "summed-dtr"
+    assert "(summed-dtr: the highest summed prefix DTR" in " ".join(err.split())
+    ties = {m["method"]: m["tie_draws"] for m in summary["methods"]}
+    assert ties == {m: v["tie_draws"] for m, v in methods.items()}  # the same draws tie under either rule
+    # the Python call takes the same keyword, and its rows are the summary's
+    rows = depthlens.think_at_n(tmp_path / "s", n=4, trials=3, prefix=4, tie_break="summed-dtr").to_pylist()
+    assert [r["method"] for r in rows] == [m["method"] for m in summary["methods"]]
+    assert [r["accuracy_mean"] for r in rows] == [m["accuracy_mean"] for m in summary["methods"]]
+    with pytest.raises(ConfigError, match="tie_break"):
+        depthlens.think_at_n(tmp_path / "s", n=4, trials=1, tie_break="coin")
+
+
+def test_a_summary_from_before_tie_break_was_voted_under_summed_dtr(tiny_chat, monkeypatch, capsys, tmp_path):
+    _store(tiny_chat, tmp_path / "s")
+    args = ("thinkn", "--from", tmp_path / "s", "--n", "3", "--trials", "2", "--prefix", "4")
+    assert run(monkeypatch, capsys, *args, "--tie-break", "summed-dtr")[0] in (0, None)
+    path = tmp_path / "s" / "thinkn-n3-eta0.5-l4.json"
+    old = json.loads(path.read_text())
+    del old["voting"]["tie_break"]  # as written before the option
+    path.write_text(json.dumps(old))
+    code, _, err = run(monkeypatch, capsys, *args)
+    assert code == 2 and "voting.tie_break: stored 'summed-dtr', this run 'uniform'" in " ".join(err.split())
+    assert run(monkeypatch, capsys, *args, "--tie-break", "summed-dtr")[0] in (0, None)  # the same settings
 
 
 def test_thinkn_needs_out_or_from(monkeypatch, capsys):

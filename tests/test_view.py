@@ -58,11 +58,15 @@ def settled(api: Any, path: str, **params: Any) -> dict[str, Any]:
         time.sleep(0.05)
 
 
-def _printed_table(out: str) -> list[list[str]]:
-    """The rows of the table ``thinkn --from`` printed (rich's box characters), cells stripped."""
-    return [
-        [c.strip() for c in line.strip("│").split("│")] for line in out.splitlines() if line.startswith("│")
-    ]
+def _printed_tables(out: str) -> list[list[list[str]]]:
+    """The rows of each table ``thinkn --from`` printed (rich's box characters: ┏ opens one), cells stripped."""
+    tables: list[list[list[str]]] = []
+    for line in out.splitlines():
+        if line.startswith("┏"):
+            tables.append([])
+        elif line.startswith("│") and tables:
+            tables[-1].append([c.strip() for c in line.strip("│").split("│")])
+    return tables
 
 
 @pytest.mark.parametrize("name", ["samples", "samples_jsonl", "answers"])
@@ -107,12 +111,15 @@ def test_voting_table_is_what_thinkn_from_prints(view_stores, tmp_path, monkeypa
     _, api = client(view_stores["answers"])
     shown = settled(api, "/api/voting", n=n, eta=eta, prefix=prefix, trials=4)
     assert shown["state"] == "ready"
-    printed = _printed_table(out)  # the table, then the paired table under it (4 columns)
+    table, paired_printed = _printed_tables(out)  # the table, then the paired table under it
     cells = [[r["method"], r["accuracy"], r["tokens"], r["vs_cons"], r["paper"]] for r in shown["rows"]]
-    assert cells == [row for row in printed if len(row) == 5]
-    paired = [[r["method"], r["difference"], r["p"], r["won_lost"]] for r in shown["paired"]]
-    assert paired == [row for row in printed if len(row) == 4]
-    assert len(paired) == len(cells) - 1  # every method but Cons@n, the baseline
+    assert cells == table
+    paired = [[r["method"], r["difference"], r["p"], r["won_lost"], r["gaps"]] for r in shown["paired"]]
+    assert paired == paired_printed
+    # every method but Cons@n, the baseline; then Think@n − random@n, the control
+    assert len(paired) == len(cells) and paired[-1][0] == "think@n − random@n"
+    assert [r["method"] for r in shown["rows"]][:3] == ["think@n", "cons@n", "random@n"]
+    assert shown["paired_title"] in " ".join(out.split())
     assert shown["notes"][0] in " ".join(err.split())  # the answers line, as printed (rich wraps stderr)
     assert " ".join(shown["title"].split()) in " ".join(out.split())  # rich wraps the title to the table
 

@@ -27,7 +27,7 @@ from depthlens.studies.thinkn import load_pools
 from depthlens.voting.methods import think_at_n
 from depthlens.voting.trials import draw
 from tests.test_cli import run
-from tests.test_view import _printed_table
+from tests.test_view import _printed_tables
 
 
 def _required() -> bool:
@@ -158,9 +158,9 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
     assert code in (0, None), err
     page.goto(serve(store))
     page.wait_for_selector("#voting.ready tbody tr", timeout=WAIT_MS)  # every row (DeepConf's come last)
-    printed = _printed_table(out)  # the voting table (5 columns), then the paired table (4)
-    assert _cells(page, "#voting tbody tr") == [row for row in printed if len(row) == 5]
-    assert _cells(page, "#paired tbody tr") == [row for row in printed if len(row) == 4]
+    table, paired = _printed_tables(out)  # the voting table, then the paired table with the control under it
+    assert _cells(page, "#voting tbody tr") == table
+    assert _cells(page, "#paired tbody tr") == paired
     page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
 
     # question → its responses, Think@n's marks on trial 0's draw

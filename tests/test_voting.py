@@ -1,7 +1,10 @@
-"""Answers, every voting method on hand-built pools, exact costs, tie rule and trials."""
+"""Answers, every voting method on hand-built pools, exact costs, tie rules, random@n and trials."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import math
 import threading
 
 import numpy as np
@@ -10,7 +13,16 @@ import pytest
 from depthlens.config import VotingConfig
 from depthlens.errors import ConfigError, InputError
 from depthlens.evals.answers import ExtractionConfig, answers_equivalent, extract_answer, vote_key
-from depthlens.voting.methods import METHODS, Response, percentile_kept, trace_confidence, vote
+from depthlens.voting.methods import (
+    METHODS,
+    Response,
+    percentile_kept,
+    random_at_n,
+    tally,
+    trace_confidence,
+    vote,
+)
+from depthlens.voting.subsets import MOST_SUBSETS
 from depthlens.voting.trials import ablation, draw, run_trials
 
 NUMBER = ExtractionConfig()
@@ -123,7 +135,7 @@ def test_every_method_on_a_hand_built_pool():
         _r("b", False, 30, [1, 1, 0, 0], sc=0.8, conf=2.0),
         _r("a", True, 40, [1, 0, 0, 0], sc=0.2, conf=4.0),
     ]
-    cfg = VotingConfig(n=4, eta=0.5, prefix=4)
+    cfg = VotingConfig(n=4, eta=0.5, prefix=4, tie_break="summed-dtr")  # the ties below pinned to summed DTR
     out = {name: method(pool, cfg) for name, method in METHODS.items()}
     assert out["mean@n"].accuracy == 0.5 and out["mean@n"].cost == 100
     # Cons@n: a (DTR 1.25) vs b (0.5), two votes each → a
@@ -205,8 +217,10 @@ def test_responses_without_an_answer_never_win():
     # three unanswered responses outnumber the one answer, and carry the higher DTR and confidence
     pool = [_r(None, False, 4, [1, 1], conf=9.0)] * 3 + [_r("7", True, 4, [0, 0], conf=1.0)]
     for name, method in METHODS.items():
-        if name != "mean@n":
-            outcome = method(pool, VotingConfig(n=4, eta=1.0, prefix=2))
+        outcome = method(pool, VotingConfig(n=4, eta=1.0, prefix=2))
+        if name == "random@n":  # one subset (η = 1), reported as its expectation, no single answer
+            assert (outcome.accuracy, outcome.no_answer, outcome.subsets) == (1.0, 0.0, 1)
+        elif name != "mean@n":
             assert (outcome.answer, outcome.accuracy) == ("7", 1.0), name
 
 
@@ -301,3 +315,111 @@ def test_ablation_grid_reuses_the_pool():
     assert len(rows) == 2 * 2 * 2
     full_all = [r for r in rows if r["prefix"] == "full" and r["eta"] == 1.0 and r["method"] == "think@n"]
     assert full_all[0]["cost_vs_cons"] == pytest.approx(1.0)  # keeping everything costs what Cons@n does
+
+
+# A vote under each rule: (answers, grades, prefix DTRs) → the credit each rule gives, and whether the top tied.
+TIES = [
+    # a 2 – b 2, a right: uniform half credit; summed DTR: b (1 + 1 > 0 + 0) is wrong
+    (["a", "b", "a", "b"], [True, False, True, False], [0, 1, 0, 1], 0.5, 0.0, True),
+    # a three-way tie with one right: a third; summed DTR picks c, the right one
+    (["a", "b", "c"], [False, False, True], [0, 0, 1], 1 / 3, 1.0, True),
+    # DTR tied too: summed DTR falls back to the answer given first (a, wrong)
+    (["a", "b"], [False, True], [1, 1], 0.5, 0.0, True),
+    # no tie: both rules agree
+    (["a", "a", "b"], [True, True, False], [0, 0, 1], 1.0, 1.0, False),
+]
+
+
+@pytest.mark.parametrize(("keys", "grades", "dtrs", "uniform", "summed", "tied"), TIES)
+def test_a_tie_under_each_rule(keys, grades, dtrs, uniform, summed, tied):
+    pool = [_r(k, c, 2, [d, d]) for k, c, d in zip(keys, grades, dtrs, strict=True)]
+    for rule, credit in (("uniform", uniform), ("summed-dtr", summed)):
+        cfg = VotingConfig(n=len(pool), eta=1.0, prefix=2, tie_break=rule)
+        for name in ("cons@n", "think@n", "long@n", "short@n", "self-certainty@n", "random@n"):
+            outcome = METHODS[name](pool, cfg)
+            assert outcome.accuracy == pytest.approx(credit), (rule, name)
+            assert outcome.tied == (1.0 if tied else 0.0), (rule, name)
+
+
+def test_tally_rules_and_deepconf_keeps_the_first_seen():
+    pool = [_r("x", False, 2, [1, 1]), _r("y", True, 2, [0, 0])]
+    assert tally(pool, [0, 1], [1.0, 1.0], [1.0, 0.0], "uniform").credit == 0.5
+    assert tally(pool, [0, 1], [1.0, 1.0], [1.0, 0.0], "first").answer == "x"
+    assert tally(pool, [0, 1], [1.0, 1.0], [0.0, 1.0], "summed-dtr").answer == "y"
+    # DeepConf: equal weights tie; the first seen wins under either setting
+    for rule in ("uniform", "summed-dtr"):
+        outcome = METHODS["deepconf-mean@n"](pool, VotingConfig(n=2, tie_break=rule))
+        assert (outcome.answer, outcome.accuracy, outcome.tied) == ("x", 0.0, 1.0)
+
+
+def _brute_random(pool, cfg):
+    """random@n by brute force: Cons@n (η = 1, same tie rule) on every subset of ⌈η·n⌉, averaged."""
+    k = math.ceil(cfg.eta * len(pool))
+    whole = VotingConfig(n=k, eta=1.0, prefix=cfg.prefix, tie_break=cfg.tie_break)
+    outcomes = [
+        METHODS["cons@n"]([pool[i] for i in s], whole) for s in itertools.combinations(range(len(pool)), k)
+    ]
+    return (
+        np.mean([o.accuracy for o in outcomes]),
+        np.mean([o.tied for o in outcomes]),
+        np.mean([o.no_answer for o in outcomes]),
+        len(outcomes),
+    )
+
+
+@pytest.mark.parametrize("rule", ["uniform", "summed-dtr"])
+@pytest.mark.parametrize(
+    ("n", "eta", "seed"), [(5, 0.5, 0), (6, 0.5, 1), (8, 0.5, 2), (7, 0.3, 3), (8, 0.75, 4)]
+)
+def test_random_at_n_is_the_exact_expectation_over_subsets(rule, n, eta, seed):
+    rng = np.random.default_rng(seed)
+    keys = [None, "1", "2", "3"]
+    pool = [
+        _r(keys[int(rng.integers(4))], False, int(rng.integers(3, 9)), rng.integers(0, 2, 4))
+        for _ in range(n)
+    ]
+    pool = [dataclasses.replace(r, correct=r.key == "2") for r in pool]  # one grade per answer, as graded
+    cfg = VotingConfig(n=n, eta=eta, prefix=4, tie_break=rule)
+    outcome = random_at_n(pool, cfg)
+    accuracy, tied, no_answer, count = _brute_random(pool, cfg)
+    assert outcome.accuracy == pytest.approx(accuracy, abs=1e-12)
+    assert outcome.tied == pytest.approx(tied, abs=1e-12)
+    assert outcome.no_answer == pytest.approx(no_answer, abs=1e-12)
+    assert outcome.subsets == count
+    # cost: Think@n's protocol with each response kept with chance k/n, by hand
+    k = math.ceil(eta * n)
+    expected = sum(k / n * r.length + (1 - k / n) * min(r.length, 4) for r in pool)
+    assert outcome.cost == pytest.approx(expected)
+    assert outcome.cost_paper == pytest.approx(k / n * sum(r.length for r in pool) + 4 * eta * n)
+
+
+def test_random_at_n_samples_past_ten_thousand_subsets_and_says_how_many():
+    rng = np.random.default_rng(5)
+    pool = [_r(str(int(rng.integers(3))), False, 5, [0, 1]) for _ in range(16)]
+    pool = [dataclasses.replace(r, correct=r.key == "0") for r in pool]
+    cfg = VotingConfig(n=16, eta=0.5, prefix=2)  # C(16, 8) = 12,870 > 10⁴
+    assert math.comb(16, 8) > MOST_SUBSETS
+    a = random_at_n(pool, cfg, draw=(0, 0))
+    assert a.subsets == MOST_SUBSETS
+    assert a == random_at_n(pool, cfg, draw=(0, 0))  # seeded
+    assert a.accuracy != random_at_n(pool, cfg, draw=(1, 0)).accuracy  # each draw samples its own
+    # the sample's mean is near the exact expectation (12,870 subsets; s.e. of a 0/½/1 mean over 10⁴ ≤ 0.005)
+    exact = _brute_random(pool, cfg)[0]
+    assert a.accuracy == pytest.approx(exact, abs=0.03)
+    summary = {s.method: s for s in run_trials({"q": pool}, VotingConfig(n=16, trials=2), ["random@n"])}
+    assert summary["random@n"].subsets == MOST_SUBSETS
+
+
+def test_trials_count_tie_draws():
+    pool = [_r("a", True, 2, [1, 1]), _r("b", False, 2, [0, 0])]  # every draw of 2 is a 1–1 tie
+    for rule, cons in (("uniform", 0.5), ("summed-dtr", 1.0)):
+        cfg = VotingConfig(n=2, trials=3, prefix=2, tie_break=rule)
+        summary = {s.method: s for s in run_trials({"q1": pool, "q2": pool}, cfg)}
+        assert summary["cons@n"].tie_draws == 6 and summary["cons@n"].accuracy_mean == cons
+        assert summary["random@n"].tie_draws == 0  # one vote of ⌈0.5·2⌉ = 1: never tied
+        assert summary["mean@n"].tie_draws == 0
+
+
+def test_tie_break_is_validated():
+    with pytest.raises(ConfigError, match="tie_break"):
+        VotingConfig(tie_break="coin")

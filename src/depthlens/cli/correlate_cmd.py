@@ -87,7 +87,8 @@ def _print_table(rows: list[dict]) -> None:
     from depthlens.studies.tables import format_p
 
     table = Table(
-        title="binned r (paper) · point-biserial r [95 % CI] p_BH (Benjamini–Hochberg over the table; † < 0.05)",
+        title="binned r (paper) · point-biserial r [95 % CI] p_BH (Benjamini–Hochberg over the table; † < 0.05) · "
+        "within questions: r p_perm, r with length",
         title_justify="left",
     )
     table.add_column("metric")
@@ -112,9 +113,18 @@ def _print_table(rows: list[dict]) -> None:
             flag = (
                 "" if adjusted is None else f" p_BH {format_p(adjusted)}" + ("†" if adjusted < 0.05 else "")
             )
-            out.append(f"{binned} · {pb}{ci}{flag}")
+            out.append(f"{binned} · {pb}{ci}{flag} · {_within(r)}")
         table.add_row(label, *out)
     console.print(table)
     for r in rows:
         if r["note"] and r["metric"] == "dtr":
             err_console.print(f"[yellow]{r['model']} · {r['task']}:[/] {r['note']}", highlight=False)
+
+
+def _within(row: dict) -> str:
+    """The cell's within-question part: question-centred r with its permutation p, and r with length."""
+    from depthlens.studies.tables import format_p
+
+    r, p, length = row.get("r_within"), row.get("p_within_perm"), row.get("r_length_within")
+    accuracy = "—" if r is None else f"{r:+.2f}" + ("" if p is None else f" p {format_p(p)}")
+    return f"{accuracy}, len {'—' if length is None else f'{length:+.2f}'}"

@@ -19,6 +19,7 @@ FLAGS: dict[tuple[str, str], str | None] = {
     ("TCBConfig", "exact"): "--tcb-exact",
     ("SamplingConfig", "confidence_top_k"): None,
     ("AnswerConfig", "fallback"): "--answer-fallback",
+    ("CorrelationConfig", "permutations"): None,
     ("CorrelationConfig", "min_responses"): None,
     ("CorrelationConfig", "min_questions"): None,
     ("CorrelationConfig", "min_outcome"): None,

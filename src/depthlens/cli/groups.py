@@ -233,6 +233,7 @@ class Vote:
     ablation: opt.Ablation = False
     seed: opt.Seed = VotingConfig.seed
     deepconf_window: opt.DeepconfWindow = VotingConfig.deepconf_window
+    tie_break: opt.TieBreakOpt = VotingConfig.tie_break
 
 
 @dataclasses.dataclass(frozen=True)

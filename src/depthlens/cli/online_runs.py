@@ -82,7 +82,7 @@ def _print_live(run: OnlineRun, report: Any, name: str) -> None:
 def run_replay(online: OnlineConfig, store: Path, dtr: DTRConfig, replay: Replay) -> None:
     """Replay the policy over a stored pool in its sampling order (and ``replay.trials`` − 1 shuffled ones)."""
     trials, seed, sweep = replay.trials, replay.seed, replay.sweep
-    from depthlens.cli.paired_view import power_line
+    from depthlens.cli.paired_view import verdict_line
     from depthlens.stores.samples import read_manifest
     from depthlens.studies.online import budget_sweep
     from depthlens.studies.paired_tables import replay_paired
@@ -100,7 +100,7 @@ def run_replay(online: OnlineConfig, store: Path, dtr: DTRConfig, replay: Replay
     _print_summaries([summary], f"online replay · {manifest['model']} · {store}")
     if (c := replayed.comparison) is not None:
         err_console.print(
-            f"Cons@n beside it: n = {replay.n} drawn per trial.", power_line([c], c.method), highlight=False
+            f"Cons@n beside it: n = {replay.n} drawn per trial.", verdict_line([c], c.method), highlight=False
         )
     from depthlens.stores.state import store_state
 
@@ -127,7 +127,16 @@ def run_replay(online: OnlineConfig, store: Path, dtr: DTRConfig, replay: Replay
 
 def _print_summaries(summaries: list[OnlineSummary], title: str) -> None:
     table = Table(title=title, title_justify="left")
-    for column in ("signal", "β", "max n", "accuracy %", "tokens / question", "started", "consensus stops"):
+    # ± is the s.d. over sampling orders of one pool: the spread of re-orderings, not an error bar
+    for column in (
+        "signal",
+        "β",
+        "max n",
+        "accuracy % ± order s.d.",
+        "tokens / q ± order s.d.",
+        "started",
+        "consensus stops",
+    ):
         table.add_column(column, justify="right")
     for s in summaries:
         table.add_row(

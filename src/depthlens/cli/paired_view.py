@@ -1,6 +1,7 @@
 """How ``thinkn`` prints its methods: the paper's first, DeepConf's twelve offline variants folded into one line
-per filter unless ``--methods all`` (or a list) asks for each; the paired comparisons with Cons@n
-(``stats.paired``): the cells of ``studies.tables`` per method and a line on the power to see the paper's gap."""
+per filter unless ``--methods all`` (or a list) asks for each; the paired comparisons with Cons@n and Think@n's with
+random@n, its control (``stats.paired``): the cells of ``studies.tables`` per method, and a verdict line — the
+interval against the paper's gaps, with the power as a planning number only where the result is not significant."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 from rich.table import Table
 
 from depthlens.errors import InputError
-from depthlens.stats.paired import PAPER_GAPS, Comparison
-from depthlens.studies.tables import paired_cells
+from depthlens.stats.paired import CONTROL, PAPER_GAPS, Comparison
+from depthlens.studies.tables import paired_cells, paired_title
 from depthlens.voting.methods import DEEPCONF_FILTERS, in_order
 
 
@@ -60,36 +61,62 @@ def span(values: Sequence[float], fmt: str) -> str:
     return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}–{hi:{fmt}}"
 
 
-def paired_table(paired: Sequence[Comparison]) -> Table:
-    """Each method against Cons@n on the same questions: difference in points [95 %], p · p_BH, won / lost."""
-    table = Table(title=f"vs {paired[0].baseline} on the same questions (paired)", title_justify="left")
+def paired_table(paired: Sequence[Comparison], control: Comparison | None = None) -> Table:
+    """Each method against Cons@n on the same questions — difference in points [95 %], p · p_BH, won / lost, the
+    interval against the paper's gaps — and under a line Think@n against random@n, its control (one test)."""
+    title = paired_title(paired[0].baseline, (control.method, control.baseline) if control else None)
+    table = Table(title=title, title_justify="left")
     table.add_column("method", no_wrap=True)
-    for column in ("Δ points [95 %]", "p · p_BH", "won / lost"):
+    gaps = " / ".join(f"+{g}" for g in PAPER_GAPS)
+    for column in ("Δ points [95 %]", "p · p_BH", "won / lost", f"95 % vs paper's {gaps}"):
         table.add_column(column, justify="right", no_wrap=True)
     for c in paired:
         cells = paired_cells(c.row())
-        table.add_row(c.method, cells.difference, cells.tests, f"{c.test.wins} / {c.test.losses}")
+        table.add_row(c.method, cells.difference, cells.tests, f"{c.test.wins} / {c.test.losses}", cells.gaps)
+    if control is not None:
+        cells = paired_cells(control.row())
+        table.add_section()
+        table.add_row(
+            f"{control.method} − {control.baseline}",
+            cells.difference,
+            cells.p,
+            f"{control.test.wins} / {control.test.losses}",
+            cells.gaps,
+        )
     return table
 
 
-def power_line(paired: Sequence[Comparison], method: str = "think@n") -> str | None:
-    """``think@n vs cons@n: …`` — the questions, the spread of per-question differences, the power to detect the
-    paper's gaps at this size and the questions 80 % power would take."""
+def verdict_line(paired: Sequence[Comparison], method: str = "think@n") -> str | None:
+    """``think@n vs cons@n: …`` — the questions, the difference and its test, and where its 95 % interval lies
+    against the paper's gaps (the verdict); where p ≥ 0.05, the power at this size and the questions 80 % power
+    would take, as planning numbers (post-hoc power says nothing about a significant result)."""
     c = next((c for c in paired if c.method == method), None)
     if c is None:
         return None
     t = c.test
     gaps = " / ".join(f"+{g}" for g in PAPER_GAPS)
     cells = paired_cells(c.row())
-    diff, p, power, needed = cells.difference, cells.tests, cells.power, cells.needed
+    family = c.baseline != CONTROL  # the control is one test, outside the table's BH family
+    diff, p, power, needed = (
+        cells.difference,
+        cells.tests if family else cells.p,
+        cells.power,
+        cells.needed,
+    )
     if t.sd == 0:
         return (
             f"{method} vs {c.baseline} over {t.questions} question(s): {diff} points, the same outcome on every "
             "question, so no spread to plan a study's power from."
         )
+    planning = (
+        ""
+        if t.p < 0.05
+        else f" For planning, not a verdict: s.d. of the per-question difference {100 * t.sd:.1f} points; power to "
+        f"detect {gaps} here {power}; 80 % power needs {needed} questions."
+    )
     return (
         f"{method} vs {c.baseline} over {t.questions} questions: {diff} points, p {p} ({t.wins} won, {t.losses} "
-        f"lost; s.d. of the per-question difference {100 * t.sd:.1f} points). Power to detect the paper's {gaps} "
-        f"points: {power}; 80 % power needs {needed} questions. p: sign-flip permutation test over questions "
-        "(trials averaged per question); p_BH: Benjamini–Hochberg over the methods; † p_BH < 0.05."
+        f"lost); the 95 % interval {cells.gaps} (the paper's Think@n − Cons@n on AIME25, {gaps} points).{planning} "
+        "p: sign-flip permutation test over questions (trials averaged per question)"
+        + ("; p_BH: Benjamini–Hochberg over the methods; † p_BH < 0.05." if family else ".")
     )

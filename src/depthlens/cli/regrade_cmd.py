@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
+import typer
 from rich.table import Table
 
 from depthlens.cli import options as opt
@@ -64,19 +66,34 @@ def regrade(
     answer_type: opt.AnswerTypeOpt = None,
     answer_fallback: opt.RegradeFallback = None,
     store_format: opt.StoreFormatOpt = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            file_okay=False,
+            help="Regrade a copy written here (a new directory) and leave the store as it was.",
+        ),
+    ] = None,
 ) -> None:
-    """Re-extract and re-grade stored responses under the current answer rules, in place (docs/definitions.md §5).
+    """Re-extract and re-grade stored responses under the current answer rules, in place or (--out) into a copy
+    (docs/definitions.md §5).
 
     No model and no generation: reasoning-gym questions are regenerated from the store's seed and config, so
     each dataset's own scorer grades them. Each record keeps its previous answer in answer_history.
     """
     from depthlens.cli.specs import answer_config
-    from depthlens.studies.regrade import regrade_store
+    from depthlens.errors import InputError
+    from depthlens.studies.regrade import regrade_copy, regrade_store
 
     answer_config("paper", answer_type, answer_fallback or "none", None)  # checks the values before any work
+    if out is not None and len(stores) != 1:
+        raise InputError(f"--out copies one store; {len(stores)} were given: regrade them one at a time")
     from depthlens.stores.samples import picking
 
     for store in stores:
         with picking(store_format), err_console.status(f"regrading {store}"):  # type: ignore[arg-type]
-            report = regrade_store(store, answer_type, answer_fallback)
+            if out is None:
+                report = regrade_store(store, answer_type, answer_fallback)
+            else:
+                report = regrade_copy(store, out, answer_type, answer_fallback)
         print_regrade(report)

@@ -99,7 +99,13 @@ def _offline(given: Given, vote_on: groups.Vote, n: int, sample: bool) -> None:
     from depthlens.cli.paired_view import method_list
 
     voting = VotingConfig(
-        n, vote_on.eta, specs.prefix(vote_on.prefix), vote_on.trials, vote_on.seed, vote_on.deepconf_window
+        n,
+        vote_on.eta,
+        specs.prefix(vote_on.prefix),
+        vote_on.trials,
+        vote_on.seed,
+        vote_on.deepconf_window,
+        vote_on.tie_break,  # type: ignore[arg-type]
     )
     chosen = method_list(vote_on.methods)
     store = given.store

@@ -32,7 +32,9 @@ def vote(
         report = summarise(store, voting, dtr, methods, with_ablation=ablation, overwrite=overwrite)
     print_report(report, store, every)
     if report.voting.trials > 1 and report.info.manifest["pool"] == voting.n:
-        err_console.print("note: pool = n, so every trial draws the same responses (std 0); use --pool > n")
+        err_console.print(
+            "note: pool = n, so every trial draws the same responses (draw s.d. 0); use --pool > n"
+        )
     stem = store / summary_stem(report.voting)
     err_console.print(f"summary: {stem}.json, {stem}.csv")
 
@@ -51,7 +53,8 @@ def print_report(report: ThinkReport, store: Path | None = None, every: bool = F
         title_justify="left",
     )
     table.add_column("method", no_wrap=True)  # never cut: the names are what --methods takes
-    for column in ("accuracy %", "tokens/q", "vs Cons@n", "paper cost"):
+    # ± is the draw s.d.: the spread of re-draws from one pool, not an error bar (the paired table has those)
+    for column in ("accuracy % ± draw s.d.", "tokens/q ± draw s.d.", "vs Cons@n", "paper cost"):
         table.add_column(column, justify="right")
     cons = next((s for s in report.summaries if s.method == "cons@n"), None)
     plain, groups = folded(report.summaries, lambda s: s.method)
@@ -83,12 +86,13 @@ def print_report(report: ThinkReport, store: Path | None = None, every: bool = F
             highlight=False,
         )
     if report.paired:
-        from depthlens.cli.paired_view import paired_table, power_line
+        from depthlens.cli.paired_view import paired_table, verdict_line
 
         paired = folded(report.paired, lambda c: c.method)[0] if groups else report.paired
-        console.print(paired_table(paired))
-        if (line := power_line(report.paired)) is not None:
-            err_console.print(line, highlight=False)
+        console.print(paired_table(paired, report.control))
+        for line in (verdict_line(report.paired), verdict_line([report.control] if report.control else [])):
+            if line is not None:
+                err_console.print(line, highlight=False)
     _print_notes(report, store)
     if report.ablation:
         _print_ablation(report.ablation)
@@ -105,13 +109,10 @@ def _print_notes(report: ThinkReport, store: Path | None) -> None:
             f"[yellow]these answers were read by older rules ({info.answers.rules}); `depthlens regrade "
             f"{store or 'STORE'}` re-reads them under {RULES}[/]"
         )
-    unanswered = {s.method: s.no_answer for s in report.summaries if s.no_answer}
-    if unanswered:
-        err_console.print(
-            "votes with no answer (wrong), questions per trial: "
-            + ", ".join(f"{m} {v:g}" for m, v in unanswered.items()),
-            highlight=False,
-        )
+    from depthlens.studies.thinkn import vote_notes
+
+    for line in vote_notes(report.summaries, report.voting):
+        err_console.print(line, highlight=False)
     if info.excluded:
         err_console.print(
             f"[yellow]{len(info.excluded)} question(s) left out (fewer than n usable responses):[/] "
@@ -127,7 +128,7 @@ def _print_ablation(rows: list[dict[str, Any]]) -> None:
     if rows:
         ab = Table(title="Think@n ablation (same pool)", title_justify="left")
         ab.add_column("method", no_wrap=True)
-        for column in ("ℓ_prefix", "η", "accuracy %", "cost vs Cons@n"):
+        for column in ("ℓ_prefix", "η", "accuracy % ± draw s.d.", "cost vs Cons@n"):
             ab.add_column(column, justify="right")
         for row in rows:
             ratio = row["cost_vs_cons"]

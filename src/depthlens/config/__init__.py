@@ -32,7 +32,7 @@ from depthlens.config.run import (
 )
 from depthlens.config.sampling import Backend, EngineConfig, EngineDType, SamplingConfig
 from depthlens.config.serve import ServeConfig
-from depthlens.config.voting import CorrelationConfig, OnlineConfig, Signal, VotingConfig
+from depthlens.config.voting import CorrelationConfig, OnlineConfig, Signal, TieBreak, VotingConfig
 
 __all__ = [
     "DIVERGENCE_MAX", "PREFIX_TOKENS", "AnswerConfig", "AnswerType", "Backend", "Compile", "Config",
@@ -40,5 +40,5 @@ __all__ = [
     "GenerateRun", "LensFitConfig", "LensKind", "LensSpec",
     "ModelSpec", "OnlineConfig", "OnlineRun", "PromptStyle", "RayConfig", "ReadoutConfig",
     "SamplingConfig", "ScoreRun", "ServeConfig", "Signal", "StoreFormat", "StoreSpec", "TCBConfig", "TCBStudies",
-    "TaskSpec", "VEff", "VotingConfig", "degenerate_settings", "depth_prefix", "invalid",
+    "TaskSpec", "TieBreak", "VEff", "VotingConfig", "degenerate_settings", "depth_prefix", "invalid",
 ]  # fmt: skip

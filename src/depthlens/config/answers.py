@@ -11,9 +11,11 @@ AnswerType = Literal["number", "expression", "string", "list", "letter"]
 """What a task's answers are: ``number`` and ``expression`` are compared by Math-Verify, ``string`` and ``list``
 as text (never a bare number read from the reasoning), ``letter`` a multiple-choice option."""
 
-Fallback = Literal["none", "last-number"]
+Fallback = Literal["none", "last-number", "final-result"]
 """``none``: a response states its answer (box, final-answer phrase, answer tags) or has none; ``last-number``:
-a numeric task's response that ended by itself may also answer with the last number of its text."""
+a numeric task's response that ended by itself may also answer with the last number of its text;
+``final-result``: it may answer with a result stated in its own words ("the final answer … is 4", "so, x is 7")
+or else the number ending its last equation ("10 + 8 = 18") — docs/definitions.md §5."""
 
 PromptStyle = Literal["paper", "native"]
 """``paper``: the paper's prompts (Appendix D, ``\\boxed{}``); ``native``: reasoning-gym's own system prompt

@@ -11,6 +11,11 @@ from depthlens.config.base import MOST_RESPONSES, Config, check_choice, check_re
 from depthlens.config.readout import PREFIX_TOKENS
 from depthlens.errors import named
 
+TieBreak = Literal["uniform", "summed-dtr"]
+"""How a vote tied at the top is scored (docs/definitions.md §5). ``uniform``: each tied answer is as likely, so
+the draw earns the share of right ones among them (an exact expectation; no DTR in the baselines).
+``summed-dtr``: the tied answer whose voters have the highest summed prefix DTR wins, then the one given first."""
+
 
 @dataclasses.dataclass(frozen=True)
 class VotingConfig(Config):
@@ -21,10 +26,13 @@ class VotingConfig(Config):
         eta: the share of the n kept by Think@n, Short@n, Long@n and Self-Certainty@n (ceil(η·n)); DeepConf-low/-high
             keep their own 10 % / 90 %.
         prefix: ℓ_prefix, the generated tokens whose DTR (or self-certainty) ranks the responses; None = all.
-        trials: resamplings of n from each question's pool; accuracy and cost are mean ± std over them.
+        trials: resamplings of n from each question's pool; accuracy and cost are mean and draw s.d.
+            over them (the spread of re-draws from one pool, not an error bar).
         seed: seeds the draws of the trials.
         deepconf_window: DeepConf's group (sliding window) and tail length, in tokens; their code's 2,048 by
             default, so a response shorter than that scores its mean under every trace score.
+        tie_break: how a vote tied at the top is scored (see ``TieBreak``), for every method but DeepConf's,
+            which keep their authors' rule (the answer seen first).
     """
 
     n: int = 16
@@ -33,6 +41,7 @@ class VotingConfig(Config):
     trials: int = 10
     seed: int = 0
     deepconf_window: int = 2048
+    tie_break: TieBreak = "uniform"
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -45,6 +54,7 @@ class VotingConfig(Config):
         check_seed("VotingConfig", "seed", self.seed)
         if self.deepconf_window < 1:
             raise invalid("VotingConfig", "deepconf_window", self.deepconf_window, "must be ≥ 1 token")
+        check_choice("VotingConfig", "tie_break", self.tie_break, TieBreak)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +66,7 @@ class CorrelationConfig(Config):
         seeds: repetitions of the per-question subsampling and tie-breaking; binned r is averaged over them.
         n: responses drawn per question per seed; None = the whole pool (then only tie-breaking varies).
         bootstrap: resamples of questions for the 95 % confidence intervals of the unbinned statistics.
+        permutations: shuffles of correctness within questions for the within-question r's p-value.
         min_responses: fewer usable responses than this → no statistic, a "too few" note instead.
         min_questions: fewer questions with both right and wrong responses than this → no binned r.
         min_outcome: fewer right (or fewer wrong) responses than this → no statistic: r would hinge on them.
@@ -66,6 +77,7 @@ class CorrelationConfig(Config):
     seeds: int = 30
     n: int | None = None
     bootstrap: int = 1000
+    permutations: int = 1000
     min_responses: int = 20
     min_questions: int = 3
     min_outcome: int = 5
@@ -74,7 +86,7 @@ class CorrelationConfig(Config):
     def __post_init__(self) -> None:
         if self.bins < 3:
             raise invalid("CorrelationConfig", "bins", self.bins, "must be ≥ 3", "a correlation over bins")
-        for name in ("seeds", "bootstrap"):
+        for name in ("seeds", "bootstrap", "permutations"):
             check_repeats("CorrelationConfig", name, getattr(self, name))
         if self.n is not None and self.n < self.bins:
             raise invalid(

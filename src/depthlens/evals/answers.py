@@ -8,7 +8,12 @@ A response answers only where it states an answer; a number met in its reasoning
    "the answer to the question … is …";
 4. fallbacks, only for a response that ended by itself (finish ``eos``, not cut at the token cap):
    ``letter`` — a letter task's last "(X)" (or "X)" opening a line); ``last-number`` — a numeric task's last
-   number (not the "2." that numbers a step), and only with ``fallback="last-number"``.
+   number (not the "2." that numbers a step), and only with ``fallback="last-number"``; ``statement`` then
+   ``equation`` — with ``fallback="final-result"``, a numeric task's result stated in a small model's own words
+   ("the final answer within the specified format is 4", "so, 0 / 4 is simply 0", "7 + 9 is 16, which is the
+   final answer"), else the number that ends the response's last equation ("10 + 8 = 18") — nothing when that
+   equation is cut off ("3 + 4 =") or goes on past a number ("= 3 + 0"), and never an equation the question
+   itself states.
 
 The answer type decides what counts: ``string`` and ``list`` answers are text (never a bare number), ``letter``
 answers only the task's option letters, ``number`` and ``expression`` numbers and LaTeX (equivalence through
@@ -33,8 +38,17 @@ from depthlens.config import AnswerType, Fallback
 
 log = logging.getLogger("depthlens.answers")
 
-Source = Literal["tag", "boxed", "phrase", "letter", "last-number"]
-SOURCES: tuple[str, ...] = ("tag", "boxed", "phrase", "letter", "last-number", "none")
+Source = Literal["tag", "boxed", "phrase", "letter", "last-number", "statement", "equation"]
+SOURCES: tuple[str, ...] = (
+    "tag",
+    "boxed",
+    "phrase",
+    "letter",
+    "last-number",
+    "statement",
+    "equation",
+    "none",
+)
 RULES = "depthlens-answers-2"
 """The extraction and grading rules of this module; stores written before them (store version 1 without an
 ``answers`` entry in the manifest) were read by ``depthlens-answers-1``: any last number, cut-off text too."""
@@ -58,6 +72,31 @@ _PAREN_LETTER = re.compile(r"\(([A-J])\)|^[ \t]*([A-J])\)", re.MULTILINE)  # "(B
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 _MATH = re.compile(r"\$\$?(.+?)\$\$?|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 _TEXT_WRAP = re.compile(r"\\(?:text|mathrm|textbf)\{([^}]*)\}")
+# The final-result fallback. A number that closes its statement: wrapped in at most $, ** or \( \), and not
+# followed by more digits or by an operator that continues the expression ("= 3 + 0" is not a result).
+_RESULT = (
+    r"(?:\$|\*\*|\\\()?\s*(?P<n>[-−]?\d[\d,]*(?:\.\d+)?(?:/\d+)?)(?![\d,]*\.?\d)(?!\s*[-−+*/×÷^(]\s*[\d(])"
+)
+# "is 4." / "is 4, …": the number closes its clause (a statement's number may not run on into words).
+_CLAUSE_END = r"(?=[^\S\n]*(?:\$|\*\*|\\\)|\\\])?[^\S\n]*(?:[.,;:!?]|\n|$))"
+_NAMED = (
+    r"[^\S\n]*,?\s*which\s+is\s+the\s+(?:final\s+)?(?:answer|result|solution)\b"  # "…, which is the answer"
+)
+_STATEMENTS = tuple(
+    re.compile(lead + _RESULT + trail, re.IGNORECASE)
+    for lead, trail in (
+        # "The final answer within the specified format is 4."
+        (r"\bfinal\s+answer\b[^\n]{0,60}?\bis\s+", _CLAUSE_END),
+        # "So, 0 / 4 is 1." / "Therefore, x equals 7."
+        (r"\b(?:so|thus|therefore|hence)\b,?[^\n]{0,80}?\b(?:is|equals)\s+(?:equal\s+to\s+)?", _CLAUSE_END),
+        (r"\bsimply\s+", _CLAUSE_END),  # "So, 0 / 4 is simply 0." / "… or simply 4."
+        (r"\bsolution\s+is\s+", _CLAUSE_END),  # "In this example, the solution is 0."
+        (r"\bis\s+", _NAMED),  # "7 + 9 is 16, which is the final answer."
+    )
+)
+_EQUALS = re.compile(r"(?<![<>!=])=(?!=)")
+_LHS = re.compile(r"(?:[\d.()+\-−*/×÷^\s]|(?<![A-Za-z])[A-Za-z](?![A-Za-z]))+$")  # an equation's left side
+_EQUATION_RESULT = re.compile(r"\s*" + _RESULT + r"\s*(?:\$|\*\*|\\\)|\\\])?\s*(?:[.,;!]|$|\s)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,13 +191,34 @@ def _from_phrase(span: str, config: ExtractionConfig) -> str | None:
     return _as_type(span, config)
 
 
+def _final_result(text: str, question: str) -> Answer | None:
+    """The final-result fallback: the last result stated in words, else the number ending the last equation."""
+    statements = [m for pattern in _STATEMENTS for m in pattern.finditer(text)]
+    if statements:
+        last = max(statements, key=lambda m: m.start("n"))
+        return Answer(last.group("n").replace("−", "-").rstrip(","), "statement")
+    equals = list(_EQUALS.finditer(text))
+    if not equals:
+        return None
+    last = equals[-1]
+    result = _EQUATION_RESULT.match(text, last.end())
+    if result is None:  # cut off ("3 + 4 =") or not a number: an earlier step is not the answer either
+        return None
+    lhs = _LHS.search(text, max(0, last.start() - 200), last.start())  # bounded: no quadratic scan
+    equation = re.sub(r"\s+", "", f"{lhs.group(0) if lhs else ''}={result.group('n')}").strip(".")
+    if question and equation in re.sub(r"\s+", "", question):
+        return None  # the question's own equation, restated
+    return Answer(result.group("n").replace("−", "-").rstrip(","), "equation")
+
+
 def extract_answer(
-    text: str, config: ExtractionConfig = ExtractionConfig(), finished: bool = True
+    text: str, config: ExtractionConfig = ExtractionConfig(), finished: bool = True, question: str = ""
 ) -> Answer | None:
     """The final answer a response states, or None when it states none.
 
     ``finished``: the response ended by itself (finish ``eos``); False for one cut at the token cap, which then
-    answers only by a tag, a box or a final-answer phrase whose line was complete.
+    answers only by a tag, a box or a final-answer phrase whose line was complete. ``question``: the question's
+    text, so that the final-result fallback never reads an equation the question states.
     """
     if config.tags:
         for content in reversed(_TAG.findall(text)):
@@ -183,6 +243,8 @@ def extract_answer(
         numbers = _NUMBER.findall(_STEP_MARKER.sub(" ", text))
         if numbers:
             return Answer(numbers[-1].rstrip(".,"), "last-number")
+    if config.answer_type in NUMERIC and config.fallback == "final-result":
+        return _final_result(text, question)
     return None
 
 

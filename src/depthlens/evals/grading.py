@@ -81,7 +81,7 @@ def grade(
       status ``unparsed``), by vote key (spacing, case of ``\\text`` wrappers aside) for strings and lists.
     """
     config = question.extraction(rules)
-    found: Answer | None = extract_answer(response, config, finished=finish != "length")
+    found: Answer | None = extract_answer(response, config, finish != "length", question.question)
     if found is None:
         return Grade(None, None, None, "no_answer", 0.0 if question.scorer else None)
     key = vote_key(found.text)

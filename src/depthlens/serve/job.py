@@ -264,7 +264,7 @@ def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
                     "invalid_value",
                 )
             try:  # VotingConfig checks the ranges: its error names the request's field
-                think = VotingConfig(n=t.n, eta=t.eta, prefix=t.prefix, trials=1)
+                think = VotingConfig(n=t.n, eta=t.eta, prefix=t.prefix, trials=1, tie_break=t.tie_break)
             except ConfigError as exc:
                 raise depthlens_error(exc, "depthlens.think") from None
             answers = ExtractionConfig(answer_type=t.answer_type or answers.answer_type)

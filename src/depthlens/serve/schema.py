@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from depthlens.config import PREFIX_TOKENS, AnswerType, VotingConfig
+from depthlens.config import PREFIX_TOKENS, AnswerType, TieBreak, VotingConfig
 
 
 class Strict(BaseModel):
@@ -31,6 +31,7 @@ class ThinkOptions(Strict):
     n: int = VotingConfig.n  # ranges: VotingConfig's own checks (serve.job), named depthlens.think.*
     eta: float = VotingConfig.eta
     prefix: int = PREFIX_TOKENS
+    tie_break: TieBreak = VotingConfig.tie_break  # a live tie: uniform answers the first given of the tied
     answer_type: AnswerType | None = None
 
 

@@ -5,12 +5,15 @@ would average silently.
 
 The p-values of ``*_test`` are scipy's, which treat every response as an independent observation. Responses to
 one question share its difficulty, so the studies' inference resamples questions instead (``stats.resampling``:
-percentile interval and the two-sided p-value of "r = 0" read off the same bootstrap distribution).
+percentile interval and the two-sided p-value of "r = 0" read off the same bootstrap distribution), and the
+within-question statistics below centre each question's responses on their own mean, so that only how responses
+to one question differ is correlated, and test it by shuffling correctness within questions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -111,3 +114,79 @@ def binned_correlation(
     return pearson(
         np.array([values[g].mean() for g in groups]), np.array([correct[g].mean() for g in groups])
     )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Within-question statistics: only how responses to the same question differ, never how questions differ.
+
+
+@dataclasses.dataclass(frozen=True)
+class WithinQuestion:
+    """A question-centred r, its within-question permutation p, and the questions and responses it used."""
+
+    r: float | None
+    p: float | None
+    questions: int
+    responses: int
+
+
+def _centred(
+    xs: Sequence[ArrayLike], ys: Sequence[ArrayLike]
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Per question with variance in both: x centred, y centred and y as given (the permutation's labels)."""
+    if len(xs) != len(ys):
+        raise ValueError(f"{len(xs)} groups of x but {len(ys)} of y: give one pair of arrays per question")
+    out: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [])
+    for x, y in zip(xs, ys, strict=True):
+        x, y = _flat(x), _flat(y)
+        if x.size != y.size:
+            raise ValueError(
+                f"a question has {x.size} x values but {y.size} y values: pair them per response"
+            )
+        # A question constant in either says nothing about how its responses differ; kept, it would only
+        # add zeros to one side's variance and shrink r towards 0.
+        if x.size >= 2 and np.ptp(x) > 0 and np.ptp(y) > 0:
+            out[0].append(x - x.mean())
+            out[1].append(y - y.mean())
+            out[2].append(y)
+    return out
+
+
+def within_question_r(xs: Sequence[ArrayLike], ys: Sequence[ArrayLike]) -> WithinQuestion:
+    """Pearson r over all responses after centring x and y within each question (the question-centred, or
+    fixed-effects, correlation), over the questions where both vary; no permutation p (``p`` is None).
+
+    With a 0/1 y it is the question-centred point-biserial r. Pooled r mixes the between-question association
+    (hard questions: long and wrong) with the within-question one this keeps.
+    """
+    xc, yc, _ = _centred(xs, ys)
+    n = sum(x.size for x in xc)
+    if not xc:
+        return WithinQuestion(None, None, 0, 0)
+    x, y = np.concatenate(xc), np.concatenate(yc)
+    r = float(np.clip(x @ y / np.sqrt((x @ x) * (y @ y)), -1.0, 1.0)) if n >= 3 else None
+    return WithinQuestion(r, None, len(xc), n)
+
+
+def within_question_permutation(
+    metric: Sequence[ArrayLike], correct: Sequence[ArrayLike], permutations: int, rng: np.random.Generator
+) -> WithinQuestion:
+    """The question-centred r of a metric with correctness and its two-sided permutation p: correctness labels
+    are shuffled within each question (each question keeps its accuracy), p = (1 + #{|r*| ≥ |r|}) / (1 + B).
+
+    Within a question the centred metric is fixed and the labels' mean and spread are too, so r* is a fixed
+    multiple of Σ x_c·y*: only that sum is recomputed, for all B permutations at once.
+    """
+    xc, _, labels = _centred(metric, correct)
+    result = within_question_r(metric, correct)
+    if result.r is None or permutations < 1:
+        return result
+    observed = sum(float(x @ y) for x, y in zip(xc, labels, strict=True))
+    null = np.zeros(permutations)
+    for x, y in zip(xc, labels, strict=True):
+        order = np.argsort(rng.random((permutations, y.size)), axis=1)  # one shuffle per row
+        null += y[order] @ x
+    # Equal sums can differ in their last bits by summation order: count them as ties, not as smaller.
+    extreme = np.abs(null) >= abs(observed) - 1e-9 * max(1.0, abs(observed))
+    p = (1.0 + float(extreme.sum())) / (1.0 + permutations)
+    return dataclasses.replace(result, p=p)

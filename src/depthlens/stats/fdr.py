@@ -2,8 +2,8 @@
 
 A Table 1 asks one question per cell (does this metric track accuracy on this store?) — 9 metrics × every store,
 and the sweeps 30-odd settings per store — so some intervals exclude zero by chance alone. Each table is one
-family per statistic (point-biserial r, Spearman ρ, binned r): its p-values are adjusted together and written as
-``<statistic>_p_bh`` beside ``<statistic>_p``.
+family per statistic (point-biserial r, Spearman ρ, binned r, within-question r): its p-values are adjusted
+together and written as ``<statistic>_p_bh`` beside ``<statistic>_p``.
 
 Why Benjamini–Hochberg and not Holm: a table is read as a screen (which cells are real?), and BH bounds the
 expected share of false ones among the cells it flags (the false-discovery rate) at the level, where Holm bounds
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-FDR_FIELDS = ("point_biserial_p", "spearman_p", "binned_r_p")
+FDR_FIELDS = ("point_biserial_p", "spearman_p", "binned_r_p", "p_within_perm")
 """The p-value columns of Table 1 (and of the sweeps), each a family of its own."""
 
 PAIRED_FIELDS = ("p",)

@@ -7,7 +7,9 @@ the six baselines — no model is loaded.
 
 Per metric: the paper's binned r (per question, ``bins`` quantile bins of the metric, Pearson r of bin mean
 metric vs bin accuracy; averaged over questions, then over seeds), and beside it the unbinned per-response
-Spearman ρ and point-biserial r with question-level bootstrap 95 % intervals.
+Spearman ρ and point-biserial r with question-level bootstrap 95 % intervals; then the within-question ones:
+the question-centred point-biserial r with its within-question permutation p, and the metric's question-centred
+r with response length (is it a length proxy?).
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ from depthlens.metrics.dtr import (
     matched_threshold,
     settling_depth,
 )
-from depthlens.stats.correlation import binned_correlation, point_biserial_test, quantile_bins, spearman_test
+from depthlens.stats.correlation import (
+    binned_correlation,
+    point_biserial_test,
+    quantile_bins,
+    spearman_test,
+    within_question_permutation,
+    within_question_r,
+)
 from depthlens.stats.resampling import cluster_correlation_bootstrap, mean_bootstrap
 from depthlens.studies.stored import Store, StoredResponse
 
@@ -143,28 +152,59 @@ class Correlation:
     point_biserial_p_iid: float | None = None
     binned_r_ci: tuple[float | None, float | None] = (None, None)
     binned_r_p: float | None = None
+    # Within questions (definitions.md §4): the question-centred point-biserial r, its permutation p (correctness
+    # shuffled within each question), the questions with both right and wrong responses it used, and the
+    # question-centred r of the metric with response length.
+    r_within: float | None = None
+    p_within_perm: float | None = None
+    n_questions_within: int = 0
+    r_length_within: float | None = None
+
+
+def metric_table(
+    store: Store, metric: StudyMetric, settings: DTRSettings
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per question: (metric values, correct 0/1, token counts) of the responses whose metric is defined."""
+    out = []
+    for responses in store.questions().values():
+        rows = [(metric.compute(r, settings), float(r.correct), float(r.token_count)) for r in responses]
+        rows = [row for row in rows if row[0] is not None and math.isfinite(row[0])]
+        out.append(tuple(np.array([row[i] for row in rows], dtype=np.float64) for i in range(3)))
+    return out  # type: ignore[return-value]
 
 
 def metric_values(
     store: Store, metric: StudyMetric, settings: DTRSettings
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per question: (metric values, correct 0/1) of the responses whose metric is defined."""
-    out = []
-    for responses in store.questions().values():
-        pairs = [(metric.compute(r, settings), r.correct) for r in responses]
-        pairs = [(v, c) for v, c in pairs if v is not None and math.isfinite(v)]
-        out.append((np.array([v for v, _ in pairs]), np.array([float(c) for _, c in pairs])))
-    return out
+    return [(v, c) for v, c, _ in metric_table(store, metric, settings)]
 
 
 def correlate(
-    name: str, groups: Sequence[tuple[np.ndarray, np.ndarray]], cfg: CorrelationConfig
+    name: str,
+    groups: Sequence[tuple[np.ndarray, np.ndarray]],
+    cfg: CorrelationConfig,
+    lengths: Sequence[np.ndarray] | None = None,
 ) -> Correlation:
-    """The statistics of one metric from its per-question (values, correct) groups."""
+    """The statistics of one metric from its per-question (values, correct) groups; ``lengths`` (per question,
+    the same responses' token counts) adds the metric's within-question correlation with length."""
     values = np.concatenate([v for v, _ in groups]) if groups else np.zeros(0)
     correct = np.concatenate([c for _, c in groups]) if groups else np.zeros(0)
     mixed = [g for g in groups if g[0].size >= cfg.bins and 0 < g[1].sum() < g[1].size]
-    none = Correlation(name, None, None, 0.0, None, (None, None), None, (None, None), int(values.size))
+    # Correctness plays no part in it, so it is reported even where no accuracy statistic is.
+    length_r = within_question_r([v for v, _ in groups], lengths).r if lengths is not None else None
+    none = Correlation(
+        name,
+        None,
+        None,
+        0.0,
+        None,
+        (None, None),
+        None,
+        (None, None),
+        int(values.size),
+        r_length_within=length_r,
+    )
     if values.size < cfg.min_responses:
         return dataclasses.replace(
             none, note=f"too few responses ({values.size} < {cfg.min_responses}): no statistic"
@@ -205,7 +245,13 @@ def _unbinned(
     rho, pb = spearman_test(values, correct), point_biserial_test(values, correct)
     rho_boot = cluster_correlation_bootstrap(groups, "spearman", cfg.bootstrap, [cfg.seed, 1])
     pb_boot = cluster_correlation_bootstrap(groups, "pearson", cfg.bootstrap, [cfg.seed, 2])
+    within = within_question_permutation(
+        [v for v, _ in groups], [c for _, c in groups], cfg.permutations, np.random.default_rng([cfg.seed, 4])
+    )
     return {
+        "r_within": within.r,
+        "p_within_perm": within.p,
+        "n_questions_within": within.questions,
         "spearman": rho.r if rho else None,
         "spearman_p_iid": rho.p if rho else None,
         "spearman_ci": (rho_boot.low, rho_boot.high),
@@ -308,6 +354,10 @@ def _row(store: Store, c: Correlation, settings: DTRSettings | None, metric: Stu
         "point_biserial_hi": c.point_biserial_ci[1],
         "point_biserial_p": c.point_biserial_p,
         "point_biserial_p_iid": c.point_biserial_p_iid,
+        "r_within": c.r_within,
+        "p_within_perm": c.p_within_perm,
+        "n_questions_within": c.n_questions_within,
+        "r_length_within": c.r_length_within,
         "responses": c.responses,
         "accuracy": store.accuracy,
         "note": c.note,
@@ -338,7 +388,9 @@ def store_correlations(
     ]
     rows, profiles = [], {}
     for metric in wanted:
-        groups = metric_values(store, metric, settings)
-        rows.append(_row(store, correlate(metric.name, groups, cfg), settings, metric))
+        table = metric_table(store, metric, settings)
+        groups = [(v, c) for v, c, _ in table]
+        lengths = [n for _, _, n in table]
+        rows.append(_row(store, correlate(metric.name, groups, cfg, lengths), settings, metric))
         profiles[metric.name] = bin_profile(groups, cfg)
     return rows, profiles

@@ -6,6 +6,8 @@
 - ``pooled_comparisons``: a model's families together — the per-question accuracies every summary stores,
   concatenated (questions of different families are independent draws too), so the test of "Think@n beats
   Cons@n on this model" has every question behind it. Benjamini–Hochberg over the methods of the pooled table.
+- ``control_rows`` / ``pooled_control_rows``: Think@n − random@n (``stats.paired.control_comparison``), each
+  store's as its summary holds it and each model's over all its questions — one test each, outside the family.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 
 from depthlens.config import DTRConfig, OnlineConfig, VotingConfig
 from depthlens.errors import InputError
-from depthlens.stats.paired import BASELINE, Comparison, paired_comparisons
+from depthlens.stats.paired import BASELINE, CONTROL, Comparison, control_comparison, paired_comparisons
 from depthlens.stats.resampling import mean_bootstrap
 from depthlens.stores.files import write_json
 from depthlens.stores.samples import read_manifest
@@ -126,14 +128,21 @@ def table_two_rows(
     """One row per voted method and per online replay compared on this summary's Cons@n (same n)."""
     n = summary["voting"]["n"]
     cons = next((m for m in summary["methods"] if m["method"] == BASELINE), None)
-    rows = [{"store": label, **m} for m in summary["methods"]]
+    # Model, task and questions in every row, so that a table written out names what each number is of.
+    named = {
+        "store": label,
+        "model": summary.get("model"),
+        "task": str((summary.get("task") or {}).get("name", "?")).removeprefix("reasoning_gym:"),
+    }
+    rows = [{**named, **m} for m in summary["methods"]]
     for replay in replays:
         if replay.get("cons_n") != n or replay.get("paired") is None:
             continue  # compared with another Cons@n than this table's, or not at all
         s = replay["summary"]
         rows.append(
             {
-                "store": label,
+                **named,
+                "questions": len((replay.get("per_question") or {}).get("questions", [])) or None,
                 "method": f"{replay['method']} (max n {s['max_n']}, β {s['consensus']:g})",
                 "accuracy_mean": s["accuracy_mean"],
                 "accuracy_std": s["accuracy_std"],
@@ -170,4 +179,30 @@ def pooled_rows(by_model: dict[str, list[dict[str, np.ndarray]]], seed: int = 0)
     for model, stores in by_model.items():
         for c in pooled_comparisons(stores, seed):
             rows.append({"model": model, "stores": len(stores), "method": c.method, **c.row()})
+    return rows
+
+
+def control_rows(label: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The summary's Think@n − random@n as a row of the report's control table (none for a summary written
+    before random@n was voted)."""
+    control = summary.get("control")
+    return (
+        [{"store": label, **control, "method": f"{control['method']} − {control['vs']}"}] if control else []
+    )
+
+
+def pooled_control_rows(
+    by_model: dict[str, list[dict[str, np.ndarray]]], seed: int = 0
+) -> list[dict[str, Any]]:
+    """Per model, Think@n − random@n over the questions of all its stores (where every one voted both)."""
+    rows = []
+    for model, stores in by_model.items():
+        if not stores or not all("think@n" in s and CONTROL in s for s in stores):
+            continue
+        joined = {m: np.concatenate([s[m] for s in stores]) for m in ("think@n", CONTROL)}
+        c = control_comparison(joined, seed=seed)
+        if c is not None:
+            rows.append(
+                {"model": model, "stores": len(stores), "method": f"{c.method} − {c.baseline}", **c.row()}
+            )
     return rows

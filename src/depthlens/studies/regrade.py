@@ -10,7 +10,7 @@ its records get today's names (``stores.names``) and the depth they lacked (``st
 from their stored divergences with the manifest's DTR settings). Nothing is lost: each record appends the answer
 fields it had before to its ``answer_history`` list, with the rules that produced them. The manifest records the
 rules now in force (``answers``) and a ``regraded`` log. Every summary already in the store is recomputed with its
-own voting settings.
+own voting settings. ``regrade_copy`` does all this to a copy, leaving the store as it was.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ import dataclasses
 import datetime
 import json
 import os
+import shutil
 import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from depthlens.config import AnswerConfig, DTRConfig, VotingConfig, depth_prefix
-from depthlens.errors import StoreError
+from depthlens.config import AnswerConfig, DTRConfig, depth_prefix
+from depthlens.errors import StoreError, named
 from depthlens.evals.answers import RULES
 from depthlens.evals.grading import ANSWER_FIELDS, AnswerSummary, answer_fields, store_answers
 from depthlens.evals.loading import load_task, parse_task_config
@@ -34,12 +35,12 @@ from depthlens.evals.tasks import HUB_TASKS, Question, infer_answer_type
 from depthlens.metrics.dtr import response_depth
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
-from depthlens.stores.lock import store_lock
+from depthlens.stores.lock import LOCK, store_lock
 from depthlens.stores.names import current_names
 from depthlens.stores.parquet import iter_store
 from depthlens.stores.samples import DEPTH_FIELDS, QUESTIONS, read_manifest, samples_path, stored_format
 from depthlens.stores.shard_writer import rewrite_store
-from depthlens.studies.thinkn import summarise, summary_files
+from depthlens.studies.thinkn import stored_voting, summarise, summary_files
 
 GRADED = ("answer", "answer_source", "vote_key", "grade", "correct", "task_score")
 
@@ -218,6 +219,32 @@ def regrade_store(
         return _regrade_locked(store, answer_type, fallback, timeout_s, on_record)
 
 
+def regrade_copy(
+    store: Path,
+    out: Path,
+    answer_type: str | None = None,
+    fallback: str | None = None,
+    timeout_s: int = 5,
+    on_record: Callable[[], None] = lambda: None,
+) -> RegradeReport:
+    """Copy ``store`` to ``out`` and regrade the copy (``regrade_store``); ``store`` is left as it was.
+
+    One store's responses graded under two rules side by side — the same texts, no resampling — so every
+    summary and table (thinkn, correlate, report) can be read under both. ``out`` must not exist yet.
+    """
+    if out.exists():
+        raise StoreError(
+            f"{named('out')} {out} already exists; regrade into a new directory (the copy is made there)"
+        )
+    if out.resolve().is_relative_to(store.resolve()):
+        raise StoreError(f"{named('out')} {out} lies inside the store {store}; give a directory outside it")
+    samples = samples_path(store, stored_format(store))
+    with store_lock(samples):  # no writer changes the store while it is copied
+        read_manifest(store)  # a store, not any directory
+        shutil.copytree(store, out, ignore=shutil.ignore_patterns(LOCK, ".*.lock", ".*.regrade-tmp"))
+    return regrade_store(out, answer_type, fallback, timeout_s, on_record)
+
+
 def _regrade_locked(
     store: Path, answer_type: str | None, fallback: str | None, timeout_s: int, on_record: Callable[[], None]
 ) -> RegradeReport:
@@ -274,7 +301,7 @@ def _resummarise(store: Path) -> bool:
         previous = json.loads(path.read_text())
         summarise(
             store,
-            VotingConfig.from_dict(previous["voting"]),
+            stored_voting(previous["voting"]),
             DTRConfig.from_dict(previous["dtr"]),
             [m for m in previous.get("methods_asked") or [] if m in METHODS] or None,
             with_ablation=bool(previous.get("ablation")),

@@ -27,7 +27,14 @@ from depthlens.stores.lock import writer
 from depthlens.stores.samples import SAMPLES, SHARDS, samples_path, stored_format
 from depthlens.stores.state import stale, store_state
 from depthlens.studies.correlation import store_correlations
-from depthlens.studies.paired_tables import REPLAYS, pooled_rows, store_per_question, table_two_rows
+from depthlens.studies.paired_tables import (
+    REPLAYS,
+    control_rows,
+    pooled_control_rows,
+    pooled_rows,
+    store_per_question,
+    table_two_rows,
+)
 from depthlens.studies.stored import Store, StoredResponse, load_store
 from depthlens.studies.sweeps import sweep
 from depthlens.studies.tables import table_one, write_csv
@@ -71,6 +78,7 @@ class StoreStudy:
         default_factory=list
     )  # methods + online replays, paired
     per_question: dict[str, Any] | None = None  # per method, accuracy per question: pooled per model
+    control: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # Think@n − random@n, stored
 
 
 def study_store(
@@ -204,6 +212,8 @@ class ReportData:
         default_factory=list
     )  # every store's, p_bh over them all
     pooled: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # per model, its stores together
+    control: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # Think@n − random@n per store
+    pooled_control: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # ... per model
 
 
 def prepare_report(
@@ -255,7 +265,20 @@ def prepare_report(
             by_model.setdefault(study.store.model, []).append(study.per_question)
     table_two = [r for s in studies for r in s.table_two]
     add_fdr(table_two, PAIRED_FIELDS)  # the whole Table 2 one family (a summary's own p_bh: its methods)
-    return ReportData(run_dir, studies, dtr, command, skipped, table_two, pooled_rows(by_model))
+    if table_two:  # beside correlation.csv: Table 2's numbers, each row naming its model, task and questions
+        write_csv(run_dir / "report" / "table_two.csv", table_two)
+    control = [r for s in studies for r in s.control]
+    return ReportData(
+        run_dir,
+        studies,
+        dtr,
+        command,
+        skipped,
+        table_two,
+        pooled_rows(by_model),
+        control,
+        pooled_control_rows(by_model),
+    )
 
 
 def _study(
@@ -276,5 +299,6 @@ def _study(
         replays = [read_json(p, "online replay", "replay again") for p in sorted(store.path.glob(REPLAYS))]
         stale = " (stale)" if study.summary.get("stale") else ""  # a summary of another state of the store
         study.table_two = table_two_rows(store.label + stale, study.summary, replays)
+        study.control = control_rows(store.label + stale, study.summary)
         study.per_question = store_per_question(study.summary, replays)
     return study

@@ -53,10 +53,10 @@ def write_whole(path: Path, text: str) -> Path:
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
-    """Rows (dicts with the same keys) as CSV, written whole (``write_whole``); the header is the first row's
-    keys."""
+    """Rows as CSV, written whole (``write_whole``); the header is every key, in the order first met (a row
+    without one leaves its cell empty)."""
     text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]) if rows else [])
+    writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
     writer.writeheader()
     writer.writerows(rows)
     return write_whole(path, text.getvalue())
@@ -150,6 +150,16 @@ def table_one(rows: Sequence[dict[str, Any]]) -> str:
         rho = f"{_fmt(r['spearman'])}{_ci(r['spearman_lo'], r['spearman_hi'])}"
         return f"r_pb {pb}{_p(r, 'point_biserial_p', ' ')}; ρ {rho}{_p(r, 'spearman_p', ' ')}"
 
+    def within(r: dict[str, Any]) -> str:
+        if r.get("r_within") is None and r.get("r_length_within") is None:
+            return "—"
+        accuracy = (
+            "—"
+            if r.get("r_within") is None
+            else f"{_fmt(r['r_within'])}{_p(r, 'p_within_perm', ' ')} (q={r['n_questions_within']})"
+        )
+        return f"{accuracy}; length {_fmt(r.get('r_length_within'))}"
+
     counts = {f"{r['model']} · {r['task']}": r for r in rows}
     lines = [
         "**Binned r** (definitions.md §4: 5 quantile bins per question, Pearson r of bin metric vs bin accuracy, "
@@ -162,6 +172,13 @@ def table_one(rows: Sequence[dict[str, Any]]) -> str:
         f"**Unbinned, per response**: point-biserial r and Spearman ρ with question-bootstrap 95 % CIs; {P_LEGEND}",
         "",
         *table(unbinned),
+        "",
+        "**Within questions**: metric and correctness centred on each question's means, then the point-biserial r "
+        "over all responses (q: questions with both right and wrong responses); p from shuffling correctness within "
+        "each question (p_BH over the table; † < 0.05); length: the metric's question-centred r with token count "
+        "(near ±1: a length proxy)",
+        "",
+        *table(within),
         "",
         "Samples: "
         + "; ".join(
@@ -187,9 +204,12 @@ class PairedCells:
     difference: str  # ``+1.2 [-3.0, +5.4]``: points, with the 95 % paired-bootstrap interval
     p: str  # ``0.012``: the sign-flip permutation p
     p_bh: str  # ``0.04†``: Benjamini–Hochberg over the table, † below 0.05
-    power: str  # ``0.07 / 0.12``: power to see each of the paper's gaps (PAPER_GAPS)
+    power: str  # ``0.07 / 0.12``: power to see each of the paper's gaps (PAPER_GAPS), for planning
     needed: str  # ``1,530 / 560``: questions for 80 % power, per gap
     compared: bool
+    gaps: str = (
+        "—"  # ``excludes +2.0, +3.3``: where the 95 % interval lies against the paper's gaps (the verdict)
+    )
 
     @property
     def tests(self) -> str:
@@ -213,7 +233,34 @@ def paired_cells(row: Mapping[str, Any]) -> PairedCells:
     interval = "" if lo is None or hi is None else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
     power = " / ".join(_number(row.get(f"power_gap{g}"), ".2f") for g in PAPER_GAPS)
     needed = " / ".join(_number(row.get(f"questions_for_gap{g}"), ",") for g in PAPER_GAPS)
-    return PairedCells(f"{100 * row['diff']:+.1f}{interval}", *tests, power, needed, compared=True)
+    return PairedCells(
+        f"{100 * row['diff']:+.1f}{interval}", *tests, power, needed, compared=True, gaps=gap_cell(row)
+    )
+
+
+def paired_title(baseline: str, control: tuple[str, str] | None = None) -> str:
+    """The paired table's title (``thinkn``'s, the explorer's); ``control``: (method, its control), the row under
+    the line."""
+    title = f"vs {baseline} on the same questions (paired)"
+    return title + (f"; under the line {control[0]} vs {control[1]}, the control" if control else "")
+
+
+def gap_cell(row: Mapping[str, Any]) -> str:
+    """``excludes +2.0, +3.3`` / ``includes +2.0; excludes +3.3`` / ``includes +2.0, +3.3``: the comparison's 95 %
+    interval against the paper's Think@n − Cons@n gaps (``stats.paired.gap_verdict``, or from the interval of a
+    row written before ``excludes_gap*`` was kept); — without an interval."""
+    lo, hi = row.get("diff_lo"), row.get("diff_hi")
+    if lo is None or hi is None:
+        return "—"
+    out: dict[bool, list[str]] = {True: [], False: []}
+    for g, effect in PAPER_GAPS.items():
+        stored = row.get(f"excludes_gap{g}")
+        out[bool(stored) if stored is not None else not (lo <= effect <= hi)].append(f"+{g}")
+    parts = [
+        f"includes {', '.join(out[False])}" if out[False] else "",
+        f"excludes {', '.join(out[True])}" if out[True] else "",
+    ]
+    return "; ".join(p for p in parts if p)
 
 
 def _number(value: float | None, spec: str) -> str:

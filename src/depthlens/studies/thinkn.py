@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -23,7 +24,7 @@ from depthlens.errors import InputError, StoreError, named
 from depthlens.evals.grading import ANSWER_FIELDS, AnswerSummary
 from depthlens.metrics.dtr import deep_from_divergence
 from depthlens.sampling.backend import GenerationBackend, Trace
-from depthlens.stats.paired import BASELINE, Comparison, paired_comparisons
+from depthlens.stats.paired import BASELINE, Comparison, control_comparison, paired_comparisons
 from depthlens.stats.resampling import mean_bootstrap
 from depthlens.stores.files import read_json, settings_differ
 from depthlens.stores.samples import damaged, read_manifest, read_responses
@@ -119,6 +120,7 @@ class ThinkReport:
     paired: list[Comparison] = dataclasses.field(default_factory=list)
     intervals: dict[str, tuple[float | None, float | None]] = dataclasses.field(default_factory=dict)
     per_question: dict[str, Any] | None = None  # accuracy per method per question (trial means): for pooling
+    control: Comparison | None = None  # Think@n − random@n over questions: the study's primary contrast
 
 
 def too_few(out_dir: Path | str, info: StoreInfo, n: int) -> str:
@@ -188,6 +190,7 @@ def vote_pools(
         compare_methods(outcomes, seed=voting.seed),
         accuracy_intervals(outcomes, seed=voting.seed),
         per_question_table(outcomes),
+        control_comparison(per_question_accuracy(outcomes), seed=voting.seed),
     )
 
 
@@ -221,12 +224,59 @@ def accuracy_intervals(
 
 
 def per_question_table(outcomes: TrialOutcomes) -> dict[str, Any]:
-    """The per-question accuracies as a summary stores them (6 decimals: trial means of 0/1 are exact to 1e-6 for
-    up to 10⁶ trials), so stores of one model can be pooled later without voting again."""
+    """The per-question accuracies as a summary stores them, so stores of one model can be pooled later without
+    voting again: 6 decimals (trial means of 0/1 are exact to 1e-6 for up to 10⁶ trials; the fractional credits of
+    a uniform tie or of random@n's expectation are off by < 5·10⁻⁷, far below a point of accuracy)."""
     return {
         "questions": list(outcomes.questions),
         "accuracy": {m: [round(float(v), 6) for v in a] for m, a in per_question_accuracy(outcomes).items()},
     }
+
+
+def vote_notes(summaries: Sequence[MethodSummary], voting: VotingConfig) -> list[str]:
+    """The lines under the vote's table (``thinkn``'s, the explorer's): votes with no answer, votes tied at the top
+    and the tie rule that scored them, and which subsets random@n averaged over."""
+    lines = []
+    unanswered = {s.method: s.no_answer for s in summaries if s.no_answer}
+    if unanswered:
+        lines.append(
+            "votes with no answer (wrong), questions per trial: "
+            + ", ".join(f"{m} {v:.3g}" for m, v in unanswered.items())
+        )
+    tied = {s.method: s for s in summaries if s.tie_draws}
+    if tied:
+        rule = (
+            "uniform: the share of right answers among the tied"
+            if voting.tie_break == "uniform"
+            else "summed-dtr: the highest summed prefix DTR, then the first given"
+        )
+        lines.append(
+            f"votes tied at the top, share of the draws ({rule}; DeepConf's rows: the first seen): "
+            + ", ".join(f"{m} {s.tie_draws / (s.trials * s.questions):.0%}" for m, s in tied.items())
+        )
+    for s in summaries:
+        if s.subsets:
+            k = max(1, math.ceil(round(voting.eta * voting.n, 9)))
+            every = math.comb(voting.n, k)
+            lines.append(
+                f"{s.method}: the expectation over all {every:,} subsets of {k} of each draw"
+                if s.subsets >= every
+                else f"{s.method}: the mean over {s.subsets:,} of the {every:,} subsets of {k} of each draw, "
+                "sampled uniformly (seeded per draw)"
+            )
+    return lines
+
+
+def control_row(control: Comparison | None) -> dict[str, Any] | None:
+    """Think@n − random@n as a summary stores it: the method, then ``Comparison.row()``'s columns; None when
+    either was not voted."""
+    return None if control is None else {"method": control.method, **control.row()}
+
+
+def stored_voting(settings: dict[str, Any]) -> VotingConfig:
+    """The voting settings a summary was voted with (its ``voting``): one written before ``tie_break`` existed was
+    voted under ``summed-dtr``, the only rule then."""
+    return VotingConfig.from_dict({"tie_break": "summed-dtr", **settings})
 
 
 def summary_stem(voting: VotingConfig) -> str:
@@ -271,7 +321,10 @@ def _write_summary(
         earlier = read_json(
             path, "summary", "it is derived from the store: pass --overwrite to vote it again"
         )
-        differ = settings_differ({k: earlier.get(k) for k in settings}, settings, ())
+        stored = {k: earlier.get(k) for k in settings}
+        if isinstance(stored["voting"], dict):  # voted before tie_break existed: under summed-dtr
+            stored["voting"] = {"tie_break": "summed-dtr", **stored["voting"]}
+        differ = settings_differ(stored, settings, ())
         if differ:
             old = stale(earlier, out_dir)
             raise StoreError(
@@ -295,9 +348,12 @@ def _write_summary(
         "methods": rows,
         "ablation": report.ablation,
         "per_question": report.per_question,
+        "control": control_row(report.control),
         "command": " ".join(sys.argv),
     }
-    write_csv(out_dir / f"{stem}.csv", rows)
+    # The CSV stands alone (committed under docs/data, compared across stores): it names its model and task.
+    task = str((report.info.manifest.get("task") or {}).get("name", "?")).removeprefix("reasoning_gym:")
+    write_csv(out_dir / f"{stem}.csv", [{"model": payload["model"], "task": task, **r} for r in rows])
     if report.ablation:
         write_csv(out_dir / f"{stem}-ablation.csv", report.ablation)
     # last: the summary's JSON stands for a whole set of files
@@ -327,7 +383,9 @@ def think_at_n_live(
     final = [
         dataclasses.replace(response_from_trace(t, backend.n_layers, dtr), key=answer_key(t)) for t in traces
     ]
-    outcome = think_at_n(final, dataclasses.replace(voting, eta=1.0))  # a plain vote among the kept
+    # A plain vote among the kept. A tie under ``uniform`` answers the first given of the tied: the samples are
+    # exchangeable, so that is a uniform pick.
+    outcome = think_at_n(final, dataclasses.replace(voting, eta=1.0))
     return outcome.answer, paused.traces, sum(len(t) for t in paused.traces)
 
 

@@ -12,8 +12,8 @@ from depthlens.errors import DepthlensError, InputError
 from depthlens.stats.paired import Comparison
 from depthlens.stores.files import read_json
 from depthlens.studies.score import score_summary
-from depthlens.studies.tables import paired_cells
-from depthlens.studies.thinkn import summary_files, summary_stem
+from depthlens.studies.tables import paired_cells, paired_title
+from depthlens.studies.thinkn import stored_voting, summary_files, summary_stem, vote_notes
 from depthlens.view.detail import scalar
 from depthlens.view.pools import Failed, VotingIndex, answer_summary, draw_detail, question_pool
 from depthlens.view.store import ViewStore, changed_since
@@ -53,7 +53,7 @@ def default_voting(store: ViewStore) -> VotingConfig:
     if files:
         try:
             summary = read_json(files[-1], "summary", "")
-            voting = VotingConfig.from_dict(summary["voting"])
+            voting = stored_voting(summary["voting"])
         except (DepthlensError, KeyError, TypeError):
             store.notices.append(f"{files[-1]}: a summary whose settings could not be read; defaults used")
         else:
@@ -133,7 +133,7 @@ def voting_table(store: ViewStore, index: VotingIndex, voting: VotingConfig) -> 
         f"{store.manifest.get('model', '?')} · {task} · n={voting.n} η={voting.eta} ℓ={prefix} · "
         f"{voting.trials} trials × {len(pools)} questions"
     )
-    paired = paired_rows(vote.paired) if vote is not None else []
+    paired = paired_rows(vote.paired, vote.control) if vote is not None else []
     return {
         "state": state,
         "title": title,
@@ -141,7 +141,9 @@ def voting_table(store: ViewStore, index: VotingIndex, voting: VotingConfig) -> 
         "notes": _voting_notes(store, voting, summaries, excluded, partial=state == "partial"),
         "stem": summary_stem(voting),
         "paired": paired,
-        "paired_title": f"vs {vote.paired[0].baseline} on the same questions (paired)"
+        "paired_title": paired_title(
+            vote.paired[0].baseline, (vote.control.method, vote.control.baseline) if vote.control else None
+        )
         if vote is not None and vote.paired
         else None,
     }
@@ -172,13 +174,7 @@ def _voting_notes(
 ) -> list[str]:
     """The notes ``thinkn`` prints under its table: how answers were read, unanswered votes, questions left out;
     ``partial``: the DeepConf rows are still being voted."""
-    notes = [answer_summary(store).line()]
-    unanswered = {s.method: s.no_answer for s in summaries if s.no_answer}
-    if unanswered:
-        notes.append(
-            "votes with no answer (wrong), questions per trial: "
-            + ", ".join(f"{m} {v:g}" for m, v in unanswered.items())
-        )
+    notes = [answer_summary(store).line(), *vote_notes(summaries, voting)]
     if excluded:
         notes.append(
             f"{len(excluded)} question(s) left out (fewer than n usable responses): "
@@ -191,18 +187,21 @@ def _voting_notes(
     return notes
 
 
-def paired_rows(paired: list[Comparison]) -> list[dict[str, str]]:
+def paired_rows(paired: list[Comparison], control: Comparison | None = None) -> list[dict[str, Any]]:
     """The paired table ``thinkn --from`` prints under its table (cli/paired_view.py, the same cells): each method
-    against Cons@n on the same questions — the difference in points [95 %], p · p_BH, won / lost."""
+    against Cons@n on the same questions — the difference in points [95 %], p · p_BH, won / lost, the interval
+    against the paper's gaps — then Think@n − random@n, the control (one test: p alone)."""
     rows = []
-    for c in paired:
+    for c in [*paired, *([control] if control is not None else [])]:
         cells = paired_cells(c.row())
         rows.append(
             {
-                "method": c.method,
+                "method": c.method if c is not control else f"{c.method} − {c.baseline}",
                 "difference": cells.difference,
-                "p": cells.tests,
+                "p": cells.tests if c is not control else cells.p,
                 "won_lost": f"{c.test.wins} / {c.test.losses}",
+                "gaps": cells.gaps,
+                "control": c is control,
             }
         )
     return rows

@@ -89,7 +89,8 @@ def _int(request: Request, name: str, default: int, low: int = 0, high: int | No
 
 
 def _voting(request: Request, base: VotingConfig) -> VotingConfig:
-    """The voting settings of the query (n, eta, prefix = a number or 'full', trials, seed) over ``base``."""
+    """The voting settings of the query (n, eta, prefix = a number or 'full', trials, seed, tie_break) over
+    ``base``."""
     q = request.query_params
     prefix_raw = q.get("prefix")
     if prefix_raw in (None, ""):
@@ -107,6 +108,7 @@ def _voting(request: Request, base: VotingConfig) -> VotingConfig:
             prefix=prefix,
             trials=_int(request, "trials", base.trials, low=1, high=1000),
             seed=_int(request, "seed", base.seed),
+            tie_break=q.get("tie_break") or base.tie_break,
         )
     except ValueError as exc:  # a ConfigError is a ValueError too: its text names the setting and the range
         raise BadQuery(str(exc)) from None

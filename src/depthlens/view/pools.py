@@ -28,14 +28,14 @@ from depthlens.config import DTRConfig, VotingConfig
 from depthlens.errors import DepthlensError
 from depthlens.evals.grading import AnswerSummary
 from depthlens.metrics.dtr import deep_flags, settling_depth
-from depthlens.stats.paired import Comparison
+from depthlens.stats.paired import Comparison, control_comparison
 from depthlens.stores.access import Location, ParquetSource, ShardArrays, release_unused
 from depthlens.stores.jsonl_access import JsonlSource
 from depthlens.stores.samples import REQUIRED
 from depthlens.studies.thinkn import compare_methods, response_from_record
 from depthlens.view.jobs import Background
 from depthlens.view.store import ViewStore
-from depthlens.voting.methods import METHODS, Response
+from depthlens.voting.methods import DRAW_SEEDED, METHODS, Response
 from depthlens.voting.trials import MethodSummary, draw, per_question_accuracy, run_trials, trial_outcomes
 
 QUICK = tuple(m for m in METHODS if not m.startswith("deepconf"))
@@ -218,7 +218,8 @@ class VotingIndex:
         per_question = {
             q: {m: float(a[i]) for m, a in accuracy.items()} for i, q in enumerate(outcomes.questions)
         }
-        return Vote(outcomes.summaries(), per_question, compare_methods(outcomes, seed=voting.seed))
+        control = control_comparison(accuracy, seed=voting.seed)
+        return Vote(outcomes.summaries(), per_question, compare_methods(outcomes, seed=voting.seed), control)
 
     def later(self, voting: VotingConfig, what: str) -> Any:
         """For ``voting``, computed in the background: ``quick`` (the table without the DeepConf rows, which cost
@@ -243,6 +244,7 @@ class Vote:
     summaries: list[MethodSummary]
     per_question: dict[str, dict[str, float]]
     paired: list[Comparison]
+    control: Comparison | None = None  # Think@n − random@n, as ``thinkn`` prints it under the paired table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,12 +303,14 @@ def draw_detail(
     drawn = [pool[p][1] for p in picks]
     methods = {}
     for name, method in METHODS.items():
-        outcome = method(drawn, voting)
+        seeded = {"draw": (trial, order.index(question))} if name in DRAW_SEEDED else {}  # as trial_outcomes
+        outcome = method(drawn, voting, **seeded)
         methods[name] = {
             "answer": outcome.answer,
             "accuracy": outcome.accuracy,
-            "cost": outcome.cost,
+            "cost": round(outcome.cost, 1),  # random@n: an expectation
             "voted": outcome.voted,
+            "subsets": outcome.subsets,  # random@n: an expectation over this many subsets, no one answer
             "kept": [pool[picks[k]][0] for k in outcome.kept],
         }
     return {"drawn": [pool[p][0] for p in picks], "methods": methods, "note": None}

@@ -3,7 +3,7 @@
 Methods that land on the same point (the DeepConf scores coincide on responses shorter than their window) share
 one point and one label; labels sit in a column right of the plot, spread so none overlaps another, each with a
 thin line to its point. The vertical bars are 95 % intervals of the accuracy over resampled questions (within
-[0, 100] by construction); a summary written before those were stored shows mean ± std over trials, clipped to
+[0, 100] by construction); a summary written before those were stored shows mean ± draw s.d. over trials, clipped to
 [0, 100] and said so in the axis label. Drawing only: every number arrives computed.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from depthlens.errors import InputError
 from depthlens.viz.study import _pyplot
 
-COLOURS = {"think@n": "#d62728", "cons@n": "#1f77b4"}
+COLOURS = {"think@n": "#d62728", "cons@n": "#1f77b4", "random@n": "#2ca02c"}  # random@n: Think@n's control
 
 
 def merged_label(methods: Sequence[str]) -> str:
@@ -73,7 +73,7 @@ def group_points(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def accuracy_interval(row: dict[str, Any]) -> tuple[float, float, bool]:
-    """(low, high) in %, within [0, 100], and whether it is the stored 95 % interval (else ± std, clipped)."""
+    """(low, high) in %, within [0, 100], and whether it is the stored 95 % interval (else ± draw s.d., clipped)."""
     if row.get("accuracy_lo") is not None and row.get("accuracy_hi") is not None:
         return 100 * row["accuracy_lo"], 100 * row["accuracy_hi"], True
     mean, std = 100 * row["accuracy_mean"], 100 * (row.get("accuracy_std") or 0.0)
@@ -156,7 +156,9 @@ def draw_accuracy_cost(rows: Sequence[dict[str, Any]], path: Path, title: str = 
     ax.set_xlabel(
         "tokens generated per question" + (" (equal costs drawn side by side)" if xs != costs else "")
     )
-    ax.set_ylabel("accuracy %  (" + ("95 % interval over questions" if stored else "± std over trials") + ")")
+    ax.set_ylabel(
+        "accuracy %  (" + ("95 % interval over questions" if stored else "± draw s.d. over trials") + ")"
+    )
     ax.set_title(title or "accuracy vs cost per method", fontsize=10)
     ax.grid(alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -167,15 +169,24 @@ def draw_accuracy_cost(rows: Sequence[dict[str, Any]], path: Path, title: str = 
 
 def _accuracy_cell(row: dict[str, Any]) -> str:
     if row.get("accuracy_lo") is None:
-        return f"{100 * row['accuracy_mean']:.1f} ± {100 * (row.get('accuracy_std') or 0):.1f} (std)"
+        return f"{100 * row['accuracy_mean']:.1f} ± {100 * (row.get('accuracy_std') or 0):.1f} (draw s.d.)"
     return (
         f"{100 * row['accuracy_mean']:.1f} [{100 * row['accuracy_lo']:.1f}, {100 * row['accuracy_hi']:.1f}]"
     )
 
 
-def table_two_markdown(rows: Sequence[dict[str, Any]], pooled: Sequence[dict[str, Any]]) -> list[str]:
-    """Table 2 (every store's methods with the paired test against Cons@n) and the per-model pooled table, as
-    Markdown lines; ``p_bh`` must already be the adjustment over ``rows`` (and, per model, over ``pooled``)."""
+GAPS_COLUMN = "95 % interval vs the paper's +2.0 / +3.3"
+
+
+def table_two_markdown(
+    rows: Sequence[dict[str, Any]],
+    pooled: Sequence[dict[str, Any]],
+    control: Sequence[dict[str, Any]] = (),
+    pooled_control: Sequence[dict[str, Any]] = (),
+) -> list[str]:
+    """Table 2 (every store's methods with the paired test against Cons@n), the per-model pooled table, and
+    Think@n − random@n per store and per model, as Markdown lines; ``p_bh`` must already be the adjustment over
+    ``rows`` (and, per model, over ``pooled``)."""
     from depthlens.studies.tables import markdown_table, paired_cells
 
     def tested(r: dict[str, Any]) -> dict[str, str]:
@@ -190,7 +201,7 @@ def table_two_markdown(rows: Sequence[dict[str, Any]], pooled: Sequence[dict[str
             "tokens / question": f"{r['cost_mean']:,.0f}",
             "cost vs Cons@n": f"{r['cost_vs_cons']:.0%}" if r.get("cost_vs_cons") else "—",
             **tested(r),
-            "power +2.0 / +3.3 (questions for 80 %)": paired_cells(r).planning,
+            GAPS_COLUMN: paired_cells(r).gaps,
         }
 
     by_store: dict[str, list[dict[str, str]]] = {}
@@ -202,9 +213,11 @@ def table_two_markdown(rows: Sequence[dict[str, Any]], pooled: Sequence[dict[str
         "Accuracy: mean over trials, [95 % interval over resampled questions]. Δ: the method minus Cons@n on the "
         "same questions (trials averaged per question), paired-bootstrap interval; p: sign-flip permutation test "
         "over questions (exact McNemar when outcomes are 0/1); p_BH: Benjamini–Hochberg over every comparison in "
-        "these tables, † < 0.05. Power: of a paired test at α = 0.05 with this many questions and this spread, to "
-        "detect the paper's Think@n − Cons@n gaps on AIME25 (+2.0 and +3.3 points); in brackets the questions "
-        "80 % power would take.",
+        "these tables, † < 0.05. The last column: whether that 95 % interval includes or excludes the paper's "
+        "Think@n − Cons@n gaps on AIME25 (+2.0 and +3.3 points) — the verdict on the paper's claim. random@n is "
+        "Think@n's control: a vote over a random ⌈η·n⌉ of the same draw (the exact expectation over its subsets); "
+        "Think@n − random@n is below. The power to detect the gaps, and the questions 80 % power would take, are "
+        "planning numbers kept in the summary CSVs (power_gap*, questions_for_gap*).",
         "",
     ]
     for store, table in by_store.items():
@@ -222,10 +235,31 @@ def table_two_markdown(rows: Sequence[dict[str, Any]], pooled: Sequence[dict[str
                         "method": r["method"],
                         **tested(r),
                         "won / lost": f"{r['wins']} / {r['losses']}",
-                        "power +2.0 / +3.3 (questions for 80 %)": paired_cells(r).planning,
+                        GAPS_COLUMN: paired_cells(r).gaps,
                     }
                     for r in pooled
                 ]
             ),
+            "",
+        ]
+    if control or pooled_control:
+        lines += [
+            "**Think@n − random@n, the control** (does DTR select better than a random vote of the same size? one "
+            "sign-flip test over questions per row, outside the families above; pooled: every question of the "
+            "model's stores):",
+            "",
+            markdown_table(
+                [
+                    {
+                        "stores": r.get("store") or f"{r['model']} ({r['stores']} pooled)",
+                        "Δ points [95 %]": paired_cells(r).difference,
+                        "p": paired_cells(r).p,
+                        "won / lost": f"{r['wins']} / {r['losses']}",
+                        GAPS_COLUMN: paired_cells(r).gaps,
+                    }
+                    for r in [*control, *pooled_control]
+                ]
+            ),
+            "",
         ]
     return lines

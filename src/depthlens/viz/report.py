@@ -113,7 +113,7 @@ def write_report(data: ReportData) -> Path:
         table_one(rows),
     ]
     if data.table_two:
-        lines += table_two_markdown(data.table_two, data.pooled)
+        lines += table_two_markdown(data.table_two, data.pooled, data.control, data.pooled_control)
     lines += [*sections, *_skipped(data), _limits(stores)]
     text = "\n".join(lines) + "\n"
     md = out / "report.md"

@@ -1,13 +1,17 @@
 """Think@n and its comparators over one draw of n scored responses (docs/definitions.md §5). Pure: no model, no I/O.
 
-Every method is a row of ``METHODS``: which responses it keeps (a ranking, or all), how their votes are
-weighted, and what the selection costs in generated tokens — the exact count, and the paper's printed formula
-beside it. Tie rule, for every vote: the answer with the highest summed prefix DTR among its voters wins; if
-that ties too, the answer first given (lowest response index). Responses with no extractable answer do not
-vote; if no kept response has one, the method answers nothing and is wrong (counted as ``no_answer`` in the
-trials' summary). The DeepConf rows follow their authors' code instead (docs/definitions.md §5): unanswered
-traces are dropped before scoring, the filter is a percentile with ties kept, and a tied weighted vote goes to
-the answer seen first.
+Every method is a row of ``METHODS``: which responses it keeps (a ranking, a random subset, or all), how their votes
+are weighted, and what the selection costs in generated tokens — the exact count, and the paper's printed formula
+beside it. random@n is the control for Think@n: its vote size (⌈η·n⌉) without its ranking.
+
+Tie rule (``VotingConfig.tie_break``) for every method but DeepConf's: ``uniform`` (the default) scores a vote tied
+at the top as the share of right answers among the tied — the exact expectation of a uniform pick, so no baseline
+leans on DTR; ``summed-dtr`` gives it to the answer with the highest summed prefix DTR among its voters, then to
+the answer first given (lowest response index). An answer's grade is its first voter's. Responses with no
+extractable answer do not vote; if no kept response has one, the method answers nothing and is wrong (counted as
+``no_answer`` in the trials' summary). The DeepConf rows follow their authors' code instead (docs/definitions.md
+§5): unanswered traces are dropped before scoring, the filter is a percentile with ties kept, and a tied weighted
+vote goes to the answer seen first, whatever ``tie_break`` says.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import numpy as np
 
-from depthlens.config import VotingConfig
+from depthlens.config import TieBreak, VotingConfig
 from depthlens.errors import InputError, named
+from depthlens.voting.subsets import subset_votes, subsets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,20 +65,50 @@ class Response:
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """One method on one draw: accuracy (1/0, or a fraction for Mean@n) and cost in generated tokens."""
+    """One method on one draw: accuracy and cost in generated tokens.
+
+    Accuracy is 1/0, or a fraction: Mean@n's mean, a tie scored ``uniform``, random@n's expectation over subsets.
+    """
 
     accuracy: float
-    cost: int  # exact generated tokens
+    cost: float  # exact generated tokens (random@n: their expectation)
     cost_paper: float  # the paper's printed formula
-    answer: str | None  # the winning vote key; None when no kept response answered (then wrong)
-    kept: tuple[int, ...]  # indices of the responses the method kept
+    answer: (
+        str | None
+    )  # the winning vote key (a uniform tie: the first given of the tied); None: no answer (wrong)
+    kept: tuple[int, ...]  # indices of the responses the method kept (random@n: none in particular)
     voted: bool = True  # False for Mean@n, which averages instead of voting
+    tied: float = 0.0  # 1 when the top of the vote was tied (random@n: the share of its subsets' votes)
+    unanswered: float | None = None  # random@n: the share of its subsets with no answer; else from ``answer``
+    subsets: int = 0  # random@n: the subsets averaged over; 0 for the other methods
+
+    @property
+    def no_answer(self) -> float:
+        """1 when the vote had no answer (random@n: the expected share), 0 otherwise and for Mean@n."""
+        if self.unanswered is not None:
+            return self.unanswered
+        return float(self.answer is None and self.voted)
 
 
-def vote(
-    responses: Sequence[Response], kept: Sequence[int], weights: Sequence[float], tiebreak: Sequence[float]
-) -> tuple[str | None, int | None]:
-    """Weighted majority over the kept responses' answer keys → (winning key, index of its first voter)."""
+@dataclasses.dataclass(frozen=True)
+class Tally:
+    """A vote's result: the answer, the credit it earns (1/0, or a share for a tie under ``uniform``), and
+    whether the top was tied."""
+
+    answer: str | None
+    credit: float
+    tied: bool
+
+
+def tally(
+    responses: Sequence[Response],
+    kept: Sequence[int],
+    weights: Sequence[float],
+    tiebreak: Sequence[float],
+    rule: TieBreak | Literal["first"],
+) -> Tally:
+    """Weighted majority over the kept responses' answer keys; a tie at the top under ``rule`` (``TieBreak``'s, or
+    ``first``: the answer given first, DeepConf's). An answer's grade is its first voter's."""
     score: dict[str, float] = {}
     tie: dict[str, float] = {}
     first: dict[str, int] = {}
@@ -84,9 +120,23 @@ def vote(
         tie[key] = tie.get(key, 0.0) + t
         first.setdefault(key, i)
     if not score:
-        return None, None
-    best = max(score, key=lambda k: (round(score[k], 12), round(tie[k], 12), -first[k]))
-    return best, first[best]
+        return Tally(None, 0.0, False)
+    top = max(round(v, 12) for v in score.values())
+    leaders = sorted((k for k in score if round(score[k], 12) == top), key=first.__getitem__)
+    if rule == "uniform":
+        right = sum(responses[first[k]].correct for k in leaders)
+        return Tally(leaders[0], right / len(leaders), len(leaders) > 1)
+    best = leaders[0] if rule == "first" else max(leaders, key=lambda k: (round(tie[k], 12), -first[k]))
+    return Tally(best, float(responses[first[best]].correct), len(leaders) > 1)
+
+
+def vote(
+    responses: Sequence[Response], kept: Sequence[int], weights: Sequence[float], tiebreak: Sequence[float]
+) -> tuple[str | None, int | None]:
+    """Weighted majority, a tie to the highest summed ``tiebreak`` then the first given → (winning key, index of
+    its first voter): the ``summed-dtr`` rule, as online voting uses it."""
+    key = tally(responses, kept, weights, tiebreak, "summed-dtr").answer
+    return key, (None if key is None else next(i for i in kept if responses[i].key == key))
 
 
 def _top(values: Sequence[float], k: int) -> list[int]:
@@ -95,19 +145,25 @@ def _top(values: Sequence[float], k: int) -> list[int]:
     return sorted(order[:k])
 
 
+def _tiebreak(responses: Sequence[Response], kept: Sequence[int], cfg: VotingConfig) -> list[float]:
+    """The ``summed-dtr`` tie-break values: prefix DTR on whatever prefix was read out (never an error: methods
+    that do not rank by DTR need none); unused, and not computed, under ``uniform``."""
+    if cfg.tie_break != "summed-dtr":
+        return [0.0] * len(kept)
+    prefix = cfg.prefix
+    return [float(responses[i].deep[:prefix].mean()) if len(responses[i].deep) else 0.0 for i in kept]
+
+
 def _outcome(
     responses: Sequence[Response],
     kept: list[int],
     weights: Sequence[float],
-    cost: int,
+    cost: float,
     cost_paper: float,
-    prefix: int | None,
+    cfg: VotingConfig,
 ) -> Outcome:
-    # Tie-break on whatever prefix was read out (never an error: methods that do not rank by DTR need none).
-    tiebreak = [float(responses[i].deep[:prefix].mean()) if len(responses[i].deep) else 0.0 for i in kept]
-    key, rep = vote(responses, kept, weights, tiebreak)
-    accuracy = float(responses[rep].correct) if rep is not None else 0.0
-    return Outcome(accuracy, cost, cost_paper, key, tuple(kept))
+    t = tally(responses, kept, weights, _tiebreak(responses, kept, cfg), cfg.tie_break)
+    return Outcome(t.credit, cost, cost_paper, t.answer, tuple(kept), tied=float(t.tied))
 
 
 def _total(responses: Sequence[Response]) -> int:
@@ -133,7 +189,7 @@ def mean_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
 def cons_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
     """Cons@n: plain majority over all n."""
     kept = list(range(len(rs)))
-    return _outcome(rs, kept, [1.0] * len(rs), _total(rs), _total(rs), cfg.prefix)
+    return _outcome(rs, kept, [1.0] * len(rs), _total(rs), _total(rs), cfg)
 
 
 def _prefix_ranked(rs: Sequence[Response], cfg: VotingConfig, ranking: list[float]) -> Outcome:
@@ -146,7 +202,7 @@ def _prefix_ranked(rs: Sequence[Response], cfg: VotingConfig, ranking: list[floa
     cost = sum(rs[i].length for i in kept) + sum(stop(rs[i]) for i in rejected)
     prefix_len = max(r.length for r in rs) if prefix is None else prefix
     paper = sum(rs[i].length for i in kept) + prefix_len * cfg.eta * len(rs)
-    return _outcome(rs, kept, [1.0] * k, cost, paper, prefix)
+    return _outcome(rs, kept, [1.0] * k, cost, paper, cfg)
 
 
 def think_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
@@ -159,11 +215,46 @@ def self_certainty_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
     return _prefix_ranked(rs, cfg, [r.prefix_self_certainty(cfg.prefix) for r in rs])
 
 
+def random_at_n(rs: Sequence[Response], cfg: VotingConfig, draw: Sequence[int] = ()) -> Outcome:
+    """random@n, Think@n's control: a plain majority over a uniformly random ⌈η·n⌉ of the n — Think@n's vote size
+    without its DTR ranking.
+
+    Accuracy, ties and the no-answer share are expectations over the subsets (``voting.subsets``): exact over all
+    C(n, k) where there are at most 10⁴, else the mean over 10⁴ uniform ones seeded by (``cfg.seed``, ``draw``) —
+    the trial and question, so each draw samples its own; ``subsets`` says how many. Cost mirrors Think@n's
+    two-phase protocol with a random ranking (prefixes for all n, the kept finished, the rest stopped at ℓ_prefix):
+    each response is kept with chance k/n, so its expectation is Σ k/n·|S_i| + (1 − k/n)·min(|S_i|, ℓ), and the
+    paper's formula (k/n)·Σ|S_i| + ℓ·η·n. Both exact, whichever subsets were averaged.
+    """
+    n = len(rs)
+    k = _kept_count(n, cfg.eta)
+    keys: dict[str, int] = {}
+    answer = np.array([-1 if r.key is None else keys.setdefault(r.key, len(keys)) for r in rs], dtype=np.intp)
+    correct = np.array([r.correct for r in rs], dtype=bool)
+    tiebreak = np.asarray(_tiebreak(rs, range(n), cfg), dtype=np.float64)
+    chosen, _ = subsets(n, k, [cfg.seed, n, k, *draw])
+    votes = subset_votes(answer, correct, tiebreak, chosen, cfg.tie_break)
+    share = k / n
+    stop = (lambda r: r.length) if cfg.prefix is None else (lambda r: min(r.length, cfg.prefix))
+    cost = sum(share * r.length + (1 - share) * stop(r) for r in rs)
+    prefix_len = max(r.length for r in rs) if cfg.prefix is None else cfg.prefix
+    return Outcome(
+        float(votes.credit.mean()),
+        cost,
+        share * _total(rs) + prefix_len * cfg.eta * n,
+        None,
+        (),
+        tied=float(votes.tied.mean()),
+        unanswered=float(votes.unanswered.mean()),
+        subsets=len(chosen),
+    )
+
+
 def long_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
     """Long@n: vote among the η·n longest (all n must finish to know which)."""
     k = _kept_count(len(rs), cfg.eta)
     kept = _top([float(r.length) for r in rs], k)
-    return _outcome(rs, kept, [1.0] * k, _total(rs), _total(rs), cfg.prefix)
+    return _outcome(rs, kept, [1.0] * k, _total(rs), _total(rs), cfg)
 
 
 def short_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
@@ -173,7 +264,7 @@ def short_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
     longest = max(rs[i].length for i in kept)
     cost = sum(rs[i].length if i in kept else min(rs[i].length, longest) for i in range(len(rs)))
     paper = sum(rs[i].length for i in kept) + longest * cfg.eta * len(rs)
-    return _outcome(rs, kept, [1.0] * k, cost, paper, cfg.prefix)
+    return _outcome(rs, kept, [1.0] * k, cost, paper, cfg)
 
 
 TRACE_SCORES = ("mean", "tail", "bottom10", "lowest")
@@ -221,9 +312,10 @@ def _deepconf(kind: str, keep: float | None) -> Callable[[Sequence[Response], Vo
         conf = [trace_confidence(rs[i].confidence, kind, cfg.deepconf_window) for i in answered]
         chosen = range(len(answered)) if keep is None else percentile_kept(conf, keep)
         kept = [answered[j] for j in chosen]
-        key, rep = vote(rs, kept, [conf[j] for j in chosen], [0.0] * len(kept))  # a tie: the first seen
-        accuracy = float(rs[rep].correct) if rep is not None else 0.0
-        return Outcome(accuracy, _total(rs), _total(rs), key, tuple(kept))
+        t = tally(
+            rs, kept, [conf[j] for j in chosen], [0.0] * len(kept), "first"
+        )  # their rule, whatever cfg's
+        return Outcome(t.credit, _total(rs), _total(rs), t.answer, tuple(kept), tied=float(t.tied))
 
     which = "every answered trace" if keep is None else f"the top {keep:.0%} of answered traces by {kind}"
     method.__doc__ = f"DeepConf (offline, {kind} score): a confidence-weighted vote over {which}."
@@ -237,6 +329,7 @@ METHODS: dict[str, Callable[[Sequence[Response], VotingConfig], Outcome]] = {
     "mean@n": mean_at_n,
     "cons@n": cons_at_n,
     "think@n": think_at_n,
+    "random@n": random_at_n,
     "self-certainty@n": self_certainty_at_n,
     "long@n": long_at_n,
     "short@n": short_at_n,
@@ -247,9 +340,12 @@ METHODS: dict[str, Callable[[Sequence[Response], VotingConfig], Outcome]] = {
     },
 }
 
-PAPER_METHODS = ("think@n", "cons@n", "mean@n", "long@n", "short@n", "self-certainty@n")
-"""The deep-thinking paper's Table 2 rows, shown first in this order (``thinkn``'s table, the explorer's);
-DeepConf's variants follow."""
+PAPER_METHODS = ("think@n", "cons@n", "random@n", "mean@n", "long@n", "short@n", "self-certainty@n")
+"""The deep-thinking paper's Table 2 rows with random@n, Think@n's control, after Think@n and Cons@n: shown first in
+this order (``thinkn``'s table, the explorer's); DeepConf's variants follow."""
+
+DRAW_SEEDED = frozenset({"random@n"})
+"""Methods that take the draw's (trial, question) as ``draw=``, to seed what they sample."""
 
 
 def in_order(methods: Sequence[str]) -> list[str]:

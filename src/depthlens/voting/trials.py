@@ -3,7 +3,9 @@
 Trial t draws, for each question, n responses without replacement from its pool with a generator seeded by
 (seed, t, question index), so a trial's draw does not depend on which methods run or on other questions.
 Accuracy is the mean over questions; cost the mean generated tokens per question; both are then summarised as
-mean ± std (sample std, ddof = 1) over trials. Ablations over ℓ_prefix and η reuse the same pool.
+mean and draw s.d. (sample std, ddof = 1) over trials. The draw s.d. is the spread of re-draws from one fixed pool,
+not an error bar: the uncertainty about the task is the interval over resampled questions
+(``studies.thinkn.accuracy_intervals``). Ablations over ℓ_prefix and η reuse the same pool.
 """
 
 from __future__ import annotations
@@ -15,20 +17,22 @@ import numpy as np
 
 from depthlens.config import VotingConfig
 from depthlens.errors import InputError, named
-from depthlens.voting.methods import METHODS, Response
+from depthlens.voting.methods import DRAW_SEEDED, METHODS, Response
 
 
 @dataclasses.dataclass(frozen=True)
 class MethodSummary:
     method: str
     accuracy_mean: float
-    accuracy_std: float
+    accuracy_std: float  # the draw s.d.: over trials re-drawn from one pool, not an error bar
     cost_mean: float  # exact generated tokens per question, mean over trials
     cost_std: float
     cost_paper_mean: float  # the paper's printed formula, per question
     trials: int
     questions: int
     no_answer: float = 0.0  # questions per trial where the method's vote had no answer (wrong); 0 for Mean@n
+    tie_draws: float = 0.0  # draws (trials × questions) whose vote was tied at the top (random@n: expected)
+    subsets: int = 0  # random@n: subsets averaged per draw (all C(n, k) up to 10⁴, else a sample of 10⁴)
 
     def to_dict(self) -> dict[str, float | int | str]:
         return dataclasses.asdict(self)
@@ -57,10 +61,14 @@ class TrialOutcomes:
     accuracy: dict[str, np.ndarray]
     cost: dict[str, np.ndarray]
     cost_paper: dict[str, np.ndarray]
-    unanswered: dict[str, np.ndarray]  # 1 where the method's vote had no answer
+    unanswered: dict[
+        str, np.ndarray
+    ]  # 1 where the method's vote had no answer (random@n: the expected share)
+    tied: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # 1 where the top was tied
+    subsets: dict[str, int] = dataclasses.field(default_factory=dict)  # random@n's subsets per draw
 
     def summaries(self) -> list[MethodSummary]:
-        """Mean ± std over trials of the per-trial means over questions."""
+        """Mean and draw s.d. over trials of the per-trial means over questions."""
         return [
             MethodSummary(
                 m,
@@ -72,6 +80,8 @@ class TrialOutcomes:
                 self.accuracy[m].shape[0],
                 len(self.questions),
                 float(np.mean(self.unanswered[m].sum(1))),
+                float(self.tied[m].sum()) if m in self.tied else 0.0,
+                self.subsets.get(m, 0),
             )
             for m in self.accuracy
         ]
@@ -101,24 +111,28 @@ def trial_outcomes(
         )
     questions = sorted(pools)
     shape = (cfg.trials, len(questions))
-    out = TrialOutcomes(tuple(questions), *({m: np.zeros(shape) for m in names} for _ in range(4)))
+    out = TrialOutcomes(tuple(questions), *({m: np.zeros(shape) for m in names} for _ in range(5)))
     for trial in range(cfg.trials):
         for qi, q in enumerate(questions):
             pool = pools[q]
             drawn = [pool[i] for i in draw(len(pool), cfg.n, cfg.seed, trial, qi)]
             for m in names:
-                outcome = METHODS[m](drawn, cfg)
+                seeded = {"draw": (trial, qi)} if m in DRAW_SEEDED else {}
+                outcome = METHODS[m](drawn, cfg, **seeded)
                 out.accuracy[m][trial, qi] = outcome.accuracy
                 out.cost[m][trial, qi] = outcome.cost
                 out.cost_paper[m][trial, qi] = outcome.cost_paper
-                out.unanswered[m][trial, qi] = outcome.answer is None and outcome.voted
+                out.unanswered[m][trial, qi] = outcome.no_answer
+                out.tied[m][trial, qi] = outcome.tied
+                if outcome.subsets:
+                    out.subsets[m] = outcome.subsets
     return out
 
 
 def run_trials(
     pools: Mapping[str, Sequence[Response]], cfg: VotingConfig, methods: Sequence[str] | None = None
 ) -> list[MethodSummary]:
-    """Every method's accuracy and cost, mean ± std over ``cfg.trials`` draws of n per question."""
+    """Every method's accuracy and cost, mean and draw s.d. over ``cfg.trials`` draws of n per question."""
     return trial_outcomes(pools, cfg, methods).summaries()
 
 

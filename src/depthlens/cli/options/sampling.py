@@ -110,13 +110,15 @@ AnswerFallbackOpt = Annotated[
     typer.Option(
         "--answer-fallback",
         help="none: only stated answers (box, 'the answer is', tags) count; last-number: a numeric task's "
-        "response that ended by itself may also answer with its last number.",
+        "response that ended by itself may also answer with its last number; final-result: with a result it "
+        "states in its own words ('so, x is 7') or else the number ending its last equation ('10 + 8 = 18').",
     ),
 ]
 RegradeFallback = Annotated[
     str | None,
     typer.Option(
         "--answer-fallback",
-        help="none or last-number (default: the store's own; a store from before the answer rules: none).",
+        help="none, last-number or final-result (default: the store's own; a store from before the answer "
+        "rules: none).",
     ),
 ]

@@ -30,6 +30,7 @@ __all__ = [
     "Sweep",
     "Sweeps",
     "ThinknN",
+    "TieBreakOpt",
     "Trials",
     "Warmup",
 ]  # fmt: skip
@@ -72,6 +73,14 @@ Online = Annotated[
         "--online",
         help="Online Think@n (docs/architecture.md): warm-up sets τ, later responses stop early, "
         "sampling stops at consensus.",
+    ),
+]
+TieBreakOpt = Annotated[
+    str,
+    typer.Option(
+        "--tie-break",
+        help="A vote tied at the top: uniform (the share of right answers among the tied) or summed-dtr "
+        "(the highest summed prefix DTR wins). DeepConf's rows keep the first seen.",
     ),
 ]
 SignalOpt = Annotated[

@@ -1,11 +1,12 @@
 // depthlens view: the run, its voting table, the questions, a question's responses. The URL holds the state:
-// #/ (the run), #/q/<question>, #/r/<response>, #/records, each with ?n=&eta=&prefix=&trials=&trial= and paging.
+// #/ (the run), #/q/<question>, #/r/<response>, #/records, each with ?n=&eta=&prefix=&trials=&tie_break=&trial=
+// and paging.
 "use strict";
 
 let RUN = null;       // /api/run
 let generation = 0;   // bumped on every render: a poll of an earlier view stops
 
-const SETTINGS = ["n", "eta", "prefix", "trials", "trial"];
+const SETTINGS = ["n", "eta", "prefix", "trials", "tie_break", "trial"];
 
 function route() {
   const hash = location.hash.slice(1) || "/";
@@ -25,13 +26,13 @@ function settings(params) {
   return {
     n: params.get("n") || String(v.n), eta: params.get("eta") || String(v.eta),
     prefix: params.get("prefix") || String(v.prefix), trials: params.get("trials") || String(v.trials),
-    trial: params.get("trial") || "0",
+    tie_break: params.get("tie_break") || String(v.tie_break), trial: params.get("trial") || "0",
   };
 }
 
 function votingQuery(params, extra = {}) {
   const s = settings(params);
-  return new URLSearchParams({n: s.n, eta: s.eta, prefix: s.prefix, trials: s.trials, ...extra});
+  return new URLSearchParams({n: s.n, eta: s.eta, prefix: s.prefix, trials: s.trials, tie_break: s.tie_break, ...extra});
 }
 
 function keep(params, names = SETTINGS) {
@@ -128,15 +129,17 @@ async function votingTable(params, mine) {
     return;
   }
   $("#voting-title").textContent = data.title;
-  const head = el("tr", {}, ["method", "accuracy %", "tokens/q", "vs Cons@n", "paper cost"].map((h) => el("th", {}, h)));
+  const head = el("tr", {}, ["method", "accuracy % ± draw s.d.", "tokens/q ± draw s.d.", "vs Cons@n", "paper cost"]
+    .map((h) => el("th", {}, h)));
   const rows = data.rows.map((r) => el("tr", {"data-method": r.method, class: r.method === "think@n" ? "think" : null},
     el("td", {class: "method"}, r.method), el("td", {class: "num"}, r.accuracy), el("td", {class: "num"}, r.tokens),
     el("td", {class: "num"}, r.vs_cons), el("td", {class: "num"}, r.paper)));
   const paired = data.paired.length ? [el("h4", {}, data.paired_title),
-    el("table", {id: "paired"}, el("thead", {}, el("tr", {}, ["method", "Δ points [95 %]", "p · p_BH", "won / lost"]
-      .map((h) => el("th", {}, h)))), el("tbody", {}, data.paired.map((r) => el("tr", {"data-method": r.method,
-      class: r.method === "think@n" ? "think" : null}, el("td", {class: "method"}, r.method),
-      el("td", {class: "num"}, r.difference), el("td", {class: "num"}, r.p), el("td", {class: "num"}, r.won_lost)))))]
+    el("table", {id: "paired"}, el("thead", {}, el("tr", {}, ["method", "Δ points [95 %]", "p · p_BH", "won / lost",
+      "95 % vs paper's +2.0 / +3.3"].map((h) => el("th", {}, h)))), el("tbody", {}, data.paired.map((r) => el("tr",
+      {"data-method": r.method, class: r.control ? "control" : r.method === "think@n" ? "think" : null},
+      el("td", {class: "method"}, r.method), el("td", {class: "num"}, r.difference), el("td", {class: "num"}, r.p),
+      el("td", {class: "num"}, r.won_lost), el("td", {class: "num"}, r.gaps)))))]
     : [];
   body.replaceChildren(el("table", {id: "voting", class: data.state}, el("thead", {}, head), el("tbody", {}, rows)),
     el("ul", {id: "voting-notes"}, data.notes.map((n) => el("li", {}, n))), ...paired);
@@ -204,7 +207,7 @@ async function questionView(main, qid, params, mine) {
     ? `Think@n keeps ${kept} of the ${data.draw.drawn.length} drawn (⌈η·n⌉, η = ${s.eta}) by prefix DTR over ℓ = ${s.prefix} tokens and answers ${think.answer ?? "nothing"} — ${think.accuracy === 1 ? "right" : "wrong"}; it pays ${think.cost} tokens (Cons@n: ${data.draw.methods["cons@n"].cost}).`
     : data.draw.note;
   const methods = Object.entries(data.draw.methods).map(([m, o]) => el("tr", {"data-method": m},
-    el("td", {class: "method"}, m), el("td", {}, o.voted ? (o.answer ?? "none") : "(mean)"),
+    el("td", {class: "method"}, m), el("td", {}, o.subsets ? `(over ${o.subsets} subsets)` : o.voted ? (o.answer ?? "none") : "(mean)"),
     el("td", {class: "mark"}, mark(o.accuracy)), el("td", {class: "num"}, o.cost), el("td", {class: "num"}, o.kept.length)));
   const rows = data.rows.map((r) => responseRow(r, params));
   main.replaceChildren(el("section", {id: "question", "data-id": qid},
