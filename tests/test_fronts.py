@@ -111,3 +111,10 @@ def test_the_library_names_settings_not_flags():
             if FLAG.search(source):
                 spelt.append(f"{rel}:{node.lineno}")
     assert not spelt, spelt
+
+
+def test_generation_refuses_a_settling_rule_it_cannot_apply():
+    """A pool's depth settles by the divergence rule: ``settle='topk:K'`` on a generation is refused by name, not
+    written into the manifest and ignored."""
+    with pytest.raises(InputError, match=r"^depthlens\.generate\(settle='topk:5'\): a sampled pool settles"):
+        depthlens.generate(None, [], settle="topk:5")

@@ -216,9 +216,8 @@ def generate(
         "generate", settings, SamplingConfig, ReadoutConfig, DTRConfig, AnswerConfig, EngineConfig, TaskSpec
     )
     questions, task_spec = _questions(task, TaskSpec(**task_settings))
-    where, scratch = _store(out)
     run = GenerateRun(
-        StoreSpec(where, overwrite=True),
+        StoreSpec(Path(), overwrite=True),  # every setting checked before a scratch directory is made
         pool,
         seed,
         batch_size,
@@ -229,6 +228,8 @@ def generate(
         EngineConfig(**engine),
         task_spec,
     )
+    where, scratch = _store(out)
+    run = dataclasses.replace(run, store=StoreSpec(where, overwrite=True))
     try:
         with _engine_of(model, run, batch_size, questions) as backend:
             generation.generate(model, run, questions, backend=backend)
@@ -333,9 +334,8 @@ def online(
         sampling.get("readout_tokens"), "readout_tokens" in sampling, online_config
     )
     questions, task_spec = _questions(task, TaskSpec(**task_settings))
-    where, scratch = _store(out)
     run = OnlineRun(
-        StoreSpec(where, overwrite=True),
+        StoreSpec(Path(), overwrite=True),  # every setting checked before a scratch directory is made
         online_config,
         seed,
         SamplingConfig(**sampling),
@@ -345,6 +345,8 @@ def online(
         EngineConfig(**engine),
         task_spec,
     )
+    where, scratch = _store(out)
+    run = dataclasses.replace(run, store=StoreSpec(where, overwrite=True))
     requests = max(online_config.warmup, online_config.batch_size)  # as ``run_online`` sizes its engine
     try:
         with _engine_of(model, run, requests, questions) as backend:
