@@ -6,10 +6,15 @@ a CPU the divergence costs about twice the unembedding product it follows; compi
 Triton on CUDA) the steps fuse into the matmul's epilogue and a reduction, and the readout runs at the
 matmul's pace (docs/performance.md). The math is ``metrics.divergence``'s own, compiled; cosine needs no logits
 and stays eager.
+
+Two shapes: ``compiled_step`` reads one layer of a chunk of tokens (``score``'s path, where a chunk has hundreds
+of rows), ``compiled_block`` a block of layers of a few rows at once (the sampler's step: one unembedding product
+for the block, so W_U streams from memory once per block, then the fused log-softmax and divergences).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import weakref
 from collections.abc import Callable
@@ -26,13 +31,44 @@ LayerStep = Callable[
     [torch.Tensor, torch.Tensor], torch.Tensor
 ]  # (normed [k, d], final log-probs [k, V]) → [k]
 
-# Per lens and kind: the guarded compiled step (compiled once, reused for every chunk of every call).
-_CACHE: weakref.WeakKeyDictionary[LogitLens, dict[str, LayerStep]] = weakref.WeakKeyDictionary()
+BlockStep = Callable[
+    [torch.Tensor, torch.Tensor], torch.Tensor
+]  # (normed [k, c, d], final log-probs [c, V]) → [kinds, k, c]
+
+# Per lens and kind (or tuple of kinds): the guarded compiled step (compiled once, reused for every chunk).
+_CACHE: weakref.WeakKeyDictionary[LogitLens, dict[object, Callable]] = weakref.WeakKeyDictionary()
 
 
 def use_compiled(setting: Compile, device: torch.device) -> bool:
-    """Whether ``ReadoutConfig.compile`` asks for the compiled kernel on ``device``."""
+    """Whether ``ReadoutConfig.compile`` asks for the compiled kernel on ``device`` from the start (``auto`` on a
+    CPU may still choose it later, once the work has shown it pays: ``CompileRule``)."""
     return setting == "on" or (setting == "auto" and device.type == "cuda")
+
+
+AUTO_COMPILE_TOKENS = 1000
+"""``--compile auto`` on a CPU: read-out tokens after which the sampler compiles its kernel. The rent-or-buy
+rule: the eager readout's extra cost over these tokens (SmolLM2: ≈ 1000 × 1/19 − 1000 × 1/37 ≈ 26 CPU-s at the
+study's batch, Qwen2.5-0.5B more) is about one compilation (≈ 20–30 s, docs/performance.md), so a run never pays
+more than twice what the better choice made with hindsight would have, and a long run pays the compile once."""
+
+
+@dataclasses.dataclass
+class CompileRule:
+    """When a sampler reads out through the compiled kernel: ``on`` always, ``off`` never, ``auto`` on CUDA
+    always and on a CPU once ``AUTO_COMPILE_TOKENS`` tokens have been read out eagerly (``note`` counts them)."""
+
+    setting: Compile
+    device: torch.device
+    read: int = 0
+
+    def note(self, tokens: int) -> None:
+        self.read += tokens
+
+    @property
+    def compiled(self) -> bool:
+        return use_compiled(self.setting, self.device) or (
+            self.setting == "auto" and self.read >= AUTO_COMPILE_TOKENS
+        )
 
 
 def _step(lens: LogitLens, kind: Divergence) -> LayerStep:
@@ -52,6 +88,27 @@ def compiled_step(lens: LogitLens, kind: Divergence) -> LayerStep | None:
         eager = _step(lens, kind)
         steps[kind] = _guarded(torch.compile(eager, dynamic=True), eager)
     return steps[kind]
+
+
+def _block(lens: LogitLens, kinds: tuple[Divergence, ...]) -> BlockStep:
+    def block(normed: torch.Tensor, final_logprobs: torch.Tensor) -> torch.Tensor:
+        logq = torch.log_softmax(lens.logits_from_normed(normed), dim=-1)  # [k, c, V]
+        return torch.stack([layer_divergence(kind, final_logprobs, logq) for kind in kinds])
+
+    return block
+
+
+def compiled_block(lens: LogitLens, kinds: tuple[Divergence, ...]) -> BlockStep:
+    """The compiled step for a block of layers and the fusable ``kinds`` (all of ``FUSABLE``): one unembedding
+    product for the block [k, c, d], each kind's divergence to the final log-probs [c, V] → [kinds, k, c]."""
+    unfusable = [kind for kind in kinds if kind not in FUSABLE]
+    if unfusable:
+        raise ValueError(f"compiled_block: {unfusable} need no logits; compute them eagerly")
+    steps = _CACHE.setdefault(lens, {})
+    if kinds not in steps:
+        eager = _block(lens, kinds)
+        steps[kinds] = _guarded(torch.compile(eager, dynamic=True), eager)
+    return steps[kinds]
 
 
 def _guarded(compiled: LayerStep, eager: LayerStep) -> LayerStep:

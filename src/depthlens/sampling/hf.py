@@ -9,7 +9,9 @@ ones from them.
 
 A step's work stays on the device and is batched over its rows — sampling, the per-token final-layer scores, the
 readout — and its results cross to the host in one copy (``_StepResults``); the traces are filled from those host
-arrays once per call, or after every step when a ``Watch`` looks at them.
+arrays once per call, or after every step when a ``Watch`` looks at them. The readout goes through the fused
+compiled kernel (``metrics.fused.compiled_block``) as ``ReadoutConfig.compile`` says: ``on`` from the first step,
+``auto`` on CUDA, and on a CPU once enough tokens were read out for the compilation to pay (``CompileRule``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 from depthlens.config import ReadoutConfig, SamplingConfig
 from depthlens.errors import InputError
+from depthlens.metrics.fused import CompileRule
 from depthlens.metrics.token_table import chunk_divergence_kinds
 from depthlens.models.load import LoadedModel
 from depthlens.readout.stream import (
@@ -73,6 +76,9 @@ class HFGenerator:
         self.n_layers = lm.n_layers
         self.end_ids = end_token_ids(lm)
         self.block_rows = model_chunk_sizes(lm, self.lens, readout)[1]  # token-layer rows per lens product
+        self.compile = CompileRule(
+            readout.compile, lm.device
+        )  # the fused kernel: now, never, or once it pays
         self.on_token = on_token  # called with the number of tokens generated at each step (progress)
         self.watch = Watch()  # per-step callbacks (sampling.live): a server's stream, stop strings, cancel
 
@@ -154,7 +160,8 @@ class HFGenerator:
         if hidden is not None:
             chunk = rows_chunk(self.lm, self.lens, hidden, logits, tokens, start=state.step)
             kinds = (self.readout.divergence, *self.readout.also)
-            tables = chunk_divergence_kinds(chunk, kinds, self.block_rows)
+            tables = chunk_divergence_kinds(chunk, kinds, self.block_rows, compiled=self.compile.compiled)
+            self.compile.note(len(chunk))
             parts += [tables[kind].double() for kind in kinds]
             parts.append(chunk.nonfinite.double()[:, None])  # checked on the host, after the step's one copy
         return tokens, torch.cat(parts, dim=1), hidden is not None
