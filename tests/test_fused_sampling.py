@@ -62,22 +62,23 @@ def test_a_failed_compilation_falls_back_to_the_same_numbers(tiny_chat, monkeypa
     assert_float32_equal(_rows(traces), _rows(eager), what="fallback")
 
 
-def test_compile_auto_compiles_once_enough_tokens_were_read_out(tiny_chat, monkeypatch):
-    """``auto`` on a CPU: eager until ``AUTO_COMPILE_TOKENS`` tokens were read out, compiled after (the same
-    numbers either side of the switch); ``on`` and ``off`` never change; CUDA compiles from the start."""
+def test_compile_auto_compiles_once_the_eager_readout_ran_long_enough(tiny_chat, monkeypatch):
+    """``auto`` on a CPU: eager until ``AUTO_COMPILE_AFTER_S`` CPU-seconds of readout have run, compiled after
+    (the same numbers either side of the switch); ``on`` and ``off`` never change; CUDA compiles from the start."""
     cpu = torch.device("cpu")
-    monkeypatch.setattr(fused, "AUTO_COMPILE_TOKENS", 7)
+    monkeypatch.setattr(fused, "AUTO_COMPILE_AFTER_S", 1.0)
     rule = fused.CompileRule("auto", cpu)
     assert not rule.compiled
-    rule.note(6)
+    rule.note(0.6)
     assert not rule.compiled
-    rule.note(1)
+    rule.note(0.4)
     assert rule.compiled
     assert fused.CompileRule("on", cpu).compiled and fused.CompileRule("auto", torch.device("cuda")).compiled
     never = fused.CompileRule("off", cpu)
-    never.note(10**6)
+    never.note(1e9)
     assert not never.compiled
-    switched = _sample(tiny_chat, "auto")  # 3 rows a step: compiled from the fourth step on
+    monkeypatch.setattr(fused, "AUTO_COMPILE_AFTER_S", 1e-9)  # compiled from the second step on
+    switched = _sample(tiny_chat, "auto")
     assert_float32_equal(_rows(switched), _rows(_sample(tiny_chat, "off")), what="auto")
 
 

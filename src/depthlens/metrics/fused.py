@@ -28,8 +28,8 @@ from depthlens.readout.lens import LogitLens
 FUSABLE: tuple[Divergence, ...] = ("jsd", "jsd-nat", "kl")
 
 LayerStep = Callable[
-    [torch.Tensor, torch.Tensor], torch.Tensor
-]  # (normed [k, d], final log-probs [k, V]) → [k]
+    [torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
+]  # (normed [k, d], final log-probs [c, V], rows [k] of them to compare with) → [k]
 
 BlockStep = Callable[
     [torch.Tensor, torch.Tensor], torch.Tensor
@@ -45,42 +45,48 @@ def use_compiled(setting: Compile, device: torch.device) -> bool:
     return setting == "on" or (setting == "auto" and device.type == "cuda")
 
 
-AUTO_COMPILE_TOKENS = 1000
-"""``--compile auto`` on a CPU: read-out tokens after which the sampler compiles its kernel. The rent-or-buy
-rule: the eager readout's extra cost over these tokens (SmolLM2: ≈ 1000 × 1/19 − 1000 × 1/37 ≈ 26 CPU-s at the
-study's batch, Qwen2.5-0.5B more) is about one compilation (≈ 20–30 s, docs/performance.md), so a run never pays
-more than twice what the better choice made with hindsight would have, and a long run pays the compile once."""
+AUTO_COMPILE_AFTER_S = 600.0
+"""``--compile auto`` on a CPU: CPU-seconds of eager readout after which the sampler compiles its kernel. The
+rent-or-buy rule: on this CPU the fused kernel saves the sampler only the few per cent of its readout that are
+not the unembedding product (which already runs at the core's float32 peak; docs/performance.md, "The sampler's
+readout through the fused kernel"), so a compilation (≈ 25 CPU-s) pays back only after ≈ 600 s of readout. Past
+that a run pays the compile once; before it, at most what it has already spent — never more than twice what the
+better choice, made with hindsight, would have cost."""
 
 
 @dataclasses.dataclass
 class CompileRule:
     """When a sampler reads out through the compiled kernel: ``on`` always, ``off`` never, ``auto`` on CUDA
-    always and on a CPU once ``AUTO_COMPILE_TOKENS`` tokens have been read out eagerly (``note`` counts them)."""
+    always and on a CPU once ``AUTO_COMPILE_AFTER_S`` CPU-seconds of eager readout have run (``note`` adds
+    them)."""
 
     setting: Compile
     device: torch.device
-    read: int = 0
+    spent_s: float = 0.0
 
-    def note(self, tokens: int) -> None:
-        self.read += tokens
+    def note(self, seconds: float) -> None:
+        self.spent_s += seconds
 
     @property
     def compiled(self) -> bool:
         return use_compiled(self.setting, self.device) or (
-            self.setting == "auto" and self.read >= AUTO_COMPILE_TOKENS
+            self.setting == "auto" and self.spent_s >= AUTO_COMPILE_AFTER_S
         )
 
 
 def _step(lens: LogitLens, kind: Divergence) -> LayerStep:
-    def step(normed: torch.Tensor, final_logprobs: torch.Tensor) -> torch.Tensor:
+    def step(normed: torch.Tensor, final_logprobs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         logq = torch.log_softmax(lens.logits_from_normed(normed), dim=-1)
-        return layer_divergence(kind, final_logprobs, logq)  # the eager path's own formula, traced and fused
+        # the eager path's own formula, traced and fused; the final rows are gathered inside the kernel (an
+        # indirect load), so early exit's shrinking set of tokens needs no [k, V] copy of them per layer
+        return layer_divergence(kind, final_logprobs[rows], logq)
 
     return step
 
 
 def compiled_step(lens: LogitLens, kind: Divergence) -> LayerStep | None:
-    """The compiled per-layer step for ``kind`` (None for cosine, which needs no logits)."""
+    """The compiled per-layer step for ``kind`` (None for cosine, which needs no logits): the divergence of each
+    normed state to the final log-probs of its row in ``rows``."""
     if kind not in FUSABLE:
         return None
     steps = _CACHE.setdefault(lens, {})
@@ -111,16 +117,16 @@ def compiled_block(lens: LogitLens, kinds: tuple[Divergence, ...]) -> BlockStep:
     return steps[kinds]
 
 
-def _guarded(compiled: LayerStep, eager: LayerStep) -> LayerStep:
+def _guarded(compiled: Callable, eager: Callable) -> Callable:
     """Run the compiled step; if compiling fails (no C++ compiler, an unsupported op), warn once and run eager
     from then on — the same numbers, at eager speed."""
     failed = False
 
-    def run(normed: torch.Tensor, final_logprobs: torch.Tensor) -> torch.Tensor:
+    def run(*args: torch.Tensor) -> torch.Tensor:
         nonlocal failed
         if not failed:
             try:
-                return compiled(normed, final_logprobs)
+                return compiled(*args)
             except Exception as exc:  # torch.compile raises many backend-specific types
                 failed = True
                 warnings.warn(
@@ -129,6 +135,6 @@ def _guarded(compiled: LayerStep, eager: LayerStep) -> LayerStep:
                     RuntimeWarning,
                     stacklevel=2,
                 )
-        return eager(normed, final_logprobs)
+        return eager(*args)
 
     return run

@@ -62,8 +62,9 @@ def chunk_divergences(
     if step is None:
         return chunk_divergence_kinds(chunk, (kind,), rows)[kind]
     out = torch.zeros(len(chunk), chunk.n_layers, device=chunk.final.logprobs.device)
+    every = torch.arange(len(chunk), device=out.device)
     for layer in range(1, chunk.n_layers):
-        out[:, layer - 1] = step(chunk.normed_rows(layer), chunk.final.logprobs)
+        out[:, layer - 1] = step(chunk.normed_rows(layer), chunk.final.logprobs, every)
     return out
 
 
@@ -141,19 +142,21 @@ def chunk_settling(
     for layer in range(1, last + 1):
         if active.numel() == 0:
             break
-        if step is not None:
-            d = step(chunk.normed_rows(layer, active), final_logprobs)
+        if step is not None:  # the kernel reads the active tokens' final rows itself: no [k, V] gather here
+            d = step(chunk.normed_rows(layer, active), final.logprobs, active)
         else:
             logprobs, normed = chunk.layer_rows(layer, active)
             d = layer_divergence(kind, final_logprobs, logprobs, final_normed, normed)
         done = d <= g
         settling[active] = torch.where(done, layer, settling[active])  # no boolean index: no sync here
         # Compacting to the unsettled tokens needs their count: one device sync per layer, the price of early
-        # exit (each later layer then reads only those). On a CPU, where a sync is free, the [k, V] gather of the
-        # final rows is skipped on layers where nothing settled (most of them).
+        # exit (each later layer then reads only those). On a CPU, where a sync is free, the eager path's [k, V]
+        # gather of the final rows is skipped on layers where nothing settled (most of them).
         if device.type != "cpu" or bool(done.any()):
             keep = ~done
-            active, final_logprobs, final_normed = active[keep], final_logprobs[keep], final_normed[keep]
+            active = active[keep]
+            if step is None:
+                final_logprobs, final_normed = final_logprobs[keep], final_normed[keep]
     return settling
 
 
