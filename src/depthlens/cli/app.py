@@ -92,8 +92,10 @@ def load_for(engine: EngineConfig, spec: ModelSpec, work: Work = "sample") -> An
     the weights is loaded."""
     if engine.backend != "vllm":
         lm = load_model(spec)
-        from depthlens.models.threads import threads_line
+        from depthlens.models.threads import threads_line, use_threads
 
+        # set here too for ``serve``, whose sampler is built without ``make_backend``
+        use_threads(work, lm.device.type, engine.threads)
         err_console.print(threads_line(work, lm.device.type, engine.threads), highlight=False)
         return lm
     from depthlens.cli.progress import install_with_progress, quiet_transformers
