@@ -3,6 +3,7 @@ the sampling half of ``depthlens thinkn --out``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -224,6 +225,7 @@ def generate(
     divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
     also_divergences: opt.AlsoDivergences = "",
     lens: opt.LensOpt = ReadoutConfig.lens,
+    compile_kernel: opt.CompileOpt = ReadoutConfig.compile,
     prompt_style: opt.PromptStyleOpt = AnswerConfig.prompt_style,
     answer_type: opt.AnswerTypeOpt = AnswerConfig.answer_type,
     answer_fallback: opt.AnswerFallbackOpt = AnswerConfig.fallback,
@@ -242,6 +244,7 @@ def generate(
     enforce_eager: opt.EnforceEager = EngineConfig.enforce_eager,
     kv_cache_gib: opt.KvCacheGib = EngineConfig.kv_cache_gib,
     float32_lens: opt.Float32Lens = EngineConfig.float32_lens,
+    threads: opt.Threads = EngineConfig.threads,
     store_format: opt.StoreFormatOpt = StoreSpec.format,
     float16: opt.Float16 = StoreSpec.float16,
     ray: opt.RayOpt = False,
@@ -258,6 +261,7 @@ def generate(
     readout = specs.readout_config(
         divergence, also_divergences, lens
     )  # a tuned lens stamped, before any load
+    readout = dataclasses.replace(readout, compile=compile_kernel)  # type: ignore[arg-type]
     answers = specs.answer_config(prompt_style, answer_type, answer_fallback, task)
     window = specs.readout_tokens(readout_tokens, SamplingConfig.readout_tokens)
     sampling = SamplingConfig(temperature, top_p, max_new_tokens, window, top_k=top_k, min_p=min_p)

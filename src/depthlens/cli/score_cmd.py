@@ -78,6 +78,7 @@ def score(
     tensor_parallel_size: opt.TensorParallel = EngineConfig.tensor_parallel_size,
     max_model_len: opt.ModelLen = EngineConfig.max_model_len,
     float32_lens: opt.Float32Lens = EngineConfig.float32_lens,
+    threads: opt.Threads = EngineConfig.threads,
 ) -> None:
     """Score responses: DTR, mean settling depth and six baselines per record.
 
@@ -146,7 +147,7 @@ def _score_here(model_spec: ModelSpec, run: ScoreRun, quiet: bool) -> None:
     from depthlens.studies.score import ScoreEvents, run_score
 
     out_path, dtr = run.store.out, run.dtr
-    lm = load_for(run.engine, model_spec)
+    lm = load_for(run.engine, model_spec, "score")
     with make_progress(err_console) as progress:
         task = progress.add_task("scoring", total=None)
         events = ScoreEvents(

@@ -232,6 +232,7 @@ def thinkn(
     enforce_eager: opt.EnforceEager = EngineConfig.enforce_eager,
     kv_cache_gib: opt.KvCacheGib = EngineConfig.kv_cache_gib,
     float32_lens: opt.Float32Lens = EngineConfig.float32_lens,
+    threads: opt.Threads = EngineConfig.threads,
     store_format: opt.StoreFormatOpt = StoreSpec.format,
     verify: opt.Verify = False,
     float16: opt.Float16 = StoreSpec.float16,
