@@ -6,7 +6,8 @@ nothing downloaded) spends little on arithmetic per token, so what ``score`` and
 In one run this reports
 - ``score`` time / a bare forward of the same tokens, default settings and variants (no TCB, every layer, TCB
   in float64);
-- sampler tokens/s / ``model.generate`` tokens/s at n = 48, with readout none / the first 50 tokens / all;
+- sampler tokens/s / ``model.generate`` tokens/s at n = 48, with readout none / the first 50 tokens / all, and all
+  through the compiled kernel (``--compile on``; compiled in the untimed warm-up);
 - host transfers (calls of ``Tensor.cpu``, ``.item``, ``.tolist`` and ``bool(tensor)``) per readout
   chunk of ``score`` and per sampler step, counted by wrapping those methods.
 Runs against any depthlens tree on PYTHONPATH (the before/after numbers in docs/performance.md come from two
@@ -80,13 +81,16 @@ def counted_transfers() -> Iterator[dict[str, int]]:
             setattr(torch.Tensor, name, original)
 
 
+CLOCK: list[Callable[[], float]] = [time.perf_counter]  # ``--clock cpu``: the process's CPU clock instead
+
+
 def best_of(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm-up: allocator, lazy inits, compiled kernels
     best = math.inf
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = CLOCK[0]()
         fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, CLOCK[0]() - start)
     return best
 
 
@@ -174,7 +178,13 @@ def sampler_overhead(lm: object, model: torch.nn.Module, n: int, new_tokens: int
     reference = best_of(generate, repeats)
     reference_rate = n * new_tokens / reference
     rows: dict[str, dict] = {}
-    for name, window in (("none", 0), ("first_50", 50), ("all", None)):
+    variants = (
+        ("none", 0, "off"),
+        ("first_50", 50, "off"),
+        ("all", None, "off"),
+        ("all_compiled", None, "on"),
+    )
+    for name, window, compile_ in variants:
         sampling = SamplingConfig(max_new_tokens=new_tokens, readout_tokens=window)
         steps = 0
 
@@ -182,7 +192,9 @@ def sampler_overhead(lm: object, model: torch.nn.Module, n: int, new_tokens: int
             nonlocal steps
             steps += 1
 
-        gen = HFGenerator(lm, sampling, ReadoutConfig(), on_token=step)
+        gen = HFGenerator(
+            lm, sampling, ReadoutConfig(compile=compile_), on_token=step
+        )  # best_of compiles first
         seconds = best_of(lambda gen=gen: gen.sample(prompt, list(range(n))), repeats)
         steps = 0
         with counted_transfers() as counts:
@@ -222,8 +234,16 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: time with the process's CPU clock (all threads), for a machine that is not quiet",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.clock == "cpu":
+        CLOCK[0] = time.process_time
 
     import depthlens
     from depthlens.models.load import wrap
@@ -236,6 +256,7 @@ def main() -> None:
             "cpu": platform.processor() or platform.machine(),
             "threads": torch.get_num_threads(),
             "load_before": os.getloadavg(),
+            "clock": args.clock,
             "torch": torch.__version__,
         },
         "model": {"vocab": args.vocab, "hidden": args.hidden, "layers": args.layers},

@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - an older typer on the real click
 if TYPE_CHECKING:
     from depthlens.config import EngineConfig, ModelSpec
     from depthlens.models.load import LoadedModel
+    from depthlens.models.threads import Work
 
 app = typer.Typer(
     name="depthlens",
@@ -86,12 +87,19 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         return load(spec.name, progress=status.update, on_offline=warn, **spec.load_kwargs())
 
 
-def load_for(engine: EngineConfig, spec: ModelSpec) -> Any:
-    """What generation or scoring on ``engine`` needs of the model: for hf the loaded model (``load_model``); for
-    vllm only its tokenizer and config (``models.info``) — the engine reads the layers out itself, so no
-    transformers copy of the weights is loaded."""
+def load_for(engine: EngineConfig, spec: ModelSpec, work: Work = "sample") -> Any:
+    """What generation or scoring (``work``) on ``engine`` needs of the model: for hf the loaded model
+    (``load_model``), after a line saying the threads it will run on (``models.threads``); for vllm only its
+    tokenizer and config (``models.info``) — the engine reads the layers out itself, so no transformers copy of
+    the weights is loaded."""
     if engine.backend != "vllm":
-        return load_model(spec)
+        lm = load_model(spec)
+        from depthlens.models.threads import threads_line, use_threads
+
+        # set here too for ``serve``, whose sampler is built without ``make_backend``
+        use_threads(work, lm.device.type, engine.threads)
+        err_console.print(threads_line(work, lm.device.type, engine.threads), highlight=False)
+        return lm
     from depthlens.cli.progress import install_with_progress, quiet_transformers
     from depthlens.models.info import load_info
     from depthlens.models.locate import locate
@@ -213,6 +221,9 @@ class _WarnHandler(logging.Handler):
 def main() -> None:
     """Entry point: a DepthlensError becomes one line on stderr and exit code 2."""
     signal.signal(signal.SIGTERM, _terminate)
+    from depthlens.models.threads import passive_wait
+
+    passive_wait()  # before torch starts OpenMP: idle threads sleep instead of spinning (a shared machine)
     library = logging.getLogger("depthlens")
     if not any(isinstance(h, _WarnHandler) for h in library.handlers):
         library.addHandler(_WarnHandler(logging.WARNING))

@@ -7,6 +7,7 @@ from depthlens.cli import groups, runs, specs
 from depthlens.cli import options as opt
 from depthlens.cli.app import app
 from depthlens.config import DTRConfig, GenerateRun, ReadoutConfig, SamplingConfig
+from depthlens.studies import resolve
 
 
 @app.command("generate", short_help="Sample responses, read out, into a resumable store.")
@@ -27,6 +28,7 @@ def generate(
     divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
     also_divergences: opt.AlsoDivergences = "",
     lens: opt.LensOpt = ReadoutConfig.lens,
+    compile_kernel: opt.CompileOpt = ReadoutConfig.compile,
     answers: groups.Answers,
     arch: groups.Arch,
     store: groups.Store,
@@ -38,9 +40,8 @@ def generate(
 
     The store feeds `depthlens thinkn --from` and `depthlens correlate` (docs/definitions.md §4–5).
     """
-    readout = specs.readout_config(
-        divergence, also_divergences, lens
-    )  # a tuned lens resolved, before any load
+    # the lens resolved (its stamp read, its digest taken) before any load
+    readout = resolve.readout(divergence, also_divergences, lens, compile=compile_kernel)
     answer_rules = answers.config(task.task)
     window = specs.readout_tokens(readout_tokens, SamplingConfig.readout_tokens)
     sampled = sampling.config(window)

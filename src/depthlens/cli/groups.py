@@ -84,9 +84,11 @@ class Engine:
 
 @dataclasses.dataclass(frozen=True)
 class Vllm(Engine):
-    """The vLLM engine's knobs, and whether its lens runs in float32 (a run that reads its layers out)."""
+    """The engine of a run that reads its layers out while sampling: the vLLM engine's knobs, whether its lens runs
+    in float32, and torch's threads (hf)."""
 
     float32_lens: opt.Float32Lens = EngineConfig.float32_lens
+    threads: opt.Threads = EngineConfig.threads
 
 
 @dataclasses.dataclass(frozen=True)

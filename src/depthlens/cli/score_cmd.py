@@ -66,6 +66,7 @@ def score(
     tensor_parallel_size: opt.TensorParallel = EngineConfig.tensor_parallel_size,
     max_model_len: opt.ModelLen = EngineConfig.max_model_len,
     float32_lens: opt.Float32Lens = EngineConfig.float32_lens,
+    threads: opt.Threads = EngineConfig.threads,
 ) -> None:
     """Score responses: DTR, mean settling depth and six baselines per record.
 
@@ -81,7 +82,12 @@ def score(
     store = StoreSpec(out_path, resume, overwrite, float16=float16)
     chosen = _backend(backend, model.model, tcb.tcb, ray.on)
     engine = EngineConfig(
-        chosen, model.dtype, tensor_parallel_size, max_model_len=max_model_len, float32_lens=float32_lens
+        chosen,
+        model.dtype,
+        tensor_parallel_size,
+        max_model_len=max_model_len,
+        float32_lens=float32_lens,
+        threads=threads,
     )
     run = ScoreRun(in_path, store, readout, dtr, tcb_config, tokens, batch_size, skip_bad, engine)
     _score(model.spec(arch), run, ray.config(block_rows), quiet)
@@ -131,7 +137,7 @@ def _score_here(model_spec: ModelSpec, run: ScoreRun, quiet: bool) -> None:
     from depthlens.studies.score import ScoreEvents, run_score
 
     out_path, dtr = run.store.out, run.dtr
-    lm = load_for(run.engine, model_spec)
+    lm = load_for(run.engine, model_spec, "score")
     with make_progress(err_console) as progress:
         task = progress.add_task("scoring", total=None)
         events = ScoreEvents(

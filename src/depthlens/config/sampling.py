@@ -96,6 +96,9 @@ class EngineConfig(Config):
         float32_lens: on an engine in bfloat16 or float16, norm and unembed the captured (engine-dtype) states in
             float32 — float32 copies of the final norm and unembedding, made once per worker — for divergences
             closer to the float32 readout, at the cost measured in docs/performance.md.
+        threads: torch's intra-op threads for the run; None = chosen for the work (``models.threads``: one for
+            sampling on a CPU, every core for scoring). How the work runs, not what it stores: a store resumes
+            under another count.
     """
 
     backend: Backend = "hf"
@@ -106,9 +109,12 @@ class EngineConfig(Config):
     enforce_eager: bool = False
     kv_cache_gib: float | None = None
     float32_lens: bool = False
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("EngineConfig", "backend", self.backend, Backend)
+        if self.threads is not None and self.threads < 1:
+            raise invalid("EngineConfig", "threads", self.threads, "must be ≥ 1", "or leave it out to choose")
         check_choice("EngineConfig", "dtype", self.dtype, EngineDType)
         if self.tensor_parallel_size < 1:
             raise invalid("EngineConfig", "tensor_parallel_size", self.tensor_parallel_size, "must be ≥ 1")

@@ -6,10 +6,15 @@ a CPU the divergence costs about twice the unembedding product it follows; compi
 Triton on CUDA) the steps fuse into the matmul's epilogue and a reduction, and the readout runs at the
 matmul's pace (docs/performance.md). The math is ``metrics.divergence``'s own, compiled; cosine needs no logits
 and stays eager.
+
+Two shapes: ``compiled_step`` reads one layer of a chunk of tokens (``score``'s path, where a chunk has hundreds
+of rows), ``compiled_block`` a block of layers of a few rows at once (the sampler's step: one unembedding product
+for the block, so W_U streams from memory once per block, then the fused log-softmax and divergences).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import weakref
 from collections.abc import Callable
@@ -23,28 +28,65 @@ from depthlens.readout.lens import LogitLens
 FUSABLE: tuple[Divergence, ...] = ("jsd", "jsd-nat", "kl")
 
 LayerStep = Callable[
-    [torch.Tensor, torch.Tensor], torch.Tensor
-]  # (normed [k, d], final log-probs [k, V]) → [k]
+    [torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
+]  # (normed [k, d], final log-probs [c, V], rows [k] of them to compare with) → [k]
 
-# Per lens and kind: the guarded compiled step (compiled once, reused for every chunk of every call).
-_CACHE: weakref.WeakKeyDictionary[LogitLens, dict[str, LayerStep]] = weakref.WeakKeyDictionary()
+BlockStep = Callable[
+    [torch.Tensor, torch.Tensor], torch.Tensor
+]  # (normed [k, c, d], final log-probs [c, V]) → [kinds, k, c]
+
+# Per lens and kind (or tuple of kinds): the guarded compiled step (compiled once, reused for every chunk).
+_CACHE: weakref.WeakKeyDictionary[LogitLens, dict[object, Callable]] = weakref.WeakKeyDictionary()
 
 
 def use_compiled(setting: Compile, device: torch.device) -> bool:
-    """Whether ``ReadoutConfig.compile`` asks for the compiled kernel on ``device``."""
+    """Whether ``ReadoutConfig.compile`` asks for the compiled kernel on ``device`` from the start (``auto`` on a
+    CPU may still choose it later, once the work has shown it pays: ``CompileRule``)."""
     return setting == "on" or (setting == "auto" and device.type == "cuda")
 
 
+AUTO_COMPILE_AFTER_S = 600.0
+"""``--compile auto`` on a CPU: CPU-seconds of eager readout after which the sampler compiles its kernel. The
+rent-or-buy rule: on this CPU the fused kernel saves the sampler only the few per cent of its readout that are
+not the unembedding product (which already runs at the core's float32 peak; docs/performance.md, "The sampler's
+readout through the fused kernel"), so a compilation (≈ 25 CPU-s) pays back only after ≈ 600 s of readout. Past
+that a run pays the compile once; before it, at most what it has already spent — never more than twice what the
+better choice, made with hindsight, would have cost."""
+
+
+@dataclasses.dataclass
+class CompileRule:
+    """When a sampler reads out through the compiled kernel: ``on`` always, ``off`` never, ``auto`` on CUDA
+    always and on a CPU once ``AUTO_COMPILE_AFTER_S`` CPU-seconds of eager readout have run (``note`` adds
+    them)."""
+
+    setting: Compile
+    device: torch.device
+    spent_s: float = 0.0
+
+    def note(self, seconds: float) -> None:
+        self.spent_s += seconds
+
+    @property
+    def compiled(self) -> bool:
+        return use_compiled(self.setting, self.device) or (
+            self.setting == "auto" and self.spent_s >= AUTO_COMPILE_AFTER_S
+        )
+
+
 def _step(lens: LogitLens, kind: Divergence) -> LayerStep:
-    def step(normed: torch.Tensor, final_logprobs: torch.Tensor) -> torch.Tensor:
+    def step(normed: torch.Tensor, final_logprobs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         logq = torch.log_softmax(lens.logits_from_normed(normed), dim=-1)
-        return layer_divergence(kind, final_logprobs, logq)  # the eager path's own formula, traced and fused
+        # the eager path's own formula, traced and fused; the final rows are gathered inside the kernel (an
+        # indirect load), so early exit's shrinking set of tokens needs no [k, V] copy of them per layer
+        return layer_divergence(kind, final_logprobs[rows], logq)
 
     return step
 
 
 def compiled_step(lens: LogitLens, kind: Divergence) -> LayerStep | None:
-    """The compiled per-layer step for ``kind`` (None for cosine, which needs no logits)."""
+    """The compiled per-layer step for ``kind`` (None for cosine, which needs no logits): the divergence of each
+    normed state to the final log-probs of its row in ``rows``."""
     if kind not in FUSABLE:
         return None
     steps = _CACHE.setdefault(lens, {})
@@ -54,16 +96,37 @@ def compiled_step(lens: LogitLens, kind: Divergence) -> LayerStep | None:
     return steps[kind]
 
 
-def _guarded(compiled: LayerStep, eager: LayerStep) -> LayerStep:
+def _block(lens: LogitLens, kinds: tuple[Divergence, ...]) -> BlockStep:
+    def block(normed: torch.Tensor, final_logprobs: torch.Tensor) -> torch.Tensor:
+        logq = torch.log_softmax(lens.logits_from_normed(normed), dim=-1)  # [k, c, V]
+        return torch.stack([layer_divergence(kind, final_logprobs, logq) for kind in kinds])
+
+    return block
+
+
+def compiled_block(lens: LogitLens, kinds: tuple[Divergence, ...]) -> BlockStep:
+    """The compiled step for a block of layers and the fusable ``kinds`` (all of ``FUSABLE``): one unembedding
+    product for the block [k, c, d], each kind's divergence to the final log-probs [c, V] → [kinds, k, c]."""
+    unfusable = [kind for kind in kinds if kind not in FUSABLE]
+    if unfusable:
+        raise ValueError(f"compiled_block: {unfusable} need no logits; compute them eagerly")
+    steps = _CACHE.setdefault(lens, {})
+    if kinds not in steps:
+        eager = _block(lens, kinds)
+        steps[kinds] = _guarded(torch.compile(eager, dynamic=True), eager)
+    return steps[kinds]
+
+
+def _guarded(compiled: Callable, eager: Callable) -> Callable:
     """Run the compiled step; if compiling fails (no C++ compiler, an unsupported op), warn once and run eager
     from then on — the same numbers, at eager speed."""
     failed = False
 
-    def run(normed: torch.Tensor, final_logprobs: torch.Tensor) -> torch.Tensor:
+    def run(*args: torch.Tensor) -> torch.Tensor:
         nonlocal failed
         if not failed:
             try:
-                return compiled(normed, final_logprobs)
+                return compiled(*args)
             except Exception as exc:  # torch.compile raises many backend-specific types
                 failed = True
                 warnings.warn(
@@ -72,6 +135,6 @@ def _guarded(compiled: LayerStep, eager: LayerStep) -> LayerStep:
                     RuntimeWarning,
                     stacklevel=2,
                 )
-        return eager(normed, final_logprobs)
+        return eager(*args)
 
     return run

@@ -23,7 +23,7 @@ from depthlens.metrics.dtr import (
     topk_agreement,
     topk_settling_depth,
 )
-from depthlens.metrics.fused import compiled_step
+from depthlens.metrics.fused import FUSABLE, compiled_block, compiled_step
 from depthlens.metrics.tcb import Unembedding, token_constraint_terms
 from depthlens.readout.stream import ReadoutChunk, check_finite
 
@@ -62,13 +62,18 @@ def chunk_divergences(
     if step is None:
         return chunk_divergence_kinds(chunk, (kind,), rows)[kind]
     out = torch.zeros(len(chunk), chunk.n_layers, device=chunk.final.logprobs.device)
+    every = torch.arange(len(chunk), device=out.device)
     for layer in range(1, chunk.n_layers):
-        out[:, layer - 1] = step(chunk.normed_rows(layer), chunk.final.logprobs)
+        out[:, layer - 1] = step(chunk.normed_rows(layer), chunk.final.logprobs, every)
     return out
 
 
 def chunk_divergence_kinds(
-    chunk: ReadoutChunk, kinds: Sequence[Divergence], rows: int = 0, top_k: int | None = None
+    chunk: ReadoutChunk,
+    kinds: Sequence[Divergence],
+    rows: int = 0,
+    top_k: int | None = None,
+    compiled: bool = False,
 ) -> dict[str, torch.Tensor]:
     """D_{t,l} of several divergence kinds in one walk over the layers: each kind → [c, L], on the chunk's device;
     with ``top_k``, also ``"topk"`` → [c, L] bool: the layer's top-K token set equals the final layer's (the
@@ -76,8 +81,11 @@ def chunk_divergence_kinds(
 
     The unembedding runs on blocks of layers (one large product); the log-softmax then follows layer by layer,
     each straight before that layer's divergences, so its [c, V] is still warm in cache (on a CPU twice as fast
-    as one log-softmax over the whole block first).
+    as one log-softmax over the whole block first). ``compiled`` (without ``top_k``): each block through one fused
+    kernel for the logit kinds (``metrics.fused.compiled_block``), cosine from the normed states.
     """
+    if compiled and top_k is None:
+        return _compiled_kinds(chunk, kinds, rows)
     final = chunk.final
     out = {kind: torch.zeros(len(chunk), chunk.n_layers, device=final.logprobs.device) for kind in kinds}
     if top_k is not None:
@@ -90,6 +98,25 @@ def chunk_divergence_kinds(
             for kind in kinds:
                 d = layer_divergence(kind, final.logprobs, logprobs, final.normed, normed[j])
                 out[kind][:, first - 1 + j] = d
+    return out
+
+
+def _compiled_kinds(chunk: ReadoutChunk, kinds: Sequence[Divergence], rows: int) -> dict[str, torch.Tensor]:
+    final = chunk.final
+    fusable = tuple(kind for kind in kinds if kind in FUSABLE)
+    step = compiled_block(chunk.lens, fusable) if fusable else None
+    out = {kind: torch.zeros(len(chunk), chunk.n_layers, device=final.logprobs.device) for kind in kinds}
+    for first, normed in chunk.normed_blocks(rows):
+        span = slice(first - 1, first - 1 + normed.shape[0])
+        if step is not None:
+            values = step(normed, final.logprobs)  # [kinds, k, c]
+            for i, kind in enumerate(fusable):
+                out[kind][:, span] = values[i].T
+        for kind in kinds:
+            if kind not in FUSABLE:
+                out[kind][:, span] = layer_divergence(
+                    kind, final.logprobs, final.logprobs, final.normed, normed.float()
+                ).T
     return out
 
 
@@ -115,19 +142,21 @@ def chunk_settling(
     for layer in range(1, last + 1):
         if active.numel() == 0:
             break
-        if step is not None:
-            d = step(chunk.normed_rows(layer, active), final_logprobs)
+        if step is not None:  # the kernel reads the active tokens' final rows itself: no [k, V] gather here
+            d = step(chunk.normed_rows(layer, active), final.logprobs, active)
         else:
             logprobs, normed = chunk.layer_rows(layer, active)
             d = layer_divergence(kind, final_logprobs, logprobs, final_normed, normed)
         done = d <= g
         settling[active] = torch.where(done, layer, settling[active])  # no boolean index: no sync here
         # Compacting to the unsettled tokens needs their count: one device sync per layer, the price of early
-        # exit (each later layer then reads only those). On a CPU, where a sync is free, the [k, V] gather of the
-        # final rows is skipped on layers where nothing settled (most of them).
+        # exit (each later layer then reads only those). On a CPU, where a sync is free, the eager path's [k, V]
+        # gather of the final rows is skipped on layers where nothing settled (most of them).
         if device.type != "cpu" or bool(done.any()):
             keep = ~done
-            active, final_logprobs, final_normed = active[keep], final_logprobs[keep], final_normed[keep]
+            active = active[keep]
+            if step is None:
+                final_logprobs, final_normed = final_logprobs[keep], final_normed[keep]
     return settling
 
 

@@ -104,12 +104,19 @@ class ReadoutChunk:
         self, rows: int, first: int = 1, last: int | None = None
     ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """As ``layer_blocks``, with the lens logits [k, c, V] float32 in place of their log-softmax."""
+        for lo, normed in self.normed_blocks(rows, first, last):
+            yield lo, self.lens.logits_from_normed(normed), normed.float()
+
+    @torch.inference_mode()
+    def normed_blocks(
+        self, rows: int, first: int = 1, last: int | None = None
+    ) -> Iterator[tuple[int, torch.Tensor]]:
+        """As ``logit_blocks``, the normed states [k, c, d] only (model dtype): what a compiled block reads."""
         last = self.n_layers - 1 if last is None else last
         per_block = max(1, rows // max(1, len(self)))
         for lo in range(first, last + 1, per_block):
             hi = min(lo + per_block, last + 1)
-            normed = self.lens.normed_block(torch.stack(self._hidden[lo - 1 : hi - 1]), lo)
-            yield lo, self.lens.logits_from_normed(normed), normed.float()
+            yield lo, self.lens.normed_block(torch.stack(self._hidden[lo - 1 : hi - 1]), lo)
 
     @torch.inference_mode()
     def normed_rows(self, layer: int, index: torch.Tensor | None = None) -> torch.Tensor:

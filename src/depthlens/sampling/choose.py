@@ -26,6 +26,7 @@ import torch
 
 from depthlens.config import Backend, EngineConfig, ReadoutConfig, SamplingConfig
 from depthlens.errors import ConfigError, named
+from depthlens.models.threads import use_threads
 from depthlens.sampling.backend import GenerationBackend
 from depthlens.sampling.hf import HFGenerator
 from depthlens.sampling.vllm.backend import VLLM_MISSING
@@ -79,6 +80,7 @@ def make_backend(
         from depthlens.sampling.vllm.generator import EngineGenerator
 
         return EngineGenerator(lm, sampling, readout, engine, on_token=on_token, job=job, progress=say)
+    use_threads("sample", lm.device.type, engine.threads)
     return HFGenerator(lm, sampling, readout, on_token=on_token)
 
 

@@ -9,12 +9,16 @@ ones from them.
 
 A step's work stays on the device and is batched over its rows — sampling, the per-token final-layer scores, the
 readout — and its results cross to the host in one copy (``_StepResults``); the traces are filled from those host
-arrays once per call, or after every step when a ``Watch`` looks at them.
+arrays once per call, or after every step when a ``Watch`` looks at them. The readout goes through the fused
+compiled kernel (``metrics.fused.compiled_block``) as ``ReadoutConfig.compile`` says: ``on`` from the first step,
+``auto`` on CUDA, and on a CPU once the eager readout has run long enough for a compilation to pay
+(``CompileRule``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +27,7 @@ import torch
 
 from depthlens.config import ReadoutConfig, SamplingConfig
 from depthlens.errors import InputError
+from depthlens.metrics.fused import CompileRule
 from depthlens.metrics.token_table import chunk_divergence_kinds
 from depthlens.models.load import LoadedModel
 from depthlens.readout.stream import (
@@ -73,6 +78,9 @@ class HFGenerator:
         self.n_layers = lm.n_layers
         self.end_ids = end_token_ids(lm)
         self.block_rows = model_chunk_sizes(lm, self.lens, readout)[1]  # token-layer rows per lens product
+        self.compile = CompileRule(
+            readout.compile, lm.device
+        )  # the fused kernel: now, never, or once it pays
         self.on_token = on_token  # called with the number of tokens generated at each step (progress)
         self.watch = Watch()  # per-step callbacks (sampling.live): a server's stream, stop strings, cancel
 
@@ -152,9 +160,11 @@ class HFGenerator:
         columns = score_columns(torch.log_softmax(final, dim=-1), tokens, cfg.confidence_top_k)
         parts = [tokens.double()[:, None], *(columns[k].double()[:, None] for k in PER_TOKEN)]
         if hidden is not None:
+            began = time.process_time()
             chunk = rows_chunk(self.lm, self.lens, hidden, logits, tokens, start=state.step)
             kinds = (self.readout.divergence, *self.readout.also)
-            tables = chunk_divergence_kinds(chunk, kinds, self.block_rows)
+            tables = chunk_divergence_kinds(chunk, kinds, self.block_rows, compiled=self.compile.compiled)
+            self.compile.note(time.process_time() - began)  # on a CPU the work is done when the call returns
             parts += [tables[kind].double() for kind in kinds]
             parts.append(chunk.nonfinite.double()[:, None])  # checked on the host, after the step's one copy
         return tokens, torch.cat(parts, dim=1), hidden is not None

@@ -66,6 +66,7 @@ class _Sampler:
             self.lm, questions, run.sampling.max_new_tokens, run.batch_size, run.answers.prompt_style
         )
         self.generator = make_backend(self.lm, run.engine, run.sampling, run.readout, job=job)
+        torch.set_num_threads(run.engine.threads or threads)  # the actor's CPUs, over the sampler's choice
         self.questions = {q.id: q for q in questions}
         self.run = run
 

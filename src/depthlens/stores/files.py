@@ -88,9 +88,10 @@ def _flatten(value: object, prefix: str = "") -> dict[str, object]:
     return {prefix[:-1]: value}
 
 
-PERFORMANCE_ONLY = frozenset({"readout.memory_mb"})
-"""Settings that change how the work is cut, not what a record holds (float32 rounding aside): a store resumes,
-and its shards read, whatever they were."""
+PERFORMANCE_ONLY = frozenset({"readout.memory_mb", "readout.compile", "engine.threads"})
+"""Settings that change how the work is cut or run, not what a record holds (float32 rounding aside: the compiled
+kernel's sums and another thread count reorder float32 additions): a store resumes, and its shards read, whatever
+they were."""
 
 
 def settings_differ(previous: dict[str, Any], current: dict[str, Any], ignore: Collection[str]) -> list[str]:

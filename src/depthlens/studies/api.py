@@ -190,7 +190,14 @@ def score(
             _stop(reader)
     else:
         results = score_records(
-            model, inputs, readout=run.readout, dtr=run.dtr, tcb=run.tcb, tokens=tokens, batch_size=batch_size
+            model,
+            inputs,
+            readout=run.readout,
+            dtr=run.dtr,
+            tcb=run.tcb,
+            tokens=tokens,
+            batch_size=batch_size,
+            threads=run.engine.threads,
         )
     return to_table(list(results))
 

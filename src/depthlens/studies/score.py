@@ -18,6 +18,7 @@ from depthlens.errors import DepthlensError, InputError, StoreError, named
 from depthlens.metrics.fused import use_compiled
 from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout, sequence_scores, tcb_summary
 from depthlens.models.load import LoadedModel
+from depthlens.models.threads import use_threads
 from depthlens.models.tokens import token_texts
 from depthlens.readout.stream import TokenSequence, iter_readout, lens_for, model_chunk_sizes, validate
 from depthlens.stores.files import ResumeRules
@@ -156,13 +157,16 @@ def score_records(
     tokens: bool = False,
     batch_size: int = 1,
     on_skip: Callable[[BadLine], None] | None = None,
+    threads: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield one result per record, in input order, a batch at a time.
 
     Records the model cannot take (too long, empty prompt) raise InputError, or go to ``on_skip`` when given.
+    ``threads``: torch's intra-op threads (None: ``models.threads``'s choice for scoring).
     """
     if batch_size < 1:
         raise InputError(f"batch_size = {batch_size}; use 1 or more")
+    use_threads("score", lm.device.type, threads)
     batch: list[tuple[InputRecord, TokenSequence]] = []
     block_rows = model_chunk_sizes(lm, lens_for(lm, readout), readout)[1]  # token-layer rows per lens product
 
@@ -422,4 +426,5 @@ def _score_results(
         tokens=run.tokens,
         batch_size=run.batch_size,
         on_skip=on_skip,
+        threads=run.engine.threads,
     )

@@ -9,7 +9,7 @@ import typer
 __all__ = [
     "BackendOpt", "Blocks", "DType", "Device", "EnforceEager", "FinalNormPath", "Float32Lens", "GpuMemory", "Install",
     "KvCacheGib", "MaxModelLen", "Model", "ModelLen", "Reinstall", "ScoreBackend", "ServeBackend", "TensorParallel",
-    "TrustRemoteCode", "Unembed",
+    "Threads", "TrustRemoteCode", "Unembed",
 ]  # fmt: skip
 
 Model = Annotated[
@@ -121,6 +121,15 @@ Float32Lens = Annotated[
         "--float32-lens",
         help="vLLM: unembed the engine's layer states in float32 (a bfloat16/float16 engine's divergences "
         "closer to the float32 readout; costs readout time, docs/performance.md).",
+    ),
+]
+Threads = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        min=1,
+        help="torch's intra-op threads (default: 1 for sampling on a CPU, where more only spin; every core for "
+        "scoring).",
     ),
 ]
 EnforceEager = Annotated[

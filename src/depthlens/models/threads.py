@@ -1,0 +1,62 @@
+"""How many intra-op threads a run's model uses on a CPU, and how OpenMP's idle threads wait.
+
+A sampler's step is a chain of small operations ([rows, d] products, a [rows, V] sort, the readout's blocks):
+a second thread gains them little, and torch's OpenMP threads spin at every barrier between them, so on a shared
+machine a 2-thread sampler burned 7.8× the CPU of a 1-thread one for the same responses (docs/performance.md,
+"Threads"). Scoring reads chunks of hundreds of tokens through large products that do use every core. So a run
+on a CPU samples on one thread and scores on torch's default; ``EngineConfig.threads`` (``--threads N``,
+``threads=``) overrides either. On CUDA the host threads only launch kernels: one is enough.
+
+OpenMP reads its wait policy once, when its runtime starts (at ``import torch``): ``passive_wait`` must run
+before that (the CLI's entry does), and a policy the user set in the environment is left as it is.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+Work = Literal["sample", "score"]
+
+WAIT_POLICY = "OMP_WAIT_POLICY"
+
+
+def passive_wait() -> None:
+    """Idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``) unless the environment says
+    otherwise. Only takes effect when called before torch is imported."""
+    os.environ.setdefault(WAIT_POLICY, "PASSIVE")
+
+
+_TORCH_DEFAULT: list[int] = []  # torch's own count, read before any run of this process changed it
+
+
+def threads_for(work: Work, device: str, requested: int | None = None) -> tuple[int, str]:
+    """(intra-op threads, why) for ``work`` on a ``device`` type (``cpu``, ``cuda``): ``requested`` when given,
+    else 1 for sampling on a CPU and on CUDA, else torch's own default (every core, or ``OMP_NUM_THREADS``)."""
+    import torch
+
+    if not _TORCH_DEFAULT:
+        _TORCH_DEFAULT.append(torch.get_num_threads())
+    if requested is not None:
+        return requested, "as asked"
+    if device != "cpu":
+        return 1, "the GPU does the work"
+    if work == "sample":
+        return 1, "a sampling step's small operations gain nothing from more"
+    return _TORCH_DEFAULT[0], "scoring's large products use every core"
+
+
+def use_threads(work: Work, device: str, requested: int | None = None) -> int:
+    """Set torch's intra-op thread count for ``work`` (``threads_for``); the count set."""
+    import torch
+
+    n = threads_for(work, device, requested)[0]
+    torch.set_num_threads(n)
+    return n
+
+
+def threads_line(work: Work, device: str, requested: int | None = None) -> str:
+    """What ``use_threads`` sets and why, and OpenMP's wait policy: a run's opening line."""
+    n, why = threads_for(work, device, requested)
+    policy = os.environ.get(WAIT_POLICY, "active (torch's default)").lower()
+    return f"threads: {n} ({why}; --threads N to change), OpenMP wait policy {policy}"
