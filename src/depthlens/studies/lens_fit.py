@@ -20,6 +20,7 @@ import torch
 
 from depthlens.config import LensFitConfig
 from depthlens.models.load import LoadedModel
+from depthlens.models.precision import precision_of
 from depthlens.readout.lens import LogitLens
 from depthlens.readout.stream import TokenSequence
 from depthlens.readout.tuned import CHECKPOINT, hidden_size, model_fingerprint, save_lens
@@ -233,6 +234,7 @@ def fit_lens(
         "model": lm.name,
         "model_hash": model_fingerprint(lm),
         "n_layers": lm.n_layers,
+        "precision": precision_of(lm),
         "d": hidden_size(lm),
         "data": data,
         "tokens": {"train": train.n_tokens, "heldout": held.n_tokens},

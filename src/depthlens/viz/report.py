@@ -12,6 +12,8 @@ import numpy as np
 from depthlens.config import CorrelationConfig, DTRConfig, VotingConfig
 from depthlens.evals.grading import AnswerSummary
 from depthlens.metrics.dtr import deep_threshold
+from depthlens.models.catalogue import CATALOGUE
+from depthlens.models.precision import Precision, weights_quantisation
 from depthlens.studies.correlation import METRICS
 from depthlens.studies.report import ReportData, StoreStudy, prepare_report, slug
 from depthlens.studies.stored import Store
@@ -133,6 +135,8 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
         + (f", {store.failed} failed" if store.failed else "")
         + ".",
         "",
+        _model_line(store.model, store.manifest.get("precision")),
+        "",
     ]
     if summary and summary.get("stale"):
         lines += [f"**Stale Think@n summary**: {summary['stale']}.", ""]
@@ -140,6 +144,14 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
         summary and "answers" in summary
     ):  # how the accuracies above read their answers (docs/definitions.md §5)
         lines += [f"How its answers were read: {AnswerSummary(**summary['answers']).line()}.", ""]
+    if "bins" in f:
+        lines += [
+            "**Figure 1** — accuracy per within-question quantile bin of each metric (bins 1 → 5: lowest → "
+            "highest metric).",
+            "",
+            f"![bins]({f['bins']})",
+            "",
+        ]
     if "heatmap" in f:
         lines += [
             "**Figure 2** — one response's divergence to the final layer, token × layer; dots mark where each "
@@ -151,14 +163,6 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
             "minimum, the threshold g and the deep regime.",
             "",
             f"![token]({f['token']})",
-            "",
-        ]
-    if "bins" in f:
-        lines += [
-            "**Figure 1** — accuracy per within-question quantile bin of each metric (bins 1 → 5: lowest → "
-            "highest metric).",
-            "",
-            f"![bins]({f['bins']})",
             "",
         ]
     if "sweeps" in f:
@@ -179,6 +183,17 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
             "",
         ]
     return "\n".join(lines)
+
+
+def _model_line(model: str, precision: Precision | None) -> str:
+    """The model and the precision it was read at, as the store's manifest records it (docs/definitions.md)."""
+    if precision:
+        return (
+            f"Model `{model}`: weights {precision.get('weights', '?')}, forward pass in "
+            f"{precision.get('compute_dtype', '?')}."
+        )
+    weights = f"weights {weights_quantisation(model)}; " if model in CATALOGUE else ""
+    return f"Model `{model}`: {weights}precision not recorded (a store written before depthlens recorded it)."
 
 
 def _skipped(data: ReportData) -> list[str]:
