@@ -45,7 +45,7 @@ class CatalogueEntry:
     sha256: str
     size_bytes: int
     n_layers: int
-    quantisation: str  # the GGUF's general.file_type, as llama.cpp names it (checked in tests/test_precision.py)
+    quantisation: str  # the GGUF's general.file_type as llama.cpp names it (tests/test_precision.py)
 
 
 def _parts(package: str, version: str, members: list[str]) -> tuple[WheelPart, ...]:

@@ -206,7 +206,7 @@ def split(sequences: Sequence[TokenSequence], heldout: float, seed: int) -> tupl
 def fit_lens(
     lm: LoadedModel,
     sequences: Sequence[TokenSequence],
-    out: Path,
+    out: str | Path,
     cfg: LensFitConfig = LensFitConfig(),
     *,
     data: str = "",
@@ -215,6 +215,7 @@ def fit_lens(
 ) -> dict[str, Any]:
     """Fit a tuned lens for ``lm`` on ``sequences`` and write it to the folder ``out`` (``readout.tuned``); returns
     its stamp. ``resume``: go on from ``out``'s checkpoint (else a checkpoint there is started over)."""
+    out = Path(out)
     if len(sequences) < 2:
         raise ValueError("a lens fit needs at least 2 sequences: one is kept apart for the held-out KL")
     out.mkdir(parents=True, exist_ok=True)

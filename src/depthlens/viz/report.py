@@ -25,9 +25,10 @@ from depthlens.viz.study import draw_metric_bins, draw_sweeps, draw_token_settli
 LABELS = {m.name: m.label for m in METRICS}
 
 
-def draw_study(study: StoreStudy, out_dir: Path, dtr: DTRConfig) -> dict[str, Path]:
+def draw_study(study: StoreStudy, out_dir: str | Path, dtr: DTRConfig) -> dict[str, Path]:
     """Every figure of one store's study that its data allow: Figure 1 (bins), 4 (sweeps), 2 and 3 (the example
     response), 5 (accuracy vs cost from its Think@n summary)."""
+    out_dir = Path(out_dir)
     store, name = study.store, slug(study.store)
     figures: dict[str, Path] = {}
     if any(study.profiles.values()):
@@ -54,9 +55,10 @@ def draw_study(study: StoreStudy, out_dir: Path, dtr: DTRConfig) -> dict[str, Pa
 
 
 def draw_token_figures(
-    record: dict[str, Any], out_dir: Path, name: str, dtr: DTRConfig, n_layers: int
+    record: dict[str, Any], out_dir: str | Path, name: str, dtr: DTRConfig, n_layers: int
 ) -> dict[str, Path]:
     """Figure 2 (PNG and interactive HTML) and Figure 3 for the record's most deeply settling token."""
+    out_dir = Path(out_dir)
     figures = {
         "heatmap": draw_divergence_heatmap(record, out_dir / f"fig2-heatmap-{name}.png"),
         "heatmap_html": write_heatmap_html(record, out_dir / f"fig2-heatmap-{name}.html"),
@@ -76,7 +78,7 @@ def draw_token_figures(
 
 
 def build_report(
-    run_dir: Path,
+    run_dir: str | Path,
     cfg: CorrelationConfig = CorrelationConfig(),
     dtr: DTRConfig = DTRConfig(),
     voting: VotingConfig | None = None,
@@ -84,6 +86,7 @@ def build_report(
     on_store: Callable[[str], None] = lambda label: None,
 ) -> Path:
     """``depthlens report``: the run's studies (``studies.report.prepare_report``), then ``write_report``."""
+    run_dir = Path(run_dir)
     return write_report(prepare_report(run_dir, cfg, dtr, voting, tokenizer_for, on_store))
 
 
