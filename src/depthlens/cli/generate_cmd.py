@@ -66,7 +66,6 @@ def _checked_generation(
     from depthlens.models.locate import locate
     from depthlens.stores.formats import check_results
     from depthlens.stores.samples import RESUME_RULES, samples_path
-    from depthlens.studies.generate import run_manifest
 
     out, spec = run.store.out, run.store
     samples = samples_path(out, fmt)
@@ -76,6 +75,8 @@ def _checked_generation(
     questions = task_questions(run.task)
     refuse_short_task(run.task, questions)
     if resuming:  # are the settings the stored run's?
+        from depthlens.studies.generate import run_manifest  # imports torch: after the task's own errors
+
         manifest = run_manifest(model.name, None, questions, run, fmt)
         check_results(samples, manifest, spec.resume, spec.overwrite, RESUME_RULES, fmt)
     from depthlens.config import degenerate_settings
@@ -258,6 +259,7 @@ def generate(
     The store feeds `depthlens thinkn --from` and `depthlens correlate` (docs/definitions.md §4–5).
     """
     options = dict(locals())  # the model's and the engine's, read by name (specs.model_and_engine)
+    task_spec = specs.task_spec(task, questions, task_seed, task_config, data)  # first: before torch loads
     readout = specs.readout_config(
         divergence, also_divergences, lens
     )  # a tuned lens stamped, before any load
@@ -280,6 +282,6 @@ def generate(
         DTRConfig(g, rho, deep_rule),  # type: ignore[arg-type]
         answers,
         engine,
-        specs.task_spec(task, questions, task_seed, task_config, data),
+        task_spec,
     )
     run_generation(model_spec, run, specs.ray_config(ray, ray_address, workers, cpus, gpus))

@@ -16,6 +16,7 @@ from depthlens.config import (
     Backend,
     DTRConfig,
     EngineConfig,
+    LensSpec,
     ModelSpec,
     RayConfig,
     ReadoutConfig,
@@ -95,9 +96,14 @@ def score(
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix, settle=settle)  # type: ignore[arg-type]
     if backend == "vllm" and dtr.top_k is not None:
         raise InputError(f"--settle {settle} reads out on the transformers path only: use --backend hf")
-    from depthlens.readout.tuned import stamped
+    from depthlens.stores.formats import read_inputs
 
-    readout = stamped(readout)  # the store's manifest names the very fit that reads it
+    # Read before torch is imported (readout.tuned: ~10 s on a busy machine): a bad input fails in ~2 s.
+    n_records = len(read_inputs(in_path, skip_bad=skip_bad)[0])
+    if LensSpec.parse(readout.lens).path is not None:  # the logit lens has no stamp: torch stays unimported
+        from depthlens.readout.tuned import stamped
+
+        readout = stamped(readout)  # the store's manifest names the very fit that reads it
     tcb_config = TCBConfig(epsilon=epsilon, v_eff=v_eff, spectral=spectral, exact=tcb_exact) if tcb else None  # type: ignore[arg-type]
     store = StoreSpec(out_path, resume, overwrite, float16=float16)
     ray_on = ray or ray_address is not None
@@ -113,7 +119,7 @@ def score(
         new_out(out_path),
         store_lock(out_path),
     ):  # one writer; a run failing before its first record leaves no --out
-        _check_before_loading(model, run, ray_config is not None)
+        _check_before_loading(model, run, ray_config is not None, n_records)
         if ray_config is not None:
             _score_on_ray(model_spec, run, ray_config, quiet)
             return
@@ -157,11 +163,12 @@ def _score_here(model_spec: ModelSpec, run: ScoreRun, quiet: bool) -> None:
     _finish(out_path, skipped, lm.n_layers, dtr, quiet)
 
 
-def _check_before_loading(model: str, run: ScoreRun, ray: bool) -> None:
-    """Everything that needs no model, before one loads: the input, --out, the model's name, --resume."""
+def _check_before_loading(model: str, run: ScoreRun, ray: bool, n_records: int) -> None:
+    """Everything that needs no model, before one loads: --out, the model's name, --resume (the input, its
+    ``n_records`` records, was read before)."""
     from depthlens.config import degenerate_settings
     from depthlens.models.locate import locate
-    from depthlens.stores.formats import check_results, read_inputs, results_format, store_entry
+    from depthlens.stores.formats import check_results, results_format, store_entry
     from depthlens.studies.score import RESUME_RULES, score_manifest
 
     out_path, spec = run.store.out, run.store
@@ -169,7 +176,6 @@ def _check_before_loading(model: str, run: ScoreRun, ray: bool) -> None:
     if ray and fmt == "jsonl":
         raise InputError(f"--out {out_path}: --ray writes a sharded Parquet store; give a directory name")
     store = store_entry(fmt, spec.float16)
-    records, _ = read_inputs(run.source, skip_bad=run.skip_bad)
     if check_results(
         out_path, None, spec.resume, spec.overwrite
     ):  # resuming: are the settings the stored run's?
@@ -180,7 +186,7 @@ def _check_before_loading(model: str, run: ScoreRun, ray: bool) -> None:
 
         import_ray()  # the missing extra is named before anything else happens
     locate(model)
-    if not records:
+    if not n_records:
         warn(f"{run.source} has no records; {out_path} will be empty")
     for line in degenerate_settings(run.readout, run.dtr):
         warn(line)

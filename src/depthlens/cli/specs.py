@@ -18,6 +18,7 @@ from depthlens.config import (
     Backend,
     EngineConfig,
     Fallback,
+    LensSpec,
     ModelSpec,
     PromptStyle,
     RayConfig,
@@ -58,8 +59,13 @@ def model_spec(options: Mapping[str, Any]) -> ModelSpec:
 def task_spec(
     task: str, questions: int | None, task_seed: int, task_config: str | None, data: Path | None
 ) -> TaskSpec:
-    """``--task`` and its settings, as the store's manifest records them."""
-    return TaskSpec(task, questions, task_seed, task_config, str(data) if data else None)
+    """``--task`` and its settings, as the store's manifest records them; a missing question file, an unknown
+    task or ``--task-config`` key is refused here, before torch is imported (``evals.loading.check_task``)."""
+    from depthlens.evals.loading import check_task
+
+    spec = TaskSpec(task, questions, task_seed, task_config, str(data) if data else None)
+    check_task(spec)
+    return spec
 
 
 def answer_config(
@@ -87,10 +93,13 @@ def readout_config(
 ) -> ReadoutConfig:
     """``--divergence``, ``--also-divergences`` (comma-separated) and ``--lens``, a tuned lens stamped with its
     fit's digest (``readout.tuned.stamped``) so that the store's manifest names the very fit that read it."""
+    also = tuple(k.strip() for k in also_divergences.split(",") if k.strip())
+    config = ReadoutConfig(divergence=divergence, also=also, lens=lens)  # type: ignore[arg-type]
+    if LensSpec.parse(config.lens).path is None:  # the logit lens has no stamp, and torch stays unimported
+        return config
     from depthlens.readout.tuned import stamped
 
-    also = tuple(k.strip() for k in also_divergences.split(",") if k.strip())
-    return stamped(ReadoutConfig(divergence=divergence, also=also, lens=lens))  # type: ignore[arg-type]
+    return stamped(config)
 
 
 def readout_tokens(value: str | None, default: int | None) -> int | None:
