@@ -235,6 +235,9 @@ def test_report_and_correlate_cli(store, monkeypatch, capsys, tmp_path):
         "Interactive version",
     ):
         assert part in text
+    figures = [text.index(f"**Figure {n}**") for n in range(1, 6)]
+    assert figures == sorted(figures)  # the page shows Figures 1 to 5 in order
+    assert "Model `" in text and "forward pass in float32" in text  # the precision the store records
     out = md.parent
     html = (out / "report.html").read_text()
     assert "<table>" in html and "<img" in html

@@ -4,6 +4,8 @@ lens reads, a lens fitted to another model is refused by name, and the top-k set
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 
 import pytest
 import torch
@@ -13,7 +15,14 @@ from depthlens.errors import ConfigError, InputError
 from depthlens.readout.lens import LogitLens, TunedLens
 from depthlens.readout.stream import TokenSequence, iter_readout
 from depthlens.readout.tuned import hidden_size, model_fingerprint, save_lens
-from depthlens.studies.lens_fit import States, fit_lens, fit_translators, heldout_kl, least_squares
+from depthlens.studies.lens_fit import (
+    States,
+    fit_lens,
+    fit_translators,
+    fit_warning,
+    heldout_kl,
+    least_squares,
+)
 from tests.conftest import tiny_model
 
 
@@ -107,12 +116,38 @@ def test_fit_lens_writes_a_resumable_stamped_lens(tiny_llama, tmp_path):
     cfg = LensFitConfig(max_tokens=150, steps=4, checkpoint_every=2, batch_tokens=16, layers_per_step=1)
     stamp = fit_lens(tiny_llama, seqs, tmp_path / "lens", cfg, data="synthetic")
     assert stamp["steps"] == 4 and stamp["n_layers"] == 3 and stamp["tokens"]["heldout"] > 0
-    assert len(stamp["heldout_kl"]["tuned"]) == 2 and (tmp_path / "lens" / "checkpoint.pt").exists()
-    more = fit_lens(tiny_llama, seqs, tmp_path / "lens", dataclasses.replace(cfg, steps=6), resume=True)
-    assert more["steps"] == 6
+    assert len(stamp["heldout_kl"]["tuned"]) == 2 and set(stamp["heldout_dtr"]) == {"logit", "tuned"}
+    assert not (tmp_path / "lens" / "checkpoint.pt").exists()  # a finished fit leaves only the lens
+    umask = os.umask(0)
+    os.umask(umask)
+    for file in ("translators.safetensors", "lens.json"):  # both as the umask says (not 0600)
+        assert stat.S_IMODE((tmp_path / "lens" / file).stat().st_mode) == 0o666 & ~umask
+
+    def interrupt(step, loss):
+        if step == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # interrupted at step 4: the checkpoint of step 2 stays
+        fit_lens(tiny_llama, seqs, tmp_path / "part", dataclasses.replace(cfg, steps=6), progress=interrupt)
+    assert (tmp_path / "part" / "checkpoint.pt").exists()
+    more = fit_lens(tiny_llama, seqs, tmp_path / "part", dataclasses.replace(cfg, steps=6), resume=True)
+    assert more["steps"] == 6 and not (tmp_path / "part" / "checkpoint.pt").exists()
     # Resumed 4 → 6 equals a fit run 0 → 6 at once: the minibatches are seeded by step.
     once = fit_lens(tiny_llama, seqs, tmp_path / "once", dataclasses.replace(cfg, steps=6))
     assert once["heldout_kl"] == more["heldout_kl"]
+
+
+def test_a_short_fit_that_moves_dtr_says_so():
+    cfg = LensFitConfig()  # 200 steps
+    moved = {"logit": 0.35, "tuned": 0.57}
+    warning = fit_warning({"steps": 7, "heldout_dtr": moved}, dataclasses.replace(cfg, steps=7))
+    assert warning is not None and warning.startswith("the fit stopped after 7 KL steps (fewer than 50)")
+    assert "from 0.35 (logit lens) to 0.57" in warning
+    assert "--max-seconds 600 ran out" in fit_warning({"steps": 120, "heldout_dtr": moved}, cfg)
+    assert fit_warning({"steps": 200, "heldout_dtr": moved}, cfg) is None  # converged as asked
+    assert (
+        fit_warning({"steps": 7, "heldout_dtr": {"logit": 0.35, "tuned": 0.4}}, cfg) is None
+    )  # barely moved
 
 
 TOPK_CASES = [  # (agreement per layer 1..L, the top-k settling depth by the rule's words)

@@ -63,10 +63,10 @@ def setup(tmp_path_factory):
     return d, src, {r["id"]: r for r in iter_jsonl(d / "ref.jsonl")}
 
 
-def _score_ray(d, src, out, workers, resume=False, events=ScoreEvents()):
+def _score_ray(d, src, out, workers, resume=False, events=ScoreEvents(), skip_bad=False):
     from depthlens.scale.score import score_on_ray
 
-    run = ScoreRun(src, StoreSpec(out, resume), tokens=True)
+    run = ScoreRun(src, StoreSpec(out, resume), tokens=True, skip_bad=skip_bad)
     return score_on_ray(ModelSpec(str(d / "tiny"), device="cpu"), run, RayConfig(workers, block=3), events)
 
 
@@ -108,9 +108,9 @@ def test_a_resumed_run_rescores_changed_inputs_and_says_which(local_ray, setup, 
     assert stored[rows[0]["id"]]["token_count"] > reference[rows[0]["id"]]["token_count"]
 
 
-@pytest.mark.parametrize("source", ["parquet", "no-ids"])
+@pytest.mark.parametrize("source", ["parquet", "skip-bad"])
 def test_each_input_route_gives_the_single_process_numbers(local_ray, setup, tmp_path, source):
-    """A Parquet input (read by Ray Data's Parquet reader) and records named by line number (sent from the
+    """A Parquet input (read by Ray Data's Parquet reader) and an input with bad lines skipped (sent from the
     driver, which knows the lines) score like the JSONL input read by Ray Data (the test above)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -123,11 +123,10 @@ def test_each_input_route_gives_the_single_process_numbers(local_ray, setup, tmp
         expected = reference
     else:
         src = tmp_path / "in.jsonl"
-        src.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "id"}) + "\n" for r in rows))
-        expected = {
-            f"line-{i}": {**reference[r["id"]], "id": f"line-{i}"} for i, r in enumerate(rows, start=1)
-        }
-    _score_ray(d, src, tmp_path / "store", workers=2)
+        no_id = {k: v for k, v in rows[0].items() if k != "id"}  # refused, so skipped with --skip-bad
+        src.write_text("".join(json.dumps(r) + "\n" for r in [*rows, no_id]))
+        expected = reference
+    _score_ray(d, src, tmp_path / "store", workers=2, skip_bad=source == "skip-bad")
     rows = list(iter_store(tmp_path / "store"))
     assert sorted(r["id"] for r in rows) == sorted(expected)
     assert_same_results(expected, {r["id"]: r for r in rows})

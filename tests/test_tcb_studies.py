@@ -119,6 +119,8 @@ def test_tcb_commands_write_table_and_figure(real_model, monkeypatch, capsys, tm
     for name in ("trace.csv", "trace.json", "trace.md", "trace.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert json.loads((tmp_path / "trace.json").read_text())["summary"]["tokens"] >= 1
+    manifest = json.loads((tmp_path / "trace.progress.jsonl.manifest.json").read_text())
+    assert manifest["precision"] == {"weights": "Q4_1, dequantised to float32", "compute_dtype": "float32"}
 
 
 def test_every_template_renders_with_shots():

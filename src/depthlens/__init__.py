@@ -27,6 +27,8 @@ _LAZY = {
     "think_at_n": "depthlens.studies.api",
     "online": "depthlens.studies.api",
     "responses": "depthlens.studies.api",
+    "to_pandas": "depthlens.stores.arrow",
+    "matrices": "depthlens.stores.arrow",
     "ReadoutConfig": "depthlens.config",
     "DTRConfig": "depthlens.config",
     "DepthlensError": "depthlens.errors",

@@ -7,8 +7,10 @@ each front phrases it (``phrased``) — the command line as ``--lens tuned:x: �
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 _NAMED = re.compile(r"‹([a-z_][a-z0-9_]*)›")
 
@@ -95,3 +97,40 @@ class StoreError(DepthlensError):
 
 class ClusterError(DepthlensError):
     """Ray is missing, its cluster cannot be reached, or a Ray worker failed."""
+
+
+def close_names(name: str, known: Iterable[str], cutoff: float = 0.6) -> list[str]:
+    """The known names closest to ``name``: the same but for underscores, dashes or case (``chainsum`` →
+    ``chain_sum``), else up to three close spellings (``difflib``)."""
+    known = list(known)
+
+    def squash(text: str) -> str:
+        return text.replace("_", "").replace("-", "").lower()
+
+    same = [k for k in known if squash(k) == squash(name)]
+    return same or difflib.get_close_matches(name, known, n=3, cutoff=cutoff)
+
+
+def did_you_mean(name: str, known: Iterable[str], prefix: str = "", cutoff: float = 0.6) -> str:
+    """``"; did you mean chain_sum?"`` (each suggestion after ``prefix``), or ``""`` where nothing is close."""
+    close = close_names(name, known, cutoff)
+    return f"; did you mean {' or '.join(prefix + c for c in close)}?" if close else ""
+
+
+def near_paths(path: Path) -> str:
+    """``"; did you mean runs/inputs.jsonl?"`` for the files beside a missing ``path`` whose names are close to
+    its name; ``""`` where none is (or its folder is missing too)."""
+    folder = path.parent
+    try:
+        names = [p.name for p in folder.iterdir()]
+    except OSError:
+        return ""
+    # a file name shares its suffix with many: only a near spelling of the whole name is suggested
+    return did_you_mean(path.name, names, "" if folder == Path(".") else f"{folder}/", cutoff=0.8)
+
+
+def missing_path(path: Path, what: str) -> str:
+    """``"<what> 'runs/in.jsonl' does not exist"``, with ``near_paths``'s suggestion or the missing folder."""
+    if not path.parent.is_dir():
+        return f"{what} {str(path)!r} does not exist (nor does its folder {str(path.parent)!r})"
+    return f"{what} {str(path)!r} does not exist{near_paths(path)}"

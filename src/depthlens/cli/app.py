@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import re
 import shlex
 import signal
 import sys
@@ -15,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from depthlens.errors import DepthlensError
+from depthlens.errors import DepthlensError, near_paths
 
 try:  # typer ≥ 0.24 carries its own click
     from typer._click.exceptions import UsageError
@@ -272,4 +273,9 @@ def usage_line(exc: UsageError) -> str:
         names.append(ctx.info_name or "")
         ctx = ctx.parent
     command = " ".join(reversed(names))
+    missing = re.search(r"path '([^']+)' does not exist\.", message)
+    if missing:  # typer's check of an existing --in / store path: name the close files beside it
+        message = message.replace(
+            missing.group(0), missing.group(0)[:-1] + near_paths(Path(missing.group(1)))
+        )
     return f"{message[:1].lower()}{message[1:]}; see `depthlens {command + ' ' if command else ''}--help`"

@@ -40,6 +40,7 @@ def generate(
 
     The store feeds `depthlens thinkn --from` and `depthlens correlate` (docs/definitions.md §4–5).
     """
+    task_spec = task.spec()  # first: the task's own errors before torch loads
     # the lens resolved (its stamp read, its digest taken) before any load
     readout = resolve.readout(divergence, also_divergences, lens, compile=compile_kernel)
     answer_rules = answers.config(task.task)
@@ -59,6 +60,6 @@ def generate(
         dtr,
         answer_rules,
         vllm.engine(chosen, model),
-        task.spec(),
+        task_spec,
     )
     runs.run_generation(model.spec(arch), run, ray.config())

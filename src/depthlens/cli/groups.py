@@ -102,9 +102,11 @@ class Task:
     task_config: opt.TaskConfig = TaskSpec.task_config
 
     def spec(self) -> TaskSpec:
-        """The task as the store's manifest records it."""
-        data = str(self.data) if self.data else None
-        return TaskSpec(self.task, self.questions, self.task_seed, self.task_config, data)
+        """The task as the store's manifest records it (``specs.task_spec``: a missing question file, an unknown
+        task or ``--task-config`` key refused here, before torch is imported)."""
+        from depthlens.cli.specs import task_spec
+
+        return task_spec(self.task, self.questions, self.task_seed, self.task_config, self.data)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from depthlens.cli import groups
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console, load_model
+from depthlens.cli.app import app, console, err_console, load_model, warn
 from depthlens.config import LensFitConfig
 
 lens_app = typer.Typer(
@@ -42,7 +42,7 @@ def fit(
     `depthlens score --lens tuned:OUT`.
     """
     from depthlens.errors import InputError
-    from depthlens.studies.lens_fit import fit_lens, lens_sequences
+    from depthlens.studies.lens_fit import fit_lens, fit_warning, lens_sequences
 
     cfg = LensFitConfig(
         max_tokens=max_tokens,
@@ -71,8 +71,11 @@ def fit(
             progress=lambda step, loss: status.update(f"KL step {step}/{cfg.steps}: {loss:.4f} nats"),
         )
     print_kl(stamp)
+    if (warning := fit_warning(stamp, cfg)) is not None:
+        warn(warning)
+    kept = f"; {out}/checkpoint.pt kept for --resume" if stamp["steps"] < cfg.steps else ""
     err_console.print(
-        f"wrote {out} ({stamp['steps']} KL steps; read through it with `score --lens tuned:{out}`)"
+        f"wrote {out} ({stamp['steps']} KL steps{kept}; read through it with `score --lens tuned:{out}`)"
     )
 
 

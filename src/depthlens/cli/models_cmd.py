@@ -34,7 +34,7 @@ def models(
     damaged = {name: d for name in catalogue.CATALOGUE if installed[name] and (d := catalogue.damage(name))}
     table = Table(title=f"Offline catalogue (cache: {catalogue.cache_dir()})")
     table.add_column("name · description")
-    for column in ("layers", "GGUF", "installed"):
+    for column in ("layers", "GGUF", "weights", "installed"):
         table.add_column(column, justify="right", no_wrap=True)
     for item in catalogue.CATALOGUE.values():
         default = " (default)" if item.name == catalogue.DEFAULT_MODEL else ""
@@ -42,9 +42,16 @@ def models(
             f"[bold]{item.name}[/]{default}\n[dim]{item.description}[/]",
             str(item.n_layers),
             f"{item.size_bytes / 1e6:.0f} MB",
+            item.quantisation,
             "[red]damaged[/]" if item.name in damaged else "[green]yes[/]" if installed[item.name] else "no",
         )
     console.print(table)
+    err_console.print(
+        "weights: the GGUF's quantisation, dequantised to float32 on install; the lens reads that quantised "
+        "model (docs/definitions.md)",
+        highlight=False,
+        soft_wrap=True,
+    )
     for name, damage in damaged.items():  # below the table: the explanation would not fit a column
         err_console.print(
             f"{name} is damaged ({damage}); reinstall it with: depthlens models --reinstall {name}",

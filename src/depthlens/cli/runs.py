@@ -64,7 +64,6 @@ def _checked_generation(
     from depthlens.models.locate import locate
     from depthlens.stores.formats import check_results
     from depthlens.stores.samples import RESUME_RULES, samples_path
-    from depthlens.studies.generate import run_manifest
 
     out, spec = run.store.out, run.store
     samples = samples_path(out, fmt)
@@ -74,6 +73,8 @@ def _checked_generation(
     questions = task_questions(run.task)
     refuse_short_task(run.task, questions)
     if resuming:  # are the settings the stored run's?
+        from depthlens.studies.generate import run_manifest  # imports torch: after the task's own errors
+
         manifest = run_manifest(model.name, None, questions, run, fmt)
         check_results(samples, manifest, spec.resume, spec.overwrite, RESUME_RULES, fmt)
     from depthlens.config import degenerate_settings

@@ -27,8 +27,13 @@ from depthlens.errors import InputError
 def task_spec(
     task: str, questions: int | None, task_seed: int, task_config: str | None, data: Path | None
 ) -> TaskSpec:
-    """``--task`` and its settings, as the store's manifest records them."""
-    return TaskSpec(task, questions, task_seed, task_config, str(data) if data else None)
+    """``--task`` and its settings, as the store's manifest records them; a missing question file, an unknown
+    task or ``--task-config`` key is refused here, before torch is imported (``evals.loading.check_task``)."""
+    from depthlens.evals.loading import check_task
+
+    spec = TaskSpec(task, questions, task_seed, task_config, str(data) if data else None)
+    check_task(spec)
+    return spec
 
 
 def answer_config(

@@ -25,14 +25,28 @@ app.add_typer(tcb_app, name="tcb", short_help="The Token Constraint Bound paper'
 
 @contextlib.contextmanager
 def _units(
-    out: Path, name: str, model: str, settings: dict[str, Any], resume: bool, overwrite: bool
+    out: Path,
+    name: str,
+    lm: Any,
+    settings: dict[str, Any],
+    resume: bool,
+    overwrite: bool,
+    engine: EngineConfig | None = None,
 ) -> Iterator[tuple[dict[str, Any], Callable[[str, Any], None]]]:
     """The study's finished units (from ``<out>/<name>.progress.jsonl`` on --resume) and the callback that
-    appends each new one there as it finishes (fsynced: a kill loses at most the unit in flight)."""
+    appends each new one there as it finishes (fsynced: a kill loses at most the unit in flight); ``lm`` the loaded
+    model (its name and precision — on ``engine`` where a vLLM one runs the study — go into the manifest)."""
+    from depthlens.models.precision import precision_of
     from depthlens.stores.jsonl import ResultWriter, iter_jsonl
 
     path = _progress(out, name)
-    manifest = {"study": name, "model": model, "settings": settings, "command": " ".join(sys.argv)}
+    manifest = {
+        "study": name,
+        "model": lm.name,
+        "precision": precision_of(lm, engine),
+        "settings": settings,
+        "command": " ".join(sys.argv),
+    }
     with ResultWriter(path, manifest, resume=resume, overwrite=overwrite) as writer:
         writes_to(path)
         done = {str(r["id"]): r["rows"] for r in iter_jsonl(path) if "rows" in r} if writer.done else {}
@@ -91,7 +105,7 @@ def regimes(
     sets = {"diverse": prompt_set("diverse"), "low_veff": prompt_set("low_veff")}
     settings = {"tcb": tcb.to_dict(), "split": split, "dtype": model.dtype}
     with (
-        _units(out, "regimes", model.model, settings, resume, overwrite) as (done, on_unit),
+        _units(out, "regimes", lm, settings, resume, overwrite) as (done, on_unit),
         err_console.status("regimes"),
     ):
         result = run(lm, sets, tcb, split, StudyRun(done, on_unit))
@@ -120,7 +134,7 @@ def geometry(
     prompts = [p["prompt"] for p in prompt_set("diverse") + prompt_set("low_veff")]
     settings = {"top_k": top_k, "cluster": cluster, "disperse": disperse, "dtype": model.dtype}
     with (
-        _units(out, "geometry", model.model, settings, resume, overwrite) as (done, on_unit),
+        _units(out, "geometry", lm, settings, resume, overwrite) as (done, on_unit),
         err_console.status("geometry"),
     ):
         result = run(lm, prompts, top_k, cluster, disperse, StudyRun(done, on_unit))
@@ -169,7 +183,7 @@ def prompts(
     }
     status = f"{len(names)} templates × {len(shot_list)} shot settings × {questions} questions"
     with (
-        _units(out, "prompts", model.model, settings, resume, overwrite) as (done, on_unit),
+        _units(out, "prompts", lm, settings, resume, overwrite) as (done, on_unit),
         err_console.status(status),
     ):
         result = prompt_variants(
@@ -240,7 +254,7 @@ def trace(
         **_engine_setting(engine),
     }
     with (
-        _units(out, "trace", model.model, settings, resume, overwrite) as (done, on_unit),
+        _units(out, "trace", lm, settings, resume, overwrite, engine) as (done, on_unit),
         err_console.status("generating"),
     ):
         result = generation_trace(lm, prompt, max_new_tokens, rule, chat, StudyRun(done, on_unit, engine))

@@ -12,7 +12,15 @@ from depthlens.cli import online_runs as live
 from depthlens.cli import options as opt
 from depthlens.cli.app import app, err_console
 from depthlens.cli.thinkn_view import vote
-from depthlens.config import GenerateRun, OnlineConfig, OnlineRun, ReadoutConfig, StoreSpec, VotingConfig
+from depthlens.config import (
+    GenerateRun,
+    OnlineConfig,
+    OnlineRun,
+    ReadoutConfig,
+    StoreSpec,
+    TaskSpec,
+    VotingConfig,
+)
 from depthlens.errors import InputError
 
 
@@ -29,6 +37,7 @@ class Given:
     ray: groups.Ray
     stored: groups.Stored
     store: StoreSpec
+    task_spec: TaskSpec  # built first: the task's own errors before torch loads
     backend: str
     readout_tokens: str | None
     batch_size: int | None
@@ -77,8 +86,21 @@ def thinkn(
     if (out is None) == (from_store is None):
         raise InputError("give --out DIR to generate and vote, or --from DIR to re-vote an existing store")
     spec = store.spec(from_store or out)  # type: ignore[arg-type]
+    task_spec = task.spec()  # first: the task's own errors before torch loads
     given = Given(
-        task, model, arch, sampling, answers, vllm, ray, stored, spec, backend, readout_tokens, batch_size
+        task,
+        model,
+        arch,
+        sampling,
+        answers,
+        vllm,
+        ray,
+        stored,
+        spec,
+        task_spec,
+        backend,
+        readout_tokens,
+        batch_size,
     )
     from depthlens.stores.parquet import verifying
     from depthlens.stores.samples import picking
@@ -128,7 +150,7 @@ def _offline(given: Given, vote_on: groups.Vote, n: int, sample: bool) -> None:
             dtr,
             new.answers,
             new.engine,
-            given.task.spec(),
+            given.task_spec,
         )
         runs.run_generation(new.model, run, given.ray.config())
     every = vote_on.methods is not None  # a list, or `all`: each method on its own line
@@ -173,7 +195,7 @@ def _online(given: Given, policy: groups.Live, vote_on: groups.Vote, n: int, sto
         dtr,
         new.answers,
         new.engine,
-        given.task.spec(),
+        given.task_spec,
     )
     live.run_live(new.model, run)
 

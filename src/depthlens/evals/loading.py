@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlens.config import TaskSpec
-from depthlens.errors import InputError, named
+from depthlens.errors import InputError, did_you_mean, missing_path, named
 from depthlens.evals.gold import reference_disagrees
 from depthlens.evals.tasks import ANSWER_TYPES, HUB_TASKS, LETTERS, HubTask, Question, infer_answer_type
 
@@ -46,13 +46,7 @@ def _reasoning_gym(
 ) -> list[Question]:
     import reasoning_gym
 
-    if name not in reasoning_gym.factory.DATASETS:
-        close = [n for n in reasoning_gym_names() if name.split("_")[0] in n][:8]
-        raise InputError(
-            f"unknown reasoning-gym dataset {name!r}"
-            + (f"; similar: {', '.join(close)}" if close else "")
-            + "; `depthlens tasks` lists all"
-        )
+    check_dataset(name, config)
     try:
         data = reasoning_gym.create_dataset(name, size=count, seed=seed, **config)
     except (TypeError, ValueError, AssertionError) as exc:  # reasoning-gym validates configs with asserts
@@ -85,6 +79,54 @@ def _reasoning_gym(
         )
         for i, entry, source, why in chosen
     ]
+
+
+def check_dataset(name: str, config: dict[str, Any]) -> None:
+    """Refuse an unknown reasoning-gym dataset (naming the near ones) or a setting its config class lacks."""
+    import reasoning_gym
+
+    if name not in reasoning_gym.factory.DATASETS:
+        hint = did_you_mean(name, reasoning_gym_names(), prefix="reasoning_gym:")
+        if not hint:
+            close = [n for n in reasoning_gym_names() if name.split("_")[0] in n][:8]
+            hint = f"; similar: {', '.join(close)}" if close else ""
+        raise InputError(f"unknown reasoning-gym dataset {name!r}{hint}; `depthlens tasks` lists all")
+    check_config_keys(name, reasoning_gym.factory.DATASETS[name][1], config)
+
+
+def check_task(task: TaskSpec) -> None:
+    """The errors of ``task`` that need neither its questions nor a model — a question file or ``--data`` that
+    does not exist, an unknown task, dataset or ``--task-config`` key — so the CLI says them before torch loads."""
+    if task.name.startswith("reasoning_gym:"):
+        check_dataset(task.name.split(":", 1)[1], parse_task_config(task.task_config))
+        return
+    source = Path(task.data) if task.data else Path(task.name) if task.name.endswith(".jsonl") else None
+    if source is not None and not source.is_file():
+        raise InputError(missing_path(source, "task data"))
+    if source is None and task.name not in HUB_TASKS:
+        raise InputError(_unknown_task(task.name))
+
+
+def check_config_keys(name: str, config_class: type, config: dict[str, Any]) -> None:
+    """Refuse a ``--task-config`` key the dataset's config class has no field for, naming the near one and every
+    allowed key (the generator's own error would name only its ``__init__``)."""
+    if not dataclasses.is_dataclass(config_class):
+        return  # the generator checks its own arguments
+    own = {"seed": "task_seed", "size": "questions"}  # depthlens passes these itself
+    for key in config:
+        if key in own:
+            raise InputError(
+                f"{named('task_config')} {key}=…: {key} is set by {named(own[key])}; leave it out of "
+                f"{named('task_config')}"
+            )
+    allowed = [f.name for f in dataclasses.fields(config_class) if f.name not in own]
+    unknown = [key for key in config if key not in allowed]
+    if unknown:
+        key = unknown[0]
+        raise InputError(
+            f"{named('task_config')} {key}={config[key]!r}: reasoning-gym dataset {name!r} has no setting {key!r}"
+            f"{did_you_mean(key, allowed)} (its settings: {', '.join(allowed)})"
+        )
 
 
 def _trusted_entries(
@@ -152,7 +194,7 @@ def _from_rows(name: str, rows: list[dict[str, Any]], spec: HubTask, seed: int) 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
-        raise InputError(f"task data {str(path)!r} does not exist")
+        raise InputError(missing_path(path, "task data"))
     rows = []
     for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not text.strip():
@@ -241,10 +283,20 @@ def load_task(
             )
         kind = infer_answer_type([q.answer for q in questions if not q.choices])
         return [q if q.choices else dataclasses.replace(q, answer_type=kind) for q in questions][:count]
-    raise InputError(
-        f"unknown task {name!r}; use reasoning_gym:<dataset> (e.g. reasoning_gym:basic_arithmetic), "
+    raise InputError(_unknown_task(name))
+
+
+def _unknown_task(name: str) -> str:
+    return (
+        f"unknown task {name!r}{did_you_mean(name, HUB_TASKS) or _bare_dataset(name)}; use "
+        "reasoning_gym:<dataset> (e.g. reasoning_gym:basic_arithmetic), "
         f"{', '.join(HUB_TASKS)}, or a .jsonl file; `depthlens tasks` lists all"
     )
+
+
+def _bare_dataset(name: str) -> str:
+    """``"; did you mean reasoning_gym:chain_sum?"`` for a reasoning-gym dataset named without its prefix."""
+    return did_you_mean(name, reasoning_gym_names(), prefix="reasoning_gym:") if name.isidentifier() else ""
 
 
 def _check_question_row(path: Path, line: int, row: dict[str, Any]) -> None:

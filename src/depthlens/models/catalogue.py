@@ -45,6 +45,7 @@ class CatalogueEntry:
     sha256: str
     size_bytes: int
     n_layers: int
+    quantisation: str  # the GGUF's general.file_type as llama.cpp names it (tests/test_precision.py)
 
 
 def _parts(package: str, version: str, members: list[str]) -> tuple[WheelPart, ...]:
@@ -62,6 +63,7 @@ CATALOGUE: dict[str, CatalogueEntry] = {
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             size_bytes=98_362_432,
             n_layers=30,
+            quantisation="Q4_1",
         ),
         CatalogueEntry(
             name="qwen2.5-coder-0.5b-instruct",
@@ -73,6 +75,7 @@ CATALOGUE: dict[str, CatalogueEntry] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             size_bytes=491_400_064,
             n_layers=24,
+            quantisation="Q4_K_M",
         ),
         CatalogueEntry(
             name="gemma3-270m",
@@ -89,6 +92,7 @@ CATALOGUE: dict[str, CatalogueEntry] = {
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             size_bytes=253_113_024,
             n_layers=18,
+            quantisation="Q4_K_M",
         ),
     ]
 }

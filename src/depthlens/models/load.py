@@ -21,7 +21,7 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)  # the default repr would print the whole module tree
 class LoadedModel:
     """A model ready for readout: the module, its tokenizer (None for tokenizer-less test models) and parts."""
 
@@ -38,6 +38,20 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def __repr__(self) -> str:
+        """One line: ``LoadedModel('smollm2-135m-instruct': llama, L=30, d=576, vocab 49152, float32 on cpu,
+        weights Q4_1, dequantised to float32)``."""
+        from depthlens.models.precision import precision_of
+
+        config = getattr(self.model.config, "text_config", None) or self.model.config
+        vocab = len(self.tokenizer) if self.tokenizer is not None else getattr(config, "vocab_size", "?")
+        precision = precision_of(self)
+        return (
+            f"LoadedModel({self.name!r}: {getattr(config, 'model_type', type(self.model).__name__)}, "
+            f"L={self.n_layers}, d={getattr(config, 'hidden_size', '?')}, vocab {vocab}, "
+            f"{precision['compute_dtype']} on {self.device}, weights {precision['weights']})"
+        )
 
     @property
     def max_positions(self) -> int | None:

@@ -61,10 +61,13 @@ def file_digest(path: Path) -> str:
 
 def save_lens(out: Path, weight: torch.Tensor, bias: torch.Tensor, stamp: dict[str, Any]) -> dict[str, Any]:
     """Write the translators and the stamp (``digest`` added) into the folder ``out``; returns the stamp."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     out.mkdir(parents=True, exist_ok=True)
-    save_file({"weight": weight.float().contiguous(), "bias": bias.float().contiguous()}, str(out / WEIGHTS))
+    # Written as bytes, not by save_file: its file is created mode 0600 whatever the umask (lens.json is 0644).
+    (out / WEIGHTS).write_bytes(
+        save({"weight": weight.float().contiguous(), "bias": bias.float().contiguous()})
+    )
     stamp = {"format": STAMP_FORMAT, **stamp, "digest": file_digest(out / WEIGHTS)}
     (out / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
     return stamp

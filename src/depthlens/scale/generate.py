@@ -17,6 +17,7 @@ from typing import Any
 from depthlens.config import GenerateRun, ModelSpec, RayConfig
 from depthlens.errors import StoreError, named
 from depthlens.evals.tasks import Question
+from depthlens.models.precision import planned_precision
 from depthlens.scale.ray import actor_load_kwargs, connect, import_ray, note_actor_start, run_on_actors
 from depthlens.stores.samples import RESUME_RULES, SAMPLES, SHARDS, remove_other_format, write_questions
 from depthlens.stores.shard_writer import ShardWriter
@@ -103,7 +104,11 @@ def generate_on_ray(
         )
     if spec.overwrite:
         remove_other_format(out_dir, "parquet")
-    manifest = run_manifest(model.name, None, questions, run, "parquet")
+    device = actor_load_kwargs(model, ray)["device"]
+    manifest = {
+        **run_manifest(model.name, None, questions, run, "parquet"),
+        "precision": planned_precision(model.name, model.dtype, device, run.engine),
+    }
     writer = ShardWriter(out_dir / SHARDS, manifest, spec.resume, spec.overwrite, RESUME_RULES)
     write_questions(out_dir, questions)
     report = GenerationReport(changed=writer.changed)

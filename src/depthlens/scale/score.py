@@ -14,6 +14,7 @@ from typing import Any
 
 from depthlens.config import ModelSpec, RayConfig, ScoreRun
 from depthlens.errors import InputError, named
+from depthlens.models.precision import planned_precision
 from depthlens.scale.ray import (
     actor_load_kwargs,
     connect,
@@ -145,7 +146,12 @@ def score_on_ray(
             f"{named('out')} {out_path}: scoring on Ray writes a sharded Parquet store; give a directory name"
         )
     records, skipped = read_inputs(run.source, skip_bad=run.skip_bad)
-    manifest = score_manifest(model.name, None, run, {"format": "parquet", "float16": spec.float16})
+    manifest = {
+        **score_manifest(model.name, None, run, {"format": "parquet", "float16": spec.float16}),
+        "precision": planned_precision(
+            model.name, model.dtype, actor_load_kwargs(model, ray)["device"], run.engine
+        ),
+    }
     hashes = {r.id: r.digest for r in records}
     writer = ShardWriter(out_path, manifest, spec.resume, spec.overwrite, RESUME_RULES, hashes)
     events.on_rescore(writer.rescored)

@@ -19,6 +19,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily
@@ -27,6 +28,10 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from depthlens.serve.runner import Runner
+
+# No ``*_created`` series beside each counter and histogram: a scraper reads process start from its own
+# ``process_start_time_seconds``, and one timestamp per label set doubled the page (prometheus-client's switch).
+disable_created_metrics()
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)  # s: a CPU request takes seconds to minutes

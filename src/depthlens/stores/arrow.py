@@ -69,3 +69,45 @@ def table_records(table: pa.Table) -> Iterator[dict[str, Any]]:
     lists = {f.name for f in table.schema if pa.types.is_list(f.type)}
     for row in table.to_pylist():
         yield {k: v for k, v in row.items() if v is not None or k not in lists}
+
+
+def _is_matrix(kind: pa.DataType) -> bool:
+    """``list<fixed_size_list<float, L>>``: a ``[T × L]`` float matrix per row (``to_table``'s divergences)."""
+    return (
+        pa.types.is_list(kind)
+        and pa.types.is_fixed_size_list(kind.value_type)
+        and pa.types.is_floating(kind.value_type.value_type)
+    )
+
+
+def matrices(table: pa.Table, column: str) -> list[np.ndarray | None]:
+    """Each row's ``[T × L]`` matrix of ``column`` (e.g. ``divergence``) as a (T, L) numpy array, None where the
+    row has none; views of the table's own buffers where the width allows, no Python loop over tokens."""
+    data = table.column(column)
+    if not _is_matrix(data.type):
+        raise TypeError(
+            f"column {column!r} is {data.type}, not a [T × L] matrix (list<fixed_size_list<float, L>>)"
+        )
+    n_layers = data.type.value_type.list_size
+    out: list[np.ndarray | None] = []
+    for chunk in data.chunks:
+        values = chunk.flatten().flatten().to_numpy(zero_copy_only=False).reshape(-1, n_layers)
+        lengths = chunk.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+        rows = np.split(values, np.cumsum(lengths)[:-1]) if len(chunk) else []
+        out += [None if null else row for row, null in zip(rows, chunk.is_null().to_pylist(), strict=True)]
+    return out
+
+
+def to_pandas(table: pa.Table) -> Any:
+    """``table.to_pandas()`` with each ``[T × L]`` column's cell a (T, L) float numpy array (pyarrow's own
+    conversion gives an object array of T rows); every other column as pyarrow converts it."""
+    frame = table.to_pandas()
+    for field in table.schema:
+        if _is_matrix(field.type):
+            cells = np.empty(
+                table.num_rows, dtype=object
+            )  # filled one by one: numpy would stack equal shapes
+            for i, matrix in enumerate(matrices(table, field.name)):
+                cells[i] = matrix
+            frame[field.name] = cells
+    return frame

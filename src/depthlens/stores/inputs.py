@@ -1,4 +1,4 @@
-"""Input records: one JSON object per line (or a Parquet row) with an optional ``id`` and either ``prompt`` +
+"""Input records: one JSON object per line (or a Parquet row) with an ``id`` and either ``prompt`` +
 ``completion`` (text), ``messages`` (chat, rendered with the model's template) + ``completion``, or
 ``prompt_ids`` + ``completion_ids`` (a sample store's lines, ``prompt_ids`` + ``token_ids``, are read as they are).
 Every record is checked (shape, types, a unique id); a bad one raises naming its line, or is listed with
@@ -129,7 +129,11 @@ class RecordCollector:
                 return
             check_record(data, where)
             data = cast(dict[str, Any], data)  # check_record refuses anything else
-            record_id = str(data.get("id", f"line-{number}"))
+            if "id" not in data:  # a name made up from the line would not survive an edit of the file
+                raise InputError(
+                    f'{where}: no \'id\'; give each record a unique id, e.g. "id": "{self.unit}-{number}"'
+                )
+            record_id = str(data["id"])
             if record_id in self._seen:
                 raise InputError(
                     f"{where}: id {record_id!r} already used on {self.unit} {self._seen[record_id]}"

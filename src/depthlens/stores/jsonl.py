@@ -29,7 +29,8 @@ from depthlens.stores.validate import Bound, bounds, record_fault
 # Fault injection for the tests (tests/test_faults.py): after this many records the process SIGKILLs itself
 # halfway through writing the next one, leaving the torn line a real kill -9 or power cut would.
 KILL_AFTER = "DEPTHLENS_FAULT_KILL_AFTER"
-_UNCOMPARED = {"command", "started", "input_hashes", "run_id"}
+# ``precision`` describes the model as loaded (a name resumes whatever the device made of it), as n_layers does
+_UNCOMPARED = {"command", "started", "input_hashes", "run_id", "precision"}
 
 
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:

@@ -47,6 +47,7 @@ _UNCOMPARED = {
     "input_hashes",
     "shards",
     "n_layers",
+    "precision",  # the model as loaded (models.precision), recorded, not compared: its name is
     "regraded",
     "layout",
     "run_id",

@@ -25,6 +25,7 @@ from depthlens.evals.grading import answer_fields
 from depthlens.evals.tasks import Question
 from depthlens.metrics.dtr import response_depth
 from depthlens.models.load import LoadedModel
+from depthlens.models.precision import precision_of
 from depthlens.sampling.backend import PER_TOKEN, GenerationBackend, Trace
 from depthlens.sampling.choose import make_backend
 from depthlens.stores.files import read_json
@@ -201,7 +202,10 @@ def generate(
     """
     out_dir, spec = run.store.out, run.store
     fmt = samples_format(out_dir, spec.format, spec.resume, spec.overwrite)
-    manifest = run_manifest(lm.name, lm.n_layers, questions, run, fmt)
+    manifest = {
+        **run_manifest(lm.name, lm.n_layers, questions, run, fmt),
+        "precision": precision_of(lm, run.engine),
+    }
     _refuse_pre_rules_resume(out_dir, spec.resume)
     refuse_too_long(
         lm, questions, run.answers.prompt_style, run.sampling.max_new_tokens, engine_len(run.engine)

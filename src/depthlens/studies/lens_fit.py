@@ -18,8 +18,11 @@ from typing import Any
 
 import torch
 
-from depthlens.config import LensFitConfig
+from depthlens.config import DTRConfig, LensFitConfig
+from depthlens.metrics.divergence import js_divergence
+from depthlens.metrics.dtr import deep_flags, settling_depth
 from depthlens.models.load import LoadedModel
+from depthlens.models.precision import precision_of
 from depthlens.readout.lens import LogitLens
 from depthlens.readout.stream import TokenSequence
 from depthlens.readout.tuned import CHECKPOINT, hidden_size, model_fingerprint, save_lens
@@ -107,17 +110,59 @@ def heldout_kl(
     lens: LogitLens, states: States, weight: torch.Tensor, bias: torch.Tensor
 ) -> dict[str, list[float]]:
     """Mean KL(p_L ‖ p_l) per layer 1..L−1 on ``states``, for the logit lens and through the translators."""
-    n_layers = states.hidden.shape[0]
+    return heldout_readout(lens, states, weight, bias)[0]
+
+
+@torch.no_grad()
+def heldout_readout(
+    lens: LogitLens, states: States, weight: torch.Tensor, bias: torch.Tensor, dtr: DTRConfig = DTRConfig()
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """In one pass over ``states``: the mean KL(p_L ‖ p_l) per layer 1..L−1, and the held-out tokens' DTR (JSD
+    settling at ``dtr``'s g and ρ, as ``score`` reads them) — each for the logit lens and through the translators."""
+    n_layers = states.hidden.shape[0]  # L − 1: layer L is the model's own output
     eye = torch.eye(weight.shape[-1], device=weight.device)
     zero = torch.zeros(weight.shape[-1], device=weight.device)
     sums = {"logit": [0.0] * n_layers, "tuned": [0.0] * n_layers}
+    jsd: dict[str, list[torch.Tensor]] = {"logit": [], "tuned": []}  # per chunk [rows, L − 1], bits
     for lo in range(0, states.n_tokens, EVAL_ROWS):
         target = final_logprobs(lens, states.last[lo : lo + EVAL_ROWS])
+        columns: dict[str, list[torch.Tensor]] = {"logit": [], "tuned": []}
         for layer in range(n_layers):
             rows = states.hidden[layer, lo : lo + EVAL_ROWS]
             for name, (w, b) in {"logit": (eye, zero), "tuned": (weight[layer], bias[layer])}.items():
-                sums[name][layer] += float(kl_to_final(target, layer_logprobs(lens, rows, w, b)).sum())
-    return {name: [round(v / states.n_tokens, 6) for v in values] for name, values in sums.items()}
+                logprobs = layer_logprobs(lens, rows, w, b)
+                sums[name][layer] += float(kl_to_final(target, logprobs).sum())
+                columns[name].append(js_divergence(logprobs, target).float().cpu())
+        for name, cols in columns.items():
+            jsd[name].append(torch.stack(cols, dim=1))
+    kl = {name: [round(v / states.n_tokens, 6) for v in values] for name, values in sums.items()}
+    depth = {}
+    for name, chunks in jsd.items():
+        table = torch.cat(chunks)
+        table = torch.cat([table, torch.zeros(len(table), 1)], dim=1)  # D at layer L is 0
+        deep = deep_flags(settling_depth(table, dtr.g), n_layers + 1, dtr.rho, dtr.deep_rule)
+        depth[name] = round(float(deep.double().mean()), 4)
+    return kl, depth
+
+
+SHORT_FIT = 50  # KL steps below which a fit is short (the default is 200)
+DTR_MOVED = 0.1  # a change of held-out DTR this large is worth a word
+
+
+def fit_warning(stamp: dict[str, Any], cfg: LensFitConfig) -> str | None:
+    """A sentence when the fit is short or stopped by ``max_seconds`` and moves the held-out tokens' DTR by
+    ``DTR_MOVED`` or more: depths read through such a lens describe the fit as much as the model."""
+    depth, steps = stamp.get("heldout_dtr"), int(stamp["steps"])
+    if not depth or (steps >= SHORT_FIT and steps >= cfg.steps):
+        return None
+    if abs(depth["tuned"] - depth["logit"]) < DTR_MOVED:
+        return None
+    why = f"--max-seconds {cfg.max_seconds:g} ran out" if steps < cfg.steps else f"fewer than {SHORT_FIT}"
+    return (
+        f"the fit stopped after {steps} KL steps ({why}) and moves the held-out tokens' DTR from "
+        f"{depth['logit']:.2f} (logit lens) to {depth['tuned']:.2f}: an unconverged lens changes which tokens "
+        "count as deep; fit longer (--steps, --max-seconds; --resume goes on) before reading depths through it"
+    )
 
 
 def init_translators(train: States, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,7 +250,7 @@ def split(sequences: Sequence[TokenSequence], heldout: float, seed: int) -> tupl
 def fit_lens(
     lm: LoadedModel,
     sequences: Sequence[TokenSequence],
-    out: Path,
+    out: str | Path,
     cfg: LensFitConfig = LensFitConfig(),
     *,
     data: str = "",
@@ -214,6 +259,7 @@ def fit_lens(
 ) -> dict[str, Any]:
     """Fit a tuned lens for ``lm`` on ``sequences`` and write it to the folder ``out`` (``readout.tuned``); returns
     its stamp. ``resume``: go on from ``out``'s checkpoint (else a checkpoint there is started over)."""
+    out = Path(out)
     if len(sequences) < 2:
         raise ValueError("a lens fit needs at least 2 sequences: one is kept apart for the held-out KL")
     out.mkdir(parents=True, exist_ok=True)
@@ -228,11 +274,12 @@ def fit_lens(
     started = time.monotonic()
     with torch.enable_grad():
         weight, bias, steps = fit_translators(lens, train, cfg, checkpoint, progress)
-    kl = heldout_kl(lens, held, weight, bias)
+    kl, depth = heldout_readout(lens, held, weight, bias)
     stamp = {
         "model": lm.name,
         "model_hash": model_fingerprint(lm),
         "n_layers": lm.n_layers,
+        "precision": precision_of(lm),
         "d": hidden_size(lm),
         "data": data,
         "tokens": {"train": train.n_tokens, "heldout": held.n_tokens},
@@ -241,8 +288,12 @@ def fit_lens(
         "kl_seconds": round(time.monotonic() - started, 1),
         "fit": cfg.to_dict(),
         "heldout_kl": kl,
+        "heldout_dtr": depth,
     }
-    return save_lens(out, weight.cpu(), bias.cpu(), stamp)
+    saved = save_lens(out, weight.cpu(), bias.cpu(), stamp)
+    if steps >= cfg.steps:  # finished: nothing left to resume (a fit stopped by --max-seconds keeps it)
+        checkpoint.unlink(missing_ok=True)
+    return saved
 
 
 CORPUS_MODULES = (

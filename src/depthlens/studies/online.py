@@ -36,6 +36,7 @@ from depthlens.errors import DepthlensError, InputError, StoreError, named
 from depthlens.evals.tasks import Question
 from depthlens.metrics.dtr import deep_from_divergence
 from depthlens.models.load import LoadedModel
+from depthlens.models.precision import precision_of
 from depthlens.sampling.backend import PER_TOKEN, GenerationBackend, Trace
 from depthlens.sampling.choose import make_backend
 from depthlens.stores.files import ResumeRules
@@ -210,7 +211,10 @@ def run_online(
         "engine": run.engine,
         "answers": run.answers,
     }
-    manifest = store_manifest(lm.name, lm.n_layers, questions, settings)
+    manifest = {
+        **store_manifest(lm.name, lm.n_layers, questions, settings),
+        "precision": precision_of(lm, run.engine),
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
     if backend is None:
         requests = max(online.warmup, online.batch_size)

@@ -41,8 +41,9 @@ from depthlens.studies.tables import table_one, write_csv
 from depthlens.studies.thinkn import summarise, summary_files, summary_stem
 
 
-def find_stores(run_dir: Path) -> list[Path]:
+def find_stores(run_dir: str | Path) -> list[Path]:
     """Every sample store at or under ``run_dir``, sorted; InputError naming what to do when there is none."""
+    run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise InputError(
             f"{run_dir} is not a directory; give a store written by `depthlens generate` or a folder of them"
@@ -104,9 +105,10 @@ def study_store(
 
 
 def write_correlation(
-    out_dir: Path, studies: Sequence[StoreStudy], config: dict[str, Any], command: str
+    out_dir: str | Path, studies: Sequence[StoreStudy], config: dict[str, Any], command: str
 ) -> list[Path]:
     """correlation.csv / .json / .md (Table 1 over all stores) and sweeps.csv."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = [r for s in studies for r in s.rows]
     sweeps = [r for s in studies for r in s.sweeps]
@@ -217,7 +219,7 @@ class ReportData:
 
 
 def prepare_report(
-    run_dir: Path,
+    run_dir: str | Path,
     cfg: CorrelationConfig = CorrelationConfig(),
     dtr: DTRConfig = DTRConfig(),
     voting: VotingConfig | None = None,
@@ -227,6 +229,7 @@ def prepare_report(
     """Study every finished store of ``run_dir`` and write its tables (``report/correlation.*``). A store still
     being written, or one that cannot be read, is left out and named in ``ReportData.skipped`` with its reason; when
     no store is left, InputError lists them all."""
+    run_dir = Path(run_dir)
     command = (
         " ".join(["depthlens", *sys.argv[1:]])
         if sys.argv and sys.argv[0].endswith("depthlens")

@@ -18,6 +18,7 @@ from depthlens.errors import DepthlensError, InputError, StoreError, named
 from depthlens.metrics.fused import use_compiled
 from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout, sequence_scores, tcb_summary
 from depthlens.models.load import LoadedModel
+from depthlens.models.precision import precision_of
 from depthlens.models.threads import use_threads
 from depthlens.models.tokens import token_texts
 from depthlens.readout.stream import TokenSequence, iter_readout, lens_for, model_chunk_sizes, validate
@@ -363,7 +364,7 @@ def run_score(
         lens_for(lm, run.readout)  # a lens fitted to another model is refused before the store is touched
     records, skipped = read_inputs(run.source, skip_bad=run.skip_bad)
     store = store_entry(results_format(out_path), spec.float16)
-    manifest = score_manifest(lm.name, lm.n_layers, run, store)
+    manifest = {**score_manifest(lm.name, lm.n_layers, run, store), "precision": precision_of(lm, run.engine)}
     hashes = {r.id: r.digest for r in records}
     with open_results(
         out_path, manifest, resume=spec.resume, overwrite=spec.overwrite, rules=RESUME_RULES, hashes=hashes

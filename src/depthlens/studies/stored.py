@@ -78,8 +78,9 @@ class Store:
         return groups
 
 
-def load_store(path: Path) -> Store:
+def load_store(path: str | Path) -> Store:
     """Read a sample store for the studies; a damaged or foreign store raises StoreError naming the record."""
+    path = Path(path)
     manifest = read_manifest(path)
     kinds = stored_kinds(manifest)
     n_layers = int(manifest["n_layers"])

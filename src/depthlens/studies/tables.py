@@ -28,9 +28,10 @@ def format_p(p: float | None) -> str:
     return "<0.001" if p < 0.001 else f"{p:.2g}" if p < 0.1 else f"{p:.2f}"
 
 
-def write_whole(path: Path, text: str) -> Path:
+def write_whole(path: str | Path, text: str) -> Path:
     """Write a study's file whole or not at all: to a temporary name beside it, fsynced, then renamed over ``path``
     — a full disk leaves no 0-byte or half-written file (and an older one as it was), and the error names it."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -52,9 +53,10 @@ def write_whole(path: Path, text: str) -> Path:
     return path
 
 
-def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
+def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
     """Rows as CSV, written whole (``write_whole``); the header is every key, in the order first met (a row
     without one leaves its cell empty)."""
+    path = Path(path)
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
     writer.writeheader()
@@ -80,8 +82,9 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None
     return "\n".join(lines) + "\n"
 
 
-def write_study(out_dir: Path, name: str, result: dict[str, Any], command: str) -> list[Path]:
+def write_study(out_dir: str | Path, name: str, result: dict[str, Any], command: str) -> list[Path]:
     """``<name>.csv`` (rows), ``<name>.json`` (summary + command) and ``<name>.md`` (the summary table)."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = result["summary"]
     paths = [write_csv(out_dir / f"{name}.csv", result["rows"])]

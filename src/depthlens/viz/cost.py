@@ -106,8 +106,9 @@ def spread_labels(
     return out
 
 
-def draw_accuracy_cost(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path:
+def draw_accuracy_cost(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
     """Figure 5 (see the module docstring); PNG or SVG by the path's suffix."""
+    path = Path(path)
     if not rows:
         raise InputError("no Think@n summary rows to draw")
     plt = _pyplot()

@@ -15,8 +15,9 @@ _NEEDED = ("tokens", "divergence", "settling_depth", "deep")
 _SHALLOW, _DEEP = "#2ca02c", "#1f77b4"  # green: settles before the deep regime; blue: a deep-thinking token
 
 
-def draw_divergence_heatmap(record: dict[str, Any], path: Path, title: str | None = None) -> Path:
+def draw_divergence_heatmap(record: dict[str, Any], path: str | Path, title: str | None = None) -> Path:
     """Write a PNG/SVG (by ``path``'s suffix) of D_{t,l} with each token's settling depth marked."""
+    path = Path(path)
     missing = [k for k in _NEEDED if k not in record]
     if missing:
         raise InputError(
@@ -88,22 +89,36 @@ th.tok {{ writing-mode: vertical-rl; transform: rotate(180deg); font: 11px ui-mo
   font-weight: normal; padding: 2px 0; text-align: left; white-space: pre; }}
 th.layer {{ font: 10px ui-monospace, monospace; font-weight: normal; padding-right: 4px; text-align: right; }}
 td:hover {{ outline: 2px solid #000; }}
+.scale span.bar {{ display: inline-block; width: 240px; height: 12px; vertical-align: middle; margin: 0 6px;
+  border: 1px solid #ccc; }}
 </style></head><body>
 <h3>{heading}</h3>
 <p>Rows: layers (top = final). Columns: generated tokens. Hover a cell for its value. Outlined: the layer where
 the token settles (green; blue when it settles only in the deep regime, a deep-thinking token).</p>
 <table><tr><th></th>{head}</tr>
 {rows}
-</table></body></html>
+</table>
+<p class="scale">{scale}</p></body></html>
 """
 """The page ``write_heatmap_html`` fills in: one table, styles inline, no script."""
 
 
+def colour_scale(vmax: float, unit: str) -> str:
+    """The page's colour key: a bar from 0 (settled: the final layer's distribution) to ``vmax`` in ``unit``, drawn
+    with the cells' own colours."""
+    stops = ", ".join(_colour(vmax * i / 10, vmax) for i in range(11))
+    return (
+        f'divergence ({unit}): 0 <span class="bar" style="background:linear-gradient(to right, {stops})"></span> '
+        f"{vmax:.3g}"
+    )
+
+
 def write_heatmap_html(
-    record: dict[str, Any], path: Path, title: str | None = None, unit: str = "bits"
+    record: dict[str, Any], path: str | Path, title: str | None = None, unit: str = "bits"
 ) -> Path:
     """A self-contained HTML page of the heatmap: hover a cell for token, layer and divergence; settling depths
     outlined (blue = deep-thinking token). No script or network access needed to view it."""
+    path = Path(path)
     import html
 
     missing = [k for k in _NEEDED if k not in record]
@@ -138,7 +153,9 @@ def write_heatmap_html(
     heading = title or f"{record.get('id')}: divergence to the final layer ({unit})" + (
         f"; DTR = {dtr:.2f}" if dtr is not None else ""
     )
-    page = _PAGE.format(heading=html.escape(heading), head=head, rows=chr(10).join(rows))
+    page = _PAGE.format(
+        heading=html.escape(heading), head=head, rows=chr(10).join(rows), scale=colour_scale(vmax, unit)
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")
     return path

@@ -13,10 +13,11 @@ def draw_lens_comparison(
     kl: Mapping[str, Mapping[str, Sequence[float]]],
     depths: Mapping[str, Sequence[float]],
     n_layers: int,
-    path: Path,
+    path: str | Path,
 ) -> Path:
     """Left: per tuned lens, the held-out KL(p_L ‖ p_l) per layer 1..L−1 of the logit and the tuned lens (nats,
     log scale); right: each arm's settling depths as a histogram over layers 1..L."""
+    path = Path(path)
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for name, curves in kl.items():

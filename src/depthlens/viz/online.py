@@ -19,8 +19,9 @@ COLOURS = {
 STYLES = {0.6: ":", 0.8: "--", 1.0: "-"}
 
 
-def draw_budget_curves(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path:
+def draw_budget_curves(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
     """One line per method (budgets joined in order), ±1 std over trials as error bars; PNG or SVG by suffix."""
+    path = Path(path)
     if not rows:
         raise InputError("no sweep rows to draw")
     plt = _pyplot()

@@ -12,6 +12,8 @@ import numpy as np
 from depthlens.config import CorrelationConfig, DTRConfig, VotingConfig
 from depthlens.evals.grading import AnswerSummary
 from depthlens.metrics.dtr import deep_threshold
+from depthlens.models.catalogue import CATALOGUE
+from depthlens.models.precision import Precision, weights_quantisation
 from depthlens.studies.correlation import METRICS
 from depthlens.studies.report import ReportData, StoreStudy, prepare_report, slug
 from depthlens.studies.stored import Store
@@ -23,9 +25,10 @@ from depthlens.viz.study import draw_metric_bins, draw_sweeps, draw_token_settli
 LABELS = {m.name: m.label for m in METRICS}
 
 
-def draw_study(study: StoreStudy, out_dir: Path, dtr: DTRConfig) -> dict[str, Path]:
+def draw_study(study: StoreStudy, out_dir: str | Path, dtr: DTRConfig) -> dict[str, Path]:
     """Every figure of one store's study that its data allow: Figure 1 (bins), 4 (sweeps), 2 and 3 (the example
     response), 5 (accuracy vs cost from its Think@n summary)."""
+    out_dir = Path(out_dir)
     store, name = study.store, slug(study.store)
     figures: dict[str, Path] = {}
     if any(study.profiles.values()):
@@ -52,9 +55,10 @@ def draw_study(study: StoreStudy, out_dir: Path, dtr: DTRConfig) -> dict[str, Pa
 
 
 def draw_token_figures(
-    record: dict[str, Any], out_dir: Path, name: str, dtr: DTRConfig, n_layers: int
+    record: dict[str, Any], out_dir: str | Path, name: str, dtr: DTRConfig, n_layers: int
 ) -> dict[str, Path]:
     """Figure 2 (PNG and interactive HTML) and Figure 3 for the record's most deeply settling token."""
+    out_dir = Path(out_dir)
     figures = {
         "heatmap": draw_divergence_heatmap(record, out_dir / f"fig2-heatmap-{name}.png"),
         "heatmap_html": write_heatmap_html(record, out_dir / f"fig2-heatmap-{name}.html"),
@@ -74,7 +78,7 @@ def draw_token_figures(
 
 
 def build_report(
-    run_dir: Path,
+    run_dir: str | Path,
     cfg: CorrelationConfig = CorrelationConfig(),
     dtr: DTRConfig = DTRConfig(),
     voting: VotingConfig | None = None,
@@ -82,6 +86,7 @@ def build_report(
     on_store: Callable[[str], None] = lambda label: None,
 ) -> Path:
     """``depthlens report``: the run's studies (``studies.report.prepare_report``), then ``write_report``."""
+    run_dir = Path(run_dir)
     return write_report(prepare_report(run_dir, cfg, dtr, voting, tokenizer_for, on_store))
 
 
@@ -133,6 +138,8 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
         + (f", {store.failed} failed" if store.failed else "")
         + ".",
         "",
+        _model_line(store.model, store.manifest.get("precision")),
+        "",
     ]
     if summary and summary.get("stale"):
         lines += [f"**Stale Think@n summary**: {summary['stale']}.", ""]
@@ -140,6 +147,14 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
         summary and "answers" in summary
     ):  # how the accuracies above read their answers (docs/definitions.md §5)
         lines += [f"How its answers were read: {AnswerSummary(**summary['answers']).line()}.", ""]
+    if "bins" in f:
+        lines += [
+            "**Figure 1** — accuracy per within-question quantile bin of each metric (bins 1 → 5: lowest → "
+            "highest metric).",
+            "",
+            f"![bins]({f['bins']})",
+            "",
+        ]
     if "heatmap" in f:
         lines += [
             "**Figure 2** — one response's divergence to the final layer, token × layer; dots mark where each "
@@ -151,14 +166,6 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
             "minimum, the threshold g and the deep regime.",
             "",
             f"![token]({f['token']})",
-            "",
-        ]
-    if "bins" in f:
-        lines += [
-            "**Figure 1** — accuracy per within-question quantile bin of each metric (bins 1 → 5: lowest → "
-            "highest metric).",
-            "",
-            f"![bins]({f['bins']})",
             "",
         ]
     if "sweeps" in f:
@@ -179,6 +186,17 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
             "",
         ]
     return "\n".join(lines)
+
+
+def _model_line(model: str, precision: Precision | None) -> str:
+    """The model and the precision it was read at, as the store's manifest records it (docs/definitions.md)."""
+    if precision:
+        return (
+            f"Model `{model}`: weights {precision.get('weights', '?')}, forward pass in "
+            f"{precision.get('compute_dtype', '?')}."
+        )
+    weights = f"weights {weights_quantisation(model)}; " if model in CATALOGUE else ""
+    return f"Model `{model}`: {weights}precision not recorded (a store written before depthlens recorded it)."
 
 
 def _skipped(data: ReportData) -> list[str]:

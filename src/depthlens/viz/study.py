@@ -29,10 +29,22 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def _one_value_axes(ax: Any, xs: list[float], ys: list[float]) -> None:
+    """Where every bin has the same metric value (a DTR of 0 throughout) matplotlib pads the axis to ±0.04 around
+    it, inventing negative values: show that one value as the only tick, and say so. An accuracy that is the same
+    in every bin keeps its axis on 0–100 %."""
+    if xs and min(xs) == max(xs):
+        ax.set_xticks([xs[0]], [f"{xs[0]:g}"])
+        ax.text(0.5, 0.04, f"every bin at {xs[0]:g}", transform=ax.transAxes, ha="center", fontsize=7)
+    if ys and min(ys) == max(ys):
+        ax.set_ylim(-5.0, 105.0)
+
+
 def draw_metric_bins(
-    profiles: dict[str, list[dict[str, float]]], labels: dict[str, str], path: Path, title: str = ""
+    profiles: dict[str, list[dict[str, float]]], labels: dict[str, str], path: str | Path, title: str = ""
 ) -> Path:
     """Figure 1: per metric, accuracy of each quantile bin against the bin's mean metric value."""
+    path = Path(path)
     shown = {k: v for k, v in profiles.items() if v}
     if not shown:
         raise InputError("no metric has a bin profile to draw (every question has fewer responses than bins)")
@@ -49,6 +61,7 @@ def draw_metric_bins(
         )
         for p, x, y in zip(points, xs, ys, strict=True):
             ax.annotate(str(p["bin"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        _one_value_axes(ax, xs, ys)
         ax.set_title(labels.get(name, name), fontsize=9)
         ax.set_xlabel("bin mean", fontsize=8)
         ax.set_ylabel("accuracy %", fontsize=8)
@@ -63,9 +76,15 @@ def draw_metric_bins(
 
 
 def draw_token_settling(
-    divergence: Sequence[float], g: float, deep_from: int, path: Path, token: str = "", unit: str = "bits"
+    divergence: Sequence[float],
+    g: float,
+    deep_from: int,
+    path: str | Path,
+    token: str = "",
+    unit: str = "bits",
 ) -> Path:
     """Figure 3: one token's divergence per layer, its cumulative minimum, the threshold g and the deep band."""
+    path = Path(path)
     import numpy as np
 
     d = np.asarray(divergence, dtype=float)
@@ -96,8 +115,9 @@ def draw_token_settling(
 _SWEEP_TITLES = {"g": "settling threshold g", "rho": "depth fraction ρ", "prefix": "ℓ_prefix (tokens)"}
 
 
-def draw_sweeps(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path:
+def draw_sweeps(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
     """Figure 4: mean DTR and its correlation with accuracy as g, ρ and ℓ_prefix vary; divergence/rule as bars."""
+    path = Path(path)
     if not rows:
         raise InputError("no sweep rows to draw")
     plt = _pyplot()

@@ -13,8 +13,9 @@ import matplotlib.pyplot as plt
 _COLOURS = {"diverse": "#1f77b4", "low_veff": "#d62728"}
 
 
-def draw_regimes(result: dict[str, Any], path: Path) -> Path:
+def draw_regimes(result: dict[str, Any], path: str | Path) -> Path:
     """δ against √V_eff and against the top-2 margin, one colour per prompt set (log δ)."""
+    path = Path(path)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     summary = {s["set"]: s for s in result["summary"]}
     for name in summary:
@@ -41,8 +42,9 @@ def draw_regimes(result: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def draw_geometry(result: dict[str, Any], path: Path) -> Path:
+def draw_geometry(result: dict[str, Any], path: str | Path) -> Path:
     """Share of positions with δ_cluster > δ_orig > δ_disperse, per V_eff band."""
+    path = Path(path)
     summary = [s for s in result["summary"] if s["positions"]]
     fig, ax = plt.subplots(figsize=(6, 3.6), constrained_layout=True)
     labels = [f"{s['band']}\n(n = {s['positions']})" for s in summary]
@@ -59,8 +61,9 @@ def draw_geometry(result: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def draw_prompt_variants(result: dict[str, Any], path: Path) -> Path:
+def draw_prompt_variants(result: dict[str, Any], path: str | Path) -> Path:
     """Accuracy, perplexity and median δ per template × shots, side by side."""
+    path = Path(path)
     summary = result["summary"]
     labels = [f"{s['template']}\n{s['shots']}-shot" for s in summary]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), constrained_layout=True)
@@ -79,8 +82,9 @@ def draw_prompt_variants(result: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def draw_generation_trace(result: dict[str, Any], path: Path) -> Path:
+def draw_generation_trace(result: dict[str, Any], path: str | Path) -> Path:
     """δ (log) and perplexity per generated token, tokens on the x axis, sharp drops marked."""
+    path = Path(path)
     rows = result["rows"]
     width = max(8.0, 0.22 * len(rows))
     fig, axes = plt.subplots(2, 1, figsize=(width, 5.5), sharex=True, constrained_layout=True)

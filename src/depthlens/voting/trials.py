@@ -39,7 +39,12 @@ class MethodSummary:
 
 
 def _std(values: Sequence[float]) -> float:
-    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    """The sample spread; exactly 0.0 for equal values (their mean, rounded, would leave ~1e-17), by measuring from
+    the first value."""
+    if len(values) < 2:
+        return 0.0
+    shifted = np.asarray(values, dtype=float) - values[0]
+    return float(np.std(shifted, ddof=1))
 
 
 def draw(pool_size: int, n: int, seed: int, trial: int, question: int) -> list[int]:

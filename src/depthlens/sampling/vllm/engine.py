@@ -14,12 +14,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -192,12 +194,9 @@ def start_engine(
     args["additional_config"] = EngineReadout(info.n_layers, capture).to_config()
     args["logits_processors"] = [TokenScores, *logits_processors]
     began = time.monotonic()
-    progress(
-        f"starting vLLM for {info.name}: loading weights and compiling (~30 s on a CPU; a setting compiled for "
-        "the first time takes minutes)"
-    )
+    progress(start_line(info.name, torch.cuda.is_available()))
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), elapsed_lines(progress, f"vLLM for {info.name} still starting"):
             if not verbose:  # the same notices, from modules vLLM imports while it loads the model
                 warnings.simplefilter("ignore", FutureWarning)
             engine = LLMEngine.from_engine_args(EngineArgs(**args))
@@ -205,6 +204,42 @@ def start_engine(
         raise _start_error(info.name, args, exc) from exc
     progress(f"vLLM engine for {info.name} started in {time.monotonic() - began:.0f} s ({capture} capture)")
     return engine
+
+
+def start_line(name: str, on_gpu: bool) -> str:
+    """What starting the engine takes, honestly: on a CPU it grows with the machine's load (measured: ~30 s idle,
+    1,179 s at load 15–19 on 2 cores), so the line states the load now."""
+    if on_gpu:
+        return (
+            f"starting vLLM for {name}: loading weights and compiling (tens of seconds; a setting compiled for "
+            "the first time takes minutes)"
+        )
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    now = f"; load now {load:.1f} on {os.cpu_count()} cores" if load is not None else ""
+    return (
+        f"starting vLLM for {name}: loading weights and compiling — about 30 s on an idle CPU, many times that on "
+        f"a busy one (20 min was measured at load 15–19){now}; a setting compiled for the first time takes "
+        "minutes more"
+    )
+
+
+@contextlib.contextmanager
+def elapsed_lines(progress: Callable[[str], None], what: str, every: float = 60.0) -> Iterator[None]:
+    """Say ``what: N s so far`` every ``every`` seconds until the block ends (a start that takes minutes is
+    otherwise silent)."""
+    done, began = threading.Event(), time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every):
+            progress(f"{what}: {time.monotonic() - began:.0f} s so far")
+
+    thread = threading.Thread(target=tick, name="depthlens-elapsed", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _start_error(name: str, args: dict, exc: Exception) -> DepthlensError:
