@@ -41,6 +41,7 @@ from depthlens.stores.samples import (
     store_manifest,
     stored,
     stored_rows,
+    vocab_entry,
     write_questions,
 )
 from depthlens.stores.shard_writer import ShardWriter
@@ -200,7 +201,7 @@ def generate(
     """
     out_dir, spec = run.store.out, run.store
     fmt = samples_format(out_dir, spec.format, spec.resume, spec.overwrite)
-    manifest = run_manifest(lm.name, lm.n_layers, questions, run, fmt)
+    manifest = {**run_manifest(lm.name, lm.n_layers, questions, run, fmt), **vocab_entry(lm)}
     _refuse_pre_rules_resume(out_dir, spec.resume)
     refuse_too_long(
         lm, questions, run.answers.prompt_style, run.sampling.max_new_tokens, engine_len(run.engine)

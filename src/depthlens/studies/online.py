@@ -50,6 +50,7 @@ from depthlens.stores.samples import (
     store_manifest,
     stored,
     stored_rows,
+    vocab_entry,
     write_questions,
 )
 from depthlens.stores.state import remove_derived
@@ -208,7 +209,7 @@ def run_online(
         "engine": run.engine,
         "answers": run.answers,
     }
-    manifest = store_manifest(lm.name, lm.n_layers, questions, settings)
+    manifest = {**store_manifest(lm.name, lm.n_layers, questions, settings), **vocab_entry(lm)}
     out_dir.mkdir(parents=True, exist_ok=True)
     if backend is None:
         requests = max(online.warmup, online.batch_size)
