@@ -102,10 +102,11 @@ def _write_export(store: Path, out: Path, manifest: dict[str, Any], verify: bool
     import os
 
     from depthlens.stores.files import manifest_path, write_error, write_json
+    from depthlens.stores.jsonl_commit import COMMITTED, Running
     from depthlens.stores.readers import read_checked
 
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    count = 0
+    count, committed = 0, Running()  # the export's own commit, as every JSONL store keeps one
     try:
         with tmp.open("w", encoding="utf-8") as f:
             # the checked read every reader makes (``stores.readers``): export refuses what `check` refuses
@@ -114,8 +115,9 @@ def _write_export(store: Path, out: Path, manifest: dict[str, Any], verify: bool
                 if not line.isascii() and not _encodable(line):
                     line = json.dumps(record)  # a text UTF-8 cannot carry (a lone surrogate): written escaped
                 f.write(line + "\n")
+                committed.add((line + "\n").encode("utf-8"))
                 count += 1
-        write_json(manifest_path(out), manifest)
+        write_json(manifest_path(out), {**manifest, COMMITTED: committed.entry()})
         tmp.replace(out)
     except OSError as exc:
         raise write_error(out, exc) from exc

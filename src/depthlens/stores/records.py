@@ -97,7 +97,7 @@ def tokens_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | No
     if not _whole(count):
         return f"token_count {count!r}, not a whole number"
     ids = record.get("token_ids")
-    if ids is not None and _length(ids) != count:
+    if isinstance(ids, list) and len(ids) != count:
         return f"token_count {count} for {_length(ids)} token_ids"
     for field in PER_TOKEN:
         n = _length(record.get(field))

@@ -34,10 +34,17 @@ from depthlens.evals.tasks import HUB_TASKS, Question, infer_answer_type
 from depthlens.metrics.dtr import response_depth
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
+from depthlens.stores.jsonl_commit import COMMITTED, Running
 from depthlens.stores.lock import store_lock
 from depthlens.stores.names import current_names
-from depthlens.stores.parquet import iter_store
-from depthlens.stores.samples import DEPTH_FIELDS, QUESTIONS, read_manifest, samples_path, stored_format
+from depthlens.stores.samples import (
+    DEPTH_FIELDS,
+    QUESTIONS,
+    read_manifest,
+    read_responses,
+    samples_path,
+    stored_format,
+)
 from depthlens.stores.shard_writer import rewrite_store
 from depthlens.studies.thinkn import summarise, summary_files
 
@@ -240,12 +247,21 @@ def _regrade_locked(
         ],
     }
     if fmt == "parquet":  # new shards, then the manifest as the commit (stores.shard_writer.rewrite_store)
+        for _ in read_responses(store):  # the readers' one validation first: a damaged store is refused whole
+            pass
         rewrite_store(samples, updated, regrade)
     else:
-        # the readers' checked read: a repeated line or a value out of range is refused, not regraded twice
-        lines = [json.dumps(regrade(record), ensure_ascii=False) + "\n" for record in iter_store(samples)]
+        # the readers' checked read: a damaged record is refused, not regraded (nor a repeat regraded twice)
+        lines = [
+            json.dumps(regrade(record), ensure_ascii=False) + "\n" for _, record in read_responses(store)
+        ]
+        committed = Running()
+        for line in lines:
+            committed.add(line.encode("utf-8"))
         _write_atomically(samples, lines)
-        _write_atomically(manifest_path(samples), [json.dumps(updated, indent=2) + "\n"])
+        _write_atomically(
+            manifest_path(samples), [json.dumps({**updated, COMMITTED: committed.entry()}, indent=2) + "\n"]
+        )
     old, new = regrade.old, regrade.new
     return RegradeReport(
         store,
