@@ -1,9 +1,10 @@
 """What a JSONL store has committed, kept in its manifest as a Parquet store keeps its shards' rows and hashes
 (issue 51): ``committed`` = the number of records, their bytes and the sha256 of those bytes. Appended records are
-fsynced one by one and the manifest follows them at each batch and at the end, so a file holding fewer bytes than
-its manifest committed lost records (emptied, or cut at a line boundary) and is refused, where before it read as a
-smaller, whole store. Lines past the committed bytes are those of a writer that stopped before its next commit
-(kept: ``--resume`` reads them). A store written before this has no ``committed`` and is read as it was."""
+fsynced one by one and the manifest follows them at each batch and at the end, so a file holding fewer records
+than its manifest committed lost some (emptied, or cut at a line boundary) and is refused by every reader, where
+before it read as a smaller, whole store; ``--verify`` (and ``check``, unless ``--quick``) also hashes the
+committed bytes. Lines past the commit are those of a writer that stopped before its next commit (kept:
+``--resume`` reads them). A store written before this has no ``committed`` and is read as it was."""
 
 from __future__ import annotations
 
@@ -55,33 +56,29 @@ def _prefix_sha(path: Path, size: int) -> str:
     return sha.hexdigest()
 
 
-def commit_problem(path: Path, manifest: dict[str, Any], verify: bool) -> tuple[str, str] | None:
-    """(kind, what is wrong) where the JSONL store ``path`` holds less than its manifest committed (``cut``), or
-    (``verify``) other bytes (``changed``); None where it holds them, or the manifest records no commit."""
+def commit_problem(
+    path: Path, manifest: dict[str, Any], verify: bool, held: int | None = None
+) -> tuple[str, str] | None:
+    """(kind, what is wrong) where the JSONL store ``path`` holds fewer records than its manifest committed
+    (``cut``: ``held`` records, counted here where None), or (``verify``) other bytes where they were
+    (``changed``: the sha256 of the committed bytes, as ``--verify`` hashes a Parquet store's shards); None where
+    it holds them, or the manifest records no commit. Records past the commit (a writer stopped before its next
+    commit) are no fault."""
     committed = manifest.get(COMMITTED)
     if committed is None:
         return None
-    records, size, sha = (
-        (committed.get(k) for k in ("records", "bytes", "sha256"))
-        if isinstance(committed, dict)
-        else (None, None, None)
-    )
+    entry = committed if isinstance(committed, dict) else {}
+    records, size, sha = entry.get("records"), entry.get("bytes"), entry.get("sha256")
     if not (
         isinstance(records, int) and isinstance(size, int) and isinstance(sha, str) and 0 <= records <= size
     ):
         return "manifest", f"its manifest's {COMMITTED} entry is damaged ({committed!r})"
-    held = path.stat().st_size
-    if held < size:
-        lines = Running.of(path).records
-        if lines < records:
-            return "cut", (
-                f"holds {lines} record(s) ({held} bytes), fewer than the {records} ({size} bytes) its manifest "
-                "committed: records were removed (the file was emptied or cut)"
-            )
-        return "changed", (
-            f"holds {held} bytes, fewer than the {size} its manifest committed: its committed records were "
-            "edited since they were written"
+    held = Running.of(path).records if held is None else held
+    if held < records:
+        return "cut", (
+            f"holds {held} record(s), fewer than the {records} its manifest committed: records were removed (the "
+            "file was emptied or cut)"
         )
-    if verify and _prefix_sha(path, size) != sha:
+    if verify and (path.stat().st_size < size or _prefix_sha(path, size) != sha):
         return "changed", "its committed records changed since they were written (sha256 differs)"
     return None

@@ -229,12 +229,12 @@ def jsonl_ranges(path: Path) -> dict[str, Any]:
     return bounds(_jsonl_manifest(path))
 
 
-def jsonl_commit_problem(path: Path, verify: bool) -> layout.Problem | None:
-    """A JSONL store holding fewer bytes than its manifest committed (records removed), or (``verify``) other
-    ones: the same refusal for ``check`` and every reader (``stores.jsonl_commit``)."""
+def jsonl_commit_problem(path: Path, verify: bool, held: int | None = None) -> layout.Problem | None:
+    """A JSONL store holding fewer records than its manifest committed (records removed), or (``verify``) other
+    bytes: the same refusal for ``check`` and every reader (``stores.jsonl_commit``)."""
     from depthlens.stores.files import manifest_path
 
-    found = commit_problem(path, _jsonl_manifest(path), verify)
+    found = commit_problem(path, _jsonl_manifest(path), verify, held)
     if found is None:
         return None
     kind, detail = found
@@ -287,7 +287,7 @@ def _iter_jsonl_checked(path: Path, verify: bool) -> Iterator[tuple[str, dict[st
             raise layout.Refused(problem)
         yield where, record
     # last, as `check` lists it: a damaged record is named as such first (editing one changes the bytes too)
-    problem = jsonl_commit_problem(path, verify)
+    problem = jsonl_commit_problem(path, verify, len(seen))
     if problem is not None:
         raise layout.Refused(problem)
 
