@@ -84,7 +84,9 @@ class Runner:
         began = time.monotonic()
         future = loop.run_in_executor(self.pool, work)
 
-        def release(_: Any) -> None:
+        def release(done: asyncio.Future[T]) -> None:
+            if not done.cancelled():
+                done.exception()  # retrieved: a request answered before its thread ended logs no traceback
             self.active -= 1
             self.cancels.discard(cancel)
             self.durations.append(time.monotonic() - began)

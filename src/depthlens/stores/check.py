@@ -191,7 +191,10 @@ def _check_shard(
         table = layout.read_table(path, layout.resume_remedy(store, manifest, shard))
     except (StoreError, FileNotFoundError) as exc:
         detail = str(exc).removeprefix(f"{path}: ").split("; rerun")[0]
-        return layout.Problem(path, "cut", detail, layout.resume_remedy(store, manifest, shard)), None
+        # its size is the committed one (``shard_problem`` passed): bytes changed in place, as the sha256 says
+        # without --quick — not cut
+        detail = f"its content changed since it was committed ({detail})"
+        return layout.Problem(path, "changed", detail, layout.resume_remedy(store, manifest, shard)), None
     problem = shard_fault(store, path, manifest, shard, table)
     return problem, None if problem is not None else table
 

@@ -331,6 +331,11 @@ def store_manifest(path: Path) -> dict[str, Any]:
     from depthlens.stores.files import manifest_path
 
     if path.is_dir() and not is_store(path):
+        responses = [p for p in (path / "samples", path / "samples.jsonl") if is_store(p) or p.is_file()]
+        if responses:  # a sample store's directory given whole: its responses are the store
+            raise StoreError(
+                f"{path}: a sample store's directory; give its responses, {' or '.join(map(str, responses))}"
+            )
         raise StoreError(f"{path}: a directory without {MANIFEST}; not a depthlens Parquet store")
     meta = manifest_file(path) if path.is_dir() else manifest_path(path)
     return read_json(

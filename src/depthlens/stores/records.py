@@ -13,8 +13,12 @@ included, refuses the same records.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
+
+from depthlens.config import DTRConfig
+from depthlens.errors import DepthlensError
 
 VOCAB = "vocab_rows"
 """The manifest field holding the model's vocabulary rows: every stored token id is below it."""
@@ -170,3 +174,36 @@ def record_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | No
     if problem is None and record.get("status") == "ok":
         problem = tokens_problem(record, manifest) or depth_problem(record, manifest)
     return problem
+
+
+def wrong_fields(manifest: dict[str, Any]) -> list[str]:
+    """The fields of a sample store's manifest that readers rely on and that are missing or of the wrong type
+    (a DTR setting out of its range named as the manifest's field, e.g. ``dtr.g nan``, not as ``--g``)."""
+    kinds = {"n_layers": int, "questions": list, "pool": int, "dtr": dict, "model": str}
+    wrong = [k for k, kind in kinds.items() if not isinstance(manifest.get(k), kind)]
+    if "questions" not in wrong and not all(isinstance(q, str) for q in manifest["questions"]):
+        wrong.append("questions")  # question ids key the pools: strings only
+    readout = manifest.get("readout", {})
+    also = readout.get("also", []) if isinstance(readout, dict) else None
+    if (
+        not isinstance(readout, dict)
+        or not isinstance(readout.get("divergence", ""), str)
+        or not (isinstance(also, list) and all(isinstance(k, str) for k in also))
+    ):
+        wrong.append("readout")
+    if "dtr" not in wrong:
+        try:  # named as the manifest's field, not as the option (--g) that sets it on a command line
+            DTRConfig.from_dict(manifest["dtr"])
+        except (DepthlensError, TypeError, ValueError) as exc:
+            wrong.append(_dtr_fault(manifest["dtr"], str(exc)))
+    return wrong
+
+
+def _dtr_fault(dtr: dict[str, Any], said: str) -> str:
+    """The manifest's ``dtr`` field a DTRConfig refused, as ``dtr.g nan (must be …)``."""
+    found = re.search(r"DTRConfig\.(\w+)", said)
+    reason = re.search(r": (must [^(;]*)", said)
+    if found is None:
+        return "dtr"
+    key = found.group(1)
+    return f"dtr.{key} {dtr.get(key)!r}" + (f" ({reason.group(1).strip()})" if reason else "")

@@ -39,7 +39,7 @@ from depthlens.stores.formats import FORMATS, store_entry
 from depthlens.stores.layout import Problem, Refused, is_store, manifest_file
 from depthlens.stores.names import current_names
 from depthlens.stores.parquet import iter_store_located
-from depthlens.stores.records import VOCAB, record_problem
+from depthlens.stores.records import VOCAB, record_problem, wrong_fields
 
 if TYPE_CHECKING:
     from depthlens.evals.tasks import Question
@@ -265,7 +265,7 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
                 "read it with the depthlens that wrote it",
             )
         )
-    wrong = _wrong_fields(manifest)
+    wrong = wrong_fields(manifest)
     if wrong:
         raise Refused(
             Problem(
@@ -276,22 +276,6 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
             )
         )
     return manifest
-
-
-def _wrong_fields(manifest: dict[str, Any]) -> list[str]:
-    kinds = {"n_layers": int, "questions": list, "pool": int, "dtr": dict, "model": str}
-    wrong = [k for k, kind in kinds.items() if not isinstance(manifest.get(k), kind)]
-    if "questions" not in wrong and not all(isinstance(q, str) for q in manifest["questions"]):
-        wrong.append("questions")  # question ids key the pools: strings only
-    readout = manifest.get("readout", {})
-    also = readout.get("also", []) if isinstance(readout, dict) else None
-    if (
-        not isinstance(readout, dict)
-        or not isinstance(readout.get("divergence", ""), str)
-        or not (isinstance(also, list) and all(isinstance(k, str) for k in also))
-    ):
-        wrong.append("readout")
-    return wrong
 
 
 def stored_kinds(manifest: dict[str, Any]) -> tuple[str, ...]:

@@ -222,7 +222,13 @@ def regrade_store(
     Holds the store's write lock throughout (a second writer is refused naming it).
     """
     with store_lock(samples_path(store, stored_format(store))):
-        return _regrade_locked(store, answer_type, fallback, timeout_s, on_record)
+        try:
+            return _regrade_locked(store, answer_type, fallback, timeout_s, on_record)
+        except OSError as exc:  # a full disk above all: named, with what it left
+            raise StoreError(
+                f"{exc.filename or store}: could not write the regraded store ({exc.strerror or exc}); the store "
+                "is as it was (a regrade commits at once) — free some space, then run regrade again"
+            ) from None
 
 
 def _regrade_locked(
