@@ -229,9 +229,21 @@ def _one_layer_more(out: Path) -> None:
     meta.write_text(json.dumps(manifest))
 
 
+def _shard_and_entry_removed(out: Path) -> None:
+    from depthlens.stores import layout
+    from depthlens.stores.samples import SHARDS
+
+    meta = out / SHARDS / layout.MANIFEST
+    manifest = json.loads(meta.read_text())
+    gone = manifest["shards"].pop()
+    (out / SHARDS / gone["file"]).unlink()
+    meta.write_text(json.dumps(manifest))
+
+
 @pytest.mark.parametrize(
     ("damage", "said"),
     [
+        (_shard_and_entry_removed, "shards were removed together with their entries"),
         (_renamed_column, "missing field(s) ['vote_key']"),
         (_token_count_99, "token_count 99 for 4 token_ids"),
         (_one_layer_more, "says n_layers 4, but the records' divergence rows have 3 layers"),
@@ -248,7 +260,7 @@ def test_export_refuses_a_parquet_store_check_and_thinkn_refuse(tmp_path, monkey
     out = tmp_path / "parquet"
     lm = wrap(tiny_model("llama"), CharTokenizer(), name="tiny-llama")
     generate(lm, GenerateRun(StoreSpec(out), pool=2, seed=5, sampling=SAMPLING, batch_size=1), QUESTIONS)
-    if damage is _one_layer_more:
+    if damage in (_one_layer_more, _shard_and_entry_removed):
         damage(out)
     else:
         _rewrite_shard(sorted((out / SHARDS).glob("part-*.parquet"))[0], damage)

@@ -161,6 +161,7 @@ def test_a_writer_killed_with_9_is_not_reported_as_writing(made, tmp_path, monke
     assert f"being written now by pid {holder.pid}" in live
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait(10)
+    holder.stdout.close()
     assert str(holder.pid) in (out / f".{SAMPLES}.lock").read_text()  # the dead writer's note is still there
     code, text = _said(monkeypatch, capsys, "check", out)
     assert code == 0 and "being written" not in text

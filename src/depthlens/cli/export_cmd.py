@@ -101,8 +101,8 @@ def _write_export(store: Path, out: Path, manifest: dict[str, Any], verify: bool
     import json
     import os
 
+    from depthlens.stores.commits import COMMITTED, Running
     from depthlens.stores.files import manifest_path, write_error, write_json
-    from depthlens.stores.jsonl_commit import COMMITTED, Running
     from depthlens.stores.readers import read_checked
 
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")

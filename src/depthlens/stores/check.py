@@ -13,6 +13,7 @@ import pyarrow as pa
 from depthlens.config import StoreFormat
 from depthlens.errors import StoreError
 from depthlens.stores import layout
+from depthlens.stores.commits import committed_problem
 from depthlens.stores.files import manifest_path, read_json
 from depthlens.stores.lock import writer
 from depthlens.stores.parquet import (
@@ -158,6 +159,9 @@ def check_parquet(store: Path, verify: bool) -> CheckReport:
             "next --resume moves it to the current layout"
         )
     report.problems += unlisted
+    lost = committed_problem(store, manifest)
+    if lost is not None:
+        report.problems.append(lost)
     seen: dict[str, str] = {}
     for shard in shards:
         problem, table = _check_shard(store, manifest, shard, verify)

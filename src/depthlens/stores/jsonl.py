@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from depthlens.errors import StoreError
+from depthlens.stores.commits import COMMITTED, Running
 from depthlens.stores.files import (
     ResumeRules,
     changed_settings,
@@ -23,7 +24,6 @@ from depthlens.stores.files import (
     write_error,
     write_json,
 )
-from depthlens.stores.jsonl_commit import COMMITTED, Running
 from depthlens.stores.lock import store_lock
 from depthlens.stores.validate import Bound, bounds, record_fault
 
@@ -255,7 +255,7 @@ class ResultWriter:
         write_json(manifest_path(self.out), {**self._manifest, COMMITTED: self._commit.entry()})
 
     def flush(self) -> None:
-        """Commit the records written so far in the manifest (``stores.jsonl_commit``): each is on disk once
+        """Commit the records written so far in the manifest (``stores.commits``): each is on disk once
         ``write`` returns; the manifest's count and digest follow them here (a batch), as ``ShardWriter`` commits."""
         self._commit_manifest()
 

@@ -24,9 +24,9 @@ import pyarrow as pa
 from depthlens.errors import StoreError
 from depthlens.stores import layout
 from depthlens.stores.arrow import table_records, to_table
+from depthlens.stores.commits import COMMITTED, commit_problem, committed_problem
 from depthlens.stores.files import read_json, settings_differ
 from depthlens.stores.jsonl import iter_jsonl_located
-from depthlens.stores.jsonl_commit import commit_problem
 from depthlens.stores.layout import MANIFEST, is_store, manifest_file
 from depthlens.stores.records import text_problem
 from depthlens.stores.validate import bounds, record_fault, table_fault
@@ -55,6 +55,7 @@ _UNCOMPARED = {
     "run_id",
     "next_shard",
     "superseded",
+    COMMITTED,
 }
 
 
@@ -199,6 +200,9 @@ def iter_store_located(path: Path, verify: bool = False) -> Iterator[tuple[str, 
     shards = layout.entries(path, manifest)
     if extra:
         raise layout.Refused(extra[0])
+    lost = committed_problem(path, manifest)
+    if lost is not None:
+        raise layout.Refused(lost)
     seen: dict[str, str] = {}
     for shard in shards:
         file, table = _read_listed(path, manifest, shard, verify)
@@ -231,7 +235,7 @@ def jsonl_ranges(path: Path) -> dict[str, Any]:
 
 def jsonl_commit_problem(path: Path, verify: bool, held: int | None = None) -> layout.Problem | None:
     """A JSONL store holding fewer records than its manifest committed (records removed), or (``verify``) other
-    bytes: the same refusal for ``check`` and every reader (``stores.jsonl_commit``)."""
+    bytes: the same refusal for ``check`` and every reader (``stores.commits``)."""
     from depthlens.stores.files import manifest_path
 
     found = commit_problem(path, _jsonl_manifest(path), verify, held)

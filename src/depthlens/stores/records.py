@@ -7,7 +7,7 @@ value, the id is ``question#sample``, the ``deep`` flags are the settling depths
 is the flags' share — and with the store: the question is one of the manifest's, the sample index is below its
 pool, every token id below the vocabulary it records (``vocab_rows``), every text encodable as UTF-8 (a lone
 surrogate is not). ``read_responses`` runs ``record_problem`` on every record, so every reader, ``depthlens check``
-included, refuses the same records.
+included, refuses the same records. ``wrong_fields`` checks the manifest fields those readers rely on.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def unencodable(value: object, field: str = "") -> str | None:
 
 
 def text_problem(record: dict[str, Any]) -> str | None:
-    """A stored text no file can be written with: named, with the first bad character's place."""
+    """A stored text no file can be written with, named by its field."""
     field = unencodable(record)
     if field is None:
         return None

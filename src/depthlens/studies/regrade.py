@@ -32,9 +32,9 @@ from depthlens.evals.grading import ANSWER_FIELDS, AnswerSummary, answer_fields,
 from depthlens.evals.loading import load_task, parse_task_config
 from depthlens.evals.tasks import HUB_TASKS, Question, infer_answer_type
 from depthlens.metrics.dtr import response_depth
+from depthlens.stores.commits import COMMITTED, Running
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
-from depthlens.stores.jsonl_commit import COMMITTED, Running
 from depthlens.stores.lock import store_lock
 from depthlens.stores.names import current_names
 from depthlens.stores.samples import (
@@ -225,6 +225,8 @@ def regrade_store(
         try:
             return _regrade_locked(store, answer_type, fallback, timeout_s, on_record)
         except OSError as exc:  # a full disk above all: named, with what it left
+            if exc.errno is None:
+                raise
             raise StoreError(
                 f"{exc.filename or store}: could not write the regraded store ({exc.strerror or exc}); the store "
                 "is as it was (a regrade commits at once) — free some space, then run regrade again"
