@@ -269,3 +269,8 @@ def test_export_refuses_a_parquet_store_check_and_thinkn_refuse(tmp_path, monkey
     assert code == 2 and said in " ".join(err.split()) and not target.exists()
     assert said in _check(out, monkeypatch, capsys)
     assert said in _refused(_thinkn)(out, monkeypatch, capsys)
+    assert said in _refused(_report)(out, monkeypatch, capsys)
+    if (
+        damage is _shard_and_entry_removed
+    ):  # the explorer's notice (a missing column or edited n_layers: not yet)
+        assert said in _explorer(out, monkeypatch, capsys)

@@ -22,6 +22,7 @@ from depthlens.config import DTRConfig
 from depthlens.errors import DepthlensError, InputError
 from depthlens.stores import samples
 from depthlens.stores.access import Location, ParquetSource
+from depthlens.stores.commits import committed_problem
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.jsonl_access import JsonlSource
@@ -194,6 +195,12 @@ def _open_samples(root: Path, notices: list[str]) -> tuple[dict[str, Any], Parqu
     if sharded:
         source: ParquetSource | JsonlSource = ParquetSource(root / samples.SHARDS, manifest or None, notices)
         manifest = {**source.settings(), **manifest}
+        lost = committed_problem(root / samples.SHARDS, manifest)  # shards removed with their entries
+        if lost is not None:
+            notices.append(
+                f"{lost.message()} — every reader (export, thinkn --from, report) refuses this store; shown: what "
+                "the manifest lists"
+            )
     else:
         source = JsonlSource(root / SAMPLES, notices)
         lost = jsonl_commit_problem(root / SAMPLES, verify=False)  # records removed since their commit
