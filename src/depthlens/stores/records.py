@@ -43,7 +43,7 @@ def unencodable(value: object, field: str = "") -> str | None:
         return None
     if isinstance(value, dict):
         items: Any = value.items()
-    elif isinstance(value, list):
+    elif isinstance(value, list) and not _numbers(value):
         items = enumerate(value)
     else:
         return None
@@ -53,6 +53,15 @@ def unencodable(value: object, field: str = "") -> str | None:
             if found:
                 return found
     return None
+
+
+def _numbers(values: list[Any]) -> bool:
+    """A list of numbers or of rows of numbers (token ids, per-token values, divergence rows): no text in it. A
+    record's lists hold one kind each, so the first item says."""
+    first = values[0] if values else 0
+    if isinstance(first, list):
+        first = first[0] if first else 0
+    return isinstance(first, (int, float)) or first is None
 
 
 def text_problem(record: dict[str, Any]) -> str | None:
