@@ -146,7 +146,14 @@ class Runner:
                 push({"type": "error", "error": exc})
 
         self.submit(run, cancel)
+        self._streams.add(
+            queue
+        )  # now, not on first iteration: an abort before the response starts reaches it
         return self._drain(queue, cancel)
+
+    def busy(self) -> bool:
+        """Whether a handler still waits for its request's answer (a shutdown drains until none does)."""
+        return bool(self.waiting or self._streams)
 
     async def _drain(
         self, queue: asyncio.Queue[dict[str, Any]], cancel: threading.Event
@@ -154,7 +161,6 @@ class Runner:
         """The events of one stream until its last; ``abort`` puts an aborted error event in its queue, so the
         stream ends with it (then ``[DONE]``) at once, not at the engine's next step."""
         ended = False
-        self._streams.add(queue)
         self.waiting += 1
         try:
             while not ended:

@@ -38,7 +38,7 @@ class GracefulServer(uvicorn.Server):
         loop = asyncio.get_running_loop()
         self.runner.closing = True
         end = loop.time() + self.grace
-        while self.runner.waiting and loop.time() < end and not self.force_exit:
+        while self.runner.busy() and loop.time() < end and not self.force_exit:
             await asyncio.sleep(_POLL)
         self.runner.abort()
         self.config.timeout_graceful_shutdown = ANSWER_MARGIN  # the grace is spent: only the answers remain
