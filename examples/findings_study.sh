@@ -15,6 +15,9 @@
 #
 # Usage: bash examples/findings_study.sh [OUT] [stage] [model…]   stage: generate | vote | report | all (default)
 #                                                                        | qwen-chain (the second model's store)
+#                                                                        | fallback (issue 48: each store regraded
+#   under the final-result answer rule into a copy under OUT-fallback — no resampling —, then voted and reported
+#   like the originals; the compact per-response tables of both go to docs/data/findings/)
 # Every store resumes (--resume): stop it any time, run the same line again. JOBS stores are generated at once, one
 # thread each (OMP_NUM_THREADS=1): on a 2-core machine JOBS=2 (the default) keeps both cores busy and no more.
 set -euo pipefail
@@ -54,6 +57,18 @@ if [[ $STAGE == qwen-chain ]]; then
     --task-config min_terms=2,max_terms=4,min_digits=1,max_digits=2 --questions 32 --pool 16 --batch-size 16 \
     --max-new-tokens 192 --readout-tokens 50 --g 0.5 --rho 0.85 --backend hf --seed 0 --task-seed 0 \
     --out "$OUT/qwen2.5-coder-0.5b-instruct/chain_sum" --resume
+  exit
+fi
+if [[ $STAGE == fallback ]]; then
+  for store in "$OUT"/*/*/; do
+    store=${store%/}; rel=${store#"$OUT"/}; copy="$OUT-fallback/$rel"
+    [[ -d $store/samples ]] || continue
+    rm -rf "$copy"; mkdir -p "$(dirname "$copy")"
+    $D regrade "$store" --answer-fallback final-result --out "$copy"
+    vote "$copy"
+  done
+  $D report "$OUT-fallback" --bootstrap 10000
+  python examples/compact_table.py "$OUT" docs/data/findings
   exit
 fi
 if [[ $STAGE == generate || $STAGE == all ]]; then

@@ -681,3 +681,51 @@ def test_sigterm_aborts_what_the_grace_period_does_not_cover(model_dir, tmp_path
     assert answers[0].headers["content-type"] == "application/json"
     text = log.read_text()
     assert "Traceback" not in text and "Exception in ASGI application" not in text, text[-3000:]
+
+
+def test_bodies_no_field_check_sees_are_refused_in_json(server, model):
+    """Issue 51: deep JSON (a RecursionError under the body limit), a lone surrogate, an empty content list and
+    both token limits at once are each a 400 naming the fault, never a 500; no traceback in the log."""
+    import httpx
+
+    deep = '{"model": "m", "prompt": ' + "[" * 1900 + "]" * 1900 + "}"
+    answer = httpx.post(
+        f"{server.url}/v1/completions",
+        content=deep,
+        headers={"content-type": "application/json"},
+        timeout=TIMEOUT,
+    )
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_json", answer.text
+    surrogate = json.dumps({"model": model, "max_tokens": 2}).replace("}", ', "prompt": "a\\ud800b"}')
+    answer = httpx.post(
+        f"{server.url}/v1/completions",
+        content=surrogate,
+        headers={"content-type": "application/json"},
+        timeout=TIMEOUT,
+    )
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "prompt", answer.text
+    assert "lone surrogate" in answer.json()["error"]["message"]
+    chat = {"model": model, "messages": [{"role": "user", "content": []}], "max_tokens": 2}
+    answer = httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=TIMEOUT)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "messages[0].content", answer.text
+    both = {"model": model, "prompt": "x", "max_tokens": 2, "max_completion_tokens": 3}
+    answer = httpx.post(f"{server.url}/v1/completions", json=both, timeout=TIMEOUT)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "max_tokens", answer.text
+    assert "Traceback" not in server.log.read_text()
+
+
+def test_a_client_gone_mid_body_is_answered_499_without_a_traceback(server, model):
+    import socket
+
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000\r\n\r\n"
+    )
+    name = 'depthlens_requests_total{route="/v1/completions",status="499"}'
+    before = _metrics(server).get(name, 0.0)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head.encode() + b'{"model": "m", "prompt": "half')
+        time.sleep(0.5)
+    assert wait_for(lambda: _metrics(server).get(name, 0.0) == before + 1, 10)  # counted as 499, not 500
+    text = server.log.read_text()
+    assert "Traceback" not in text, text[-3000:]

@@ -1,9 +1,11 @@
 """A sample store driven through random sequences of what happens to stores — writes, kill -9 mid-write (in a
 subprocess, ``DEPTHLENS_FAULT_KILL_AFTER``), resumes, regrades (also killed), exports, a lost shard, a cut shard,
-bytes flipped in place, a shard of another run or a copy of one of its own, an edited manifest — with, after every
+bytes flipped in place, a shard of another run or a copy of one of its own, an edited manifest, a record edited
+against itself, a shard deleted with its manifest entry, a lock left by a killed writer — with, after every
 step, every reader either returning exactly the committed records (unique, each equal to an uninterrupted run's)
 or refusing naming the damaged file (the manifest, where it is the fault); ``depthlens check`` listing whatever a
-reader refuses (and saying ok only where every reader reads); a refused ``export`` leaving every file as it was;
+reader refuses (and saying ok only where every reader reads: every reader agrees with ``check``), and never a
+writer that is not running; a refused ``export`` leaving every file as it was;
 and ``--resume`` always bringing back everything computed. Bounded in ``make test`` (3 sequences of up to 8 steps);
 a soak: ``DEPTHLENS_SOAK_EXAMPLES=50 DEPTHLENS_SOAK_STEPS=20 pytest tests/test_store_states.py -s`` (prints the
 steps and states explored)."""
@@ -20,6 +22,8 @@ from collections import Counter
 from pathlib import Path
 from typing import ClassVar
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -29,7 +33,7 @@ from depthlens.config import GenerateRun, SamplingConfig, StoreSpec
 from depthlens.errors import StoreError
 from depthlens.evals.tasks import Question
 from depthlens.stores import layout
-from depthlens.stores.samples import SHARDS, iter_samples
+from depthlens.stores.samples import SHARDS, iter_samples, read_responses
 
 QUESTIONS = [Question(f"q{i}", f"{i} + {i}", str(2 * i)) for i in range(3)]
 SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=4, readout_tokens=None)
@@ -106,6 +110,8 @@ class StoreStates(RuleBasedStateMachine):
             set()
         )  # bytes changed in place: readers refuse by page CRC (or read them equal)
         self.edited: str | None = None  # the manifest as it was before an edit: readers refuse naming it
+        self.inconsistent: set[str] = set()  # a record edited against itself: readers refuse naming the shard
+        self.dropped = False  # a shard deleted with its manifest entry: readers refuse naming the manifest
         self.write(questions)  # every sequence starts from a written store, so every fault applies at once
 
     # ---- what happens to a store ------------------------------------------------------------------------------
@@ -124,7 +130,7 @@ class StoreStates(RuleBasedStateMachine):
                 written += 1
         return done
 
-    @precondition(lambda self: not self.foreign and self.edited is None)
+    @precondition(lambda self: not (self.foreign or self.inconsistent) and self.edited is None)
     @rule(questions=st.integers(1, 3))
     def write(self, questions):
         """generate (or --resume) with the first ``questions`` questions, to the end."""
@@ -136,9 +142,14 @@ class StoreStates(RuleBasedStateMachine):
         expected = self._expected_after(questions, None)
         generate(self.world["lm"], _run(self.out, resume=resume), QUESTIONS[:questions])
         self.questions, self.committed, self.damaged, self.flipped = questions, expected, set(), set()
+        self.dropped = False  # the resume computes the dropped shard's records again and commits a new count
 
     @precondition(
-        lambda self: not (self.foreign or self.flipped) and self.edited is None and self.out.exists()
+        lambda self: (
+            not (self.foreign or self.flipped or self.inconsistent or self.dropped)
+            and self.edited is None
+            and self.out.exists()
+        )
     )
     @rule(kill_after=st.integers(0, 3), questions=st.integers(1, 3))
     def killed_write(self, kill_after, questions):
@@ -154,7 +165,9 @@ class StoreStates(RuleBasedStateMachine):
 
     @precondition(
         lambda self: (
-            self.committed and not (self.damaged or self.foreign or self.flipped) and self.edited is None
+            self.committed
+            and not (self.damaged or self.foreign or self.flipped or self.inconsistent or self.dropped)
+            and self.edited is None
         )
     )
     @rule(killed=st.booleans(), kill_after=st.integers(0, 2))
@@ -167,13 +180,15 @@ class StoreStates(RuleBasedStateMachine):
         else:
             regrade_store(self.out)
 
-    @precondition(lambda self: self.committed and not self.foreign and self.edited is None)
+    @precondition(
+        lambda self: self.committed and not (self.foreign or self.inconsistent) and self.edited is None
+    )
     @rule(which=st.integers(0, 10), how=st.sampled_from(["lost", "cut", "flipped"]))
     def damage(self, which, how):
         """A committed shard lost, cut short, or with bytes changed in place (same size)."""
         self.steps["damage"] += 1
         shards = json.loads((self.out / SHARDS / layout.MANIFEST).read_text())["shards"]
-        bad = self.damaged | self.flipped
+        bad = self.damaged | self.flipped | self.inconsistent
         present = [s for s in shards if (self.out / SHARDS / s["file"]).is_file() and s["file"] not in bad]
         if not present:
             return
@@ -197,7 +212,9 @@ class StoreStates(RuleBasedStateMachine):
 
     @precondition(
         lambda self: (
-            self.committed and not (self.foreign or self.damaged or self.flipped) and self.edited is None
+            self.committed
+            and not (self.foreign or self.damaged or self.flipped or self.inconsistent or self.dropped)
+            and self.edited is None
         )
     )
     @rule(key=st.sampled_from(["pool", "dtr.g", "readout.divergence"]))
@@ -222,7 +239,13 @@ class StoreStates(RuleBasedStateMachine):
         (self.out / SHARDS / layout.MANIFEST).write_text(self.edited)
         self.edited = None
 
-    @precondition(lambda self: self.out.exists() and not self.foreign and self.edited is None)
+    @precondition(
+        lambda self: (
+            self.out.exists()
+            and not (self.foreign or self.inconsistent or self.dropped)
+            and self.edited is None
+        )
+    )
     @rule(which=st.integers(0, 10), listed=st.booleans(), own=st.booleans())
     def foreign_shard(self, which, listed, own):
         """A shard of another run (or, ``own``, a copy of one of this store's: its records twice) copied in, over
@@ -253,6 +276,88 @@ class StoreStates(RuleBasedStateMachine):
         if saved is not None:
             (self.out / SHARDS / name).write_bytes(saved)
         self.foreign = set()
+
+    def _whole_shards(self) -> list[dict]:
+        shards = json.loads((self.out / SHARDS / layout.MANIFEST).read_text())["shards"]
+        bad = self.damaged | self.flipped | self.inconsistent | self.foreign
+        return [s for s in shards if (self.out / SHARDS / s["file"]).is_file() and s["file"] not in bad]
+
+    @precondition(lambda self: self.committed and not (self.foreign or self.dropped) and self.edited is None)
+    @rule(which=st.integers(0, 10))
+    def edit_record(self, which):
+        """A record's values edited against each other (token_count one more than its tokens), checksums and
+        hash made to match: only the one record validation sees it."""
+        shards = self._whole_shards()
+        if not shards:
+            return
+        self.steps["edit_record"] += 1
+        shard = shards[which % len(shards)]
+        path = self.out / SHARDS / shard["file"]
+        table = pq.read_table(path)
+        i = table.column_names.index("token_count")
+        counts = table.column("token_count").to_pylist()
+        counts[0] += 1
+        table = table.set_column(i, "token_count", pa.array(counts, type=table.schema.field(i).type))
+        data = layout.encode(table, dict(table.schema.metadata))
+        path.write_bytes(data)
+        meta = self.out / SHARDS / layout.MANIFEST
+        manifest = json.loads(meta.read_text())
+        for entry in manifest["shards"]:
+            if entry["file"] == shard["file"]:
+                entry.update(bytes=len(data), sha256=layout.entry(shard["file"], table, data)["sha256"])
+        meta.write_text(json.dumps(manifest))
+        self.inconsistent.add(shard["file"])
+
+    @precondition(lambda self: bool(self.inconsistent))
+    @rule()
+    def follow_the_record_remedy(self):
+        """'move that shard out of the store and rerun the command that wrote it with --resume'."""
+        self.steps["follow_the_record_remedy"] += 1
+        for name in self.inconsistent:
+            shard = next(
+                s
+                for s in json.loads((self.out / SHARDS / layout.MANIFEST).read_text())["shards"]
+                if s["file"] == name
+            )
+            (self.out / SHARDS / name).replace(self.root / f"moved-{self.out.name}-{name}")
+            self.damaged.add(name)
+            self.committed -= set(shard["ids"])
+        self.inconsistent = set()
+        self.write(self.questions)
+
+    @precondition(
+        lambda self: (
+            self.committed and not (self.foreign or self.inconsistent or self.dropped) and self.edited is None
+        )
+    )
+    @rule(which=st.integers(0, 10))
+    def drop_with_entry(self, which):
+        """A shard deleted together with its manifest entry (the store's count of records left as committed)."""
+        shards = self._whole_shards()
+        if not shards:
+            return
+        self.steps["drop_with_entry"] += 1
+        shard = shards[which % len(shards)]
+        meta = self.out / SHARDS / layout.MANIFEST
+        manifest = json.loads(meta.read_text())
+        manifest["shards"] = [s for s in manifest["shards"] if s["file"] != shard["file"]]
+        meta.write_text(json.dumps(manifest))
+        (self.out / SHARDS / shard["file"]).unlink()
+        self.committed -= set(shard["ids"])
+        self.dropped = True
+
+    @precondition(lambda self: self.out.exists() and not self._lock_text())
+    @rule(pid=st.integers(10_000_000, 20_000_000))
+    def stale_lock(self, pid):
+        """A lock file left by a writer killed with -9: its text names a process that holds nothing."""
+        self.steps["stale_lock"] += 1
+        lock = self.out / SHARDS / "_depthlens.lock"
+        if lock.parent.is_dir():
+            lock.write_text(f"pid {pid} (depthlens generate --out {self.out})\n")
+
+    def _lock_text(self) -> str:
+        lock = self.out / SHARDS / "_depthlens.lock"
+        return lock.read_text().strip() if lock.is_file() else ""
 
     def _child(self, kind: str, questions: int, kill_after: int) -> int | None:
         proc = self.world["ctx"].Process(
@@ -295,7 +400,10 @@ class StoreStates(RuleBasedStateMachine):
             return
         from depthlens.stores.check import check
 
-        problems = [p for report in check(self.out) for p in report.problems]
+        reports = check(self.out)
+        problems = [p for report in reports for p in report.problems]
+        notes = [n for report in reports for n in report.notes]
+        assert not any("being written now" in n for n in notes), notes  # no writer runs between steps
         self.states.add(
             (
                 len(self.committed),
@@ -303,16 +411,18 @@ class StoreStates(RuleBasedStateMachine):
                 self.edited is not None,
             )
         )
-        bad = self.damaged | self.foreign
+        bad = self.damaged | self.foreign | self.inconsistent | ({layout.MANIFEST} if self.dropped else set())
         names = bad | self.flipped | ({layout.MANIFEST} if self.edited is not None else set())
         try:
             records = list(iter_samples(self.out))
+            # every reader agrees with check: the studies' reader (one record validation) too
+            records = [r for _, r in read_responses(self.out)]
         except StoreError as exc:
             assert any(name in str(exc) for name in names), str(exc)  # refused by name
             if self.edited is not None:
                 assert layout.MANIFEST in str(exc) and "move it out" not in str(exc), str(exc)
             assert problems, f"a reader refuses ({exc}) and check lists nothing"
-            assert any(p.path.name in names or p.path.name.split(":")[0] in names for p in problems), problems
+            assert any(any(name in str(p.path) for name in names) for p in problems), problems
             self._refused_export()
             return
         assert not bad and self.edited is None, f"read despite {bad or 'an edited manifest'}"

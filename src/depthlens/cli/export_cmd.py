@@ -86,20 +86,34 @@ def _write_export(store: Path, out: Path, manifest: dict[str, Any], verify: bool
     import json
     import os
 
+    from depthlens.stores.commits import COMMITTED, Running
     from depthlens.stores.files import manifest_path, write_error, write_json
-    from depthlens.stores.parquet import iter_store
+    from depthlens.stores.readers import read_checked
 
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    count = 0
+    count, committed = 0, Running()  # the export's own commit, as every JSONL store keeps one
     try:
         with tmp.open("w", encoding="utf-8") as f:
-            for record in iter_store(store, verify=verify):
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            # the checked read every reader makes (``stores.readers``): export refuses what `check` refuses
+            for _, record in read_checked(store, verify=verify):
+                line = json.dumps(record, ensure_ascii=False)
+                if not line.isascii() and not _encodable(line):
+                    line = json.dumps(record)  # a text UTF-8 cannot carry (a lone surrogate): written escaped
+                f.write(line + "\n")
+                committed.add((line + "\n").encode("utf-8"))
                 count += 1
-        write_json(manifest_path(out), manifest)
+        write_json(manifest_path(out), {**manifest, COMMITTED: committed.entry()})
         tmp.replace(out)
     except OSError as exc:
         raise write_error(out, exc) from exc
     finally:
         tmp.unlink(missing_ok=True)  # every failure (a damaged shard included) leaves no temporary file
     return count
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -74,6 +74,11 @@ class ModelInfo:
         return len(self.tokenizer)
 
     @property
+    def vocab_rows(self) -> int:
+        """The embedding's rows (padding included): every token id the model can sample is below it."""
+        return max(int(getattr(text_config(self.config), "vocab_size", 0) or 0), self.vocab_size)
+
+    @property
     def max_positions(self) -> int | None:
         text = text_config(self.config)
         for attr in ("max_position_embeddings", "n_positions", "max_sequence_length"):

@@ -36,6 +36,15 @@ class LoadedModel:
         return self.parts.n_layers
 
     @property
+    def vocab_rows(self) -> int:
+        """The unembedding's rows: every token id the model can sample is below it (stores record it, so a
+        stored token id at or past it is refused as damage)."""
+        weight = getattr(self.parts.unembed, "weight", None)
+        if weight is not None:
+            return int(weight.shape[0])
+        return int(getattr(self.model.config, "vocab_size", 0) or len(self.tokenizer or ()))
+
+    @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from depthlens.config import ServeConfig
@@ -92,13 +92,21 @@ class Server:
 
     async def parse(self, request: Request, model: type[BaseModel]) -> Job:
         self.check_key(request)
-        raw = await request.body()
+        try:
+            raw = await request.body()
+        except ClientDisconnect:
+            raise ClientGone() from None  # answered 499, unlogged (``errors.install``)
         try:
             data = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ApiError(400, f"the body is not valid JSON ({exc})", code="invalid_json") from None
+        except RecursionError:
+            raise ApiError(
+                400, "the body's JSON is nested too deeply to read; send a flatter body", code="invalid_json"
+            ) from None
         if not isinstance(data, dict):
             raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+        errors.refuse_body(data)
         try:
             body = model.model_validate(data)
         except ValidationError as exc:

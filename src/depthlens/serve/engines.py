@@ -16,7 +16,9 @@ Each request gets a fresh ``ServeBackend`` (a ``GenerationBackend`` with the req
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -101,6 +103,11 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+# Fault injection for the tests: each generation step of a served request takes this many seconds more (a loaded
+# machine's step), so a shutdown can be shown not to wait for a step to end.
+STEP_DELAY = "DEPTHLENS_FAULT_STEP_DELAY"
+
+
 class HFBackend:
     """``HFGenerator`` for one request: counts the tokens it generates, raises ``GenerationCancelled`` at the next
     step once ``cancel`` is set."""
@@ -133,9 +140,15 @@ class HFBackend:
     def _guarded(self) -> Watch:
         watch, cancel = self.watch, self.cancel
 
+        delay = float(os.environ.get(STEP_DELAY, "0") or 0)
+
         def on_step(traces: Sequence[Trace]) -> None:
             if cancel is not None and cancel.is_set():
                 raise GenerationCancelled()
+            if (
+                delay > 0
+            ):  # a slow step (tests/test_serve_shutdown.py): a cancel set meanwhile waits for the next
+                time.sleep(delay)
             watch.on_step(traces)
 
         return Watch(on_step, watch.ends)

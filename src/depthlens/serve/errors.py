@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from depthlens.errors import DepthlensError
@@ -147,8 +147,51 @@ async def _unforeseen(request: Request, exc: Exception) -> JSONResponse:
     return ApiError(500, message, code="internal_error").response()
 
 
+def refuse_body(data: dict[str, Any]) -> None:
+    """What no field's own check sees: a text UTF-8 cannot carry (a lone surrogate, which JSON can spell), a
+    message whose content is an empty list, and ``max_tokens`` given together with ``max_completion_tokens``
+    (which of the two was meant is not guessed)."""
+    from depthlens.stores.records import unencodable
+
+    field = unencodable(data)
+    if field is not None:
+        raise ApiError(
+            400,
+            f"{field} holds a lone surrogate (text UTF-8 cannot encode, e.g. \\ud800); send the text whole",
+            field,
+            "invalid_text",
+        )
+    messages = data.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        if isinstance(message, dict) and message.get("content") == []:
+            raise ApiError(
+                400,
+                f"messages[{i}].content is an empty list; give the message's text",
+                f"messages[{i}].content",
+            )
+    if data.get("max_tokens") is not None and data.get("max_completion_tokens") is not None:
+        raise ApiError(
+            400,
+            "max_tokens and max_completion_tokens given together; send one of them (max_completion_tokens is "
+            "OpenAI's newer name)",
+            "max_tokens",
+            "invalid_value",
+        )
+
+
+def _client_gone(request: Request, exc: Exception) -> Response:
+    """A client that left (mid-body, or before its answer): 499, as proxies log it; nobody reads the answer."""
+    return Response(status_code=499)
+
+
 def install(app: Any) -> None:
     """The handlers that turn every exception into the OpenAI error body."""
+    from starlette.requests import ClientDisconnect
+
+    from depthlens.serve.runner import ClientGone
+
+    app.add_exception_handler(ClientGone, _client_gone)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _unforeseen)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import math
 import statistics
 import threading
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from depthlens.config import ServeConfig
+from depthlens.sampling.live import GenerationCancelled
 from depthlens.serve.engines import Engine
 from depthlens.serve.errors import ApiError
 
@@ -41,6 +43,9 @@ class Runner:
         self.pool = ThreadPoolExecutor(max_workers=self.running, thread_name_prefix="depthlens-request")
         self.active = 0  # admitted and not yet finished (running + queued); touched on the event loop only
         self.cancels: set[threading.Event] = set()
+        self.waiting = 0  # handlers waiting for their request's work (answers not yet decided)
+        self._aborted: asyncio.Event | None = None  # set by ``abort``: every waiting handler answers at once
+        self._streams: set[asyncio.Queue[dict[str, Any]]] = set()
         self.closing = False
         self.stats: collections.Counter[str] = collections.Counter()
         self.durations: collections.deque[float] = collections.deque(maxlen=64)
@@ -79,7 +84,9 @@ class Runner:
         began = time.monotonic()
         future = loop.run_in_executor(self.pool, work)
 
-        def release(_: Any) -> None:
+        def release(done: asyncio.Future[T]) -> None:
+            if not done.cancelled():
+                done.exception()  # retrieved: a request answered before its thread ended logs no traceback
             self.active -= 1
             self.cancels.discard(cancel)
             self.durations.append(time.monotonic() - began)
@@ -92,18 +99,29 @@ class Runner:
         """``work``'s result, or ``ClientGone`` once the client disconnected (``cancel`` then set)."""
         future = self.submit(work, cancel)
         gone = asyncio.ensure_future(_disconnected(request))
+        aborted = asyncio.ensure_future(self._abort_event().wait())
+        self.waiting += 1
         try:
-            await asyncio.wait({future, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({future, gone, aborted}, return_when=asyncio.FIRST_COMPLETED)
             if not future.done():
-                cancel.set()
-                await asyncio.wait({future})  # the engine aborts its samples at its next step
+                cancel.set()  # the engine aborts its samples at its next step; the answer does not wait for it
+                if aborted.done():
+                    raise GenerationCancelled()  # answered now (503 aborted), however long a step takes
+                await asyncio.wait({future})
                 raise ClientGone()
             return future.result()
-        except asyncio.CancelledError:  # the server cancels the handler (grace period over)
+        except asyncio.CancelledError:  # the server cancels the handler (its own timeout ran out)
             cancel.set()
             raise
         finally:
+            self.waiting -= 1
             gone.cancel()
+            aborted.cancel()
+
+    def _abort_event(self) -> asyncio.Event:
+        if self._aborted is None:
+            self._aborted = asyncio.Event()
+        return self._aborted
 
     def stream(
         self, work: Callable[[Callable[[dict[str, Any]], None]], T], cancel: threading.Event
@@ -128,7 +146,32 @@ class Runner:
                 push({"type": "error", "error": exc})
 
         self.submit(run, cancel)
-        return _drain(queue, cancel)
+        self._streams.add(
+            queue
+        )  # now, not on first iteration: an abort before the response starts reaches it
+        return self._drain(queue, cancel)
+
+    def busy(self) -> bool:
+        """Whether a handler still waits for its request's answer (a shutdown drains until none does)."""
+        return bool(self.waiting or self._streams)
+
+    async def _drain(
+        self, queue: asyncio.Queue[dict[str, Any]], cancel: threading.Event
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The events of one stream until its last; ``abort`` puts an aborted error event in its queue, so the
+        stream ends with it (then ``[DONE]``) at once, not at the engine's next step."""
+        ended = False
+        self.waiting += 1
+        try:
+            while not ended:
+                event = await queue.get()
+                ended = event["type"] in ("done", "error")
+                yield event
+        finally:
+            self._streams.discard(queue)
+            self.waiting -= 1
+            if not ended:
+                cancel.set()  # the client left mid-stream (or the server cancelled the handler)
 
     def health(self) -> dict[str, Any]:
         return {
@@ -146,29 +189,21 @@ class Runner:
         self.closing = True
         for cancel in list(self.cancels):
             cancel.set()
+        with contextlib.suppress(RuntimeError):  # called off the event loop (no loop): nobody waits to answer
+            asyncio.get_running_loop()
+            self._abort_event().set()
+            for queue in list(self._streams):
+                queue.put_nowait({"type": "error", "error": GenerationCancelled()})
 
     def close(self) -> None:
-        """Abort every request still running, stop the engine, wait for the request threads."""
+        """Abort every request still running, stop the engine; the request threads end at their engine's next
+        step (not waited for: the shutdown's time must not depend on how long a step takes)."""
         self.abort()
         self.engine.close()
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 async def _disconnected(request: Request) -> None:
     """Returns once the client has disconnected."""
     while not await request.is_disconnected():
         await asyncio.sleep(0.2)
-
-
-async def _drain(
-    queue: asyncio.Queue[dict[str, Any]], cancel: threading.Event
-) -> AsyncIterator[dict[str, Any]]:
-    ended = False
-    try:
-        while not ended:
-            event = await queue.get()
-            ended = event["type"] in ("done", "error")
-            yield event
-    finally:
-        if not ended:
-            cancel.set()  # the client left mid-stream (or the server cancelled the handler)

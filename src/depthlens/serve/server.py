@@ -1,17 +1,16 @@
 """uvicorn's server with the shutdown docs/serve.md promises.
 
-On SIGTERM (or Ctrl-C) uvicorn stops accepting connections and waits for the running requests; past its
-``timeout_graceful_shutdown`` it cancels their handlers, which answers a plain-text 500 (a traceback in the log)
-or cuts a started stream without ``[DONE]``. So the server aborts them itself first: once ``--shutdown-grace``
-has run out, every running request's samples are aborted in the engine (``Runner.abort``) and each request
-answers as any aborted request does — an OpenAI-shaped 503, or a started stream's error event then ``[DONE]`` —
-while uvicorn waits ``ANSWER_MARGIN`` seconds more for those answers to go out.
+uvicorn alone, on SIGTERM (or Ctrl-C), closes its socket at once (a request a second later is refused at the
+socket) and past its ``timeout_graceful_shutdown`` cancels the handlers still running (a plain-text 500, a stream
+cut without ``[DONE]``, CancelledError tracebacks). So the server drains first: the socket stays open and a new
+request gets an OpenAI-shaped 503 ``shutting_down``; the running requests get ``--shutdown-grace`` seconds to
+finish; then every request still waiting is answered at once (``Runner.abort``: 503 ``aborted``, or a started
+stream's error event then ``[DONE]``) without waiting for its engine's step, and uvicorn closes the connections.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import socket
 from typing import Any
 
@@ -19,7 +18,8 @@ import uvicorn
 
 from depthlens.serve.runner import Runner
 
-ANSWER_MARGIN = 10  # s uvicorn waits past the grace period for the aborted requests' answers
+ANSWER_MARGIN = 10  # s uvicorn waits past the grace period for the aborted requests' answers to go out
+_POLL = 0.05  # s between looks at the requests still running while they drain
 
 
 class GracefulServer(uvicorn.Server):
@@ -31,12 +31,18 @@ class GracefulServer(uvicorn.Server):
         self.grace = grace
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self.runner.closing = True  # a request that still arrives gets 503; /health says unavailable
-        timer = asyncio.get_running_loop().call_later(self.grace, self.runner.abort)
-        try:
-            await super().shutdown(sockets)
-        finally:
-            timer.cancel()
+        """Drain, then abort, then uvicorn's own shutdown: the socket stays open while the running requests
+        drain (a new one gets 503 ``shutting_down``, /health says unavailable); past ``grace`` every request
+        still waiting is answered at once (``Runner.abort``: 503 ``aborted``, or a stream's error event then
+        ``[DONE]``), however long its engine's step takes; uvicorn then closes the connections."""
+        loop = asyncio.get_running_loop()
+        self.runner.closing = True
+        end = loop.time() + self.grace
+        while self.runner.busy() and loop.time() < end and not self.force_exit:
+            await asyncio.sleep(_POLL)
+        self.runner.abort()
+        self.config.timeout_graceful_shutdown = ANSWER_MARGIN  # the grace is spent: only the answers remain
+        await super().shutdown(sockets)
 
 
 def make_server(app: Any, host: str, port: int, log_level: str, grace: float) -> uvicorn.Server:
@@ -47,6 +53,6 @@ def make_server(app: Any, host: str, port: int, log_level: str, grace: float) ->
         port=port,
         log_level=log_level,
         lifespan="on",
-        timeout_graceful_shutdown=math.ceil(grace) + ANSWER_MARGIN,
+        timeout_graceful_shutdown=ANSWER_MARGIN,  # counted from the end of the drain (``shutdown``)
     )
     return GracefulServer(config, app.state.server.runner, grace)

@@ -10,11 +10,20 @@ from typing import Any
 
 import pyarrow as pa
 
+from depthlens.config import StoreFormat
 from depthlens.errors import StoreError
 from depthlens.stores import layout
+from depthlens.stores.commits import committed_problem
 from depthlens.stores.files import manifest_path, read_json
-from depthlens.stores.lock import holder
-from depthlens.stores.parquet import duplicate_problem, jsonl_ranges, jsonl_record_problem, shard_fault
+from depthlens.stores.lock import writer
+from depthlens.stores.parquet import (
+    duplicate_problem,
+    jsonl_commit_problem,
+    jsonl_ranges,
+    jsonl_record_problem,
+    shard_fault,
+)
+from depthlens.stores.readers import sample_store_of
 from depthlens.stores.samples import SAMPLES, SHARDS
 
 
@@ -40,10 +49,21 @@ def check(path: Path, verify: bool = True) -> list[CheckReport]:
             f"{path}: neither a Parquet store ({layout.MANIFEST}), a JSONL store nor a sample store "
             f"({SHARDS}/ or {SAMPLES}); nothing to check"
         )
-    reports = [check_parquet(s, verify) if s.is_dir() else check_jsonl(s) for s in found]
-    if len(found) == 1 and found[0].parent == path:  # a sample store: are its summaries of its present state?
-        _read_as_studies_do(path, reports[0])
-        reports[0].notes += _derived(path)
+    if path.is_file() and _is_parquet(path):
+        raise StoreError(
+            f"{path}: a shard of a Parquet store, not a store; check the store it belongs to: "
+            f"`depthlens check {path.parent}`"
+        )
+    out_dir = sample_store_of(found[0]) if len(found) == 1 else None
+    # a sample store's JSONL commit is checked by its reader, after its records (``_read_as_studies_do``)
+    reports = [
+        check_parquet(s, verify) if s.is_dir() else check_jsonl(s, verify, commit=out_dir is None)
+        for s in found
+    ]
+    if out_dir is not None:  # a sample store (or its responses): are its summaries of its present state?
+        _read_as_studies_do(out_dir, reports[0], "parquet" if found[0].is_dir() else "jsonl", verify)
+        if out_dir == path:
+            reports[0].notes += _derived(path)
     if len(found) > 1:
         reports[0].problems.append(
             layout.Problem(
@@ -56,18 +76,30 @@ def check(path: Path, verify: bool = True) -> list[CheckReport]:
     return reports
 
 
-def _read_as_studies_do(out_dir: Path, report: CheckReport) -> None:
+def _is_parquet(path: Path) -> bool:
+    """A Parquet file (it starts with ``PAR1``), whatever its name."""
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"PAR1"
+    except OSError:
+        return False
+
+
+def _read_as_studies_do(out_dir: Path, report: CheckReport, fmt: StoreFormat, verify: bool) -> None:
     """The sample store read through the one reader every study uses (``read_responses``): what it refuses beyond
     the files — the manifest's fields, a record's fields, the divergences' kinds and width — is listed too, so
     `check` says ok only where every reader reads. Skipped where the files already have problems (every reader
     refuses those first)."""
-    from depthlens.stores.samples import read_responses
+    from depthlens.stores.parquet import verifying
+    from depthlens.stores.samples import picking, read_responses
 
     if report.problems:
         return
     try:
-        for _ in read_responses(out_dir):
-            pass
+        # a JSONL store's committed bytes are hashed here (a Parquet store's shards were, by check_parquet)
+        with picking(fmt), verifying(verify and fmt == "jsonl"):
+            for _ in read_responses(out_dir):
+                pass
     except layout.Refused as exc:
         report.problems.append(exc.problem)
     except StoreError as exc:
@@ -90,7 +122,9 @@ def _derived(out_dir: Path) -> list[str]:
 
 
 def _held(store: Path, report: CheckReport) -> None:
-    who = holder(store)
+    """A note where a command writes the store now: asked of the kernel (``lock.writer``), not of the lock file's
+    text, which a writer killed with -9 leaves behind (its note would be false: a new writer is not blocked)."""
+    who = writer(store)
     if who:
         report.notes.append(f"being written now by {who}: files in flight are expected")
 
@@ -126,6 +160,9 @@ def check_parquet(store: Path, verify: bool) -> CheckReport:
             "next --resume moves it to the current layout"
         )
     report.problems += unlisted
+    lost = committed_problem(store, manifest)
+    if lost is not None:
+        report.problems.append(lost)
     seen: dict[str, str] = {}
     for shard in shards:
         problem, table = _check_shard(store, manifest, shard, verify)
@@ -159,7 +196,10 @@ def _check_shard(
         table = layout.read_table(path, layout.resume_remedy(store, manifest, shard))
     except (StoreError, FileNotFoundError) as exc:
         detail = str(exc).removeprefix(f"{path}: ").split("; rerun")[0]
-        return layout.Problem(path, "cut", detail, layout.resume_remedy(store, manifest, shard)), None
+        # its size is the committed one (``shard_problem`` passed): bytes changed in place, as the sha256 says
+        # without --quick — not cut
+        detail = f"its content changed since it was committed ({detail})"
+        return layout.Problem(path, "changed", detail, layout.resume_remedy(store, manifest, shard)), None
     problem = shard_fault(store, path, manifest, shard, table)
     return problem, None if problem is not None else table
 
@@ -185,9 +225,11 @@ def _hidden(store: Path, listed: set[str], report: CheckReport) -> None:
             )
 
 
-def check_jsonl(store: Path) -> CheckReport:
+def check_jsonl(store: Path, verify: bool = True, commit: bool = True) -> CheckReport:
     """A JSONL store line by line, with the readers' own checks (``jsonl_record_problem``): cut or non-JSON
-    lines, repeated ids, values out of range; and its manifest, present and readable."""
+    lines, repeated ids, values out of range; its manifest, present and readable; and the file against the
+    records its manifest committed (``jsonl_commit_problem``; ``verify`` also hashes them; ``commit`` False: the
+    caller reads the store through its reader, which checks that last)."""
     report = CheckReport(store)
     _held(store, report)
     meta = manifest_path(store)
@@ -229,4 +271,11 @@ def check_jsonl(store: Path) -> CheckReport:
                 report.problems.append(problem)
                 continue
             report.records += 1
+    committed = jsonl_commit_problem(store, verify)
+    if (
+        commit
+        and committed is not None
+        and not any(p.kind in ("damaged", "ids", "cut") for p in report.problems)
+    ):
+        report.problems.append(committed)  # a damaged line is the fault named (editing it changed the bytes)
     return report

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from depthlens.errors import InputError, named
+from depthlens.stores.records import unencodable
 
 _SHAPES = (
     ("prompt", "completion"),
@@ -79,6 +80,12 @@ def check_record(data: object, where: str) -> None:
         for key in (k for k in shape if k != "messages"):
             if not isinstance(data[key], str):
                 raise InputError(f"{where}: '{key}' must be a string, got {type(data[key]).__name__}")
+    field = unencodable(data)
+    if field is not None:  # JSON can spell a lone surrogate (\ud800); no store or tokenizer can take it
+        raise InputError(
+            f"{where}: '{field}' holds a lone surrogate (text UTF-8 cannot encode, e.g. \\ud800); give the text "
+            "whole (a surrogate pair, or the character itself)"
+        )
 
 
 def read_records(path: Path, skip_bad: bool = False) -> tuple[list[InputRecord], list[BadLine]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from depthlens.errors import StoreError, named
+from depthlens.stores.commits import COMMITTED, Running
 from depthlens.stores.files import (
     ResumeRules,
     changed_settings,
@@ -30,7 +31,7 @@ from depthlens.stores.validate import Bound, bounds, record_fault
 # halfway through writing the next one, leaving the torn line a real kill -9 or power cut would.
 KILL_AFTER = "DEPTHLENS_FAULT_KILL_AFTER"
 # ``precision`` describes the model as loaded (a name resumes whatever the device made of it), as n_layers does
-_UNCOMPARED = {"command", "started", "input_hashes", "run_id", "precision"}
+_UNCOMPARED = {"command", "started", "input_hashes", "run_id", "precision", COMMITTED}
 
 
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
@@ -227,7 +228,9 @@ class ResultWriter:
                 out.write_text("")
             except OSError as exc:
                 raise write_error(out, exc) from exc
-        write_json(meta, manifest)
+        self._commit = Running.of(out)  # what the file holds now, the lines a resume keeps
+        self._manifest = {k: v for k, v in manifest.items() if k != COMMITTED}
+        self._commit_manifest()
         self._file: TextIO = out.open("a", encoding="utf-8")
         self._kill_after = int(os.environ.get(KILL_AFTER, "-1"))
 
@@ -246,10 +249,16 @@ class ResultWriter:
             # Leave no torn record behind: cut the file back to its last whole line.
             self._file = _reopen_truncated(self.out, size, self._file)
             raise write_error(self.out, exc) from exc
+        self._commit.add(line.encode("utf-8"))
         self._written += 1
 
+    def _commit_manifest(self) -> None:
+        write_json(manifest_path(self.out), {**self._manifest, COMMITTED: self._commit.entry()})
+
     def flush(self) -> None:
-        """Nothing to do: every record is on disk once ``write`` returns (``ShardWriter`` commits here)."""
+        """Commit the records written so far in the manifest (``stores.commits``): each is on disk once
+        ``write`` returns; the manifest's count and digest follow them here (a batch), as ``ShardWriter`` commits."""
+        self._commit_manifest()
 
     def close(self) -> None:
         try:
@@ -257,6 +266,10 @@ class ResultWriter:
                 OSError
             ):  # a failed flush already raised from write(), the file cut back
                 self._file.close()
+            # the file as it is now (``reorder`` may have rewritten it since the last write)
+            self._commit = Running.of(self.out)
+            with contextlib.suppress(StoreError, OSError):  # a full disk: the last commit stands (a prefix)
+                self._commit_manifest()
         finally:
             self._lock.close()
 

@@ -146,6 +146,18 @@ def entries(store: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
         isinstance(s, dict) and isinstance(s.get("file"), str) for s in shards
     ):
         raise StoreError(f"{manifest_file(store)}: no list of shards; not a depthlens Parquet store")
+    for s in shards:
+        wrong = [k for k in ("rows", "bytes") if k in s and not (isinstance(s[k], int) and s[k] >= 0)]
+        if wrong:
+            raise Refused(
+                Problem(
+                    manifest_file(store),
+                    "manifest",
+                    f"the entry of {s['file']} holds {', '.join(f'{k} {s[k]!r}' for k in wrong)}, not a count "
+                    "(a whole number ≥ 0): the manifest was edited outside depthlens",
+                    "restore it from a copy of the store",
+                )
+            )
     owner: dict[str, str] = {}
     for s in shards:
         for i in s.get("ids") or []:
@@ -292,12 +304,33 @@ def unlisted_problem(store: Path, name: str, manifest: dict[str, Any]) -> Proble
         if run
         else "of unknown origin"
     )
+    if run and run == manifest.get("run_id") and _lost_from(path, manifest):
+        # a committed shard of this very run whose records the manifest no longer lists anywhere: its shard list
+        # was edited, and moving the good shard out (what a copy needs) would drop its records from the store
+        return Problem(
+            store / MANIFEST,
+            "manifest",
+            f"does not list {path}, a shard of this store's own run holding records it lists nowhere else: the "
+            "manifest's shard list was edited outside depthlens (the shard is not at fault)",
+            "restore the manifest from a copy of the store; leave the shard where it is",
+        )
     return Problem(
         path,
         "unlisted",
         f"a data file the manifest does not list ({whose}): Parquet readers of the directory would read it",
         "move it out of the store",
     )
+
+
+def _lost_from(path: Path, manifest: dict[str, Any]) -> bool:
+    """Whether none of the ids the shard ``path`` holds is listed by the manifest (a copy of a listed shard holds
+    listed ids)."""
+    listed = {str(i) for s in manifest.get("shards") or [] if isinstance(s, dict) for i in s.get("ids") or []}
+    try:
+        ids = {str(i) for i in pq.read_table(path, columns=["id"]).column("id").to_pylist()}
+    except (OSError, KeyError, pa.ArrowException):
+        return False
+    return bool(ids) and not ids & listed
 
 
 def unlisted(store: Path, listed: Iterable[str], manifest: dict[str, Any]) -> list[Problem]:

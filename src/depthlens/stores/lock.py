@@ -52,8 +52,11 @@ def _acquire(store: Path, path: Path) -> int:
             f"{store} is being written by another command ({who or 'pid unknown'}); wait for it to finish, or "
             "stop it — one writer at a time keeps the store whole"
         ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"pid {os.getpid()} ({' '.join(['depthlens', *sys.argv[1:]])[:300]})\n".encode())
+    with contextlib.suppress(
+        OSError
+    ):  # a full disk: the lock holds without its note (the kernel knows the holder)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} ({' '.join(['depthlens', *sys.argv[1:]])[:300]})\n".encode())
     return fd
 
 
@@ -82,6 +85,10 @@ def store_lock(store: Path) -> Iterator[None]:
             del _held[path]
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
+            if (
+                not store.exists()
+            ):  # the command failed before writing anything: leave no lock of nothing behind
+                path.unlink(missing_ok=True)
             os.close(fd)  # releases the lock; the file stays (removing it would race with a waiting writer)
         else:
             _held[path] = (fd, _held[path][1] - 1)

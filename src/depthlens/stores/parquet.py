@@ -24,9 +24,11 @@ import pyarrow as pa
 from depthlens.errors import StoreError
 from depthlens.stores import layout
 from depthlens.stores.arrow import table_records, to_table
+from depthlens.stores.commits import COMMITTED, commit_problem, committed_problem
 from depthlens.stores.files import read_json, settings_differ
 from depthlens.stores.jsonl import iter_jsonl_located
 from depthlens.stores.layout import MANIFEST, is_store, manifest_file
+from depthlens.stores.records import text_problem
 from depthlens.stores.validate import bounds, record_fault, table_fault
 
 __all__ = [
@@ -47,12 +49,14 @@ _UNCOMPARED = {
     "input_hashes",
     "shards",
     "n_layers",
-    "precision",  # the model as loaded (models.precision), recorded, not compared: its name is
+    "precision",  # the model as loaded (models.precision), recorded, not compared: its name is compared
+    "vocab_rows",  # like n_layers, a fact of the model (compared by name), recorded since issue 51
     "regraded",
     "layout",
     "run_id",
     "next_shard",
     "superseded",
+    COMMITTED,
 }
 
 
@@ -189,14 +193,17 @@ def iter_store_located(path: Path, verify: bool = False) -> Iterator[tuple[str, 
     and line (JSONL) or the shard and row (Parquet). A shard that is missing, cut (size, rows), changed (its hash,
     with ``verify``), of another run, or holding ids listed elsewhere is refused naming it and the safe remedy; so
     is a data file the manifest does not list. Files a writer has not committed yet are not looked at."""
-    if not path.is_dir():
-        yield from _iter_jsonl_checked(path)
-        return
     verify = verify or _verify.get()
+    if not path.is_dir():
+        yield from _iter_jsonl_checked(path, verify)
+        return
     manifest, extra = layout.snapshot(path, lambda: store_manifest(path))
     shards = layout.entries(path, manifest)
     if extra:
         raise layout.Refused(extra[0])
+    lost = committed_problem(path, manifest)
+    if lost is not None:
+        raise layout.Refused(lost)
     seen: dict[str, str] = {}
     for shard in shards:
         file, table = _read_listed(path, manifest, shard, verify)
@@ -210,16 +217,41 @@ def iter_store_located(path: Path, verify: bool = False) -> Iterator[tuple[str, 
             yield f"{where} row {i}", record
 
 
-def jsonl_ranges(path: Path) -> dict[str, Any]:
-    """The ranges of a JSONL store's values, from the manifest beside it (none readable: the ranges every store
-    has, without depth or divergence kind)."""
+def _jsonl_manifest(path: Path) -> dict[str, Any]:
+    """The manifest beside a JSONL store, or {} where none is readable (the store is then read as it is)."""
     from depthlens.stores.files import manifest_path
 
     try:
         manifest = json.loads(manifest_path(path).read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         manifest = {}
-    return bounds(manifest if isinstance(manifest, dict) else {})
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def jsonl_ranges(path: Path) -> dict[str, Any]:
+    """The ranges of a JSONL store's values, from the manifest beside it (none readable: the ranges every store
+    has, without depth or divergence kind)."""
+    return bounds(_jsonl_manifest(path))
+
+
+def jsonl_commit_problem(path: Path, verify: bool, held: int | None = None) -> layout.Problem | None:
+    """A JSONL store holding fewer records than its manifest committed (records removed), or (``verify``) other
+    bytes: the same refusal for ``check`` and every reader (``stores.commits``)."""
+    from depthlens.stores.files import manifest_path
+
+    found = commit_problem(path, _jsonl_manifest(path), verify, held)
+    if found is None:
+        return None
+    kind, detail = found
+    if kind == "manifest":
+        return layout.Problem(manifest_path(path), kind, detail, "restore it from a copy of the store")
+    return layout.Problem(
+        path,
+        kind,
+        detail,
+        "restore the file from a copy of the store, or rerun the command that wrote it with --resume: it computes "
+        "the missing records again",
+    )
 
 
 def jsonl_record_problem(
@@ -241,20 +273,28 @@ def jsonl_record_problem(
             f"(in {path.name}.damaged)",
         )
     seen[rid] = where
+    text = text_problem(record)
+    if text is not None:
+        return layout.Problem(Path(where), "damaged", f"record {record.get('id')!r}: {text}", fix)
     fault = record_fault(record, ranges)
     if fault is not None:
         return layout.Problem(Path(where), "damaged", fault.detail(record.get("id")), fix)
     return None
 
 
-def _iter_jsonl_checked(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """A JSONL store's records, each checked as ``jsonl_record_problem`` says."""
+def _iter_jsonl_checked(path: Path, verify: bool) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A JSONL store's records: the file against its manifest's commit, each record as ``jsonl_record_problem``
+    says."""
     ranges, seen = jsonl_ranges(path), {}
     for where, record in iter_jsonl_located(path):
         problem = jsonl_record_problem(path, where, record, ranges, seen)
         if problem is not None:
             raise layout.Refused(problem)
         yield where, record
+    # last, as `check` lists it: a damaged record is named as such first (editing one changes the bytes too)
+    problem = jsonl_commit_problem(path, verify, len(seen))
+    if problem is not None:
+        raise layout.Refused(problem)
 
 
 def duplicate_problem(
@@ -296,6 +336,11 @@ def store_manifest(path: Path) -> dict[str, Any]:
     from depthlens.stores.files import manifest_path
 
     if path.is_dir() and not is_store(path):
+        responses = [p for p in (path / "samples", path / "samples.jsonl") if is_store(p) or p.is_file()]
+        if responses:  # a sample store's directory given whole: its responses are the store
+            raise StoreError(
+                f"{path}: a sample store's directory; give its responses, {' or '.join(map(str, responses))}"
+            )
         raise StoreError(f"{path}: a directory without {MANIFEST}; not a depthlens Parquet store")
     meta = manifest_file(path) if path.is_dir() else manifest_path(path)
     return read_json(

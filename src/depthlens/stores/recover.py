@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
 from depthlens.stores import layout
+from depthlens.stores.commits import COMMITTED, committed_entry
 from depthlens.stores.files import settings_differ, write_error, write_json
 from depthlens.stores.lock import LOCK
 from depthlens.stores.parquet import range_problem, settings_problem
@@ -43,6 +44,7 @@ def publish(
     """Commit ``manifest`` (its rename is the commit), then publish: the ``replaced`` shards get hidden names
     (readers of the state before keep finding them), the ``new`` ones (written by ``write_staged``) their own."""
     manifest = {k: v for k, v in manifest.items() if k != "superseded"}
+    manifest[COMMITTED] = committed_entry(manifest)  # what a reader must find listed
     if replaced:
         manifest["superseded"] = [s["file"] for s in replaced]
     write_json(store / layout.MANIFEST, manifest)

@@ -39,6 +39,7 @@ from depthlens.stores.formats import FORMATS, store_entry
 from depthlens.stores.layout import Problem, Refused, is_store, manifest_file
 from depthlens.stores.names import current_names, divergence_field
 from depthlens.stores.parquet import iter_store_located
+from depthlens.stores.records import VOCAB, record_problem, wrong_fields
 
 if TYPE_CHECKING:
     from depthlens.evals.tasks import Question
@@ -98,7 +99,8 @@ MANIFEST_DEFAULTS = {
 # to raise it.
 RESUME_RULES = ResumeRules(
     defaults=MANIFEST_DEFAULTS,
-    free=("batch_size", "task.questions", "engine.kv_cache_gib", "engine.gpu_memory_utilization"),
+    # ``vocab_rows``: a store from before it was recorded resumes (the model is compared by name)
+    free=("batch_size", "task.questions", "engine.kv_cache_gib", "engine.gpu_memory_utilization", VOCAB),
     extend=("questions",),
 )
 
@@ -131,6 +133,13 @@ def store_manifest(
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     return {k: v for k, v in manifest.items() if v is not None or k not in ("n_layers", "answers")}
+
+
+def vocab_entry(lm: object) -> dict[str, int]:
+    """The manifest entry recording the model's vocabulary rows (``stores.records.VOCAB``): stored token ids at or
+    past it are refused. Empty for a model that does not say."""
+    rows = getattr(lm, "vocab_rows", None)
+    return {VOCAB: int(rows)} if isinstance(rows, int) and rows > 0 else {}
 
 
 def write_questions(out_dir: Path, questions: Sequence[Question]) -> None:
@@ -257,7 +266,7 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
                 "read it with the depthlens that wrote it",
             )
         )
-    wrong = _wrong_fields(manifest)
+    wrong = wrong_fields(manifest)
     if wrong:
         raise Refused(
             Problem(
@@ -268,22 +277,6 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
             )
         )
     return manifest
-
-
-def _wrong_fields(manifest: dict[str, Any]) -> list[str]:
-    kinds = {"n_layers": int, "questions": list, "pool": int, "dtr": dict, "model": str}
-    wrong = [k for k, kind in kinds.items() if not isinstance(manifest.get(k), kind)]
-    if "questions" not in wrong and not all(isinstance(q, str) for q in manifest["questions"]):
-        wrong.append("questions")  # question ids key the pools: strings only
-    readout = manifest.get("readout", {})
-    also = readout.get("also", []) if isinstance(readout, dict) else None
-    if (
-        not isinstance(readout, dict)
-        or not isinstance(readout.get("divergence", ""), str)
-        or not (isinstance(also, list) and all(isinstance(k, str) for k in also))
-    ):
-        wrong.append("readout")
-    return wrong
 
 
 def stored_kinds(manifest: dict[str, Any]) -> tuple[str, ...]:
@@ -311,6 +304,7 @@ def read_responses(out_dir: Path, fields: Sequence[str] = REQUIRED) -> Iterator[
     divergences disagree with the manifest (layers, kinds), raises StoreError naming it; failed ones
     (``status: failed``) are yielded as they are, for the caller to count."""
     manifest = read_manifest(out_dir)
+    against = {**manifest, "questions": frozenset(manifest["questions"])}  # looked up once per record
     for where, record in iter_store_located(samples_path(out_dir, stored_format(out_dir))):
         current_names(record)
         if record.get("status") != "failed":
@@ -326,6 +320,11 @@ def read_responses(out_dir: Path, fields: Sequence[str] = REQUIRED) -> Iterator[
                     )
                 )
             _check_schema(where, record, manifest, out_dir)
+        wrong = record_problem(record, against)
+        if wrong:
+            raise Refused(
+                Problem(Path(where), "damaged", f"record {record.get('id')!r}: {wrong}", _record_fix(out_dir))
+            )
         yield where, record
 
 

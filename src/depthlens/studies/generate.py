@@ -43,6 +43,7 @@ from depthlens.stores.samples import (
     store_manifest,
     stored,
     stored_rows,
+    vocab_entry,
     write_questions,
 )
 from depthlens.stores.shard_writer import ShardWriter
@@ -204,6 +205,7 @@ def generate(
     fmt = samples_format(out_dir, spec.format, spec.resume, spec.overwrite)
     manifest = {
         **run_manifest(lm.name, lm.n_layers, questions, run, fmt),
+        **vocab_entry(lm),
         "precision": precision_of(lm, run.engine),
     }
     _refuse_pre_rules_resume(out_dir, spec.resume)

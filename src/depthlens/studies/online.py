@@ -51,6 +51,7 @@ from depthlens.stores.samples import (
     store_manifest,
     stored,
     stored_rows,
+    vocab_entry,
     write_questions,
 )
 from depthlens.stores.state import remove_derived
@@ -213,6 +214,7 @@ def run_online(
     }
     manifest = {
         **store_manifest(lm.name, lm.n_layers, questions, settings),
+        **vocab_entry(lm),
         "precision": precision_of(lm, run.engine),
     }
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -33,12 +33,19 @@ from depthlens.evals.grading import ANSWER_FIELDS, AnswerSummary, answer_fields,
 from depthlens.evals.loading import load_task, parse_task_config
 from depthlens.evals.tasks import HUB_TASKS, Question, infer_answer_type
 from depthlens.metrics.dtr import response_depth
+from depthlens.stores.commits import COMMITTED, Running
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.lock import LOCK, store_lock
 from depthlens.stores.names import current_names
-from depthlens.stores.parquet import iter_store
-from depthlens.stores.samples import DEPTH_FIELDS, QUESTIONS, read_manifest, samples_path, stored_format
+from depthlens.stores.samples import (
+    DEPTH_FIELDS,
+    QUESTIONS,
+    read_manifest,
+    read_responses,
+    samples_path,
+    stored_format,
+)
 from depthlens.stores.shard_writer import rewrite_store
 from depthlens.studies.thinkn import stored_voting, summarise, summary_files
 
@@ -216,7 +223,15 @@ def regrade_store(
     Holds the store's write lock throughout (a second writer is refused naming it).
     """
     with store_lock(samples_path(store, stored_format(store))):
-        return _regrade_locked(store, answer_type, fallback, timeout_s, on_record)
+        try:
+            return _regrade_locked(store, answer_type, fallback, timeout_s, on_record)
+        except OSError as exc:  # a full disk above all: named, with what it left
+            if exc.errno is None:
+                raise
+            raise StoreError(
+                f"{exc.filename or store}: could not write the regraded store ({exc.strerror or exc}); the store "
+                "is as it was (a regrade commits at once) — free some space, then run regrade again"
+            ) from None
 
 
 def regrade_copy(
@@ -267,12 +282,21 @@ def _regrade_locked(
         ],
     }
     if fmt == "parquet":  # new shards, then the manifest as the commit (stores.shard_writer.rewrite_store)
+        for _ in read_responses(store):  # the readers' one validation first: a damaged store is refused whole
+            pass
         rewrite_store(samples, updated, regrade)
     else:
-        # the readers' checked read: a repeated line or a value out of range is refused, not regraded twice
-        lines = [json.dumps(regrade(record), ensure_ascii=False) + "\n" for record in iter_store(samples)]
+        # the readers' checked read: a damaged record is refused, not regraded (nor a repeat regraded twice)
+        lines = [
+            json.dumps(regrade(record), ensure_ascii=False) + "\n" for _, record in read_responses(store)
+        ]
+        committed = Running()
+        for line in lines:
+            committed.add(line.encode("utf-8"))
         _write_atomically(samples, lines)
-        _write_atomically(manifest_path(samples), [json.dumps(updated, indent=2) + "\n"])
+        _write_atomically(
+            manifest_path(samples), [json.dumps({**updated, COMMITTED: committed.entry()}, indent=2) + "\n"]
+        )
     old, new = regrade.old, regrade.new
     return RegradeReport(
         store,

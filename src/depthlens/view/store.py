@@ -22,11 +22,13 @@ from depthlens.config import DTRConfig
 from depthlens.errors import DepthlensError, InputError
 from depthlens.stores import samples
 from depthlens.stores.access import Location, ParquetSource
+from depthlens.stores.commits import committed_problem
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.jsonl_access import JsonlSource
 from depthlens.stores.layout import MANIFEST, is_store, manifest_file
-from depthlens.stores.parquet import store_manifest
+from depthlens.stores.parquet import jsonl_commit_problem, store_manifest
+from depthlens.stores.records import record_problem
 from depthlens.stores.samples import SAMPLES
 from depthlens.stores.state import manifest_state
 from depthlens.stores.validate import bounds, record_fault
@@ -102,14 +104,28 @@ class ViewStore:
         its range (what every reader refuses) becomes a notice naming the record and field."""
         record = self.source.read(self.locations[index], columns)
         fault = record_fault(record, bounds(self.manifest))
-        if fault is not None:
+        rid = record.get("id", self.records[index].get("id"))
+        wrong = fault.detail(rid) if fault is not None else self._inconsistent(index, record)
+        if wrong is not None:
             note = (
-                f"{fault.detail(record.get('id', self.records[index].get('id')))}: every reader (export, thinkn "
-                f"--from, report) refuses this store; `depthlens check {self.path}` lists it with its remedy"
+                f"{wrong}: every reader (export, thinkn --from, report) refuses this store; "
+                f"`depthlens check {self.path}` lists it with its remedy"
             )
             if note not in self.notices:
                 self.notices.append(note)
         return record
+
+    def _inconsistent(self, index: int, record: dict[str, Any]) -> str | None:
+        """What the readers' one validation (``stores.records``) refuses in a sample store's record, or None."""
+        if "pool" not in self.manifest:  # a results store of another command: its records are not responses
+            return None
+        whole = {
+            k: v.tolist() if hasattr(v, "tolist") else v for k, v in {**self.records[index], **record}.items()
+        }
+        known = self.manifest.get("questions")
+        against = {**self.manifest, "questions": frozenset(known if isinstance(known, list) else ())}
+        wrong = record_problem(whole, against)
+        return None if wrong is None else f"record {whole.get('id')!r}: {wrong}"
 
     def read_rows(self, indices: list[int], columns: list[str] | None = None) -> list[dict[str, Any]]:
         """Several records at once (each shard's row group read once)."""
@@ -179,8 +195,20 @@ def _open_samples(root: Path, notices: list[str]) -> tuple[dict[str, Any], Parqu
     if sharded:
         source: ParquetSource | JsonlSource = ParquetSource(root / samples.SHARDS, manifest or None, notices)
         manifest = {**source.settings(), **manifest}
+        lost = committed_problem(root / samples.SHARDS, manifest)  # shards removed with their entries
+        if lost is not None:
+            notices.append(
+                f"{lost.message()} — every reader (export, thinkn --from, report) refuses this store; shown: what "
+                "the manifest lists"
+            )
     else:
         source = JsonlSource(root / SAMPLES, notices)
+        lost = jsonl_commit_problem(root / SAMPLES, verify=False)  # records removed since their commit
+        if lost is not None and lost.kind == "cut":  # an edited record is named when it opens
+            notices.append(
+                f"{lost.message()} — every reader (export, thinkn --from, report) refuses this store; shown: what "
+                "the file holds"
+            )
     return manifest, source
 
 

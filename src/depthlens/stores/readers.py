@@ -1,0 +1,47 @@
+"""The one checked read of any results store: a sample store's responses through ``samples.read_responses`` (its
+manifest, every record's fields, ranges and consistency: ``stores.records``), any other store through
+``parquet.iter_store_located`` (its files and ranges). ``depthlens export`` reads this way, so it refuses what
+``check`` and ``thinkn --from`` refuse (issue 51)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from depthlens.stores.files import manifest_path
+from depthlens.stores.layout import is_store, manifest_file
+from depthlens.stores.parquet import iter_store_located, verifying
+from depthlens.stores.samples import SAMPLES, SHARDS, picking, read_responses
+
+
+def sample_store_of(store: Path) -> Path | None:
+    """The sample store directory whose responses ``store`` is (``RUN/samples/`` or ``RUN/samples.jsonl``, with a
+    sample store's manifest: a pool and questions), or None for any other results store."""
+    if store.name == SHARDS and is_store(store):
+        meta = manifest_file(store)
+    elif store.name == SAMPLES and store.is_file():
+        meta = manifest_path(store)
+    else:
+        return None
+    try:
+        manifest = json.loads(meta.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return store.parent  # a sample store's name: its reader names the unreadable manifest
+    return (
+        store.parent
+        if isinstance(manifest, dict) and ("pool" in manifest or "questions" in manifest)
+        else None
+    )
+
+
+def read_checked(store: Path, verify: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, record) for every record of ``store``, each checked as its kind of store is: a sample store's
+    responses as every study reads them, any other results store by its files and ranges."""
+    out_dir = sample_store_of(store)
+    if out_dir is None:
+        yield from iter_store_located(store, verify)
+        return
+    with verifying(verify), picking("parquet" if store.is_dir() else "jsonl"):
+        yield from read_responses(out_dir)

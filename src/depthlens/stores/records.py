@@ -1,0 +1,218 @@
+"""A sample store's records against each other and against their store (issue 51): the checks ``stores.validate``
+cannot make one value at a time.
+
+A record's values are checked for their types (a count is a whole number, not ``"16"``; ``correct`` is true or
+false), then for agreeing with each other — ``token_count`` is the number of ``token_ids`` and of every per-token
+value, the id is ``question#sample``, the ``deep`` flags are the settling depths at or past the deep layer, ``dtr``
+is the flags' share — and with the store: the question is one of the manifest's, the sample index is below its
+pool, every token id below the vocabulary it records (``vocab_rows``), every text encodable as UTF-8 (a lone
+surrogate is not). ``read_responses`` runs ``record_problem`` on every record, so every reader, ``depthlens check``
+included, refuses the same records. ``wrong_fields`` checks the manifest fields those readers rely on.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from depthlens.config import DTRConfig
+from depthlens.errors import DepthlensError
+
+VOCAB = "vocab_rows"
+"""The manifest field holding the model's vocabulary rows: every stored token id is below it."""
+
+# Ratios and means are stored as computed, rounded to 5 decimals, or as float16 (spacing ~5e-4 below 1): a
+# difference past this is damage.
+_TOLERANCE = 1e-3
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def unencodable(value: object, field: str = "") -> str | None:
+    """The field (dotted path) of the first text in ``value`` that UTF-8 cannot encode (a lone surrogate such as
+    ``"\\ud800"``, which JSON can spell but no file or HTTP body can carry), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return field or "text"
+        return None
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list) and not _numbers(value):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        if isinstance(item, (str, dict, list)):
+            found = unencodable(item, f"{field}.{key}" if field else str(key))
+            if found:
+                return found
+    return None
+
+
+def _numbers(values: list[Any]) -> bool:
+    """A list of numbers or of rows of numbers (token ids, per-token values, divergence rows): no text in it. A
+    record's lists hold one kind each, so the first item says."""
+    first = values[0] if values else 0
+    if isinstance(first, list):
+        first = first[0] if first else 0
+    return isinstance(first, (int, float)) or first is None
+
+
+def text_problem(record: dict[str, Any]) -> str | None:
+    """A stored text no file can be written with, named by its field."""
+    field = unencodable(record)
+    if field is None:
+        return None
+    return (
+        f"{field} holds a lone surrogate (text UTF-8 cannot encode, e.g. \\ud800): it was edited outside "
+        "depthlens"
+    )
+
+
+def identity_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | None:
+    """A record's id, question, sample index and seed against each other and the store's questions and pool."""
+    rid, qid, sample = record.get("id"), record.get("question_id"), record.get("sample")
+    if not isinstance(rid, str) or not isinstance(qid, str) or not _whole(sample):
+        return f"id {rid!r}, question_id {qid!r}, sample {sample!r}: not text, text and a whole number"
+    if record.get("status") not in ("ok", "failed"):
+        return f"status {record.get('status')!r}, not 'ok' or 'failed'"
+    questions = manifest.get("questions", [])
+    if qid not in questions:
+        return (
+            f"question_id {qid!r} is none of the store's {len(questions)} questions (its manifest lists them)"
+        )
+    pool = manifest.get("pool")
+    if _whole(pool) and not 0 <= sample < pool:
+        return f"sample {sample} is outside the store's pool of {pool} (0..{pool - 1})"
+    if rid != f"{qid}#{sample}":
+        return f"id {rid!r} disagrees with question_id {qid!r} and sample {sample} (it should be '{qid}#{sample}')"
+    seed = record.get("seed")
+    if seed is not None and not (_whole(seed) and seed >= 0):
+        return f"seed {seed!r}, not a whole number ≥ 0"
+    return None
+
+
+def _length(value: object) -> int | None:
+    return len(value) if isinstance(value, list) else None
+
+
+def tokens_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | None:
+    """A usable record's token count, token ids and per-token values against each other and the vocabulary."""
+    from depthlens.sampling.backend import PER_TOKEN
+
+    count = record.get("token_count")
+    if not _whole(count):
+        return f"token_count {count!r}, not a whole number"
+    ids = record.get("token_ids")
+    if isinstance(ids, list) and len(ids) != count:
+        return f"token_count {count} for {_length(ids)} token_ids"
+    for field in PER_TOKEN:
+        n = _length(record.get(field))
+        if field in record and n != count:
+            return f"{field} holds {n} values for token_count {count}"
+    rows = manifest.get(VOCAB)
+    if _whole(rows) and isinstance(ids, list):
+        past = [t for t in ids if _whole(t) and t >= rows]
+        if past:
+            return f"token id {past[0]} is past the model's vocabulary of {rows} (the manifest's {VOCAB})"
+    correct = record.get("correct")
+    if not isinstance(correct, bool) and correct is not None:
+        return f"correct {correct!r}, not true or false"
+    return None
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _differs(stored: object, derived: float | None) -> bool:
+    if derived is None:  # no read-out tokens: no ratio
+        return stored is not None
+    if not isinstance(stored, (int, float)) or isinstance(stored, bool):
+        return True
+    return not math.isclose(float(stored), derived, abs_tol=_TOLERANCE)
+
+
+def depth_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | None:
+    """The depth a record carries against itself: one settling depth and one flag per read-out token, each flag
+    the settling depth at or past the deep layer (``metrics.dtr.deep_threshold`` with the manifest's ``dtr``),
+    ``dtr`` / ``dtr_prefix`` the flags' share, ``mean_settling_depth`` the depths' mean. A store from before
+    records carried depth has none of these (nothing to compare)."""
+    settling, deep, rows = record.get("settling_depth"), record.get("deep"), record.get("divergence")
+    if not isinstance(settling, list) or not isinstance(deep, list):
+        return None
+    if (isinstance(rows, list) and len(settling) != len(rows)) or len(deep) != len(settling):
+        return (
+            f"{len(settling)} settling depths and {len(deep)} deep flags for {_length(rows)} divergence rows"
+        )
+    if not all(isinstance(flag, bool) for flag in deep) or not all(_whole(c) for c in settling):
+        return "deep flags that are not true/false, or settling depths that are not whole numbers"
+    dtr, n_layers = manifest.get("dtr"), manifest.get("n_layers")
+    if isinstance(dtr, dict) and _whole(n_layers) and isinstance(dtr.get("rho"), (int, float)):
+        from depthlens.metrics.dtr import deep_threshold
+
+        first = deep_threshold(n_layers, float(dtr["rho"]), dtr.get("deep_rule", "spec"))
+        for t, (c, flag) in enumerate(zip(settling, deep, strict=True)):
+            if flag != (c >= first):
+                return (
+                    f"token {t}: deep is {str(flag).lower()} for settling depth {c}, but the deep layer is {first} "
+                    f"(flags are settling depth ≥ {first})"
+                )
+    depth = manifest.get("depth")
+    prefix = depth.get("prefix") if isinstance(depth, dict) else None
+    derived = {
+        "dtr": _mean([float(f) for f in deep]),
+        "dtr_prefix": _mean([float(f) for f in (deep[:prefix] if _whole(prefix) else deep)]),
+        "mean_settling_depth": _mean([float(c) for c in settling]),
+    }
+    for field, value in derived.items():
+        if field in record and _differs(record[field], value):
+            return f"{field} {record[field]!r} disagrees with its flags and depths (they give {value!r})"
+    return None
+
+
+def record_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | None:
+    """What is wrong with one record of a sample store beyond its ranges (see the module), or None."""
+    problem = text_problem(record) or identity_problem(record, manifest)
+    if problem is None and record.get("status") == "ok":
+        problem = tokens_problem(record, manifest) or depth_problem(record, manifest)
+    return problem
+
+
+def wrong_fields(manifest: dict[str, Any]) -> list[str]:
+    """The fields of a sample store's manifest that readers rely on and that are missing or of the wrong type
+    (a DTR setting out of its range named as the manifest's field, e.g. ``dtr.g nan``, not as ``--g``)."""
+    kinds = {"n_layers": int, "questions": list, "pool": int, "dtr": dict, "model": str}
+    wrong = [k for k, kind in kinds.items() if not isinstance(manifest.get(k), kind)]
+    if "questions" not in wrong and not all(isinstance(q, str) for q in manifest["questions"]):
+        wrong.append("questions")  # question ids key the pools: strings only
+    readout = manifest.get("readout", {})
+    also = readout.get("also", []) if isinstance(readout, dict) else None
+    if (
+        not isinstance(readout, dict)
+        or not isinstance(readout.get("divergence", ""), str)
+        or not (isinstance(also, list) and all(isinstance(k, str) for k in also))
+    ):
+        wrong.append("readout")
+    if "dtr" not in wrong:
+        try:  # named as the manifest's field, not as the option (--g) that sets it on a command line
+            DTRConfig.from_dict(manifest["dtr"])
+        except (DepthlensError, TypeError, ValueError) as exc:
+            wrong.append(_dtr_fault(manifest["dtr"], str(exc)))
+    return wrong
+
+
+def _dtr_fault(dtr: dict[str, Any], said: str) -> str:
+    """The manifest's ``dtr`` field a DTRConfig refused, as ``dtr.g nan (must be …)``."""
+    found = re.search(r"DTRConfig\.(\w+)", said)
+    reason = re.search(r": (must [^(;]*)", said)
+    if found is None:
+        return "dtr"
+    key = found.group(1)
+    return f"dtr.{key} {dtr.get(key)!r}" + (f" ({reason.group(1).strip()})" if reason else "")

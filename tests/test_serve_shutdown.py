@@ -1,0 +1,81 @@
+"""Issue 51, the server under SIGTERM: it keeps its socket open and answers 503 ``shutting_down`` while the running
+requests drain; past ``--shutdown-grace`` each request still running is answered at once in JSON (503
+``aborted``), each stream with an error event then ``[DONE]`` — within a bound that does not depend on how long a
+step takes (the sampler is slowed on purpose here) — and the log holds no traceback."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+import time
+
+import pytest
+
+from depthlens.serve.engines import STEP_DELAY
+from tests.serving import save_tiny_chat, serving, wait_for
+
+pytestmark = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("fastapi", "uvicorn", "httpx")),
+    reason="needs the serve extra",
+)
+TIMEOUT = 120
+SLOW_STEP = 6.0  # s per generation step: longer than the whole bound the answers must meet
+BOUND = 4.0  # s from SIGTERM + grace to every answer
+
+
+def test_sigterm_answers_in_json_without_waiting_for_a_slow_step(tmp_path_factory, tmp_path, monkeypatch):
+    import httpx
+
+    model_dir = save_tiny_chat(tmp_path_factory.mktemp("serve-model"))
+    monkeypatch.setenv(STEP_DELAY, str(SLOW_STEP))
+    grace = 1.0
+    args = ["--model", str(model_dir), "--backend", "hf", "--device", "cpu", "--shutdown-grace", str(grace)]
+    log = tmp_path / "server.log"
+    with serving(args, log) as server:
+        body = {"model": str(model_dir), "prompt": "x", "max_tokens": 50}
+        seen: list[str] = []
+        answers: list[tuple[float, httpx.Response]] = []
+
+        def read() -> None:
+            try:
+                with httpx.stream(
+                    "POST", f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=TIMEOUT
+                ) as response:
+                    for line in response.iter_lines():
+                        seen.append(line)
+            except httpx.HTTPError as exc:
+                seen.append(f"closed: {type(exc).__name__}")
+            seen.append(f"ended at {time.monotonic()}")
+
+        def post() -> None:
+            answer = httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT)
+            answers.append((time.monotonic(), answer))
+
+        streaming, waiting = threading.Thread(target=read), threading.Thread(target=post)
+        streaming.start()
+        waiting.start()
+        assert wait_for(lambda: server.health()["active"] == 2, 60)
+        began = time.monotonic()
+        server.proc.send_signal(15)
+        time.sleep(0.3)
+        late = httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT)  # while it drains
+        streaming.join(TIMEOUT)
+        waiting.join(TIMEOUT)
+        code = server.proc.wait(60)
+        exited = time.monotonic() - began
+    assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down", late.text
+    (answered, answer), ended = answers[0], float(seen[-1].split()[-1])
+    assert answer.status_code == 503 and answer.headers["content-type"] == "application/json"
+    assert answer.json()["error"]["code"] == "aborted"
+    assert answered - began < grace + BOUND and ended - began < grace + BOUND, (
+        answered - began,
+        ended - began,
+    )
+    data = [line[6:] for line in seen if line.startswith("data: ")]
+    assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "aborted", seen[-4:]
+    assert code == 0 and exited < grace + BOUND + SLOW_STEP + 10, (
+        exited
+    )  # the last step ends, then the process
+    text = log.read_text()
+    assert "Traceback" not in text and "CancelledError" not in text, text[-3000:]
