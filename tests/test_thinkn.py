@@ -14,7 +14,8 @@ from depthlens.evals.grading import grade
 from depthlens.evals.loading import load_task
 from depthlens.evals.tasks import Question
 from depthlens.stores.parquet import MANIFEST
-from depthlens.stores.samples import SAMPLES, SHARDS, iter_samples
+from depthlens.stores.commits import COMMITTED, Running
+from depthlens.stores.samples import SAMPLES, SHARDS, iter_samples, samples_manifest
 from depthlens.studies.generate import GenerationEvents, generate, sample_seed
 from depthlens.studies.thinkn import load_pools, summarise
 from tests.test_cli import run
@@ -186,6 +187,12 @@ def test_a_store_without_responses_says_to_resume_it(tiny_chat, tmp_path):
     """A store killed before its first record (the manifest written, no line yet): --resume finishes it."""
     _store(tiny_chat, tmp_path / "s", store="jsonl")
     (tmp_path / "s" / SAMPLES).write_text("")
+    # as the writer left it before its first commit: the manifest commits no record (a store that lost committed
+    # records is refused as cut instead: tests/test_record_validation.py)
+    manifest = samples_manifest(tmp_path / "s")
+    entries = json.loads(manifest.read_text())
+    entries[COMMITTED] = Running().entry()
+    manifest.write_text(json.dumps(entries))
     with pytest.raises(InputError) as empty:
         summarise(tmp_path / "s", VotingConfig(n=2, trials=1))
     assert str(empty.value) == (
