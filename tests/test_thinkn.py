@@ -13,8 +13,8 @@ from depthlens.errors import ConfigError, InputError, StoreError
 from depthlens.evals.grading import grade
 from depthlens.evals.loading import load_task
 from depthlens.evals.tasks import Question
-from depthlens.stores.parquet import MANIFEST
 from depthlens.stores.commits import COMMITTED, Running
+from depthlens.stores.parquet import MANIFEST
 from depthlens.stores.samples import SAMPLES, SHARDS, iter_samples, samples_manifest
 from depthlens.studies.generate import GenerationEvents, generate, sample_seed
 from depthlens.studies.thinkn import load_pools, summarise

@@ -271,17 +271,12 @@ def prepare_report(
     if table_two:  # beside correlation.csv: Table 2's numbers, each row naming its model, task and questions
         write_csv(run_dir / "report" / "table_two.csv", table_two)
     control = [r for s in studies for r in s.control]
-    return ReportData(
-        run_dir,
-        studies,
-        dtr,
-        command,
-        skipped,
-        table_two,
-        pooled_rows(by_model),
-        control,
-        pooled_control_rows(by_model),
-    )
+    pooled, pooled_control = pooled_rows(by_model), pooled_control_rows(by_model)
+    # the primary contrast (Think@n − random@n) and the pooled rows, as CSV too: every number the page shows
+    for name, rows in (("control", control), ("table_two_pooled", pooled + pooled_control)):
+        if rows:
+            write_csv(run_dir / "report" / f"{name}.csv", rows)
+    return ReportData(run_dir, studies, dtr, command, skipped, table_two, pooled, control, pooled_control)
 
 
 def _study(
