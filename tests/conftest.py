@@ -15,6 +15,20 @@ from depthlens.config import EngineConfig
 from depthlens.models import catalogue
 from depthlens.sampling.choose import AUTO_ENV
 
+
+@pytest.fixture(autouse=True)
+def _torch_threads_as_found():
+    """Every test leaves torch's intra-op thread count as it found it: a run's thread choice (models.threads) made
+    by a test that calls a study function directly would otherwise carry into the next test, whose float32
+    results then differ in the last digit from a fresh process's (tests/test_faults.py compares the two)."""
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch._C.set_num_threads(
+            before
+        )  # torch's own: an in-process vLLM engine makes torch.set_num_threads a no-op
+
+
 # `make test` installs the vllm extra, where `--backend auto` means vLLM: the suite's CLI runs on tiny models test
 # the transformers sampler, as auto picks it without the extra; tests/test_vllm_backend.py names vllm itself.
 os.environ[AUTO_ENV] = "hf"

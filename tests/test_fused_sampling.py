@@ -131,3 +131,19 @@ def test_threads_are_chosen_for_the_work(monkeypatch):
     assert threads.os.environ[threads.WAIT_POLICY] == "ACTIVE"
     with pytest.raises(ConfigError, match=r"^threads=0: must be ≥ 1"):
         EngineConfig(threads=0)
+
+
+def test_a_run_leaves_torch_on_the_threads_it_found():
+    """A run's thread choice ends with it (``threads_kept``, around every command and Python verb): torch gets back
+    the count it had, so a notebook's own work — or the next run in the same process — is not left on one thread
+    (a killed run resumed in-process then read out on other threads than its uninterrupted twin)."""
+    before = torch.get_num_threads()
+    odd = 3 if before != 3 else 2  # a count the sampler would not choose
+    torch._C.set_num_threads(odd)  # torch's own: vLLM in this process makes the other a no-op
+    try:
+        with threads.threads_kept():
+            threads.use_threads("sample", "cpu")
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == odd
+    finally:
+        torch._C.set_num_threads(before)

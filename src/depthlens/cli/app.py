@@ -222,7 +222,7 @@ class _WarnHandler(logging.Handler):
 def main() -> None:
     """Entry point: a DepthlensError becomes one line on stderr and exit code 2."""
     signal.signal(signal.SIGTERM, _terminate)
-    from depthlens.models.threads import passive_wait
+    from depthlens.models.threads import passive_wait, threads_kept
 
     passive_wait()  # before torch starts OpenMP: idle threads sleep instead of spinning (a shared machine)
     library = logging.getLogger("depthlens")
@@ -230,7 +230,8 @@ def main() -> None:
         library.addHandler(_WarnHandler(logging.WARNING))
     library.propagate = False
     try:
-        code = app(standalone_mode=False)
+        with threads_kept():  # a command's thread choice ends with it (the same process may run another)
+            code = app(standalone_mode=False)
     except UsageError as exc:  # typer's own option checks (``--n 0``): one line naming the option, as ours
         if type(exc).__name__ == "NoArgsIsHelpError":  # ``depthlens`` alone: the help, as before
             exc.show()

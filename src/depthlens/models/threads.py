@@ -13,7 +13,10 @@ before that (the CLI's entry does), and a policy the user set in the environment
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+from collections.abc import Iterator
 from typing import Literal
 
 Work = Literal["sample", "score"]
@@ -46,12 +49,19 @@ def threads_for(work: Work, device: str, requested: int | None = None) -> tuple[
     return _TORCH_DEFAULT[0], "scoring's large products use every core"
 
 
-def use_threads(work: Work, device: str, requested: int | None = None) -> int:
-    """Set torch's intra-op thread count for ``work`` (``threads_for``); the count set."""
+def _set_num_threads(n: int) -> None:
+    """torch's own setter: vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op for the rest of the
+    process once an in-process engine has bound its threads, which left a later hf run of the same process on the
+    engine's count — and a resumed run reading out on other threads than its first part."""
     import torch
 
+    torch._C.set_num_threads(n)
+
+
+def use_threads(work: Work, device: str, requested: int | None = None) -> int:
+    """Set torch's intra-op thread count for ``work`` (``threads_for``); the count set."""
     n = threads_for(work, device, requested)[0]
-    torch.set_num_threads(n)
+    _set_num_threads(n)
     return n
 
 
@@ -60,3 +70,21 @@ def threads_line(work: Work, device: str, requested: int | None = None) -> str:
     n, why = threads_for(work, device, requested)
     policy = os.environ.get(WAIT_POLICY, "active (torch's default)").lower()
     return f"threads: {n} ({why}; --threads N to change), OpenMP wait policy {policy}"
+
+
+@contextlib.contextmanager
+def threads_kept() -> Iterator[None]:
+    """Run a command or a Python verb, then give torch back the thread count it had before: a run's choice
+    (``use_threads``) is the run's, not a lasting change to the caller's session — a notebook's own torch work, or
+    the next run in the same process, which would otherwise read out on another count and round its floats
+    differently. Torch not yet imported: the count it starts with (the first ``threads_for`` read it)."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    try:
+        yield
+    finally:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            restore = before if before is not None else (_TORCH_DEFAULT[0] if _TORCH_DEFAULT else None)
+            if restore is not None and torch.get_num_threads() != restore:
+                _set_num_threads(restore)

@@ -45,6 +45,7 @@ from depthlens.config import (
 from depthlens.errors import InputError
 from depthlens.evals.loading import task_questions
 from depthlens.evals.tasks import Question
+from depthlens.models.threads import threads_kept
 from depthlens.sampling.choose import make_backend
 from depthlens.stores.arrow import to_table
 from depthlens.stores.inputs import InputRecord, check_record
@@ -76,7 +77,7 @@ def _verb(*classes: type) -> Callable[[F], F]:
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            with resolve.python_front(fn.__name__):
+            with resolve.python_front(fn.__name__), threads_kept():  # the run's threads end with it
                 return fn(*args, **kwargs)
 
         signature = inspect.signature(fn)
