@@ -72,9 +72,19 @@ def _flat(row: dict) -> dict:
     return out
 
 
-def test_table_one_is_re_derived_from_the_committed_rows():
-    rows = read_compact(DATA / "compact_basic_arithmetic.csv")
-    with (DATA / "compact_basic_arithmetic_table1.csv").open(encoding="utf-8") as f:
+STUDY = Path(__file__).parent.parent / "docs" / "data" / "findings"
+# (compact table, the Table 1 `depthlens correlate` wrote from the same store): the fixture, and each committed study
+# store of docs/findings.md §6.4 (examples/findings_study.sh; docs/data/README.md)
+TABLES = [(DATA / "compact_basic_arithmetic.csv", DATA / "compact_basic_arithmetic_table1.csv")] + [
+    (path, path.with_name(path.name.replace("compact-", "correlation-")))
+    for path in sorted(STUDY.glob("compact-*.csv"))
+]
+
+
+@pytest.mark.parametrize("compact, table_one", TABLES, ids=[c.stem for c, _ in TABLES])
+def test_table_one_is_re_derived_from_the_committed_rows(compact, table_one):
+    rows = read_compact(compact)
+    with table_one.open(encoding="utf-8") as f:
         written = {r["metric"]: r for r in csv.DictReader(f)}
     derived = {r["metric"]: _flat(r) for r in table_one_from_rows(rows, CorrelationConfig())}
     assert derived.keys() == {"dtr", "token_count", "reverse_token_count"} <= written.keys()
