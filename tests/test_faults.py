@@ -24,6 +24,7 @@ import pytest
 from depthlens.stores.samples import iter_samples
 from tests.conftest import save_chat_model
 from tests.test_cli import run
+from tests.test_cli_ux import cli
 
 POINTS = int(os.environ.get("DEPTHLENS_FAULT_POINTS", "1"))
 SRC = Path(__file__).parent.parent / "src"
@@ -153,19 +154,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
     fresh = name.startswith("tcb")
 
     def again(*more):
-        if not fresh:
-            return run(monkeypatch, capsys, *args, *more)
-        env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "400"}
-        env.pop("DEPTHLENS_FAULT_KILL_AFTER", None)
-        done = subprocess.run(
-            [sys.executable, "-c", "from depthlens.cli.app import main; main()", *args, *map(str, more)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        return done.returncode, done.stdout, done.stderr
+        return cli(*args, *more, COLUMNS="400") if fresh else run(monkeypatch, capsys, *args, *more)
 
     code, _, err = again("--out", whole)
     assert code in (0, None), err
