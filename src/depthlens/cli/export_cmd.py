@@ -90,9 +90,11 @@ def export(
 def _write_export(store: Path, out: Path, manifest: dict[str, Any], verify: bool) -> tuple[int, list[str]]:
     """Every record of ``store`` into ``out`` (a temporary name, then renamed), its manifest beside it; the count,
     and the records (id and field) whose text was written escaped."""
+    import errno
     import json
     import os
 
+    from depthlens.errors import StoreError
     from depthlens.stores.commits import COMMITTED, Running
     from depthlens.stores.files import manifest_path, write_error, write_json
     from depthlens.stores.readers import read_checked
@@ -118,6 +120,11 @@ def _write_export(store: Path, out: Path, manifest: dict[str, Any], verify: bool
         write_json(manifest_path(out), {**manifest, COMMITTED: committed.entry()})
         tmp.replace(out)
     except OSError as exc:
+        if exc.errno == errno.ENOSPC:  # not write_error's advice: an export has no --resume, and keeps nothing
+            raise StoreError(
+                f"{out}: the disk is full; nothing was written (an export is written whole or not at all) — "
+                "free some space, then run the export again"
+            ) from exc
         raise write_error(out, exc) from exc
     finally:
         tmp.unlink(missing_ok=True)  # every failure (a damaged shard included) leaves no temporary file
