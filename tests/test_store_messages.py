@@ -167,7 +167,9 @@ def test_a_writer_killed_with_9_is_not_reported_as_writing(made, tmp_path, monke
     assert code == 0 and "being written" not in text
 
 
-def test_an_export_into_another_run_names_that_run_not_the_store_exported(made, tmp_path, monkeypatch, capsys):
+def test_an_export_into_another_run_names_that_run_not_the_store_exported(
+    made, tmp_path, monkeypatch, capsys
+):
     """`--out` where another sample store keeps its responses: the refusal names that store (it named the store
     being exported); followed (the export written outside it), the export is written and the other run untouched."""
     parquet, jsonl = _copy(made, tmp_path, "parquet"), _copy(made, tmp_path, "jsonl")

@@ -120,7 +120,9 @@ def _write_export(store: Path, out: Path, manifest: dict[str, Any], verify: bool
         write_json(manifest_path(out), {**manifest, COMMITTED: committed.entry()})
         tmp.replace(out)
     except OSError as exc:
-        if exc.errno == errno.ENOSPC:  # not write_error's advice: an export has no --resume, and keeps nothing
+        if (
+            exc.errno == errno.ENOSPC
+        ):  # not write_error's advice: an export has no --resume, and keeps nothing
             raise StoreError(
                 f"{out}: the disk is full; nothing was written (an export is written whole or not at all) — "
                 "free some space, then run the export again"
