@@ -120,9 +120,8 @@ def _write_export(store: Path, out: Path, manifest: dict[str, Any], verify: bool
         write_json(manifest_path(out), {**manifest, COMMITTED: committed.entry()})
         tmp.replace(out)
     except OSError as exc:
-        if (
-            exc.errno == errno.ENOSPC
-        ):  # not write_error's advice: an export has no --resume, and keeps nothing
+        # not write_error's advice (--resume): an export has none, and keeps nothing of a failed write
+        if exc.errno == errno.ENOSPC:
             raise StoreError(
                 f"{out}: the disk is full; nothing was written (an export is written whole or not at all) — "
                 "free some space, then run the export again"
