@@ -109,13 +109,14 @@ class ViewStore:
         refuses in it (a value out of its range, a field missing, values against each other or the manifest)
         becomes a notice naming the record, the field and the readers' remedy."""
         record = self.source.read(self.locations[index], columns)
-        self.flag(index, {**self.records[index], **record}, columns)
+        self.flag(index, record, columns)
         return record
 
     def flag(self, index: int, record: dict[str, Any], columns: list[str] | None = None) -> None:
-        """Notice what every reader refuses in ``record`` (record ``index``, its fields ``columns`` read whole,
-        None: all of them; the light fields always)."""
+        """Notice what every reader refuses in record ``index``: ``record`` holds its fields ``columns`` (None:
+        all of them), read whole; its light fields are added."""
         fault = record_fault(record, bounds(self.manifest))
+        record = {**self.records[index], **record}
         if fault is not None:
             wrong: str | None = (
                 f"{fault.detail(record.get('id'))}: every reader (export, thinkn --from, report) refuses this "
@@ -134,7 +135,7 @@ class ViewStore:
     def _problem(self, index: int, record: dict[str, Any], columns: list[str] | None) -> Problem | None:
         """What the readers' one validation (``samples.response_problem``) refuses in a sample store's record,
         or None; only where the manifest is one the readers read (else its own notice says so)."""
-        if self.kind != "samples" or wrong_fields(self.manifest):
+        if self.kind != "samples" or self._manifest_refused:
             return None
         whole = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in record.items()}
         fields = [k for k in samples.REQUIRED if columns is None or k in columns or k in LIGHT_REQUIRED]
@@ -149,6 +150,10 @@ class ViewStore:
     @functools.cached_property
     def _against(self) -> dict[str, Any]:
         return samples.checked_against(self.manifest)
+
+    @functools.cached_property
+    def _manifest_refused(self) -> bool:
+        return bool(wrong_fields(self.manifest))
 
     def read_rows(self, indices: list[int], columns: list[str] | None = None) -> list[dict[str, Any]]:
         """Several records at once (each shard's row group read once)."""
