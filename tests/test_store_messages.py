@@ -206,3 +206,21 @@ def test_a_full_disk_during_an_export_names_the_file_and_running_it_again_writes
     monkeypatch.setattr(files, "write_json", write_json)  # space freed: the advice, followed
     code, text = _said(monkeypatch, capsys, "export", out / SHARDS, "--out", target)
     assert code == 0 and target.is_file(), text
+
+
+def test_a_run_whose_shards_lost_their_manifest_is_named_damaged_not_missing(
+    made, tmp_path, monkeypatch, capsys
+):
+    """`correlate` / `report` said "no sample store under RUN (looked for samples.jsonl …)" of a Parquet store whose
+    manifest was deleted; they name the shards and the manifest, and restoring it (the advice) finds the store."""
+    from depthlens.studies.report import find_stores
+
+    out = _copy(made, tmp_path, "parquet")
+    meta = out / SHARDS / layout.MANIFEST
+    kept = meta.read_bytes()
+    meta.unlink()
+    code, text = _said(monkeypatch, capsys, "correlate", out, "--out", tmp_path / "c")
+    assert code == 2 and f"{out / SHARDS}: shards without their {layout.MANIFEST}" in text, text
+    assert "restore the manifest from a copy of the store" in text and "no sample store" not in text
+    meta.write_bytes(kept)
+    assert find_stores(out) == [out]
