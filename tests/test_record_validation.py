@@ -179,10 +179,30 @@ def test_every_reader_refuses_each_damage_naming_it(made, tmp_path, monkeypatch,
     change(out)
     before = (out / SAMPLES).read_bytes()
     for name, reader in READERS.items():
-        if name == "explorer" and damage == "status renamed":
-            continue  # the explorer shows what a record holds; a missing field is shown missing, not refused
+        if name == "export" and damage == "a lone surrogate":
+            continue  # written escaped instead (test_export_writes_a_stored_lone_surrogate_escaped)
         assert said in reader(out, monkeypatch, capsys), name
     assert (out / SAMPLES).read_bytes() == before  # no reader changed the store
+
+
+def test_export_writes_a_stored_lone_surrogate_escaped(made, tmp_path, monkeypatch, capsys):
+    """`check` names the record and the field; the other readers refuse, saying that export writes it escaped;
+    export does (a JSON \\ud800 escape, the rest of the line as it was), and the file reads back the same text."""
+    out = tmp_path / "jsonl"
+    shutil.copytree(made, out)
+    _edit(_set(text="é\ud800"))(out)
+    said = _check(out, monkeypatch, capsys)
+    assert "record 'q0#0': text holds a lone surrogate" in said and "depthlens export" in said
+    assert "depthlens export" in _refused(_thinkn)(out, monkeypatch, capsys)
+    target = tmp_path / "export.jsonl"
+    code, _, err = run(monkeypatch, capsys, "export", out / SAMPLES, "--out", target)
+    assert code == 0, err
+    assert "record 'q0#0' (text) held a lone surrogate" in " ".join(err.split())
+    raw = target.read_bytes()
+    assert b'"\xc3\xa9\\ud800"' in raw  # é kept as UTF-8, only the surrogate escaped
+    exported = [json.loads(line) for line in raw.decode("utf-8").splitlines()]
+    stored = [json.loads(line) for line in (out / SAMPLES).read_text().splitlines()]
+    assert exported == stored and exported[0]["text"] == "é\ud800"
 
 
 def test_the_committed_count_follows_a_resume_that_computes_lost_records_again(
@@ -270,7 +290,35 @@ def test_export_refuses_a_parquet_store_check_and_thinkn_refuse(tmp_path, monkey
     assert said in _check(out, monkeypatch, capsys)
     assert said in _refused(_thinkn)(out, monkeypatch, capsys)
     assert said in _refused(_report)(out, monkeypatch, capsys)
-    if (
-        damage is _shard_and_entry_removed
-    ):  # the explorer's notice (a missing column or edited n_layers: not yet)
-        assert said in _explorer(out, monkeypatch, capsys)
+    assert said in _explorer(out, monkeypatch, capsys)
+
+
+def test_the_explorer_names_a_renamed_column_and_an_edited_manifest_at_open(tmp_path):
+    """Before any response is opened: the page's notices name what every reader refuses (the light fields of every
+    record and the first record whole are checked at open), with the readers' own remedy."""
+    from depthlens.models.load import wrap
+    from depthlens.stores.samples import SHARDS
+    from depthlens.studies.generate import generate
+    from depthlens.view.store import open_store
+    from tests.conftest import CharTokenizer, tiny_model
+    from tests.test_store_trust import _rewrite_shard
+
+    lm = wrap(tiny_model("llama"), CharTokenizer(), name="tiny-llama")
+    for damage, said, remedy in [
+        (_renamed_column, "missing field(s) ['vote_key']", "--resume"),
+        (
+            _one_layer_more,
+            "says n_layers 4, but the records' divergence rows have 3",
+            "set n_layers back to 3",
+        ),
+    ]:
+        out = tmp_path / damage.__name__
+        generate(lm, GenerateRun(StoreSpec(out), pool=2, seed=5, sampling=SAMPLING, batch_size=1), QUESTIONS)
+        assert open_store(out).notices == []
+        if damage is _one_layer_more:
+            damage(out)
+        else:
+            _rewrite_shard(sorted((out / SHARDS).glob("part-*.parquet"))[0], damage)
+        notices = open_store(out).notices
+        assert len(notices) == 1 and said in notices[0] and remedy in notices[0], notices
+        assert "every reader" in notices[0]

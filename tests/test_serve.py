@@ -729,3 +729,37 @@ def test_a_client_gone_mid_body_is_answered_499_without_a_traceback(server, mode
     assert wait_for(lambda: _metrics(server).get(name, 0.0) == before + 1, 10)  # counted as 499, not 500
     text = server.log.read_text()
     assert "Traceback" not in text, text[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("online", "said", "followed"),
+    [
+        ({"eta": 1.5}, "depthlens.online.eta 1.5: must lie in (0, 1]", {"eta": 0.5}),
+        (
+            {"warmup": 5, "max_n": 3},
+            "raise depthlens.online.max_n or lower depthlens.online.warmup",
+            {"warmup": 2, "max_n": 3},
+        ),
+    ],
+)
+def test_an_online_setting_out_of_range_is_named_as_the_body_spells_it(server, model, online, said, followed):
+    """Issue 51: the error names the request's fields (``depthlens.online.eta``), never the library's
+    (``OnlineConfig.keep``) or a bare name; the value it asks for, sent, is served."""
+    import httpx
+
+    body = {"model": model, "prompt": "1 + 1 =", "max_tokens": 4, "seed": 1}
+    settings = {"prefix": 2, "batch_size": 2}
+    answer = httpx.post(
+        f"{server.url}/v1/completions",
+        json={**body, "depthlens": {"online": {**settings, **online}}},
+        timeout=TIMEOUT,
+    )
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and said in error["message"], answer.text
+    assert "Config" not in error["message"] and "keep" not in error["message"]
+    answer = httpx.post(
+        f"{server.url}/v1/completions",
+        json={**body, "depthlens": {"online": {**settings, **followed}}},
+        timeout=TIMEOUT,
+    )
+    assert answer.status_code == 200, answer.text

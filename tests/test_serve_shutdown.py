@@ -1,7 +1,8 @@
 """Issue 51, the server under SIGTERM: it keeps its socket open and answers 503 ``shutting_down`` while the running
 requests drain; past ``--shutdown-grace`` each request still running is answered at once in JSON (503
 ``aborted``), each stream with an error event then ``[DONE]`` — within a bound that does not depend on how long a
-step takes (the sampler is slowed on purpose here) — and the log holds no traceback."""
+step takes (the sampler is slowed on purpose here) — the process is gone within a bound too, while the step still
+sleeps, and the log holds no traceback."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ pytestmark = pytest.mark.skipif(
     reason="needs the serve extra",
 )
 TIMEOUT = 120
-SLOW_STEP = 6.0  # s per generation step: longer than the whole bound the answers must meet
+SLOW_STEP = 30.0  # s per generation step: far longer than the whole bound the answers and the exit must meet
 BOUND = 4.0  # s from SIGTERM + grace to every answer
+EXIT_BOUND = 12.0  # s from SIGTERM + grace to the process gone (the answers, then the interpreter's own exit)
 
 
 def test_sigterm_answers_in_json_without_waiting_for_a_slow_step(tmp_path_factory, tmp_path, monkeypatch):
@@ -74,8 +76,7 @@ def test_sigterm_answers_in_json_without_waiting_for_a_slow_step(tmp_path_factor
     )
     data = [line[6:] for line in seen if line.startswith("data: ")]
     assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "aborted", seen[-4:]
-    assert code == 0 and exited < grace + BOUND + SLOW_STEP + 10, (
-        exited
-    )  # the last step ends, then the process
+    # gone while the step in flight still sleeps: its thread is abandoned, not waited for
+    assert code == 0 and exited < grace + EXIT_BOUND < SLOW_STEP, exited
     text = log.read_text()
     assert "Traceback" not in text and "CancelledError" not in text, text[-3000:]

@@ -165,3 +165,62 @@ def test_a_writer_killed_with_9_is_not_reported_as_writing(made, tmp_path, monke
     assert str(holder.pid) in (out / f".{SAMPLES}.lock").read_text()  # the dead writer's note is still there
     code, text = _said(monkeypatch, capsys, "check", out)
     assert code == 0 and "being written" not in text
+
+
+def test_an_export_into_another_run_names_that_run_not_the_store_exported(
+    made, tmp_path, monkeypatch, capsys
+):
+    """`--out` where another sample store keeps its responses: the refusal names that store (it named the store
+    being exported); followed (the export written outside it), the export is written and the other run untouched."""
+    parquet, jsonl = _copy(made, tmp_path, "parquet"), _copy(made, tmp_path, "jsonl")
+    before = (jsonl / SAMPLES).read_bytes()
+    code, text = _said(monkeypatch, capsys, "export", parquet / SHARDS, "--out", jsonl / SAMPLES)
+    assert code == 2 and f"where the sample store {jsonl} keeps its responses" in text, text
+    assert str(parquet) not in text and (jsonl / SAMPLES).read_bytes() == before
+    code, text = _said(monkeypatch, capsys, "export", parquet / SHARDS, "--out", tmp_path / "x.jsonl")
+    assert code == 0 and (tmp_path / "x.jsonl").is_file(), text
+    code, text = _said(monkeypatch, capsys, "correlate", jsonl, parquet, "--out", parquet / SAMPLES)
+    assert code == 2 and f"where the sample store {parquet} keeps its responses" in text, text
+    assert "write the tables and figures outside it" in text and not (parquet / SAMPLES).exists()
+
+
+def test_a_full_disk_during_an_export_names_the_file_and_running_it_again_writes_it(
+    made, tmp_path, monkeypatch, capsys
+):
+    """ENOSPC named no file; and the readers' advice (--resume) is no option of export's."""
+    from depthlens.stores import files
+
+    out = _copy(made, tmp_path, "parquet")
+    target = tmp_path / "export" / "x.jsonl"
+    target.parent.mkdir()
+    write_json = files.write_json
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(files, "write_json", full)
+    code, text = _said(monkeypatch, capsys, "export", out / SHARDS, "--out", target)
+    assert code == 2 and f"{target}: the disk is full; nothing was written" in text, text
+    assert "run the export again" in text and "--resume" not in text
+    assert list(target.parent.iterdir()) == []  # no file, temporary file or lock left behind
+    monkeypatch.setattr(files, "write_json", write_json)  # space freed: the advice, followed
+    code, text = _said(monkeypatch, capsys, "export", out / SHARDS, "--out", target)
+    assert code == 0 and target.is_file(), text
+
+
+def test_a_run_whose_shards_lost_their_manifest_is_named_damaged_not_missing(
+    made, tmp_path, monkeypatch, capsys
+):
+    """`correlate` / `report` said "no sample store under RUN (looked for samples.jsonl …)" of a Parquet store whose
+    manifest was deleted; they name the shards and the manifest, and restoring it (the advice) finds the store."""
+    from depthlens.studies.report import find_stores
+
+    out = _copy(made, tmp_path, "parquet")
+    meta = out / SHARDS / layout.MANIFEST
+    kept = meta.read_bytes()
+    meta.unlink()
+    code, text = _said(monkeypatch, capsys, "correlate", out, "--out", tmp_path / "c")
+    assert code == 2 and f"{out / SHARDS}: shards without their {layout.MANIFEST}" in text, text
+    assert "restore the manifest from a copy of the store" in text and "no sample store" not in text
+    meta.write_bytes(kept)
+    assert find_stores(out) == [out]

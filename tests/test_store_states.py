@@ -4,8 +4,9 @@ bytes flipped in place, a shard of another run or a copy of one of its own, an e
 against itself, a shard deleted with its manifest entry, a lock left by a killed writer — with, after every
 step, every reader either returning exactly the committed records (unique, each equal to an uninterrupted run's)
 or refusing naming the damaged file (the manifest, where it is the fault); ``depthlens check`` listing whatever a
-reader refuses (and saying ok only where every reader reads: every reader agrees with ``check``), and never a
-writer that is not running; a refused ``export`` leaving every file as it was;
+reader refuses (and saying ok only where every reader reads: every reader — the studies' reader, ``export``,
+``thinkn --from``'s reader and the explorer's — agrees with ``check``), and never a writer that is not running; a
+refused ``export`` leaving every file as it was;
 and ``--resume`` always bringing back everything computed. Bounded in ``make test`` (3 sequences of up to 8 steps);
 a soak: ``DEPTHLENS_SOAK_EXAMPLES=50 DEPTHLENS_SOAK_STEPS=20 pytest tests/test_store_states.py -s`` (prints the
 steps and states explored)."""
@@ -394,6 +395,42 @@ class StoreStates(RuleBasedStateMachine):
         assert info.value.code == 2 and not target.exists()
         assert self._files() == before  # a refused command changes nothing
 
+    def _explorer(self) -> tuple[list[str], list[str]]:
+        """``depthlens view``'s reader: the ids it shows and its notices, every response opened."""
+        from depthlens.view.store import open_store
+
+        store = open_store(self.out)
+        for index in range(len(store.records)):
+            try:
+                store.read(index)
+            except (OSError, LookupError):  # an unreadable shard: its notice says so
+                continue
+        return list(store.by_id), list(store.notices)
+
+    def _other_readers_refuse(self, names: set[str]) -> None:
+        """``thinkn --from``'s reader refuses naming a damaged file, and the explorer says so in a notice."""
+        from depthlens.config import DTRConfig
+        from depthlens.studies.thinkn import load_pools
+
+        with pytest.raises(StoreError) as info:
+            load_pools(self.out, DTRConfig())
+        assert any(name in str(info.value) for name in names), str(info.value)
+        _, notices = self._explorer()
+        assert any(any(name in n for name in names) for n in notices), (names, notices)
+
+    def _other_readers_read(self, records: list[dict]) -> None:
+        """Where check's readers read: ``thinkn --from``'s reader votes on every usable record, and the explorer
+        shows every committed record."""
+        from depthlens.config import DTRConfig
+        from depthlens.studies.thinkn import load_pools
+
+        pools, _ = load_pools(self.out, DTRConfig())
+        assert sum(len(p) for p in pools.values()) == sum(r["status"] == "ok" for r in records)
+        shown, notices = self._explorer()
+        assert sorted(shown) == sorted(r["id"] for r in records), notices
+        if not self.flipped:  # bytes no page CRC covers: only check's hash names them
+            assert notices == [], notices
+
     @invariant()
     def readers_return_the_committed_records_or_refuse_by_name(self):
         if not hasattr(self, "out") or not self.out.exists():
@@ -424,12 +461,14 @@ class StoreStates(RuleBasedStateMachine):
             assert problems, f"a reader refuses ({exc}) and check lists nothing"
             assert any(any(name in str(p.path) for name in names) for p in problems), problems
             self._refused_export()
+            self._other_readers_refuse(names)
             return
         assert not bad and self.edited is None, f"read despite {bad or 'an edited manifest'}"
         ids = [r["id"] for r in records]
         assert len(ids) == len(set(ids)) and set(ids) == self.committed  # complete and unique
         reference = self.world["reference"]
         assert _core(records) == {i: reference[i] for i in ids}  # equal to an uninterrupted run
+        self._other_readers_read(records)
         if self.flipped:  # changed bytes no page CRC covers: read equal, and check names them by hash
             assert problems
             return

@@ -269,6 +269,29 @@ def test_questions_filter_and_sort(view_stores):
     assert api.get("/api/voting", params={"eta": "1.5"}).status_code == 400
 
 
+@pytest.mark.parametrize(
+    ("query", "said", "followed"),
+    [
+        ({"eta": "1.5"}, "eta=1.5: must be in (0, 1]", {"eta": "0.5"}),
+        ({"eta": "half"}, "eta='half': give a number in (0, 1]", {"eta": "0.5"}),
+        (
+            {"tie_break": "coin"},
+            "tie_break=coin: must be one of uniform, summed-dtr",
+            {"tie_break": "uniform"},
+        ),
+    ],
+)
+def test_a_query_out_of_range_is_named_as_the_query_spells_it(view_stores, query, said, followed):
+    """Issue 51: named as the query parameter (``eta=1.5``), not as Python's ``VotingConfig.eta``; the value the
+    message asks for, sent, is answered."""
+    _, api = client(view_stores["answers"])
+    base = {"n": 3, "prefix": 4, "trials": 3}
+    answer = api.get("/api/voting", params={**base, **query})
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error.startswith(said) and "Config" not in error, error
+    assert "state" in settled(api, "/api/voting", **base, **followed)
+
+
 # ---- damaged stores: each opens, names what is missing, shows the rest ----
 
 

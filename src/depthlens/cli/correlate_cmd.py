@@ -44,8 +44,8 @@ def correlate(
 
     paths = [p for s in stores for p in find_stores(s)]
     for path in paths:  # tables and figures never land inside a store they read
-        refuse_inside(out, path / SHARDS)
-        refuse_inside(out, path / SAMPLES)
+        refuse_inside(out, path / SHARDS, "the tables and figures")
+        refuse_inside(out, path / SAMPLES, "the tables and figures")
     with picking(store_format), verifying(verify):  # type: ignore[arg-type]
         _correlate(paths, out, cfg, dtr, g_kl, g_cosine, sweeps)
 

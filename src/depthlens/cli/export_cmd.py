@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, err_console
+from depthlens.cli.app import app, err_console, warn
 
 
 def refuse_run_files(out: Path) -> None:
@@ -77,43 +77,56 @@ def export(
     from depthlens.stores.lock import store_lock
 
     with store_lock(out):  # the export is a store of its own: one writer
-        count = _write_export(store, out, manifest, verify)
+        count, escaped = _write_export(store, out, manifest, verify)
     err_console.print(f"wrote {count} records to {out}", highlight=False)
+    if escaped:
+        more = f" and {len(escaped) - 1} more" if len(escaped) > 1 else ""
+        warn(
+            f"record {escaped[0]}{more} held a lone surrogate (text UTF-8 cannot encode, edited outside "
+            f"depthlens): written as a JSON escape (\\ud800), which JSON readers read back as the same text"
+        )
 
 
-def _write_export(store: Path, out: Path, manifest: dict[str, Any], verify: bool) -> int:
-    """Every record of ``store`` into ``out`` (a temporary name, then renamed), its manifest beside it."""
+def _write_export(store: Path, out: Path, manifest: dict[str, Any], verify: bool) -> tuple[int, list[str]]:
+    """Every record of ``store`` into ``out`` (a temporary name, then renamed), its manifest beside it; the count,
+    and the records (id and field) whose text was written escaped."""
+    import errno
     import json
     import os
 
+    from depthlens.errors import StoreError
     from depthlens.stores.commits import COMMITTED, Running
     from depthlens.stores.files import manifest_path, write_error, write_json
     from depthlens.stores.readers import read_checked
+    from depthlens.stores.records import unencodable
 
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    count, committed = 0, Running()  # the export's own commit, as every JSONL store keeps one
+    count, committed, escaped = 0, Running(), []  # the export's own commit, as every JSONL store keeps one
     try:
-        with tmp.open("w", encoding="utf-8") as f:
-            # the checked read every reader makes (``stores.readers``): export refuses what `check` refuses
-            for _, record in read_checked(store, verify=verify):
-                line = json.dumps(record, ensure_ascii=False)
-                if not line.isascii() and not _encodable(line):
-                    line = json.dumps(record)  # a text UTF-8 cannot carry (a lone surrogate): written escaped
-                f.write(line + "\n")
-                committed.add((line + "\n").encode("utf-8"))
+        with tmp.open("wb") as f:
+            # the checked read every reader makes (``stores.readers``): export refuses what `check` refuses, bar
+            # a text UTF-8 cannot carry (a lone surrogate), which it writes as a JSON escape (``\ud800``): every
+            # JSON reader turns it back into the same text, and the rest of the line stays as it was
+            for _, record in read_checked(store, verify=verify, escape_text=True):
+                text = json.dumps(record, ensure_ascii=False) + "\n"
+                try:
+                    line = text.encode("utf-8")
+                except UnicodeEncodeError:
+                    line = text.encode("utf-8", "backslashreplace")
+                    escaped.append(f"{record.get('id')!r} ({unencodable(record)})")
+                f.write(line)
+                committed.add(line)
                 count += 1
         write_json(manifest_path(out), {**manifest, COMMITTED: committed.entry()})
         tmp.replace(out)
     except OSError as exc:
+        # not write_error's advice (--resume): an export has none, and keeps nothing of a failed write
+        if exc.errno == errno.ENOSPC:
+            raise StoreError(
+                f"{out}: the disk is full; nothing was written (an export is written whole or not at all) — "
+                "free some space, then run the export again"
+            ) from exc
         raise write_error(out, exc) from exc
     finally:
         tmp.unlink(missing_ok=True)  # every failure (a damaged shard included) leaves no temporary file
-    return count
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return count, escaped

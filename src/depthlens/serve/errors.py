@@ -117,14 +117,20 @@ def schema_error(exc: ValidationError) -> ApiError:
     return ApiError(422, f"{param}: {first['msg']} (got {value})", param, "invalid_type")
 
 
-def depthlens_error(exc: DepthlensError, within: str = "") -> ApiError:
+def depthlens_error(exc: DepthlensError, within: str = "", renamed: dict[str, str] | None = None) -> ApiError:
     """A library error raised by a request's own settings (a config out of range, a prompt too long) → 400; one
-    about a setting names it as the request spells it, in the object ``within`` (``depthlens.think``):
-    ``depthlens.think.eta 1.5: must be in (0, 1]``."""
+    about a setting names it, and every other setting its text names, as the request spells them, in the object
+    ``within`` (``depthlens.think``): ``depthlens.think.eta 1.5: must be in (0, 1]``. ``renamed``: the request's
+    name of a setting the library calls otherwise (online ``eta`` is ``OnlineConfig.keep``)."""
     if exc.setting is None:
         return ApiError(400, str(exc), within or None, "invalid_value")
-    param = f"{within}.{exc.setting}" if within else exc.setting
-    return ApiError(400, exc.phrased(param, repr_value=True), param, "invalid_value")
+
+    def spell(setting: str) -> str:
+        name = (renamed or {}).get(setting, setting)
+        return f"{within}.{name}" if within else name
+
+    param = spell(exc.setting)
+    return ApiError(400, exc.phrased(param, repr_value=True, spell=spell), param, "invalid_value")
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:

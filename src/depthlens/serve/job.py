@@ -243,7 +243,7 @@ def _sampling(
             readout_tokens=_readout_window(options, settings, prefixes),
         )
     except ConfigError as exc:  # an OpenAI field: named as the body spells it
-        raise depthlens_error(exc) from None
+        raise depthlens_error(exc, renamed={"max_new_tokens": "max_tokens"}) from None
 
 
 def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
@@ -307,7 +307,7 @@ def _online(o: OnlineOptions, settings: ServeConfig) -> OnlineConfig:
     try:
         config = OnlineConfig(signal=signal, keep=keep, threshold=o.threshold, **given)  # type: ignore[arg-type]
     except ConfigError as exc:  # the policy's own check, across fields: the object answers for it
-        error = depthlens_error(exc, "depthlens.online")
+        error = depthlens_error(exc, "depthlens.online", {"keep": "eta"})  # the request's eta is its keep
         raise ApiError(400, error.message, "depthlens", "invalid_value") from None
     if config.max_n > settings.max_n:
         raise ApiError(

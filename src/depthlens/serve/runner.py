@@ -18,7 +18,6 @@ import statistics
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -27,6 +26,7 @@ from depthlens.config import ServeConfig
 from depthlens.sampling.live import GenerationCancelled
 from depthlens.serve.engines import Engine
 from depthlens.serve.errors import ApiError
+from depthlens.serve.pool import DaemonPool
 
 T = TypeVar("T")
 
@@ -40,7 +40,7 @@ class Runner:
         self.engine = engine
         self.running = min(engine.max_running, settings.max_running)
         self.capacity = self.running + settings.max_queue
-        self.pool = ThreadPoolExecutor(max_workers=self.running, thread_name_prefix="depthlens-request")
+        self.pool = DaemonPool(self.running, "depthlens-request")  # daemons: exit never waits for a step
         self.active = 0  # admitted and not yet finished (running + queued); touched on the event loop only
         self.cancels: set[threading.Event] = set()
         self.waiting = 0  # handlers waiting for their request's work (answers not yet decided)
@@ -197,7 +197,8 @@ class Runner:
 
     def close(self) -> None:
         """Abort every request still running, stop the engine; the request threads end at their engine's next
-        step (not waited for: the shutdown's time must not depend on how long a step takes)."""
+        step, or are abandoned when the process exits (daemons, not waited for: the shutdown's time must not
+        depend on how long a step takes)."""
         self.abort()
         self.engine.close()
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -56,18 +56,23 @@ def refuse_same_file(in_path: Path, out_path: Path) -> None:
         )
 
 
-def refuse_inside(out: Path, store: Path) -> None:
+def refuse_inside(out: Path, store: Path, what: str = "the export") -> None:
     """Writes never land inside a store: ``out`` may be neither the store, a file in it, its manifest, nor a file
-    in a sample store's directory (it would read as that store's responses)."""
+    in a sample store's directory (it would read as that store's responses). The refusal names the store ``out``
+    lies in — ``store``, or the sample store beside it (another run's, with several stores read) — and ``what``
+    is written."""
     from depthlens.stores.files import manifest_path
     from depthlens.stores.samples import SAMPLES, SHARDS
 
     target, source = out.resolve(), store.resolve()
-    inside = target == source or source in target.parents or target == manifest_path(source)
-    sample_store = (target.parent / SHARDS).is_dir() or (target.parent / SAMPLES).is_file()
-    if inside or (sample_store and target.name in (SAMPLES, manifest_path(Path(SAMPLES)).name)):
-        raise InputError(
-            setting="out",
-            value=out,
-            requirement=f"inside the store {store} (or where its responses are kept); write the export outside it",
-        )
+    if target == source or source in target.parents or target == manifest_path(source):
+        where = f"inside the store {store} (or where its responses are kept)"
+    elif ((target.parent / SHARDS).is_dir() or (target.parent / SAMPLES).is_file()) and target.name in (
+        SAMPLES,
+        manifest_path(Path(SAMPLES)).name,
+    ):
+        run_dir = out.parent if out.parent.parts else target.parent
+        where = f"where the sample store {run_dir} keeps its responses"
+    else:
+        return
+    raise InputError(setting="out", value=out, requirement=f"{where}; write {what} outside it")

@@ -5,6 +5,7 @@ manifest, every record's fields, ranges and consistency: ``stores.records``), an
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 from depthlens.stores.files import manifest_path
 from depthlens.stores.layout import is_store, manifest_file
 from depthlens.stores.parquet import iter_store_located, verifying
+from depthlens.stores.records import escaping_text
 from depthlens.stores.samples import SAMPLES, SHARDS, picking, read_responses
 
 
@@ -36,12 +38,16 @@ def sample_store_of(store: Path) -> Path | None:
     )
 
 
-def read_checked(store: Path, verify: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+def read_checked(
+    store: Path, verify: bool = False, escape_text: bool = False
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """(where, record) for every record of ``store``, each checked as its kind of store is: a sample store's
-    responses as every study reads them, any other results store by its files and ranges."""
+    responses as every study reads them, any other results store by its files and ranges. ``escape_text``: a text
+    UTF-8 cannot encode (a lone surrogate) is let through, for a writer that escapes it (``depthlens export``)."""
     out_dir = sample_store_of(store)
-    if out_dir is None:
-        yield from iter_store_located(store, verify)
-        return
-    with verifying(verify), picking("parquet" if store.is_dir() else "jsonl"):
-        yield from read_responses(out_dir)
+    with escaping_text() if escape_text else contextlib.nullcontext():
+        if out_dir is None:
+            yield from iter_store_located(store, verify)
+            return
+        with verifying(verify), picking("parquet" if store.is_dir() else "jsonl"):
+            yield from read_responses(out_dir)

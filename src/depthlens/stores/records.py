@@ -12,9 +12,11 @@ included, refuses the same records. ``wrong_fields`` checks the manifest fields 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from depthlens.config import DTRConfig
@@ -64,14 +66,28 @@ def _numbers(values: list[Any]) -> bool:
     return isinstance(first, (int, float)) or first is None
 
 
+_escaping: contextvars.ContextVar[bool] = contextvars.ContextVar("escaping_text", default=False)
+
+
+@contextlib.contextmanager
+def escaping_text() -> Iterator[None]:
+    """Within: a stored text UTF-8 cannot encode is no fault (``depthlens export`` reads so: it writes such a text
+    as JSON escapes, ``\\ud800``, which every JSON reader turns back into the same text)."""
+    token = _escaping.set(True)
+    try:
+        yield
+    finally:
+        _escaping.reset(token)
+
+
 def text_problem(record: dict[str, Any]) -> str | None:
-    """A stored text no file can be written with, named by its field."""
-    field = unencodable(record)
+    """A stored text no file can be written with, named by its field (none while ``escaping_text``)."""
+    field = None if _escaping.get() else unencodable(record)
     if field is None:
         return None
     return (
         f"{field} holds a lone surrogate (text UTF-8 cannot encode, e.g. \\ud800): it was edited outside "
-        "depthlens"
+        "depthlens (`depthlens export` writes the store with it escaped, as JSON \\ud800)"
     )
 
 

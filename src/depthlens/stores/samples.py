@@ -300,32 +300,52 @@ def damaged(where: str, exc: Exception) -> StoreError:
 
 def read_responses(out_dir: Path, fields: Sequence[str] = REQUIRED) -> Iterator[tuple[str, dict[str, Any]]]:
     """The one reader of a store's responses: (where, record) for each, ``where`` naming the file and line (JSONL)
-    or the shard and row (Parquet). A usable record (``status: ok``) missing any of ``fields``, or whose
-    divergences disagree with the manifest (layers, kinds), raises StoreError naming it; failed ones
-    (``status: failed``) are yielded as they are, for the caller to count."""
+    or the shard and row (Parquet). A record ``response_problem`` finds wrong raises StoreError naming it; failed
+    ones (``status: failed``) are yielded as they are, for the caller to count."""
     manifest = read_manifest(out_dir)
-    against = {**manifest, "questions": frozenset(manifest["questions"])}  # looked up once per record
+    against = checked_against(manifest)
     for where, record in iter_store_located(samples_path(out_dir, stored_format(out_dir))):
         current_names(record)
-        if record.get("status") != "failed":
-            missing = [k for k in fields if k not in record]
-            if missing:
-                raise Refused(
-                    Problem(
-                        Path(where),
-                        "damaged",
-                        f"missing field(s) {missing} (record {record.get('id')!r}; the store is damaged or was "
-                        "not written by `depthlens generate`)",
-                        _record_fix(out_dir),
-                    )
-                )
-            _check_schema(where, record, manifest, out_dir)
-        wrong = record_problem(record, against)
-        if wrong:
-            raise Refused(
-                Problem(Path(where), "damaged", f"record {record.get('id')!r}: {wrong}", _record_fix(out_dir))
-            )
+        problem = response_problem(out_dir, where, record, against, fields)
+        if problem is not None:
+            raise Refused(problem)
         yield where, record
+
+
+def checked_against(manifest: dict[str, Any]) -> dict[str, Any]:
+    """``manifest`` as ``response_problem`` takes it: its questions a set (looked up once per record)."""
+    questions = manifest.get("questions")
+    return {**manifest, "questions": frozenset(questions if isinstance(questions, list) else ())}
+
+
+def response_problem(
+    out_dir: Path,
+    where: str,
+    record: dict[str, Any],
+    against: dict[str, Any],
+    fields: Sequence[str] = REQUIRED,
+) -> Problem | None:
+    """What every reader refuses in one response record of the store ``out_dir`` (``against``: its manifest, via
+    ``checked_against``), or None: a usable record (``status: ok``) missing any of ``fields``, or whose
+    divergences disagree with the manifest (layers, kinds); then its values against each other and the store
+    (``stores.records``). The explorer (``view.store``) asks this of each record it opens."""
+    if record.get("status") != "failed":
+        missing = [k for k in fields if k not in record]
+        if missing:
+            return Problem(
+                Path(where),
+                "damaged",
+                f"missing field(s) {missing} (record {record.get('id')!r}; the store is damaged or was "
+                "not written by `depthlens generate`)",
+                _record_fix(out_dir),
+            )
+        wrong_schema = _schema_problem(where, record, against, out_dir)
+        if wrong_schema is not None:
+            return wrong_schema
+    wrong = record_problem(record, against)
+    if wrong:
+        return Problem(Path(where), "damaged", f"record {record.get('id')!r}: {wrong}", _record_fix(out_dir))
+    return None
 
 
 def _record_fix(out_dir: Path) -> str:
@@ -337,7 +357,9 @@ def _record_fix(out_dir: Path) -> str:
     return "delete that line and rerun the command that wrote the store with --resume: it computes that record again"
 
 
-def _check_schema(where: str, record: dict[str, Any], manifest: dict[str, Any], out_dir: Path) -> None:
+def _schema_problem(
+    where: str, record: dict[str, Any], manifest: dict[str, Any], out_dir: Path
+) -> Problem | None:
     """A record's divergences as its manifest describes them: ``n_layers`` values a row, one field per kind. The
     records were written with the settings their run had, so a disagreement names the manifest as the fault."""
     kinds = stored_kinds(manifest)
@@ -345,28 +367,25 @@ def _check_schema(where: str, record: dict[str, Any], manifest: dict[str, Any], 
     present = {k for k in record if k == "divergence" or k.startswith("divergence_")}
     meta = samples_manifest(out_dir)
     if present - fields or (fields - present and "divergence" in present):
-        raise Refused(
-            Problem(
-                meta,
-                "manifest",
-                f"says the records hold {sorted(fields)} (readout kinds {', '.join(kinds)}), but they hold "
-                f"{sorted(present)} ({where}): the manifest's readout was edited outside depthlens",
-                "put the divergence kinds the records hold back in the manifest's readout (or restore it from "
-                f"a copy of the store); `depthlens check {out_dir}` then says ok",
-            )
+        return Problem(
+            meta,
+            "manifest",
+            f"says the records hold {sorted(fields)} (readout kinds {', '.join(kinds)}), but they hold "
+            f"{sorted(present)} ({where}): the manifest's readout was edited outside depthlens",
+            "put the divergence kinds the records hold back in the manifest's readout (or restore it from "
+            f"a copy of the store); `depthlens check {out_dir}` then says ok",
         )
-    rows = record.get("divergence")
-    if isinstance(rows, list) and rows and isinstance(rows[0], list) and len(rows[0]) != manifest["n_layers"]:
-        raise Refused(
-            Problem(
-                meta,
-                "manifest",
-                f"says n_layers {manifest['n_layers']}, but the records' divergence rows have {len(rows[0])} "
-                f"layers ({where}): the manifest was edited outside depthlens",
-                f"set n_layers back to {len(rows[0])} in the manifest (or restore it from a copy of the store); "
-                f"`depthlens check {out_dir}` then says ok",
-            )
+    rows, n_layers = record.get("divergence"), manifest.get("n_layers")
+    if isinstance(rows, list) and rows and isinstance(rows[0], list) and len(rows[0]) != n_layers:
+        return Problem(
+            meta,
+            "manifest",
+            f"says n_layers {n_layers}, but the records' divergence rows have {len(rows[0])} "
+            f"layers ({where}): the manifest was edited outside depthlens",
+            f"set n_layers back to {len(rows[0])} in the manifest (or restore it from a copy of the store); "
+            f"`depthlens check {out_dir}` then says ok",
         )
+    return None
 
 
 def kinds_line(manifest: dict[str, Any]) -> str:

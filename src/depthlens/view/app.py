@@ -101,6 +101,9 @@ def _voting(request: Request, base: VotingConfig) -> VotingConfig:
         prefix = _int(request, "prefix", 0, low=1)
     try:
         eta = float(q["eta"]) if q.get("eta") else base.eta
+    except ValueError:
+        raise BadQuery(f"eta={q['eta']!r}: give a number in (0, 1]") from None
+    try:
         return dataclasses.replace(
             base,
             n=_int(request, "n", base.n, low=1),
@@ -110,8 +113,10 @@ def _voting(request: Request, base: VotingConfig) -> VotingConfig:
             seed=_int(request, "seed", base.seed),
             tie_break=q.get("tie_break") or base.tie_break,
         )
-    except ValueError as exc:  # a ConfigError is a ValueError too: its text names the setting and the range
-        raise BadQuery(str(exc)) from None
+    except (
+        DepthlensError
+    ) as exc:  # the setting as the query spells it (eta=1.5), not as Python's VotingConfig.eta
+        raise BadQuery(exc.phrased(f"{exc.setting}=") if exc.setting else str(exc)) from None
 
 
 def _page(request: Request, sort: str) -> dict[str, Any]:

@@ -14,27 +14,32 @@ held (``access``); everything per token is read when a response is opened.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any, Literal
 
 from depthlens.config import DTRConfig
 from depthlens.errors import DepthlensError, InputError
+from depthlens.sampling.backend import PER_TOKEN
 from depthlens.stores import samples
 from depthlens.stores.access import Location, ParquetSource
 from depthlens.stores.commits import committed_problem
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.jsonl_access import JsonlSource
-from depthlens.stores.layout import MANIFEST, is_store, manifest_file
+from depthlens.stores.layout import MANIFEST, Problem, is_store, manifest_file
 from depthlens.stores.parquet import jsonl_commit_problem, store_manifest
-from depthlens.stores.records import record_problem
+from depthlens.stores.records import wrong_fields
 from depthlens.stores.samples import SAMPLES
 from depthlens.stores.state import manifest_state
 from depthlens.stores.validate import bounds, record_fault
 from depthlens.studies.online import DECISIONS
 
 Kind = Literal["samples", "scores", "tcb"]
+LIGHT_REQUIRED = tuple(k for k in samples.REQUIRED if k not in PER_TOKEN and k != "divergence")
+"""The fields every usable response holds that the explorer holds for every record (its light fields): checked
+for every record at open, so a column renamed in a shard is named before any response is opened."""
 TRACE = "trace.progress.jsonl"  # `depthlens tcb trace`'s record: per generated token δ, V_eff, perplexity
 EXPECTED = (
     f"a sample store directory (from `depthlens generate` or `thinkn --out`: samples/ with its {MANIFEST}, or "
@@ -100,32 +105,55 @@ class ViewStore:
     )
 
     def read(self, index: int, columns: list[str] | None = None) -> dict[str, Any]:
-        """Record ``index`` with its per-token columns (``columns``: those wanted; None = all); a value out of
-        its range (what every reader refuses) becomes a notice naming the record and field."""
+        """Record ``index`` with its per-token columns (``columns``: those wanted; None = all); what every reader
+        refuses in it (a value out of its range, a field missing, values against each other or the manifest)
+        becomes a notice naming the record, the field and the readers' remedy."""
         record = self.source.read(self.locations[index], columns)
-        fault = record_fault(record, bounds(self.manifest))
-        rid = record.get("id", self.records[index].get("id"))
-        wrong = fault.detail(rid) if fault is not None else self._inconsistent(index, record)
-        if wrong is not None:
-            note = (
-                f"{wrong}: every reader (export, thinkn --from, report) refuses this store; "
-                f"`depthlens check {self.path}` lists it with its remedy"
-            )
-            if note not in self.notices:
-                self.notices.append(note)
+        self.flag(index, record, columns)
         return record
 
-    def _inconsistent(self, index: int, record: dict[str, Any]) -> str | None:
-        """What the readers' one validation (``stores.records``) refuses in a sample store's record, or None."""
-        if "pool" not in self.manifest:  # a results store of another command: its records are not responses
+    def flag(self, index: int, record: dict[str, Any], columns: list[str] | None = None) -> None:
+        """Notice what every reader refuses in record ``index``: ``record`` holds its fields ``columns`` (None:
+        all of them), read whole; its light fields are added."""
+        fault = record_fault(record, bounds(self.manifest))
+        record = {**self.records[index], **record}
+        if fault is not None:
+            wrong: str | None = (
+                f"{fault.detail(record.get('id'))}: every reader (export, thinkn --from, report) refuses this "
+                f"store; `depthlens check {self.path}` lists it with its remedy"
+            )
+        else:
+            problem = self._problem(index, record, columns)
+            wrong = (
+                None
+                if problem is None
+                else f"{problem.message()} — every reader (export, thinkn --from, report) refuses this store"
+            )
+        if wrong is not None and wrong not in self.notices:
+            self.notices.append(wrong)
+
+    def _problem(self, index: int, record: dict[str, Any], columns: list[str] | None) -> Problem | None:
+        """What the readers' one validation (``samples.response_problem``) refuses in a sample store's record,
+        or None; only where the manifest is one the readers read (else its own notice says so)."""
+        if self.kind != "samples" or self._manifest_refused:
             return None
-        whole = {
-            k: v.tolist() if hasattr(v, "tolist") else v for k, v in {**self.records[index], **record}.items()
-        }
-        known = self.manifest.get("questions")
-        against = {**self.manifest, "questions": frozenset(known if isinstance(known, list) else ())}
-        wrong = record_problem(whole, against)
-        return None if wrong is None else f"record {whole.get('id')!r}: {wrong}"
+        whole = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in record.items()}
+        fields = [k for k in samples.REQUIRED if columns is None or k in columns or k in LIGHT_REQUIRED]
+        location = self.locations[index]
+        where = (
+            f"{self.source.directory / self.source.names[location.part]} row {location.row + 1}"
+            if isinstance(self.source, ParquetSource)
+            else f"{self.source.path} at byte {location.row}"
+        )
+        return samples.response_problem(self.path, where, whole, self._against, fields)
+
+    @functools.cached_property
+    def _against(self) -> dict[str, Any]:
+        return samples.checked_against(self.manifest)
+
+    @functools.cached_property
+    def _manifest_refused(self) -> bool:
+        return bool(wrong_fields(self.manifest))
 
     def read_rows(self, indices: list[int], columns: list[str] | None = None) -> list[dict[str, Any]]:
         """Several records at once (each shard's row group read once)."""
@@ -174,6 +202,7 @@ def open_store(path: Path) -> ViewStore:
     )
     store.state = _state(manifest, source)
     if kind == "samples":
+        _check_responses(store)
         _read_questions(store)
         _read_online(store)
     elif kind == "tcb":
@@ -181,6 +210,24 @@ def open_store(path: Path) -> ViewStore:
             summary = (store.read(i).get("rows") or {}).get("summary") or {}
             record.update({k: v for k, v in summary.items() if not isinstance(v, dict | list)})
     return store
+
+
+def _check_responses(store: ViewStore) -> None:
+    """At open, what every reader refuses and the explorer can see without reading the store whole: each record's
+    light fields (a column renamed in a shard's footer, an id against its sample), then the first usable record
+    whole (a manifest's ``n_layers`` or readout edited). Stops at the first, as the readers do; a record's own
+    per-token faults are named when it is opened (``ViewStore.read``)."""
+    held = len(store.notices)
+    for index, record in enumerate(store.records):
+        store.flag(index, record, columns=[])
+        if len(store.notices) > held:
+            return
+    usable = next((i for i, r in enumerate(store.records) if r.get("status") == "ok"), None)
+    if usable is not None:
+        try:
+            store.read(usable)
+        except (OSError, LookupError):  # an unreadable shard: its notice is already shown
+            return
 
 
 def _open_samples(root: Path, notices: list[str]) -> tuple[dict[str, Any], ParquetSource | JsonlSource]:
