@@ -16,6 +16,7 @@ import pytest
 from tqdm import auto
 
 import depthlens
+from depthlens.sampling.choose import vllm_available
 from depthlens.studies import generate as generation
 from tests.test_api import SMALL, TASK
 
@@ -108,6 +109,27 @@ def test_progress_false_shows_nothing(lm, bars, capsys):
     assert capsys.readouterr() == ("", "") and bars() == {}
 
 
+@pytest.mark.skipif(
+    not vllm_available(), reason="needs the vllm extra (the backend is checked before it starts)"
+)
+def test_a_vllm_engine_start_is_told_only_with_progress_on(lm, monkeypatch, capsys):
+    """The engine's start line (``sampling.choose.say`` for the CLI) goes through the verb's display: silent with
+    ``progress=False``. The engine itself is stood in for: what is checked is where its line goes."""
+    from depthlens.sampling.vllm import generator
+
+    class Starting:
+        def __init__(self, *args, progress, **kwargs) -> None:
+            progress("starting the vLLM engine")
+            raise RuntimeError("not started here")
+
+    monkeypatch.setattr(generator, "EngineGenerator", Starting)
+    for shown in (True, False):
+        with pytest.raises(RuntimeError, match="not started here"):
+            depthlens.generate(lm, TASK, pool=2, backend="vllm", progress=shown, **SMALL)
+        err = capsys.readouterr().err
+        assert ("starting the vLLM engine" in err) is shown and (err == "") is not shown
+
+
 def test_progress_is_a_typed_keyword():
     import inspect
 
@@ -163,6 +185,7 @@ import os, signal, sys
 sys.path.insert(0, {root!r})
 import depthlens
 from depthlens.models.load import wrap
+from depthlens.sampling.choose import vllm_available
 from depthlens.studies import generate as generation
 from tests.conftest import CharTokenizer, tiny_model
 

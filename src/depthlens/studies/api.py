@@ -121,14 +121,16 @@ def _engine_of(
     run: GenerateRun | OnlineRun,
     requests: int,
     questions: Sequence[Question],
+    display: Display,
     on_token: Callable[[int], None],
 ) -> Iterator[Any]:
     """The generation backend ``run`` gets (``make_backend``, as the studies build it: a vLLM engine's KV cache
-    sized for ``requests`` of the longest prompt; ``on_token`` told each step's generated tokens), its engine shut
-    down when the call returns: a notebook goes on after it, and a started engine holds its memory until then."""
+    sized for ``requests`` of the longest prompt; ``on_token`` told each step's generated tokens, ``display`` the
+    engine's start), its engine shut down when the call returns: a notebook goes on after it, and a started
+    engine holds its memory until then."""
     new_tokens = run.sampling.max_new_tokens
     job = generation.engine_job(model, questions, new_tokens, requests, run.answers.prompt_style)
-    backend = make_backend(model, run.engine, run.sampling, run.readout, on_token, job)
+    backend = make_backend(model, run.engine, run.sampling, run.readout, on_token, job, display.say)
     try:
         yield backend
     finally:
@@ -187,7 +189,7 @@ def score(
             from depthlens.models.info import info_of
 
             info = info_of(model)
-            reader = engine_reader(info, run)
+            reader = engine_reader(info, run, display.say)
             try:
                 results = score_records_on(
                     reader, info, inputs, dtr=run.dtr, tcb=run.tcb, tokens=tokens, batch_size=batch_size
@@ -263,7 +265,7 @@ def generate(
         done = display.bar("responses", len(questions) * pool, "responses")
         tokens = display.bar("tokens", None, "tokens")
         events = generation.GenerationEvents(done.start, done.advance, tokens.advance)
-        with _engine_of(model, run, batch_size, questions, events.on_token) as backend:
+        with _engine_of(model, run, batch_size, questions, display, events.on_token) as backend:
             generation.generate(model, run, questions, backend=backend, events=events)
         return responses(where, prefix=prefix, tokenizer=getattr(model, "tokenizer", None))
 
@@ -396,6 +398,6 @@ def online(
         done = display.bar("questions", len(questions), "questions")
         tokens = display.bar("tokens", None, "tokens")
         events = live.OnlineEvents(lambda _: done.advance(), on_token=tokens.advance)
-        with _engine_of(model, run, requests, questions, events.on_token) as backend:
+        with _engine_of(model, run, requests, questions, display, events.on_token) as backend:
             live.run_online(model, run, questions, backend=backend, events=events)
         return to_table(list(iter_jsonl(where / live.DECISIONS)))

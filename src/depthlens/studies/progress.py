@@ -60,6 +60,11 @@ class Display:
         if enabled:
             print(line, file=sys.stderr, flush=True)
 
+    def say(self, line: str) -> None:
+        """A slow step's line (a vLLM engine starting), on stderr unless progress is off."""
+        if self.enabled:
+            print(line, file=sys.stderr, flush=True)
+
     def bar(self, name: str, total: int | None = None, unit: str = "it") -> Bar:
         """A bar counting ``unit``s (``total`` None: a counter with its rate, no end)."""
         if not self.enabled:
