@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from depthlens.config import DTRConfig, VotingConfig
-from depthlens.metrics.dtr import settling_depth
+from depthlens.metrics.dtr import deep_flags, settling_depth
+from depthlens.models.load import load_tokenizer
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.samples import iter_samples, read_manifest
 from depthlens.studies.thinkn import load_pools
@@ -202,6 +203,18 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
     page.wait_for_selector("#tokens .tok", timeout=WAIT_MS)
     assert page.eval_on_selector_all("#tokens .tok", "s => s.length") == record["token_count"]
     depth = settling_depth(torch.tensor(record["divergence"]), dtr.g).tolist()
+    # its facts: generated tokens, the DTR once (4 decimals), the prompt as the model read it — open, foldable
+    assert page.inner_text('[data-fact="tokens"]').startswith(f"{record['token_count']} generated, ")
+    deep = deep_flags(torch.tensor(depth), 3, dtr.rho, dtr.deep_rule).tolist()
+    assert page.inner_text('[data-fact="DTR"]').startswith(js_fixed(sum(deep) / len(deep), 4) + " over")
+    assert (
+        page.eval_on_selector_all(".facts dt", "ts => ts.filter(t => /dtr/i.test(t.innerText)).length") == 1
+    )
+    prompt = load_tokenizer(read_manifest(store)["model"]).decode(record["prompt_ids"])
+    assert page.eval_on_selector("#prompt", "d => d.open") and page.is_visible("#prompt pre")
+    assert page.eval_on_selector("#prompt pre", "p => p.textContent") == prompt
+    page.click("#prompt summary")
+    assert not page.is_visible("#prompt pre")
     page.click('#tokens .tok[data-i="2"]')
     assert page.inner_text('#token-facts [data-field="settling depth"]') == f"layer {depth[2]} of 3"
     page.click("#token-panel details summary")
@@ -241,7 +254,23 @@ def test_score_store_records_in_chromium(view_stores, serve, page, tmp_path):
     page.click(f'#records tbody tr[data-id="{first}"] a')
     page.wait_for_selector("#tokens .tok", timeout=WAIT_MS)
     assert page.eval_on_selector_all("#tokens .tok", "s => s.length") == stored["token_count"]
+    # a record was scored, not generated; its DTR is shown once, to the 4 decimals of the metrics beside it
+    assert page.inner_text("#response h2") == f"record {first}"
+    assert page.inner_text('[data-fact="tokens"]').startswith(f"{stored['token_count']} scored, ")
+    dts = page.eval_on_selector_all(".facts dt", "ts => ts.map(t => t.innerText)")
+    assert [t for t in dts if t.lower() == "dtr"] == ["DTR"]
+    assert page.locator("#prompt").count() == 0  # a score store keeps no prompt
     page.screenshot(path=str(tmp_path / "record.png"), full_page=True)
+
+
+def test_an_interrupted_run_says_so_in_chromium(view_stores, serve, page, tmp_path, monkeypatch):
+    from tests.test_view_edges import interrupted_store
+
+    page.goto(serve(interrupted_store(view_stores, tmp_path / "cut", monkeypatch)))
+    page.wait_for_selector("#notices p.notice", timeout=WAIT_MS)
+    assert "interrupted: the run that wrote this store ended after 2 of 4 responses" in page.inner_text(
+        "#notices"
+    )
 
 
 def test_tcb_trace_in_chromium(view_stores, serve, page):

@@ -68,18 +68,21 @@ def make_backend(
     readout: ReadoutConfig = ReadoutConfig(),
     on_token: Callable[[int], None] = lambda n: None,
     job: Any = None,
+    progress: Callable[[str], None] | None = None,
 ) -> GenerationBackend:
     """The generation backend ``engine.backend`` names; vllm is imported only when chosen.
 
     ``lm``: a ``LoadedModel`` (hf), or for vllm a ``models.info.ModelInfo`` (tokenizer and config only: the engine
     reads the layers out itself; a ``LoadedModel`` works too, only its tokenizer and config are used). ``job``:
-    the ``sampling.vllm.engine.JobSize`` the engine's KV cache is sized for.
+    the ``sampling.vllm.engine.JobSize`` the engine's KV cache is sized for; ``progress``: where the engine's
+    start is told (None: ``say``, on stderr).
     """
     if engine.backend == "vllm":
         resolve_backend("vllm")  # the one-line install hint where the extra is missing
         from depthlens.sampling.vllm.generator import EngineGenerator
 
-        return EngineGenerator(lm, sampling, readout, engine, on_token=on_token, job=job, progress=say)
+        told = say if progress is None else progress
+        return EngineGenerator(lm, sampling, readout, engine, on_token=on_token, job=job, progress=told)
     use_threads("sample", lm.device.type, engine.threads)
     return HFGenerator(lm, sampling, readout, on_token=on_token)
 

@@ -50,7 +50,7 @@ def request_depthlens(job: Job, engine: Engine) -> dict[str, Any]:
         "rho": dtr.rho,
         "deep_rule": dtr.deep_rule,
         "prefix": dtr.prefix,
-        "readout_tokens": job.sampling.readout_tokens,
+        "readout_tokens": "all" if job.sampling.readout_tokens is None else job.sampling.readout_tokens,
         "answer_type": job.depth.answers.answer_type,
     }
 

@@ -11,7 +11,8 @@ the stores' (``.to_pandas()`` for a DataFrame).
 Each runs the CLI's code path (the run specs of ``config.run``, ``studies.generate`` / ``online`` / ``thinkn``),
 with the CLI's defaults — those of the config classes, which every keyword setting is routed to by its field name
 (``temperature=0.6`` → ``SamplingConfig.temperature``). A verb that writes a store writes it into ``out``, or into
-a temporary directory it reads back and removes.
+a temporary directory it reads back and removes (``studies.scratch``). A verb that runs a model says what it
+runs and shows bars (``studies.progress``) unless ``progress=False``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -55,7 +55,9 @@ from depthlens.studies import generate as generation
 from depthlens.studies import online as live
 from depthlens.studies import resolve, thinkn
 from depthlens.studies.pool_table import metadata, pool_rows, read_metadata, store_records
+from depthlens.studies.progress import Bar, Display, readout_words, where_words
 from depthlens.studies.score import engine_reader, score_records, score_records_on
+from depthlens.studies.scratch import scratch_or
 
 Table = Any  # a pyarrow.Table (pyarrow is imported only under stores/)
 Task = str | TaskSpec | Sequence[Question]
@@ -113,24 +115,22 @@ def _questions(task: Task, spec: TaskSpec | None) -> tuple[list[Question], TaskS
     return questions, None
 
 
-def _store(out: str | Path | None) -> tuple[Path, Any]:
-    """Where a verb's store goes: ``out`` (replaced), or a temporary directory removed once it is read back."""
-    if out is not None:
-        return Path(out), None
-    scratch = tempfile.TemporaryDirectory(prefix="depthlens-")
-    return Path(scratch.name) / "store", scratch
-
-
 @contextlib.contextmanager
 def _engine_of(
-    model: Any, run: GenerateRun | OnlineRun, requests: int, questions: Sequence[Question]
+    model: Any,
+    run: GenerateRun | OnlineRun,
+    requests: int,
+    questions: Sequence[Question],
+    display: Display,
+    on_token: Callable[[int], None],
 ) -> Iterator[Any]:
     """The generation backend ``run`` gets (``make_backend``, as the studies build it: a vLLM engine's KV cache
-    sized for ``requests`` of the longest prompt), its engine shut down when the call returns: a notebook goes on
-    after it, and a started engine holds its memory until then."""
+    sized for ``requests`` of the longest prompt; ``on_token`` told each step's generated tokens, ``display`` the
+    engine's start), its engine shut down when the call returns: a notebook goes on after it, and a started
+    engine holds its memory until then."""
     new_tokens = run.sampling.max_new_tokens
     job = generation.engine_job(model, questions, new_tokens, requests, run.answers.prompt_style)
-    backend = make_backend(model, run.engine, run.sampling, run.readout, job=job)
+    backend = make_backend(model, run.engine, run.sampling, run.readout, on_token, job, display.say)
     try:
         yield backend
     finally:
@@ -154,12 +154,13 @@ def score(
     tokens: bool = False,
     batch_size: int = ScoreRun.batch_size,
     tcb: bool | None = None,
+    progress: bool = True,
     **settings: Any,
 ) -> Table:
     """``depthlens score`` on in-memory records (dicts shaped like its JSONL input): one row per record, the score
     store's columns (with ``tokens``: the per-token ones too). Settings: ``ReadoutConfig``, ``DTRConfig``,
     ``TCBConfig`` and ``EngineConfig`` fields (``backend="vllm"`` reads out in a vLLM engine, which has no TCB:
-    ``tcb`` None is on for ``hf`` only)."""
+    ``tcb`` None is on for ``hf`` only). ``progress``: an opening line and bars on stderr (False: nothing)."""
     readout, dtr, tcb_settings, engine = settings_for(
         "score", settings, ReadoutConfig, DTRConfig, TCBConfig, EngineConfig
     )
@@ -177,19 +178,25 @@ def score(
         batch_size,
         engine=EngineConfig(**engine),
     )
-    if run.engine.backend == "vllm":
-        from depthlens.models.info import info_of
+    line = (
+        f"depthlens.score: backend {run.engine.backend}, {len(inputs)} record{'s' if len(inputs) != 1 else ''}, "
+        f"every completion token read out, {where_words(model, run.engine, 'score')}"
+    )
+    with Display(progress, line) as display:
+        records_bar = display.bar("records", len(inputs), "records")
+        tokens_bar = display.bar("tokens", None, "tokens")
+        if run.engine.backend == "vllm":
+            from depthlens.models.info import info_of
 
-        info = info_of(model)
-        reader = engine_reader(info, run)
-        try:
-            results = score_records_on(
-                reader, info, inputs, dtr=run.dtr, tcb=run.tcb, tokens=tokens, batch_size=batch_size
-            )
-            return to_table(list(results))
-        finally:
-            _stop(reader)
-    else:
+            info = info_of(model)
+            reader = engine_reader(info, run, display.say)
+            try:
+                results = score_records_on(
+                    reader, info, inputs, dtr=run.dtr, tcb=run.tcb, tokens=tokens, batch_size=batch_size
+                )
+                return to_table(_counted(results, records_bar, tokens_bar))
+            finally:
+                _stop(reader)
         results = score_records(
             model,
             inputs,
@@ -200,7 +207,17 @@ def score(
             batch_size=batch_size,
             threads=run.engine.threads,
         )
-    return to_table(list(results))
+        return to_table(_counted(results, records_bar, tokens_bar))
+
+
+def _counted(results: Iterable[dict[str, Any]], records: Bar, tokens: Bar) -> list[dict[str, Any]]:
+    """Every scored result, each counted on the bars as it comes (as ``ScoreEvents.on_record`` counts them)."""
+    done = []
+    for result in results:
+        done.append(result)
+        records.advance()
+        tokens.advance(int(result.get("token_count") or 0))
+    return done
 
 
 @_verb(SamplingConfig, ReadoutConfig, DTRConfig, AnswerConfig, EngineConfig, TaskSpec)
@@ -213,13 +230,15 @@ def generate(
     batch_size: int = GenerateRun.batch_size,
     prefix: int | None = PREFIX_TOKENS,
     out: str | Path | None = None,
+    progress: bool = True,
     **settings: Any,
 ) -> Table:
     """``depthlens generate``: ``pool`` responses per question of ``task``, every read-out token's layers, as a
     table of the sample store's columns plus their depth (``prefix``: the tokens ``dtr_prefix`` covers). ``out``
-    keeps the store there (replacing one). Settings: ``SamplingConfig``, ``ReadoutConfig``, ``DTRConfig``,
-    ``AnswerConfig``, ``EngineConfig`` and ``TaskSpec`` fields (``backend="vllm"``, ``max_new_tokens=80``,
-    ``task_config="min_terms=2,max_terms=2"``, ``questions=8``)."""
+    keeps the store there (replacing one). ``progress``: an opening line and bars on stderr (False: nothing).
+    Settings: ``SamplingConfig``, ``ReadoutConfig``, ``DTRConfig``, ``AnswerConfig``, ``EngineConfig`` and
+    ``TaskSpec`` fields (``backend="vllm"``, ``max_new_tokens=80``, ``task_config="min_terms=2,max_terms=2"``,
+    ``questions=8``)."""
     sampling, readout, dtr, answers, engine, task_settings = settings_for(
         "generate", settings, SamplingConfig, ReadoutConfig, DTRConfig, AnswerConfig, EngineConfig, TaskSpec
     )
@@ -236,15 +255,19 @@ def generate(
         EngineConfig(**engine),
         task_spec,
     )
-    where, scratch = _store(out)
-    run = dataclasses.replace(run, store=StoreSpec(where, overwrite=True))
-    try:
-        with _engine_of(model, run, batch_size, questions) as backend:
-            generation.generate(model, run, questions, backend=backend)
+    line = (
+        f"depthlens.generate: backend {run.engine.backend}, {len(questions) * pool} responses "
+        f"({len(questions)} questions × pool {pool}) of up to {run.sampling.max_new_tokens} tokens, "
+        f"{readout_words(run.sampling)}, {where_words(model, run.engine, 'sample')}"
+    )
+    with scratch_or(out) as where, Display(progress, line) as display:
+        run = dataclasses.replace(run, store=StoreSpec(where, overwrite=True))
+        done = display.bar("responses", len(questions) * pool, "responses")
+        tokens = display.bar("tokens", None, "tokens")
+        events = generation.GenerationEvents(done.start, done.advance, tokens.advance)
+        with _engine_of(model, run, batch_size, questions, display, events.on_token) as backend:
+            generation.generate(model, run, questions, backend=backend, events=events)
         return responses(where, prefix=prefix, tokenizer=getattr(model, "tokenizer", None))
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
 
 
 @_verb(DTRConfig)
@@ -276,13 +299,15 @@ def think_at_n(
     methods: Sequence[str] | None = None,
     n: int | None = None,
     lens: str | None = None,
+    progress: bool = True,
     **settings: Any,
 ) -> Table:
     """Think@n and its peers over a pool — ``generate``'s table, or a sample store on disk — as ``thinkn --from``
     votes it (nothing is written): one row per method, the summary CSV's columns. ``n`` None: ``VotingConfig.n``,
     or the smallest usable pool where that is smaller. Settings: ``VotingConfig`` fields, then ``DTRConfig``'s
     (the pool's own DTR settings where not given). ``lens``: the pool votes on what it holds, read through the lens
-    it was generated with; another one is refused, naming both."""
+    it was generated with; another one is refused, naming both. ``progress``: an opening line and a bar of trials
+    on stderr (False: nothing)."""
     voting_settings, dtr_settings = settings_for("think_at_n", settings, VotingConfig, DTRConfig)
     if isinstance(pool, (str, Path)):
         manifest = read_manifest(Path(pool))
@@ -298,7 +323,13 @@ def think_at_n(
     n, _ = resolve.voting_n(n, min(usable.values(), default=None))
     voting = VotingConfig(n=n, **voting_settings)
     pools, info = thinkn.pools_from_records(manifest, records, dtr, voting.n)
-    report = thinkn.vote_pools(pools, info, voting, dtr, methods, where=where)
+    line = (
+        f"depthlens.think_at_n: {len(pools)} questions' pools, {voting.trials} trials of n = {voting.n} each, "
+        f"{len(methods) if methods is not None else 'all'} methods (no model runs: the pool's stored readout)"
+    )
+    with Display(progress, line) as display:
+        trials = display.bar("trials", voting.trials, "trials")
+        report = thinkn.vote_pools(pools, info, voting, dtr, methods, where=where, on_trial=trials.advance)
     return to_table(thinkn.summary_rows(report))
 
 
@@ -319,11 +350,13 @@ def online(
     *,
     seed: int = OnlineRun.seed,
     out: str | Path | None = None,
+    progress: bool = True,
     **settings: Any,
 ) -> Table:
     """``thinkn --online``: the live policy on every question, one row per question (``online.jsonl``'s
     columns: the voted answer, whether it is right, tokens spent, responses started, τ, why sampling stopped and
-    every response's decision). ``out`` keeps the store (its responses: ``responses(out)``). Settings:
+    every response's decision). ``out`` keeps the store (its responses: ``responses(out)``). ``progress``: an
+    opening line and bars on stderr (False: nothing). Settings:
     ``OnlineConfig`` fields (``prefix`` is the policy's ℓ; ``readout_tokens`` defaults to it, as the CLI's), then
     ``SamplingConfig``, ``ReadoutConfig``, ``DTRConfig``, ``AnswerConfig``, ``EngineConfig``, ``TaskSpec``."""
     policy, sampling, readout, dtr, answers, engine, task_settings = settings_for(
@@ -353,13 +386,18 @@ def online(
         EngineConfig(**engine),
         task_spec,
     )
-    where, scratch = _store(out)
-    run = dataclasses.replace(run, store=StoreSpec(where, overwrite=True))
     requests = max(online_config.warmup, online_config.batch_size)  # as ``run_online`` sizes its engine
-    try:
-        with _engine_of(model, run, requests, questions) as backend:
-            live.run_online(model, run, questions, backend=backend)
+    line = (
+        f"depthlens.online: backend {run.engine.backend}, {len(questions)} questions × up to "
+        f"{online_config.max_n} responses (warm-up {online_config.warmup}) of up to "
+        f"{run.sampling.max_new_tokens} tokens, {readout_words(run.sampling)}, "
+        + where_words(model, run.engine, "sample")
+    )
+    with scratch_or(out) as where, Display(progress, line) as display:
+        run = dataclasses.replace(run, store=StoreSpec(where, overwrite=True))
+        done = display.bar("questions", len(questions), "questions")
+        tokens = display.bar("tokens", None, "tokens")
+        events = live.OnlineEvents(lambda _: done.advance(), on_token=tokens.advance)
+        with _engine_of(model, run, requests, questions, display, events.on_token) as backend:
+            live.run_online(model, run, questions, backend=backend, events=events)
         return to_table(list(iter_jsonl(where / live.DECISIONS)))
-    finally:
-        if scratch is not None:
-            scratch.cleanup()

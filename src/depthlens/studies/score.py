@@ -245,16 +245,19 @@ def score_records_on(
             batch.clear()
 
 
-def engine_reader(info: Any, run: ScoreRun) -> Any:
+def engine_reader(info: Any, run: ScoreRun, progress: Callable[[str], None] | None = None) -> Any:
     """The reader of ``score --backend vllm``: an ``EngineScorer`` for ``run.engine``, its KV cache sized for
-    ``run.batch_size`` records of up to the engine's (or the model's) longest sequence."""
+    ``run.batch_size`` records of up to the engine's (or the model's) longest sequence; ``progress``: where the
+    engine's start is told (None: on stderr)."""
     from depthlens.sampling.choose import say
     from depthlens.sampling.vllm.engine import JobSize
     from depthlens.sampling.vllm.prefill import EngineScorer
 
     longest = run.engine.max_model_len or info.max_positions or 4096
     job = JobSize(run.batch_size, longest)
-    return EngineScorer(info, run.readout, run.engine, job=job, progress=say)
+    return EngineScorer(
+        info, run.readout, run.engine, job=job, progress=say if progress is None else progress
+    )
 
 
 def score(

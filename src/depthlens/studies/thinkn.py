@@ -174,12 +174,14 @@ def vote_pools(
     methods: Sequence[str] | None = None,
     with_ablation: bool = False,
     where: str = "the pool",
+    on_trial: Callable[[int], None] = lambda n: None,
 ) -> ThinkReport:
     """``summarise``'s vote, in memory: ``voting.trials`` draws of n from each usable pool, every method against
-    Cons@n per question (``where`` names the pool in the error when no question has n usable responses)."""
+    Cons@n per question (``where`` names the pool in the error when no question has n usable responses;
+    ``on_trial`` is told each finished trial)."""
     if not pools:
         raise InputError(too_few(where, info, voting.n))
-    outcomes = trial_outcomes(pools, voting, methods)
+    outcomes = trial_outcomes(pools, voting, methods, on_trial)
     table = ablation(pools, voting) if with_ablation else None
     return ThinkReport(
         outcomes.summaries(),

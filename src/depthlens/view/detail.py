@@ -95,6 +95,15 @@ class Labeller:
 
         return token_texts(self._tokenizer, ids)
 
+    def text(self, ids: list[int]) -> str | None:
+        """``ids`` decoded as the model read them (special tokens and the chat template's markup kept), or None
+        without a tokenizer."""
+        self.start()
+        self.ready.wait(timeout=120)
+        if self._tokenizer is None:
+            return None
+        return str(self._tokenizer.decode(ids, skip_special_tokens=False))
+
 
 def floats(values: Any, digits: int = 6) -> list[float | None]:
     """Per-token floats for JSON: rounded to ``digits`` (a stored float32 shows the decimals it was written
@@ -115,7 +124,7 @@ def response_detail(store: ViewStore, index: int, labeller: Labeller) -> dict[st
     if store.kind == "tcb":
         return trace_detail(store.read(index))
     # the light fields are in memory already; read only the per-token columns (a row group holds many records)
-    record = {**store.records[index], **store.read(index, ["text", *_PER_RECORD, *PER_TOKEN])}
+    record = {**store.records[index], **store.read(index, ["text", "prompt_ids", *_PER_RECORD, *PER_TOKEN])}
     ids = [int(i) for i in _list(record.get("token_ids"))]
     table = record.get("divergence")
     matrix = np.zeros((0, store.n_layers or 0), np.float32) if table is None else np.array(table, np.float32)
@@ -154,7 +163,22 @@ def response_detail(store: ViewStore, index: int, labeller: Labeller) -> dict[st
         "divergence": base64.b64encode(np.ascontiguousarray(matrix, dtype="<f4").tobytes()).decode("ascii"),
         "per_token": {k: floats(record[k]) for k in PER_TOKEN if isinstance(record.get(k), np.ndarray)},
         "notes": notes,
+        "prompt": _prompt(store, record, labeller),
     }
+
+
+def _prompt(store: ViewStore, record: dict[str, Any], labeller: Labeller) -> dict[str, Any] | None:
+    """What the model was given before the response: a sample store's prompt ids as the tokenizer decodes them
+    (the chat template included), else its question's text; None for a store that keeps no prompt (a score
+    store holds only the scored completion)."""
+    ids = [int(i) for i in _list(record.get("prompt_ids"))]
+    decoded = labeller.text(ids) if ids else None
+    if decoded is not None:
+        return {"text": decoded, "tokens": len(ids), "source": "prompt"}
+    question = store.questions.get(str(record.get("question_id")))
+    if question is not None and question.text:
+        return {"text": question.text, "tokens": len(ids) or None, "source": "question"}
+    return None
 
 
 def _list(value: Any) -> list[Any]:

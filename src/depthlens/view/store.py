@@ -29,6 +29,7 @@ from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.jsonl_access import JsonlSource
 from depthlens.stores.layout import MANIFEST, Problem, is_store, manifest_file
+from depthlens.stores.lock import writer
 from depthlens.stores.parquet import jsonl_commit_problem, store_manifest
 from depthlens.stores.records import wrong_fields
 from depthlens.stores.samples import SAMPLES
@@ -209,6 +210,9 @@ def open_store(path: Path) -> ViewStore:
         for i, record in enumerate(store.records):  # the trace's summary beside its id (one record)
             summary = (store.read(i).get("rows") or {}).get("summary") or {}
             record.update({k: v for k, v in summary.items() if not isinstance(v, dict | list)})
+    note = unfinished(store)
+    if note is not None:
+        store.notices.append(note)
     return store
 
 
@@ -228,6 +232,39 @@ def _check_responses(store: ViewStore) -> None:
             store.read(usable)
         except (OSError, LookupError):  # an unreadable shard: its notice is already shown
             return
+
+
+def unfinished(store: ViewStore) -> str | None:
+    """Whether the run that wrote ``store`` is still writing it (a command holds its lock: ``stores.lock.writer``)
+    or ended before its work was done — interrupted, killed, out of memory: fewer responses than its manifest's
+    questions × pool (an online run: fewer decisions than questions; a score run: fewer records than the inputs
+    it hashed) and nobody writing. None: a finished run."""
+    manifest, written = store.manifest, len(store.records)
+    questions = manifest.get("questions")
+    expected: int | None = None
+    if store.kind == "scores" and isinstance(manifest.get("input_hashes"), dict):
+        expected, what, lock = len(manifest["input_hashes"]), "records", store.path
+    elif isinstance(questions, list) and "online" in manifest:
+        expected, what, lock = len(questions), "questions decided", store.path / SAMPLES
+        written = len(store.online)
+    elif isinstance(questions, list) and isinstance(manifest.get("pool"), int):
+        expected, what = len(questions) * manifest["pool"], "responses (questions × pool)"
+        sharded = isinstance(store.source, ParquetSource)
+        lock = store.path / samples.SHARDS if sharded else store.path / SAMPLES
+    if expected is None:
+        return None
+    who = writer(lock)
+    if who is not None:
+        return (
+            f"a run is writing this store now ({who}): {written} of {expected} {what} so far; shown is what "
+            "was committed when this page opened"
+        )
+    if written >= expected:
+        return None
+    return (
+        f"interrupted: the run that wrote this store ended after {written} of {expected} {what}; rerun its "
+        "command with --resume to finish it"
+    )
 
 
 def _open_samples(root: Path, notices: list[str]) -> tuple[dict[str, Any], ParquetSource | JsonlSource]:

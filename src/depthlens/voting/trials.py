@@ -11,7 +11,7 @@ not an error bar: the uncertainty about the task is the interval over resampled 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -98,9 +98,13 @@ def per_question_accuracy(outcomes: TrialOutcomes) -> dict[str, np.ndarray]:
 
 
 def trial_outcomes(
-    pools: Mapping[str, Sequence[Response]], cfg: VotingConfig, methods: Sequence[str] | None = None
+    pools: Mapping[str, Sequence[Response]],
+    cfg: VotingConfig,
+    methods: Sequence[str] | None = None,
+    on_trial: Callable[[int], None] = lambda n: None,
 ) -> TrialOutcomes:
-    """Every method on ``cfg.trials`` draws of n per question (see the module docstring for the draws)."""
+    """Every method on ``cfg.trials`` draws of n per question (see the module docstring for the draws);
+    ``on_trial`` is told each finished trial (a progress display)."""
     names = list(METHODS) if methods is None else list(methods)
     unknown = [m for m in names if m not in METHODS]
     if unknown:
@@ -131,6 +135,7 @@ def trial_outcomes(
                 out.tied[m][trial, qi] = outcome.tied
                 if outcome.subsets:
                     out.subsets[m] = outcome.subsets
+        on_trial(1)
     return out
 
 

@@ -25,16 +25,17 @@ async function responseView(main, rid, params, mine) {
   const qid = f.question_id;
   const crumbs = el("p", {class: "crumbs"}, el("a", {href: href([], keep(params))}, "run"),
     qid !== undefined && qid !== null ? [" › ", el("a", {href: href(["q", String(qid)], keep(params))}, `question ${qid}`)] : "",
-    " › response");
+    data.kind === "scores" ? " › record" : " › response");
   const dtr = data.readout ? data.deep.filter(Boolean).length / data.readout : null;
+  const made = data.kind === "scores" ? "scored" : "generated";  // a score store's record was given, not sampled
   const facts = data.kind === "tcb"
     ? [["tokens", `${data.tokens.length} generated`], ["sharp drops", String(f.sharp_drops ?? "—")]]
-    : [["tokens", `${f.n_tokens ?? data.token_ids.length} generated, ${data.readout} read out at ${data.n_layers} layers`],
-      ["DTR", `${fmt(dtr)} over the read-out tokens (deep: settles at layer ≥ ${data.deep_from}; g = ${data.g})`]];
+    : [["tokens", `${f.n_tokens ?? data.token_ids.length} ${made}, ${data.readout} read out at ${data.n_layers} layers`],
+      ["DTR", `${fmt(dtr, 4)} over the read-out tokens (deep: settles at layer ≥ ${data.deep_from}; g = ${data.g})`]];
   if ("answer" in f) facts.push(["answer", `${f.answer ?? "none"} (read by ${f.answer_source ?? "?"}, ${f.grade ?? "?"}; finish ${f.finish ?? "?"})`]);
   if (f.stopped_at !== undefined && f.stopped_at !== null) facts.push(["online", `${f.phase}: stopped at token ${f.stopped_at}`]);
   else if (f.phase) facts.push(["online", `${f.phase}: ran to its end`]);
-  for (const key of ["dtr", "dtr_prefix", "mean_settling_depth", "log_prob", "neg_perplexity", "self_certainty", "tcb_min"]) {
+  for (const key of ["dtr_prefix", "mean_settling_depth", "log_prob", "neg_perplexity", "self_certainty", "tcb_min"]) {
     if (typeof f[key] === "number" && data.kind === "scores") facts.push([key, fmt(f[key], 4)]);
   }
   const legend = data.shade ? el("div", {class: "legend"}, data.shade_label, " · ",
@@ -56,8 +57,12 @@ async function responseView(main, rid, params, mine) {
     wrap.hidden = !wrap.hidden;
     if (!wrap.hidden) drawHeatmap(wrap);
   });
-  main.replaceChildren(el("section", {id: "response", "data-id": data.id}, crumbs, el("h2", {}, `response ${data.id}`),
-    el("dl", {class: "facts"}, facts.map(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])),
+  const p = data.prompt;  // what the model was given: open, and one click folds it away
+  const prompt = p ? el("details", {id: "prompt", open: true}, el("summary", {}, p.source === "prompt"
+    ? `prompt (${p.tokens} tokens, as the model read it)` : "question (the prompt's tokens could not be decoded here)"),
+    el("pre", {class: "prompt"}, p.text)) : null;
+  main.replaceChildren(el("section", {id: "response", "data-id": data.id}, crumbs, el("h2", {}, `${data.kind === "scores" ? "record" : "response"} ${data.id}`),
+    el("dl", {class: "facts"}, facts.map(([k, v]) => [el("dt", {}, k), el("dd", {"data-fact": k}, v)])), prompt,
     data.notes.map((n) => el("p", {class: "notice"}, n)), legend, el("div", {class: "toolbar"}, toggle), wrap,
     el("div", {class: "split"}, tokens, panel)));
   if (!wrap.hidden) drawHeatmap(wrap);
