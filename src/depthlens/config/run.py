@@ -119,6 +119,14 @@ class ScoreRun:
         default_factory=EngineConfig
     )  # vllm: teacher forced in the engine
 
+    def __post_init__(self) -> None:
+        if self.readout.layer_top_k and not self.tokens:
+            raise InputError(
+                setting="layer_top_k",
+                value=self.readout.layer_top_k,
+                requirement=f"each layer's top-k is kept per token: add {named('tokens')}",
+            )
+
 
 @dataclasses.dataclass(frozen=True)
 class GenerateRun:

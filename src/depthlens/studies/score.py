@@ -113,6 +113,11 @@ def _result(
         result["deep"] = scores["deep"].tolist()
         if table.divergence is not None:
             result["divergence"] = [[round(v, 6) for v in row] for row in table.divergence.tolist()]
+        if table.layer_top_ids is not None and table.layer_top_probs is not None:
+            result["layer_top_ids"] = table.layer_top_ids.tolist()  # [T][L][K]; strings only where shown
+            result["layer_top_probs"] = [
+                [[round(p, 6) for p in layer] for layer in token] for token in table.layer_top_probs.tolist()
+            ]
         for key in TCB_FIELDS:
             if key in table.tcb:
                 result[key] = table.tcb[key].tolist()
@@ -177,6 +182,7 @@ def score_records(
         nonempty = [i for i, s in enumerate(seqs) if s.completion_ids]
         # Without per-token output nothing needs the divergence table: settle by exact early exit instead.
         settle_at = dtr.g if readout.early_exit and not tokens and dtr.top_k is None else None
+        layer_top = readout.layer_top_k if tokens else 0  # per-token fields: only with the tokens' rows
         compiled = use_compiled(readout.compile, lm.device)
         reduced = reduce_readout(
             chunks,
@@ -188,6 +194,7 @@ def score_records(
             compiled,
             block_rows,
             dtr.top_k,
+            layer_top,
         )
         tables = [TokenTable.empty(lm.n_layers)] * len(seqs)
         for i, table in zip(nonempty, reduced, strict=True):
