@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.metrics.layer_top import layer_top_k
+from depthlens.metrics.layer_top import layer_top_k, layer_top_k_of_logprobs
 
 
 def test_layer_top_k_against_float64_softmax_and_sort():
@@ -33,10 +33,20 @@ def test_layer_top_k_reads_log_probabilities_and_low_precision_alike():
     assert probs.sum().item() == pytest.approx(1.0, abs=1e-6)  # k = V: the whole distribution
 
 
+def test_the_walks_log_probabilities_give_the_same_top_k():
+    torch.manual_seed(1)
+    logits = torch.randn(6, 3, 200) * 5
+    ids, probs = layer_top_k(logits, 7)
+    ids_lp, probs_lp = layer_top_k_of_logprobs(torch.log_softmax(logits, dim=-1), 7)
+    assert torch.equal(ids, ids_lp)
+    torch.testing.assert_close(probs_lp, probs, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("k", [0, -1, 5, 2.0, True])
 def test_layer_top_k_refuses_a_k_outside_the_vocabulary(k):
-    with pytest.raises(ValueError, match=r"k = .* must be an integer in \[1, 4\]"):
-        layer_top_k(torch.zeros(2, 4), k)
+    for top in (layer_top_k, layer_top_k_of_logprobs):
+        with pytest.raises(ValueError, match=r"k = .* must be an integer in \[1, 4\]"):
+            top(torch.zeros(2, 4), k)
 
 
 def test_score_equals_a_plain_transformers_logit_lens_on_the_default_model(real_model):
