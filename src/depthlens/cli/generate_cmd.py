@@ -29,6 +29,7 @@ def generate(
     also_divergences: opt.AlsoDivergences = "",
     lens: opt.LensOpt = ReadoutConfig.lens,
     compile_kernel: opt.CompileOpt = ReadoutConfig.compile,
+    layer_top_k: opt.LayerTopK = ReadoutConfig.layer_top_k,
     answers: groups.Answers,
     arch: groups.Arch,
     store: groups.Store,
@@ -42,7 +43,9 @@ def generate(
     """
     task_spec = task.spec()  # first: the task's own errors before torch loads
     # the lens resolved (its stamp read, its digest taken) before any load
-    readout = resolve.readout(divergence, also_divergences, lens, compile=compile_kernel)
+    readout = resolve.readout(
+        divergence, also_divergences, lens, compile=compile_kernel, layer_top_k=layer_top_k
+    )
     answer_rules = answers.config(task.task)
     window = specs.readout_tokens(readout_tokens, SamplingConfig.readout_tokens)
     sampled = sampling.config(window)

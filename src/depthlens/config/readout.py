@@ -9,6 +9,7 @@ from typing import Literal
 
 from depthlens.config.base import Config, check_choice, invalid
 from depthlens.config.lens import LensSpec
+from depthlens.errors import InputError, named
 
 Divergence = Literal["jsd", "jsd-nat", "kl", "cosine"]
 """``jsd``: Jensen–Shannon divergence in bits (base 2, bounded by 1); ``jsd-nat``: the same in nats;
@@ -25,6 +26,10 @@ PREFIX_TOKENS = 50
 """ℓ_prefix, the paper's prefix length in generated tokens: what Think@n ranks by (``VotingConfig.prefix``), what
 online Think@n decides at (``OnlineConfig.prefix``), and so how many tokens a sample reads out at every layer
 unless told (``SamplingConfig.readout_tokens``, the server's ``--readout-tokens``)."""
+
+MAX_LAYER_TOP_K = 100
+"""The most tokens per layer ``ReadoutConfig.layer_top_k`` keeps: K ids and K probabilities per read-out token and
+layer (12 bytes each in memory); more is a vocabulary dump, not a lens (docs/performance.md)."""
 
 Compile = Literal["auto", "on", "off"]
 """``auto``: a compiled (fused) readout kernel on CUDA, eager elsewhere; ``on``: compiled on any device (on a
@@ -60,6 +65,9 @@ class ReadoutConfig(Config):
         lens_digest: the tuned lens's content hash (its stamp's ``digest``), taken when the config is built — a
             store records *which* fit read it by construction; given (a store's record), a folder that holds
             another fit by now is refused.
+        layer_top_k: keep each read-out token's K most probable tokens at every layer, with their probabilities
+            (``layer_top_ids`` / ``layer_top_probs``, [T][L][K]: the logit lens's own predictions,
+            ``metrics.layer_top``); 0 keeps none. At most ``MAX_LAYER_TOP_K``.
     """
 
     divergence: Divergence = "jsd"
@@ -71,6 +79,7 @@ class ReadoutConfig(Config):
     also: tuple[Divergence, ...] = ()
     lens: str = "logit"
     lens_digest: str | None = None
+    layer_top_k: int = 0
 
     @property
     def lens_spec(self) -> LensSpec:
@@ -89,10 +98,31 @@ class ReadoutConfig(Config):
             check_choice("ReadoutConfig", "also", kind, Divergence)
         if self.memory_mb is not None and self.memory_mb < 16:
             raise invalid("ReadoutConfig", "memory_mb", self.memory_mb, "must be ≥ 16")
+        if isinstance(self.layer_top_k, bool) or not isinstance(self.layer_top_k, int):
+            raise invalid("ReadoutConfig", "layer_top_k", self.layer_top_k, "must be a whole number")
+        if not 0 <= self.layer_top_k <= MAX_LAYER_TOP_K:
+            raise invalid(
+                "ReadoutConfig",
+                "layer_top_k",
+                self.layer_top_k,
+                f"must be in 1..{MAX_LAYER_TOP_K}, or 0 for none",
+                "each layer's K most probable tokens",
+            )
         if self.vocab_size is not None and self.vocab_size < 2:
             raise invalid(
                 "ReadoutConfig", "vocab_size", self.vocab_size, "must be ≥ 2", "a distribution needs 2"
             )
+
+
+def check_layer_top(layer_top_k: int, tokens: bool) -> None:
+    """Each layer's top-k is a per-token field: a run or request asking for it (``layer_top_k`` > 0) without its
+    per-token values (``tokens``) is refused, naming both, rather than computed and dropped."""
+    if layer_top_k and not tokens:
+        raise InputError(
+            setting="layer_top_k",
+            value=layer_top_k,
+            requirement=f"each layer's top-k is kept per token: add {named('tokens')}",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

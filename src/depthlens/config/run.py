@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from depthlens.config.answers import AnswerConfig
 from depthlens.config.base import MOST_QUESTIONS, MOST_RESPONSES, Config, check_seed, invalid
-from depthlens.config.readout import DTRConfig, ReadoutConfig, TCBConfig
+from depthlens.config.readout import DTRConfig, ReadoutConfig, TCBConfig, check_layer_top
 from depthlens.config.sampling import EngineConfig, SamplingConfig
 from depthlens.config.voting import OnlineConfig
 from depthlens.errors import InputError, named
@@ -119,6 +119,10 @@ class ScoreRun:
         default_factory=EngineConfig
     )  # vllm: teacher forced in the engine
 
+    def __post_init__(self) -> None:
+        check_layer_top(self.readout.layer_top_k, self.tokens)
+        refuse_engine_layer_top(self.readout, self.engine)
+
 
 @dataclasses.dataclass(frozen=True)
 class GenerateRun:
@@ -150,6 +154,7 @@ class GenerateRun:
             raise InputError(f"{named('batch_size')} = {self.batch_size}; use 1 or more")
         check_seed("GenerateRun", "seed", self.seed)
         refuse_top_k_settling(self.dtr)
+        refuse_engine_layer_top(self.readout, self.engine)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +175,19 @@ class OnlineRun:
     def __post_init__(self) -> None:
         check_seed("OnlineRun", "seed", self.seed)
         refuse_top_k_settling(self.dtr)
+        refuse_engine_layer_top(self.readout, self.engine)
+
+
+def refuse_engine_layer_top(readout: ReadoutConfig, engine: EngineConfig) -> None:
+    """Each layer's top-k is read by the transformers readout; a vLLM engine's worker that does not read it would
+    leave a store stamped with a K its records lack. Refused by name rather than silently missing."""
+    if readout.layer_top_k and engine.backend == "vllm":
+        raise InputError(
+            setting="layer_top_k",
+            value=readout.layer_top_k,
+            requirement=f"each layer's top-k is read by the transformers readout: use {named('backend')} hf",
+            owner="ReadoutConfig",
+        )
 
 
 def refuse_top_k_settling(dtr: DTRConfig) -> None:

@@ -24,6 +24,7 @@ from depthlens.metrics.dtr import (
     topk_settling_depth,
 )
 from depthlens.metrics.fused import FUSABLE, compiled_block, compiled_step
+from depthlens.metrics.layer_top import layer_top_k_of_logprobs
 from depthlens.metrics.tcb import Unembedding, token_constraint_terms
 from depthlens.readout.stream import ReadoutChunk, check_finite
 
@@ -41,6 +42,8 @@ class TokenTable:
     self_certainty: torch.Tensor  # [T] KL(U ‖ p_L), nats
     tcb: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # TCB_FIELDS present → [T] float64
     settling: torch.Tensor | None = None  # [T] long: found by early exit (divergence None) or the topk rule
+    layer_top_ids: torch.Tensor | None = None  # [T, L, K] long: each layer's K most probable tokens, if asked
+    layer_top_probs: torch.Tensor | None = None  # [T, L, K] float32: their probabilities, descending
 
     @property
     def n_tokens(self) -> int:
@@ -74,27 +77,40 @@ def chunk_divergence_kinds(
     rows: int = 0,
     top_k: int | None = None,
     compiled: bool = False,
+    layer_top: int = 0,
 ) -> dict[str, torch.Tensor]:
     """D_{t,l} of several divergence kinds in one walk over the layers: each kind → [c, L], on the chunk's device;
     with ``top_k``, also ``"topk"`` → [c, L] bool: the layer's top-K token set equals the final layer's (the
-    ``topk:K`` settling rule, ``metrics.dtr.topk_settling_depth``), from the same unembedding products.
+    ``topk:K`` settling rule, ``metrics.dtr.topk_settling_depth``), from the same unembedding products; with
+    ``layer_top`` = K > 0, also ``"layer_top_ids"`` [c, L, K] long and ``"layer_top_probs"`` [c, L, K] float32:
+    each layer's K most probable tokens (``metrics.layer_top``; layer L the model's own), from those products too.
 
     The unembedding runs on blocks of layers (one large product); the log-softmax then follows layer by layer,
     each straight before that layer's divergences, so its [c, V] is still warm in cache (on a CPU twice as fast
     as one log-softmax over the whole block first). ``compiled`` (without ``top_k``): each block through one fused
     kernel for the logit kinds (``metrics.fused.compiled_block``), cosine from the normed states.
     """
-    if compiled and top_k is None:
+    if compiled and top_k is None and not layer_top:  # the fused kernel never holds a layer's logits
         return _compiled_kinds(chunk, kinds, rows)
     final = chunk.final
     out = {kind: torch.zeros(len(chunk), chunk.n_layers, device=final.logprobs.device) for kind in kinds}
     if top_k is not None:
         out["topk"] = torch.ones(len(chunk), chunk.n_layers, dtype=torch.bool, device=final.logprobs.device)
+    if layer_top:
+        ids, probs = layer_top_k_of_logprobs(
+            final.logprobs, layer_top
+        )  # [c, K]: layer L, the model's own distribution
+        out["layer_top_ids"] = ids[:, None].repeat(1, chunk.n_layers, 1)  # [c, L, K]; earlier layers below
+        out["layer_top_probs"] = probs[:, None].repeat(1, chunk.n_layers, 1)
     for first, logits, normed in chunk.logit_blocks(rows):
         for j in range(logits.shape[0]):
             if top_k is not None:
                 out["topk"][:, first - 1 + j] = topk_agreement(final.logprobs, logits[j], top_k)
             logprobs = torch.log_softmax(logits[j], dim=-1)
+            if layer_top:  # from the log-softmax the divergences take anyway: no second softmax
+                ids, probs = layer_top_k_of_logprobs(logprobs, layer_top)
+                out["layer_top_ids"][:, first - 1 + j] = ids
+                out["layer_top_probs"][:, first - 1 + j] = probs
             for kind in kinds:
                 d = layer_divergence(kind, final.logprobs, logprobs, final.normed, normed[j])
                 out[kind][:, first - 1 + j] = d
@@ -196,6 +212,7 @@ def reduce_readout(
     compiled: bool = False,
     rows: int = 0,
     top_k: int | None = None,
+    layer_top: int = 0,
 ) -> list[TokenTable]:
     """Collect the chunks of ``n_sequences`` sequences into one TokenTable each (empty when no chunk came).
 
@@ -205,8 +222,11 @@ def reduce_readout(
     shorter than ``rows`` then gets one large product for several layers instead of one small one per layer).
     Every per-layer and per-term result stays on the device until its chunk is done, then crosses to the host in
     one copy. ``top_k``: settle by the ``topk:K`` rule instead (the divergence table is still kept; ``settle_at``
-    must then be None).
+    must then be None). ``layer_top`` = K > 0: each layer's K most probable tokens too (``settle_at`` must then be
+    None: every layer is read), from the eager walk's own unembedding products — the fused kernel never holds them.
     """
+    if layer_top and settle_at is not None:
+        raise ValueError("reduce_readout: layer_top reads every layer; early exit (settle_at) reads fewer")
     parts: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(n_sequences)]
     unembed, row_norms_sq = None, None
     for chunk in chunks:
@@ -216,9 +236,9 @@ def reduce_readout(
             "ids": chunk.target_ids,
             **{k: base[k] for k in ("log_prob", "entropy", "self_certainty")},
         }
-        if top_k is not None:
-            walked = chunk_divergence_kinds(chunk, (kind,), rows, top_k)
-            columns.update(second=walked[kind], topk=walked["topk"])
+        if top_k is not None or layer_top:
+            walked = chunk_divergence_kinds(chunk, (kind,), rows, top_k, layer_top=layer_top)
+            columns.update(second=walked.pop(kind), **walked)
         elif settle_at is None:
             columns["second"] = chunk_divergences(chunk, kind, rows, compiled=compiled)
         else:
@@ -239,13 +259,14 @@ def reduce_readout(
         joined = {k: torch.cat([p[k] for p in seq_parts]) for k in seq_parts[0]}
         tcb_columns = {k.removeprefix("tcb:"): v for k, v in joined.items() if k.startswith("tcb:")}
         baselines = (joined["log_prob"], joined["entropy"], joined["self_certainty"])
+        top = {k: joined[k] for k in ("layer_top_ids", "layer_top_probs") if k in joined}
         if top_k is not None:
             settling = topk_settling_depth(joined["topk"])
             tables.append(
-                TokenTable(joined["ids"], joined["second"], *baselines, tcb_columns, settling=settling)
+                TokenTable(joined["ids"], joined["second"], *baselines, tcb_columns, settling=settling, **top)
             )
         elif settle_at is None:
-            tables.append(TokenTable(joined["ids"], joined["second"], *baselines, tcb_columns))
+            tables.append(TokenTable(joined["ids"], joined["second"], *baselines, tcb_columns, **top))
         else:
             tables.append(TokenTable(joined["ids"], None, *baselines, tcb_columns, settling=joined["second"]))
     return tables

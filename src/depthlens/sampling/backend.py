@@ -43,6 +43,8 @@ class Trace:
         log_prob, entropy, self_certainty, confidence: per generated token, from the final layer (nats).
         divergence: [min(T, readout_tokens)][L] divergence of each layer to the final one (the heatmap rows).
         also: the same rows for each further divergence kind of ``ReadoutConfig.also``.
+        layer_top_ids, layer_top_probs: [min(T, readout_tokens)][L][K] each layer's K most probable tokens and
+            their probabilities, descending (``ReadoutConfig.layer_top_k``; empty when it is 0).
     """
 
     seed: int
@@ -54,6 +56,8 @@ class Trace:
     confidence: list[float] = dataclasses.field(default_factory=list)
     divergence: list[list[float]] = dataclasses.field(default_factory=list)
     also: dict[str, list[list[float]]] = dataclasses.field(default_factory=dict)
+    layer_top_ids: list[list[list[int]]] = dataclasses.field(default_factory=list)
+    layer_top_probs: list[list[list[float]]] = dataclasses.field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.token_ids)

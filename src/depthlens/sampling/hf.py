@@ -49,6 +49,7 @@ from depthlens.sampling.backend import (
     score_columns,
 )
 from depthlens.sampling.live import Watch
+from depthlens.sampling.step_layout import StepLayout
 
 
 @dataclasses.dataclass
@@ -83,6 +84,8 @@ class HFGenerator:
         )  # the fused kernel: now, never, or once it pays
         self.on_token = on_token  # called with the number of tokens generated at each step (progress)
         self.watch = Watch()  # per-step callbacks (sampling.live): a server's stream, stop strings, cancel
+        kinds = (readout.divergence, *readout.also)
+        self.layout = StepLayout(len(PER_TOKEN), kinds, self.n_layers, readout.layer_top_k)  # a step's row
 
     def _reads(self, step: int) -> bool:
         window = self.sampling.readout_tokens
@@ -151,40 +154,45 @@ class HFGenerator:
 
     def _step(self, state: _State) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """One forward and everything read from it, on the device: the sampled tokens [R] and one float64 row per
-        response [R, 1 + 4 + kinds × L] (token id, ``PER_TOKEN``, then each divergence kind's layers when read)."""
+        response, laid out by ``self.layout`` (token id, ``PER_TOKEN``, then, when read, each divergence kind's
+        layers, each layer's top-k and the first non-finite layer)."""
         cfg = self.sampling
         hidden, logits = self._forward(state)
         final = self.lens.final_logits(logits)
         uniforms = sampling_uniforms(state.seeds, state.step)
         tokens = next_token(final, uniforms, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
         columns = score_columns(torch.log_softmax(final, dim=-1), tokens, cfg.confidence_top_k)
-        parts = [tokens.double()[:, None], *(columns[k].double()[:, None] for k in PER_TOKEN)]
-        if hidden is not None:
-            began = time.process_time()
-            chunk = rows_chunk(self.lm, self.lens, hidden, logits, tokens, start=state.step)
-            kinds = (self.readout.divergence, *self.readout.also)
-            tables = chunk_divergence_kinds(chunk, kinds, self.block_rows, compiled=self.compile.compiled)
-            self.compile.note(time.process_time() - began)  # on a CPU the work is done when the call returns
-            parts += [tables[kind].double() for kind in kinds]
-            parts.append(chunk.nonfinite.double()[:, None])  # checked on the host, after the step's one copy
-        return tokens, torch.cat(parts, dim=1), hidden is not None
+        scores = [columns[k] for k in PER_TOKEN]
+        if hidden is None:
+            return tokens, self.layout.pack(tokens, scores), False
+        began = time.process_time()
+        chunk = rows_chunk(self.lm, self.lens, hidden, logits, tokens, start=state.step)
+        kinds, top_k = self.layout.kinds, self.layout.top_k
+        tables = chunk_divergence_kinds(
+            chunk, kinds, self.block_rows, compiled=self.compile.compiled, layer_top=top_k
+        )
+        self.compile.note(time.process_time() - began)  # on a CPU the work is done when the call returns
+        top = (tables["layer_top_ids"], tables["layer_top_probs"]) if top_k else None
+        # the first non-finite layer is checked on the host, after the step's one copy
+        packed = self.layout.pack(tokens, scores, [tables[k] for k in kinds], top, chunk.nonfinite)
+        return tokens, packed, True
 
     def _run(self, traces: list[Trace], state: _State, stop_at: int) -> None:
         cfg = self.sampling
         watching = self.watch != Watch()
-        results = _StepResults(len(PER_TOKEN), (self.readout.divergence, *self.readout.also), self.n_layers)
+        results = _StepResults(self.layout)
         ends = np.array(sorted(self.end_ids), dtype=np.int64)
         lengths = np.array([len(traces[r]) for r in state.rows], dtype=np.int64)
         while state.rows and state.step < stop_at:
             tokens, packed, read = self._step(state)
             values = packed.cpu().numpy()  # the step's one host copy
             if read:
-                check_finite(values[:, -1], state.step)  # a row's token is its response's step-th
-                values = values[:, :-1]
+                # a row's token is its response's step-th
+                check_finite(self.layout.nonfinite(values), state.step)
             rows = np.array(state.rows, dtype=np.int64)
             results.add(rows, values, read)
             lengths += 1
-            ids = values[:, 0].astype(np.int64)
+            ids = self.layout.token_ids(values)
             finish = np.where(
                 np.isin(ids, ends), "eos", np.where(lengths >= cfg.max_new_tokens, "length", "")
             )
@@ -216,10 +224,10 @@ class _StepResults:
     """Each step's host array of results, kept until the traces are filled from them (``flush``): per trace, its
     rows of every step at once, so no step pays a loop over its responses."""
 
-    def __init__(self, n_scores: int, kinds: Sequence[str], n_layers: int) -> None:
-        self.n_scores, self.kinds, self.n_layers = n_scores, tuple(kinds), n_layers
+    def __init__(self, layout: StepLayout) -> None:
+        self.layout = layout
         self.rows: list[np.ndarray] = []  # per step: the trace index of each row
-        self.values: list[np.ndarray] = []  # per step: [R, 1 + n_scores (+ kinds × L)]
+        self.values: list[np.ndarray] = []  # per step: [R, layout.width(read)]
         self.read: list[bool] = []
 
     def add(self, rows: np.ndarray, values: np.ndarray, read: bool) -> None:
@@ -229,19 +237,23 @@ class _StepResults:
 
     def flush(self, traces: list[Trace]) -> None:
         """Append the kept steps' results to their traces, then forget them."""
-        base = 1 + self.n_scores
+        layout = self.layout
+        base = layout.width(read=False)
         for index, mine in _by_trace(self.rows, [v[:, :base] for v in self.values]):
             trace = traces[index]
-            trace.token_ids.extend(mine[:, 0].astype(np.int64).tolist())
-            for k, key in enumerate(PER_TOKEN, start=1):
-                getattr(trace, key).extend(mine[:, k].tolist())
+            trace.token_ids.extend(layout.token_ids(mine).tolist())
+            for key, column in zip(PER_TOKEN, layout.scores(mine).T, strict=True):
+                getattr(trace, key).extend(column.tolist())
         read = [i for i, flag in enumerate(self.read) if flag]
-        shape = (len(self.kinds), self.n_layers)
-        for index, mine in _by_trace([self.rows[i] for i in read], [self.values[i][:, base:] for i in read]):
-            layers = mine.reshape(len(mine), *shape)  # [steps, kinds, L]
+        for index, mine in _by_trace([self.rows[i] for i in read], [self.values[i] for i in read]):
+            layers = layout.layers(mine)  # [steps, kinds, L]
             traces[index].divergence.extend(layers[:, 0].tolist())
-            for k, kind in enumerate(self.kinds[1:], start=1):
+            for k, kind in enumerate(layout.kinds[1:], start=1):
                 traces[index].also.setdefault(kind, []).extend(layers[:, k].tolist())
+            if layout.top_k:
+                ids, probs = layout.top(mine)  # [steps, L, K]
+                traces[index].layer_top_ids.extend(ids.tolist())
+                traces[index].layer_top_probs.extend(probs.tolist())
         self.rows, self.values, self.read = [], [], []
 
 

@@ -1,5 +1,7 @@
 """Result records as Arrow tables and back: per-token float lists at the store's width (float32, or float16 on
-request), ``[T × L]`` float rows (divergences) as ``list<fixed_size_list<width, L>>``."""
+request), ``[T × L]`` float rows (divergences) as ``list<fixed_size_list<width, L>>``, each layer's top-k
+(``[T × L × K]``: ``layer_top_ids`` int32, ``layer_top_probs`` float32) as
+``list<fixed_size_list<fixed_size_list<type, K>, L>>``."""
 
 from __future__ import annotations
 
@@ -31,6 +33,27 @@ def _matrix_list(values: list[Any], width: pa.DataType) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), inner)
 
 
+CUBES = {"layer_top_ids": pa.int32(), "layer_top_probs": pa.float32()}
+"""The ``[T × L × K]`` fields and their stored type: token ids fit int32 (no vocabulary reaches 2^31), and the
+probabilities keep float32 whatever the store's width — float16 would tie neighbours a top-k orders."""
+
+
+def _cube_list(values: list[Any], kind: pa.DataType) -> pa.Array:
+    """Rows of ``[T × L × K]`` arrays as ``list<fixed_size_list<fixed_size_list<kind, K>, L>>`` (L and K from the
+    first non-empty row; a record without one is stored as an empty list)."""
+    first = next((np.asarray(v) for v in values if v), np.zeros((0, 0, 0)))
+    n_layers, k = first.shape[1:] if first.ndim == 3 else (0, 0)
+    dtype = kind.to_pandas_dtype()
+    offsets, flat = [0], []
+    for v in values:
+        cube = np.asarray(v, dtype=dtype).reshape(-1, n_layers, k) if v else np.zeros((0, n_layers, k), dtype)
+        flat.append(cube.reshape(-1))
+        offsets.append(offsets[-1] + len(cube))
+    per_layer = pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(flat), type=kind), k)
+    per_token = pa.FixedSizeListArray.from_arrays(per_layer, n_layers)
+    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), per_token)
+
+
 def _kind(values: list[Any]) -> str:
     """``matrix`` for rows of float rows, ``floats`` for float lists, else ``other`` (Arrow infers the type)."""
     first = next((v for v in values if isinstance(v, list) and v), None)
@@ -54,7 +77,9 @@ def to_table(results: Iterable[dict[str, Any]], float16: bool = False) -> pa.Tab
     for key in keys:
         values = [r.get(key) for r in rows]
         kind = _kind(values)
-        if kind == "matrix":
+        if key in CUBES and any(values):
+            columns[key] = _cube_list(values, CUBES[key])
+        elif kind == "matrix":
             columns[key] = _matrix_list(values, width)
         elif kind == "floats":
             columns[key] = _float_list(values, width)
@@ -98,16 +123,41 @@ def matrices(table: pa.Table, column: str) -> list[np.ndarray | None]:
     return out
 
 
+def cubes(table: pa.Table, column: str) -> list[np.ndarray | None]:
+    """Each row's ``[T × L × K]`` array of ``column`` (``layer_top_ids`` / ``layer_top_probs``) as a (T, L, K)
+    numpy array, None where the row has none."""
+    data = table.column(column)
+    kind = data.type
+    if not (pa.types.is_list(kind) and pa.types.is_fixed_size_list(kind.value_type)):
+        raise TypeError(f"column {column!r} is {kind}, not a [T × L × K] array")
+    per_layer = kind.value_type.value_type
+    if not pa.types.is_fixed_size_list(per_layer):
+        raise TypeError(f"column {column!r} is {kind}, not a [T × L × K] array")
+    n_layers, k = kind.value_type.list_size, per_layer.list_size
+    out: list[np.ndarray | None] = []
+    for chunk in data.chunks:
+        values = chunk.flatten().flatten().flatten().to_numpy(zero_copy_only=False).reshape(-1, n_layers, k)
+        lengths = chunk.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+        rows = np.split(values, np.cumsum(lengths)[:-1]) if len(chunk) else []
+        out += [None if null else row for row, null in zip(rows, chunk.is_null().to_pylist(), strict=True)]
+    return out
+
+
 def to_pandas(table: pa.Table) -> Any:
-    """``table.to_pandas()`` with each ``[T × L]`` column's cell a (T, L) float numpy array (pyarrow's own
-    conversion gives an object array of T rows); every other column as pyarrow converts it."""
+    """``table.to_pandas()`` with each ``[T × L]`` column's cell a (T, L) float numpy array and each
+    ``[T × L × K]`` one's a (T, L, K) array (pyarrow's own conversion gives object arrays of T rows); every other
+    column as pyarrow converts it."""
     frame = table.to_pandas()
     for field in table.schema:
+        arrays = None
         if _is_matrix(field.type):
-            cells = np.empty(
-                table.num_rows, dtype=object
-            )  # filled one by one: numpy would stack equal shapes
-            for i, matrix in enumerate(matrices(table, field.name)):
-                cells[i] = matrix
+            arrays = matrices(table, field.name)
+        elif field.name in CUBES and pa.types.is_list(field.type):
+            arrays = cubes(table, field.name)
+        if arrays is not None:
+            # filled one by one: numpy would stack equal shapes
+            cells = np.empty(table.num_rows, dtype=object)
+            for i, array in enumerate(arrays):
+                cells[i] = array
             frame[field.name] = cells
     return frame

@@ -5,9 +5,9 @@ A record's values are checked for their types (a count is a whole number, not ``
 false), then for agreeing with each other — ``token_count`` is the number of ``token_ids`` and of every per-token
 value, the id is ``question#sample``, the ``deep`` flags are the settling depths at or past the deep layer, ``dtr``
 is the flags' share — and with the store: the question is one of the manifest's, the sample index is below its
-pool, every token id below the vocabulary it records (``vocab_rows``), every text encodable as UTF-8 (a lone
-surrogate is not). ``read_responses`` runs ``record_problem`` on every record, so every reader, ``depthlens check``
-included, refuses the same records. ``wrong_fields`` checks the manifest fields those readers rely on.
+pool, every token id (a layer's top-k too) below the vocabulary it records (``vocab_rows``), every text encodable
+as UTF-8 (a lone surrogate is not). ``read_responses`` runs ``record_problem`` on every record, so every reader,
+``depthlens check`` included, refuses the same records. ``wrong_fields`` checks the manifest fields readers rely on.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import math
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+import numpy as np
 
 from depthlens.config import DTRConfig
 from depthlens.errors import DepthlensError
@@ -193,11 +195,47 @@ def depth_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | Non
     return None
 
 
+def layer_top_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | None:
+    """Each layer's top-k against the store: ``layer_top_ids`` and ``layer_top_probs`` both [T][L][K] — one row per
+    read-out token (as the divergence rows), ``n_layers`` layers, the manifest's ``readout.layer_top_k`` — ids below
+    ``vocab_rows``, probabilities descending within each layer. A store that asked for none holds none."""
+    ids, probs = record.get("layer_top_ids"), record.get("layer_top_probs")
+    readout = manifest.get("readout")
+    k = readout.get("layer_top_k", 0) if isinstance(readout, dict) else 0
+    if ids is None and probs is None:
+        return None if not k or not record.get("token_count") else f"no layer_top_ids for layer_top_k {k}"
+    rows, n_layers = record.get("divergence"), manifest.get("n_layers")
+    expected = (len(rows) if isinstance(rows, list) else None, n_layers, k)
+    try:
+        ids_a, probs_a = np.asarray(ids, dtype=np.float64), np.asarray(probs, dtype=np.float64)
+    except (ValueError, TypeError):
+        return "layer_top_ids / layer_top_probs are not [T][L][K] arrays of numbers"
+    for field, array in (("layer_top_ids", ids_a), ("layer_top_probs", probs_a)):
+        fits = array.ndim == 3 and all(
+            e is None or a == e for a, e in zip(array.shape, expected, strict=True)
+        )
+        if not fits and not (array.size == 0 and expected[0] == 0):
+            return (
+                f"{field} has shape {list(array.shape)}, not [T, L, K] = {list(expected)} (read-out tokens, the "
+                "manifest's n_layers and readout.layer_top_k)"
+            )
+    vocab = manifest.get(VOCAB)
+    if _whole(vocab) and ids_a.size and ids_a.max() >= vocab:
+        return f"layer_top_ids holds token id {int(ids_a.max())}, past the model's vocabulary of {vocab} ({VOCAB})"
+    if probs_a.size and bool((np.diff(probs_a, axis=-1) > _TOLERANCE).any()):
+        return "layer_top_probs are not in descending order within a layer (each layer's top-k is sorted)"
+    return None
+
+
 def record_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | None:
     """What is wrong with one record of a sample store beyond its ranges (see the module), or None."""
     problem = text_problem(record) or identity_problem(record, manifest)
     if problem is None and record.get("status") == "ok":
-        problem = tokens_problem(record, manifest) or depth_problem(record, manifest)
+        problem = (
+            tokens_problem(record, manifest)
+            or depth_problem(record, manifest)
+            or layer_top_problem(record, manifest)
+        )
     return problem
 
 

@@ -83,6 +83,8 @@ def bounds(manifest: dict[str, Any]) -> dict[str, Bound]:
         "token_count": Bound(0, math.inf, "a token count (a whole number ≥ 0)", whole=True),
         "token_ids": Bound(0, math.inf, "token ids (whole numbers ≥ 0)", whole=True),
         "prompt_ids": Bound(0, math.inf, "token ids (whole numbers ≥ 0)", whole=True),
+        "layer_top_ids": Bound(0, math.inf, "token ids (whole numbers ≥ 0)", whole=True),
+        "layer_top_probs": Bound(0.0, 1.0, "probabilities in [0, 1]"),
     }
     out |= {old: out[new] for old, new in LEGACY_NAMES.items() if new in out}  # a store written before them
     n_layers = manifest.get("n_layers")

@@ -56,7 +56,7 @@ from depthlens.studies import online as live
 from depthlens.studies import resolve, thinkn
 from depthlens.studies.pool_table import metadata, pool_rows, read_metadata, store_records
 from depthlens.studies.progress import Bar, Display, readout_words, where_words
-from depthlens.studies.score import engine_reader, score_records, score_records_on
+from depthlens.studies.score import engine_reader, score_records, score_records_on, with_layer_top_tokens
 from depthlens.studies.scratch import scratch_or
 
 Table = Any  # a pyarrow.Table (pyarrow is imported only under stores/)
@@ -158,7 +158,8 @@ def score(
     **settings: Any,
 ) -> Table:
     """``depthlens score`` on in-memory records (dicts shaped like its JSONL input): one row per record, the score
-    store's columns (with ``tokens``: the per-token ones too). Settings: ``ReadoutConfig``, ``DTRConfig``,
+    store's columns (with ``tokens``: the per-token ones too; with ``layer_top_k``, each layer's top-k and its
+    ``layer_top_tokens``). Settings: ``ReadoutConfig``, ``DTRConfig``,
     ``TCBConfig`` and ``EngineConfig`` fields (``backend="vllm"`` reads out in a vLLM engine, which has no TCB:
     ``tcb`` None is on for ``hf`` only). ``progress``: an opening line and bars on stderr (False: nothing)."""
     readout, dtr, tcb_settings, engine = settings_for(
@@ -194,7 +195,8 @@ def score(
                 results = score_records_on(
                     reader, info, inputs, dtr=run.dtr, tcb=run.tcb, tokens=tokens, batch_size=batch_size
                 )
-                return to_table(_counted(results, records_bar, tokens_bar))
+                counted = _counted(results, records_bar, tokens_bar)
+                return to_table([with_layer_top_tokens(r, info.tokenizer) for r in counted])
             finally:
                 _stop(reader)
         results = score_records(
@@ -207,7 +209,9 @@ def score(
             batch_size=batch_size,
             threads=run.engine.threads,
         )
-        return to_table(_counted(results, records_bar, tokens_bar))
+        counted = _counted(results, records_bar, tokens_bar)
+        tokenizer = getattr(model, "tokenizer", None)
+        return to_table([with_layer_top_tokens(r, tokenizer) for r in counted])
 
 
 def _counted(results: Iterable[dict[str, Any]], records: Bar, tokens: Bar) -> list[dict[str, Any]]:

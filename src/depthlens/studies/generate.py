@@ -120,7 +120,17 @@ def sample_record(
         "divergence": stored_rows(trace.divergence),
         **depth,  # settling_depth, deep: per read-out token
         **{divergence_field(kind): stored_rows(rows) for kind, rows in trace.also.items()},
+        **layer_top_fields(trace),
     }
+
+
+def layer_top_fields(trace: Trace) -> dict[str, Any]:
+    """Each read-out token's top-k per layer as a store keeps it (ids, probabilities rounded as every stored
+    float); none when the run asked for none (``ReadoutConfig.layer_top_k`` 0)."""
+    if not trace.layer_top_ids:
+        return {}
+    probs = [stored_rows(layers) for layers in trace.layer_top_probs]
+    return {"layer_top_ids": trace.layer_top_ids, "layer_top_probs": probs}
 
 
 def failed_record(question: Question, index: int, seed: int, error: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout
 from depthlens.models.load import LoadedModel
 from depthlens.models.precision import precision_of
 from depthlens.models.threads import use_threads
-from depthlens.models.tokens import token_texts
+from depthlens.models.tokens import layer_top_texts, token_texts
 from depthlens.readout.stream import TokenSequence, iter_readout, lens_for, model_chunk_sizes, validate
 from depthlens.stores.files import ResumeRules
 from depthlens.stores.guard import refuse_same_file
@@ -113,10 +113,24 @@ def _result(
         result["deep"] = scores["deep"].tolist()
         if table.divergence is not None:
             result["divergence"] = [[round(v, 6) for v in row] for row in table.divergence.tolist()]
+        if table.layer_top_ids is not None and table.layer_top_probs is not None:
+            result["layer_top_ids"] = table.layer_top_ids.tolist()  # [T][L][K]; strings only where shown
+            result["layer_top_probs"] = [
+                [[round(p, 6) for p in layer] for layer in token] for token in table.layer_top_probs.tolist()
+            ]
         for key in TCB_FIELDS:
             if key in table.tcb:
                 result[key] = table.tcb[key].tolist()
     return result
+
+
+def with_layer_top_tokens(result: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """``result`` with ``layer_top_tokens`` — each layer's top-k ids as readable labels, [T][L][K] — where it has
+    ids and a ``tokenizer`` is at hand: for outputs people read (the Python verbs' tables, a served response);
+    a store keeps the ids only."""
+    if tokenizer is None or "layer_top_ids" not in result:
+        return result
+    return {**result, "layer_top_tokens": layer_top_texts(tokenizer, result["layer_top_ids"])}
 
 
 class BadRecord(InputError):
@@ -177,6 +191,7 @@ def score_records(
         nonempty = [i for i, s in enumerate(seqs) if s.completion_ids]
         # Without per-token output nothing needs the divergence table: settle by exact early exit instead.
         settle_at = dtr.g if readout.early_exit and not tokens and dtr.top_k is None else None
+        layer_top = readout.layer_top_k if tokens else 0  # per-token fields: only with the tokens' rows
         compiled = use_compiled(readout.compile, lm.device)
         reduced = reduce_readout(
             chunks,
@@ -188,6 +203,7 @@ def score_records(
             compiled,
             block_rows,
             dtr.top_k,
+            layer_top,
         )
         tables = [TokenTable.empty(lm.n_layers)] * len(seqs)
         for i, table in zip(nonempty, reduced, strict=True):

@@ -12,8 +12,8 @@ from depthlens.config import ReadoutConfig
 
 __all__ = [
     "AlsoDivergences", "Chat", "CompileOpt", "Completion", "DeepRuleOpt", "DivergenceOpt", "Epsilon", "FigureOut",
-    "FinalNorm", "G", "HeatmapPrompt", "LensOpt", "MemoryMB", "Prefix", "Rho", "ScoreBatch", "SettleOpt", "Spectral",
-    "StoreDeepRule",
+    "FinalNorm", "G", "HeatmapPrompt", "LayerTopK", "LensOpt", "MemoryMB", "Prefix", "Rho", "ScoreBatch", "SettleOpt",
+    "Spectral", "StoreDeepRule",
     "StoreDivergence", "StoreG", "StoreLens", "StoreRho", "Tcb", "TcbExact", "Token", "Tokens", "VEffOpt",
 ]  # fmt: skip
 
@@ -53,6 +53,14 @@ AlsoDivergences = Annotated[
     typer.Option(
         "--also-divergences",
         help="Further divergences stored beside --divergence, same pass, e.g. 'kl,cosine' (correlation study).",
+    ),
+]
+LayerTopK = Annotated[
+    int,
+    typer.Option(
+        "--layer-top-k",
+        help="Also keep each read-out token's K most probable tokens at every layer, with their probabilities "
+        "(layer_top_ids / layer_top_probs: the logit lens's own predictions); 1..100, 0 = none.",
     ),
 ]
 DeepRuleOpt = Annotated[str, typer.Option("--deep-rule", help="spec: c ≥ ⌈ρL⌉; paper-literal: c ≥ ⌈(1−ρ)L⌉.")]
