@@ -219,7 +219,7 @@ def test_trial_outcomes_pair_methods_on_the_same_questions(study):
     from depthlens.config import DTRConfig
 
     pools, _ = load_pools(study, DTRConfig(), 4)
-    cfg = VotingConfig(n=4, trials=5, prefix=4)
+    cfg = VotingConfig(n=4, trials=5, rank_prefix=4)
     outcomes = trial_outcomes(pools, cfg)
     assert outcomes.summaries() == run_trials(pools, cfg)
     assert outcomes.accuracy["cons@n"].shape == (5, 6)

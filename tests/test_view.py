@@ -126,7 +126,7 @@ def test_voting_table_is_what_thinkn_from_prints(view_stores, tmp_path, monkeypa
 
 def test_each_questions_results_average_to_the_table(view_stores):
     explorer, _ = client(view_stores["answers"])
-    voting = VotingConfig(n=3, eta=0.5, prefix=4, trials=5)
+    voting = VotingConfig(n=3, eta=0.5, rank_prefix=4, trials=5)
     vote = explorer.index.vote(voting)
     per_q = vote.per_question
     assert vote.summaries == run_trials(explorer.index.pools(voting.n)[0], voting)
@@ -140,7 +140,7 @@ def test_each_questions_results_average_to_the_table(view_stores):
 def test_a_question_shows_think_at_n_on_the_trials_draw(view_stores, eta):
     store = view_stores["answers"]
     _, api = client(store)
-    voting = VotingConfig(n=3, eta=eta, prefix=4, trials=3)
+    voting = VotingConfig(n=3, eta=eta, rank_prefix=4, trials=3)
     pools, _ = load_pools(store, DTRConfig.from_dict(read_manifest(store)["dtr"]), voting.n)
     records = sorted(iter_samples(store), key=lambda r: (r["question_id"], r["sample"]))
     for qi, q in enumerate(sorted(pools)):

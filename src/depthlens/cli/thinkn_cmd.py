@@ -138,7 +138,7 @@ def _offline(given: Given, vote_on: groups.Vote, n: int, sample: bool) -> None:
                 f"--n {n}: more than --pool {size} responses per question; use --pool {n} or more"
             )
         at_once = given.batch_size or GenerateRun.batch_size
-        new = given.new_pool(None if vote_on.ablation else voting.prefix, size, at_once)
+        new = given.new_pool(None if vote_on.ablation else voting.rank_prefix, size, at_once)
         dtr = given.stored.dtr(None)
         run = GenerateRun(
             store,
@@ -185,7 +185,7 @@ def _online(given: Given, policy: groups.Live, vote_on: groups.Vote, n: int, sto
         return
     if policy.sweep:
         raise InputError("--sweep replays a stored pool: pass it with --online --from DIR")
-    new = given.new_pool(online.prefix, online.max_n, online.batch_size)
+    new = given.new_pool(online.decision_prefix, online.max_n, online.batch_size)
     run = OnlineRun(
         given.store,
         online,

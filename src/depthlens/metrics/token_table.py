@@ -266,8 +266,8 @@ def sequence_scores(table: TokenTable, dtr: DTRConfig, n_layers: int) -> dict[st
         "dtr": deep_thinking_ratio(deep),
         "mean_settling_depth": mean_settling_depth(settling),
     }
-    if dtr.prefix is not None:
-        scores["dtr_prefix"] = deep_thinking_ratio(deep, dtr.prefix)
+    if dtr.dtr_prefix_tokens is not None:
+        scores["dtr_prefix"] = deep_thinking_ratio(deep, dtr.dtr_prefix_tokens)
     scores.update(sequence_baselines(table.log_prob, table.entropy, table.self_certainty))
     scores["settling_depth"] = settling
     scores["deep"] = deep

@@ -117,14 +117,29 @@ def schema_error(exc: ValidationError) -> ApiError:
     return ApiError(422, f"{param}: {first['msg']} (got {value})", param, "invalid_type")
 
 
+REQUEST_NAMES = {
+    "dtr_prefix_tokens": "prefix",  # depthlens.prefix
+    "rank_prefix": "prefix",  # depthlens.think.prefix
+    "decision_prefix": "prefix",  # depthlens.online.prefix
+    "keep": "eta",  # depthlens.online.eta
+}
+"""A setting → the field of a request that sets it, where the two names differ (every other field is its
+setting's name)."""
+
+
+def request_name(setting: str) -> str:
+    """The request's field for ``setting``."""
+    return REQUEST_NAMES.get(setting, setting)
+
+
 def depthlens_error(exc: DepthlensError, within: str = "") -> ApiError:
     """A library error raised by a request's own settings (a config out of range, a prompt too long) → 400; one
     about a setting names it as the request spells it, in the object ``within`` (``depthlens.think``):
     ``depthlens.think.eta 1.5: must be in (0, 1]``."""
     if exc.setting is None:
-        return ApiError(400, str(exc), within or None, "invalid_value")
-    param = f"{within}.{exc.setting}" if within else exc.setting
-    return ApiError(400, exc.phrased(param, repr_value=True), param, "invalid_value")
+        return ApiError(400, exc.phrased(spell=request_name), within or None, "invalid_value")
+    param = f"{within}.{request_name(exc.setting)}" if within else request_name(exc.setting)
+    return ApiError(400, exc.phrased(param, repr_value=True, spell=request_name), param, "invalid_value")
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:

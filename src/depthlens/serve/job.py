@@ -8,6 +8,7 @@ import secrets
 from typing import Any
 
 from depthlens.config import DTRConfig, OnlineConfig, SamplingConfig, ServeConfig, VotingConfig
+from depthlens.config.base import check_seed
 from depthlens.errors import ConfigError, DepthlensError, InputError
 from depthlens.evals.answers import ExtractionConfig
 from depthlens.serve.errors import ApiError, depthlens_error
@@ -96,6 +97,11 @@ def build_job(
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if len(stop) > 4 or any(not s for s in stop):
         raise ApiError(400, "stop takes up to 4 non-empty strings", "stop", "invalid_value")
+    if body.seed is not None:
+        try:  # the command line's --seed rule: numpy refuses negative seeds, and a store records its seed
+            check_seed("Job", "seed", body.seed)
+        except ConfigError as exc:  # an OpenAI field: named as the body spells it
+            raise depthlens_error(exc) from None
     seed = body.seed if body.seed is not None else secrets.randbits(62)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     logprobs = _logprobs(body)
@@ -228,11 +234,11 @@ def _sampling(
             "max_tokens",
             "context_length_exceeded",
         )
-    prefixes = [depth.dtr.prefix or 1]
-    if depth.think is not None and depth.think.prefix is not None:
-        prefixes.append(depth.think.prefix)
+    prefixes = [depth.dtr.dtr_prefix_tokens or 1]
+    if depth.think is not None and depth.think.rank_prefix is not None:
+        prefixes.append(depth.think.rank_prefix)
     if depth.online is not None:
-        prefixes.append(depth.online.prefix)
+        prefixes.append(depth.online.decision_prefix)
     try:
         return SamplingConfig(
             temperature=settings.temperature if body.temperature is None else body.temperature,
@@ -250,7 +256,7 @@ def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
     try:
         dtr = DTRConfig(
             **{k: v for k, v in (("g", options.g), ("rho", options.rho)) if v is not None},
-            prefix=options.prefix,
+            dtr_prefix_tokens=options.prefix,
         )
         answers = ExtractionConfig(answer_type=options.answer_type or "number")
         think = online = None
@@ -264,7 +270,7 @@ def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
                     "invalid_value",
                 )
             try:  # VotingConfig checks the ranges: its error names the request's field
-                think = VotingConfig(n=t.n, eta=t.eta, prefix=t.prefix, trials=1, tie_break=t.tie_break)
+                think = VotingConfig(n=t.n, eta=t.eta, rank_prefix=t.prefix, trials=1, tie_break=t.tie_break)
             except ConfigError as exc:
                 raise depthlens_error(exc, "depthlens.think") from None
             answers = ExtractionConfig(answer_type=t.answer_type or answers.answer_type)
@@ -299,7 +305,7 @@ def _online(o: OnlineOptions, settings: ServeConfig) -> OnlineConfig:
         "warmup": o.warmup,
         "max_n": o.max_n,
         "consensus": o.consensus,
-        "prefix": o.prefix,
+        "decision_prefix": o.prefix,
         "window": o.window,
         "batch_size": o.batch_size,
     }

@@ -193,7 +193,7 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
     samples = []
     for i, t in enumerate(traces):
         text, key = answers.get(id(t), (None, None))
-        prefix_dtr = response_from_trace(t, backend.n_layers, job.depth.dtr).prefix_dtr(voting.prefix)
+        prefix_dtr = response_from_trace(t, backend.n_layers, job.depth.dtr).prefix_dtr(voting.rank_prefix)
         samples.append(
             {
                 "index": i,
@@ -215,7 +215,7 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
     think = {
         "n": voting.n,
         "eta": voting.eta,
-        "prefix": voting.prefix,
+        "prefix": voting.rank_prefix,
         "answer": answer,
         "voted": chosen,
         "kept": sorted(kept),

@@ -75,18 +75,18 @@ def check_online(online: OnlineConfig, sampling: SamplingConfig) -> None:
     """Reject settings the run cannot honour, before any model is loaded."""
     if not SIGNALS[online.signal].decides_at_prefix:
         return
-    if online.prefix > sampling.max_new_tokens:
+    ell = online.decision_prefix
+    if ell > sampling.max_new_tokens:
         raise InputError(
-            f"{named('prefix')} {online.prefix} is longer than {named('max_new_tokens')} {sampling.max_new_tokens}: "
-            f"no response "
-            f"could reach the decision; lower {named('prefix')} or raise {named('max_new_tokens')}"
+            f"{named('decision_prefix')} {ell} is longer than {named('max_new_tokens')} {sampling.max_new_tokens}: "
+            f"no response could reach the decision; lower {named('decision_prefix')} or raise "
+            f"{named('max_new_tokens')}"
         )
     readout = sampling.readout_tokens
-    if readout is not None and readout < online.prefix:
+    if readout is not None and readout < ell:
         raise InputError(
-            f"{named('readout_tokens')} {readout} is below {named('prefix')} {online.prefix}: the prefix DTR needs "
-            f"every prefix "
-            "token read out"
+            f"{named('readout_tokens')} {readout} is below {named('decision_prefix')} {ell}: the prefix DTR needs "
+            "every prefix token read out"
         )
 
 
@@ -140,7 +140,7 @@ def generate_batch(
         traces = backend.start(prompt, seeds).traces
         return traces, [None] * len(traces)
     if SIGNALS[online.signal].decides_at_prefix:  # pause every response at ℓ, continue only those kept
-        paused = backend.start(prompt, seeds, stop_after=online.prefix)
+        paused = backend.start(prompt, seeds, stop_after=online.decision_prefix)
         stops = [stop_point(rounded_response(t, n_layers, dtr), tau, online) for t in paused.traces]
         keep = [j for j, t in enumerate(paused.traces) if stops[j] is None and t.finish == "paused"]
         if keep:
@@ -360,7 +360,7 @@ def budget_sweep(
         voting = VotingConfig(
             n=n,
             eta=online.keep,
-            prefix=online.prefix,
+            rank_prefix=online.decision_prefix,
             trials=trials,
             seed=seed,
             deepconf_window=online.window,

@@ -71,7 +71,7 @@ def replay_paired(
         voting = VotingConfig(
             n=n,
             eta=online.keep,
-            prefix=online.prefix,
+            rank_prefix=online.decision_prefix,
             trials=trials,
             seed=seed,
             deepconf_window=online.window,

@@ -92,15 +92,15 @@ def study_store(
     """Table-1 rows, Figure-1 profiles and sweeps of one store. A store read out only over a prefix gives DTR over
     that prefix (said in each row's note)."""
     window = store.readout_tokens
-    if window is not None and (dtr.prefix is None or dtr.prefix > window):
-        dtr = dataclasses.replace(dtr, prefix=window)
+    if window is not None and (dtr.dtr_prefix_tokens is None or dtr.dtr_prefix_tokens > window):
+        dtr = dataclasses.replace(dtr, dtr_prefix_tokens=window)
     rows, profiles = store_correlations(store, cfg, dtr, g_by_kind)
     if window is not None:
         for row in rows:
             if row["metric"].startswith("dtr"):
                 row["note"] = (
                     row["note"] + "; " if row["note"] else ""
-                ) + f"DTR over the first {dtr.prefix} tokens"
+                ) + f"DTR over the first {dtr.dtr_prefix_tokens} tokens"
     return StoreStudy(store, rows, profiles, sweep(store, cfg, dtr) if with_sweeps else [])
 
 
@@ -185,7 +185,7 @@ def thinkn_summary(store: Store, voting: VotingConfig | None) -> dict[str, Any] 
         return None
     window = store.readout_tokens
     prefix = 50 if window is None else min(50, window)
-    voting = voting or VotingConfig(n=max(2, pool // 2), prefix=prefix)
+    voting = voting or VotingConfig(n=max(2, pool // 2), rank_prefix=prefix)
     try:
         summarise(store.path, voting)
     except DepthlensError:

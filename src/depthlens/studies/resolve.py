@@ -17,7 +17,7 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from depthlens.config import LensSpec, OnlineConfig, ReadoutConfig, VotingConfig
+from depthlens.config import DTRConfig, LensSpec, OnlineConfig, ReadoutConfig, VotingConfig
 from depthlens.errors import ConfigError, InputError, named, spelt
 
 
@@ -71,18 +71,29 @@ def check_stored_readout(
 
 def online_window(readout_tokens: int | None, given: bool, policy: OnlineConfig) -> int | None:
     """The read-out window of an online run: as given, else the policy's ℓ (no token past it decides)."""
-    return readout_tokens if given else policy.prefix
+    return readout_tokens if given else policy.decision_prefix
 
 
 def online_policy(prefix: int | None, **settings: Any) -> OnlineConfig:
-    """Online Think@n's policy; it decides at a finite ℓ, so a full-length ``prefix`` is refused."""
+    """Online Think@n's policy from the ℓ_prefix a front was given (``--prefix N|full``); it decides at a finite
+    ℓ, so a full-length ``prefix`` is refused."""
     if prefix is None:
         raise InputError(
-            setting="prefix",
+            setting="decision_prefix",
             value="full",
             requirement="online Think@n decides on a finite ℓ; 'full' is an offline ablation",
         )
-    return OnlineConfig(prefix=prefix, **settings)
+    return OnlineConfig(decision_prefix=prefix, **settings)
+
+
+PREFIX_OF: dict[type, str] = {
+    VotingConfig: "rank_prefix",
+    OnlineConfig: "decision_prefix",
+    DTRConfig: "dtr_prefix_tokens",
+}
+"""The setting a verb's ``prefix=`` keyword (ℓ_prefix, the command line's ``--prefix``) sets: that of the verb's
+first config class holding one — ``think_at_n``: Think@n's ranking; ``online``: the policy's decision; ``score``:
+the ``dtr_prefix`` score."""
 
 
 # ---- keyword settings (the Python API's) ---------------------------------------------------------------------
@@ -121,9 +132,17 @@ def _fits(value: Any, hint: Any) -> bool:
 
 def split(verb: str, settings: Mapping[str, Any], *classes: type) -> list[dict[str, Any]]:
     """``settings`` split by config class (each keyword to the first of ``classes`` with a field of its name),
-    each checked against its field's type; an unknown or mistyped keyword is refused naming the known ones."""
+    each checked against its field's type; an unknown or mistyped keyword is refused naming the known ones.
+    ``prefix`` is the verb's ℓ_prefix (``PREFIX_OF``), as on the command line."""
     known = fields_of(*classes)
     parts: dict[type, dict[str, Any]] = {c: {} for c in classes}
+    prefix = next((PREFIX_OF[c] for c in classes if c in PREFIX_OF), None)
+    if prefix is not None and "prefix" in settings:
+        if prefix in settings:
+            raise InputError(
+                f"depthlens.{verb}(prefix=…, {prefix}=…): the same setting twice; give one", setting=prefix
+            )
+        settings = {(prefix if k == "prefix" else k): v for k, v in settings.items()}
     for key, value in settings.items():
         if key not in known:
             raise InputError(

@@ -281,7 +281,7 @@ def stored_voting(settings: dict[str, Any]) -> VotingConfig:
 
 def summary_stem(voting: VotingConfig) -> str:
     """The file stem of a summary, from the settings most runs vary: ``thinkn-n16-eta0.5-l50``."""
-    prefix = "full" if voting.prefix is None else voting.prefix
+    prefix = "full" if voting.rank_prefix is None else voting.rank_prefix
     return f"thinkn-n{voting.n}-eta{voting.eta:g}-l{prefix}"
 
 
@@ -372,11 +372,11 @@ def think_at_n_live(
 
     Returns (the voted answer key, every trace — rejected ones stop at their prefix —, generated tokens).
     """
-    if voting.prefix is None:
+    if voting.rank_prefix is None:
         raise InputError(
-            f"live Think@n needs a finite {named('prefix')} (the full-length ranking is an offline ablation)"
+            f"live Think@n needs a finite {named('rank_prefix')} (the full-length ranking is an offline ablation)"
         )
-    paused = backend.start(prompt, seeds, stop_after=voting.prefix)
+    paused = backend.start(prompt, seeds, stop_after=voting.rank_prefix)
     responses = [response_from_trace(t, backend.n_layers, dtr) for t in paused.traces]
     ranked = think_at_n(responses, voting)
     traces = backend.resume(paused, list(ranked.kept))

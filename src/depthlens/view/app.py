@@ -94,7 +94,7 @@ def _voting(request: Request, base: VotingConfig) -> VotingConfig:
     q = request.query_params
     prefix_raw = q.get("prefix")
     if prefix_raw in (None, ""):
-        prefix = base.prefix
+        prefix = base.rank_prefix
     elif prefix_raw == "full":
         prefix = None
     else:
@@ -105,7 +105,7 @@ def _voting(request: Request, base: VotingConfig) -> VotingConfig:
             base,
             n=_int(request, "n", base.n, low=1),
             eta=eta,
-            prefix=prefix,
+            rank_prefix=prefix,
             trials=_int(request, "trials", base.trials, low=1, high=1000),
             seed=_int(request, "seed", base.seed),
             tie_break=q.get("tie_break") or base.tie_break,
