@@ -193,7 +193,11 @@ def test_a_request_is_refused_what_the_command_line_refuses_named_as_it_spells_i
 
     refused = [
         ({"seed": -1}, "seed", "seed -1: must be an integer ≥ 0"),
-        ({"depthlens": {"think": {"prefix": 0}}}, "depthlens.think.prefix", "depthlens.think.prefix 0: must be ≥ 1"),
+        (
+            {"depthlens": {"think": {"prefix": 0}}},
+            "depthlens.think.prefix",
+            "depthlens.think.prefix 0: must be ≥ 1",
+        ),
         (
             {"depthlens": {"online": {"prefix": 0, "max_n": 6}}},
             "depthlens",

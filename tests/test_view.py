@@ -266,7 +266,10 @@ def test_questions_filter_and_sort(view_stores):
     assert all(r["methods"]["cons@n"] == 1 for r in right) and all(r["methods"]["cons@n"] == 0 for r in wrong)
     assert len(right) + len(wrong) + len(mixed) == every["total"]
     assert api.get("/api/questions", params={"filter": "maybe"}).json()["error"].startswith("filter 'maybe'")
-    assert api.get("/api/voting", params={"eta": "1.5"}).status_code == 400
+    refused = api.get("/api/voting", params={"eta": "1.5"})
+    assert refused.status_code == 400
+    error = refused.json()["error"]  # named as the query spells it, not as a Python field
+    assert "eta=1.5: must be in (0, 1]" in error and "VotingConfig" not in error, error
 
 
 # ---- damaged stores: each opens, names what is missing, shows the rest ----

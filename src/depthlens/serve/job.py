@@ -74,7 +74,9 @@ def build_job(
     depth = _depth(options, settings)
     n = body.n
     if not 1 <= n <= settings.max_n:
-        raise ApiError(400, f"n = {n} must lie in [1, {settings.max_n}] (--max-n)", "n", "invalid_value")
+        raise ApiError(
+            400, f"n = {n} must lie in [1, {settings.max_n}] (the server's limit)", "n", "invalid_value"
+        )
     if depth.think is not None or depth.online is not None:
         if n != 1:
             raise ApiError(
@@ -128,7 +130,7 @@ def _prompts(body: CompletionRequest, tokenizer: Any, settings: ServeConfig) -> 
     if not items or len(items) > settings.max_prompts:
         raise ApiError(
             400,
-            f"give 1 to {settings.max_prompts} prompts (--max-prompts), not {len(items)}",
+            f"give 1 to {settings.max_prompts} prompts (the server's limit), not {len(items)}",
             "prompt",
             "invalid_value",
         )
@@ -222,7 +224,7 @@ def _sampling(
     if not 1 <= max_tokens <= settings.max_tokens:
         raise ApiError(
             400,
-            f"max_tokens = {max_tokens} must lie in [1, {settings.max_tokens}] (--max-tokens)",
+            f"max_tokens = {max_tokens} must lie in [1, {settings.max_tokens}] (the server's limit)",
             "max_tokens",
             "invalid_value",
         )
@@ -265,7 +267,7 @@ def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
             if t.n > settings.max_n:
                 raise ApiError(
                     400,
-                    f"think.n = {t.n} is over --max-n {settings.max_n}",
+                    f"think.n = {t.n} is over the server's limit of {settings.max_n} samples",
                     "depthlens.think.n",
                     "invalid_value",
                 )
@@ -318,7 +320,7 @@ def _online(o: OnlineOptions, settings: ServeConfig) -> OnlineConfig:
     if config.max_n > settings.max_n:
         raise ApiError(
             400,
-            f"online.max_n = {config.max_n} is over --max-n {settings.max_n}",
+            f"online.max_n = {config.max_n} is over the server's limit of {settings.max_n} samples",
             "depthlens.online.max_n",
             "invalid_value",
         )

@@ -161,6 +161,10 @@ class Correlation:
     r_length_within: float | None = None
 
 
+TABLE_ONE_P = ("point_biserial_p", "spearman_p", "binned_r_p", "p_within_perm")
+"""The p-value columns of Table 1 (and of the sweeps): Benjamini–Hochberg takes each as a family of its own."""
+
+
 def metric_table(
     store: Store, metric: StudyMetric, settings: DTRSettings
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:

@@ -200,23 +200,7 @@ def run_online(
     refuse_too_long(
         lm, questions, run.answers.prompt_style, run.sampling.max_new_tokens, engine_len(run.engine)
     )
-    settings = {
-        "task": run.task.to_dict() if run.task else {},
-        "pool": online.max_n,
-        "seed": run.seed,
-        "batch_size": online.batch_size,
-        "online": online.to_dict(),
-        "sampling": run.sampling,
-        "readout": run.readout,
-        "dtr": run.dtr,
-        "engine": run.engine,
-        "answers": run.answers,
-    }
-    manifest = {
-        **store_manifest(lm.name, lm.n_layers, questions, settings),
-        **vocab_entry(lm),
-        "precision": precision_of(lm, run.engine),
-    }
+    manifest = _manifest(lm, run, questions)
     out_dir.mkdir(parents=True, exist_ok=True)
     if backend is None:
         requests = max(online.warmup, online.batch_size)
@@ -253,6 +237,16 @@ def run_online(
                 f"{exc} — questions finished so far are kept in {out_dir}; rerun with {named('resume')}"
             ) from exc
     return report
+
+
+def _manifest(lm: LoadedModel, run: OnlineRun, questions: Sequence[Question]) -> dict[str, Any]:
+    """A live online store's manifest: a sample store's, its pool the policy's most responses, plus the policy."""
+    online = run.online
+    settings = {"task": run.task.to_dict() if run.task else {}, "pool": online.max_n, "seed": run.seed}
+    settings |= {"batch_size": online.batch_size, "online": online.to_dict(), "sampling": run.sampling}
+    settings |= {"readout": run.readout, "dtr": run.dtr, "engine": run.engine, "answers": run.answers}
+    manifest = store_manifest(lm.name, lm.n_layers, questions, settings)
+    return {**manifest, **vocab_entry(lm), "precision": precision_of(lm, run.engine)}
 
 
 def _stored_records(path: Path, done: set[str]) -> dict[str, dict[str, Any]]:

@@ -24,11 +24,11 @@ from depthlens.errors import InputError, StoreError, named
 from depthlens.evals.grading import ANSWER_FIELDS, AnswerSummary
 from depthlens.metrics.dtr import deep_from_divergence
 from depthlens.sampling.backend import GenerationBackend, Trace
-from depthlens.stats.paired import BASELINE, Comparison, control_comparison, paired_comparisons
 from depthlens.stats.resampling import mean_bootstrap
 from depthlens.stores.files import read_json, settings_differ
 from depthlens.stores.samples import damaged, read_manifest, read_responses
 from depthlens.stores.state import stale, store_state
+from depthlens.studies.comparisons import BASELINE, Comparison, control_comparison, paired_comparisons
 from depthlens.studies.tables import write_csv, write_whole
 from depthlens.voting.methods import Response, think_at_n
 from depthlens.voting.trials import (

@@ -9,8 +9,8 @@ from typing import Any
 
 from depthlens.config import VotingConfig
 from depthlens.errors import DepthlensError, InputError
-from depthlens.stats.paired import Comparison
 from depthlens.stores.files import read_json
+from depthlens.studies.comparisons import Comparison
 from depthlens.studies.score import score_summary
 from depthlens.studies.tables import paired_cells, paired_title
 from depthlens.studies.thinkn import stored_voting, summary_files, summary_stem, vote_notes

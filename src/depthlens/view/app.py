@@ -110,7 +110,12 @@ def _voting(request: Request, base: VotingConfig) -> VotingConfig:
             seed=_int(request, "seed", base.seed),
             tie_break=q.get("tie_break") or base.tie_break,
         )
-    except ValueError as exc:  # a ConfigError is a ValueError too: its text names the setting and the range
+    except DepthlensError as exc:  # named as the query spells it (eta=1.5: …), never as a Python field
+        if exc.setting is None:
+            raise BadQuery(str(exc)) from None
+        name = "prefix" if exc.setting == "rank_prefix" else exc.setting
+        raise BadQuery(exc.phrased(f"{name}=")) from None
+    except ValueError as exc:  # a number that does not parse
         raise BadQuery(str(exc)) from None
 
 

@@ -28,10 +28,10 @@ from depthlens.config import DTRConfig, VotingConfig
 from depthlens.errors import DepthlensError
 from depthlens.evals.grading import AnswerSummary
 from depthlens.metrics.dtr import deep_flags, settling_depth
-from depthlens.stats.paired import Comparison, control_comparison
 from depthlens.stores.access import Location, ParquetSource, ShardArrays, release_unused
 from depthlens.stores.jsonl_access import JsonlSource
 from depthlens.stores.samples import REQUIRED
+from depthlens.studies.comparisons import Comparison, control_comparison
 from depthlens.studies.thinkn import compare_methods, response_from_record
 from depthlens.view.jobs import Background
 from depthlens.view.store import ViewStore
