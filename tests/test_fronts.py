@@ -77,6 +77,10 @@ def test_prefix_is_three_settings_each_with_one_meaning_of_none():
     assert split("score", {"prefix": 5}, DTRConfig) == [{"dtr_prefix_tokens": 5}]
     with pytest.raises(InputError, match=r"prefix=…, rank_prefix=…\): the same setting twice"):
         split("think_at_n", {"prefix": 5, "rank_prefix": 6}, VotingConfig)
+    with pytest.raises(ConfigError, match=r"^depthlens\.online\(prefix=0\): must be ≥ 1 token"):
+        depthlens.online(None, [], prefix=0)  # named by the keyword given
+    with pytest.raises(InputError, match=r"^depthlens\.online\(prefix=None\): must be int"):
+        depthlens.online(None, [], prefix=None)
     configs = {
         "rank_prefix": VotingConfig(rank_prefix=None),
         "decision_prefix": OnlineConfig(decision_prefix=7),

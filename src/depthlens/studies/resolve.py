@@ -11,6 +11,7 @@ defaulted) → the config classes (``config``: each checks its own range and nam
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import types
 import typing
@@ -142,17 +143,19 @@ def split(verb: str, settings: Mapping[str, Any], *classes: type) -> list[dict[s
             raise InputError(
                 f"depthlens.{verb}(prefix=…, {prefix}=…): the same setting twice; give one", setting=prefix
             )
-        settings = {(prefix if k == "prefix" else k): v for k, v in settings.items()}
-    for key, value in settings.items():
+        _KEYWORDS.set({**(_KEYWORDS.get() or {}), prefix: "prefix"})  # its errors name the keyword given
+    names = {*known, "prefix"} if prefix is not None else set(known)
+    for given, value in settings.items():
+        key = prefix if given == "prefix" and prefix is not None else given
         if key not in known:
             raise InputError(
-                f"depthlens.{verb}({key}=…): no such setting; known: {', '.join(sorted(known))}",
+                f"depthlens.{verb}({given}=…): no such setting; known: {', '.join(sorted(names))}",
                 setting=key,
             )
         cls, hint = known[key]
         if not _fits(value, hint):
             raise InputError(
-                f"depthlens.{verb}({key}={value!r}): must be {_type_name(hint)} ({cls.__name__}.{key})",
+                f"depthlens.{verb}({given}={value!r}): must be {_type_name(hint)} ({cls.__name__}.{key})",
                 setting=key,
             )
         parts[cls][key] = value
@@ -163,15 +166,30 @@ def _type_name(hint: Any) -> str:
     return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
 
+_KEYWORDS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("keywords", default=None)
+"""A setting → the keyword a verb's caller gave it by, where that differs (``prefix`` for ``rank_prefix``)."""
+
+
 @contextlib.contextmanager
 def python_front(verb: str) -> Iterator[None]:
-    """Errors about a setting, as a Python caller reads them: ``depthlens.generate(lens='x'): …``."""
+    """Errors about a setting, as a Python caller reads them: ``depthlens.generate(lens='x'): …``, each setting
+    by the keyword the caller gave (``prefix=`` for ``rank_prefix``)."""
+    given = _KEYWORDS.set(None)
     try:
         yield
     except (ConfigError, InputError) as exc:
         if exc.setting is None or not exc.requirement or type(exc) not in (ConfigError, InputError):
             raise
-        message = f"depthlens.{verb}({exc.setting}={exc.value!r}): " + spelt(exc.requirement)
+        keywords = _KEYWORDS.get() or {}
+
+        def keyword(setting: str) -> str:
+            return keywords.get(setting, setting)
+
+        message = f"depthlens.{verb}({keyword(exc.setting)}={exc.value!r}): " + spelt(
+            exc.requirement, keyword
+        )
         raise type(exc)(
             message, setting=exc.setting, value=exc.value, requirement=exc.requirement, owner=exc.owner
         ) from None
+    finally:
+        _KEYWORDS.reset(given)
