@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from depthlens.config import CorrelationConfig, DTRConfig, VotingConfig
+from depthlens.config import PREFIX_TOKENS, CorrelationConfig, DTRConfig, VotingConfig
 from depthlens.errors import DepthlensError, InputError
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, settling_depth
 from depthlens.models.tokens import token_texts
@@ -185,8 +185,8 @@ def thinkn_summary(store: Store, voting: VotingConfig | None) -> dict[str, Any] 
     if pool < 2:
         return None
     window = store.readout_tokens
-    prefix = 50 if window is None else min(50, window)
-    voting = voting or VotingConfig(n=max(2, pool // 2), rank_prefix=prefix)
+    ranked = PREFIX_TOKENS if window is None else min(PREFIX_TOKENS, window)  # no more than was read out
+    voting = voting or VotingConfig(n=max(2, pool // 2), rank_prefix=ranked)
     try:
         summarise(store.path, voting)
     except DepthlensError:
