@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from depthlens.config import DTRConfig, VotingConfig
-from depthlens.errors import InputError
+from depthlens.errors import ConfigError, InputError
 from depthlens.metrics.dtr import settling_depth
 from depthlens.models.load import load_tokenizer
 from depthlens.models.tokens import token_texts
@@ -215,6 +215,25 @@ def test_an_online_run_shows_where_it_stopped_each_response(view_stores):
     assert stopped, "the test store should hold a response the policy stopped"
     shown = api.get("/api/response", params={"id": stopped[0]["id"]}).json()
     assert shown["fields"]["stopped_at"] == stopped[0]["stopped_at"] == len(shown["tokens"])
+
+
+def test_a_vote_past_what_was_read_out_is_refused_by_the_querys_name():
+    """Ranking by more tokens than a store read out is refused naming the query's ``prefix`` (the setting behind
+    it is ``VotingConfig.rank_prefix``), as the page shows it (``view.said``)."""
+    import numpy as np
+
+    from depthlens.view.said import said
+    from depthlens.voting.methods import Response
+
+    read_out_3 = Response("a", True, 10, np.zeros(3, dtype=bool), np.zeros(10), np.zeros(10))
+    with pytest.raises(InputError) as refused:
+        read_out_3.prefix_dtr(5)
+    assert said(refused.value).endswith("regenerate with readout_tokens 5 or a shorter prefix"), said(
+        refused.value
+    )
+    assert said(ConfigError(setting="rank_prefix", value=0, requirement="must be ≥ 1 token")) == (
+        "prefix=0: must be ≥ 1 token"
+    )
 
 
 def test_a_tcb_trace_shows_each_tokens_delta(view_stores):

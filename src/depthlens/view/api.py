@@ -16,6 +16,7 @@ from depthlens.studies.tables import paired_cells, paired_title
 from depthlens.studies.thinkn import stored_voting, summary_files, summary_stem, vote_notes
 from depthlens.view.detail import scalar
 from depthlens.view.pools import Failed, VotingIndex, answer_summary, draw_detail, question_pool
+from depthlens.view.said import said
 from depthlens.view.store import ViewStore, changed_since
 from depthlens.viz.heatmap import _colour
 from depthlens.voting.methods import METHODS, Response, in_order, trace_confidence
@@ -335,7 +336,7 @@ def _scores(r: Response | None, voting: VotingConfig) -> dict[str, Any]:
         prefix_dtr: float | None = r.prefix_dtr(voting.rank_prefix)
         why = None
     except InputError as exc:
-        prefix_dtr, why = None, str(exc)
+        prefix_dtr, why = None, said(exc)
     return {
         "prefix_dtr": prefix_dtr,
         "prefix_note": why,

@@ -28,6 +28,7 @@ from depthlens.errors import DepthlensError
 from depthlens.view import api
 from depthlens.view.detail import Labeller, response_detail
 from depthlens.view.pools import VotingIndex
+from depthlens.view.said import said
 from depthlens.view.store import ViewStore
 
 STATIC = Path(__file__).parent / "static"
@@ -111,10 +112,7 @@ def _voting(request: Request, base: VotingConfig) -> VotingConfig:
             tie_break=q.get("tie_break") or base.tie_break,
         )
     except DepthlensError as exc:  # named as the query spells it (eta=1.5: …), never as a Python field
-        if exc.setting is None:
-            raise BadQuery(str(exc)) from None
-        name = "prefix" if exc.setting == "rank_prefix" else exc.setting
-        raise BadQuery(exc.phrased(f"{name}=")) from None
+        raise BadQuery(said(exc)) from None
     except ValueError as exc:  # a number that does not parse
         raise BadQuery(str(exc)) from None
 
@@ -137,8 +135,10 @@ def _answer(handler: Callable[[Request], Any]) -> Callable[[Request], JSONRespon
     def route(request: Request) -> JSONResponse:
         try:
             return JSONResponse(handler(request))
-        except (BadQuery, DepthlensError) as exc:
+        except BadQuery as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
+        except DepthlensError as exc:
+            return JSONResponse({"error": said(exc)}, status_code=400)
         except LookupError as exc:
             return JSONResponse({"error": str(exc.args[0]) if exc.args else "not found"}, status_code=404)
 
