@@ -106,9 +106,8 @@ def test_summaries_are_named_by_settings_and_never_silently_replaced(tiny_chat, 
         "thinkn-n2-eta0.5-l3.json",
         "thinkn-n3-eta0.5-l3.json",
     ]
-    summarise(
-        store, VotingConfig(n=2, trials=2, rank_prefix=3)
-    )  # the same settings: the same summary, rewritten
+    # the same settings: the same summary, rewritten
+    summarise(store, VotingConfig(n=2, trials=2, rank_prefix=3))
     with pytest.raises(
         StoreError, match=r"other settings \(voting.trials: stored 2, this run 5\); pass overwrite"
     ):

@@ -137,9 +137,8 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
     store = view_stores["answers"]
     copy = tmp_path / "copy"  # thinkn --from writes its summary into the store it reads
     shutil.copytree(store, copy)
-    voting = VotingConfig(
-        n=4, eta=0.5, rank_prefix=50, trials=10
-    )  # the page's defaults here: n cut to the pool
+    # the page's defaults here: n cut to the pool
+    voting = VotingConfig(n=4, eta=0.5, rank_prefix=50, trials=10)
     code, out, err = run(
         monkeypatch,
         capsys,

@@ -135,9 +135,8 @@ def test_every_method_on_a_hand_built_pool():
         _r("b", False, 30, [1, 1, 0, 0], sc=0.8, conf=2.0),
         _r("a", True, 40, [1, 0, 0, 0], sc=0.2, conf=4.0),
     ]
-    cfg = VotingConfig(
-        n=4, eta=0.5, rank_prefix=4, tie_break="summed-dtr"
-    )  # the ties below pinned to summed DTR
+    # the ties below pinned to summed DTR
+    cfg = VotingConfig(n=4, eta=0.5, rank_prefix=4, tie_break="summed-dtr")
     out = {name: method(pool, cfg) for name, method in METHODS.items()}
     assert out["mean@n"].accuracy == 0.5 and out["mean@n"].cost == 100
     # Cons@n: a (DTR 1.25) vs b (0.5), two votes each → a

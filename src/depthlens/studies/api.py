@@ -83,9 +83,7 @@ def _verb(*classes: type) -> Callable[[F], F]:
         signature = inspect.signature(fn)
         params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
         taken = {p.name for p in params}
-        if (
-            "prefix" in taken
-        ):  # the verb's own ``prefix`` sets the field ``prefix=`` stands for: one name shown
+        if "prefix" in taken:  # a verb's own ``prefix`` is the field ``prefix=`` stands for: one name shown
             taken |= {resolve.PREFIX_OF[c] for c in classes if c in resolve.PREFIX_OF}
         for name, (cls, hint) in resolve.fields_of(*classes).items():
             if name not in taken:
@@ -336,8 +334,8 @@ def online(
     columns: the voted answer, whether it is right, tokens spent, responses started, τ, why sampling stopped and
     every response's decision). ``out`` keeps the store (its responses: ``responses(out)``). Settings:
     ``OnlineConfig`` fields (``prefix``, as ``decision_prefix``, is the policy's ℓ; ``readout_tokens`` defaults to
-    it, as the CLI's), then
-    ``SamplingConfig``, ``ReadoutConfig``, ``DTRConfig``, ``AnswerConfig``, ``EngineConfig``, ``TaskSpec``."""
+    it, as the CLI's), then ``SamplingConfig``, ``ReadoutConfig``, ``DTRConfig``, ``AnswerConfig``,
+    ``EngineConfig``, ``TaskSpec``."""
     policy, sampling, readout, dtr, answers, engine, task_settings = settings_for(
         "online",
         settings,

@@ -68,9 +68,8 @@ def default_voting(store: ViewStore) -> VotingConfig:
     sizes = [len(store.usable(q)) for q in store.questions] or [1]
     sampling = store.manifest.get("sampling")
     readout = sampling.get("readout_tokens") if isinstance(sampling, dict) else None
-    prefix = (
-        VotingConfig().rank_prefix
-    )  # ... or what the store read out, where that is less: Think@n ranks on it
+    # Think@n's ℓ, or what the store read out where that is less: Think@n ranks on it
+    prefix = VotingConfig().rank_prefix
     if isinstance(readout, int) and readout >= 1 and prefix is not None:
         prefix = min(prefix, readout)
     return VotingConfig(n=max(1, min(VotingConfig().n, max(sizes))), rank_prefix=prefix)
