@@ -186,6 +186,32 @@ def test_the_dialect_of_openai_and_vllm(tokenizer):
         assert (error.value.status, error.value.param, error.value.code) == (400, param, code)
 
 
+def test_a_request_is_refused_what_the_command_line_refuses_named_as_it_spells_it(tokenizer):
+    """A negative seed is refused as ``--seed -1`` is (400 naming ``seed``), and an ℓ_prefix out of range is named
+    by the request's own field (``depthlens.think.prefix``), never by a Python field or a flag."""
+    from depthlens.serve.errors import ApiError
+
+    refused = [
+        ({"seed": -1}, "seed", "seed -1: must be an integer ≥ 0"),
+        (
+            {"depthlens": {"think": {"prefix": 0}}},
+            "depthlens.think.prefix",
+            "depthlens.think.prefix 0: must be ≥ 1",
+        ),
+        (
+            {"depthlens": {"online": {"prefix": 0, "max_n": 6}}},
+            "depthlens",
+            "depthlens.online.prefix 0: must be ≥ 1 token",
+        ),
+    ]
+    for body, param, message in refused:
+        with pytest.raises(ApiError) as error:
+            _job(tokenizer, {"prompt": "x", **body})
+        assert (error.value.status, error.value.param) == (400, param), error.value.message
+        assert error.value.message.startswith(message), error.value.message
+        assert "--" not in error.value.message and "Config" not in error.value.message
+
+
 def test_every_error_has_a_code():
     from depthlens.serve.errors import ApiError
 
@@ -231,7 +257,7 @@ def test_the_depth_object_follows_from_the_trace():
         confidence=[2.0, 3.0, 4.0, 5.0],
         divergence=rows,
     )
-    d = summary(trace, 3, DTRConfig(g=0.5, rho=0.85, prefix=2), window=2, tokens=True)
+    d = summary(trace, 3, DTRConfig(g=0.5, rho=0.85, dtr_prefix_tokens=2), window=2, tokens=True)
     assert d["tokens"]["settling_depth"] == [3, 1, 3, 2] and d["tokens"]["deep"] == [True, False, True, False]
     assert d["dtr"] == 0.5 and d["dtr_prefix"] == 0.5 and d["mean_settling_depth"] == 2.25
     assert d["log_prob"] == -1.0 and d["neg_perplexity"] == pytest.approx(-math.e)

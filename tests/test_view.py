@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from depthlens.config import DTRConfig, VotingConfig
-from depthlens.errors import InputError
+from depthlens.errors import ConfigError, InputError
 from depthlens.metrics.dtr import settling_depth
 from depthlens.models.load import load_tokenizer
 from depthlens.models.tokens import token_texts
@@ -126,7 +126,7 @@ def test_voting_table_is_what_thinkn_from_prints(view_stores, tmp_path, monkeypa
 
 def test_each_questions_results_average_to_the_table(view_stores):
     explorer, _ = client(view_stores["answers"])
-    voting = VotingConfig(n=3, eta=0.5, prefix=4, trials=5)
+    voting = VotingConfig(n=3, eta=0.5, rank_prefix=4, trials=5)
     vote = explorer.index.vote(voting)
     per_q = vote.per_question
     assert vote.summaries == run_trials(explorer.index.pools(voting.n)[0], voting)
@@ -140,7 +140,7 @@ def test_each_questions_results_average_to_the_table(view_stores):
 def test_a_question_shows_think_at_n_on_the_trials_draw(view_stores, eta):
     store = view_stores["answers"]
     _, api = client(store)
-    voting = VotingConfig(n=3, eta=eta, prefix=4, trials=3)
+    voting = VotingConfig(n=3, eta=eta, rank_prefix=4, trials=3)
     pools, _ = load_pools(store, DTRConfig.from_dict(read_manifest(store)["dtr"]), voting.n)
     records = sorted(iter_samples(store), key=lambda r: (r["question_id"], r["sample"]))
     for qi, q in enumerate(sorted(pools)):
@@ -217,6 +217,25 @@ def test_an_online_run_shows_where_it_stopped_each_response(view_stores):
     assert shown["fields"]["stopped_at"] == stopped[0]["stopped_at"] == len(shown["tokens"])
 
 
+def test_a_vote_past_what_was_read_out_is_refused_by_the_querys_name():
+    """Ranking by more tokens than a store read out is refused naming the query's ``prefix`` (the setting behind
+    it is ``VotingConfig.rank_prefix``), as the page shows it (``view.said``)."""
+    import numpy as np
+
+    from depthlens.view.said import said
+    from depthlens.voting.methods import Response
+
+    read_out_3 = Response("a", True, 10, np.zeros(3, dtype=bool), np.zeros(10), np.zeros(10))
+    with pytest.raises(InputError) as refused:
+        read_out_3.prefix_dtr(5)
+    assert said(refused.value).endswith("regenerate with readout_tokens 5 or a shorter prefix"), said(
+        refused.value
+    )
+    assert said(ConfigError(setting="rank_prefix", value=0, requirement="must be ≥ 1 token")) == (
+        "prefix=0: must be ≥ 1 token"
+    )
+
+
 def test_a_tcb_trace_shows_each_tokens_delta(view_stores):
     _, api = client(view_stores["tcb"])
     (line,) = iter_jsonl(view_stores["tcb"] / "trace.progress.jsonl")
@@ -266,7 +285,10 @@ def test_questions_filter_and_sort(view_stores):
     assert all(r["methods"]["cons@n"] == 1 for r in right) and all(r["methods"]["cons@n"] == 0 for r in wrong)
     assert len(right) + len(wrong) + len(mixed) == every["total"]
     assert api.get("/api/questions", params={"filter": "maybe"}).json()["error"].startswith("filter 'maybe'")
-    assert api.get("/api/voting", params={"eta": "1.5"}).status_code == 400
+    refused = api.get("/api/voting", params={"eta": "1.5"})
+    assert refused.status_code == 400
+    error = refused.json()["error"]  # named as the query spells it, not as a Python field
+    assert "eta=1.5: must be in (0, 1]" in error and "VotingConfig" not in error, error
 
 
 @pytest.mark.parametrize(

@@ -138,7 +138,8 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
     store = view_stores["answers"]
     copy = tmp_path / "copy"  # thinkn --from writes its summary into the store it reads
     shutil.copytree(store, copy)
-    voting = VotingConfig(n=4, eta=0.5, prefix=50, trials=10)  # the page's defaults here: n cut to the pool
+    # the page's defaults here: n cut to the pool
+    voting = VotingConfig(n=4, eta=0.5, rank_prefix=50, trials=10)
     code, out, err = run(
         monkeypatch,
         capsys,
@@ -187,7 +188,7 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
             page.wait_for_function(
                 f"document.querySelectorAll('#responses tbody tr.kept').length === {kept}", timeout=WAIT_MS
             )
-        outcome = think_at_n([pools[qid][p] for p in picks], VotingConfig(n=4, eta=eta, prefix=50))
+        outcome = think_at_n([pools[qid][p] for p in picks], VotingConfig(n=4, eta=eta, rank_prefix=50))
         assert kept_shown() == [ids[picks[k]] for k in outcome.kept]
     script = "rows => rows.map(r => [r.dataset.id, r.querySelector('[data-field=prefix_dtr]').innerText])"
     shown = dict(page.eval_on_selector_all("#responses tbody tr", script))

@@ -85,6 +85,8 @@ def _verb(*classes: type) -> Callable[[F], F]:
         signature = inspect.signature(fn)
         params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
         taken = {p.name for p in params}
+        if "prefix" in taken:  # a verb's own ``prefix`` is the field ``prefix=`` stands for: one name shown
+            taken |= {resolve.PREFIX_OF[c] for c in classes if c in resolve.PREFIX_OF}
         for name, (cls, hint) in resolve.fields_of(*classes).items():
             if name not in taken:
                 field = next(f for f in dataclasses.fields(cls) if f.name == name)
@@ -244,7 +246,14 @@ def generate(
     ``TaskSpec`` fields (``backend="vllm"``, ``max_new_tokens=80``, ``task_config="min_terms=2,max_terms=2"``,
     ``questions=8``)."""
     sampling, readout, dtr, answers, engine, task_settings = settings_for(
-        "generate", settings, SamplingConfig, ReadoutConfig, DTRConfig, AnswerConfig, EngineConfig, TaskSpec
+        "generate",
+        {"prefix": prefix, **settings},  # the store's dtr_prefix at the table's
+        SamplingConfig,
+        ReadoutConfig,
+        DTRConfig,
+        AnswerConfig,
+        EngineConfig,
+        TaskSpec,
     )
     questions, task_spec = _questions(task, TaskSpec(**task_settings))
     run = GenerateRun(
@@ -254,7 +263,7 @@ def generate(
         batch_size,
         SamplingConfig(**sampling),
         resolve.readout(**readout),  # lens='tuned:PATH' resolved: its fit's digest in the store
-        DTRConfig(**dtr, prefix=prefix),  # the store's dtr_prefix at the table's
+        DTRConfig(**dtr),
         AnswerConfig(**answers),
         EngineConfig(**engine),
         task_spec,
@@ -360,8 +369,8 @@ def online(
     """``thinkn --online``: the live policy on every question, one row per question (``online.jsonl``'s
     columns: the voted answer, whether it is right, tokens spent, responses started, τ, why sampling stopped and
     every response's decision). ``out`` keeps the store (its responses: ``responses(out)``). ``progress``: an
-    opening line and bars on stderr (False: nothing). Settings:
-    ``OnlineConfig`` fields (``prefix`` is the policy's ℓ; ``readout_tokens`` defaults to it, as the CLI's), then
+    opening line and bars on stderr (False: nothing). Settings: ``OnlineConfig`` fields (``prefix``, as
+    ``decision_prefix``, is the policy's ℓ; ``readout_tokens`` defaults to it, as the CLI's), then
     ``SamplingConfig``, ``ReadoutConfig``, ``DTRConfig``, ``AnswerConfig``, ``EngineConfig``, ``TaskSpec``."""
     policy, sampling, readout, dtr, answers, engine, task_settings = settings_for(
         "online",
