@@ -285,11 +285,17 @@ class VLLMEngine:
         self.lens_dtype = lens_dtype(depth.settings.float32_lens, self.dtype)
 
     def backend(
-        self, sampling: SamplingConfig, logprobs: int, cancel: threading.Event | None
+        self,
+        sampling: SamplingConfig,
+        logprobs: int,
+        cancel: threading.Event | None,
+        layer_top_k: int | None = None,
     ) -> ServeBackend:
+        """``layer_top_k``: the request's ``depthlens.layer_top_k`` (None: the server's readout setting); the
+        worker takes each layer's top-k of the request's read-out tokens in the pass that reads its depths."""
         from depthlens.sampling.vllm.requests import SessionBackend
 
-        return SessionBackend(self.session, sampling, Watch(), logprobs, cancel)
+        return SessionBackend(self.session, sampling, Watch(), logprobs, cancel, layer_top_k)
 
     def health(self) -> dict[str, Any]:
         failed = self.session.failed
