@@ -289,10 +289,10 @@ class VLLMEngine:
         sampling: SamplingConfig,
         logprobs: int,
         cancel: threading.Event | None,
-        layer_top_k: int | None = None,
+        layer_top_k: int = 0,
     ) -> ServeBackend:
-        """``layer_top_k``: the request's ``depthlens.layer_top_k`` (None: the server's readout setting); the
-        worker takes each layer's top-k of the request's read-out tokens in the pass that reads its depths."""
+        """``layer_top_k``: the request's ``depthlens.layer_top_k`` (0: none); the worker takes each layer's top-k
+        of the request's read-out tokens in the pass that reads its depths."""
         from depthlens.sampling.vllm.requests import SessionBackend
 
         return SessionBackend(self.session, sampling, Watch(), logprobs, cancel, layer_top_k)

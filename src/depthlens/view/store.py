@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 from depthlens.config import DTRConfig
 from depthlens.errors import DepthlensError, InputError
 from depthlens.stores import samples
@@ -103,6 +105,9 @@ class ViewStore:
         """Record ``index`` with its per-token columns (``columns``: those wanted; None = all); a value out of
         its range (what every reader refuses) becomes a notice naming the record and field."""
         record = self.source.read(self.locations[index], columns)
+        for name in CUBES:  # Parquet's nested [T][L][K] lists come as arrays of arrays: one (T, L, K) array
+            if record.get(name) is not None:
+                record[name] = cube(record[name])
         fault = record_fault(record, bounds(self.manifest))
         rid = record.get("id", self.records[index].get("id"))
         wrong = fault.detail(rid) if fault is not None else self._inconsistent(index, record)
@@ -134,6 +139,18 @@ class ViewStore:
     def usable(self, question: str) -> list[int]:
         """A question's responses voting uses (``studies.thinkn.load_pools``: all but failed ones), in store order."""
         return [i for i in self.questions[question].records if self.records[i].get("status") != "failed"]
+
+
+CUBES = ("layer_top_ids", "layer_top_probs")  # per read-out token, per layer, K values (--layer-top-k)
+
+
+def cube(value: Any) -> np.ndarray:
+    """A stored [T][L][K] field as one numeric (T, L, K) array, whether it came as nested lists (JSONL) or as
+    numpy arrays of arrays (the Arrow reader's nested lists)."""
+    array = np.asarray(value)
+    if array.dtype != object:
+        return array
+    return np.stack([cube(v) for v in array]) if len(array) else np.zeros((0, 0, 0))
 
 
 def open_store(path: Path) -> ViewStore:

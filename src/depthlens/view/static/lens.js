@@ -60,7 +60,7 @@ function drawLens(wrap) {
     vmax = vmax || 1;
   }
   const {ids, probs, texts} = layerTop();
-  const head = el("tr", {}, el("th", {class: "corner"}, "layer ╲ token"),
+  const head = el("tr", {}, el("th", {class: "corner", title: "layer ╲ token"}, "layer"),
     Array.from({length: T}, (_, t) => el("th", {"data-t": t, title: `token ${t}`}, RESPONSE.tokens[t])));
   const body = [];
   for (let l = L; l >= 1; l--) {
