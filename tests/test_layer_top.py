@@ -37,3 +37,38 @@ def test_layer_top_k_reads_log_probabilities_and_low_precision_alike():
 def test_layer_top_k_refuses_a_k_outside_the_vocabulary(k):
     with pytest.raises(ValueError, match=r"k = .* must be an integer in \[1, 4\]"):
         layer_top_k(torch.zeros(2, 4), k)
+
+
+def test_score_equals_a_plain_transformers_logit_lens_on_the_default_model(real_model):
+    """``score``'s ``layer_top_ids`` / ``layer_top_probs`` against a logit lens written from transformers alone:
+    every hidden state through the model's final norm and ``lm_head``, softmax, ``torch.topk`` (issue 52's test).
+    Ids equal up to ties (where they differ, the plain lens gives both ids the same probability), probabilities
+    within 1e-4."""
+    from depthlens.config import ReadoutConfig
+    from depthlens.studies.score import score
+
+    k = 5
+    record = {"id": "x", "prompt": "The capital of France is", "completion": " Paris, and of Italy, Rome."}
+    [result] = score(real_model, [record], tokens=True, readout=ReadoutConfig(layer_top_k=k), tcb=None)
+    ids, probs = np.asarray(result["layer_top_ids"]), np.asarray(result["layer_top_probs"])
+
+    model, tokenizer = real_model.model, real_model.tokenizer
+    prompt = tokenizer(record["prompt"])["input_ids"]
+    completion = tokenizer(record["completion"], add_special_tokens=False)["input_ids"]
+    assert completion == result["token_ids"]
+    inputs = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        hidden = model(input_ids=inputs, output_hidden_states=True).hidden_states  # embeddings, then L layers
+        at = slice(len(prompt) - 1, inputs.shape[1] - 1)  # position i predicts token i + 1
+        # hidden_states[-1] is already normed by transformers; earlier layers get the final norm here
+        states = [model.model.norm(h[0, at]) for h in hidden[1:-1]] + [hidden[-1][0, at]]
+        plain = torch.softmax(torch.stack([model.lm_head(s) for s in states], dim=1).double(), dim=-1)
+    plain_probs, plain_ids = plain.topk(k, dim=-1)  # [T, L, K]
+
+    assert ids.shape == (len(completion), real_model.n_layers, k)
+    np.testing.assert_allclose(probs, plain_probs.numpy(), atol=1e-4)
+    differ = ids != plain_ids.numpy()
+    mine_in_plain = plain.gather(-1, torch.from_numpy(ids)).numpy()
+    np.testing.assert_allclose(mine_in_plain[differ], plain_probs.numpy()[differ], atol=1e-6)  # ties only
+    assert differ.mean() < 0.01
+    assert (ids[:, 0, 0] != ids[:, -1, 0]).any()  # the early layers predict other tokens than the model does

@@ -132,6 +132,36 @@ def test_depth_is_the_readout_of_the_returned_tokens(client, model, model_dir):
     assert_float32_equal(rows, reference, what="divergences", mutants=[("a dropped token", shifted(rows))])
 
 
+def test_each_layers_top_k_equals_scores_for_the_same_ids(client, model, model_dir):
+    """``depthlens.layer_top_k``: each read-out token's top-k per layer, taken in the pass that sampled it, equals
+    ``score --tokens --layer-top-k`` of the same prompt and token ids (issue 52)."""
+    from depthlens.config import ReadoutConfig
+    from depthlens.models.load import load
+    from depthlens.models.tokens import layer_top_texts
+    from depthlens.studies.score import score
+
+    r = client.completions.create(
+        model=model,
+        prompt="7*8=",
+        max_tokens=10,
+        seed=3,
+        extra_body={"depthlens": {"tokens": True, "layer_top_k": 4}},
+    )
+    tokens = _depth(r.choices[0])["tokens"]
+    lm = load(str(model_dir), device="cpu")
+    prompt = lm.tokenizer("7*8=", add_special_tokens=True)["input_ids"]
+    record = {"id": "x", "prompt_ids": prompt, "completion_ids": tokens["token_ids"]}
+    [scored] = score(lm, [record], tokens=True, readout=ReadoutConfig(layer_top_k=4), tcb=None)
+    assert len(tokens["layer_top_ids"]) == len(tokens["token_ids"]) and len(tokens["layer_top_ids"][0]) == 3
+    assert tokens["layer_top_ids"] == scored["layer_top_ids"]
+    assert_float32_equal(tokens["layer_top_probs"], scored["layer_top_probs"], what="layer_top_probs")
+    assert tokens["layer_top_tokens"] == layer_top_texts(lm.tokenizer, scored["layer_top_ids"])
+    plain = client.completions.create(
+        model=model, prompt="7*8=", max_tokens=10, seed=3, extra_body={"depthlens": {"tokens": True}}
+    )
+    assert "layer_top_ids" not in _depth(plain.choices[0])["tokens"]  # none unless asked
+
+
 def test_streaming_chat_carries_per_token_values_and_usage(client, model):
     messages = [{"role": "user", "content": "What is 2+2?"}]
     whole = client.chat.completions.create(
@@ -447,6 +477,18 @@ BAD = {
         {"prompt": "x", "depthlens": {"think": {"eta": 1.5}}},
         400,
         "depthlens.think.eta",
+        "invalid_value",
+    ),
+    "layer_top_k without tokens": (
+        {"prompt": "x", "depthlens": {"layer_top_k": 3}},
+        400,
+        "depthlens.layer_top_k",
+        "invalid_value",
+    ),
+    "layer_top_k out of range": (
+        {"prompt": "x", "depthlens": {"tokens": True, "layer_top_k": 101}},
+        400,
+        "depthlens.layer_top_k",
         "invalid_value",
     ),
     "an unknown answer type": (

@@ -28,19 +28,23 @@ def heatmap(
     divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
     lens: opt.LensOpt = ReadoutConfig.lens,
     settle: opt.SettleOpt = DTRConfig.settle,
+    layer_top_k: opt.LayerTopK = ReadoutConfig.layer_top_k,
     arch: groups.Arch,
 ) -> None:
-    """One text's token × layer divergence heatmap (PNG and interactive HTML) and one token's settling plot."""
+    """One text's token × layer divergence heatmap (PNG and interactive HTML) and one token's settling plot.
+
+    With --layer-top-k K, also the logit lens's own grid (logit_lens.png: each layer's top-1 token per token), and
+    each heatmap cell's top-K tokens with their probabilities on the HTML page's hover."""
     from depthlens.config import degenerate_settings
     from depthlens.errors import InputError
-    from depthlens.studies.score import score
+    from depthlens.studies.score import score, with_layer_top_tokens
 
     if not completion:
         raise InputError("--completion is empty: give the text to read out")
     if token is not None and token < 0:
         raise InputError(f"--token {token}: give a token index, 0 or more")
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, settle=settle)  # type: ignore[arg-type]
-    readout = ReadoutConfig(divergence=divergence, lens=lens)  # type: ignore[arg-type]
+    readout = ReadoutConfig(divergence=divergence, lens=lens, layer_top_k=layer_top_k)  # type: ignore[arg-type]
     for line in degenerate_settings(readout, dtr):
         warn(line)
     lm = load_model(model.spec(arch))
@@ -48,6 +52,7 @@ def heatmap(
     data.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     with err_console.status("reading out every layer"):
         (record,) = score(lm, [data], readout=readout, dtr=dtr, tcb=None, tokens=True)
+    record = with_layer_top_tokens(record, lm.tokenizer)
     if not record["token_count"]:
         raise InputError(
             f"--completion {completion!r} has no tokens for {model.model}'s tokenizer; give some text"
@@ -69,7 +74,7 @@ def _draw(
 
     from depthlens.errors import InputError
     from depthlens.metrics.dtr import deep_threshold
-    from depthlens.viz.heatmap import draw_divergence_heatmap, write_heatmap_html
+    from depthlens.viz.heatmap import draw_divergence_heatmap, draw_logit_lens, write_heatmap_html
     from depthlens.viz.study import draw_token_settling
 
     unit = {"jsd": "bits", "jsd-nat": "nats", "kl": "nats", "cosine": "1 − cos"}[readout.divergence]
@@ -86,6 +91,10 @@ def _draw(
         draw_divergence_heatmap(record, out / "heatmap.png", title=title),
         write_heatmap_html(record, out / "heatmap.html", title=title, unit=unit),
     ]
+    if "layer_top_tokens" in record:
+        lens = " through the tuned lens" if readout.lens != "logit" else " (the logit lens)"
+        lens_title = f"{model}: each layer's most probable token{lens}"
+        paths.append(draw_logit_lens(record, out / "logit_lens.png", title=lens_title))
     n = len(record["settling_depth"])
     t = max(range(n), key=lambda i: record["settling_depth"][i]) if token is None else token
     if not 0 <= t < n:

@@ -9,6 +9,7 @@ from typing import Literal
 
 from depthlens.config.base import Config, check_choice, invalid
 from depthlens.config.lens import LensSpec
+from depthlens.errors import InputError, named
 
 Divergence = Literal["jsd", "jsd-nat", "kl", "cosine"]
 """``jsd``: Jensen–Shannon divergence in bits (base 2, bounded by 1); ``jsd-nat``: the same in nats;
@@ -111,6 +112,17 @@ class ReadoutConfig(Config):
             raise invalid(
                 "ReadoutConfig", "vocab_size", self.vocab_size, "must be ≥ 2", "a distribution needs 2"
             )
+
+
+def check_layer_top(layer_top_k: int, tokens: bool) -> None:
+    """Each layer's top-k is a per-token field: a run or request asking for it (``layer_top_k`` > 0) without its
+    per-token values (``tokens``) is refused, naming both, rather than computed and dropped."""
+    if layer_top_k and not tokens:
+        raise InputError(
+            setting="layer_top_k",
+            value=layer_top_k,
+            requirement=f"each layer's top-k is kept per token: add {named('tokens')}",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

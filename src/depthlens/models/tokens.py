@@ -74,3 +74,13 @@ def token_texts(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
     byte_level = _is_byte_level(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens(list(token_ids))
     return [readable(piece_bytes(str(p), byte_level)) for p in pieces]
+
+
+def layer_top_texts(
+    tokenizer: Any, layer_top_ids: Sequence[Sequence[Sequence[int]]]
+) -> list[list[list[str]]]:
+    """``token_texts`` of each layer's top-k ids, [T][L][K] → the same shape of labels (``layer_top_tokens``):
+    one tokenizer call for the whole array."""
+    flat = [i for layers in layer_top_ids for ids in layers for i in ids]
+    texts = iter(token_texts(tokenizer, flat))
+    return [[[next(texts) for _ in ids] for ids in layers] for layers in layer_top_ids]

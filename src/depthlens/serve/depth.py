@@ -12,7 +12,7 @@ import torch
 from depthlens.config import DTRConfig
 from depthlens.metrics.baselines import sequence_baselines
 from depthlens.metrics.dtr import deep_thinking_ratio, mean_settling_depth, settling_and_deep
-from depthlens.models.tokens import token_bytes
+from depthlens.models.tokens import layer_top_texts, token_bytes
 from depthlens.sampling.backend import Trace
 from depthlens.voting.methods import TRACE_SCORES, trace_confidence
 
@@ -77,5 +77,20 @@ def summary(
             "deep": deep.tolist(),
             "divergence": [list(r) for r in rows],
         }
-        out["tokens"] = {**token_columns(trace, 0, len(trace), tokenizer), **columns}
+        out["tokens"] = {
+            **token_columns(trace, 0, len(trace), tokenizer),
+            **columns,
+            **layer_top(trace, tokenizer),
+        }
+    return out
+
+
+def layer_top(trace: Trace, tokenizer: Any = None) -> dict[str, Any]:
+    """Each read-out token's top-k per layer (``depthlens.layer_top_k``), [T][L][K]: ids, probabilities and, where a
+    tokenizer is at hand, the tokens as labels (``models.tokens.layer_top_texts``); none when not asked."""
+    if not trace.layer_top_ids:
+        return {}
+    out: dict[str, Any] = {"layer_top_ids": trace.layer_top_ids, "layer_top_probs": trace.layer_top_probs}
+    if tokenizer is not None:
+        out["layer_top_tokens"] = layer_top_texts(tokenizer, trace.layer_top_ids)
     return out

@@ -16,6 +16,7 @@ Each request gets a fresh ``ServeBackend`` (a ``GenerationBackend`` with the req
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -95,7 +96,11 @@ class Engine(Protocol):
     top_logprobs: bool  # whether it returns the top-k log-probabilities of each token
 
     def backend(
-        self, sampling: SamplingConfig, logprobs: int, cancel: threading.Event | None
+        self,
+        sampling: SamplingConfig,
+        logprobs: int,
+        cancel: threading.Event | None,
+        layer_top_k: int = 0,
     ) -> ServeBackend: ...
 
     def health(self) -> dict[str, Any]: ...
@@ -202,9 +207,16 @@ class HFEngine:
         self.stats = {"aborted": 0}  # samples stopped before their end (touched under ``lock``)
 
     def backend(
-        self, sampling: SamplingConfig, logprobs: int, cancel: threading.Event | None
+        self,
+        sampling: SamplingConfig,
+        logprobs: int,
+        cancel: threading.Event | None,
+        layer_top_k: int = 0,
     ) -> ServeBackend:
-        gen = HFGenerator(self.lm, sampling, self.readout)
+        readout = self.readout  # the server's; a request may add each layer's top-k to it
+        if layer_top_k != readout.layer_top_k:
+            readout = dataclasses.replace(readout, layer_top_k=layer_top_k)
+        gen = HFGenerator(self.lm, sampling, readout)
         return _Locked(HFBackend(gen, cancel, self.stats), self.lock)
 
     def health(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from depthlens.errors import ConfigError, DepthlensError, InputError
 from depthlens.evals.answers import ExtractionConfig
 from depthlens.serve.errors import ApiError, depthlens_error
 from depthlens.serve.schema import ChatRequest, CompletionRequest, DepthlensOptions, OnlineOptions
+from depthlens.studies import resolve
 from depthlens.studies.score import as_token_ids, render_chat
 
 VARIANTS = {"low": 0.1, "high": 0.9}  # DeepConf-low / -high keep the top 10 % / 90 % (their percentile)
@@ -26,6 +27,7 @@ class Depth:
     answers: ExtractionConfig  # how think / online read each sample's answer
     think: VotingConfig | None = None
     online: OnlineConfig | None = None
+    layer_top_k: int = 0  # each read-out token's top-k per layer, in the per-token values (``tokens``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,9 +273,10 @@ def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
         if options.online is not None:
             online = _online(options.online, settings)
             answers = ExtractionConfig(answer_type=options.online.answer_type or answers.answer_type)
+        layer_top_k = resolve.layer_top_k(options.layer_top_k, options.tokens)
     except DepthlensError as exc:
         raise depthlens_error(exc, "depthlens") from None
-    return Depth(options.tokens, dtr, answers, think, online)
+    return Depth(options.tokens, dtr, answers, think, online, layer_top_k)
 
 
 def _online(o: OnlineOptions, settings: ServeConfig) -> OnlineConfig:

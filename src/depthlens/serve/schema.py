@@ -55,6 +55,7 @@ class DepthlensOptions(Strict):
     """The ``depthlens`` object of a request (``extra_body={"depthlens": {...}}`` with the openai client)."""
 
     tokens: bool = False
+    layer_top_k: int = 0  # each read-out token's top-k per layer (ReadoutConfig.layer_top_k), with ``tokens``
     readout_tokens: int | Literal["all"] | None = None
     prefix: Annotated[int, Field(ge=1)] = PREFIX_TOKENS  # ℓ of dtr_prefix
     g: float | None = None

@@ -55,7 +55,7 @@ from depthlens.studies import generate as generation
 from depthlens.studies import online as live
 from depthlens.studies import resolve, thinkn
 from depthlens.studies.pool_table import metadata, pool_rows, read_metadata, store_records
-from depthlens.studies.score import engine_reader, score_records, score_records_on
+from depthlens.studies.score import engine_reader, score_records, score_records_on, with_layer_top_tokens
 
 Table = Any  # a pyarrow.Table (pyarrow is imported only under stores/)
 Task = str | TaskSpec | Sequence[Question]
@@ -157,7 +157,8 @@ def score(
     **settings: Any,
 ) -> Table:
     """``depthlens score`` on in-memory records (dicts shaped like its JSONL input): one row per record, the score
-    store's columns (with ``tokens``: the per-token ones too). Settings: ``ReadoutConfig``, ``DTRConfig``,
+    store's columns (with ``tokens``: the per-token ones too; with ``layer_top_k``, each layer's top-k and its
+    ``layer_top_tokens``). Settings: ``ReadoutConfig``, ``DTRConfig``,
     ``TCBConfig`` and ``EngineConfig`` fields (``backend="vllm"`` reads out in a vLLM engine, which has no TCB:
     ``tcb`` None is on for ``hf`` only)."""
     readout, dtr, tcb_settings, engine = settings_for(
@@ -186,7 +187,7 @@ def score(
             results = score_records_on(
                 reader, info, inputs, dtr=run.dtr, tcb=run.tcb, tokens=tokens, batch_size=batch_size
             )
-            return to_table(list(results))
+            return to_table([with_layer_top_tokens(r, info.tokenizer) for r in results])
         finally:
             _stop(reader)
     else:
@@ -200,7 +201,8 @@ def score(
             batch_size=batch_size,
             threads=run.engine.threads,
         )
-    return to_table(list(results))
+    tokenizer = getattr(model, "tokenizer", None)
+    return to_table([with_layer_top_tokens(r, tokenizer) for r in results])
 
 
 @_verb(SamplingConfig, ReadoutConfig, DTRConfig, AnswerConfig, EngineConfig, TaskSpec)

@@ -13,12 +13,16 @@ from typing import Any
 
 from depthlens.config import DTRConfig
 from depthlens.metrics.dtr import response_depth
-from depthlens.models.tokens import token_texts
+from depthlens.models.tokens import layer_top_texts, token_texts
 from depthlens.stores.samples import DEPTH_FIELDS, current_names
 
 METADATA_KEY = (
     "depthlens"  # the table's schema metadata: the store's manifest and the DTR settings of its depth
 )
+
+
+LABELS = ("tokens", "layer_top_tokens")
+"""The columns a pool table adds for people (a tokenizer's labels), which its store never holds."""
 
 
 def pool_row(
@@ -30,8 +34,9 @@ def pool_row(
     as_stored: bool = False,
 ) -> dict[str, Any]:
     """A stored response as a row of the API's pool table: its fields, its depth and, where a tokenizer is at
-    hand, its ``tokens`` as readable labels. ``as_stored``: ``dtr`` and ``prefix`` are the store's own, so depth
-    the record carries is kept as it is (it was computed before the divergences were rounded for storing)."""
+    hand, its ``tokens`` (and each layer's ``layer_top_tokens``) as readable labels. ``as_stored``: ``dtr`` and
+    ``prefix`` are the store's own, so depth the record carries is kept as it is (it was computed before the
+    divergences were rounded for storing)."""
     row = dict(record)
     if row.get("status") == "failed":
         return row
@@ -39,6 +44,8 @@ def pool_row(
         row.update(response_depth(row["divergence"], n_layers, dtr, prefix))
     if tokenizer is not None:
         row["tokens"] = token_texts(tokenizer, row["token_ids"])
+        if "layer_top_ids" in row:
+            row["layer_top_tokens"] = layer_top_texts(tokenizer, row["layer_top_ids"])
     return row
 
 
@@ -57,7 +64,7 @@ def store_records(rows: Iterable[dict[str, Any]]) -> Iterator[tuple[str, dict[st
     """The rows of a pool table back as the store's records, (where, record) as ``read_responses`` yields them
     (a table written out by an older depthlens may hold the old names: they are read as today's)."""
     for i, row in enumerate(rows):
-        record = {k: v for k, v in row.items() if k != "tokens"}
+        record = {k: v for k, v in row.items() if k not in LABELS}
         yield f"row {i} of the pool table", current_names(record)
 
 

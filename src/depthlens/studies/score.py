@@ -20,7 +20,7 @@ from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout
 from depthlens.models.load import LoadedModel
 from depthlens.models.precision import precision_of
 from depthlens.models.threads import use_threads
-from depthlens.models.tokens import token_texts
+from depthlens.models.tokens import layer_top_texts, token_texts
 from depthlens.readout.stream import TokenSequence, iter_readout, lens_for, model_chunk_sizes, validate
 from depthlens.stores.files import ResumeRules
 from depthlens.stores.guard import refuse_same_file
@@ -122,6 +122,15 @@ def _result(
             if key in table.tcb:
                 result[key] = table.tcb[key].tolist()
     return result
+
+
+def with_layer_top_tokens(result: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """``result`` with ``layer_top_tokens`` — each layer's top-k ids as readable labels, [T][L][K] — where it has
+    ids and a ``tokenizer`` is at hand: for outputs people read (the Python verbs' tables, a served response);
+    a store keeps the ids only."""
+    if tokenizer is None or "layer_top_ids" not in result:
+        return result
+    return {**result, "layer_top_tokens": layer_top_texts(tokenizer, result["layer_top_ids"])}
 
 
 class BadRecord(InputError):

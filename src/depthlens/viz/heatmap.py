@@ -1,7 +1,10 @@
-"""Token × layer divergence heatmap of one scored record (the paper's Figure 2), from its saved JSON.
+"""Token × layer divergence heatmap of one scored record (the paper's Figure 2), from its saved JSON; with each
+layer's top-k (``--layer-top-k``), the logit lens's own picture too: every cell's top-1 token (``draw_logit_lens``)
+and each cell's top-k listed on the page.
 
 Needs a record written with ``depthlens score --tokens`` (fields ``tokens``, ``divergence``,
-``settling_depth``, ``deep``); its ``tokens`` are already readable labels (``models.tokens.token_texts``).
+``settling_depth``, ``deep``); its ``tokens`` are already readable labels (``models.tokens.token_texts``), and so are
+its ``layer_top_tokens`` where it has them.
 """
 
 from __future__ import annotations
@@ -67,6 +70,60 @@ def draw_divergence_heatmap(record: dict[str, Any], path: str | Path, title: str
     return path
 
 
+def draw_logit_lens(record: dict[str, Any], path: str | Path, title: str | None = None) -> Path:
+    """Write the logit lens's classic grid (PNG/SVG by ``path``'s suffix): tokens across, layers up, each cell the
+    layer's most probable next token, shaded by its probability. Needs ``layer_top_tokens`` and
+    ``layer_top_probs`` ([T][L][K]: ``score --tokens --layer-top-k K`` with a tokenizer at hand)."""
+    path = Path(path)
+    missing = [k for k in ("tokens", "layer_top_tokens", "layer_top_probs") if k not in record]
+    if missing:
+        raise InputError(
+            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens')} "
+            f"{named('layer_top_k')} K to draw the logit lens"
+        )
+    if not record["layer_top_tokens"]:
+        raise InputError(f"record {record.get('id')!r} has no completion tokens to draw")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    probs = np.asarray(record["layer_top_probs"], dtype=float)[:, :, 0].T  # [L, T]: top-1 probability
+    n_layers, n_tokens = probs.shape
+    fig, ax = plt.subplots(figsize=(min(max(6.0, 0.7 * n_tokens + 2), 60.0), 0.28 * n_layers + 2.2))
+    extent = (-0.5, n_tokens - 0.5, 0.5, n_layers + 0.5)
+    image = ax.imshow(probs, aspect="auto", origin="lower", cmap="Blues", vmin=0.0, vmax=1.0, extent=extent)
+    for t, layers in enumerate(record["layer_top_tokens"]):
+        for layer, top in enumerate(layers, start=1):
+            colour = "white" if probs[layer - 1, t] > 0.6 else "black"
+            ax.text(
+                t, layer, top[0][:8], ha="center", va="center", fontsize=5.5, color=colour, family="monospace"
+            )
+    ax.set_xticks(np.arange(n_tokens), list(record["tokens"]), rotation=90, fontsize=8)
+    ax.set_xlabel("completion token (each cell: what that layer predicted in its place)")
+    ax.set_ylabel("layer")
+    ax.set_title(
+        title or f"{record.get('id')}: each layer's top-1 token (logit lens)", fontsize=10, loc="left"
+    )
+    fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01, label="top-1 probability")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path
+
+
+def _top_list(record: dict[str, Any], t: int, layer: int) -> str:
+    """The cell's top-k as its tooltip lists them (`` · top: ␣Paris 0.412, ␣the 0.101``), or "" without them."""
+    if "layer_top_tokens" not in record or "layer_top_probs" not in record:
+        return ""
+    pairs = zip(
+        record["layer_top_tokens"][t][layer - 1], record["layer_top_probs"][t][layer - 1], strict=True
+    )
+    return " · top: " + ", ".join(f"{tok} {p:.3f}" for tok, p in pairs)
+
+
 def _colour(value: float, vmax: float) -> str:
     # The magma_r look without matplotlib: light (settled) → dark purple (far from the final layer).
     x = min(max(value / vmax, 0.0), 1.0) if vmax > 0 else 0.0
@@ -93,7 +150,8 @@ td:hover {{ outline: 2px solid #000; }}
   border: 1px solid #ccc; }}
 </style></head><body>
 <h3>{heading}</h3>
-<p>Rows: layers (top = final). Columns: generated tokens. Hover a cell for its value. Outlined: the layer where
+<p>Rows: layers (top = final). Columns: generated tokens. Hover a cell for its value (and that layer's most probable
+next tokens, where the record has them: <code>--layer-top-k</code>). Outlined: the layer where
 the token settles (green; blue when it settles only in the deep regime, a deep-thinking token).</p>
 <table><tr><th></th>{head}</tr>
 {rows}
@@ -142,8 +200,10 @@ def write_heatmap_html(
             value = row[layer - 1]
             settled = record["settling_depth"][t] == layer
             mark = (' class="settle deep"' if record["deep"][t] else ' class="settle"') if settled else ""
-            tip = f"{tokens[t]} · layer {layer} · D = {value:.3f} {unit}" + (
-                " · settles here" if settled else ""
+            tip = (
+                f"{tokens[t]} · layer {layer} · D = {value:.3f} {unit}"
+                + (" · settles here" if settled else "")
+                + _top_list(record, t, layer)
             )
             cells.append(
                 f'<td{mark} style="background:{_colour(value, vmax)}" title="{html.escape(tip)}"></td>'

@@ -1,0 +1,143 @@
+"""Each layer's top-k (``--layer-top-k``, issue 52 item 1) on a tiny random-init model: the score path and the
+sampler agree, both store formats keep it as [T][L][K], manifests stamp K, a resume refuses another K, and the
+readers refuse a damaged top-k."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from depthlens.config import GenerateRun, ReadoutConfig, SamplingConfig, ScoreRun, StoreSpec
+from depthlens.errors import InputError, StoreError
+from depthlens.evals.tasks import Question
+from depthlens.metrics.layer_top import layer_top_k
+from depthlens.metrics.token_table import reduce_readout
+from depthlens.readout.stream import TokenSequence, iter_readout
+from depthlens.sampling.hf import HFGenerator
+from depthlens.stores.parquet import iter_store, store_manifest
+from depthlens.stores.records import layer_top_problem
+from depthlens.stores.samples import iter_samples, read_manifest, read_responses
+from depthlens.studies.generate import generate
+from depthlens.studies.score import run_score
+
+K = 3
+PROMPT = [1, 5, 9, 14, 20, 7]
+ROWS = [
+    {"id": f"r{i}", "prompt_ids": [4, 5 + i, 6], "completion_ids": [7, 8, 9 + i, 11, 12]} for i in range(3)
+]
+QUESTIONS = [Question(f"q{i}", f"{i} + {i}", str(2 * i)) for i in range(2)]
+
+
+def _direct(lm, seq: TokenSequence) -> tuple[np.ndarray, np.ndarray]:
+    """Each layer's top-k of every completion token from one plain forward: hidden states through the final norm
+    and the unembedding (the model's own logits at layer L). [T, L, K] each."""
+    ids = torch.tensor([list(seq.prompt_ids) + list(seq.completion_ids)])
+    with torch.no_grad():
+        out = lm.model(input_ids=ids, output_hidden_states=True)
+    at = slice(len(seq.prompt_ids) - 1, ids.shape[1] - 1)  # position i predicts token i + 1
+    layers = [lm.parts.unembed(lm.parts.final_norm(h[0, at])) for h in out.hidden_states[1:-1]]
+    logits = torch.stack([*layers, out.logits[0, at]], dim=1)  # [T, L, V]
+    top_ids, top_probs = layer_top_k(logits, K)
+    return top_ids.numpy(), top_probs.numpy()
+
+
+@pytest.mark.parametrize("name", ["scores.jsonl", "scores"])
+def test_score_stores_each_layers_top_k_and_resume_refuses_another_k(tiny_llama, tmp_path, name):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    out = tmp_path / name
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(out), ReadoutConfig(layer_top_k=K), tokens=True))
+    records = list(iter_store(out))
+    assert store_manifest(out)["readout"]["layer_top_k"] == K
+    for row, record in zip(ROWS, records, strict=True):
+        ids, probs = np.asarray(record["layer_top_ids"]), np.asarray(record["layer_top_probs"])
+        assert ids.shape == probs.shape == (5, tiny_llama.n_layers, K)
+        want_ids, want_probs = _direct(tiny_llama, TokenSequence(row["prompt_ids"], row["completion_ids"]))
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_allclose(probs, want_probs, atol=1e-5)
+        assert not np.array_equal(ids[:, 0], ids[:, -1])  # layer 1 predicts other tokens than layer L here
+    with pytest.raises(StoreError, match=r"readout.layer_top_k: stored 3, this run 2"):
+        run_score(
+            tiny_llama,
+            ScoreRun(src, StoreSpec(out, resume=True), ReadoutConfig(layer_top_k=2), tokens=True),
+        )
+    plain = tmp_path / ("plain.jsonl" if name.endswith(".jsonl") else "plain")
+    run_score(tiny_llama, ScoreRun(src, StoreSpec(plain), tokens=True))
+    assert all("layer_top_ids" not in r for r in iter_store(plain))  # none unless asked
+    assert [r["divergence"] for r in iter_store(plain)] == [r["divergence"] for r in records]
+
+
+def test_score_refuses_layer_top_k_without_per_token_rows(tmp_path):
+    with pytest.raises(InputError, match=r"layer_top_k.*add tokens"):
+        ScoreRun(tmp_path / "in.jsonl", StoreSpec(tmp_path / "o"), ReadoutConfig(layer_top_k=2))
+
+
+def test_the_sampler_reads_the_same_top_k_in_the_pass_that_samples(tiny_chat):
+    sampling = SamplingConfig(max_new_tokens=8, readout_tokens=6)
+    generator = HFGenerator(tiny_chat, sampling, ReadoutConfig(layer_top_k=K, also=("kl",)))
+    traces = generator.sample(PROMPT, [3, 4])
+    plain = HFGenerator(tiny_chat, sampling, ReadoutConfig(also=("kl",))).sample(PROMPT, [3, 4])
+    for trace, other in zip(traces, plain, strict=True):
+        # the top-k changes nothing else the step row carries
+        assert (trace.token_ids, trace.divergence, trace.also) == (
+            other.token_ids,
+            other.divergence,
+            other.also,
+        )
+        assert trace.log_prob == other.log_prob and other.layer_top_ids == []
+        seq = TokenSequence(PROMPT, trace.token_ids[:6])
+        table = reduce_readout(
+            iter_readout(tiny_chat, [seq], ReadoutConfig()), 1, tiny_chat.n_layers, "jsd", layer_top=K
+        )[0]
+        assert np.asarray(trace.layer_top_ids).shape == (6, tiny_chat.n_layers, K)
+        np.testing.assert_array_equal(trace.layer_top_ids, table.layer_top_ids.numpy())
+        np.testing.assert_allclose(trace.layer_top_probs, table.layer_top_probs.numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_generate_stores_the_top_k_of_the_read_out_tokens(tiny_chat, tmp_path, fmt):
+    sampling = SamplingConfig(max_new_tokens=6, readout_tokens=4)
+    store = tmp_path / fmt
+
+    def run(k: int, resume: bool = False):
+        spec = StoreSpec(store, resume=resume, format=fmt)
+        readout = ReadoutConfig(layer_top_k=k)
+        return generate(tiny_chat, GenerateRun(spec, pool=2, sampling=sampling, readout=readout), QUESTIONS)
+
+    run(K)
+    assert read_manifest(store)["readout"]["layer_top_k"] == K
+    records = [r for _, r in read_responses(store)]  # every record checked, its top-k included
+    assert len(records) == 4
+    for record in records:
+        ids = np.asarray(record["layer_top_ids"])
+        assert ids.shape == (min(4, record["token_count"]), tiny_chat.n_layers, K)
+        probs = np.asarray(record["layer_top_probs"])
+        assert (np.diff(probs, axis=-1) <= 0).all() and ((probs >= 0) & (probs <= 1)).all()
+    with pytest.raises(StoreError, match=r"readout.layer_top_k: stored 3, this run 1"):
+        run(1, resume=True)
+    assert run(K, resume=True).skipped == 4
+    assert [r["layer_top_ids"] for r in iter_samples(store)] == [r["layer_top_ids"] for r in records]
+
+
+def test_a_damaged_top_k_is_refused_by_name():
+    manifest = {"n_layers": 2, "readout": {"layer_top_k": 2}, "vocab_rows": 50}
+    good = {
+        "token_count": 1,
+        "divergence": [[0.1, 0.0]],
+        "layer_top_ids": [[[4, 9], [9, 4]]],
+        "layer_top_probs": [[[0.5, 0.2], [0.6, 0.1]]],
+    }
+    assert layer_top_problem(good, manifest) is None
+    cases = {
+        "not in descending order": {"layer_top_probs": [[[0.2, 0.5], [0.6, 0.1]]]},
+        "past the model's vocabulary of 50": {"layer_top_ids": [[[4, 50], [9, 4]]]},
+        r"shape \[1, 2, 1\], not \[T, L, K\] = \[1, 2, 2\]": {"layer_top_ids": [[[4], [9]]]},
+        "no layer_top_ids for layer_top_k 2": {"layer_top_ids": None, "layer_top_probs": None},
+    }
+    for said, change in cases.items():
+        record = {k: v for k, v in {**good, **change}.items() if v is not None}
+        assert re.search(said, layer_top_problem(record, manifest) or ""), said
