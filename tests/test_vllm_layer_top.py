@@ -8,6 +8,10 @@ teacher-forced completions and for the server's session with a per-request K.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,6 +48,11 @@ def tiny(tmp_path_factory):
     lm = load(str(path), device="cpu", dtype="float32")
     info = load_info(str(path))
     yield lm, info, start_engine(info, ENGINE, JobSize(2, 256))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny):
+    return tiny[1].source
 
 
 def plain_lens(lm, ids: list[int]) -> torch.Tensor:
@@ -132,6 +141,63 @@ def test_teacher_forced_layer_top_equals_a_plain_logit_lens(tiny):
     reference = plain_lens(lm, full)[len(PROMPT) - 1 : len(full) - 1]
     assert table.layer_top_ids is not None and table.layer_top_ids.dtype == torch.int64
     assert_top_k(table.layer_top_ids, table.layer_top_probs, reference)
+
+
+def test_generate_and_score_on_vllm_store_what_the_transformers_readout_scores(tiny, tmp_path):
+    """``generate --backend vllm --layer-top-k 3`` stores the fields (JSONL, stamped in the manifest), and scoring
+    those responses through the engine (``score --backend vllm``'s path) lists the same tokens with the same
+    probabilities as ``score --tokens --layer-top-k 3`` through transformers (as stored: 6 decimals)."""
+    import json
+
+    from depthlens.sampling.vllm.prefill import EngineScorer
+    from depthlens.stores.inputs import InputRecord
+    from depthlens.stores.jsonl import iter_jsonl
+    from depthlens.studies.score import score_records_on
+    from tests.view_stores import cli
+
+    def fresh(*args: object) -> None:
+        """The CLI in a fresh process: an engine stopped in this one takes vLLM's process-wide state with it."""
+        done = subprocess.run(
+            [sys.executable, "-c", "from depthlens.cli.app import main; main()", *map(str, args)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")},
+            timeout=600,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    _, info, engine = tiny
+    vllm = ["--backend", "vllm", "--dtype", "float32", "--enforce-eager", "--max-model-len", "256"]
+    task = ["--task", "reasoning_gym:chain_sum", "--task-config", "min_terms=2,max_terms=2,max_digits=1"]
+    store = tmp_path / "samples"
+    fresh(
+        *("generate", "--model", info.source, *task, "--questions", "1", "--pool", "2", "--store", "jsonl"),
+        *("--max-new-tokens", "6", "--readout-tokens", "all", "--layer-top-k", "3", "--out", store, *vllm),
+        *("--kv-cache-gib", "0.05", "--device", "cpu"),
+    )
+    samples = list(iter_jsonl(store / "samples.jsonl"))
+    manifest = json.loads((store / "samples.jsonl.manifest.json").read_text())
+    assert manifest["readout"]["layer_top_k"] == 3
+    out = tmp_path / "scores-hf.jsonl"
+    cli(
+        *("score", "--model", info.source, "--in", store / "samples.jsonl", "--out", out, "--tokens"),
+        *("--layer-top-k", "3", "--backend", "hf", "--device", "cpu"),
+    )
+    reference = {r["id"]: r for r in iter_jsonl(out)}
+    records = [InputRecord(r["id"], i + 1, r) for i, r in enumerate(samples)]
+    reader = EngineScorer(info, ReadoutConfig(layer_top_k=3), ENGINE, llm_engine=engine)
+    scored = {r["id"]: r for r in score_records_on(reader, info, records, tcb=None, tokens=True)}
+    for sample in samples:
+        expected = reference[sample["id"]]
+        for a in (sample, scored[sample["id"]]):
+            ids = np.asarray(a["layer_top_ids"])
+            assert ids.shape == (len(sample["token_ids"]), 3, 3)
+            apart = separated(expected["layer_top_probs"])
+            assert (ids[apart] == np.asarray(expected["layer_top_ids"])[apart]).all()
+            assert_float32_equal(
+                a["layer_top_probs"], expected["layer_top_probs"], rounded=True, what=sample["id"]
+            )
 
 
 def test_the_servers_session_takes_a_per_request_k(tiny):
