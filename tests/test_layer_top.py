@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.metrics.layer_top import layer_top_k
+from depthlens.metrics.layer_top import layer_top_k, layer_top_k_of_logprobs
 
 
 def test_layer_top_k_against_float64_softmax_and_sort():
@@ -33,10 +33,20 @@ def test_layer_top_k_reads_log_probabilities_and_low_precision_alike():
     assert probs.sum().item() == pytest.approx(1.0, abs=1e-6)  # k = V: the whole distribution
 
 
+def test_the_walks_log_probabilities_give_the_same_top_k():
+    torch.manual_seed(1)
+    logits = torch.randn(6, 3, 200) * 5
+    ids, probs = layer_top_k(logits, 7)
+    ids_lp, probs_lp = layer_top_k_of_logprobs(torch.log_softmax(logits, dim=-1), 7)
+    assert torch.equal(ids, ids_lp)
+    torch.testing.assert_close(probs_lp, probs, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("k", [0, -1, 5, 2.0, True])
 def test_layer_top_k_refuses_a_k_outside_the_vocabulary(k):
-    with pytest.raises(ValueError, match=r"k = .* must be an integer in \[1, 4\]"):
-        layer_top_k(torch.zeros(2, 4), k)
+    for top in (layer_top_k, layer_top_k_of_logprobs):
+        with pytest.raises(ValueError, match=r"k = .* must be an integer in \[1, 4\]"):
+            top(torch.zeros(2, 4), k)
 
 
 def test_score_equals_a_plain_transformers_logit_lens_on_the_default_model(real_model):
@@ -72,3 +82,27 @@ def test_score_equals_a_plain_transformers_logit_lens_on_the_default_model(real_
     np.testing.assert_allclose(mine_in_plain[differ], plain_probs.numpy()[differ], atol=1e-6)  # ties only
     assert differ.mean() < 0.01
     assert (ids[:, 0, 0] != ids[:, -1, 0]).any()  # the early layers predict other tokens than the model does
+
+
+def test_the_top_k_counts_against_the_readout_budget_and_changes_no_result():
+    """A chunk's top-k ([c, L, K]) is part of the readout's working set (``readout.stream.chunk_sizes``): a larger
+    K gets shorter chunks under the same budget, and chunking changes no id or probability."""
+    from depthlens.config import ReadoutConfig
+    from depthlens.metrics.token_table import reduce_readout
+    from depthlens.models.load import wrap
+    from depthlens.readout.stream import LAYER_TOP_BYTES, TokenSequence, chunk_sizes, iter_readout
+    from tests.conftest import tiny_model
+
+    budget = 16 * 2**20
+    for k in (0, 10, 100):
+        _, chunk = chunk_sizes(ReadoutConfig(memory_mb=16, layer_top_k=k), 2_000, 32, 80, 1)
+        assert chunk * (12 * 4 * 2_000 + LAYER_TOP_BYTES * 80 * k) <= budget
+        assert (chunk + 1) * (12 * 4 * 2_000 + LAYER_TOP_BYTES * 80 * k) > budget
+    lm = wrap(tiny_model("llama", vocab_size=50_000))
+    seq = TokenSequence([5, 9, 14], [(37 * i) % 49_000 + 3 for i in range(120)])
+    tables = []
+    for memory_mb in (16, None):  # 16 MB: chunks of ~7 tokens at V = 50,000; default: one chunk
+        config = ReadoutConfig(memory_mb=memory_mb, layer_top_k=4)
+        tables.append(reduce_readout(iter_readout(lm, [seq], config), 1, lm.n_layers, "jsd", layer_top=4)[0])
+    assert torch.equal(tables[0].layer_top_ids, tables[1].layer_top_ids)
+    torch.testing.assert_close(tables[0].layer_top_probs, tables[1].layer_top_probs, atol=1e-6, rtol=1e-5)

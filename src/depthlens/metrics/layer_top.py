@@ -24,3 +24,15 @@ def layer_top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     probs = torch.softmax(logits.float(), dim=-1)  # [..., V]
     top_probs, top_ids = torch.topk(probs, k, dim=-1, largest=True, sorted=True)
     return top_ids.to(torch.int64), top_probs
+
+
+def layer_top_k_of_logprobs(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``layer_top_k`` of a distribution already normalised in float32 (log-probabilities [..., V], the divergence
+    walk's own ``log_softmax``): the top-k of the log-probabilities and their ``exp`` — the same ids and, within
+    float32 rounding, the same probabilities, without a second pass over the vocabulary for the softmax."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= logprobs.shape[-1]:
+        raise ValueError(
+            f"layer_top_k: k = {k!r} must be an integer in [1, {logprobs.shape[-1]}] (the vocabulary's size)"
+        )
+    top_logprobs, top_ids = torch.topk(logprobs.float(), k, dim=-1, largest=True, sorted=True)
+    return top_ids.to(torch.int64), top_logprobs.exp()

@@ -24,7 +24,7 @@ from depthlens.metrics.dtr import (
     topk_settling_depth,
 )
 from depthlens.metrics.fused import FUSABLE, compiled_block, compiled_step
-from depthlens.metrics.layer_top import layer_top_k
+from depthlens.metrics.layer_top import layer_top_k_of_logprobs
 from depthlens.metrics.tcb import Unembedding, token_constraint_terms
 from depthlens.readout.stream import ReadoutChunk, check_finite
 
@@ -97,18 +97,20 @@ def chunk_divergence_kinds(
     if top_k is not None:
         out["topk"] = torch.ones(len(chunk), chunk.n_layers, dtype=torch.bool, device=final.logprobs.device)
     if layer_top:
-        ids, probs = layer_top_k(final.logprobs, layer_top)  # [c, K]: layer L, the model's own distribution
+        ids, probs = layer_top_k_of_logprobs(
+            final.logprobs, layer_top
+        )  # [c, K]: layer L, the model's own distribution
         out["layer_top_ids"] = ids[:, None].repeat(1, chunk.n_layers, 1)  # [c, L, K]; earlier layers below
         out["layer_top_probs"] = probs[:, None].repeat(1, chunk.n_layers, 1)
     for first, logits, normed in chunk.logit_blocks(rows):
         for j in range(logits.shape[0]):
             if top_k is not None:
                 out["topk"][:, first - 1 + j] = topk_agreement(final.logprobs, logits[j], top_k)
-            if layer_top:
-                ids, probs = layer_top_k(logits[j], layer_top)
+            logprobs = torch.log_softmax(logits[j], dim=-1)
+            if layer_top:  # from the log-softmax the divergences take anyway: no second softmax
+                ids, probs = layer_top_k_of_logprobs(logprobs, layer_top)
                 out["layer_top_ids"][:, first - 1 + j] = ids
                 out["layer_top_probs"][:, first - 1 + j] = probs
-            logprobs = torch.log_softmax(logits[j], dim=-1)
             for kind in kinds:
                 d = layer_divergence(kind, final.logprobs, logprobs, final.normed, normed[j])
                 out[kind][:, first - 1 + j] = d

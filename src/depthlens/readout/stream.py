@@ -27,6 +27,9 @@ MAX_SEGMENT_CUDA = 4096  # on a GPU: a 256-position segment leaves its chunks (â
 CPU_BUDGET_MB = 512  # the readout's working set on a CPU (and inside a vLLM engine, which owns its device)
 CUDA_BUDGET_SHARE = 0.25  # on a GPU: this share of the memory free when the run starts ...
 CUDA_BUDGET_CAP_MB = 16384  # ... at most this (chunks of ~2,000 tokens at a 150k vocabulary)
+# Each layer's top-k (ReadoutConfig.layer_top_k), per token, layer and k, at a chunk's peak: ids int64 and
+# probabilities float32 (12 B), both widened to float64 for the chunk's one host copy (16 B) and concatenated (16 B).
+LAYER_TOP_BYTES = 44
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,12 +221,14 @@ def chunk_sizes(
     """(segment tokens per forward, tokens per readout chunk) that fit the budget (``budget_mb``).
 
     A readout chunk has about twelve [c, V] float32 tensors alive at its peak (final and layer log-probs, the
-    divergence's temporaries); a forward segment holds [batch, S, V] logits and L + 1 hidden states. Segments are
+    divergence's temporaries) and, with ``layer_top_k`` = K, each layer's top-k ([c, L, K]: ``LAYER_TOP_BYTES``
+    a cell); a forward segment holds [batch, S, V] logits and L + 1 hidden states. Segments are
     capped at ``MAX_SEGMENT`` positions (``MAX_SEGMENT_CUDA`` on a GPU) because attention's working set also grows
     with the segment length.
     """
     budget = budget_mb(config, device) * 2**20
-    chunk = max(1, budget // (12 * 4 * vocab))
+    per_token = 12 * 4 * vocab + LAYER_TOP_BYTES * n_layers * config.layer_top_k
+    chunk = max(1, budget // per_token)
     per_position = batch * (4 * vocab + 4 * (n_layers + 1) * hidden)
     cap = MAX_SEGMENT_CUDA if device is not None and device.type == "cuda" else MAX_SEGMENT
     segment = max(1, min(cap, budget // per_position))
