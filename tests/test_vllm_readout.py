@@ -309,7 +309,7 @@ def test_each_layers_top_k_equals_a_plain_logit_lens_on_smollm2(real_model, info
     """``layer_top_k`` inside the engine on the default model (issue 52): every read-out token's top-5 at each of
     the 30 layers is a plain transformers logit lens's (softmax(lm_head(norm(h_l)))) of the same ids — the
     probabilities within the issue's 1e-4 (7.9e-6 measured), the ids equal wherever no near-tie (within 2e-4) lets
-    two swap (all 1,800 were equal when measured)."""
+    two swap (every id was equal when measured)."""
     import numpy as np
 
     from tests.test_vllm_layer_top import plain_lens
