@@ -22,6 +22,7 @@ from depthlens.stores.parquet import iter_store, store_manifest
 from depthlens.stores.records import layer_top_problem
 from depthlens.stores.samples import iter_samples, read_manifest, read_responses
 from depthlens.studies.generate import generate
+from depthlens.studies.regrade import regrade_store
 from depthlens.studies.score import run_score
 
 K = 3
@@ -121,6 +122,11 @@ def test_generate_stores_the_top_k_of_the_read_out_tokens(tiny_chat, tmp_path, f
         run(1, resume=True)
     assert run(K, resume=True).skipped == 4
     assert [r["layer_top_ids"] for r in iter_samples(store)] == [r["layer_top_ids"] for r in records]
+    regrade_store(store)  # a store rewritten whole keeps them, as every reader checks them
+    regraded = [r for _, r in read_responses(store)]
+    assert [r["layer_top_ids"] for r in regraded] == [r["layer_top_ids"] for r in records]
+    for after, before in zip(regraded, records, strict=True):
+        np.testing.assert_allclose(after["layer_top_probs"], before["layer_top_probs"], atol=1e-6)
 
 
 def test_a_damaged_top_k_is_refused_by_name():

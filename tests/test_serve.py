@@ -160,6 +160,23 @@ def test_each_layers_top_k_equals_scores_for_the_same_ids(client, model, model_d
         model=model, prompt="7*8=", max_tokens=10, seed=3, extra_body={"depthlens": {"tokens": True}}
     )
     assert "layer_top_ids" not in _depth(plain.choices[0])["tokens"]  # none unless asked
+    stream = client.completions.create(
+        model=model,
+        prompt="7*8=",
+        max_tokens=10,
+        seed=3,
+        stream=True,
+        extra_body={"depthlens": {"tokens": True, "layer_top_k": 4}},
+    )
+    streamed = []
+    for chunk in stream:
+        readout = (
+            (chunk.choices[0].model_extra.get("depthlens") or {}).get("readout") if chunk.choices else None
+        )
+        if readout:
+            assert readout["offset"] == len(streamed)
+            streamed.extend(readout["layer_top_ids"])
+    assert streamed == tokens["layer_top_ids"]  # a stream's read-out rows carry them too
 
 
 def test_streaming_chat_carries_per_token_values_and_usage(client, model):

@@ -85,12 +85,14 @@ def summary(
     return out
 
 
-def layer_top(trace: Trace, tokenizer: Any = None) -> dict[str, Any]:
-    """Each read-out token's top-k per layer (``depthlens.layer_top_k``), [T][L][K]: ids, probabilities and, where a
-    tokenizer is at hand, the tokens as labels (``models.tokens.layer_top_texts``); none when not asked."""
-    if not trace.layer_top_ids:
+def layer_top(trace: Trace, tokenizer: Any = None, start: int = 0) -> dict[str, Any]:
+    """Each read-out token's top-k per layer from read-out token ``start`` on (``depthlens.layer_top_k``),
+    [T][L][K]: ids, probabilities and, where a tokenizer is at hand, the tokens as labels
+    (``models.tokens.layer_top_texts``); none when not asked."""
+    ids = trace.layer_top_ids[start:]
+    if not ids:
         return {}
-    out: dict[str, Any] = {"layer_top_ids": trace.layer_top_ids, "layer_top_probs": trace.layer_top_probs}
+    out: dict[str, Any] = {"layer_top_ids": ids, "layer_top_probs": trace.layer_top_probs[start:]}
     if tokenizer is not None:
-        out["layer_top_tokens"] = layer_top_texts(tokenizer, trace.layer_top_ids)
+        out["layer_top_tokens"] = layer_top_texts(tokenizer, ids)
     return out
