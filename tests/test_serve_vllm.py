@@ -226,6 +226,16 @@ def test_each_layers_top_k_equals_scores_for_the_same_ids(client, model):
         model=model, prompt="7*8=", max_tokens=10, seed=3, extra_body={"depthlens": {"tokens": True}}
     )
     assert "layer_top_ids" not in _depth(plain.choices[0])["tokens"]  # none unless asked
+    stream = client.completions.create(
+        model=model, prompt="7*8=", max_tokens=10, seed=3, stream=True, extra_body={"depthlens": asked}
+    )
+    streamed = []
+    for chunk in stream:
+        extra = (chunk.choices[0].model_extra.get("depthlens") or {}) if chunk.choices else {}
+        if extra.get("readout"):
+            assert extra["readout"]["offset"] == len(streamed)
+            streamed.extend(extra["readout"]["layer_top_ids"])
+    assert streamed == tokens["layer_top_ids"]  # a stream's read-out rows carry them, row for row
 
 
 def test_top_logprobs(model, client):
