@@ -25,13 +25,14 @@ function topAt(t, l) {
   });
 }
 
-function missingNote(id) {
-  return el("p", {class: "notice", id}, RESPONSE.layer_top_missing);
+// How to get the layer predictions, where a record has none: a notice in the logit lens, a caption in the panel.
+function missingNote(id, kind = "notice") {
+  return el("p", {class: kind, id}, RESPONSE.layer_top_missing);
 }
 
 // The token panel's list: what layer l (default: the final one) predicts at token t, with probabilities.
 function layerTopPanel(t) {
-  if (!layerTop()) return missingNote("layer-top-missing");
+  if (!layerTop()) return missingNote("layer-top-missing", "caption");
   const L = RESPONSE.n_layers, l = LAYER ?? L;
   const actual = RESPONSE.token_ids[t];
   const rows = topAt(t, l).map((row, k) => el("tr", {"data-rank": k + 1, class: row.id === actual ? "hit" : null},
