@@ -331,6 +331,15 @@ def test_layer_predictions_and_the_logit_lens_in_chromium(view_stores, serve, pa
     assert _lens_grid(page) == expected
     page.screenshot(path=str(tmp_path / "logit-lens.png"), full_page=True)
     assert page.inner_text("#notices") == ""  # the nested [T][L][K] fields read as numbers: nothing "damaged"
+    # a long response: the grid scrolls, the token labels and layer numbers stay in view
+    assert T > 50
+    scroll = page.locator(".lens-scroll")
+    assert scroll.evaluate("s => s.scrollWidth > s.clientWidth")
+    scroll.evaluate("s => { s.scrollLeft = s.scrollWidth; s.scrollTop = s.scrollHeight; }")
+    frame = scroll.bounding_box()
+    number = page.locator('#logit-lens tbody tr[data-layer="1"] th.layer').bounding_box()
+    header = page.locator('#logit-lens thead th[data-t="0"]').bounding_box()
+    assert abs(number["x"] - frame["x"]) <= 2 and abs(header["y"] - frame["y"]) <= 2
 
     # a score store (JSONL) keeps token labels but ids only for the layers: the tokenizer labels them
     scored = next(r for r in iter_jsonl(view_stores["lens_scores"]) if r.get("layer_top_ids"))

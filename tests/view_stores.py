@@ -9,7 +9,8 @@ what it damages.
 - ``online``: a live ``thinkn --online`` run (warm-up 2, up to 6 responses, batch 1, decision at ℓ = 3, η 0.25);
 - ``scores`` / ``scores_jsonl``: ``score --tokens`` of the JSONL store's responses;
 - ``tcb``: a ``tcb trace`` (per generated token δ, V_eff, perplexity; no layers);
-- ``lens``: ``generate --layer-top-k 3`` (1 question × pool 2, Parquet): each layer's top-3 per read-out token;
+- ``lens``: ``generate --layer-top-k 3`` (1 question × pool 2, up to 99 tokens, Parquet): each layer's top-3 per
+  read-out token, a response long enough for the logit lens to scroll;
   ``lens_scores``: ``score --tokens --layer-top-k 3`` of the JSONL store's responses (a JSONL score store).
 """
 
@@ -144,7 +145,12 @@ def build_stores(root: Path) -> dict[str, Path]:
             "cpu",
         )
     out["lens"] = root / "lens"
-    cli("generate", *common, "--questions", "1", "--pool", "2", "--layer-top-k", "3", "--out", out["lens"])
+    long = [
+        *common[: common.index("--max-new-tokens") + 1],
+        "99",  # the tiny model's context (256) less its prompt
+        *common[common.index("--max-new-tokens") + 2 :],
+    ]
+    cli("generate", *long, "--questions", "1", "--pool", "2", "--layer-top-k", "3", "--out", out["lens"])
     out["lens_scores"] = root / "lens-scores.jsonl"
     cli(
         *(
