@@ -18,6 +18,7 @@ from depthlens.metrics.layer_top import layer_top_k
 from depthlens.metrics.token_table import reduce_readout
 from depthlens.readout.stream import TokenSequence, iter_readout
 from depthlens.sampling.hf import HFGenerator
+from depthlens.sampling.step_layout import StepLayout
 from depthlens.stores.parquet import iter_store, store_manifest
 from depthlens.stores.records import layer_top_problem
 from depthlens.stores.samples import iter_samples, read_manifest, read_responses
@@ -97,6 +98,30 @@ def test_the_sampler_reads_the_same_top_k_in_the_pass_that_samples(tiny_chat):
         assert np.asarray(trace.layer_top_ids).shape == (6, tiny_chat.n_layers, K)
         np.testing.assert_array_equal(trace.layer_top_ids, table.layer_top_ids.numpy())
         np.testing.assert_allclose(trace.layer_top_probs, table.layer_top_probs.numpy(), atol=1e-5)
+
+
+def test_the_step_layout_decodes_what_it_packs():
+    """The sampler's one packed row per response (``sampling.step_layout.StepLayout``): every part comes back
+    from the offsets that packed it, on a read-out step and on one past the window."""
+    layout = StepLayout(n_scores=4, kinds=("jsd", "kl"), n_layers=3, top_k=2)
+    tokens = torch.tensor([7, 40_000])
+    scores = [torch.tensor([-0.5, -1.5]) * (i + 1) for i in range(4)]
+    layers = [torch.rand(2, 3), torch.rand(2, 3) + 1]
+    top = (torch.randint(0, 50_000, (2, 3, 2)), torch.rand(2, 3, 2))
+    nonfinite = torch.tensor([0, 2])
+    row = layout.pack(tokens, scores, layers, top, nonfinite).numpy()
+    assert row.shape == (2, layout.width(read=True)) == (2, 1 + 4 + 2 * 3 + 2 * 3 * 2 + 1)
+    np.testing.assert_array_equal(layout.token_ids(row), tokens.numpy())
+    np.testing.assert_array_equal(layout.scores(row), torch.stack(scores, dim=1).numpy())
+    np.testing.assert_array_equal(layout.layers(row), torch.stack(layers, dim=1).numpy())
+    ids, probs = layout.top(row)
+    np.testing.assert_array_equal(ids, top[0].numpy())
+    np.testing.assert_array_equal(probs, top[1].double().numpy())
+    np.testing.assert_array_equal(layout.nonfinite(row), [0, 2])
+    past = layout.pack(tokens, scores).numpy()  # a step past the read-out window: token and scores only
+    assert past.shape == (2, layout.width(read=False)) and (layout.token_ids(past) == [7, 40_000]).all()
+    with pytest.raises(ValueError, match="no top-k was given"):
+        layout.pack(tokens, scores, layers, None, nonfinite)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])

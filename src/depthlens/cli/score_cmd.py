@@ -77,15 +77,8 @@ def score(
 
     # Read before torch is imported (readout.tuned: ~10 s on a busy machine): a bad input fails in ~2 s.
     n_records = len(read_inputs(in_path, skip_bad=skip_bad)[0])
-    readout = resolve.readout(
-        divergence,
-        (),
-        lens,
-        final_norm=final_norm,
-        memory_mb=memory_mb,
-        compile=compile_kernel,
-        layer_top_k=layer_top_k,
-    )
+    kept = {"final_norm": final_norm, "memory_mb": memory_mb, "layer_top_k": layer_top_k}
+    readout = resolve.readout(divergence, (), lens, compile=compile_kernel, **kept)
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix, settle=settle)  # type: ignore[arg-type]
     if backend == "vllm" and dtr.top_k is not None:
         raise InputError(f"--settle {settle} reads out on the transformers path only: use --backend hf")
