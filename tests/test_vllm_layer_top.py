@@ -7,7 +7,6 @@ teacher-forced completions and for the server's session with a per-request K.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
@@ -201,9 +200,12 @@ def test_generate_and_score_on_vllm_store_what_the_transformers_readout_scores(t
 
 
 def test_the_servers_session_takes_a_per_request_k(tiny):
-    """The server's path (``EngineSession``, ``SessionBackend``): a request's own K reaches the worker over the
-    session's setting, and its rows equal the generator's; a request without K keeps none. Closes the engine:
+    """The server's path (``EngineSession``, ``SessionBackend``): each request's own K reaches the worker over the
+    session's setting — requests with K = 5, 2 and none running at once, read out in shared lens walks (a walk
+    takes its rows' largest K, each row keeps its own) — and the rows equal the generator's. Closes the engine:
     the module's last test."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from depthlens.sampling.vllm.depth import EngineDepth
     from depthlens.sampling.vllm.generator import EngineGenerator
     from depthlens.sampling.vllm.requests import SessionBackend
@@ -216,11 +218,20 @@ def test_the_servers_session_takes_a_per_request_k(tiny):
         engine, EngineDepth(info, ReadoutConfig(), ENGINE), sorted(info.end_ids), lm.n_layers
     )
     try:
-        served = SessionBackend(session, GREEDY, layer_top_k=K).sample(PROMPT, [0])[0]
-        bare = SessionBackend(session, dataclasses.replace(GREEDY, max_new_tokens=3)).sample(PROMPT, [0])[0]
+        with ThreadPoolExecutor(3) as pool:
+            runs = [
+                pool.submit(SessionBackend(session, GREEDY, layer_top_k=k).sample, PROMPT, [0])
+                for k in (K, 2, 0)
+            ]
+            five, two, bare = (run.result(timeout=300)[0] for run in runs)
     finally:
         session.close()
-    assert served.token_ids == expected.token_ids
-    assert served.layer_top_ids == expected.layer_top_ids
-    assert_float32_equal(served.layer_top_probs, expected.layer_top_probs, what="served probabilities")
+    assert five.token_ids == two.token_ids == bare.token_ids == expected.token_ids
+    for served, k in ((five, K), (two, 2)):
+        ids, probs = np.asarray(served.layer_top_ids), np.asarray(served.layer_top_probs)
+        assert ids.shape == (len(expected.token_ids), lm.n_layers, k)
+        reference = np.asarray(expected.layer_top_probs)[..., :k]
+        apart = separated(np.asarray(expected.layer_top_probs))[..., :k]
+        assert (ids[apart] == np.asarray(expected.layer_top_ids)[..., :k][apart]).all()
+        assert_float32_equal(probs, reference, what=f"served probabilities, K = {k}")
     assert bare.layer_top_ids == [] and len(bare.divergence) == len(bare.token_ids)

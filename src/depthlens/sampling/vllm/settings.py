@@ -84,7 +84,8 @@ class RequestReadout:
         return cls(**{**data, "kinds": tuple(data["kinds"])})
 
     def group(self) -> tuple[Any, ...]:
-        """The settings rows must share to be read out in one lens walk (prefill rows also read the baselines)."""
+        """The settings rows must share to be read out in one lens walk (prefill rows also read the baselines).
+        Not ``layer_top_k``: a walk takes its rows' largest K, and each row keeps its own first K of it."""
         return (
             self.kinds,
             self.final_norm,
@@ -94,7 +95,6 @@ class RequestReadout:
             self.float32_lens,
             self.lens,
             self.lens_digest,
-            self.layer_top_k,
         )
 
 

@@ -9,9 +9,9 @@ it reads out the rows of this step that a request asked for (``settings.RequestR
   a partly prefilled prompt (chunked prefill) samples nothing and is skipped;
 - prefill readout (``prompt_from``): every position of the prompt that predicts one of its completion tokens.
 
-Rows of all requests with the same settings go through one lens walk. Only [kinds × L] float32 rows per token
-are kept (and, where a request asks for ``layer_top_k`` = K, [L × K] token ids and probabilities taken from the
-same logits), by request tag and position, until ``depthlens_take`` (called through ``collective_rpc``) hands
+Rows of all requests with the same settings go through one lens walk (whatever each one's ``layer_top_k``: the
+walk takes its rows' largest K). Only [kinds × L] float32 rows per token are kept (and, where a request asks for
+``layer_top_k`` = K, [L × K] token ids and probabilities taken from the same logits), by request tag and position, until ``depthlens_take`` (called through ``collective_rpc``) hands
 them over and forgets them. Under tensor parallelism every rank runs the same ``compute_logits`` calls (each is a
 collective); rank 0 alone computes and keeps the divergences.
 """
@@ -44,6 +44,7 @@ class _Rows:
     flat: list[int] = dataclasses.field(default_factory=list)
     owners: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # (tag, position)
     targets: list[int] = dataclasses.field(default_factory=list)  # prefill: the token each row predicts
+    ks: list[int] = dataclasses.field(default_factory=list)  # each row's request's layer_top_k (0: none)
 
 
 _NONE: tuple[list[int], list[int], list[int]] = ([], [], [])
@@ -118,6 +119,7 @@ class InEngineReadout:
                 rows.flat.extend(flat)
                 rows.owners.extend((tag, p) for p in positions)
                 rows.targets.extend(targets)
+                rows.ks.extend([settings.layer_top_k] * len(flat))
         return list(groups.values())
 
     @torch.inference_mode()
@@ -142,13 +144,13 @@ class InEngineReadout:
                     walk_collectives(lens, hidden, final_normed, settings.rows)
                     continue
                 targets = torch.tensor(rows.targets[lo : lo + size]) if rows.targets else None
-                read = read_rows(
-                    lens, hidden, final_normed, settings.kinds, settings.rows, targets, settings.layer_top_k
-                )
-                self._keep(read, rows.owners[lo : lo + size])
+                ks = rows.ks[lo : lo + size]
+                read = read_rows(lens, hidden, final_normed, settings.kinds, settings.rows, targets, max(ks))
+                self._keep(read, rows.owners[lo : lo + size], ks)
 
-    def _keep(self, read: RowsRead, owners: list[tuple[str, int]]) -> None:
-        """Keep a block's rows by (tag, position): one copy to the host per block of rows, not one per row."""
+    def _keep(self, read: RowsRead, owners: list[tuple[str, int]], ks: list[int]) -> None:
+        """Keep a block's rows by (tag, position): one copy to the host per block of rows, not one per row; each
+        row's own K of the block's top-k (a copy where it is fewer, so the block is not held for it)."""
         values = read.values.cpu()
         base = read.base.cpu() if read.base is not None else None
         top = (read.top_ids.cpu(), read.top_probs.cpu()) if read.top_ids is not None else None
@@ -156,8 +158,11 @@ class InEngineReadout:
             self.kept.setdefault(tag, {})[position] = values[j]
             if base is not None:
                 self.base.setdefault(tag, {})[position] = base[j]
-            if top is not None:
-                self.top.setdefault(tag, {})[position] = (top[0][j], top[1][j])
+            if top is not None and ks[j]:
+                ids, probs = top[0][j], top[1][j]  # [L, K] of the block's largest K
+                if ks[j] < ids.shape[-1]:
+                    ids, probs = ids[:, : ks[j]].clone(), probs[:, : ks[j]].clone()
+                self.top.setdefault(tag, {})[position] = (ids, probs)
 
     def take(self, tags: list[str]) -> dict[str, Taken] | None:
         """The rows kept for ``tags`` (forgotten here); None on ranks other than 0, which keep none."""
