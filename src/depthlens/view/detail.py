@@ -33,8 +33,8 @@ _BYTE = re.compile(r"⟨[0-9a-f]{2}⟩")
 _SPACES = set("␣↵⇥␍")
 _PER_RECORD = ("token_ids", "tokens", "divergence", "settling_depth", "deep")
 NO_LAYER_TOP = (
-    "this record holds no layer predictions: run generate, score --tokens or heatmap with --layer-top-k K "
-    "(e.g. --layer-top-k 5) to keep each layer's K most probable tokens, then click a heatmap cell or open the "
+    "this record holds no layer predictions: write the store with --layer-top-k K (generate, or score --tokens; "
+    "e.g. --layer-top-k 5) to keep each layer's K most probable tokens, then click a heatmap cell or open the "
     "logit lens"
 )
 _HEAVY = {
