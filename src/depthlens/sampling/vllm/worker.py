@@ -11,9 +11,10 @@ it reads out the rows of this step that a request asked for (``settings.RequestR
 
 Rows of all requests with the same settings go through one lens walk (whatever each one's ``layer_top_k``: the
 walk takes its rows' largest K). Only [kinds × L] float32 rows per token are kept (and, where a request asks for
-``layer_top_k`` = K, [L × K] token ids and probabilities taken from the same logits), by request tag and position, until ``depthlens_take`` (called through ``collective_rpc``) hands
-them over and forgets them. Under tensor parallelism every rank runs the same ``compute_logits`` calls (each is a
-collective); rank 0 alone computes and keeps the divergences.
+``layer_top_k`` = K, [L × K] token ids and probabilities taken from the same logits), by request tag and
+position, until ``depthlens_take`` (called through ``collective_rpc``) hands them over and forgets them. Under
+tensor parallelism every rank runs the same ``compute_logits`` calls (each is a collective); rank 0 alone computes
+and keeps the divergences.
 """
 
 from __future__ import annotations
