@@ -272,8 +272,9 @@ def test_engine_rows_are_taken_in_order_and_a_bad_request_fails_alone(tokenizer)
     test_serve_vllm)."""
     from depthlens.errors import NonFiniteError
     from depthlens.models.info import ModelInfo
-    from depthlens.sampling.vllm.depth import EngineDepth
+    from depthlens.sampling.vllm.depth import EngineDepth, Gained
     from depthlens.sampling.vllm.engine import EngineError
+    from depthlens.sampling.vllm.settings import Taken
 
     config = type("Config", (), {"num_hidden_layers": 3, "hidden_size": 64})()
     info = ModelInfo(name="tiny", source="tiny", tokenizer=tokenizer, config=config, end_ids=frozenset({2}))
@@ -282,12 +283,17 @@ def test_engine_rows_are_taken_in_order_and_a_bad_request_fails_alone(tokenizer)
     settings = args["depthlens_readout"]
     assert args["depthlens_readout_tag"] == "r0" and settings["window"] == 5
     assert settings["vocab"] == len(tokenizer) and settings["kinds"] == ["jsd"] and settings["final_norm"]
+    assert (
+        settings["layer_top_k"] == 0
+        and depth.request_args("r1", 5, 4)["depthlens_readout"]["layer_top_k"] == 4
+    )
     rows = torch.rand(2, 1, 3)
+    top_ids, top_probs = torch.randint(0, 9, (2, 3, 2), dtype=torch.int32), torch.rand(2, 3, 2)
     held = {
-        "ok": ([3, 4], rows, None),
-        "gap": ([5], rows[:1], None),
-        "nan": ([0, 1], rows.clone(), None),
-        "none": ([], torch.zeros(0, 0, 3), None),
+        "ok": Taken([3, 4], rows, None, top_ids, top_probs),
+        "gap": Taken([5], rows[:1]),
+        "nan": Taken([0, 1], rows.clone()),
+        "none": Taken([], torch.zeros(0, 0, 3)),
     }
     held["nan"][1][1, 0, 2] = float("nan")
     asked = []
@@ -298,7 +304,8 @@ def test_engine_rows_are_taken_in_order_and_a_bad_request_fails_alone(tokenizer)
             return [None, {tag: held[tag] for tag in args[0]}]
 
     got, failed = depth.take(Engine(), {"ok": 3, "gap": 2, "nan": 0, "none": 7})
-    assert got == {"ok": rows.tolist()} and set(failed) == {"gap", "nan"}
+    assert got == {"ok": Gained(rows.tolist(), top_ids.tolist(), top_probs.tolist())}
+    assert set(failed) == {"gap", "nan"}
     assert isinstance(failed["gap"], EngineError) and "rows [5] after 2 rows" in str(failed["gap"])
     assert isinstance(failed["nan"], NonFiniteError) and "token 1" in str(failed["nan"])
     depth.release(Engine(), ["ok"])

@@ -175,6 +175,32 @@ def test_a_response_shows_the_stored_tokens_and_layers(view_stores):
     assert shown["deep"] == [d >= shown["deep_from"] for d in shown["settling_depth"]]
 
 
+def test_a_response_sends_each_layers_top_k_as_stored(view_stores):
+    """``--layer-top-k``: the response's ``layer_top`` is the stored [T × L × K] ids (int32) and probabilities
+    (float32) exactly, with a label for each distinct id (``token_texts``, the store's tokenizer) — for a Parquet
+    sample store and a JSONL score store; a record without them sends none and says how to get them."""
+    for name, records in (
+        ("lens", lambda path: iter_samples(path)),
+        ("lens_scores", lambda path: iter_jsonl(path)),
+    ):
+        store = view_stores[name]
+        explorer, api = client(store)
+        assert not explorer.store.notices  # the nested fields read as numbers: nothing "damaged"
+        tokenizer = load_tokenizer(explorer.store.manifest["model"])
+        record = next(r for r in records(store) if r.get("layer_top_ids"))
+        shown = api.get("/api/response", params={"id": record["id"]}).json()["layer_top"]
+        ids = np.frombuffer(base64.b64decode(shown["ids"]), dtype="<i4")
+        probs = np.frombuffer(base64.b64decode(shown["probs"]), dtype="<f4")
+        assert shown["k"] == 3 and ids.tolist() == np.ravel(record["layer_top_ids"]).tolist()
+        assert probs.tolist() == np.ravel(np.asarray(record["layer_top_probs"], dtype=np.float32)).tolist()
+        distinct = sorted(set(ids.tolist()))
+        assert shown["texts"] == dict(zip(map(str, distinct), token_texts(tokenizer, distinct), strict=True))
+        assert not explorer.store.notices
+    _, api = client(view_stores["samples"])
+    plain = api.get("/api/response", params={"id": next(iter_samples(view_stores["samples"]))["id"]}).json()
+    assert plain["layer_top"] is None and "--layer-top-k" in plain["layer_top_missing"]
+
+
 def test_token_kinds_name_whitespace_and_bytes():
     from depthlens.view.detail import token_kind
 

@@ -55,7 +55,8 @@ class Explorer:
     @classmethod
     def of(cls, store: ViewStore) -> Explorer:
         index = VotingIndex(store) if store.kind == "samples" else None
-        labeller = Labeller(store.manifest.get("model") if store.kind == "samples" else None)
+        # a score store keeps its tokens' labels; its layer predictions (ids) are labelled by the tokenizer too
+        labeller = Labeller(store.manifest.get("model") if store.kind != "tcb" else None)
         rows = api.question_rows(store) if store.kind == "samples" else []
         return cls(store, index, labeller, api.default_voting(store), rows)
 
