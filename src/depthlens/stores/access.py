@@ -110,8 +110,8 @@ def _is_light(field: pa.Field) -> bool:
 
 
 def arrow_row(table: pa.Table) -> dict[str, Any]:
-    """The one row of ``table`` as Python values, per-token lists as numpy arrays (``[T × L]`` as 2-D), without
-    turning every float into a Python object."""
+    """The one row of ``table`` as Python values, per-token lists as numpy arrays (``[T × L]`` as 2-D, ``[T][L][K]``
+    as 3-D), without turning every float into a Python object."""
     row: dict[str, Any] = {}
     for name, column in zip(table.column_names, table.columns, strict=True):
         array = column.combine_chunks()
@@ -119,8 +119,11 @@ def arrow_row(table: pa.Table) -> dict[str, Any]:
         if pa.types.is_list(kind) and array.null_count == 0:
             inner = array.flatten()
             if pa.types.is_fixed_size_list(inner.type):
-                width = inner.type.list_size
-                row[name] = inner.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+                widths = []  # [T × L] → (T, L); [T][L][K] (--layer-top-k) → (T, L, K)
+                while pa.types.is_fixed_size_list(inner.type):
+                    widths.append(inner.type.list_size)
+                    inner = inner.flatten()
+                row[name] = inner.to_numpy(zero_copy_only=False).reshape(-1, *widths)
             elif pa.types.is_floating(inner.type) or pa.types.is_integer(inner.type):
                 row[name] = inner.to_numpy(zero_copy_only=False)
             else:

@@ -112,7 +112,7 @@ class ViewStore:
         refuses in it (a value out of its range, a field missing, values against each other or the manifest)
         becomes a notice naming the record, the field and the readers' remedy."""
         record = self.source.read(self.locations[index], columns)
-        for name in CUBES:  # Parquet's nested [T][L][K] lists come as arrays of arrays: one (T, L, K) array
+        for name in CUBES:  # one (T, L, K) array, from JSONL's nested lists too
             if record.get(name) is not None:
                 record[name] = cube(record[name])
         self.flag(index, record, columns)
