@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 
+from depthlens.serve.engines import STEP_DELAY
 from tests.serving import save_tiny_chat, serving, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -18,14 +19,23 @@ TIMEOUT = 120  # s per client call: generous for a loaded 2-core machine, bounde
 WINDOW = 8  # the server's --readout-tokens: a request's own window differs from it
 
 
+STEP_S = (
+    0.02  # each step slowed (the server's fault hook): a Think@n of 200 tokens outlasts the client's 0.5 s
+)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """On a quiet machine the tiny model's Think@n ends in 0.3 s, before the client would hang up: every step is
+    slowed by ``STEP_S``, so the hang-up lands mid-run however fast the machine is."""
     model = save_tiny_chat(tmp_path_factory.mktemp("serve-model"))
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
     args = ["--model", str(model), "--backend", "hf", "--device", "cpu", "--max-tokens", "200"]
-    with serving([*args, "--readout-tokens", str(WINDOW)], log) as process:
-        process.model = str(model)
-        yield process
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(STEP_DELAY, str(STEP_S))
+        with serving([*args, "--readout-tokens", str(WINDOW)], log) as process:
+            process.model = str(model)
+            yield process
 
 
 @pytest.mark.parametrize(("asked", "echoed"), [("all", "all"), (5, 5), (None, WINDOW)])
