@@ -215,6 +215,8 @@ class ParquetSource:
                     edited is not None and edited.kind == "manifest"
                 ):  # the readers' notice; the shard is whole
                     self._edited = edited.message() + " — shown: what the shards hold"
+                elif edited is not None:  # the shard is at fault (its footer changed, or another run's)
+                    return f"{edited.message()}; its records are not shown"
                 return path, file.metadata, table
             break
         where = (

@@ -42,8 +42,11 @@ def check(path: Path, verify: bool = True) -> list[CheckReport]:
     """Check the store at ``path``: a sample store directory (its responses), a Parquet store, or a JSONL store."""
     if not path.exists():
         raise StoreError(f"{path} does not exist")
-    stores = [path / SHARDS, path / SAMPLES] if path.is_dir() and not layout.is_store(path) else [path]
-    found = [s for s in stores if layout.is_store(s) or s.is_file()]
+    # a Parquet store, its manifest present or lost
+    whole = layout.is_store(path) or layout.without_manifest(path)
+    stores = [path / SHARDS, path / SAMPLES] if path.is_dir() and not whole else [path]
+    # shards whose manifest is gone are a damaged store, checked as one (its manifest listed missing)
+    found = [s for s in stores if layout.is_store(s) or s.is_file() or layout.without_manifest(s)]
     if not found:
         raise StoreError(
             f"{path}: neither a Parquet store ({layout.MANIFEST}), a JSONL store nor a sample store "
@@ -146,6 +149,11 @@ def check_parquet(store: Path, verify: bool) -> CheckReport:
     report = CheckReport(store)
     _held(store, report)
     meta = layout.manifest_file(store)
+    lost = layout.without_manifest(store)
+    if lost:  # only its shards are here (``check`` looks no further otherwise): the commit is gone
+        detail, _, remedy = lost.removeprefix(f"{meta}: ").partition("; ")
+        report.problems.append(layout.Problem(meta, "missing", detail, remedy))
+        return report
     try:
         manifest, unlisted = layout.snapshot(
             store, lambda: read_json(meta, "manifest", "restore it from a copy of the store")

@@ -55,6 +55,19 @@ def is_store(path: Path) -> bool:
     return path.is_dir() and manifest_file(path).is_file()
 
 
+def without_manifest(store: Path) -> str | None:
+    """Where ``store`` is a directory of shards whose manifest (the commit) is gone: what every reader says — the
+    store is damaged, not missing (``generate`` into it would start it over) — else None."""
+    if store.is_dir() and not is_store(store):
+        shards = len(list(store.glob("part-*.parquet")))
+        if shards:
+            return (
+                f"{store / MANIFEST}: missing, and {shards} shard(s) are without it (the manifest is the store's "
+                "commit): the store is damaged; restore the manifest from a copy of the store"
+            )
+    return None
+
+
 def is_legacy(store: Path) -> bool:
     return manifest_file(store).name == LEGACY_MANIFEST
 

@@ -131,7 +131,10 @@ def _check_one(
     problem = layout.table_problem(store, path, stored, shard, table)
     problem = problem or range_problem(store, path, stored, shard, table)
     if problem is None and settings is not None:
-        shard_settings, free = layout.shard_settings(table)
+        try:
+            shard_settings, free = layout.shard_settings(table)
+        except ValueError:  # its footer's settings changed in place: named by settings_problem
+            return path, settings_problem(store, path, stored, table), table
         differ = settings_differ(shard_settings, settings, free)
         if differ:  # an edited manifest is the fault, named as such; else the shard is another run's
             problem = settings_problem(store, path, stored, table) or layout.Problem(

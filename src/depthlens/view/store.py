@@ -30,7 +30,7 @@ from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.jsonl_access import JsonlSource
 from depthlens.stores.layout import MANIFEST, Problem, is_store, manifest_file
 from depthlens.stores.parquet import jsonl_commit_problem, store_manifest
-from depthlens.stores.records import wrong_fields
+from depthlens.stores.records import id_problem, wrong_fields
 from depthlens.stores.samples import SAMPLES
 from depthlens.stores.state import manifest_state
 from depthlens.stores.validate import bounds, record_fault
@@ -143,7 +143,7 @@ class ViewStore:
         where = (
             f"{self.source.directory / self.source.names[location.part]} row {location.row + 1}"
             if isinstance(self.source, ParquetSource)
-            else f"{self.source.path} at byte {location.row}"
+            else self.source.where(location)
         )
         return samples.response_problem(self.path, where, whole, self._against, fields)
 
@@ -181,7 +181,8 @@ def open_store(path: Path) -> ViewStore:
             missing_id += 1
             continue
         if str(record["id"]) in by_id:  # what every reader refuses: shown once, with the readers' notice
-            twice.append(str(record["id"]))
+            if not (id_problem(record) or id_problem(records[by_id[str(record["id"])]])):
+                twice.append(str(record["id"]))  # (an edited id is named by its record's own check instead)
             continue
         by_id[str(record["id"])] = len(records)
         records.append(record)
