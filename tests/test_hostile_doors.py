@@ -287,3 +287,21 @@ def test_every_door_agrees_on_each_damage(made, tmp_path, monkeypatch, capsys, f
         assert refused, (door, text)
         assert where in text, (door, where, text)
     assert _files(out) == before  # a refusal changes nothing
+
+
+def test_a_flipped_footer_is_mended_by_the_remedy_every_door_gives(made, tmp_path):
+    """The shard, not the manifest, is named (its run's other shards say what the manifest says), and its remedy,
+    followed — `--resume` — sets it aside and computes its record again: the store is whole."""
+    from depthlens.models.load import wrap
+    from depthlens.stores.check import check
+    from depthlens.studies.generate import generate
+    from tests.conftest import CharTokenizer, tiny_model
+
+    out = tmp_path / "parquet"
+    shutil.copytree(made / "parquet", out)
+    _settings_bit_flip(out)
+    (problem,) = [p for report in check(out) for p in report.problems]
+    assert problem.path.name == "part-000000.parquet" and "--resume" in problem.remedy, problem
+    lm = wrap(tiny_model("llama"), CharTokenizer(), name="tiny-llama")
+    generate(lm, GenerateRun(StoreSpec(out, True), pool=2, seed=5, sampling=SAMPLING, batch_size=1), QUESTIONS)
+    assert not [p for report in check(out) for p in report.problems]
