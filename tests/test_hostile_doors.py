@@ -303,5 +303,7 @@ def test_a_flipped_footer_is_mended_by_the_remedy_every_door_gives(made, tmp_pat
     (problem,) = [p for report in check(out) for p in report.problems]
     assert problem.path.name == "part-000000.parquet" and "--resume" in problem.remedy, problem
     lm = wrap(tiny_model("llama"), CharTokenizer(), name="tiny-llama")
-    generate(lm, GenerateRun(StoreSpec(out, True), pool=2, seed=5, sampling=SAMPLING, batch_size=1), QUESTIONS)
+    generate(
+        lm, GenerateRun(StoreSpec(out, True), pool=2, seed=5, sampling=SAMPLING, batch_size=1), QUESTIONS
+    )
     assert not [p for report in check(out) for p in report.problems]
