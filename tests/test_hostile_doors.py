@@ -10,6 +10,7 @@ One small store per format, built once; each damage works on a copy. The CLI run
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -172,6 +173,7 @@ READ = {"a stale lock after kill -9", "none"}  # every door reads these stores w
 # verifies what it rewrites
 HASHED = {"a column chunk's path renamed by a footer bit flip"}
 VERIFIES = {"check", "regrade"}
+CHECKS = ("check", "check --quick")
 ESCAPED = {"a lone surrogate"}  # export writes it escaped (the other doors refuse)
 
 
@@ -278,6 +280,10 @@ def test_every_door_agrees_on_each_damage(made, tmp_path, monkeypatch, capsys, f
         assert doors.exported == _whole_export(made / fmt, fmt, tmp_path, monkeypatch, capsys)
         return
     assert problems, f"check says ok on {damage!r}"
+    counted = [re.search(r"(\d+) shard\(s\), (\d+) committed|(\d+) record\(s\)", said[d][1]) for d in CHECKS]
+    assert counted[0] and counted[1] and counted[0].groups() == counted[1].groups(), (
+        said
+    )  # whole records alike
     where = str(problems[0].path)  # the file (and line or row) check names first
     for door, (refused, text) in said.items():
         if door == "export" and damage in ESCAPED:

@@ -105,8 +105,26 @@ def _read_as_studies_do(out_dir: Path, report: CheckReport, fmt: StoreFormat, ve
                 pass
     except layout.Refused as exc:
         report.problems.append(exc.problem)
+        _uncount(report, exc.problem)
     except StoreError as exc:
         report.problems.append(layout.Problem(out_dir, "refused", str(exc), "mend what the message names"))
+
+
+def _uncount(report: CheckReport, problem: layout.Problem) -> None:
+    """The records of a shard (or line) the reader refused after the files' checks counted it whole: no longer
+    counted, so `check` and `check --quick` count alike whichever check names the fault (a sha256, or a record)."""
+    name = problem.path.name.split(" ")[0]
+    if not report.store.is_dir():
+        report.records -= name.startswith(f"{report.store.name}:")
+        return
+    try:
+        shards = read_json(layout.manifest_file(report.store), "manifest", "").get("shards", [])
+    except (StoreError, AttributeError):
+        return
+    for shard in shards:
+        if isinstance(shard, dict) and shard.get("file") == name and isinstance(shard.get("rows"), int):
+            report.shards -= 1
+            report.records -= shard["rows"]
 
 
 def _derived(out_dir: Path) -> list[str]:
