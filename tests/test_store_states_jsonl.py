@@ -139,8 +139,8 @@ def test_a_jsonl_store_survives_any_sequence_of_cuts_and_edits(world, monkeypatc
     JsonlStates.world = world
     runner = JsonlStates.TestCase
     runner.settings = settings(
-        max_examples=int(os.environ.get("DEPTHLENS_SOAK_EXAMPLES", "3")),
-        stateful_step_count=int(os.environ.get("DEPTHLENS_SOAK_STEPS", "8")),
+        max_examples=int(os.environ.get("DEPTHLENS_SOAK_EXAMPLES", "8")),  # cheap: no model is killed here
+        stateful_step_count=int(os.environ.get("DEPTHLENS_SOAK_STEPS", "10")),
         deadline=None,
         derandomize=True,
         suppress_health_check=list(HealthCheck),
@@ -149,4 +149,4 @@ def test_a_jsonl_store_survives_any_sequence_of_cuts_and_edits(world, monkeypatc
     runner().runTest()
     print(dict(JsonlStates.steps))
     cuts = sum(n for step, n in JsonlStates.steps.items() if step.startswith("cut"))
-    assert cuts + JsonlStates.steps["edit_record"]  # a run that met no damage would prove nothing
+    assert cuts and JsonlStates.steps["edit_record"]  # derandomized: the same sequences, each damage met
