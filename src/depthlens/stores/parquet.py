@@ -96,25 +96,23 @@ def settings_problem(
     try:
         stored, free = layout.shard_settings(table)
     except ValueError:  # a bit flipped in the footer's key-value metadata: no page checksum covers it
-        shard = next((s for s in manifest.get("shards", []) if s.get("file") == path.name), {})
         return layout.Problem(
             path,
             "changed",
             "its footer's recorded settings (depthlens.settings) are not readable: bytes changed in place",
-            layout.resume_remedy(store, manifest, shard),
+            layout.resume_remedy(store, manifest, _entry(manifest, path)),
         )
     differ = settings_differ(stored, _settings(manifest), free)
     if not differ:
         return None
     run = (table.schema.metadata or {}).get(layout.RUN_KEY, b"").decode()
-    shard = next((s for s in manifest.get("shards", []) if s.get("file") == path.name), {})
     if run and run == manifest.get("run_id") and _sibling_agrees(store, path, manifest):
         return layout.Problem(  # its run's other shards say what the manifest says: this footer changed
             path,
             "changed",
             f"its recorded settings differ from its store's and its run's other shards' ({'; '.join(differ)}): "
             "bytes changed in place",
-            layout.resume_remedy(store, manifest, shard),
+            layout.resume_remedy(store, manifest, _entry(manifest, path)),
         )
     if run and run == manifest.get("run_id"):
         said = "; ".join(
@@ -136,10 +134,17 @@ def settings_problem(
     )
 
 
+def _entry(manifest: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The manifest's entry of the shard at ``path`` ({} where it lists none)."""
+    shards = manifest.get("shards", [])
+    return next((s for s in shards if isinstance(s, dict) and s.get("file") == path.name), {})
+
+
 def _sibling_agrees(store: Path, path: Path, manifest: dict[str, Any]) -> bool:
     """Whether another shard of the store, its footer read, was written with the manifest's settings."""
     for entry in manifest.get("shards", []):
-        other = layout.locate(store, entry) if entry.get("file") != path.name else None
+        listed = isinstance(entry, dict) and isinstance(entry.get("file"), str)
+        other = layout.locate(store, entry) if listed and entry["file"] != path.name else None
         if other is None:
             continue
         try:
