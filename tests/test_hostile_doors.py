@@ -98,6 +98,16 @@ def _settings_bit_flip(out: Path) -> None:
     shard.write_bytes(bytes(data))
 
 
+def _cut_mid_line(out: Path) -> None:
+    text = (out / SAMPLES).read_text()
+    (out / SAMPLES).write_text(text[: len(text) - len(text.splitlines()[-1]) // 2])
+
+
+def _line_repeated(out: Path) -> None:
+    lines = (out / SAMPLES).read_text().splitlines(keepends=True)
+    (out / SAMPLES).write_text("".join([*lines, lines[0]]))
+
+
 def _manifest_of(out: Path) -> Path:
     return layout.manifest_file(out / SHARDS) if (out / SHARDS).is_dir() else manifest_path(out / SAMPLES)
 
@@ -154,6 +164,8 @@ DAMAGES: dict[tuple[str, str], Callable[[Path], None] | None] = {
     ("jsonl", "a lone surrogate"): _edit(_set(text="\ud800")),
     ("jsonl", "responses cut to 0 bytes"): _emptied,
     ("jsonl", "responses cut at a line boundary"): _last_line_dropped,
+    ("jsonl", "the last line cut mid-line"): _cut_mid_line,
+    ("jsonl", "a line repeated"): _line_repeated,
     ("parquet", "a column renamed by a footer bit flip"): lambda out: _footer_bit_flip(out, 0),
     ("parquet", "a column chunk's path renamed by a footer bit flip"): lambda out: _footer_bit_flip(out, 1),
     ("parquet", "the run's settings in a footer changed by a bit flip"): _settings_bit_flip,

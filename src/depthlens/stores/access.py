@@ -172,6 +172,10 @@ class ParquetSource:
             notices.append(self._edited)
         self._note_others(manifest, [s["file"] for s in shards])
 
+    def where(self, location: Location) -> str:
+        """A record's place as every reader names it: ``SHARD row N``."""
+        return f"{self.directory / self.names[location.part]} row {location.row + 1}"
+
     def _note_others(self, manifest: dict[str, Any] | None, listed: list[str]) -> None:
         """Files beside the committed shards: data files no commit lists, shards being written."""
         unlisted = [p.path for p in layout.unlisted(self.directory, listed, manifest)] if manifest else []

@@ -139,12 +139,7 @@ class ViewStore:
             return None
         whole = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in record.items()}
         fields = [k for k in samples.REQUIRED if columns is None or k in columns or k in LIGHT_REQUIRED]
-        location = self.locations[index]
-        where = (
-            f"{self.source.directory / self.source.names[location.part]} row {location.row + 1}"
-            if isinstance(self.source, ParquetSource)
-            else self.source.where(location)
-        )
+        where = self.source.where(self.locations[index])
         return samples.response_problem(self.path, where, whole, self._against, fields)
 
     @functools.cached_property
@@ -182,7 +177,7 @@ def open_store(path: Path) -> ViewStore:
             continue
         if str(record["id"]) in by_id:  # what every reader refuses: shown once, with the readers' notice
             if not (id_problem(record) or id_problem(records[by_id[str(record["id"])]])):
-                twice.append(str(record["id"]))  # (an edited id is named by its record's own check instead)
+                twice.append((str(record["id"]), source.where(location)))  # (an edited id: its own check)
             continue
         by_id[str(record["id"])] = len(records)
         records.append(record)
@@ -191,9 +186,9 @@ def open_store(path: Path) -> ViewStore:
         notices.append(f"{missing_id} record(s) without an id; not shown")
     if twice:
         notices.append(
-            f"id {twice[0]!r}{f' and {len(twice) - 1} more' if len(twice) > 1 else ''} held twice (a line "
-            "repeated or a shard copied): every reader (export, thinkn --from, report) refuses this store, "
-            f"`depthlens check {root}` lists each with its remedy; shown once"
+            f"id {twice[0][0]!r}{f' and {len(twice) - 1} more' if len(twice) > 1 else ''} held twice (again at "
+            f"{twice[0][1]}: a line repeated or a shard copied): every reader (export, thinkn --from, report) "
+            f"refuses this store, `depthlens check {root}` lists each with its remedy; shown once"
         )
     n_layers = manifest.get("n_layers") if isinstance(manifest.get("n_layers"), int) else None
     if n_layers is None and kind != "tcb":
