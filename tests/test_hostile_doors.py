@@ -73,6 +73,20 @@ def _row(change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
     return damage
 
 
+def _not_utf8(out: Path) -> None:
+    """The first shard's texts as bytes UTF-8 cannot decode (a lone surrogate's, ``\\xed\\xa0\\x80``), written by
+    a tool that does not check them, checksums and manifest entry made to match."""
+    import pyarrow as pa
+
+    from tests.test_store_trust import _rewrite_shard
+
+    def changed(table: pa.Table) -> pa.Table:
+        texts = pa.array([b"a\xed\xa0\x80b"] * table.num_rows, pa.binary()).view(pa.string())
+        return table.set_column(table.column_names.index("text"), "text", texts)
+
+    _rewrite_shard(sorted((out / SHARDS).glob("part-*.parquet"))[0], changed)
+
+
 def _footer_bit_flip(out: Path, which: int) -> None:
     """One bit flipped in the first shard's footer: ``vote_key`` (t = 0x74) becomes ``voue_key`` (u = 0x75) where
     the footer names the column ``which`` (0: its schema element; 1: its column chunk's path)."""
@@ -106,6 +120,17 @@ def _cut_mid_line(out: Path) -> None:
 def _line_repeated(out: Path) -> None:
     lines = (out / SAMPLES).read_text().splitlines(keepends=True)
     (out / SAMPLES).write_text("".join([*lines, lines[0]]))
+
+
+def _line_bytes(inserted: bytes) -> Callable[[Path], None]:
+    """``inserted`` put into the first line's text, as raw bytes."""
+
+    def damage(out: Path) -> None:
+        data = (out / SAMPLES).read_bytes()
+        at = data.index(b'"text": "') + len(b'"text": "')
+        (out / SAMPLES).write_bytes(data[:at] + inserted + data[at:])
+
+    return damage
 
 
 def _manifest_of(out: Path) -> Path:
@@ -162,6 +187,10 @@ DAMAGES: dict[tuple[str, str], Callable[[Path], None] | None] = {
     ("jsonl", "a token id of 10^30"): _edit(_set(token_ids=[10**30, 1, 2, 3])),
     ("parquet", "a token id past the vocabulary"): _row(_set(token_ids=[10**6, 1, 2, 3])),
     ("jsonl", "a lone surrogate"): _edit(_set(text="\ud800")),
+    ("parquet", "text bytes that are not UTF-8"): _not_utf8,
+    ("jsonl", "text bytes that are not UTF-8"): _line_bytes(b"\xff\xfe"),
+    # Python's JSON reader takes a surrogate's bytes (as CESU-8 writes one) for the lone surrogate itself
+    ("jsonl", "a lone surrogate's bytes"): _line_bytes(b"\xed\xa0\x80"),
     ("jsonl", "responses cut to 0 bytes"): _emptied,
     ("jsonl", "responses cut at a line boundary"): _last_line_dropped,
     ("jsonl", "the last line cut mid-line"): _cut_mid_line,
@@ -186,7 +215,7 @@ READ = {"a stale lock after kill -9", "none"}  # every door reads these stores w
 HASHED = {"a column chunk's path renamed by a footer bit flip"}
 VERIFIES = {"check", "regrade"}
 CHECKS = ("check", "check --quick")
-ESCAPED = {"a lone surrogate"}  # export writes it escaped (the other doors refuse)
+ESCAPED = {"a lone surrogate", "a lone surrogate's bytes"}  # export writes it escaped (the other doors refuse)
 
 
 # ---- the doors: each answers (refused, what it said) and asserts its exit code and no traceback ------------

@@ -211,6 +211,12 @@ class ParquetSource:
                 continue
             except (OSError, pa.ArrowException) as exc:
                 return f"{path}: not a readable Parquet shard ({exc}); its records are not shown"
+            column = layout.not_utf8(table)
+            if column is not None:  # as every reader refuses it (``layout.read_table``)
+                return (
+                    f"{path}: not a readable Parquet shard (its {column!r} column holds bytes that are not UTF-8: "
+                    "written outside depthlens); its records are not shown"
+                )
             stamped = table.replace_schema_metadata(file.schema_arrow.metadata)
             problem = layout.table_problem(self.directory, path, manifest, shard, stamped)
             if problem is None:
@@ -319,7 +325,14 @@ class ParquetSource:
 
     def _read(self, part: int, read: Callable[[pq.ParquetFile], pa.Table]) -> pa.Table | None:
         try:
-            return read(self._file(part))
+            table = read(self._file(part))
+            column = layout.not_utf8(table)
+            if column is None:
+                return table
+            note = (
+                f"{self.directory / self.names[part]}: not a readable Parquet shard (its {column!r} column holds "
+                "bytes that are not UTF-8: written outside depthlens); its records are not shown"
+            )
         except FileNotFoundError as exc:  # gone since the snapshot (``_file``)
             note = str(exc)
         except (OSError, pa.ArrowException) as exc:  # damaged after its footer was read

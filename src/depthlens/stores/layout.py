@@ -377,12 +377,31 @@ def read_table(path: Path, fix: str) -> pa.Table:
     """One shard file as a table, each page's checksum verified (shards written before checksums read as they
     are); an unreadable one raises StoreError naming it and ``fix``."""
     try:
-        return pq.read_table(path, page_checksum_verification=True)
+        table = pq.read_table(path, page_checksum_verification=True)
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as exc:
         detail = " ".join(re.sub(r"^Could not open Parquet input source '[^']*': ", "", str(exc)).split())
         raise StoreError(f"{path}: not a readable Parquet shard ({detail}); {fix}") from None
+    column = not_utf8(table)
+    if column is not None:
+        raise StoreError(
+            f"{path}: not a readable Parquet shard (its {column!r} column holds bytes that are not UTF-8: written "
+            f"outside depthlens); {fix}"
+        )
+    return table
+
+
+def not_utf8(table: pa.Table) -> str | None:
+    """The first text column holding bytes that are not UTF-8 (Arrow reads them unchecked; turning them into
+    Python text would fail in every reader), or None."""
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if "string" in str(column.type):
+            try:
+                column.validate(full=True)
+            except pa.ArrowInvalid:
+                return name
+    return None
 
 
 def shard_settings(table: pa.Table) -> tuple[dict[str, Any], list[str]]:
