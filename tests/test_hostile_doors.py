@@ -215,7 +215,10 @@ READ = {"a stale lock after kill -9", "none"}  # every door reads these stores w
 HASHED = {"a column chunk's path renamed by a footer bit flip"}
 VERIFIES = {"check", "regrade"}
 CHECKS = ("check", "check --quick")
-ESCAPED = {"a lone surrogate", "a lone surrogate's bytes"}  # export writes it escaped (the other doors refuse)
+ESCAPED = {
+    "a lone surrogate",
+    "a lone surrogate's bytes",
+}  # export writes it escaped (the other doors refuse)
 
 
 # ---- the doors: each answers (refused, what it said) and asserts its exit code and no traceback ------------

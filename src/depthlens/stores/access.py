@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
 from depthlens.stores import layout
+from depthlens.stores.arrow import not_utf8
 from depthlens.stores.names import current_table, stored_columns
 from depthlens.stores.parquet import settings_problem
 
@@ -211,7 +212,7 @@ class ParquetSource:
                 continue
             except (OSError, pa.ArrowException) as exc:
                 return f"{path}: not a readable Parquet shard ({exc}); its records are not shown"
-            column = layout.not_utf8(table)
+            column = not_utf8(table)
             if column is not None:  # as every reader refuses it (``layout.read_table``)
                 return (
                     f"{path}: not a readable Parquet shard (its {column!r} column holds bytes that are not UTF-8: "
@@ -326,7 +327,7 @@ class ParquetSource:
     def _read(self, part: int, read: Callable[[pq.ParquetFile], pa.Table]) -> pa.Table | None:
         try:
             table = read(self._file(part))
-            column = layout.not_utf8(table)
+            column = not_utf8(table)
             if column is None:
                 return table
             note = (

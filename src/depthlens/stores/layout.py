@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
+from depthlens.stores.arrow import not_utf8
 
 MANIFEST = "_manifest.json"
 LEGACY_MANIFEST = "manifest.json"  # stores written before the layout above
@@ -390,18 +391,6 @@ def read_table(path: Path, fix: str) -> pa.Table:
             f"outside depthlens); {fix}"
         )
     return table
-
-
-def not_utf8(table: pa.Table) -> str | None:
-    """The first text column holding bytes that are not UTF-8 (Arrow reads them unchecked; turning them into
-    Python text would fail in every reader), or None."""
-    for name, column in zip(table.column_names, table.columns, strict=True):
-        if "string" in str(column.type):
-            try:
-                column.validate(full=True)
-            except pa.ArrowInvalid:
-                return name
-    return None
 
 
 def shard_settings(table: pa.Table) -> tuple[dict[str, Any], list[str]]:
