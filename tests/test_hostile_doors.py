@@ -339,9 +339,11 @@ def test_every_door_agrees_on_each_damage(made, tmp_path, monkeypatch, capsys, f
     assert _files(out) == before  # a refusal changes nothing
 
 
-def test_a_flipped_footer_is_mended_by_the_remedy_every_door_gives(made, tmp_path):
-    """The shard, not the manifest, is named (its run's other shards say what the manifest says), and its remedy,
-    followed — `--resume` — sets it aside and computes its record again: the store is whole."""
+@pytest.mark.parametrize("damage", [_settings_bit_flip, _not_utf8])
+def test_a_damaged_shard_is_mended_by_the_remedy_every_door_gives(made, tmp_path, damage):
+    """The shard, not the manifest, is named (a flipped footer: its run's other shards say what the manifest
+    says; texts that are not UTF-8), and its remedy, followed — `--resume` — sets it aside and computes its record
+    again: the store is whole."""
     from depthlens.models.load import wrap
     from depthlens.stores.check import check
     from depthlens.studies.generate import generate
@@ -349,7 +351,7 @@ def test_a_flipped_footer_is_mended_by_the_remedy_every_door_gives(made, tmp_pat
 
     out = tmp_path / "parquet"
     shutil.copytree(made / "parquet", out)
-    _settings_bit_flip(out)
+    damage(out)
     (problem,) = [p for report in check(out) for p in report.problems]
     assert problem.path.name == "part-000000.parquet" and "--resume" in problem.remedy, problem
     lm = wrap(tiny_model("llama"), CharTokenizer(), name="tiny-llama")

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
 from depthlens.stores import layout
+from depthlens.stores.arrow import not_utf8
 from depthlens.stores.commits import COMMITTED, committed_entry
 from depthlens.stores.files import settings_differ, write_error, write_json
 from depthlens.stores.lock import LOCK
@@ -99,9 +100,13 @@ def _read_whole(path: Path) -> pa.Table:
     """A shard read whole, each page's checksum verified: its ids, rows and values are what a reader would see
     (a resumed run sets aside what a reader would refuse)."""
     try:
-        return pq.read_table(path, page_checksum_verification=True)
+        table = pq.read_table(path, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
         raise _Unreadable(" ".join(str(exc).split())) from None
+    column = not_utf8(table)
+    if column is not None:  # as every reader refuses it (``layout.read_table``)
+        raise _Unreadable(f"its {column!r} column holds bytes that are not UTF-8")
+    return table
 
 
 class _Unreadable(Exception):
