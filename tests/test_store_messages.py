@@ -220,7 +220,7 @@ def test_a_run_whose_shards_lost_their_manifest_is_named_damaged_not_missing(
     kept = meta.read_bytes()
     meta.unlink()
     code, text = _said(monkeypatch, capsys, "correlate", out, "--out", tmp_path / "c")
-    assert code == 2 and f"{out / SHARDS}: shards without their {layout.MANIFEST}" in text, text
+    assert code == 2 and f"{meta}: missing, and 4 shard(s) are without it" in text, text
     assert "restore the manifest from a copy of the store" in text and "no sample store" not in text
     meta.write_bytes(kept)
     assert find_stores(out) == [out]

@@ -14,13 +14,11 @@ steps and states explored)."""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import shutil
 import signal
 import sys
 from collections import Counter
-from pathlib import Path
 from typing import ClassVar
 
 import pyarrow as pa
@@ -30,67 +28,15 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from depthlens.config import GenerateRun, SamplingConfig, StoreSpec
 from depthlens.errors import StoreError
-from depthlens.evals.tasks import Question
 from depthlens.stores import layout
 from depthlens.stores.samples import SHARDS, iter_samples, read_responses
+from tests.store_states import BATCH, POOL, QUESTIONS, Readers, _core, _killed_child, _run, world
 
-QUESTIONS = [Question(f"q{i}", f"{i} + {i}", str(2 * i)) for i in range(3)]
-SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=4, readout_tokens=None)
-POOL, BATCH = 4, 2
-
-
-def _run(out, resume=False, batch_size=BATCH):
-    return GenerateRun(
-        StoreSpec(Path(out), resume), pool=POOL, seed=3, sampling=SAMPLING, batch_size=batch_size
-    )
+__all__ = ["world"]  # the module's fixture, from tests/store_states.py
 
 
-def _core(records):
-    return {r["id"]: (r["token_ids"], r["divergence"], r["log_prob"]) for r in records}
-
-
-def _killed_child(kind: str, model: str, out: str, questions: int, kill_after: int) -> None:
-    """In a child process: resume the store (or regrade it) and SIGKILL itself mid-write of shard ``kill_after``."""
-    os.environ["DEPTHLENS_FAULT_KILL_AFTER"] = str(kill_after)
-    if kind == "regrade":
-        from depthlens.studies.regrade import regrade_store
-
-        regrade_store(Path(out))
-    else:
-        from depthlens.models.load import load
-        from depthlens.studies.generate import generate
-
-        generate(load(model, device="cpu"), _run(out, resume=True), QUESTIONS[:questions])
-    os._exit(0)  # reached only when the kill point lies beyond the work
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """The tiny chat model saved for the children, loaded here; an uninterrupted run; a store of another run."""
-    from depthlens.models.load import load
-    from depthlens.studies.generate import generate
-    from tests.conftest import save_chat_model
-
-    root = tmp_path_factory.mktemp("states")
-    model = save_chat_model(root / "chat")
-    lm = load(str(model), device="cpu")
-    generate(lm, _run(root / "whole"), QUESTIONS)
-    generate(lm, _run(root / "other", batch_size=4), QUESTIONS)  # same seed, another run
-    ctx = multiprocessing.get_context("forkserver")  # children fork from a process that imported torch once
-    ctx.set_forkserver_preload(["depthlens.studies.generate", "depthlens.studies.regrade"])
-    return {
-        "root": root,
-        "model": model,
-        "lm": lm,
-        "reference": _core(iter_samples(root / "whole")),
-        "other": root / "other" / SHARDS,
-        "ctx": ctx,
-    }
-
-
-class StoreStates(RuleBasedStateMachine):
+class StoreStates(Readers, RuleBasedStateMachine):
     world: ClassVar[dict] = {}
     steps: ClassVar[Counter[str]] = (
         Counter()
@@ -368,68 +314,7 @@ class StoreStates(RuleBasedStateMachine):
         proc.join(300)
         return proc.exitcode
 
-    def _exported(self) -> list[dict]:
-        """``depthlens export`` of the store, as a user runs it."""
-        from depthlens.cli.app import main
-
-        target = self.root / "export.jsonl"
-        sys.argv = ["depthlens", "export", str(self.out / SHARDS), "--out", str(target), "--overwrite"]
-        with pytest.raises(SystemExit) as info:
-            main()
-        assert info.value.code in (0, None)
-        return [json.loads(line) for line in target.read_text().splitlines()]
-
     # ---- what must hold after every step ---------------------------------------------------------------------
-
-    def _files(self) -> dict[str, bytes]:
-        return {str(p): p.read_bytes() for p in sorted(self.out.rglob("*")) if p.is_file()}
-
-    def _refused_export(self) -> None:
-        """``depthlens export`` of a store every reader refuses: exit 2, naming why, every file as it was."""
-        from depthlens.cli.app import main
-
-        before, target = self._files(), self.root / "refused.jsonl"
-        sys.argv = ["depthlens", "export", str(self.out / SHARDS), "--out", str(target), "--overwrite"]
-        with pytest.raises(SystemExit) as info:
-            main()
-        assert info.value.code == 2 and not target.exists()
-        assert self._files() == before  # a refused command changes nothing
-
-    def _explorer(self) -> tuple[list[str], list[str]]:
-        """``depthlens view``'s reader: the ids it shows and its notices, every response opened."""
-        from depthlens.view.store import open_store
-
-        store = open_store(self.out)
-        for index in range(len(store.records)):
-            try:
-                store.read(index)
-            except (OSError, LookupError):  # an unreadable shard: its notice says so
-                continue
-        return list(store.by_id), list(store.notices)
-
-    def _other_readers_refuse(self, names: set[str]) -> None:
-        """``thinkn --from``'s reader refuses naming a damaged file, and the explorer says so in a notice."""
-        from depthlens.config import DTRConfig
-        from depthlens.studies.thinkn import load_pools
-
-        with pytest.raises(StoreError) as info:
-            load_pools(self.out, DTRConfig())
-        assert any(name in str(info.value) for name in names), str(info.value)
-        _, notices = self._explorer()
-        assert any(any(name in n for name in names) for n in notices), (names, notices)
-
-    def _other_readers_read(self, records: list[dict]) -> None:
-        """Where check's readers read: ``thinkn --from``'s reader votes on every usable record, and the explorer
-        shows every committed record."""
-        from depthlens.config import DTRConfig
-        from depthlens.studies.thinkn import load_pools
-
-        pools, _ = load_pools(self.out, DTRConfig())
-        assert sum(len(p) for p in pools.values()) == sum(r["status"] == "ok" for r in records)
-        shown, notices = self._explorer()
-        assert sorted(shown) == sorted(r["id"] for r in records), notices
-        if not self.flipped:  # bytes no page CRC covers: only check's hash names them
-            assert notices == [], notices
 
     @invariant()
     def readers_return_the_committed_records_or_refuse_by_name(self):
@@ -468,7 +353,7 @@ class StoreStates(RuleBasedStateMachine):
         assert len(ids) == len(set(ids)) and set(ids) == self.committed  # complete and unique
         reference = self.world["reference"]
         assert _core(records) == {i: reference[i] for i in ids}  # equal to an uninterrupted run
-        self._other_readers_read(records)
+        self._other_readers_read(records, notes)
         if self.flipped:  # changed bytes no page CRC covers: read equal, and check names them by hash
             assert problems
             return

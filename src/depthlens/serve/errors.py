@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -21,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from depthlens.errors import DepthlensError
+from depthlens.stores.records import unencodable
 
 log = logging.getLogger("depthlens.serve")
 
@@ -92,7 +94,27 @@ _VALUE_ERRORS = {
 def _param(loc: tuple[Any, ...]) -> str:
     """A pydantic location as a dotted field name, union branches (``list[int]``) left out."""
     parts = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float")))]
-    return ".".join(parts).replace(".0", "[0]") if parts else ""
+    return _indexed(".".join(parts))
+
+
+def _indexed(dotted: str) -> str:
+    """``messages.1.content`` as a body spells it: ``messages[1].content``."""
+    return re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", dotted)
+
+
+def _unencodable_key(value: object, path: str = "") -> str | None:
+    """Where a field *name* holds text UTF-8 cannot encode (a lone surrogate): the object holding it ('' for the
+    body itself), or None."""
+    items: Any = (
+        value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
+    )
+    for key, item in items:
+        if isinstance(key, str) and unencodable(key) is not None:
+            return path
+        found = _unencodable_key(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def schema_error(exc: ValidationError) -> ApiError:
@@ -172,14 +194,22 @@ def refuse_body(data: dict[str, Any]) -> None:
     """What no field's own check sees: a text UTF-8 cannot carry (a lone surrogate, which JSON can spell), a
     message whose content is an empty list, and ``max_tokens`` given together with ``max_completion_tokens``
     (which of the two was meant is not guessed)."""
-    from depthlens.stores.records import unencodable
-
     field = unencodable(data)
     if field is not None:
         raise ApiError(
             400,
-            f"{field} holds a lone surrogate (text UTF-8 cannot encode, e.g. \\ud800); send the text whole",
-            field,
+            f"{_indexed(field)} holds a lone surrogate (text UTF-8 cannot encode, e.g. \\ud800); send the text "
+            "whole",
+            _indexed(field),
+            "invalid_text",
+        )
+    holder = _unencodable_key(data)
+    if holder is not None:
+        raise ApiError(
+            400,
+            f"a field name in {_indexed(holder) or 'the body'} holds a lone surrogate (text UTF-8 cannot encode, "
+            "e.g. \\ud800); send field names whole",
+            _indexed(holder) or None,
             "invalid_text",
         )
     messages = data.get("messages")

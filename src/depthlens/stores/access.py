@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
 from depthlens.stores import layout
+from depthlens.stores.arrow import not_utf8
 from depthlens.stores.names import current_table, stored_columns
 from depthlens.stores.parquet import settings_problem
 
@@ -175,6 +176,10 @@ class ParquetSource:
             notices.append(self._edited)
         self._note_others(manifest, [s["file"] for s in shards])
 
+    def where(self, location: Location) -> str:
+        """A record's place as every reader names it: ``SHARD row N``."""
+        return f"{self.directory / self.names[location.part]} row {location.row + 1}"
+
     def _note_others(self, manifest: dict[str, Any] | None, listed: list[str]) -> None:
         """Files beside the committed shards: data files no commit lists, shards being written."""
         unlisted = [p.path for p in layout.unlisted(self.directory, listed, manifest)] if manifest else []
@@ -210,6 +215,12 @@ class ParquetSource:
                 continue
             except (OSError, pa.ArrowException) as exc:
                 return f"{path}: not a readable Parquet shard ({exc}); its records are not shown"
+            column = not_utf8(table)
+            if column is not None:  # as every reader refuses it (``layout.read_table``)
+                return (
+                    f"{path}: not a readable Parquet shard (its {column!r} column holds bytes that are not UTF-8: "
+                    "written outside depthlens); its records are not shown"
+                )
             stamped = table.replace_schema_metadata(file.schema_arrow.metadata)
             problem = layout.table_problem(self.directory, path, manifest, shard, stamped)
             if problem is None:
@@ -218,6 +229,8 @@ class ParquetSource:
                     edited is not None and edited.kind == "manifest"
                 ):  # the readers' notice; the shard is whole
                     self._edited = edited.message() + " — shown: what the shards hold"
+                elif edited is not None:  # the shard is at fault (its footer changed, or another run's)
+                    return f"{edited.message()}; its records are not shown"
                 return path, file.metadata, table
             break
         where = (
@@ -316,7 +329,14 @@ class ParquetSource:
 
     def _read(self, part: int, read: Callable[[pq.ParquetFile], pa.Table]) -> pa.Table | None:
         try:
-            return read(self._file(part))
+            table = read(self._file(part))
+            column = not_utf8(table)
+            if column is None:
+                return table
+            note = (
+                f"{self.directory / self.names[part]}: not a readable Parquet shard (its {column!r} column holds "
+                "bytes that are not UTF-8: written outside depthlens); its records are not shown"
+            )
         except FileNotFoundError as exc:  # gone since the snapshot (``_file``)
             note = str(exc)
         except (OSError, pa.ArrowException) as exc:  # damaged after its footer was read

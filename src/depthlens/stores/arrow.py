@@ -161,3 +161,15 @@ def to_pandas(table: pa.Table) -> Any:
                 cells[i] = array
             frame[field.name] = cells
     return frame
+
+
+def not_utf8(table: pa.Table) -> str | None:
+    """The first text column holding bytes that are not UTF-8 (Arrow reads them unchecked; turning them into
+    Python text would fail in every reader), or None."""
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if "string" in str(column.type):
+            try:
+                column.validate(full=True)
+            except pa.ArrowInvalid:
+                return name
+    return None

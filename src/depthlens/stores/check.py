@@ -42,8 +42,11 @@ def check(path: Path, verify: bool = True) -> list[CheckReport]:
     """Check the store at ``path``: a sample store directory (its responses), a Parquet store, or a JSONL store."""
     if not path.exists():
         raise StoreError(f"{path} does not exist")
-    stores = [path / SHARDS, path / SAMPLES] if path.is_dir() and not layout.is_store(path) else [path]
-    found = [s for s in stores if layout.is_store(s) or s.is_file()]
+    # a Parquet store, its manifest present or lost
+    whole = layout.is_store(path) or layout.without_manifest(path)
+    stores = [path / SHARDS, path / SAMPLES] if path.is_dir() and not whole else [path]
+    # shards whose manifest is gone are a damaged store, checked as one (its manifest listed missing)
+    found = [s for s in stores if layout.is_store(s) or s.is_file() or layout.without_manifest(s)]
     if not found:
         raise StoreError(
             f"{path}: neither a Parquet store ({layout.MANIFEST}), a JSONL store nor a sample store "
@@ -102,8 +105,26 @@ def _read_as_studies_do(out_dir: Path, report: CheckReport, fmt: StoreFormat, ve
                 pass
     except layout.Refused as exc:
         report.problems.append(exc.problem)
+        _uncount(report, exc.problem)
     except StoreError as exc:
         report.problems.append(layout.Problem(out_dir, "refused", str(exc), "mend what the message names"))
+
+
+def _uncount(report: CheckReport, problem: layout.Problem) -> None:
+    """The records of a shard (or line) the reader refused after the files' checks counted it whole: no longer
+    counted, so `check` and `check --quick` count alike whichever check names the fault (a sha256, or a record)."""
+    name = problem.path.name.split(" ")[0]
+    if not report.store.is_dir():
+        report.records -= name.startswith(f"{report.store.name}:")
+        return
+    try:
+        shards = read_json(layout.manifest_file(report.store), "manifest", "").get("shards", [])
+    except (StoreError, AttributeError):
+        return
+    for shard in shards:
+        if isinstance(shard, dict) and shard.get("file") == name and isinstance(shard.get("rows"), int):
+            report.shards -= 1
+            report.records -= shard["rows"]
 
 
 def _derived(out_dir: Path) -> list[str]:
@@ -146,6 +167,11 @@ def check_parquet(store: Path, verify: bool) -> CheckReport:
     report = CheckReport(store)
     _held(store, report)
     meta = layout.manifest_file(store)
+    lost = layout.without_manifest(store)
+    if lost:  # only its shards are here (``check`` looks no further otherwise): the commit is gone
+        detail, _, remedy = lost.removeprefix(f"{meta}: ").partition("; ")
+        report.problems.append(layout.Problem(meta, "missing", detail, remedy))
+        return report
     try:
         manifest, unlisted = layout.snapshot(
             store, lambda: read_json(meta, "manifest", "restore it from a copy of the store")

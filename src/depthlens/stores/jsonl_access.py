@@ -45,6 +45,7 @@ class JsonlSource:
         self.end = 0  # the snapshot: the bytes read at open (a writer appends after them)
         self._inode: int | None = None  # a rewrite (regrade, resume dropping lines) renames a new file in
         self._size = 0
+        self._lines_at: dict[int, int] = {}  # a record's byte offset → its line number, as readers name it
 
     def scan(self, columns: Sequence[str] | None = None) -> Iterator[tuple[Location, dict[str, Any]]]:
         """Each whole, readable line's light fields; a torn or foreign line becomes a notice."""
@@ -85,7 +86,12 @@ class JsonlSource:
                 if not isinstance(record, dict):
                     self._note(f"{where}: not a JSON record (a line cut or edited); not shown")
                     continue
+                self._lines_at[start] = number
                 yield start, current_names(record)
+
+    def where(self, location: Location) -> str:
+        """A record's place as every reader names it: ``FILE:LINE``."""
+        return f"{self.path}:{self._lines_at[location.row]}"
 
     def changed(self, stat: os.stat_result) -> bool:
         """Whether the file (``stat``: as it is now) is no longer the one read at open: replaced, or grown."""

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
+from depthlens.stores.arrow import not_utf8
 
 MANIFEST = "_manifest.json"
 LEGACY_MANIFEST = "manifest.json"  # stores written before the layout above
@@ -53,6 +54,19 @@ def manifest_file(store: Path) -> Path:
 def is_store(path: Path) -> bool:
     """Whether ``path`` is a Parquet store directory (one with a manifest)."""
     return path.is_dir() and manifest_file(path).is_file()
+
+
+def without_manifest(store: Path) -> str | None:
+    """Where ``store`` is a directory of shards whose manifest (the commit) is gone: what every reader says — the
+    store is damaged, not missing (``generate`` into it would start it over) — else None."""
+    if store.is_dir() and not is_store(store):
+        shards = len(list(store.glob("part-*.parquet")))
+        if shards:
+            return (
+                f"{store / MANIFEST}: missing, and {shards} shard(s) are without it (the manifest is the store's "
+                "commit): the store is damaged; restore the manifest from a copy of the store"
+            )
+    return None
 
 
 def is_legacy(store: Path) -> bool:
@@ -364,12 +378,19 @@ def read_table(path: Path, fix: str) -> pa.Table:
     """One shard file as a table, each page's checksum verified (shards written before checksums read as they
     are); an unreadable one raises StoreError naming it and ``fix``."""
     try:
-        return pq.read_table(path, page_checksum_verification=True)
+        table = pq.read_table(path, page_checksum_verification=True)
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as exc:
         detail = " ".join(re.sub(r"^Could not open Parquet input source '[^']*': ", "", str(exc)).split())
         raise StoreError(f"{path}: not a readable Parquet shard ({detail}); {fix}") from None
+    column = not_utf8(table)
+    if column is not None:
+        raise StoreError(
+            f"{path}: not a readable Parquet shard (its {column!r} column holds bytes that are not UTF-8: written "
+            f"outside depthlens); {fix}"
+        )
+    return table
 
 
 def shard_settings(table: pa.Table) -> tuple[dict[str, Any], list[str]]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
 from depthlens.stores import layout
@@ -28,7 +29,7 @@ from depthlens.stores.commits import COMMITTED, commit_problem, committed_proble
 from depthlens.stores.files import read_json, settings_differ
 from depthlens.stores.jsonl import iter_jsonl_located
 from depthlens.stores.layout import MANIFEST, is_store, manifest_file
-from depthlens.stores.records import text_problem
+from depthlens.stores.records import id_problem, text_problem
 from depthlens.stores.validate import bounds, record_fault, table_fault
 
 __all__ = [
@@ -92,11 +93,27 @@ def settings_problem(
     """A shard whose recorded settings differ from its manifest's. A shard of this very run (its run id is the
     manifest's) was written with the settings the run had, so then the manifest is the fault (edited outside
     depthlens), and the remedy puts the shard's values back in it; a shard of no known run is the fault."""
-    stored, free = layout.shard_settings(table)
+    try:
+        stored, free = layout.shard_settings(table)
+    except ValueError:  # a bit flipped in the footer's key-value metadata: no page checksum covers it
+        return layout.Problem(
+            path,
+            "changed",
+            "its footer's recorded settings (depthlens.settings) are not readable: bytes changed in place",
+            layout.resume_remedy(store, manifest, _entry(manifest, path)),
+        )
     differ = settings_differ(stored, _settings(manifest), free)
     if not differ:
         return None
     run = (table.schema.metadata or {}).get(layout.RUN_KEY, b"").decode()
+    if run and run == manifest.get("run_id") and _sibling_agrees(store, path, manifest):
+        return layout.Problem(  # its run's other shards say what the manifest says: this footer changed
+            path,
+            "changed",
+            f"its recorded settings differ from its store's and its run's other shards' ({'; '.join(differ)}): "
+            "bytes changed in place",
+            layout.resume_remedy(store, manifest, _entry(manifest, path)),
+        )
     if run and run == manifest.get("run_id"):
         said = "; ".join(
             d.replace("stored", "the shards say").replace("this run", "the manifest") for d in differ
@@ -115,6 +132,27 @@ def settings_problem(
         f"this shard was written with other settings than its store ({'; '.join(differ)})",
         "move it out of the store; `--resume` then computes the records the manifest lists under this name",
     )
+
+
+def _entry(manifest: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The manifest's entry of the shard at ``path`` ({} where it lists none)."""
+    shards = manifest.get("shards", [])
+    return next((s for s in shards if isinstance(s, dict) and s.get("file") == path.name), {})
+
+
+def _sibling_agrees(store: Path, path: Path, manifest: dict[str, Any]) -> bool:
+    """Whether another shard of the store, its footer read, was written with the manifest's settings."""
+    for entry in manifest.get("shards", []):
+        listed = isinstance(entry, dict) and isinstance(entry.get("file"), str)
+        other = layout.locate(store, entry) if listed and entry["file"] != path.name else None
+        if other is None:
+            continue
+        try:
+            stored, free = layout.shard_settings(pq.read_schema(other).empty_table())
+        except (OSError, ValueError, pa.ArrowException):
+            continue
+        return not settings_differ(stored, _settings(manifest), free)
+    return False
 
 
 def shard_fault(
@@ -264,6 +302,9 @@ def jsonl_record_problem(
         f"{path.name}.damaged) and computes its record again"
     )
     rid = str(record.get("id"))
+    mismatch = id_problem(record)
+    if mismatch:  # an edited id: named on its own line, not as a repeat of the record it now names
+        return layout.Problem(Path(where), "damaged", f"record {record.get('id')!r}: {mismatch}", fix)
     if "id" in record and rid in seen:
         return layout.Problem(
             Path(where),
@@ -341,7 +382,8 @@ def store_manifest(path: Path) -> dict[str, Any]:
             raise StoreError(
                 f"{path}: a sample store's directory; give its responses, {' or '.join(map(str, responses))}"
             )
-        raise StoreError(f"{path}: a directory without {MANIFEST}; not a depthlens Parquet store")
+        damaged = layout.without_manifest(path) or layout.without_manifest(path / "samples")
+        raise StoreError(damaged or f"{path}: a directory without {MANIFEST}; not a depthlens Parquet store")
     meta = manifest_file(path) if path.is_dir() else manifest_path(path)
     return read_json(
         meta,

@@ -108,11 +108,21 @@ def identity_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | 
     pool = manifest.get("pool")
     if _whole(pool) and not 0 <= sample < pool:
         return f"sample {sample} is outside the store's pool of {pool} (0..{pool - 1})"
-    if rid != f"{qid}#{sample}":
-        return f"id {rid!r} disagrees with question_id {qid!r} and sample {sample} (it should be '{qid}#{sample}')"
+    mismatch = id_problem(record)
+    if mismatch:
+        return mismatch
     seed = record.get("seed")
     if seed is not None and not (_whole(seed) and seed >= 0):
         return f"seed {seed!r}, not a whole number ≥ 0"
+    return None
+
+
+def id_problem(record: dict[str, Any]) -> str | None:
+    """A record's id against its own question_id and sample (``question#sample``), where those are of their types:
+    checked before ids are compared across records, so an edited id is named where it is, not as a repeat."""
+    rid, qid, sample = record.get("id"), record.get("question_id"), record.get("sample")
+    if isinstance(rid, str) and isinstance(qid, str) and _whole(sample) and rid != f"{qid}#{sample}":
+        return f"id {rid!r} disagrees with question_id {qid!r} and sample {sample} (it should be '{qid}#{sample}')"
     return None
 
 

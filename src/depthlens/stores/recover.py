@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
 from depthlens.stores import layout
+from depthlens.stores.arrow import not_utf8
 from depthlens.stores.commits import COMMITTED, committed_entry
 from depthlens.stores.files import settings_differ, write_error, write_json
 from depthlens.stores.lock import LOCK
@@ -99,9 +100,13 @@ def _read_whole(path: Path) -> pa.Table:
     """A shard read whole, each page's checksum verified: its ids, rows and values are what a reader would see
     (a resumed run sets aside what a reader would refuse)."""
     try:
-        return pq.read_table(path, page_checksum_verification=True)
+        table = pq.read_table(path, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as exc:
         raise _Unreadable(" ".join(str(exc).split())) from None
+    column = not_utf8(table)
+    if column is not None:  # as every reader refuses it (``layout.read_table``)
+        raise _Unreadable(f"its {column!r} column holds bytes that are not UTF-8")
+    return table
 
 
 class _Unreadable(Exception):
@@ -131,7 +136,10 @@ def _check_one(
     problem = layout.table_problem(store, path, stored, shard, table)
     problem = problem or range_problem(store, path, stored, shard, table)
     if problem is None and settings is not None:
-        shard_settings, free = layout.shard_settings(table)
+        try:
+            shard_settings, free = layout.shard_settings(table)
+        except ValueError:  # its footer's settings changed in place: named by settings_problem
+            return path, settings_problem(store, path, stored, table), table
         differ = settings_differ(shard_settings, settings, free)
         if differ:  # an edited manifest is the fault, named as such; else the shard is another run's
             problem = settings_problem(store, path, stored, table) or layout.Problem(

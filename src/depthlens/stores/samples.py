@@ -36,7 +36,7 @@ from depthlens.evals.grading import RULES
 from depthlens.sampling.backend import PER_TOKEN
 from depthlens.stores.files import ResumeRules, manifest_path, read_json
 from depthlens.stores.formats import FORMATS, store_entry
-from depthlens.stores.layout import Problem, Refused, is_store, manifest_file
+from depthlens.stores.layout import Problem, Refused, is_store, manifest_file, without_manifest
 from depthlens.stores.names import current_names, divergence_field
 from depthlens.stores.parquet import iter_store_located
 from depthlens.stores.records import VOCAB, record_problem, wrong_fields
@@ -247,10 +247,25 @@ def iter_samples(out_dir: Path) -> Iterator[dict[str, Any]]:
         yield current_names(record)
 
 
+def manifest_lost(out_dir: Path) -> str | None:
+    """Where ``out_dir`` holds responses whose manifest (their commit) is gone — shards without theirs, or
+    ``samples.jsonl`` without its own — what every reader says (the store is damaged, not missing), else None."""
+    jsonl, meta = out_dir / SAMPLES, manifest_path(out_dir / SAMPLES)
+    if jsonl.is_file() and not meta.is_file() and not is_store(out_dir / SHARDS):
+        return (
+            f"{meta}: missing — the store's manifest (its commit) is gone: the store is damaged; restore the "
+            "manifest from a copy of the store"
+        )
+    return without_manifest(out_dir / SHARDS)
+
+
 def read_manifest(out_dir: Path) -> dict[str, Any]:
     """The store's manifest, checked: a version this depthlens reads, and the fields readers rely on."""
     samples, meta = samples_path(out_dir, stored_format(out_dir)), samples_manifest(out_dir)
     if not samples.exists() or not meta.is_file():
+        lost = manifest_lost(out_dir)
+        if lost:
+            raise StoreError(lost)
         raise StoreError(
             f"{out_dir} is not a depthlens sample store (no {SAMPLES} or {SHARDS}/ with its manifest); "
             "create one with `depthlens generate`"

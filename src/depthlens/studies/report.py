@@ -22,9 +22,9 @@ from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, settling_dept
 from depthlens.models.tokens import token_texts
 from depthlens.stats.fdr import add_fdr
 from depthlens.stores.files import manifest_path, read_json
-from depthlens.stores.layout import MANIFEST, is_store
+from depthlens.stores.layout import is_store
 from depthlens.stores.lock import writer
-from depthlens.stores.samples import SAMPLES, SHARDS, samples_path, stored_format
+from depthlens.stores.samples import SAMPLES, SHARDS, manifest_lost, samples_path, stored_format
 from depthlens.stores.state import stale, store_state
 from depthlens.studies.comparisons import PAIRED_P
 from depthlens.studies.correlation import TABLE_ONE_P, store_correlations
@@ -53,12 +53,10 @@ def find_stores(run_dir: str | Path) -> list[Path]:
     sharded = {p.parent for p in run_dir.rglob(SHARDS) if is_store(p)}
     found = sorted(jsonl | sharded)
     if not found:
-        bare = sorted(p for p in run_dir.rglob(SHARDS) if p.is_dir() and any(p.glob("part-*.parquet")))
-        if bare:  # shards whose manifest (the commit) is gone: a damaged store, not a missing one
-            raise InputError(
-                f"{bare[0]}: shards without their {MANIFEST} (the store's commit): the store is damaged; "
-                "restore the manifest from a copy of the store"
-            )
+        for store in sorted({p.parent for p in [*run_dir.rglob(SHARDS), *run_dir.rglob(SAMPLES)]}):
+            damaged = manifest_lost(store)
+            if damaged:
+                raise InputError(damaged)
         raise InputError(
             f"no sample store under {run_dir} (looked for {SHARDS}/ and {SAMPLES}, each with its manifest); "
             "create one with `depthlens generate --readout-tokens all`"

@@ -12,6 +12,7 @@ is 404: the store is read only through the API.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -133,18 +134,29 @@ def _page(request: Request, sort: str) -> dict[str, Any]:
     }
 
 
+class _Json(JSONResponse):
+    """Starlette's JSON, except a stored text UTF-8 cannot encode (a lone surrogate, edited outside depthlens, which
+    the page's notice names): written as a JSON escape (``\\ud800``), as ``depthlens export`` writes it, not a 500."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def _answer(handler: Callable[[Request], Any]) -> Callable[[Request], JSONResponse]:
     """A route answering ``handler``'s JSON; a bad query is 400, an unknown id 404, both with a message."""
 
     def route(request: Request) -> JSONResponse:
         try:
-            return JSONResponse(handler(request))
+            return _Json(handler(request))
         except BadQuery as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+            return _Json({"error": str(exc)}, status_code=400)
         except DepthlensError as exc:
-            return JSONResponse({"error": said(exc)}, status_code=400)
+            return _Json({"error": said(exc)}, status_code=400)
         except LookupError as exc:
-            return JSONResponse({"error": str(exc.args[0]) if exc.args else "not found"}, status_code=404)
+            return _Json({"error": str(exc.args[0]) if exc.args else "not found"}, status_code=404)
 
     return route
 

@@ -33,7 +33,7 @@ from depthlens.stores.jsonl_access import JsonlSource
 from depthlens.stores.layout import MANIFEST, Problem, is_store, manifest_file
 from depthlens.stores.lock import writer
 from depthlens.stores.parquet import jsonl_commit_problem, store_manifest
-from depthlens.stores.records import wrong_fields
+from depthlens.stores.records import id_problem, wrong_fields
 from depthlens.stores.samples import SAMPLES
 from depthlens.stores.state import manifest_state
 from depthlens.stores.validate import bounds, record_fault
@@ -145,12 +145,7 @@ class ViewStore:
             return None
         whole = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in record.items()}
         fields = [k for k in samples.REQUIRED if columns is None or k in columns or k in LIGHT_REQUIRED]
-        location = self.locations[index]
-        where = (
-            f"{self.source.directory / self.source.names[location.part]} row {location.row + 1}"
-            if isinstance(self.source, ParquetSource)
-            else f"{self.source.path} at byte {location.row}"
-        )
+        where = self.source.where(self.locations[index])
         return samples.response_problem(self.path, where, whole, self._against, fields)
 
     @functools.cached_property
@@ -199,7 +194,8 @@ def open_store(path: Path) -> ViewStore:
             missing_id += 1
             continue
         if str(record["id"]) in by_id:  # what every reader refuses: shown once, with the readers' notice
-            twice.append(str(record["id"]))
+            if not (id_problem(record) or id_problem(records[by_id[str(record["id"])]])):
+                twice.append((str(record["id"]), source.where(location)))  # (an edited id: its own check)
             continue
         by_id[str(record["id"])] = len(records)
         records.append(record)
@@ -208,9 +204,9 @@ def open_store(path: Path) -> ViewStore:
         notices.append(f"{missing_id} record(s) without an id; not shown")
     if twice:
         notices.append(
-            f"id {twice[0]!r}{f' and {len(twice) - 1} more' if len(twice) > 1 else ''} held twice (a line "
-            "repeated or a shard copied): every reader (export, thinkn --from, report) refuses this store, "
-            f"`depthlens check {root}` lists each with its remedy; shown once"
+            f"id {twice[0][0]!r}{f' and {len(twice) - 1} more' if len(twice) > 1 else ''} held twice (again at "
+            f"{twice[0][1]}: a line repeated or a shard copied): every reader (export, thinkn --from, report) "
+            f"refuses this store, `depthlens check {root}` lists each with its remedy; shown once"
         )
     n_layers = manifest.get("n_layers") if isinstance(manifest.get("n_layers"), int) else None
     if n_layers is None and kind != "tcb":
