@@ -79,11 +79,14 @@ def _verb(*classes: type) -> Callable[[F], F]:
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            with resolve.python_front(fn.__name__), threads_kept():  # the run's threads end with it
+            # the verb's own keywords (progress, tokens) are known too: `progres=False` is told `progress`
+            resolve.refuse_unknown(fn.__name__, kwargs, names)
+            with resolve.python_front(fn.__name__, flags), threads_kept():  # the run's threads end with it
                 return fn(*args, **kwargs)
 
         signature = inspect.signature(fn)
         params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        flags = {p.name for p in params if p.annotation in (bool, "bool")}
         taken = {p.name for p in params}
         for name, (cls, hint) in resolve.fields_of(*classes).items():
             if name not in taken:
@@ -94,6 +97,7 @@ def _verb(*classes: type) -> Callable[[F], F]:
                 params.append(
                     inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint)
                 )
+        names = {p.name for p in params if p.kind is not p.POSITIONAL_ONLY}
         call.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
         return call  # type: ignore[return-value]
 

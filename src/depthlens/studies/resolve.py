@@ -14,12 +14,12 @@ import contextlib
 import dataclasses
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from depthlens.config import LensSpec, OnlineConfig, ReadoutConfig, VotingConfig
 from depthlens.config.readout import check_layer_top
-from depthlens.errors import ConfigError, InputError, named, spelt
+from depthlens.errors import ConfigError, InputError, did_you_mean, named, spelt
 
 
 def readout(
@@ -133,12 +133,8 @@ def split(verb: str, settings: Mapping[str, Any], *classes: type) -> list[dict[s
     each checked against its field's type; an unknown or mistyped keyword is refused naming the known ones."""
     known = fields_of(*classes)
     parts: dict[type, dict[str, Any]] = {c: {} for c in classes}
+    refuse_unknown(verb, settings, known)
     for key, value in settings.items():
-        if key not in known:
-            raise InputError(
-                f"depthlens.{verb}({key}=…): no such setting; known: {', '.join(sorted(known))}",
-                setting=key,
-            )
         cls, hint = known[key]
         if not _fits(value, hint):
             raise InputError(
@@ -149,19 +145,33 @@ def split(verb: str, settings: Mapping[str, Any], *classes: type) -> list[dict[s
     return [parts[c] for c in classes]
 
 
+def refuse_unknown(verb: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """Refuse the first keyword of ``given`` that is not ``known``: the close spellings first (``progres`` →
+    ``progress``), then every known name, so a typo never reads as a list to search."""
+    known = sorted(set(known))
+    for key in given:
+        if key not in known:
+            close = did_you_mean(key, known)
+            listed = f" (known: {', '.join(known)})" if close else f"; known: {', '.join(known)}"
+            raise InputError(f"depthlens.{verb}({key}=…): no such setting{close}{listed}", setting=key)
+
+
 def _type_name(hint: Any) -> str:
     return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
 
 @contextlib.contextmanager
-def python_front(verb: str) -> Iterator[None]:
-    """Errors about a setting, as a Python caller reads them: ``depthlens.generate(lens='x'): …``."""
+def python_front(verb: str, flags: Collection[str] = ()) -> Iterator[None]:
+    """Errors about a setting, as a Python caller reads them: ``depthlens.generate(lens='x'): …``; a setting of
+    ``flags`` (the verb's on/off keywords, ``tokens``) named in the text reads as the call that sets it,
+    ``tokens=True``."""
     try:
         yield
     except (ConfigError, InputError) as exc:
         if exc.setting is None or not exc.requirement or type(exc) not in (ConfigError, InputError):
             raise
-        message = f"depthlens.{verb}({exc.setting}={exc.value!r}): " + spelt(exc.requirement)
+        spell = lambda name: f"{name}=True" if name in flags else name  # noqa: E731
+        message = f"depthlens.{verb}({exc.setting}={exc.value!r}): " + spelt(exc.requirement, spell)
         raise type(exc)(
             message, setting=exc.setting, value=exc.value, requirement=exc.requirement, owner=exc.owner
         ) from None
