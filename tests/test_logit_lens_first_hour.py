@@ -88,9 +88,10 @@ def test_a_pool_with_the_top_k_opens_in_the_explorer_undamaged(tiny_chat, tmp_pa
 
 
 def test_the_heatmap_draws_from_a_dataframe_row(tiny_chat, tmp_path):
-    from depthlens.viz.heatmap import draw_divergence_heatmap, draw_logit_lens
+    from depthlens.viz import heatmap
 
+    assert depthlens.draw_divergence_heatmap is heatmap.draw_divergence_heatmap  # at the top, as to_pandas
     table = depthlens.score(tiny_chat, RECORDS, tokens=True, layer_top_k=2, progress=False)
     row = depthlens.to_pandas(table).iloc[0]
-    assert draw_divergence_heatmap(row, str(tmp_path / "h.png")).stat().st_size > 1000
-    assert draw_logit_lens(row, str(tmp_path / "l.png")).stat().st_size > 1000
+    assert depthlens.draw_divergence_heatmap(row, str(tmp_path / "h.png")).stat().st_size > 1000
+    assert depthlens.draw_logit_lens(row, str(tmp_path / "l.png")).stat().st_size > 1000
