@@ -86,7 +86,7 @@ def compare(lm, prompt: list[int], ns: list[int], max_new_tokens: int) -> list[d
         cons_s = time.perf_counter() - start
         start = time.perf_counter()
         _, _, think_tokens = think_at_n_live(
-            prefix, prompt, seeds, VotingConfig(n=n, eta=0.5, prefix=50), DTRConfig(), key
+            prefix, prompt, seeds, VotingConfig(n=n, eta=0.5, rank_prefix=50), DTRConfig(), key
         )
         think_s = time.perf_counter() - start
         row = {
@@ -224,7 +224,7 @@ def backends(args) -> dict:
         for name in args.backend:
             gen = _generator(name, lm, hf_lm, dtype, sampling, engine)
             cons, cons_s, cons_readout, cons_cpu = _timed_sample(gen, long_prompt, list(range(n)))
-            voting = VotingConfig(n=n, eta=0.5, prefix=50)
+            voting = VotingConfig(n=n, eta=0.5, rank_prefix=50)
             with _readout_clock(gen) as spent:
                 start, cpu = time.perf_counter(), time.process_time()
                 _, _, think_tokens = think_at_n_live(

@@ -66,7 +66,7 @@ def main() -> None:
     if same != len(first):
         sys.exit("token ids differ: these are not the same responses")
 
-    voting = VotingConfig(n=a.n, prefix=a.prefix, trials=a.trials, eta=a.eta)
+    voting = VotingConfig(n=a.n, rank_prefix=a.prefix, trials=a.trials, eta=a.eta)
     questions = sorted({r["question_id"] for r, _ in first.values()})  # thinkn's order (trial_outcomes sorts)
     pools = {
         q: sorted(

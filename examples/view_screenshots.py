@@ -6,7 +6,9 @@
 
 Each view is one PNG: ``<prefix>-run.png`` (the run, its voting table, the questions), ``-question.png`` (a
 question's pool, a draw, every response's scores), ``-response.png`` (the tokens coloured by settling depth, one
-token's layers, the heatmap); ``--records`` instead shoots a score store's records and one record.
+token's layers, the heatmap); ``--records`` instead shoots a score store's records and one record; ``--lens``
+(a store written with ``--layer-top-k``) also ``-lens.png``: the response's logit lens, with the top-k of the cell
+at ``--token`` and ``--layer``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ def main() -> None:
     parser.add_argument("--token", type=int, default=0)
     parser.add_argument("--query", default="", help="voting settings, e.g. 'n=4&eta=0.5&prefix=20'")
     parser.add_argument("--records", action="store_true", help="a score store: its records, then --response")
+    parser.add_argument("--lens", action="store_true", help="also the logit lens (a --layer-top-k store)")
+    parser.add_argument(
+        "--layer", type=int, default=None, help="with --lens: the cell's layer (default: middle)"
+    )
     parser.add_argument("--width", type=int, default=1440)
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
@@ -72,6 +78,15 @@ def main() -> None:
             page.screenshot(
                 path=f"{args.prefix}-{'record' if args.records else 'response'}.png", full_page=True
             )
+        if args.response and args.lens:
+            page.goto(f"{args.url}#/r/{quote(args.response, safe='')}?view=lens")
+            page.wait_for_selector("#logit-lens tbody tr")
+            layer = (
+                args.layer or int(page.eval_on_selector("#logit-lens tbody tr", "r => r.dataset.layer")) // 2
+            )
+            page.click(f'#logit-lens td[data-t="{args.token}"][data-layer="{layer}"]')
+            page.wait_for_selector("#layer-top tbody tr")
+            page.screenshot(path=f"{args.prefix}-lens.png", full_page=True)
         browser.close()
 
 

@@ -89,7 +89,7 @@ def test_a_temporary_store_is_removed(pooled, tmp_path, monkeypatch):
 def test_think_at_n_is_thinkn_from(pooled):
     """The same rows from the table, from the store on disk, and in the summary `thinkn --from` writes."""
     _, table, out = pooled
-    voting = VotingConfig(n=4, prefix=5, trials=4)
+    voting = VotingConfig(n=4, rank_prefix=5, trials=4)
     from_table = depthlens.think_at_n(table, n=4, prefix=5, trials=4).to_pylist()
     from_store = depthlens.think_at_n(out, n=4, prefix=5, trials=4).to_pylist()
     written = summarise(out, voting, overwrite=True)
@@ -181,7 +181,10 @@ def test_same_response_in_table_sample_store_score_store_and_server(pooled, tmp_
     prefix = read_manifest(out)["depth"]["prefix"]
     scores = tmp_path / "scores.jsonl"
     run_score(
-        lm, ScoreRun(out / "samples", StoreSpec(scores), dtr=DTRConfig(prefix=prefix), tokens=True, tcb=None)
+        lm,
+        ScoreRun(
+            out / "samples", StoreSpec(scores), dtr=DTRConfig(dtr_prefix_tokens=prefix), tokens=True, tcb=None
+        ),
     )
     scored = {r["id"]: r for r in iter_jsonl(scores)}
     stored = {r["id"]: r for _, r in read_responses(out)}

@@ -63,6 +63,41 @@ def test_the_verbs_spell_their_settings_out_typed():
         depthlens.score(None, [], rho="high")
 
 
+def test_prefix_is_three_settings_each_with_one_meaning_of_none():
+    """ℓ_prefix is ``DTRConfig.dtr_prefix_tokens`` (None: no prefix), ``VotingConfig.rank_prefix`` (None: the
+    whole response) and ``OnlineConfig.decision_prefix`` (never None). Every front keeps its one spelling — a
+    verb's ``prefix=`` is its own config's, ``--prefix`` each command's — and their dicts keep the key ``prefix``
+    that stores, summaries and server responses hold (either name reads back)."""
+    from depthlens.cli.flags import flag_for
+    from depthlens.config import DTRConfig, OnlineConfig
+    from depthlens.studies.resolve import split
+
+    assert split("think_at_n", {"prefix": 5}, VotingConfig, DTRConfig) == [{"rank_prefix": 5}, {}]
+    assert split("online", {"prefix": 5}, OnlineConfig, DTRConfig) == [{"decision_prefix": 5}, {}]
+    assert split("score", {"prefix": 5}, DTRConfig) == [{"dtr_prefix_tokens": 5}]
+    with pytest.raises(InputError, match=r"prefix=…, rank_prefix=…\): the same setting twice"):
+        split("think_at_n", {"prefix": 5, "rank_prefix": 6}, VotingConfig)
+    with pytest.raises(ConfigError, match=r"^depthlens\.online\(prefix=0\): must be ≥ 1 token"):
+        depthlens.online(None, [], prefix=0)  # named by the keyword given
+    with pytest.raises(InputError, match=r"^depthlens\.online\(prefix=None\): must be int"):
+        depthlens.online(None, [], prefix=None)
+    configs = {
+        "rank_prefix": VotingConfig(rank_prefix=None),
+        "decision_prefix": OnlineConfig(decision_prefix=7),
+    }
+    configs["dtr_prefix_tokens"] = DTRConfig(dtr_prefix_tokens=3)
+    for field, config in configs.items():
+        data = config.to_dict()
+        assert field not in data and data["prefix"] == getattr(config, field)
+        assert type(config).from_dict(data) == config
+        renamed = {(field if k == "prefix" else k): v for k, v in data.items()}
+        assert type(config).from_dict(renamed) == config
+        assert flag_for(type(config).__name__, field) == flag_for(None, field) == "--prefix"
+    generate = inspect.signature(depthlens.generate).parameters
+    assert "prefix" in generate and "dtr_prefix_tokens" not in generate  # its own prefix= is that setting
+    assert "rank_prefix" in inspect.signature(depthlens.think_at_n).parameters
+
+
 # ---- the shape that keeps one front door: thin commands, settings named by the library -----------------------
 
 SRC = Path(__file__).parent.parent / "src" / "depthlens"

@@ -161,7 +161,7 @@ numbers = st.one_of(st.floats(), st.integers(min_value=-(10**6), max_value=10**6
 def test_numeric_options(a, b, c, d):
     """Every config takes any numbers: a valid setting, or a ConfigError (nan and inf included)."""
     for build in (
-        lambda: DTRConfig(g=a, rho=b, prefix=c if isinstance(c, int) else None),
+        lambda: DTRConfig(g=a, rho=b, dtr_prefix_tokens=c if isinstance(c, int) else None),
         lambda: TCBConfig(epsilon=a, power_iterations=d if isinstance(d, int) else 1),
         lambda: SamplingConfig(temperature=a, top_p=b, max_new_tokens=c if isinstance(c, int) else 1),
         lambda: VotingConfig(n=c if isinstance(c, int) else 1, eta=a, trials=d if isinstance(d, int) else 1),

@@ -25,7 +25,13 @@ from depthlens.stats.fdr import add_fdr, fdr_adjust
 from depthlens.stats.paired import paired_power, paired_test, questions_needed
 from depthlens.stats.resampling import bootstrap_ci, cluster_correlation_bootstrap, mean_bootstrap
 from depthlens.stores.samples import SAMPLES
-from depthlens.studies.correlation import METRICS, dtr_settings, metric_values, store_correlations
+from depthlens.studies.correlation import (
+    METRICS,
+    TABLE_ONE_P,
+    dtr_settings,
+    metric_values,
+    store_correlations,
+)
 from depthlens.studies.generate import generate
 from depthlens.studies.stored import load_store
 from depthlens.studies.tables import paired_cells
@@ -144,7 +150,7 @@ def test_correlate_reports_question_level_p_values_and_the_table_their_adjustmen
     rows, _ = store_correlations(
         load_store(study), CorrelationConfig(seeds=3, bootstrap=400, min_responses=10, min_questions=2)
     )
-    add_fdr(rows)
+    add_fdr(rows, TABLE_ONE_P)
     tested = [r for r in rows if r["point_biserial_p"] is not None]
     assert tested
     for r in tested:
@@ -219,7 +225,7 @@ def test_trial_outcomes_pair_methods_on_the_same_questions(study):
     from depthlens.config import DTRConfig
 
     pools, _ = load_pools(study, DTRConfig(), 4)
-    cfg = VotingConfig(n=4, trials=5, prefix=4)
+    cfg = VotingConfig(n=4, trials=5, rank_prefix=4)
     outcomes = trial_outcomes(pools, cfg)
     assert outcomes.summaries() == run_trials(pools, cfg)
     assert outcomes.accuracy["cons@n"].shape == (5, 6)
@@ -322,7 +328,7 @@ def test_report_table_two_has_online_replays_paired_tests_and_the_pooled_model(s
 
 def test_verdict_line_states_the_interval_against_the_gaps_and_power_only_to_plan():
     from depthlens.cli.paired_view import verdict_line as power_line
-    from depthlens.stats.paired import paired_comparisons
+    from depthlens.studies.comparisons import paired_comparisons
 
     rng = np.random.default_rng(0)
     cons = rng.integers(0, 2, 30).astype(float)
@@ -355,7 +361,8 @@ def test_verdict_line_states_the_interval_against_the_gaps_and_power_only_to_pla
     ],
 )
 def test_the_interval_against_the_papers_gaps(low, high, cell):
-    from depthlens.stats.paired import PairedTest, gap_verdict
+    from depthlens.stats.paired import PairedTest
+    from depthlens.studies.comparisons import gap_verdict
 
     test = PairedTest(30, (low + high) / 2, low, high, 0.5, 1, 1, 0.1, True)
     verdict = gap_verdict(test)
@@ -366,7 +373,8 @@ def test_the_interval_against_the_papers_gaps(low, high, cell):
 
 
 def test_the_control_is_think_at_n_against_random_at_n_on_its_own():
-    from depthlens.stats.paired import control_comparison, paired_test
+    from depthlens.stats.paired import paired_test
+    from depthlens.studies.comparisons import control_comparison
 
     rng = np.random.default_rng(3)
     per_q = {"think@n": rng.random(20), "random@n": rng.random(20), "cons@n": rng.random(20)}

@@ -47,14 +47,17 @@ def test_score_command_refuses_a_layer_top_k_it_cannot_keep(monkeypatch, capsys,
     assert code == 2 and message in err, err
 
 
-def test_a_vllm_run_refuses_layer_top_k_by_name(tmp_path):
+def test_a_vllm_run_takes_layer_top_k(tmp_path):
+    """The vLLM engine's worker reads each layer's top-k too (tests/test_vllm_layer_top.py): its runs take K."""
     from depthlens.config import EngineConfig, GenerateRun, ReadoutConfig, ScoreRun, StoreSpec
 
     readout, engine = ReadoutConfig(layer_top_k=2), EngineConfig(backend="vllm")
-    with pytest.raises(InputError, match=r"^layer_top_k=2: .* readout: use backend hf"):
-        ScoreRun(tmp_path / "in.jsonl", StoreSpec(tmp_path / "o"), readout, tokens=True, engine=engine)
-    with pytest.raises(InputError, match=r"^layer_top_k=2: .* readout: use backend hf"):
-        GenerateRun(StoreSpec(tmp_path / "o"), pool=2, readout=readout, engine=engine)
+    run = ScoreRun(tmp_path / "in.jsonl", StoreSpec(tmp_path / "o"), readout, tokens=True, engine=engine)
+    assert run.readout.layer_top_k == 2
+    assert (
+        GenerateRun(StoreSpec(tmp_path / "o"), pool=2, readout=readout, engine=engine).readout.layer_top_k
+        == 2
+    )
 
 
 def test_python_score_returns_ids_probabilities_and_labels(tiny_chat):

@@ -172,3 +172,19 @@ def test_a_damaged_top_k_is_refused_by_name():
     for said, change in cases.items():
         record = {k: v for k, v in {**good, **change}.items() if v is not None}
         assert re.search(said, layer_top_problem(record, manifest) or ""), said
+
+
+def test_an_on_demand_read_gives_the_top_k_as_one_array():
+    """The explorer's reader (``stores.access.arrow_row``) returns a Parquet ``[T][L][K]`` cell as a (T, L, K) array,
+    as it returns ``[T × L]`` as (T, L) — not an object array of arrays."""
+    import pyarrow as pa
+
+    from depthlens.stores.access import arrow_row
+
+    ids = np.arange(2 * 3 * K, dtype=np.int32).reshape(2, 3, K)
+    column = pa.array([ids.tolist()], type=pa.list_(pa.list_(pa.list_(pa.int32(), K), 3)))
+    divergence = pa.array([[[0.5, 0.25, 0.0]] * 2], type=pa.list_(pa.list_(pa.float32(), 3)))
+    row = arrow_row(pa.table({"layer_top_ids": column, "divergence": divergence}))
+    assert row["layer_top_ids"].shape == (2, 3, K) and row["layer_top_ids"].dtype == np.int32
+    np.testing.assert_array_equal(row["layer_top_ids"], ids)
+    assert row["divergence"].shape == (2, 3)

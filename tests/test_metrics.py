@@ -164,7 +164,7 @@ def test_token_baselines_against_direct_formulas():
             {"deep_rule": "literal"},
             r"deep_rule='literal': must be one of spec, paper-literal \(DTRConfig.deep_rule\)",
         ),
-        ({"prefix": 0}, r"prefix=0: must be ≥ 1 token \(DTRConfig.prefix"),
+        ({"dtr_prefix_tokens": 0}, r"dtr_prefix_tokens=0: must be ≥ 1 token \(DTRConfig.dtr_prefix_tokens"),
     ],
 )
 def test_invalid_dtr_settings_are_errors(kwargs, message):
@@ -173,7 +173,7 @@ def test_invalid_dtr_settings_are_errors(kwargs, message):
 
 
 def test_configs_round_trip_and_reject_unknown_keys():
-    config = DTRConfig(g=0.3, prefix=50)
+    config = DTRConfig(g=0.3, dtr_prefix_tokens=50)
     assert DTRConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ConfigError, match=r"unknown key\(s\) \['gg'\]"):
         DTRConfig.from_dict({"gg": 0.3})

@@ -40,7 +40,9 @@ POOL = [
     _r("b", False, 50, [1, 1, 1, 1]),  # never started: consensus comes first
     _r("b", False, 50, [1, 1, 1, 1]),
 ]
-POLICY = OnlineConfig(signal="dtr", warmup=4, max_n=12, consensus=0.7, keep=0.5, prefix=4, batch_size=2)
+POLICY = OnlineConfig(
+    signal="dtr", warmup=4, max_n=12, consensus=0.7, keep=0.5, decision_prefix=4, batch_size=2
+)
 
 
 def test_hand_computed_online_run():
@@ -120,7 +122,7 @@ def test_online_cli_rejects_bad_input_before_generating(monkeypatch, capsys, tmp
 
 SAMPLING = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=8, readout_tokens=None)
 LIVE = OnlineConfig(
-    signal="confidence", warmup=2, max_n=6, consensus=1.0, keep=0.5, prefix=6, window=1, batch_size=2
+    signal="confidence", warmup=2, max_n=6, consensus=1.0, keep=0.5, decision_prefix=6, window=1, batch_size=2
 )
 TINY_DTR = DTRConfig(g=0.02, rho=0.5)  # the tiny model diverges by ~0.01–0.03 bits: DTRs differ here
 
@@ -196,7 +198,7 @@ def test_killed_online_run_resumes_to_the_same_store(tiny_chat, tmp_path):
 @pytest.mark.integration
 def test_real_model_live_equals_replay_and_cli_replays_it(real_model, monkeypatch, capsys, tmp_path):
     qs = load_task("reasoning_gym:basic_arithmetic", 1, seed=0)
-    cfg = OnlineConfig(signal="dtr", warmup=2, max_n=3, consensus=1.0, prefix=4, batch_size=1)
+    cfg = OnlineConfig(signal="dtr", warmup=2, max_n=3, consensus=1.0, decision_prefix=4, batch_size=1)
     sampling = dataclasses.replace(SAMPLING, temperature=0.6, top_p=0.95, max_new_tokens=12, readout_tokens=4)
     run_online(real_model, OnlineRun(StoreSpec(tmp_path / "s"), online=cfg, seed=0, sampling=sampling), qs)
     _live_equals_replay(tmp_path / "s", cfg, DTRConfig())

@@ -166,7 +166,7 @@ def test_a_sample_store_votes_and_correlates_alike_in_either_format(tiny_chat, t
     for rid, r in jsonl.items():
         assert r["token_ids"] == parquet[rid]["token_ids"] and r["vote_key"] == parquet[rid]["vote_key"]
         assert np.allclose(r["divergence"], parquet[rid]["divergence"], atol=1e-6)
-    voting = VotingConfig(n=3, trials=5, prefix=4)
+    voting = VotingConfig(n=3, trials=5, rank_prefix=4)
     assert (
         summarise(tmp_path / "jsonl", voting).summaries == summarise(tmp_path / "parquet", voting).summaries
     )

@@ -291,7 +291,7 @@ def test_generate_on_one_or_two_workers_gives_the_same_store(local_ray, chat_dir
     assert here.keys() == by_id[0].keys()
     for rid, r in here.items():
         assert r["token_ids"] == by_id[0][rid]["token_ids"] and r["text"] == by_id[0][rid]["text"]
-    voting = VotingConfig(n=2, trials=5, prefix=3)
+    voting = VotingConfig(n=2, trials=5, rank_prefix=3)
     one_s, two_s, here_s = (summarise(tmp_path / name, voting) for name in ("one", "two", "here"))
     assert one_s.summaries == two_s.summaries  # the sharded stores vote alike, whatever the spread
     assert one_s.info.responses == here_s.info.responses == 12

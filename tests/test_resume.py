@@ -100,18 +100,19 @@ def test_summaries_are_named_by_settings_and_never_silently_replaced(tiny_chat, 
         GenerateRun(StoreSpec(store), pool=4, sampling=SamplingConfig(max_new_tokens=4)),
         _questions(2),
     )
-    summarise(store, VotingConfig(n=2, trials=2, prefix=3))
-    summarise(store, VotingConfig(n=3, trials=2, prefix=3))
+    summarise(store, VotingConfig(n=2, trials=2, rank_prefix=3))
+    summarise(store, VotingConfig(n=3, trials=2, rank_prefix=3))
     assert sorted(p.name for p in store.glob("thinkn-*.json")) == [
         "thinkn-n2-eta0.5-l3.json",
         "thinkn-n3-eta0.5-l3.json",
     ]
-    summarise(store, VotingConfig(n=2, trials=2, prefix=3))  # the same settings: the same summary, rewritten
+    # the same settings: the same summary, rewritten
+    summarise(store, VotingConfig(n=2, trials=2, rank_prefix=3))
     with pytest.raises(
         StoreError, match=r"other settings \(voting.trials: stored 2, this run 5\); pass overwrite"
     ):
-        summarise(store, VotingConfig(n=2, trials=5, prefix=3))
-    summarise(store, VotingConfig(n=2, trials=5, prefix=3), overwrite=True)
+        summarise(store, VotingConfig(n=2, trials=5, rank_prefix=3))
+    summarise(store, VotingConfig(n=2, trials=5, rank_prefix=3), overwrite=True)
     assert json.loads((store / "thinkn-n2-eta0.5-l3.json").read_text())["voting"]["trials"] == 5
 
 

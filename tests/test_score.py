@@ -30,7 +30,7 @@ def _records(n=5):
 
 
 def test_score_in_memory_fields(tiny_llama):
-    results = score(tiny_llama, _records(2), tokens=True, dtr=DTRConfig(prefix=2))
+    results = score(tiny_llama, _records(2), tokens=True, dtr=DTRConfig(dtr_prefix_tokens=2))
     assert [r["id"] for r in results] == ["r0", "r1"]
     for r, rec in zip(results, _records(2), strict=True):
         assert set(SUMMARY_FIELDS) <= set(r)

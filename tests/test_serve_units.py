@@ -186,6 +186,32 @@ def test_the_dialect_of_openai_and_vllm(tokenizer):
         assert (error.value.status, error.value.param, error.value.code) == (400, param, code)
 
 
+def test_a_request_is_refused_what_the_command_line_refuses_named_as_it_spells_it(tokenizer):
+    """A negative seed is refused as ``--seed -1`` is (400 naming ``seed``), and an ℓ_prefix out of range is named
+    by the request's own field (``depthlens.think.prefix``), never by a Python field or a flag."""
+    from depthlens.serve.errors import ApiError
+
+    refused = [
+        ({"seed": -1}, "seed", "seed -1: must be an integer ≥ 0"),
+        (
+            {"depthlens": {"think": {"prefix": 0}}},
+            "depthlens.think.prefix",
+            "depthlens.think.prefix 0: must be ≥ 1",
+        ),
+        (
+            {"depthlens": {"online": {"prefix": 0, "max_n": 6}}},
+            "depthlens",
+            "depthlens.online.prefix 0: must be ≥ 1 token",
+        ),
+    ]
+    for body, param, message in refused:
+        with pytest.raises(ApiError) as error:
+            _job(tokenizer, {"prompt": "x", **body})
+        assert (error.value.status, error.value.param) == (400, param), error.value.message
+        assert error.value.message.startswith(message), error.value.message
+        assert "--" not in error.value.message and "Config" not in error.value.message
+
+
 def test_every_error_has_a_code():
     from depthlens.serve.errors import ApiError
 
@@ -231,7 +257,7 @@ def test_the_depth_object_follows_from_the_trace():
         confidence=[2.0, 3.0, 4.0, 5.0],
         divergence=rows,
     )
-    d = summary(trace, 3, DTRConfig(g=0.5, rho=0.85, prefix=2), window=2, tokens=True)
+    d = summary(trace, 3, DTRConfig(g=0.5, rho=0.85, dtr_prefix_tokens=2), window=2, tokens=True)
     assert d["tokens"]["settling_depth"] == [3, 1, 3, 2] and d["tokens"]["deep"] == [True, False, True, False]
     assert d["dtr"] == 0.5 and d["dtr_prefix"] == 0.5 and d["mean_settling_depth"] == 2.25
     assert d["log_prob"] == -1.0 and d["neg_perplexity"] == pytest.approx(-math.e)
@@ -246,8 +272,9 @@ def test_engine_rows_are_taken_in_order_and_a_bad_request_fails_alone(tokenizer)
     test_serve_vllm)."""
     from depthlens.errors import NonFiniteError
     from depthlens.models.info import ModelInfo
-    from depthlens.sampling.vllm.depth import EngineDepth
+    from depthlens.sampling.vllm.depth import EngineDepth, Gained
     from depthlens.sampling.vllm.engine import EngineError
+    from depthlens.sampling.vllm.settings import Taken
 
     config = type("Config", (), {"num_hidden_layers": 3, "hidden_size": 64})()
     info = ModelInfo(name="tiny", source="tiny", tokenizer=tokenizer, config=config, end_ids=frozenset({2}))
@@ -256,12 +283,17 @@ def test_engine_rows_are_taken_in_order_and_a_bad_request_fails_alone(tokenizer)
     settings = args["depthlens_readout"]
     assert args["depthlens_readout_tag"] == "r0" and settings["window"] == 5
     assert settings["vocab"] == len(tokenizer) and settings["kinds"] == ["jsd"] and settings["final_norm"]
+    assert (
+        settings["layer_top_k"] == 0
+        and depth.request_args("r1", 5, 4)["depthlens_readout"]["layer_top_k"] == 4
+    )
     rows = torch.rand(2, 1, 3)
+    top_ids, top_probs = torch.randint(0, 9, (2, 3, 2), dtype=torch.int32), torch.rand(2, 3, 2)
     held = {
-        "ok": ([3, 4], rows, None),
-        "gap": ([5], rows[:1], None),
-        "nan": ([0, 1], rows.clone(), None),
-        "none": ([], torch.zeros(0, 0, 3), None),
+        "ok": Taken([3, 4], rows, None, top_ids, top_probs),
+        "gap": Taken([5], rows[:1]),
+        "nan": Taken([0, 1], rows.clone()),
+        "none": Taken([], torch.zeros(0, 0, 3)),
     }
     held["nan"][1][1, 0, 2] = float("nan")
     asked = []
@@ -272,7 +304,8 @@ def test_engine_rows_are_taken_in_order_and_a_bad_request_fails_alone(tokenizer)
             return [None, {tag: held[tag] for tag in args[0]}]
 
     got, failed = depth.take(Engine(), {"ok": 3, "gap": 2, "nan": 0, "none": 7})
-    assert got == {"ok": rows.tolist()} and set(failed) == {"gap", "nan"}
+    assert got == {"ok": Gained(rows.tolist(), top_ids.tolist(), top_probs.tolist())}
+    assert set(failed) == {"gap", "nan"}
     assert isinstance(failed["gap"], EngineError) and "rows [5] after 2 rows" in str(failed["gap"])
     assert isinstance(failed["nan"], NonFiniteError) and "token 1" in str(failed["nan"])
     depth.release(Engine(), ["ok"])

@@ -13,7 +13,7 @@ import torch
 
 from depthlens.sampling.choose import vllm_available
 from tests.serving import save_tiny_chat, serving, wait_for
-from tests.tolerance import assert_float32_equal, shifted
+from tests.tolerance import assert_float32_equal, separated, shifted
 
 pytestmark = pytest.mark.skipif(
     not vllm_available()
@@ -188,6 +188,54 @@ def test_stream_rows_and_text_match_the_whole_response(model, client, model_dir)
     chunks = iter_readout(lm, [TokenSequence(prompt, d["tokens"]["token_ids"])])
     reference = torch.cat([chunk_divergence_kinds(c, ("jsd",))["jsd"] for c in chunks])
     assert_float32_equal(rows, reference, what="rows", mutants=[("a dropped token", shifted(rows))])
+
+
+def test_each_layers_top_k_equals_scores_for_the_same_ids(client, model):
+    """``depthlens.layer_top_k`` on vLLM: each read-out token's top-k per layer, taken inside the engine in the
+    pass that sampled it, equals ``score --tokens --layer-top-k`` (the transformers readout) of the same prompt and
+    token ids — ids where no near-tie lets them swap, probabilities within float32 reordering (issue 52)."""
+    import numpy as np
+
+    from depthlens.config import ReadoutConfig
+    from depthlens.models.load import load
+    from depthlens.models.tokens import layer_top_texts
+    from depthlens.studies.score import score
+
+    asked = {"tokens": True, "layer_top_k": 4}
+    r = client.completions.create(
+        model=model, prompt="7*8=", max_tokens=10, seed=3, extra_body={"depthlens": asked}
+    )
+    tokens = _depth(r.choices[0])["tokens"]
+    lm = load(model, device="cpu", dtype="float32")
+    prompt = lm.tokenizer("7*8=", add_special_tokens=True)["input_ids"]
+    record = {"id": "x", "prompt_ids": prompt, "completion_ids": tokens["token_ids"]}
+    [scored] = score(lm, [record], tokens=True, readout=ReadoutConfig(layer_top_k=4), tcb=None)
+    ids, expected = np.asarray(tokens["layer_top_ids"]), np.asarray(scored["layer_top_ids"])
+    assert ids.shape == expected.shape == (len(tokens["token_ids"]), 3, 4)
+    apart = separated(scored["layer_top_probs"])
+    assert apart.mean() > 0.9 and (ids[apart] == expected[apart]).all()
+    assert_float32_equal(
+        tokens["layer_top_probs"],
+        scored["layer_top_probs"],
+        rounded=True,
+        what="layer_top_probs",
+        mutants=[("a dropped token", shifted(tokens["layer_top_probs"]))],
+    )
+    assert tokens["layer_top_tokens"] == layer_top_texts(lm.tokenizer, tokens["layer_top_ids"])
+    plain = client.completions.create(
+        model=model, prompt="7*8=", max_tokens=10, seed=3, extra_body={"depthlens": {"tokens": True}}
+    )
+    assert "layer_top_ids" not in _depth(plain.choices[0])["tokens"]  # none unless asked
+    stream = client.completions.create(
+        model=model, prompt="7*8=", max_tokens=10, seed=3, stream=True, extra_body={"depthlens": asked}
+    )
+    streamed = []
+    for chunk in stream:
+        extra = (chunk.choices[0].model_extra.get("depthlens") or {}) if chunk.choices else {}
+        if extra.get("readout"):
+            assert extra["readout"]["offset"] == len(streamed)
+            streamed.extend(extra["readout"]["layer_top_ids"])
+    assert streamed == tokens["layer_top_ids"]  # a stream's read-out rows carry them, row for row
 
 
 def test_top_logprobs(model, client):

@@ -275,7 +275,7 @@ def test_summaries_record_their_store_state_and_overwrite_removes_them(tiny_chat
     generate(
         tiny_chat, GenerateRun(StoreSpec(out), pool=4, seed=3, sampling=SAMPLING, batch_size=2), QUESTIONS[:2]
     )
-    summarise(out, VotingConfig(n=2, trials=2, prefix=2))
+    summarise(out, VotingConfig(n=2, trials=2, rank_prefix=2))
     assert thinkn_summary(load_store(out), None).get("stale") is None
     generate(
         tiny_chat,

@@ -136,7 +136,7 @@ def test_killed_run_resumes_to_the_same_store_and_summary(tiny_chat, tmp_path, f
     assert [{k: v for k, v in r.items() if k not in drop} for r in _records(cut)] == [
         {k: v for k, v in r.items() if k not in drop} for r in _records(whole)
     ]
-    voting = VotingConfig(n=3, trials=4, prefix=4)
+    voting = VotingConfig(n=3, trials=4, rank_prefix=4)
     assert summarise(cut, voting).summaries == summarise(whole, voting).summaries
     with pytest.raises(StoreError, match="seed: stored 3, this run 4"):
         _store(tiny_chat, cut, resume=True, seed=4)
@@ -240,7 +240,7 @@ def test_bad_stores_say_what_is_wrong(tiny_chat, tmp_path):
 
 def test_summary_files_and_ablation(tiny_chat, tmp_path):
     _store(tiny_chat, tmp_path / "s")
-    report = summarise(tmp_path / "s", VotingConfig(n=2, trials=3, prefix=4), with_ablation=True)
+    report = summarise(tmp_path / "s", VotingConfig(n=2, trials=3, rank_prefix=4), with_ablation=True)
     payload = json.loads((tmp_path / "s" / "thinkn-n2-eta0.5-l4.json").read_text())
     assert [m["method"] for m in payload["methods"]] == [s.method for s in report.summaries]
     assert (
@@ -393,7 +393,7 @@ def test_live_think_at_n_finishes_only_the_kept(tiny_chat):
 
     gen = HFGenerator(tiny_chat, SAMPLING)
     prompt, seeds = [1, 5, 6, 7], [31, 32, 33, 34, 35, 36]
-    voting = VotingConfig(n=6, eta=0.5, prefix=3)
+    voting = VotingConfig(n=6, eta=0.5, rank_prefix=3)
 
     def key(trace):
         found = extract_answer(tiny_chat.tokenizer.decode(trace.token_ids, skip_special_tokens=True))

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from depthlens.config import DTRConfig, VotingConfig
-from depthlens.errors import InputError
+from depthlens.errors import ConfigError, InputError
 from depthlens.metrics.dtr import settling_depth
 from depthlens.models.load import load_tokenizer
 from depthlens.models.tokens import token_texts
@@ -126,7 +126,7 @@ def test_voting_table_is_what_thinkn_from_prints(view_stores, tmp_path, monkeypa
 
 def test_each_questions_results_average_to_the_table(view_stores):
     explorer, _ = client(view_stores["answers"])
-    voting = VotingConfig(n=3, eta=0.5, prefix=4, trials=5)
+    voting = VotingConfig(n=3, eta=0.5, rank_prefix=4, trials=5)
     vote = explorer.index.vote(voting)
     per_q = vote.per_question
     assert vote.summaries == run_trials(explorer.index.pools(voting.n)[0], voting)
@@ -140,7 +140,7 @@ def test_each_questions_results_average_to_the_table(view_stores):
 def test_a_question_shows_think_at_n_on_the_trials_draw(view_stores, eta):
     store = view_stores["answers"]
     _, api = client(store)
-    voting = VotingConfig(n=3, eta=eta, prefix=4, trials=3)
+    voting = VotingConfig(n=3, eta=eta, rank_prefix=4, trials=3)
     pools, _ = load_pools(store, DTRConfig.from_dict(read_manifest(store)["dtr"]), voting.n)
     records = sorted(iter_samples(store), key=lambda r: (r["question_id"], r["sample"]))
     for qi, q in enumerate(sorted(pools)):
@@ -173,6 +173,32 @@ def test_a_response_shows_the_stored_tokens_and_layers(view_stores):
     assert shown["tokens"] == token_texts(load_tokenizer(manifest["model"]), record["token_ids"])
     assert shown["per_token"]["confidence"] == [round(v, 6) for v in record["confidence"]]
     assert shown["deep"] == [d >= shown["deep_from"] for d in shown["settling_depth"]]
+
+
+def test_a_response_sends_each_layers_top_k_as_stored(view_stores):
+    """``--layer-top-k``: the response's ``layer_top`` is the stored [T × L × K] ids (int32) and probabilities
+    (float32) exactly, with a label for each distinct id (``token_texts``, the store's tokenizer) — for a Parquet
+    sample store and a JSONL score store; a record without them sends none and says how to get them."""
+    for name, records in (
+        ("lens", lambda path: iter_samples(path)),
+        ("lens_scores", lambda path: iter_jsonl(path)),
+    ):
+        store = view_stores[name]
+        explorer, api = client(store)
+        assert not explorer.store.notices  # the nested fields read as numbers: nothing "damaged"
+        tokenizer = load_tokenizer(explorer.store.manifest["model"])
+        record = next(r for r in records(store) if r.get("layer_top_ids"))
+        shown = api.get("/api/response", params={"id": record["id"]}).json()["layer_top"]
+        ids = np.frombuffer(base64.b64decode(shown["ids"]), dtype="<i4")
+        probs = np.frombuffer(base64.b64decode(shown["probs"]), dtype="<f4")
+        assert shown["k"] == 3 and ids.tolist() == np.ravel(record["layer_top_ids"]).tolist()
+        assert probs.tolist() == np.ravel(np.asarray(record["layer_top_probs"], dtype=np.float32)).tolist()
+        distinct = sorted(set(ids.tolist()))
+        assert shown["texts"] == dict(zip(map(str, distinct), token_texts(tokenizer, distinct), strict=True))
+        assert not explorer.store.notices
+    _, api = client(view_stores["samples"])
+    plain = api.get("/api/response", params={"id": next(iter_samples(view_stores["samples"]))["id"]}).json()
+    assert plain["layer_top"] is None and "--layer-top-k" in plain["layer_top_missing"]
 
 
 def test_token_kinds_name_whitespace_and_bytes():
@@ -215,6 +241,25 @@ def test_an_online_run_shows_where_it_stopped_each_response(view_stores):
     assert stopped, "the test store should hold a response the policy stopped"
     shown = api.get("/api/response", params={"id": stopped[0]["id"]}).json()
     assert shown["fields"]["stopped_at"] == stopped[0]["stopped_at"] == len(shown["tokens"])
+
+
+def test_a_vote_past_what_was_read_out_is_refused_by_the_querys_name():
+    """Ranking by more tokens than a store read out is refused naming the query's ``prefix`` (the setting behind
+    it is ``VotingConfig.rank_prefix``), as the page shows it (``view.said``)."""
+    import numpy as np
+
+    from depthlens.view.said import said
+    from depthlens.voting.methods import Response
+
+    read_out_3 = Response("a", True, 10, np.zeros(3, dtype=bool), np.zeros(10), np.zeros(10))
+    with pytest.raises(InputError) as refused:
+        read_out_3.prefix_dtr(5)
+    assert said(refused.value).endswith("regenerate with readout_tokens 5 or a shorter prefix"), said(
+        refused.value
+    )
+    assert said(ConfigError(setting="rank_prefix", value=0, requirement="must be ≥ 1 token")) == (
+        "prefix=0: must be ≥ 1 token"
+    )
 
 
 def test_a_tcb_trace_shows_each_tokens_delta(view_stores):
@@ -266,7 +311,10 @@ def test_questions_filter_and_sort(view_stores):
     assert all(r["methods"]["cons@n"] == 1 for r in right) and all(r["methods"]["cons@n"] == 0 for r in wrong)
     assert len(right) + len(wrong) + len(mixed) == every["total"]
     assert api.get("/api/questions", params={"filter": "maybe"}).json()["error"].startswith("filter 'maybe'")
-    assert api.get("/api/voting", params={"eta": "1.5"}).status_code == 400
+    refused = api.get("/api/voting", params={"eta": "1.5"})
+    assert refused.status_code == 400
+    error = refused.json()["error"]  # named as the query spells it, not as a Python field
+    assert "eta=1.5: must be in (0, 1]" in error and "VotingConfig" not in error, error
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -138,7 +139,8 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
     store = view_stores["answers"]
     copy = tmp_path / "copy"  # thinkn --from writes its summary into the store it reads
     shutil.copytree(store, copy)
-    voting = VotingConfig(n=4, eta=0.5, prefix=50, trials=10)  # the page's defaults here: n cut to the pool
+    # the page's defaults here: n cut to the pool
+    voting = VotingConfig(n=4, eta=0.5, rank_prefix=50, trials=10)
     code, out, err = run(
         monkeypatch,
         capsys,
@@ -187,7 +189,7 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
             page.wait_for_function(
                 f"document.querySelectorAll('#responses tbody tr.kept').length === {kept}", timeout=WAIT_MS
             )
-        outcome = think_at_n([pools[qid][p] for p in picks], VotingConfig(n=4, eta=eta, prefix=50))
+        outcome = think_at_n([pools[qid][p] for p in picks], VotingConfig(n=4, eta=eta, rank_prefix=50))
         assert kept_shown() == [ids[picks[k]] for k in outcome.kept]
     script = "rows => rows.map(r => [r.dataset.id, r.querySelector('[data-field=prefix_dtr]').innerText])"
     shown = dict(page.eval_on_selector_all("#responses tbody tr", script))
@@ -284,3 +286,105 @@ def test_tcb_trace_in_chromium(view_stores, serve, page):
     )
     page.click('#tokens .tok[data-i="1"]')
     assert page.inner_text('#token-facts [data-field="tcb"]') == js_fixed(round(rows[1]["tcb"], 6), 4)
+
+
+def _labels(store) -> dict[int, str]:
+    """Every token id's label as the explorer shows it: ``token_texts`` with the store's model's tokenizer."""
+    from depthlens.models.load import load_tokenizer
+    from depthlens.models.tokens import token_texts
+
+    tokenizer = load_tokenizer(read_manifest(store)["model"])
+    return dict(enumerate(token_texts(tokenizer, list(range(len(tokenizer))))))
+
+
+def _lens_grid(page) -> list[list[str]]:
+    script = (
+        "rows => rows.map(r => [r.dataset.layer, ...[...r.querySelectorAll('td')].map(c => c.textContent)])"
+    )
+    return page.eval_on_selector_all("#logit-lens tbody tr", script)
+
+
+def _top_list(page) -> list[list[str]]:
+    return page.eval_on_selector_all(
+        "#layer-top tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
+    )
+
+
+def test_layer_predictions_and_the_logit_lens_in_chromium(view_stores, serve, page, tmp_path):
+    """``--layer-top-k``: a click on a heatmap cell (token t, layer l) lists that layer's top-k with probabilities;
+    the logit lens draws every read-out token × layer with its top-1 token; both equal the stored ids and
+    probabilities, labelled by the tokenizer. A store without them says how to get them."""
+    store = view_stores["lens"]
+    label = _labels(store)
+    record = max(iter_samples(store), key=lambda r: r["token_count"])
+    ids, probs = np.asarray(record["layer_top_ids"]), np.asarray(record["layer_top_probs"])
+    T, L, _ = ids.shape
+    assert ids.shape == (record["token_count"], 3, 3) and T > 2  # every token read out, 3 layers, K = 3
+    page.goto(serve(store) + f"#/r/{record['id']}")
+    page.wait_for_selector("#tokens .tok", timeout=WAIT_MS)
+    page.click("#show-heatmap")
+    box = page.locator("#heatmap").bounding_box()
+    cw, ch = (
+        box["width"] / T,
+        (box["height"] - 6) / L,
+    )  # the canvas: L rows of cells above a 6-pixel tick strip
+    t, layer = 2, 2
+    page.mouse.click(box["x"] + (t + 0.5) * cw, box["y"] + (L - layer + 0.5) * ch)
+    page.wait_for_selector(f'#layer-top-title[data-layer="{layer}"]', timeout=WAIT_MS)
+    assert page.inner_text("#token-panel h3").startswith(f"token {t}")
+
+    def listed(t: int, layer: int) -> list[list[str]]:
+        row = zip(ids[t, layer - 1], probs[t, layer - 1], strict=True)
+        return [[str(k + 1), label[int(i)], js_fixed(float(p), 4)] for k, (i, p) in enumerate(row)]
+
+    assert _top_list(page) == listed(t, layer)
+    page.keyboard.press("ArrowUp")  # the next layer up, the same token
+    page.wait_for_selector(f'#layer-top-title[data-layer="{layer + 1}"]', timeout=WAIT_MS)
+    assert _top_list(page) == listed(t, layer + 1)
+    page.screenshot(path=str(tmp_path / "layer-top.png"), full_page=True)
+
+    page.click("#show-lens")
+    page.wait_for_selector("#logit-lens tbody tr", timeout=WAIT_MS)
+    expected = [[str(n), *(label[int(ids[s, n - 1, 0])] for s in range(T))] for n in range(L, 0, -1)]
+    assert _lens_grid(page) == expected
+    tokens = page.eval_on_selector_all("#logit-lens thead th[data-t]", "hs => hs.map(h => h.textContent)")
+    assert tokens == [label[i] for i in record["token_ids"][:T]]
+    page.click(f'#logit-lens td[data-t="{T - 1}"][data-layer="1"]')
+    page.wait_for_selector('#layer-top-title[data-layer="1"]', timeout=WAIT_MS)
+    assert _top_list(page) == listed(T - 1, 1)
+    assert page.eval_on_selector("#logit-lens td.picked", "c => [c.dataset.t, c.dataset.layer]") == [
+        str(T - 1),
+        "1",
+    ]
+    page.select_option("#lens-colour", "divergence")  # coloured by the divergence: the same cells
+    page.wait_for_selector("#logit-lens tbody tr", timeout=WAIT_MS)
+    assert _lens_grid(page) == expected
+    page.screenshot(path=str(tmp_path / "logit-lens.png"), full_page=True)
+    assert page.inner_text("#notices") == ""  # the nested [T][L][K] fields read as numbers: nothing "damaged"
+    # a long response: the grid scrolls, the token labels and layer numbers stay in view
+    assert T > 50
+    scroll = page.locator(".lens-scroll")
+    assert scroll.evaluate("s => s.scrollWidth > s.clientWidth")
+    scroll.evaluate("s => { s.scrollLeft = s.scrollWidth; s.scrollTop = s.scrollHeight; }")
+    frame = scroll.bounding_box()
+    number = page.locator('#logit-lens tbody tr[data-layer="1"] th.layer').bounding_box()
+    header = page.locator('#logit-lens thead th[data-t="0"]').bounding_box()
+    assert abs(number["x"] - frame["x"]) <= 2 and abs(header["y"] - frame["y"]) <= 2
+
+    # a score store (JSONL) keeps token labels but ids only for the layers: the tokenizer labels them
+    scored = next(r for r in iter_jsonl(view_stores["lens_scores"]) if r.get("layer_top_ids"))
+    page.goto(serve(view_stores["lens_scores"]) + f"#/r/{scored['id']}?view=lens")
+    page.wait_for_selector("#logit-lens tbody tr", timeout=WAIT_MS)
+    top = np.asarray(scored["layer_top_ids"])
+    assert _lens_grid(page) == [
+        [str(n), *(label[int(top[s, n - 1, 0])] for s in range(len(top)))] for n in range(L, 0, -1)
+    ]
+
+    # a store without them: both places say how to get them
+    plain = next(r for r in iter_samples(view_stores["samples"]) if r["token_count"] > 1)
+    page.goto(serve(view_stores["samples"]) + f"#/r/{plain['id']}")
+    page.wait_for_selector("#tokens .tok", timeout=WAIT_MS)
+    page.click('#tokens .tok[data-i="1"]')
+    assert "--layer-top-k" in page.inner_text("#layer-top-missing")
+    page.click("#show-lens")
+    assert "--layer-top-k" in page.inner_text("#lens-missing")

@@ -325,7 +325,7 @@ def test_online_think_at_n_runs_on_vllm(real_model, llm_engine, tmp_path):
 
     sampling = SamplingConfig(temperature=1.0, top_p=0.95, max_new_tokens=10, readout_tokens=4)
     backend = EngineGenerator(real_model, sampling, ReadoutConfig(), ENGINE, llm_engine=llm_engine)
-    online = OnlineConfig(warmup=2, max_n=4, prefix=4, batch_size=2, consensus=1.0)
+    online = OnlineConfig(warmup=2, max_n=4, decision_prefix=4, batch_size=2, consensus=1.0)
     qs = load_task("reasoning_gym:basic_arithmetic", 1, seed=0)
     run_online(
         real_model,

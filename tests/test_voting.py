@@ -135,7 +135,8 @@ def test_every_method_on_a_hand_built_pool():
         _r("b", False, 30, [1, 1, 0, 0], sc=0.8, conf=2.0),
         _r("a", True, 40, [1, 0, 0, 0], sc=0.2, conf=4.0),
     ]
-    cfg = VotingConfig(n=4, eta=0.5, prefix=4, tie_break="summed-dtr")  # the ties below pinned to summed DTR
+    # the ties below pinned to summed DTR
+    cfg = VotingConfig(n=4, eta=0.5, rank_prefix=4, tie_break="summed-dtr")
     out = {name: method(pool, cfg) for name, method in METHODS.items()}
     assert out["mean@n"].accuracy == 0.5 and out["mean@n"].cost == 100
     # Cons@n: a (DTR 1.25) vs b (0.5), two votes each → a
@@ -208,7 +209,7 @@ def test_deepconf_drops_unanswered_before_scoring_and_ties_go_to_the_first_seen(
 def test_no_answers_means_wrong():
     pool = [_r(None, False, 3, [1, 1, 1]), _r(None, False, 3, [0, 0, 0])]
     for name, method in METHODS.items():
-        outcome = method(pool, VotingConfig(n=2, prefix=3))
+        outcome = method(pool, VotingConfig(n=2, rank_prefix=3))
         assert outcome.accuracy == 0.0 and outcome.answer is None, name
         assert outcome.voted == (name != "mean@n")
 
@@ -217,7 +218,7 @@ def test_responses_without_an_answer_never_win():
     # three unanswered responses outnumber the one answer, and carry the higher DTR and confidence
     pool = [_r(None, False, 4, [1, 1], conf=9.0)] * 3 + [_r("7", True, 4, [0, 0], conf=1.0)]
     for name, method in METHODS.items():
-        outcome = method(pool, VotingConfig(n=4, eta=1.0, prefix=2))
+        outcome = method(pool, VotingConfig(n=4, eta=1.0, rank_prefix=2))
         if name == "random@n":  # one subset (η = 1), reported as its expectation, no single answer
             assert (outcome.accuracy, outcome.no_answer, outcome.subsets) == (1.0, 0.0, 1)
         elif name != "mean@n":
@@ -235,7 +236,7 @@ def test_deepconf_drops_traces_without_an_answer_before_ranking():
     outcome = METHODS["deepconf-low-mean@n"](pool, VotingConfig(n=4))  # top 10 % of the answered two
     assert outcome.kept == (3,) and outcome.answer == "y" and outcome.cost == 20
     # ranked over all four (as before this rule), the top half would be two unanswered traces: no answer
-    assert METHODS["think@n"](pool, VotingConfig(n=4, eta=0.5, prefix=1)).kept == (0, 1)
+    assert METHODS["think@n"](pool, VotingConfig(n=4, eta=0.5, rank_prefix=1)).kept == (0, 1)
 
 
 def test_trials_count_votes_without_an_answer():
@@ -249,7 +250,7 @@ def test_trials_count_votes_without_an_answer():
 def test_prefix_longer_than_the_readout_is_an_error():
     pool = [_r("a", True, 100, [1] * 10), _r("b", False, 100, [0] * 10)]
     with pytest.raises(InputError, match="readout_tokens"):
-        METHODS["think@n"](pool, VotingConfig(n=2, prefix=50))
+        METHODS["think@n"](pool, VotingConfig(n=2, rank_prefix=50))
 
 
 def test_voting_config_errors():
@@ -285,7 +286,7 @@ def _pools(rng, questions=5, size=8):
 
 def test_trials_mean_and_std(monkeypatch):
     pools = _pools(np.random.default_rng(0))
-    cfg = VotingConfig(n=4, trials=6, prefix=5)  # responses are 5–40 tokens: rejected ones stop early
+    cfg = VotingConfig(n=4, trials=6, rank_prefix=5)  # responses are 5–40 tokens: rejected ones stop early
     summary = {s.method: s for s in run_trials(pools, cfg)}
     assert set(summary) == set(METHODS)
     assert summary["think@n"].cost_mean < summary["cons@n"].cost_mean
@@ -334,7 +335,7 @@ TIES = [
 def test_a_tie_under_each_rule(keys, grades, dtrs, uniform, summed, tied):
     pool = [_r(k, c, 2, [d, d]) for k, c, d in zip(keys, grades, dtrs, strict=True)]
     for rule, credit in (("uniform", uniform), ("summed-dtr", summed)):
-        cfg = VotingConfig(n=len(pool), eta=1.0, prefix=2, tie_break=rule)
+        cfg = VotingConfig(n=len(pool), eta=1.0, rank_prefix=2, tie_break=rule)
         for name in ("cons@n", "think@n", "long@n", "short@n", "self-certainty@n", "random@n"):
             outcome = METHODS[name](pool, cfg)
             assert outcome.accuracy == pytest.approx(credit), (rule, name)
@@ -355,7 +356,7 @@ def test_tally_rules_and_deepconf_keeps_the_first_seen():
 def _brute_random(pool, cfg):
     """random@n by brute force: Cons@n (η = 1, same tie rule) on every subset of ⌈η·n⌉, averaged."""
     k = math.ceil(cfg.eta * len(pool))
-    whole = VotingConfig(n=k, eta=1.0, prefix=cfg.prefix, tie_break=cfg.tie_break)
+    whole = VotingConfig(n=k, eta=1.0, rank_prefix=cfg.rank_prefix, tie_break=cfg.tie_break)
     outcomes = [
         METHODS["cons@n"]([pool[i] for i in s], whole) for s in itertools.combinations(range(len(pool)), k)
     ]
@@ -379,7 +380,7 @@ def test_random_at_n_is_the_exact_expectation_over_subsets(rule, n, eta, seed):
         for _ in range(n)
     ]
     pool = [dataclasses.replace(r, correct=r.key == "2") for r in pool]  # one grade per answer, as graded
-    cfg = VotingConfig(n=n, eta=eta, prefix=4, tie_break=rule)
+    cfg = VotingConfig(n=n, eta=eta, rank_prefix=4, tie_break=rule)
     outcome = random_at_n(pool, cfg)
     accuracy, tied, no_answer, count = _brute_random(pool, cfg)
     assert outcome.accuracy == pytest.approx(accuracy, abs=1e-12)
@@ -397,7 +398,7 @@ def test_random_at_n_samples_past_ten_thousand_subsets_and_says_how_many():
     rng = np.random.default_rng(5)
     pool = [_r(str(int(rng.integers(3))), False, 5, [0, 1]) for _ in range(16)]
     pool = [dataclasses.replace(r, correct=r.key == "0") for r in pool]
-    cfg = VotingConfig(n=16, eta=0.5, prefix=2)  # C(16, 8) = 12,870 > 10⁴
+    cfg = VotingConfig(n=16, eta=0.5, rank_prefix=2)  # C(16, 8) = 12,870 > 10⁴
     assert math.comb(16, 8) > MOST_SUBSETS
     a = random_at_n(pool, cfg, draw=(0, 0))
     assert a.subsets == MOST_SUBSETS
@@ -413,7 +414,7 @@ def test_random_at_n_samples_past_ten_thousand_subsets_and_says_how_many():
 def test_trials_count_tie_draws():
     pool = [_r("a", True, 2, [1, 1]), _r("b", False, 2, [0, 0])]  # every draw of 2 is a 1–1 tie
     for rule, cons in (("uniform", 0.5), ("summed-dtr", 1.0)):
-        cfg = VotingConfig(n=2, trials=3, prefix=2, tie_break=rule)
+        cfg = VotingConfig(n=2, trials=3, rank_prefix=2, tie_break=rule)
         summary = {s.method: s for s in run_trials({"q1": pool, "q2": pool}, cfg)}
         assert summary["cons@n"].tie_draws == 6 and summary["cons@n"].accuracy_mean == cons
         assert summary["random@n"].tie_draws == 0  # one vote of ⌈0.5·2⌉ = 1: never tied

@@ -90,3 +90,13 @@ def assert_same_records(actual: Sequence[dict], expected: Sequence[dict], *, wha
             assert_float32_equal(
                 rows, b[key], rounded=True, what=f"{what} {a.get('id')} {key}", mutants=wrong
             )
+
+
+def separated(probs: object) -> np.ndarray:
+    """Which ranks of top-k probabilities [..., K] (each row descending) stand apart from both neighbours by more
+    than two runs' float32 rounding: at those ranks two runs of one computation list the same token id; elsewhere
+    a near-tie may list its tokens in either order."""
+    p = np.asarray(probs, dtype=np.float64)
+    apart = (p[..., :-1] - p[..., 1:]) > 2 * (FLOAT32_ATOL + FLOAT32_RTOL * p[..., :-1])
+    edge = np.ones_like(apart[..., :1])
+    return np.concatenate([edge, apart], axis=-1) & np.concatenate([apart, edge], axis=-1)

@@ -8,7 +8,10 @@ what it damages.
   through the store's own writer under its own manifest, so votes, ties and right / wrong have something to do;
 - ``online``: a live ``thinkn --online`` run (warm-up 2, up to 6 responses, batch 1, decision at ℓ = 3, η 0.25);
 - ``scores`` / ``scores_jsonl``: ``score --tokens`` of the JSONL store's responses;
-- ``tcb``: a ``tcb trace`` (per generated token δ, V_eff, perplexity; no layers).
+- ``tcb``: a ``tcb trace`` (per generated token δ, V_eff, perplexity; no layers);
+- ``lens``: ``generate --layer-top-k 3`` (1 question × pool 2, up to 99 tokens, Parquet): each layer's top-3 per
+  read-out token, a response long enough for the logit lens to scroll;
+  ``lens_scores``: ``score --tokens --layer-top-k 3`` of the JSONL store's responses (a JSONL score store).
 """
 
 from __future__ import annotations
@@ -141,6 +144,26 @@ def build_stores(root: Path) -> dict[str, Path]:
             "--device",
             "cpu",
         )
+    out["lens"] = root / "lens"
+    long = [
+        *common[: common.index("--max-new-tokens") + 1],
+        "99",  # the tiny model's context (256) less its prompt
+        *common[common.index("--max-new-tokens") + 2 :],
+    ]
+    cli("generate", *long, "--questions", "1", "--pool", "2", "--layer-top-k", "3", "--out", out["lens"])
+    out["lens_scores"] = root / "lens-scores.jsonl"
+    cli(
+        *(
+            "score",
+            "--model",
+            model,
+            "--in",
+            out["samples_jsonl"] / "samples.jsonl",
+            "--out",
+            out["lens_scores"],
+        ),
+        *("--tokens", "--layer-top-k", "3", "--g", "0.012", "--device", "cpu"),
+    )
     out["tcb"] = root / "tcb"
     cli("tcb", "trace", "--model", model, "--device", "cpu", "--max-new-tokens", "8", "--out", out["tcb"])
     _BUILT[root] = out

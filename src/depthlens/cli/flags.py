@@ -30,14 +30,19 @@ FLAGS: dict[tuple[str, str], str | None] = {
     ("RayConfig", "block"): "--block-rows",
     ("ServeConfig", "model_id"): "--served-model-name",
     ("ModelSpec", "final_norm"): "--final-norm-path",
+    # ℓ_prefix, one flag for three settings: the command says which (score/generate/correlate, thinkn, --online)
+    ("", "dtr_prefix_tokens"): "--prefix",
+    ("", "rank_prefix"): "--prefix",
+    ("", "decision_prefix"): "--prefix",
 }
 """The settings whose command-line flag is not ``--`` + the setting's name with dashes (None: no flag sets it, so
-its errors read as Python's); every other setting's flag is that one."""
+its errors read as Python's; owner ``""``: whichever config holds it); every other setting's flag is that one."""
 
 
 def flag_for(owner: str | None, name: str) -> str | None:
     """The command-line flag that sets ``owner.name`` (None: set from Python or a manifest only)."""
-    return FLAGS.get((owner or "", name), "--" + name.replace("_", "-"))
+    default = FLAGS.get(("", name), "--" + name.replace("_", "-"))
+    return FLAGS.get((owner or "", name), default)
 
 
 def flag_line(exc: DepthlensError) -> str:

@@ -231,7 +231,7 @@ class Vote:
     n: opt.ThinknN = None
     pool: opt.ThinknPool = None
     eta: opt.Eta = VotingConfig.eta
-    prefix: opt.PrefixOpt = str(VotingConfig.prefix)
+    prefix: opt.PrefixOpt = str(VotingConfig.rank_prefix)
     trials: opt.Trials = VotingConfig.trials
     methods: opt.Methods = None
     ablation: opt.Ablation = False

@@ -11,7 +11,7 @@ from typing import Any
 from rich.table import Table
 
 from depthlens.errors import InputError
-from depthlens.stats.paired import CONTROL, PAPER_GAPS, Comparison
+from depthlens.studies.comparisons import CONTROL, PAPER_GAPS, Comparison
 from depthlens.studies.tables import paired_cells, paired_title
 from depthlens.voting.methods import DEEPCONF_FILTERS, in_order
 

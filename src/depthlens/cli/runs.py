@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from depthlens.cli.app import err_console, load_for, read_info, warn, writes_to
 from depthlens.cli.progress import make_progress
 from depthlens.config import (
     AnswerConfig,
+    DTRConfig,
     EngineConfig,
     GenerateRun,
     ModelSpec,
@@ -209,3 +210,15 @@ class NewPool:
     sampling: SamplingConfig
     engine: EngineConfig
     readout: ReadoutConfig
+
+    def run_settings(self, dtr: DTRConfig, task: TaskSpec | None) -> dict[str, Any]:
+        """The settings a ``GenerateRun`` and an ``OnlineRun`` share: how each response is sampled, read out,
+        made depth of and graded, on which engine, for which task."""
+        return {
+            "sampling": self.sampling,
+            "readout": self.readout,
+            "dtr": dtr,
+            "answers": self.answers,
+            "engine": self.engine,
+            "task": task,
+        }

@@ -44,7 +44,7 @@ def score(
     tokens: opt.Tokens = ScoreRun.tokens,
     g: opt.G = DTRConfig.g,
     rho: opt.Rho = DTRConfig.rho,
-    prefix: opt.Prefix = DTRConfig.prefix,
+    prefix: opt.Prefix = DTRConfig.dtr_prefix_tokens,
     divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
     deep_rule: opt.DeepRuleOpt = DTRConfig.deep_rule,
     final_norm: opt.FinalNorm = ReadoutConfig.final_norm,
@@ -79,7 +79,7 @@ def score(
     n_records = len(read_inputs(in_path, skip_bad=skip_bad)[0])
     kept = {"final_norm": final_norm, "memory_mb": memory_mb, "layer_top_k": layer_top_k}
     readout = resolve.readout(divergence, (), lens, compile=compile_kernel, **kept)
-    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, prefix=prefix, settle=settle)  # type: ignore[arg-type]
+    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, dtr_prefix_tokens=prefix, settle=settle)  # type: ignore[arg-type]
     if backend == "vllm" and dtr.top_k is not None:
         raise InputError(f"--settle {settle} reads out on the transformers path only: use --backend hf")
     tcb_config = tcb.config()

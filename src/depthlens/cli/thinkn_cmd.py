@@ -138,20 +138,9 @@ def _offline(given: Given, vote_on: groups.Vote, n: int, sample: bool) -> None:
                 f"--n {n}: more than --pool {size} responses per question; use --pool {n} or more"
             )
         at_once = given.batch_size or GenerateRun.batch_size
-        new = given.new_pool(None if vote_on.ablation else voting.prefix, size, at_once)
-        dtr = given.stored.dtr(None)
-        run = GenerateRun(
-            store,
-            size,
-            vote_on.seed,
-            at_once,
-            new.sampling,
-            new.readout,
-            dtr,
-            new.answers,
-            new.engine,
-            given.task_spec,
-        )
+        new = given.new_pool(None if vote_on.ablation else voting.rank_prefix, size, at_once)
+        settings = new.run_settings(given.stored.dtr(None), given.task_spec)
+        run = GenerateRun(store, size, vote_on.seed, at_once, **settings)
         runs.run_generation(new.model, run, given.ray.config())
     every = vote_on.methods is not None  # a list, or `all`: each method on its own line
     vote(store.out, voting, given.stored.dtr(store.out), chosen, vote_on.ablation, store.overwrite, every)
@@ -185,19 +174,10 @@ def _online(given: Given, policy: groups.Live, vote_on: groups.Vote, n: int, sto
         return
     if policy.sweep:
         raise InputError("--sweep replays a stored pool: pass it with --online --from DIR")
-    new = given.new_pool(online.prefix, online.max_n, online.batch_size)
-    run = OnlineRun(
-        given.store,
-        online,
-        vote_on.seed,
-        new.sampling,
-        new.readout,
-        dtr,
-        new.answers,
-        new.engine,
-        given.task_spec,
+    new = given.new_pool(online.decision_prefix, online.max_n, online.batch_size)
+    live.run_live(
+        new.model, OnlineRun(given.store, online, vote_on.seed, **new.run_settings(dtr, given.task_spec))
     )
-    live.run_live(new.model, run)
 
 
 def default_n(store: Path | None) -> int:

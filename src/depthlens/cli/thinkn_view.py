@@ -46,7 +46,7 @@ def print_report(report: ThinkReport, store: Path | None = None, every: bool = F
 
     info = report.info
     v = report.voting
-    prefix = "full" if v.prefix is None else v.prefix
+    prefix = "full" if v.rank_prefix is None else v.rank_prefix
     table = Table(
         title=f"{info.manifest['model']} · {(info.manifest.get('task') or {}).get('name', '?')} · n={v.n} "
         f"η={v.eta} ℓ={prefix} · {v.trials} trials × {info.questions - len(info.excluded)} questions",

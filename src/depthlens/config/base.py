@@ -7,7 +7,7 @@ front phrases it in its own terms (the command line's ``--rho 1.5: must be in (0
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Self, get_args
+from typing import Any, ClassVar, Self, get_args
 
 from depthlens.errors import ConfigError
 
@@ -15,13 +15,19 @@ from depthlens.errors import ConfigError
 class Config:
     """Mixin: dict round-trip with unknown keys rejected."""
 
+    DICT_KEYS: ClassVar[dict[str, str]] = {}
+    """A field renamed after stores held it → the key its dict (a manifest, a summary, a server response) keeps:
+    the formats stay as they were, and a dict with either name reads back."""
+
     def to_dict(self) -> dict[str, Any]:
         # Tuples become lists, as they come back from a JSON manifest (so a resumed run compares equal).
         data = dataclasses.asdict(self)  # type: ignore[call-overload]
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
+        return {self.DICT_KEYS.get(k, k): list(v) if isinstance(v, tuple) else v for k, v in data.items()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
+        fields = {key: name for name, key in cls.DICT_KEYS.items()}
+        data = {fields.get(k, k): v for k, v in data.items()}
         known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(data) - known)
         if unknown:

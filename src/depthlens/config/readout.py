@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 from depthlens.config.base import Config, check_choice, invalid
 from depthlens.config.lens import LensSpec
@@ -23,9 +23,10 @@ DIVERGENCE_MAX: dict[str, tuple[float, str]] = {
 """The largest value each bounded divergence can take (KL is unbounded), and how to say it."""
 
 PREFIX_TOKENS = 50
-"""ℓ_prefix, the paper's prefix length in generated tokens: what Think@n ranks by (``VotingConfig.prefix``), what
-online Think@n decides at (``OnlineConfig.prefix``), and so how many tokens a sample reads out at every layer
-unless told (``SamplingConfig.readout_tokens``, the server's ``--readout-tokens``)."""
+"""ℓ_prefix, the paper's prefix length in generated tokens: what Think@n ranks by (``VotingConfig.rank_prefix``),
+what online Think@n decides at (``OnlineConfig.decision_prefix``), what a sample store's ``dtr_prefix`` covers
+unless told (``depth_prefix``), and so how many tokens a sample reads out at every layer unless told
+(``SamplingConfig.readout_tokens``, the server's ``--readout-tokens``)."""
 
 MAX_LAYER_TOP_K = 100
 """The most tokens per layer ``ReadoutConfig.layer_top_k`` keeps: K ids and K probabilities per read-out token and
@@ -133,7 +134,9 @@ class DTRConfig(Config):
         g: settling threshold on the cumulative-minimum divergence (units of the divergence: bits for jsd).
         rho: depth fraction defining the deep regime.
         deep_rule: how ρ becomes a layer threshold (see ``DeepRule``).
-        prefix: when set, ``dtr_prefix`` is also reported over the first ``prefix`` completion tokens.
+        dtr_prefix_tokens: ℓ of the ``dtr_prefix`` score, the DTR over the first ℓ completion tokens; None = no
+            prefix: DTR over the whole response only (``score`` reports no ``dtr_prefix``, the correlation study
+            takes the whole response's DTR). ``score --prefix``; ``generate(prefix=)`` in Python.
         settle: the settling rule: ``jsd`` — the first layer whose cumulative-minimum divergence (``--divergence``,
             JSD by default) is ≤ g; ``topk:K`` — the first layer from which every layer's top-K token set equals
             the final layer's (DTR-explorer's rule; g is then unused). docs/definitions.md §2.
@@ -142,8 +145,10 @@ class DTRConfig(Config):
     g: float = 0.5
     rho: float = 0.85
     deep_rule: DeepRule = "spec"
-    prefix: int | None = None
+    dtr_prefix_tokens: int | None = None
     settle: str = "jsd"
+
+    DICT_KEYS: ClassVar[dict[str, str]] = {"dtr_prefix_tokens": "prefix"}  # a manifest's ``dtr.prefix``
 
     @property
     def top_k(self) -> int | None:
@@ -157,14 +162,20 @@ class DTRConfig(Config):
         if not (0 < self.rho <= 1):
             raise invalid("DTRConfig", "rho", self.rho, "must be in (0, 1]", f"default {DTRConfig.rho}")
         check_choice("DTRConfig", "deep_rule", self.deep_rule, DeepRule)
-        if self.prefix is not None and self.prefix < 1:
-            raise invalid("DTRConfig", "prefix", self.prefix, "must be ≥ 1 token", "or None for no prefix")
+        if self.dtr_prefix_tokens is not None and self.dtr_prefix_tokens < 1:
+            raise invalid(
+                "DTRConfig",
+                "dtr_prefix_tokens",
+                self.dtr_prefix_tokens,
+                "must be ≥ 1 token",
+                "or None for no prefix",
+            )
 
 
 def depth_prefix(dtr: DTRConfig) -> int:
-    """ℓ of a sample store's ``dtr_prefix`` column: the run's ``--prefix`` where it set one, else ``PREFIX_TOKENS``
-    (what Think@n ranks by)."""
-    return dtr.prefix if dtr.prefix is not None else PREFIX_TOKENS
+    """ℓ of a sample store's ``dtr_prefix`` column (its manifest's ``depth.prefix``): a store always carries one,
+    since Think@n ranks by it — over the run's ``dtr_prefix_tokens`` where it set them, else ``PREFIX_TOKENS``."""
+    return dtr.dtr_prefix_tokens if dtr.dtr_prefix_tokens is not None else PREFIX_TOKENS
 
 
 @dataclasses.dataclass(frozen=True)

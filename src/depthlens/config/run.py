@@ -121,7 +121,6 @@ class ScoreRun:
 
     def __post_init__(self) -> None:
         check_layer_top(self.readout.layer_top_k, self.tokens)
-        refuse_engine_layer_top(self.readout, self.engine)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +153,6 @@ class GenerateRun:
             raise InputError(f"{named('batch_size')} = {self.batch_size}; use 1 or more")
         check_seed("GenerateRun", "seed", self.seed)
         refuse_top_k_settling(self.dtr)
-        refuse_engine_layer_top(self.readout, self.engine)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,19 +173,6 @@ class OnlineRun:
     def __post_init__(self) -> None:
         check_seed("OnlineRun", "seed", self.seed)
         refuse_top_k_settling(self.dtr)
-        refuse_engine_layer_top(self.readout, self.engine)
-
-
-def refuse_engine_layer_top(readout: ReadoutConfig, engine: EngineConfig) -> None:
-    """Each layer's top-k is read by the transformers readout; a vLLM engine's worker that does not read it would
-    leave a store stamped with a K its records lack. Refused by name rather than silently missing."""
-    if readout.layer_top_k and engine.backend == "vllm":
-        raise InputError(
-            setting="layer_top_k",
-            value=readout.layer_top_k,
-            requirement=f"each layer's top-k is read by the transformers readout: use {named('backend')} hf",
-            owner="ReadoutConfig",
-        )
 
 
 def refuse_top_k_settling(dtr: DTRConfig) -> None:

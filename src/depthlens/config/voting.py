@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from depthlens.config.base import MOST_RESPONSES, Config, check_choice, check_repeats, check_seed, invalid
 from depthlens.config.readout import PREFIX_TOKENS
@@ -25,7 +25,8 @@ class VotingConfig(Config):
         n: responses drawn per question per trial.
         eta: the share of the n kept by Think@n, Short@n, Long@n and Self-Certainty@n (ceil(η·n)); DeepConf-low/-high
             keep their own 10 % / 90 %.
-        prefix: ℓ_prefix, the generated tokens whose DTR (or self-certainty) ranks the responses; None = all.
+        rank_prefix: ℓ_prefix, the generated tokens whose DTR (or self-certainty) ranks the responses; None = the
+            whole response (the full-length ablation). The ``--prefix`` of ``thinkn``.
         trials: resamplings of n from each question's pool; accuracy and cost are mean and draw s.d.
             over them (the spread of re-draws from one pool, not an error bar).
         seed: seeds the draws of the trials.
@@ -37,19 +38,23 @@ class VotingConfig(Config):
 
     n: int = 16
     eta: float = 0.5
-    prefix: int | None = PREFIX_TOKENS
+    rank_prefix: int | None = PREFIX_TOKENS
     trials: int = 10
     seed: int = 0
     deepconf_window: int = 2048
     tie_break: TieBreak = "uniform"
+
+    DICT_KEYS: ClassVar[dict[str, str]] = {"rank_prefix": "prefix"}  # a summary's ``voting.prefix``
 
     def __post_init__(self) -> None:
         if self.n < 1:
             raise invalid("VotingConfig", "n", self.n, "must be ≥ 1 response per question")
         if not (0 < self.eta <= 1):
             raise invalid("VotingConfig", "eta", self.eta, "must be in (0, 1]", "the share of n kept")
-        if self.prefix is not None and self.prefix < 1:
-            raise invalid("VotingConfig", "prefix", self.prefix, "must be ≥ 1 token", "or None for all")
+        if self.rank_prefix is not None and self.rank_prefix < 1:
+            raise invalid(
+                "VotingConfig", "rank_prefix", self.rank_prefix, "must be ≥ 1 token", "or None for all"
+            )
         check_repeats("VotingConfig", "trials", self.trials)
         check_seed("VotingConfig", "seed", self.seed)
         if self.deepconf_window < 1:
@@ -110,7 +115,7 @@ full window exists."""
 
 @dataclasses.dataclass(frozen=True)
 class OnlineConfig(Config):
-    """Online Think@n and the online DeepConf peer (docs/definitions.md). Errors name the CLI flag that sets each field.
+    """Online Think@n and the online DeepConf peer (docs/definitions.md).
 
     Attributes:
         signal: what decides whether a response goes on (see ``Signal``).
@@ -119,7 +124,8 @@ class OnlineConfig(Config):
         consensus: β — sampling stops once the leading answer holds ≥ β of the answered votes, β in (0.5, 1].
         keep: τ = np.percentile(warm-up signals, 100·(1 − keep)) (linear interpolation, DeepConf's rule); the
             default keeps the same share as Think@n's η.
-        prefix: ℓ, the read-out tokens whose DTR decides (``dtr``).
+        decision_prefix: ℓ, the generated tokens whose DTR decides, at token ℓ, whether a response goes on
+            (``dtr``); always a number (deciding needs a finite ℓ). The ``--prefix`` of ``thinkn --online``.
         window: DeepConf's group size in tokens (``confidence``); their default 2,048.
         batch_size: later responses started together; the consensus check runs after each such batch, so a
             replay with the same batch size makes the same decisions.
@@ -132,10 +138,12 @@ class OnlineConfig(Config):
     max_n: int = 16
     consensus: float = 0.95
     keep: float = 0.5
-    prefix: int = PREFIX_TOKENS
+    decision_prefix: int = PREFIX_TOKENS
     window: int = 2048
     batch_size: int = 4
     threshold: float | None = None
+
+    DICT_KEYS: ClassVar[dict[str, str]] = {"decision_prefix": "prefix"}  # a manifest's ``online.prefix``
 
     def __post_init__(self) -> None:
         check_choice("OnlineConfig", "signal", self.signal, Signal)
@@ -166,8 +174,13 @@ class OnlineConfig(Config):
         if not (0 < self.keep <= 1):
             requirement = "must lie in (0, 1] (the share of warm-up signals above τ)"
             raise invalid("OnlineConfig", "keep", self.keep, requirement)
-        if self.prefix < 1:
-            raise invalid("OnlineConfig", "prefix", self.prefix, "must be ≥ 1 token for online Think@n")
+        if self.decision_prefix < 1:
+            raise invalid(
+                "OnlineConfig",
+                "decision_prefix",
+                self.decision_prefix,
+                "must be ≥ 1 token for online Think@n",
+            )
         if self.window < 1:
             raise invalid("OnlineConfig", "window", self.window, "must be ≥ 1 token")
         if self.batch_size < 1:

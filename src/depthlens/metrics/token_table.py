@@ -251,25 +251,25 @@ def reduce_readout(
         host = _to_host(columns)
         check_finite(host.pop("nonfinite"), chunk.start)
         parts[chunk.seq_index].append(host)
-    tables = []
-    for seq_parts in parts:
-        if not seq_parts:
-            tables.append(TokenTable.empty(n_layers))
-            continue
-        joined = {k: torch.cat([p[k] for p in seq_parts]) for k in seq_parts[0]}
-        tcb_columns = {k.removeprefix("tcb:"): v for k, v in joined.items() if k.startswith("tcb:")}
-        baselines = (joined["log_prob"], joined["entropy"], joined["self_certainty"])
-        top = {k: joined[k] for k in ("layer_top_ids", "layer_top_probs") if k in joined}
-        if top_k is not None:
-            settling = topk_settling_depth(joined["topk"])
-            tables.append(
-                TokenTable(joined["ids"], joined["second"], *baselines, tcb_columns, settling=settling, **top)
-            )
-        elif settle_at is None:
-            tables.append(TokenTable(joined["ids"], joined["second"], *baselines, tcb_columns, **top))
-        else:
-            tables.append(TokenTable(joined["ids"], None, *baselines, tcb_columns, settling=joined["second"]))
-    return tables
+    return [_joined_table(seq_parts, n_layers, settle_at, top_k) for seq_parts in parts]
+
+
+def _joined_table(
+    seq_parts: list[dict[str, torch.Tensor]], n_layers: int, settle_at: float | None, top_k: int | None
+) -> TokenTable:
+    """One sequence's chunks (``reduce_readout``'s host columns) joined into its TokenTable."""
+    if not seq_parts:
+        return TokenTable.empty(n_layers)
+    joined = {k: torch.cat([p[k] for p in seq_parts]) for k in seq_parts[0]}
+    tcb_columns = {k.removeprefix("tcb:"): v for k, v in joined.items() if k.startswith("tcb:")}
+    baselines = (joined["log_prob"], joined["entropy"], joined["self_certainty"])
+    top = {k: joined[k] for k in ("layer_top_ids", "layer_top_probs") if k in joined}
+    if top_k is not None:
+        settling = topk_settling_depth(joined["topk"])
+        return TokenTable(joined["ids"], joined["second"], *baselines, tcb_columns, settling=settling, **top)
+    if settle_at is None:
+        return TokenTable(joined["ids"], joined["second"], *baselines, tcb_columns, **top)
+    return TokenTable(joined["ids"], None, *baselines, tcb_columns, settling=joined["second"])
 
 
 def sequence_scores(table: TokenTable, dtr: DTRConfig, n_layers: int) -> dict[str, Any]:
@@ -287,8 +287,8 @@ def sequence_scores(table: TokenTable, dtr: DTRConfig, n_layers: int) -> dict[st
         "dtr": deep_thinking_ratio(deep),
         "mean_settling_depth": mean_settling_depth(settling),
     }
-    if dtr.prefix is not None:
-        scores["dtr_prefix"] = deep_thinking_ratio(deep, dtr.prefix)
+    if dtr.dtr_prefix_tokens is not None:
+        scores["dtr_prefix"] = deep_thinking_ratio(deep, dtr.dtr_prefix_tokens)
     scores.update(sequence_baselines(table.log_prob, table.entropy, table.self_certainty))
     scores["settling_depth"] = settling
     scores["deep"] = deep

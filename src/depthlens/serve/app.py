@@ -117,8 +117,8 @@ class Server:
             param = "top_logprobs" if job.chat else "logprobs"
             raise ApiError(
                 400,
-                f"the top log-probabilities of each token need --backend vllm ({self.engine.name} "
-                f"gives the sampled token's only: {param} 0)",
+                f"the top log-probabilities of each token need a server on the vllm backend (this one runs "
+                f"{self.engine.name}, which gives the sampled token's only: {param} 0)",
                 param,
                 "unsupported",
             )

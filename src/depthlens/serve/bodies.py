@@ -49,7 +49,7 @@ def request_depthlens(job: Job, engine: Engine) -> dict[str, Any]:
         "g": dtr.g,
         "rho": dtr.rho,
         "deep_rule": dtr.deep_rule,
-        "prefix": dtr.prefix,
+        "prefix": dtr.dtr_prefix_tokens,
         "readout_tokens": "all" if job.sampling.readout_tokens is None else job.sampling.readout_tokens,
         "answer_type": job.depth.answers.answer_type,
     }

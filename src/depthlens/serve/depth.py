@@ -59,8 +59,8 @@ def summary(
     confidence = np.asarray(trace.confidence, dtype=np.float64)
     out: dict[str, Any] = {
         "dtr": deep_thinking_ratio(deep),
-        "dtr_prefix": deep_thinking_ratio(deep, dtr.prefix),
-        "prefix": dtr.prefix,
+        "dtr_prefix": deep_thinking_ratio(deep, dtr.dtr_prefix_tokens),
+        "prefix": dtr.dtr_prefix_tokens,
         "readout_tokens": len(rows),
         "mean_settling_depth": mean_settling_depth(settle),
         "deep_tokens": int(deep.sum()),

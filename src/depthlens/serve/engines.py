@@ -303,22 +303,11 @@ class VLLMEngine:
         cancel: threading.Event | None,
         layer_top_k: int = 0,
     ) -> ServeBackend:
+        """``layer_top_k``: the request's ``depthlens.layer_top_k`` (0: none); the worker takes each layer's top-k
+        of the request's read-out tokens in the pass that reads its depths."""
         from depthlens.sampling.vllm.requests import SessionBackend
 
-        if (
-            layer_top_k
-        ):  # the engine's worker reads each layer's top-k under sampling/vllm (issue 52, s2's half)
-            from depthlens.serve.errors import ApiError
-
-            raise ApiError(
-                400,
-                f"depthlens.layer_top_k {layer_top_k}: this server's vLLM engine does not read each layer's top-k "
-                "yet; serve with --backend hf",
-                "depthlens.layer_top_k",
-                "invalid_value",
-            )
-
-        return SessionBackend(self.session, sampling, Watch(), logprobs, cancel)
+        return SessionBackend(self.session, sampling, Watch(), logprobs, cancel, layer_top_k)
 
     def health(self) -> dict[str, Any]:
         failed = self.session.failed

@@ -117,16 +117,31 @@ def schema_error(exc: ValidationError) -> ApiError:
     return ApiError(422, f"{param}: {first['msg']} (got {value})", param, "invalid_type")
 
 
+REQUEST_NAMES = {
+    "dtr_prefix_tokens": "prefix",  # depthlens.prefix
+    "rank_prefix": "prefix",  # depthlens.think.prefix
+    "decision_prefix": "prefix",  # depthlens.online.prefix
+    "keep": "eta",  # depthlens.online.eta
+}
+"""A setting → the field of a request that sets it, where the two names differ (every other field is its
+setting's name)."""
+
+
+def request_name(setting: str) -> str:
+    """The request's field for ``setting``."""
+    return REQUEST_NAMES.get(setting, setting)
+
+
 def depthlens_error(exc: DepthlensError, within: str = "", renamed: dict[str, str] | None = None) -> ApiError:
     """A library error raised by a request's own settings (a config out of range, a prompt too long) → 400; one
     about a setting names it, and every other setting its text names, as the request spells them, in the object
     ``within`` (``depthlens.think``): ``depthlens.think.eta 1.5: must be in (0, 1]``. ``renamed``: the request's
     name of a setting the library calls otherwise (online ``eta`` is ``OnlineConfig.keep``)."""
     if exc.setting is None:
-        return ApiError(400, str(exc), within or None, "invalid_value")
+        return ApiError(400, exc.phrased(spell=request_name), within or None, "invalid_value")
 
     def spell(setting: str) -> str:
-        name = (renamed or {}).get(setting, setting)
+        name = (renamed or {}).get(setting) or request_name(setting)
         return f"{within}.{name}" if within else name
 
     param = spell(exc.setting)

@@ -8,6 +8,7 @@ import secrets
 from typing import Any
 
 from depthlens.config import DTRConfig, OnlineConfig, SamplingConfig, ServeConfig, VotingConfig
+from depthlens.config.base import check_seed
 from depthlens.errors import ConfigError, DepthlensError, InputError
 from depthlens.evals.answers import ExtractionConfig
 from depthlens.serve.errors import ApiError, depthlens_error
@@ -75,7 +76,9 @@ def build_job(
     depth = _depth(options, settings)
     n = body.n
     if not 1 <= n <= settings.max_n:
-        raise ApiError(400, f"n = {n} must lie in [1, {settings.max_n}] (--max-n)", "n", "invalid_value")
+        raise ApiError(
+            400, f"n = {n} must lie in [1, {settings.max_n}] (the server's limit)", "n", "invalid_value"
+        )
     if depth.think is not None or depth.online is not None:
         if n != 1:
             raise ApiError(
@@ -98,6 +101,11 @@ def build_job(
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if len(stop) > 4 or any(not s for s in stop):
         raise ApiError(400, "stop takes up to 4 non-empty strings", "stop", "invalid_value")
+    if body.seed is not None:
+        try:  # the command line's --seed rule: numpy refuses negative seeds, and a store records its seed
+            check_seed("Job", "seed", body.seed)
+        except ConfigError as exc:  # an OpenAI field: named as the body spells it
+            raise depthlens_error(exc) from None
     seed = body.seed if body.seed is not None else secrets.randbits(62)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     logprobs = _logprobs(body)
@@ -124,7 +132,7 @@ def _prompts(body: CompletionRequest, tokenizer: Any, settings: ServeConfig) -> 
     if not items or len(items) > settings.max_prompts:
         raise ApiError(
             400,
-            f"give 1 to {settings.max_prompts} prompts (--max-prompts), not {len(items)}",
+            f"give 1 to {settings.max_prompts} prompts (the server's limit), not {len(items)}",
             "prompt",
             "invalid_value",
         )
@@ -218,7 +226,7 @@ def _sampling(
     if not 1 <= max_tokens <= settings.max_tokens:
         raise ApiError(
             400,
-            f"max_tokens = {max_tokens} must lie in [1, {settings.max_tokens}] (--max-tokens)",
+            f"max_tokens = {max_tokens} must lie in [1, {settings.max_tokens}] (the server's limit)",
             "max_tokens",
             "invalid_value",
         )
@@ -230,11 +238,11 @@ def _sampling(
             "max_tokens",
             "context_length_exceeded",
         )
-    prefixes = [depth.dtr.prefix or 1]
-    if depth.think is not None and depth.think.prefix is not None:
-        prefixes.append(depth.think.prefix)
+    prefixes = [depth.dtr.dtr_prefix_tokens or 1]
+    if depth.think is not None and depth.think.rank_prefix is not None:
+        prefixes.append(depth.think.rank_prefix)
     if depth.online is not None:
-        prefixes.append(depth.online.prefix)
+        prefixes.append(depth.online.decision_prefix)
     try:
         return SamplingConfig(
             temperature=settings.temperature if body.temperature is None else body.temperature,
@@ -252,7 +260,7 @@ def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
     try:
         dtr = DTRConfig(
             **{k: v for k, v in (("g", options.g), ("rho", options.rho)) if v is not None},
-            prefix=options.prefix,
+            dtr_prefix_tokens=options.prefix,
         )
         answers = ExtractionConfig(answer_type=options.answer_type or "number")
         think = online = None
@@ -261,12 +269,12 @@ def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
             if t.n > settings.max_n:
                 raise ApiError(
                     400,
-                    f"think.n = {t.n} is over --max-n {settings.max_n}",
+                    f"think.n = {t.n} is over the server's limit of {settings.max_n} samples",
                     "depthlens.think.n",
                     "invalid_value",
                 )
             try:  # VotingConfig checks the ranges: its error names the request's field
-                think = VotingConfig(n=t.n, eta=t.eta, prefix=t.prefix, trials=1, tie_break=t.tie_break)
+                think = VotingConfig(n=t.n, eta=t.eta, rank_prefix=t.prefix, trials=1, tie_break=t.tie_break)
             except ConfigError as exc:
                 raise depthlens_error(exc, "depthlens.think") from None
             answers = ExtractionConfig(answer_type=t.answer_type or answers.answer_type)
@@ -302,7 +310,7 @@ def _online(o: OnlineOptions, settings: ServeConfig) -> OnlineConfig:
         "warmup": o.warmup,
         "max_n": o.max_n,
         "consensus": o.consensus,
-        "prefix": o.prefix,
+        "decision_prefix": o.prefix,
         "window": o.window,
         "batch_size": o.batch_size,
     }
@@ -315,7 +323,7 @@ def _online(o: OnlineOptions, settings: ServeConfig) -> OnlineConfig:
     if config.max_n > settings.max_n:
         raise ApiError(
             400,
-            f"online.max_n = {config.max_n} is over --max-n {settings.max_n}",
+            f"online.max_n = {config.max_n} is over the server's limit of {settings.max_n} samples",
             "depthlens.online.max_n",
             "invalid_value",
         )

@@ -190,32 +190,16 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
     ]
     voters = [i for i in sorted(kept) if answers.get(id(traces[i]), (None, None))[1] == answer]
     chosen = voters[0] if voters else min(kept, default=0)
-    samples = []
-    for i, t in enumerate(traces):
-        text, key = answers.get(id(t), (None, None))
-        prefix_dtr = response_from_trace(t, backend.n_layers, job.depth.dtr).prefix_dtr(voting.prefix)
-        samples.append(
-            {
-                "index": i,
-                "seed": t.seed,
-                "prefix_dtr": prefix_dtr,
-                "kept": i in kept,
-                "stopped": i in stopped,
-                "answer": text,
-                "vote_key": key,
-                "tokens": len(t),
-                "generated": backend.engine_tokens(t),
-                # OpenAI's reasons only: a sample cut at ℓ has none (``kept`` / ``stopped`` say why it ended)
-                "finish_reason": None if t.finish == "paused" else FINISH_REASONS.get(t.finish, "stop"),
-                "text": final_text(ctx.tokenizer, t.token_ids, job.stop),
-            }
-        )
+    samples = [
+        _think_sample(ctx, backend, i, t, answers.get(id(t), (None, None)), (i in kept, i in stopped))
+        for i, t in enumerate(traces)
+    ]
     ended = [len(t) for t in traces if t.finish != "paused"]  # ran to their own end (kept or not)
     saved = _saved(ended, [backend.engine_tokens(traces[i]) for i in stopped], 0)
     think = {
         "n": voting.n,
         "eta": voting.eta,
-        "prefix": voting.prefix,
+        "prefix": voting.rank_prefix,
         "answer": answer,
         "voted": chosen,
         "kept": sorted(kept),
@@ -225,6 +209,36 @@ def _think(ctx: _Context, p: int, prompt: list[int]) -> Choice:
         "samples": samples,
     }
     return ctx.choice(p, traces[chosen], backend, {"think": think})
+
+
+def _think_sample(
+    ctx: _Context,
+    backend: ServeBackend,
+    i: int,
+    t: Trace,
+    answered: tuple[str | None, str | None],
+    fate: tuple[bool, bool],
+) -> dict[str, Any]:
+    """Think@n's sample ``i`` as the response reports it: its prefix DTR, whether it was kept and whether the
+    engine stopped it at ℓ (``fate``), its answer, the tokens of its trace and those the engine generated for
+    it, OpenAI's finish reason and its text."""
+    job, voting = ctx.job, ctx.job.depth.think
+    assert voting is not None
+    text, key = answered
+    return {
+        "index": i,
+        "seed": t.seed,
+        "prefix_dtr": response_from_trace(t, backend.n_layers, job.depth.dtr).prefix_dtr(voting.rank_prefix),
+        "kept": fate[0],
+        "stopped": fate[1],
+        "answer": text,
+        "vote_key": key,
+        "tokens": len(t),
+        "generated": backend.engine_tokens(t),
+        # OpenAI's reasons only: a sample cut at ℓ has none (``kept`` / ``stopped`` say why it ended)
+        "finish_reason": None if t.finish == "paused" else FINISH_REASONS.get(t.finish, "stop"),
+        "text": final_text(ctx.tokenizer, t.token_ids, job.stop),
+    }
 
 
 def _saved(finished: Sequence[int], stopped: Sequence[int], unstarted: int) -> int:

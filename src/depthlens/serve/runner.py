@@ -63,8 +63,8 @@ class Runner:
             wait = self.retry_after()
             raise ApiError(
                 429,
-                f"{self.active} requests running or queued (--max-running {self.running}, "
-                f"--max-queue {self.capacity - self.running}); retry in {wait} s",
+                f"{self.active} requests running or queued (the server runs {self.running} and queues "
+                f"{self.capacity - self.running}); retry in {wait} s",
                 code="queue_full",
                 headers={"Retry-After": str(wait)},
             )

@@ -3,7 +3,8 @@
 A Table 1 asks one question per cell (does this metric track accuracy on this store?) — 9 metrics × every store,
 and the sweeps 30-odd settings per store — so some intervals exclude zero by chance alone. Each table is one
 family per statistic (point-biserial r, Spearman ρ, binned r, within-question r): its p-values are adjusted
-together and written as ``<statistic>_p_bh`` beside ``<statistic>_p``.
+together and written as ``<statistic>_p_bh`` beside ``<statistic>_p``. Which columns those are is the
+study's to say (``studies.correlation.TABLE_ONE_P``, ``studies.comparisons.PAIRED_P``).
 
 Why Benjamini–Hochberg and not Holm: a table is read as a screen (which cells are real?), and BH bounds the
 expected share of false ones among the cells it flags (the false-discovery rate) at the level, where Holm bounds
@@ -21,12 +22,6 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-FDR_FIELDS = ("point_biserial_p", "spearman_p", "binned_r_p", "p_within_perm")
-"""The p-value columns of Table 1 (and of the sweeps), each a family of its own."""
-
-PAIRED_FIELDS = ("p",)
-"""The p-value column of the paired Think@n comparisons."""
-
 
 def fdr_adjust(p_values: Sequence[float | None]) -> list[float | None]:
     """Benjamini–Hochberg adjusted p-values (``scipy.stats.false_discovery_control``) over one table's tests;
@@ -40,10 +35,11 @@ def fdr_adjust(p_values: Sequence[float | None]) -> list[float | None]:
     return out
 
 
-def add_fdr(rows: Sequence[dict[str, Any]], fields: Sequence[str] = FDR_FIELDS) -> None:
+def add_fdr(rows: Sequence[dict[str, Any]], fields: Sequence[str]) -> None:
     """Add ``<field>_bh`` (Benjamini–Hochberg over ``rows``) beside each p-value field the rows carry, in place.
 
-    ``rows`` must be one table: the family is every row given.
+    ``rows`` must be one table: the family is every row given; each of ``fields`` (the table's p-value columns,
+    its study's to name) is a family of its own.
     """
     for field in fields:
         if not any(field in row for row in rows):

@@ -119,8 +119,8 @@ def _is_light(field: pa.Field) -> bool:
 
 
 def arrow_row(table: pa.Table) -> dict[str, Any]:
-    """The one row of ``table`` as Python values, per-token lists as numpy arrays (``[T × L]`` as 2-D), without
-    turning every float into a Python object."""
+    """The one row of ``table`` as Python values, per-token lists as numpy arrays (``[T × L]`` as 2-D, ``[T][L][K]``
+    as 3-D), without turning every float into a Python object."""
     row: dict[str, Any] = {}
     for name, column in zip(table.column_names, table.columns, strict=True):
         array = column.combine_chunks()

@@ -1,5 +1,7 @@
 """One name per quantity across the stores, the server and the Python API, and the names of stores written before
-(issue 42): a record or a shard read from an older store is given today's names here, on read."""
+(issue 42): a record or a shard read from an older store is given today's names here, on read. A config field
+renamed since keeps its key in a manifest (``config.base.Config.DICT_KEYS``: the three ℓ_prefix settings are
+``prefix`` in every manifest, summary and response), so older stores need no legacy name for it."""
 
 from __future__ import annotations
 

@@ -202,8 +202,9 @@ def layer_top_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str |
     ids, probs = record.get("layer_top_ids"), record.get("layer_top_probs")
     readout = manifest.get("readout")
     k = readout.get("layer_top_k", 0) if isinstance(readout, dict) else 0
-    if ids is None and probs is None:
-        return None if not k or not record.get("token_count") else f"no layer_top_ids for layer_top_k {k}"
+    if ids is None and probs is None:  # missing only where the rows they go with were read (not a light read)
+        read = "divergence" in record and record.get("token_count")
+        return f"no layer_top_ids for layer_top_k {k}" if k and read else None
     rows, n_layers = record.get("divergence"), manifest.get("n_layers")
     expected = (len(rows) if isinstance(rows, list) else None, n_layers, k)
     try:

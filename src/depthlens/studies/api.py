@@ -88,6 +88,8 @@ def _verb(*classes: type) -> Callable[[F], F]:
         params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
         flags = {p.name for p in params if p.annotation in (bool, "bool")}
         taken = {p.name for p in params}
+        if "prefix" in taken:  # a verb's own ``prefix`` is the field ``prefix=`` stands for: one name shown
+            taken |= {resolve.PREFIX_OF[c] for c in classes if c in resolve.PREFIX_OF}
         for name, (cls, hint) in resolve.fields_of(*classes).items():
             if name not in taken:
                 field = next(f for f in dataclasses.fields(cls) if f.name == name)
@@ -98,6 +100,8 @@ def _verb(*classes: type) -> Callable[[F], F]:
                     inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint)
                 )
         names = {p.name for p in params if p.kind is not p.POSITIONAL_ONLY}
+        if any(c in resolve.PREFIX_OF for c in classes):
+            names.add("prefix")  # ℓ_prefix's keyword, as on the command line (resolve.split maps it)
         call.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
         return call  # type: ignore[return-value]
 
@@ -249,7 +253,14 @@ def generate(
     ``TaskSpec`` fields (``backend="vllm"``, ``max_new_tokens=80``, ``task_config="min_terms=2,max_terms=2"``,
     ``questions=8``)."""
     sampling, readout, dtr, answers, engine, task_settings = settings_for(
-        "generate", settings, SamplingConfig, ReadoutConfig, DTRConfig, AnswerConfig, EngineConfig, TaskSpec
+        "generate",
+        {"prefix": prefix, **settings},  # the store's dtr_prefix at the table's
+        SamplingConfig,
+        ReadoutConfig,
+        DTRConfig,
+        AnswerConfig,
+        EngineConfig,
+        TaskSpec,
     )
     questions, task_spec = _questions(task, TaskSpec(**task_settings))
     run = GenerateRun(
@@ -259,7 +270,7 @@ def generate(
         batch_size,
         SamplingConfig(**sampling),
         resolve.readout(**readout),  # lens='tuned:PATH' resolved: its fit's digest in the store
-        DTRConfig(**dtr, prefix=prefix),  # the store's dtr_prefix at the table's
+        DTRConfig(**dtr),
         AnswerConfig(**answers),
         EngineConfig(**engine),
         task_spec,
@@ -365,8 +376,8 @@ def online(
     """``thinkn --online``: the live policy on every question, one row per question (``online.jsonl``'s
     columns: the voted answer, whether it is right, tokens spent, responses started, τ, why sampling stopped and
     every response's decision). ``out`` keeps the store (its responses: ``responses(out)``). ``progress``: an
-    opening line and bars on stderr (False: nothing). Settings:
-    ``OnlineConfig`` fields (``prefix`` is the policy's ℓ; ``readout_tokens`` defaults to it, as the CLI's), then
+    opening line and bars on stderr (False: nothing). Settings: ``OnlineConfig`` fields (``prefix``, as
+    ``decision_prefix``, is the policy's ℓ; ``readout_tokens`` defaults to it, as the CLI's), then
     ``SamplingConfig``, ``ReadoutConfig``, ``DTRConfig``, ``AnswerConfig``, ``EngineConfig``, ``TaskSpec``."""
     policy, sampling, readout, dtr, answers, engine, task_settings = settings_for(
         "online",

@@ -61,7 +61,7 @@ class DTRSettings:
             return None
         settling = settling_depth(table, self.g_by_kind[kind])
         deep = deep_flags(settling, self.n_layers, self.dtr.rho, self.dtr.deep_rule)
-        return deep_thinking_ratio(deep, prefix if prefix is not None else self.dtr.prefix)
+        return deep_thinking_ratio(deep, prefix if prefix is not None else self.dtr.dtr_prefix_tokens)
 
 
 def _baseline(name: str) -> Callable[[StoredResponse, DTRSettings], float | None]:
@@ -159,6 +159,10 @@ class Correlation:
     p_within_perm: float | None = None
     n_questions_within: int = 0
     r_length_within: float | None = None
+
+
+TABLE_ONE_P = ("point_biserial_p", "spearman_p", "binned_r_p", "p_within_perm")
+"""The p-value columns of Table 1 (and of the sweeps): Benjamini–Hochberg takes each as a family of its own."""
 
 
 def metric_table(
@@ -374,11 +378,11 @@ def store_correlations(
     """Table-1 rows of one store (one per metric it holds) and Figure 1's bin profiles per metric."""
     if not store.responses:
         raise InputError(f"{store.path}: no usable responses (failed: {store.failed})")
-    if store.readout_tokens is not None and dtr.prefix is None:
+    if store.readout_tokens is not None and dtr.dtr_prefix_tokens is None:
         raise InputError(
             f"{store.path}: only the first {store.readout_tokens} tokens of each response were read out, so "
-            f"DTR over whole responses cannot be computed; pass a prefix ≤ that ({named('prefix')}) or regenerate with "
-            f"{named('readout_tokens')} all"
+            f"DTR over whole responses cannot be computed; pass a prefix ≤ that ({named('dtr_prefix_tokens')}) or "
+            f"regenerate with {named('readout_tokens')} all"
         )
     settings = dtr_settings(store, dtr, g_by_kind)
     wanted = [

@@ -75,18 +75,18 @@ def check_online(online: OnlineConfig, sampling: SamplingConfig) -> None:
     """Reject settings the run cannot honour, before any model is loaded."""
     if not SIGNALS[online.signal].decides_at_prefix:
         return
-    if online.prefix > sampling.max_new_tokens:
+    ell = online.decision_prefix
+    if ell > sampling.max_new_tokens:
         raise InputError(
-            f"{named('prefix')} {online.prefix} is longer than {named('max_new_tokens')} {sampling.max_new_tokens}: "
-            f"no response "
-            f"could reach the decision; lower {named('prefix')} or raise {named('max_new_tokens')}"
+            f"{named('decision_prefix')} {ell} is longer than {named('max_new_tokens')} {sampling.max_new_tokens}: "
+            f"no response could reach the decision; lower {named('decision_prefix')} or raise "
+            f"{named('max_new_tokens')}"
         )
     readout = sampling.readout_tokens
-    if readout is not None and readout < online.prefix:
+    if readout is not None and readout < ell:
         raise InputError(
-            f"{named('readout_tokens')} {readout} is below {named('prefix')} {online.prefix}: the prefix DTR needs "
-            f"every prefix "
-            "token read out"
+            f"{named('readout_tokens')} {readout} is below {named('decision_prefix')} {ell}: the prefix DTR needs "
+            "every prefix token read out"
         )
 
 
@@ -140,7 +140,7 @@ def generate_batch(
         traces = backend.start(prompt, seeds).traces
         return traces, [None] * len(traces)
     if SIGNALS[online.signal].decides_at_prefix:  # pause every response at ℓ, continue only those kept
-        paused = backend.start(prompt, seeds, stop_after=online.prefix)
+        paused = backend.start(prompt, seeds, stop_after=online.decision_prefix)
         stops = [stop_point(rounded_response(t, n_layers, dtr), tau, online) for t in paused.traces]
         keep = [j for j, t in enumerate(paused.traces) if stops[j] is None and t.finish == "paused"]
         if keep:
@@ -200,23 +200,7 @@ def run_online(
     refuse_too_long(
         lm, questions, run.answers.prompt_style, run.sampling.max_new_tokens, engine_len(run.engine)
     )
-    settings = {
-        "task": run.task.to_dict() if run.task else {},
-        "pool": online.max_n,
-        "seed": run.seed,
-        "batch_size": online.batch_size,
-        "online": online.to_dict(),
-        "sampling": run.sampling,
-        "readout": run.readout,
-        "dtr": run.dtr,
-        "engine": run.engine,
-        "answers": run.answers,
-    }
-    manifest = {
-        **store_manifest(lm.name, lm.n_layers, questions, settings),
-        **vocab_entry(lm),
-        "precision": precision_of(lm, run.engine),
-    }
+    manifest = _manifest(lm, run, questions)
     out_dir.mkdir(parents=True, exist_ok=True)
     if backend is None:
         requests = max(online.warmup, online.batch_size)
@@ -253,6 +237,16 @@ def run_online(
                 f"{exc} — questions finished so far are kept in {out_dir}; rerun with {named('resume')}"
             ) from exc
     return report
+
+
+def _manifest(lm: LoadedModel, run: OnlineRun, questions: Sequence[Question]) -> dict[str, Any]:
+    """A live online store's manifest: a sample store's, its pool the policy's most responses, plus the policy."""
+    online = run.online
+    settings = {"task": run.task.to_dict() if run.task else {}, "pool": online.max_n, "seed": run.seed}
+    settings |= {"batch_size": online.batch_size, "online": online.to_dict(), "sampling": run.sampling}
+    settings |= {"readout": run.readout, "dtr": run.dtr, "engine": run.engine, "answers": run.answers}
+    manifest = store_manifest(lm.name, lm.n_layers, questions, settings)
+    return {**manifest, **vocab_entry(lm), "precision": precision_of(lm, run.engine)}
 
 
 def _stored_records(path: Path, done: set[str]) -> dict[str, dict[str, Any]]:
@@ -360,7 +354,7 @@ def budget_sweep(
         voting = VotingConfig(
             n=n,
             eta=online.keep,
-            prefix=online.prefix,
+            rank_prefix=online.decision_prefix,
             trials=trials,
             seed=seed,
             deepconf_window=online.window,

@@ -22,10 +22,16 @@ import numpy as np
 
 from depthlens.config import DTRConfig, OnlineConfig, VotingConfig
 from depthlens.errors import InputError
-from depthlens.stats.paired import BASELINE, CONTROL, Comparison, control_comparison, paired_comparisons
 from depthlens.stats.resampling import mean_bootstrap
 from depthlens.stores.files import write_json
 from depthlens.stores.samples import read_manifest
+from depthlens.studies.comparisons import (
+    BASELINE,
+    CONTROL,
+    Comparison,
+    control_comparison,
+    paired_comparisons,
+)
 from depthlens.studies.online import ordered_pools
 from depthlens.voting.online import OnlineSummary, replay_outcomes, summarise_replay
 from depthlens.voting.trials import trial_outcomes
@@ -71,7 +77,7 @@ def replay_paired(
         voting = VotingConfig(
             n=n,
             eta=online.keep,
-            prefix=online.prefix,
+            rank_prefix=online.decision_prefix,
             trials=trials,
             seed=seed,
             deepconf_window=online.window,

@@ -16,17 +16,18 @@ from typing import Any
 
 import numpy as np
 
-from depthlens.config import CorrelationConfig, DTRConfig, VotingConfig
+from depthlens.config import PREFIX_TOKENS, CorrelationConfig, DTRConfig, VotingConfig
 from depthlens.errors import DepthlensError, InputError
 from depthlens.metrics.dtr import deep_flags, deep_thinking_ratio, settling_depth
 from depthlens.models.tokens import token_texts
-from depthlens.stats.fdr import PAIRED_FIELDS, add_fdr
+from depthlens.stats.fdr import add_fdr
 from depthlens.stores.files import manifest_path, read_json
 from depthlens.stores.layout import MANIFEST, is_store
 from depthlens.stores.lock import writer
 from depthlens.stores.samples import SAMPLES, SHARDS, samples_path, stored_format
 from depthlens.stores.state import stale, store_state
-from depthlens.studies.correlation import store_correlations
+from depthlens.studies.comparisons import PAIRED_P
+from depthlens.studies.correlation import TABLE_ONE_P, store_correlations
 from depthlens.studies.paired_tables import (
     REPLAYS,
     control_rows,
@@ -98,15 +99,15 @@ def study_store(
     """Table-1 rows, Figure-1 profiles and sweeps of one store. A store read out only over a prefix gives DTR over
     that prefix (said in each row's note)."""
     window = store.readout_tokens
-    if window is not None and (dtr.prefix is None or dtr.prefix > window):
-        dtr = dataclasses.replace(dtr, prefix=window)
+    if window is not None and (dtr.dtr_prefix_tokens is None or dtr.dtr_prefix_tokens > window):
+        dtr = dataclasses.replace(dtr, dtr_prefix_tokens=window)
     rows, profiles = store_correlations(store, cfg, dtr, g_by_kind)
     if window is not None:
         for row in rows:
             if row["metric"].startswith("dtr"):
                 row["note"] = (
                     row["note"] + "; " if row["note"] else ""
-                ) + f"DTR over the first {dtr.prefix} tokens"
+                ) + f"DTR over the first {dtr.dtr_prefix_tokens} tokens"
     return StoreStudy(store, rows, profiles, sweep(store, cfg, dtr) if with_sweeps else [])
 
 
@@ -119,8 +120,8 @@ def write_correlation(
     rows = [r for s in studies for r in s.rows]
     sweeps = [r for s in studies for r in s.sweeps]
     # Each table one family (studies/inference.py); in place, so whoever prints the studies' rows sees it.
-    add_fdr(rows)
-    add_fdr(sweeps)
+    add_fdr(rows, TABLE_ONE_P)
+    add_fdr(sweeps, TABLE_ONE_P)
     paths = [write_csv(out_dir / "correlation.csv", rows)]
     (out_dir / "correlation.json").write_text(
         json.dumps({"config": config, "command": command, "rows": rows}, indent=2) + "\n"
@@ -190,8 +191,8 @@ def thinkn_summary(store: Store, voting: VotingConfig | None) -> dict[str, Any] 
     if pool < 2:
         return None
     window = store.readout_tokens
-    prefix = 50 if window is None else min(50, window)
-    voting = voting or VotingConfig(n=max(2, pool // 2), prefix=prefix)
+    ranked = PREFIX_TOKENS if window is None else min(PREFIX_TOKENS, window)  # no more than was read out
+    voting = voting or VotingConfig(n=max(2, pool // 2), rank_prefix=ranked)
     try:
         summarise(store.path, voting)
     except DepthlensError:
@@ -273,7 +274,7 @@ def prepare_report(
         if study.per_question is not None:
             by_model.setdefault(study.store.model, []).append(study.per_question)
     table_two = [r for s in studies for r in s.table_two]
-    add_fdr(table_two, PAIRED_FIELDS)  # the whole Table 2 one family (a summary's own p_bh: its methods)
+    add_fdr(table_two, PAIRED_P)  # the whole Table 2 one family (a summary's own p_bh: its methods)
     if table_two:  # beside correlation.csv: Table 2's numbers, each row naming its model, task and questions
         write_csv(run_dir / "report" / "table_two.csv", table_two)
     control = [r for s in studies for r in s.control]

@@ -11,13 +11,14 @@ defaulted) → the config classes (``config``: each checks its own range and nam
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import types
 import typing
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
-from depthlens.config import LensSpec, OnlineConfig, ReadoutConfig, VotingConfig
+from depthlens.config import DTRConfig, LensSpec, OnlineConfig, ReadoutConfig, VotingConfig
 from depthlens.config.readout import check_layer_top
 from depthlens.errors import ConfigError, InputError, did_you_mean, named, spelt
 
@@ -80,18 +81,29 @@ def check_stored_readout(
 
 def online_window(readout_tokens: int | None, given: bool, policy: OnlineConfig) -> int | None:
     """The read-out window of an online run: as given, else the policy's ℓ (no token past it decides)."""
-    return readout_tokens if given else policy.prefix
+    return readout_tokens if given else policy.decision_prefix
 
 
 def online_policy(prefix: int | None, **settings: Any) -> OnlineConfig:
-    """Online Think@n's policy; it decides at a finite ℓ, so a full-length ``prefix`` is refused."""
+    """Online Think@n's policy from the ℓ_prefix a front was given (``--prefix N|full``); it decides at a finite
+    ℓ, so a full-length ``prefix`` is refused."""
     if prefix is None:
         raise InputError(
-            setting="prefix",
+            setting="decision_prefix",
             value="full",
             requirement="online Think@n decides on a finite ℓ; 'full' is an offline ablation",
         )
-    return OnlineConfig(prefix=prefix, **settings)
+    return OnlineConfig(decision_prefix=prefix, **settings)
+
+
+PREFIX_OF: dict[type, str] = {
+    VotingConfig: "rank_prefix",
+    OnlineConfig: "decision_prefix",
+    DTRConfig: "dtr_prefix_tokens",
+}
+"""The setting a verb's ``prefix=`` keyword (ℓ_prefix, the command line's ``--prefix``) sets: that of the verb's
+first config class holding one — ``think_at_n``: Think@n's ranking; ``online``: the policy's decision; ``score``:
+the ``dtr_prefix`` score."""
 
 
 # ---- keyword settings (the Python API's) ---------------------------------------------------------------------
@@ -130,15 +142,24 @@ def _fits(value: Any, hint: Any) -> bool:
 
 def split(verb: str, settings: Mapping[str, Any], *classes: type) -> list[dict[str, Any]]:
     """``settings`` split by config class (each keyword to the first of ``classes`` with a field of its name),
-    each checked against its field's type; an unknown or mistyped keyword is refused naming the known ones."""
+    each checked against its field's type; an unknown or mistyped keyword is refused naming the known ones.
+    ``prefix`` is the verb's ℓ_prefix (``PREFIX_OF``), as on the command line."""
     known = fields_of(*classes)
     parts: dict[type, dict[str, Any]] = {c: {} for c in classes}
-    refuse_unknown(verb, settings, known)
-    for key, value in settings.items():
+    prefix = next((PREFIX_OF[c] for c in classes if c in PREFIX_OF), None)
+    if prefix is not None and "prefix" in settings:
+        if prefix in settings:
+            raise InputError(
+                f"depthlens.{verb}(prefix=…, {prefix}=…): the same setting twice; give one", setting=prefix
+            )
+        _KEYWORDS.set({**(_KEYWORDS.get() or {}), prefix: "prefix"})  # its errors name the keyword given
+    refuse_unknown(verb, settings, {*known, "prefix"} if prefix is not None else known)
+    for given, value in settings.items():
+        key = prefix if given == "prefix" and prefix is not None else given
         cls, hint = known[key]
         if not _fits(value, hint):
             raise InputError(
-                f"depthlens.{verb}({key}={value!r}): must be {_type_name(hint)} ({cls.__name__}.{key})",
+                f"depthlens.{verb}({given}={value!r}): must be {_type_name(hint)} ({cls.__name__}.{key})",
                 setting=key,
             )
         parts[cls][key] = value
@@ -160,18 +181,33 @@ def _type_name(hint: Any) -> str:
     return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
 
+_KEYWORDS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("keywords", default=None)
+"""A setting → the keyword a verb's caller gave it by, where that differs (``prefix`` for ``rank_prefix``)."""
+
+
 @contextlib.contextmanager
 def python_front(verb: str, flags: Collection[str] = ()) -> Iterator[None]:
-    """Errors about a setting, as a Python caller reads them: ``depthlens.generate(lens='x'): …``; a setting of
-    ``flags`` (the verb's on/off keywords, ``tokens``) named in the text reads as the call that sets it,
-    ``tokens=True``."""
+    """Errors about a setting, as a Python caller reads them: ``depthlens.generate(lens='x'): …``, each setting
+    by the keyword the caller gave (``prefix=`` for ``rank_prefix``); a setting of ``flags`` (the verb's on/off
+    keywords, ``tokens``) named in the text reads as the call that sets it, ``tokens=True``."""
+    given = _KEYWORDS.set(None)
     try:
         yield
     except (ConfigError, InputError) as exc:
         if exc.setting is None or not exc.requirement or type(exc) not in (ConfigError, InputError):
             raise
-        spell = lambda name: f"{name}=True" if name in flags else name  # noqa: E731
-        message = f"depthlens.{verb}({exc.setting}={exc.value!r}): " + spelt(exc.requirement, spell)
+        keywords = _KEYWORDS.get() or {}
+
+        def keyword(setting: str) -> str:
+            return keywords.get(setting, setting)
+
+        def called(setting: str) -> str:
+            name = keyword(setting)
+            return f"{name}=True" if name in flags else name
+
+        message = f"depthlens.{verb}({keyword(exc.setting)}={exc.value!r}): " + spelt(exc.requirement, called)
         raise type(exc)(
             message, setting=exc.setting, value=exc.value, requirement=exc.requirement, owner=exc.owner
         ) from None
+    finally:
+        _KEYWORDS.reset(given)

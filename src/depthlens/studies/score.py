@@ -100,7 +100,7 @@ def _result(
     scores = sequence_scores(table, dtr, lm.n_layers)
     result: dict[str, Any] = {"id": record.id}
     result.update({k: scores[k] for k in SUMMARY_FIELDS})
-    if dtr.prefix is not None:
+    if dtr.dtr_prefix_tokens is not None:
         result["dtr_prefix"] = scores["dtr_prefix"]
     if tcb is not None:
         result.update(tcb_summary(table.tcb))

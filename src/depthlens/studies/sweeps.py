@@ -44,7 +44,7 @@ def sweep(
                 window = store.readout_tokens
                 if window is not None and (value is None or value > window):
                     continue  # beyond the read-out window the stored divergences end
-                settings = dataclasses.replace(base, dtr=dataclasses.replace(dtr, prefix=value))
+                settings = dataclasses.replace(base, dtr=dataclasses.replace(dtr, dtr_prefix_tokens=value))
             elif param == "deep_rule":
                 settings = dataclasses.replace(base, dtr=dataclasses.replace(dtr, deep_rule=value))
             elif param == "divergence":

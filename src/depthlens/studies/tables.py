@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlens.errors import StoreError
-from depthlens.stats.paired import PAPER_GAPS
+from depthlens.studies.comparisons import PAPER_GAPS
 
 
 def format_p(p: float | None) -> str:
@@ -121,6 +121,37 @@ def _p(row: dict[str, Any], field: str, lead: str = "; ") -> str:
     return text
 
 
+def _binned_cell(r: dict[str, Any]) -> str:
+    """Table 1's binned-r cell: r ± its s.d. over seeds [interval] (questions; p)."""
+    if r["binned_r"] is None:
+        return "—"
+    return (
+        f"{r['binned_r']:+.2f} ± {r['binned_r_sd']:.2f}{_ci(r.get('binned_r_lo'), r.get('binned_r_hi'))} "
+        f"(q={r['questions_used']:.0f}{_p(r, 'binned_r_p')})"
+    )
+
+
+def _unbinned_cell(r: dict[str, Any]) -> str:
+    """Table 1's per-response cell: the point-biserial r and Spearman ρ with their intervals and p."""
+    if r["point_biserial"] is None:
+        return "—"
+    pb = f"{_fmt(r['point_biserial'])}{_ci(r['point_biserial_lo'], r['point_biserial_hi'])}"
+    rho = f"{_fmt(r['spearman'])}{_ci(r['spearman_lo'], r['spearman_hi'])}"
+    return f"r_pb {pb}{_p(r, 'point_biserial_p', ' ')}; ρ {rho}{_p(r, 'spearman_p', ' ')}"
+
+
+def _within_cell(r: dict[str, Any]) -> str:
+    """Table 1's within-question cell: r with correctness (p, questions) and r with length."""
+    if r.get("r_within") is None and r.get("r_length_within") is None:
+        return "—"
+    accuracy = (
+        "—"
+        if r.get("r_within") is None
+        else f"{_fmt(r['r_within'])}{_p(r, 'p_within_perm', ' ')} (q={r['n_questions_within']})"
+    )
+    return f"{accuracy}; length {_fmt(r.get('r_length_within'))}"
+
+
 def table_one(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown: the paper's binned r (metrics × model · task), then the unbinned statistics with 95 % CIs."""
     columns = list(dict.fromkeys(f"{r['model']} · {r['task']}" for r in rows))
@@ -138,31 +169,6 @@ def table_one(rows: Sequence[dict[str, Any]]) -> str:
             )
         return out
 
-    def binned(r: dict[str, Any]) -> str:
-        if r["binned_r"] is None:
-            return "—"
-        return (
-            f"{r['binned_r']:+.2f} ± {r['binned_r_sd']:.2f}{_ci(r.get('binned_r_lo'), r.get('binned_r_hi'))} "
-            f"(q={r['questions_used']:.0f}{_p(r, 'binned_r_p')})"
-        )
-
-    def unbinned(r: dict[str, Any]) -> str:
-        if r["point_biserial"] is None:
-            return "—"
-        pb = f"{_fmt(r['point_biserial'])}{_ci(r['point_biserial_lo'], r['point_biserial_hi'])}"
-        rho = f"{_fmt(r['spearman'])}{_ci(r['spearman_lo'], r['spearman_hi'])}"
-        return f"r_pb {pb}{_p(r, 'point_biserial_p', ' ')}; ρ {rho}{_p(r, 'spearman_p', ' ')}"
-
-    def within(r: dict[str, Any]) -> str:
-        if r.get("r_within") is None and r.get("r_length_within") is None:
-            return "—"
-        accuracy = (
-            "—"
-            if r.get("r_within") is None
-            else f"{_fmt(r['r_within'])}{_p(r, 'p_within_perm', ' ')} (q={r['n_questions_within']})"
-        )
-        return f"{accuracy}; length {_fmt(r.get('r_length_within'))}"
-
     counts = {f"{r['model']} · {r['task']}": r for r in rows}
     lines = [
         "**Binned r** (definitions.md §4: 5 quantile bins per question, Pearson r of bin metric vs bin accuracy, "
@@ -170,18 +176,18 @@ def table_one(rows: Sequence[dict[str, Any]]) -> str:
         "ties are re-broken —, [95 % interval] over question resamples of the per-question r, q the questions with a "
         f"defined r; {P_LEGEND})",
         "",
-        *table(binned),
+        *table(_binned_cell),
         "",
         f"**Unbinned, per response**: point-biserial r and Spearman ρ with question-bootstrap 95 % CIs; {P_LEGEND}",
         "",
-        *table(unbinned),
+        *table(_unbinned_cell),
         "",
         "**Within questions**: metric and correctness centred on each question's means, then the point-biserial r "
         "over all responses (q: questions with both right and wrong responses); p from shuffling correctness within "
         "each question (p_BH over the table; † < 0.05); length: the metric's question-centred r with token count "
         "(near ±1: a length proxy)",
         "",
-        *table(within),
+        *table(_within_cell),
         "",
         "Samples: "
         + "; ".join(

@@ -24,11 +24,11 @@ from depthlens.errors import InputError, StoreError, named
 from depthlens.evals.grading import ANSWER_FIELDS, AnswerSummary
 from depthlens.metrics.dtr import deep_from_divergence
 from depthlens.sampling.backend import GenerationBackend, Trace
-from depthlens.stats.paired import BASELINE, Comparison, control_comparison, paired_comparisons
 from depthlens.stats.resampling import mean_bootstrap
 from depthlens.stores.files import read_json, settings_differ
 from depthlens.stores.samples import damaged, read_manifest, read_responses
 from depthlens.stores.state import stale, store_state
+from depthlens.studies.comparisons import BASELINE, Comparison, control_comparison, paired_comparisons
 from depthlens.studies.tables import write_csv, write_whole
 from depthlens.voting.methods import Response, think_at_n
 from depthlens.voting.trials import (
@@ -283,7 +283,7 @@ def stored_voting(settings: dict[str, Any]) -> VotingConfig:
 
 def summary_stem(voting: VotingConfig) -> str:
     """The file stem of a summary, from the settings most runs vary: ``thinkn-n16-eta0.5-l50``."""
-    prefix = "full" if voting.prefix is None else voting.prefix
+    prefix = "full" if voting.rank_prefix is None else voting.rank_prefix
     return f"thinkn-n{voting.n}-eta{voting.eta:g}-l{prefix}"
 
 
@@ -374,11 +374,11 @@ def think_at_n_live(
 
     Returns (the voted answer key, every trace — rejected ones stop at their prefix —, generated tokens).
     """
-    if voting.prefix is None:
+    if voting.rank_prefix is None:
         raise InputError(
-            f"live Think@n needs a finite {named('prefix')} (the full-length ranking is an offline ablation)"
+            f"live Think@n needs a finite {named('rank_prefix')} (the full-length ranking is an offline ablation)"
         )
-    paused = backend.start(prompt, seeds, stop_after=voting.prefix)
+    paused = backend.start(prompt, seeds, stop_after=voting.rank_prefix)
     responses = [response_from_trace(t, backend.n_layers, dtr) for t in paused.traces]
     ranked = think_at_n(responses, voting)
     traces = backend.resume(paused, list(ranked.kept))

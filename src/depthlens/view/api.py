@@ -9,13 +9,14 @@ from typing import Any
 
 from depthlens.config import VotingConfig
 from depthlens.errors import DepthlensError, InputError
-from depthlens.stats.paired import Comparison
 from depthlens.stores.files import read_json
+from depthlens.studies.comparisons import Comparison
 from depthlens.studies.score import score_summary
 from depthlens.studies.tables import paired_cells, paired_title
 from depthlens.studies.thinkn import stored_voting, summary_files, summary_stem, vote_notes
 from depthlens.view.detail import scalar
 from depthlens.view.pools import Failed, VotingIndex, answer_summary, draw_detail, question_pool
+from depthlens.view.said import said
 from depthlens.view.store import ViewStore, changed_since
 from depthlens.viz.heatmap import _colour
 from depthlens.voting.methods import METHODS, Response, in_order, trace_confidence
@@ -67,10 +68,11 @@ def default_voting(store: ViewStore) -> VotingConfig:
     sizes = [len(store.usable(q)) for q in store.questions] or [1]
     sampling = store.manifest.get("sampling")
     readout = sampling.get("readout_tokens") if isinstance(sampling, dict) else None
-    prefix = VotingConfig().prefix  # ... or what the store read out, where that is less: Think@n ranks on it
+    # Think@n's ℓ, or what the store read out where that is less: Think@n ranks on it
+    prefix = VotingConfig().rank_prefix
     if isinstance(readout, int) and readout >= 1 and prefix is not None:
         prefix = min(prefix, readout)
-    return VotingConfig(n=max(1, min(VotingConfig().n, max(sizes))), prefix=prefix)
+    return VotingConfig(n=max(1, min(VotingConfig().n, max(sizes))), rank_prefix=prefix)
 
 
 def run_info(store: ViewStore, index: VotingIndex | None, voting: VotingConfig) -> dict[str, Any]:
@@ -104,7 +106,7 @@ def run_info(store: ViewStore, index: VotingIndex | None, voting: VotingConfig) 
 
 
 def _voting_dict(voting: VotingConfig) -> dict[str, Any]:
-    return {**voting.to_dict(), "prefix": "full" if voting.prefix is None else voting.prefix}
+    return {**voting.to_dict(), "prefix": "full" if voting.rank_prefix is None else voting.rank_prefix}
 
 
 def voting_table(store: ViewStore, index: VotingIndex, voting: VotingConfig) -> dict[str, Any]:
@@ -128,7 +130,7 @@ def voting_table(store: ViewStore, index: VotingIndex, voting: VotingConfig) -> 
         if isinstance(store.manifest.get("task"), dict)
         else "?"
     )
-    prefix = "full" if voting.prefix is None else voting.prefix
+    prefix = "full" if voting.rank_prefix is None else voting.rank_prefix
     title = (
         f"{store.manifest.get('model', '?')} · {task} · n={voting.n} η={voting.eta} ℓ={prefix} · "
         f"{voting.trials} trials × {len(pools)} questions"
@@ -330,17 +332,17 @@ def _scores(r: Response | None, voting: VotingConfig) -> dict[str, Any]:
     if r is None:
         return {"prefix_dtr": None, "dtr": None, "confidence": None, "self_certainty": None, "readout": None}
     try:
-        prefix_dtr: float | None = r.prefix_dtr(voting.prefix)
+        prefix_dtr: float | None = r.prefix_dtr(voting.rank_prefix)
         why = None
     except InputError as exc:
-        prefix_dtr, why = None, str(exc)
+        prefix_dtr, why = None, said(exc)
     return {
         "prefix_dtr": prefix_dtr,
         "prefix_note": why,
         "dtr": float(r.deep.mean()) if len(r.deep) else None,
         "readout": len(r.deep),
         "confidence": scalar(trace_confidence(r.confidence, "mean", voting.deepconf_window)),
-        "self_certainty": scalar(r.prefix_self_certainty(voting.prefix)),
+        "self_certainty": scalar(r.prefix_self_certainty(voting.rank_prefix)),
     }
 
 

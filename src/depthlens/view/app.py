@@ -28,6 +28,7 @@ from depthlens.errors import DepthlensError
 from depthlens.view import api
 from depthlens.view.detail import Labeller, response_detail
 from depthlens.view.pools import VotingIndex
+from depthlens.view.said import said
 from depthlens.view.store import ViewStore
 
 STATIC = Path(__file__).parent / "static"
@@ -54,7 +55,8 @@ class Explorer:
     @classmethod
     def of(cls, store: ViewStore) -> Explorer:
         index = VotingIndex(store) if store.kind == "samples" else None
-        labeller = Labeller(store.manifest.get("model") if store.kind == "samples" else None)
+        # a score store keeps its tokens' labels; its layer predictions (ids) are labelled by the tokenizer too
+        labeller = Labeller(store.manifest.get("model") if store.kind != "tcb" else None)
         rows = api.question_rows(store) if store.kind == "samples" else []
         return cls(store, index, labeller, api.default_voting(store), rows)
 
@@ -94,7 +96,7 @@ def _voting(request: Request, base: VotingConfig) -> VotingConfig:
     q = request.query_params
     prefix_raw = q.get("prefix")
     if prefix_raw in (None, ""):
-        prefix = base.prefix
+        prefix = base.rank_prefix
     elif prefix_raw == "full":
         prefix = None
     else:
@@ -108,15 +110,15 @@ def _voting(request: Request, base: VotingConfig) -> VotingConfig:
             base,
             n=_int(request, "n", base.n, low=1),
             eta=eta,
-            prefix=prefix,
+            rank_prefix=prefix,
             trials=_int(request, "trials", base.trials, low=1, high=1000),
             seed=_int(request, "seed", base.seed),
             tie_break=q.get("tie_break") or base.tie_break,
         )
-    except (
-        DepthlensError
-    ) as exc:  # the setting as the query spells it (eta=1.5), not as Python's VotingConfig.eta
-        raise BadQuery(exc.phrased(f"{exc.setting}=") if exc.setting else str(exc)) from None
+    except DepthlensError as exc:  # named as the query spells it (eta=1.5: …), never as a Python field
+        raise BadQuery(said(exc)) from None
+    except ValueError as exc:  # a number that does not parse
+        raise BadQuery(str(exc)) from None
 
 
 def _page(request: Request, sort: str) -> dict[str, Any]:
@@ -137,8 +139,10 @@ def _answer(handler: Callable[[Request], Any]) -> Callable[[Request], JSONRespon
     def route(request: Request) -> JSONResponse:
         try:
             return JSONResponse(handler(request))
-        except (BadQuery, DepthlensError) as exc:
+        except BadQuery as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
+        except DepthlensError as exc:
+            return JSONResponse({"error": said(exc)}, status_code=400)
         except LookupError as exc:
             return JSONResponse({"error": str(exc.args[0]) if exc.args else "not found"}, status_code=404)
 

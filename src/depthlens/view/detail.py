@@ -6,6 +6,11 @@ Settling depths and deep flags come from the stored divergences with the store's
 those are shown. Token labels are ``models.tokens.token_texts`` (``␣`` a space, ``↵`` a newline, ``⟨e2⟩`` a byte
 of a character split across tokens): a score store stores them; for a sample store the tokenizer of the
 manifest's model is loaded (never downloaded) in the background when the page opens.
+
+Where a record holds each layer's top-k (``layer_top_ids`` / ``layer_top_probs``, ``--layer-top-k K``), they are
+sent too, with a label for each distinct token id among them (the same ``token_texts``): the page lists a heatmap
+cell's top-k and draws the logit lens (tokens × layers, each cell's top-1). A record without them says how to get
+them.
 """
 
 from __future__ import annotations
@@ -21,13 +26,19 @@ import torch
 
 from depthlens.errors import DepthlensError
 from depthlens.metrics.dtr import deep_flags, deep_threshold, settling_depth
-from depthlens.view.store import ViewStore
+from depthlens.view.store import CUBES, ViewStore
 
 PER_TOKEN = ("log_prob", "entropy", "self_certainty", "confidence", "tcb", "v_eff", "margin", "perplexity")
 _BYTE = re.compile(r"⟨[0-9a-f]{2}⟩")
 _SPACES = set("␣↵⇥␍")
 _PER_RECORD = ("token_ids", "tokens", "divergence", "settling_depth", "deep")
+NO_LAYER_TOP = (
+    "this record holds no layer predictions: write the store with --layer-top-k K (generate, or score --tokens; "
+    "e.g. --layer-top-k 5) to keep each layer's K most probable tokens, then click a heatmap cell or open the "
+    "logit lens"
+)
 _HEAVY = {
+    *CUBES,
     "text",
     "token_ids",
     "prompt_ids",
@@ -124,7 +135,10 @@ def response_detail(store: ViewStore, index: int, labeller: Labeller) -> dict[st
     if store.kind == "tcb":
         return trace_detail(store.read(index))
     # the light fields are in memory already; read only the per-token columns (a row group holds many records)
-    record = {**store.records[index], **store.read(index, ["text", "prompt_ids", *_PER_RECORD, *PER_TOKEN])}
+    record = {
+        **store.records[index],
+        **store.read(index, ["text", "prompt_ids", *_PER_RECORD, *PER_TOKEN, *CUBES]),
+    }
     ids = [int(i) for i in _list(record.get("token_ids"))]
     table = record.get("divergence")
     matrix = np.zeros((0, store.n_layers or 0), np.float32) if table is None else np.array(table, np.float32)
@@ -142,6 +156,9 @@ def response_detail(store: ViewStore, index: int, labeller: Labeller) -> dict[st
     notes = [labeller.note] if labeller.note and "tokens" not in record and ids else []
     if table is None:
         notes.append("this record has no per-token divergences (a score store written without --tokens)")
+    top = layer_top(record, len(depth), n_layers, labeller)
+    if top is not None and labeller.note and labeller.note not in notes:  # its ids shown as #id
+        notes.append(labeller.note)
     return {
         "id": str(record.get("id")),
         "kind": store.kind,
@@ -164,6 +181,26 @@ def response_detail(store: ViewStore, index: int, labeller: Labeller) -> dict[st
         "per_token": {k: floats(record[k]) for k in PER_TOKEN if isinstance(record.get(k), np.ndarray)},
         "notes": notes,
         "prompt": _prompt(store, record, labeller),
+        "layer_top": top,
+        "layer_top_missing": NO_LAYER_TOP,
+    }
+
+
+def layer_top(record: dict[str, Any], rows: int, n_layers: int, labeller: Labeller) -> dict[str, Any] | None:
+    """Each read-out token's top-k at every layer for the page: K, the ids [R × L × K] as little-endian int32 and
+    the probabilities as float32 (base64, row-major), and a label for each distinct id; None where the record
+    holds none (or not one row per read-out token and layer, which the store's readers refuse)."""
+    if record.get("layer_top_ids") is None or record.get("layer_top_probs") is None:
+        return None
+    ids, probs = np.asarray(record["layer_top_ids"]), np.asarray(record["layer_top_probs"])
+    if ids.ndim != 3 or ids.shape != probs.shape or ids.shape[:2] != (rows, n_layers) or not ids.size:
+        return None
+    distinct = np.unique(ids).tolist()
+    return {
+        "k": int(ids.shape[2]),
+        "ids": base64.b64encode(np.ascontiguousarray(ids, dtype="<i4").tobytes()).decode("ascii"),
+        "probs": base64.b64encode(np.ascontiguousarray(probs, dtype="<f4").tobytes()).decode("ascii"),
+        "texts": dict(zip(map(str, distinct), labeller.labels(distinct), strict=True)),
     }
 
 

@@ -28,12 +28,13 @@ from depthlens.config import DTRConfig, VotingConfig
 from depthlens.errors import DepthlensError
 from depthlens.evals.grading import AnswerSummary
 from depthlens.metrics.dtr import deep_flags, settling_depth
-from depthlens.stats.paired import Comparison, control_comparison
 from depthlens.stores.access import Location, ParquetSource, ShardArrays, release_unused
 from depthlens.stores.jsonl_access import JsonlSource
 from depthlens.stores.samples import REQUIRED
+from depthlens.studies.comparisons import Comparison, control_comparison
 from depthlens.studies.thinkn import compare_methods, response_from_record
 from depthlens.view.jobs import Background
+from depthlens.view.said import said
 from depthlens.view.store import ViewStore
 from depthlens.voting.methods import DRAW_SEEDED, METHODS, Response
 from depthlens.voting.trials import MethodSummary, draw, per_question_accuracy, run_trials, trial_outcomes
@@ -232,7 +233,7 @@ class VotingIndex:
             try:
                 return compute()
             except DepthlensError as exc:  # e.g. a prefix longer than the store read out
-                return Failed(str(exc))
+                return Failed(said(exc))
 
         return self._background.later((voting, what), voting, priority, attempt)
 

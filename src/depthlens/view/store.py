@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 from depthlens.config import DTRConfig
 from depthlens.errors import DepthlensError, InputError
 from depthlens.sampling.backend import PER_TOKEN
@@ -110,6 +112,9 @@ class ViewStore:
         refuses in it (a value out of its range, a field missing, values against each other or the manifest)
         becomes a notice naming the record, the field and the readers' remedy."""
         record = self.source.read(self.locations[index], columns)
+        for name in CUBES:  # one (T, L, K) array, from JSONL's nested lists too
+            if record.get(name) is not None:
+                record[name] = cube(record[name])
         self.flag(index, record, columns)
         return record
 
@@ -169,6 +174,18 @@ class ViewStore:
     def usable(self, question: str) -> list[int]:
         """A question's responses voting uses (``studies.thinkn.load_pools``: all but failed ones), in store order."""
         return [i for i in self.questions[question].records if self.records[i].get("status") != "failed"]
+
+
+CUBES = ("layer_top_ids", "layer_top_probs")  # per read-out token, per layer, K values (--layer-top-k)
+
+
+def cube(value: Any) -> np.ndarray:
+    """A stored [T][L][K] field as one numeric (T, L, K) array, whether it came as nested lists (JSONL) or as
+    numpy arrays of arrays (the Arrow reader's nested lists)."""
+    array = np.asarray(value)
+    if array.dtype != object:
+        return array
+    return np.stack([cube(v) for v in array]) if len(array) else np.zeros((0, 0, 0))
 
 
 def open_store(path: Path) -> ViewStore:

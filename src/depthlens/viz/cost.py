@@ -179,6 +179,77 @@ def _accuracy_cell(row: dict[str, Any]) -> str:
 GAPS_COLUMN = "95 % interval vs the paper's +2.0 / +3.3"
 
 
+TABLE_TWO_LEGEND = (
+    "Accuracy: mean over trials, [95 % interval over resampled questions]. Δ: the method minus Cons@n on the "
+    "same questions (trials averaged per question), paired-bootstrap interval; p: sign-flip permutation test "
+    "over questions (exact McNemar when outcomes are 0/1); p_BH: Benjamini–Hochberg over every comparison in "
+    "these tables, † < 0.05. The last column: whether that 95 % interval includes or excludes the paper's "
+    "Think@n − Cons@n gaps on AIME25 (+2.0 and +3.3 points) — the verdict on the paper's claim. random@n is "
+    "Think@n's control: a vote over a random ⌈η·n⌉ of the same draw (the exact expectation over its subsets); "
+    "Think@n − random@n is below. The power to detect the gaps, and the questions 80 % power would take, are "
+    "planning numbers kept in the summary CSVs (power_gap*, questions_for_gap*)."
+)
+POOLED_HEAD = (
+    "**Pooled over each model's stores** (every question of every family; p_BH over the methods of one "
+    "model):"
+)
+CONTROL_HEAD = (
+    "**Think@n − random@n, the control** (does DTR select better than a random vote of the same size? one "
+    "sign-flip test over questions per row, outside the families above; pooled: every question of the "
+    "model's stores):"
+)
+
+
+def _tested(r: dict[str, Any]) -> dict[str, str]:
+    """The difference from Cons@n and its test, in column order."""
+    from depthlens.studies.tables import paired_cells
+
+    cells = paired_cells(r)
+    return {"Δ vs Cons@n, points [95 %]": cells.difference, "p": cells.p, "p_BH": cells.p_bh}
+
+
+def _store_row(r: dict[str, Any]) -> dict[str, str]:
+    """A method's row of its store's Table 2."""
+    from depthlens.studies.tables import paired_cells
+
+    return {
+        "method": r["method"],
+        "accuracy % [95 %]": _accuracy_cell(r),
+        "tokens / question": f"{r['cost_mean']:,.0f}",
+        "cost vs Cons@n": f"{r['cost_vs_cons']:.0%}" if r.get("cost_vs_cons") else "—",
+        **_tested(r),
+        GAPS_COLUMN: paired_cells(r).gaps,
+    }
+
+
+def _pooled_row(r: dict[str, Any]) -> dict[str, str]:
+    """A method's row of the table pooled over a model's stores."""
+    from depthlens.studies.tables import paired_cells
+
+    return {
+        "model": r["model"],
+        "stores": r["stores"],
+        "method": r["method"],
+        **_tested(r),
+        "won / lost": f"{r['wins']} / {r['losses']}",
+        GAPS_COLUMN: paired_cells(r).gaps,
+    }
+
+
+def _control_row(r: dict[str, Any]) -> dict[str, str]:
+    """Think@n − random@n on a store, or pooled over a model's stores."""
+    from depthlens.studies.tables import paired_cells
+
+    cells = paired_cells(r)
+    return {
+        "stores": r.get("store") or f"{r['model']} ({r['stores']} pooled)",
+        "Δ points [95 %]": cells.difference,
+        "p": cells.p,
+        "won / lost": f"{r['wins']} / {r['losses']}",
+        GAPS_COLUMN: cells.gaps,
+    }
+
+
 def table_two_markdown(
     rows: Sequence[dict[str, Any]],
     pooled: Sequence[dict[str, Any]],
@@ -188,79 +259,21 @@ def table_two_markdown(
     """Table 2 (every store's methods with the paired test against Cons@n), the per-model pooled table, and
     Think@n − random@n per store and per model, as Markdown lines; ``p_bh`` must already be the adjustment over
     ``rows`` (and, per model, over ``pooled``)."""
-    from depthlens.studies.tables import markdown_table, paired_cells
-
-    def tested(r: dict[str, Any]) -> dict[str, str]:
-        """The difference from Cons@n and its test, in column order."""
-        cells = paired_cells(r)
-        return {"Δ vs Cons@n, points [95 %]": cells.difference, "p": cells.p, "p_BH": cells.p_bh}
-
-    def row(r: dict[str, Any]) -> dict[str, str]:
-        return {
-            "method": r["method"],
-            "accuracy % [95 %]": _accuracy_cell(r),
-            "tokens / question": f"{r['cost_mean']:,.0f}",
-            "cost vs Cons@n": f"{r['cost_vs_cons']:.0%}" if r.get("cost_vs_cons") else "—",
-            **tested(r),
-            GAPS_COLUMN: paired_cells(r).gaps,
-        }
+    from depthlens.studies.tables import markdown_table
 
     by_store: dict[str, list[dict[str, str]]] = {}
     for r in rows:  # one table per store: its model and task said once above it, not in each of its rows
-        by_store.setdefault(r["store"], []).append(row(r))
-    lines = [
-        "## Think@n and the baselines (Table 2)",
-        "",
-        "Accuracy: mean over trials, [95 % interval over resampled questions]. Δ: the method minus Cons@n on the "
-        "same questions (trials averaged per question), paired-bootstrap interval; p: sign-flip permutation test "
-        "over questions (exact McNemar when outcomes are 0/1); p_BH: Benjamini–Hochberg over every comparison in "
-        "these tables, † < 0.05. The last column: whether that 95 % interval includes or excludes the paper's "
-        "Think@n − Cons@n gaps on AIME25 (+2.0 and +3.3 points) — the verdict on the paper's claim. random@n is "
-        "Think@n's control: a vote over a random ⌈η·n⌉ of the same draw (the exact expectation over its subsets); "
-        "Think@n − random@n is below. The power to detect the gaps, and the questions 80 % power would take, are "
-        "planning numbers kept in the summary CSVs (power_gap*, questions_for_gap*).",
-        "",
-    ]
+        by_store.setdefault(r["store"], []).append(_store_row(r))
+    lines = ["## Think@n and the baselines (Table 2)", "", TABLE_TWO_LEGEND, ""]
     for store, table in by_store.items():
         lines += [f"**{store}**", "", markdown_table(table), ""]
     if pooled:
-        lines += [
-            "**Pooled over each model's stores** (every question of every family; p_BH over the methods of one "
-            "model):",
-            "",
-            markdown_table(
-                [
-                    {
-                        "model": r["model"],
-                        "stores": r["stores"],
-                        "method": r["method"],
-                        **tested(r),
-                        "won / lost": f"{r['wins']} / {r['losses']}",
-                        GAPS_COLUMN: paired_cells(r).gaps,
-                    }
-                    for r in pooled
-                ]
-            ),
-            "",
-        ]
+        lines += [POOLED_HEAD, "", markdown_table([_pooled_row(r) for r in pooled]), ""]
     if control or pooled_control:
         lines += [
-            "**Think@n − random@n, the control** (does DTR select better than a random vote of the same size? one "
-            "sign-flip test over questions per row, outside the families above; pooled: every question of the "
-            "model's stores):",
+            CONTROL_HEAD,
             "",
-            markdown_table(
-                [
-                    {
-                        "stores": r.get("store") or f"{r['model']} ({r['stores']} pooled)",
-                        "Δ points [95 %]": paired_cells(r).difference,
-                        "p": paired_cells(r).p,
-                        "won / lost": f"{r['wins']} / {r['losses']}",
-                        GAPS_COLUMN: paired_cells(r).gaps,
-                    }
-                    for r in [*control, *pooled_control]
-                ]
-            ),
+            markdown_table([_control_row(r) for r in [*control, *pooled_control]]),
             "",
         ]
     return lines

@@ -54,7 +54,7 @@ class Response:
             raise InputError(
                 f"the DTR of a {window}-token prefix needs the readout of {window} tokens, but this store read "
                 f"out only {len(self.deep)}; regenerate with {named('readout_tokens')} {prefix or 'all'} or a "
-                f"shorter {named('prefix')}"
+                f"shorter {named('rank_prefix')}"
             )
         return float(self.deep[:window].mean()) if window else 0.0
 
@@ -150,7 +150,7 @@ def _tiebreak(responses: Sequence[Response], kept: Sequence[int], cfg: VotingCon
     that do not rank by DTR need none); unused, and not computed, under ``uniform``."""
     if cfg.tie_break != "summed-dtr":
         return [0.0] * len(kept)
-    prefix = cfg.prefix
+    prefix = cfg.rank_prefix
     return [float(responses[i].deep[:prefix].mean()) if len(responses[i].deep) else 0.0 for i in kept]
 
 
@@ -197,7 +197,7 @@ def _prefix_ranked(rs: Sequence[Response], cfg: VotingConfig, ranking: list[floa
     k = _kept_count(len(rs), cfg.eta)
     kept = _top(ranking, k)
     rejected = [i for i in range(len(rs)) if i not in kept]
-    prefix = cfg.prefix
+    prefix = cfg.rank_prefix
     stop = (lambda r: r.length) if prefix is None else (lambda r: min(r.length, prefix))
     cost = sum(rs[i].length for i in kept) + sum(stop(rs[i]) for i in rejected)
     prefix_len = max(r.length for r in rs) if prefix is None else prefix
@@ -207,12 +207,12 @@ def _prefix_ranked(rs: Sequence[Response], cfg: VotingConfig, ranking: list[floa
 
 def think_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
     """Think@n: keep the η·n highest prefix DTRs, vote among them."""
-    return _prefix_ranked(rs, cfg, [r.prefix_dtr(cfg.prefix) for r in rs])
+    return _prefix_ranked(rs, cfg, [r.prefix_dtr(cfg.rank_prefix) for r in rs])
 
 
 def self_certainty_at_n(rs: Sequence[Response], cfg: VotingConfig) -> Outcome:
     """Self-Certainty@n: as Think@n, ranked by the prefix's mean self-certainty."""
-    return _prefix_ranked(rs, cfg, [r.prefix_self_certainty(cfg.prefix) for r in rs])
+    return _prefix_ranked(rs, cfg, [r.prefix_self_certainty(cfg.rank_prefix) for r in rs])
 
 
 def random_at_n(rs: Sequence[Response], cfg: VotingConfig, draw: Sequence[int] = ()) -> Outcome:
@@ -235,9 +235,9 @@ def random_at_n(rs: Sequence[Response], cfg: VotingConfig, draw: Sequence[int] =
     chosen, _ = subsets(n, k, [cfg.seed, n, k, *draw])
     votes = subset_votes(answer, correct, tiebreak, chosen, cfg.tie_break)
     share = k / n
-    stop = (lambda r: r.length) if cfg.prefix is None else (lambda r: min(r.length, cfg.prefix))
+    stop = (lambda r: r.length) if cfg.rank_prefix is None else (lambda r: min(r.length, cfg.rank_prefix))
     cost = sum(share * r.length + (1 - share) * stop(r) for r in rs)
-    prefix_len = max(r.length for r in rs) if cfg.prefix is None else cfg.prefix
+    prefix_len = max(r.length for r in rs) if cfg.rank_prefix is None else cfg.rank_prefix
     return Outcome(
         float(votes.credit.mean()),
         cost,

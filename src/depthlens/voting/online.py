@@ -77,7 +77,7 @@ class OnlineOutcome:
 
 
 def _prefix_dtr(r: Response, cfg: OnlineConfig) -> float:
-    return r.prefix_dtr(cfg.prefix)
+    return r.prefix_dtr(cfg.decision_prefix)
 
 
 def _lowest_group(r: Response, cfg: OnlineConfig) -> float:
@@ -85,7 +85,7 @@ def _lowest_group(r: Response, cfg: OnlineConfig) -> float:
 
 
 def _stop_at_prefix(r: Response, tau: float, cfg: OnlineConfig) -> int | None:
-    return None if r.prefix_dtr(cfg.prefix) >= tau else min(cfg.prefix, r.length)
+    return None if r.prefix_dtr(cfg.decision_prefix) >= tau else min(cfg.decision_prefix, r.length)
 
 
 def _stop_below_group(r: Response, tau: float, cfg: OnlineConfig) -> int | None:

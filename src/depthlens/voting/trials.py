@@ -158,7 +158,7 @@ def ablation(
     rows = []
     for prefix in prefixes:
         for eta in etas:
-            varied = dataclasses.replace(cfg, prefix=prefix, eta=eta)
+            varied = dataclasses.replace(cfg, rank_prefix=prefix, eta=eta)
             for s in run_trials(pools, varied, methods):
                 rows.append(
                     {

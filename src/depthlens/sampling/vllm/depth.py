@@ -28,6 +28,16 @@ Rows = list[list[list[float]]]
 floats."""
 
 
+@dataclasses.dataclass
+class Gained:
+    """The rows a request gained since it was last taken, and with ``layer_top_k`` = K each of those tokens'
+    layer predictions: per token, per layer 1..L, K token ids and their probabilities."""
+
+    rows: Rows
+    top_ids: list[list[list[int]]] = dataclasses.field(default_factory=list)
+    top_probs: list[list[list[float]]] = dataclasses.field(default_factory=list)
+
+
 class EngineDepth:
     """The in-engine readout's settings for the session's requests, and its rows as they come."""
 
@@ -45,17 +55,23 @@ class EngineDepth:
         """The divergence kinds each row holds, the primary one first."""
         return self.settings.kinds
 
-    def request_args(self, tag: str, window: int | None) -> dict[str, Any]:
-        """``extra_args`` that make the worker read out generated tokens 0..``window``−1 of request ``tag``."""
+    def request_args(self, tag: str, window: int | None, layer_top_k: int | None = None) -> dict[str, Any]:
+        """``extra_args`` that make the worker read out generated tokens 0..``window``−1 of request ``tag``;
+        ``layer_top_k``: each layer's top-k tokens for this request (None: as the session's readout says)."""
         settings = dataclasses.replace(self.settings, window=window)
+        if layer_top_k is not None:
+            settings = dataclasses.replace(settings, layer_top_k=layer_top_k)
         return {TAG_KEY: tag, **settings.to_extra()}
 
-    def take(self, engine: Any, have: Mapping[str, int]) -> tuple[dict[str, Rows], dict[str, DepthlensError]]:
+    def take(
+        self, engine: Any, have: Mapping[str, int]
+    ) -> tuple[dict[str, Gained], dict[str, DepthlensError]]:
         """The rows each request ``tag`` gained after its first ``have[tag]``, and the requests whose rows cannot
         be used (a non-finite value, a gap): those fail alone."""
-        rows: dict[str, Rows] = {}
+        rows: dict[str, Gained] = {}
         failed: dict[str, DepthlensError] = {}
-        for tag, (positions, table, _) in take_readout(engine, list(have)).items():
+        for tag, taken in take_readout(engine, list(have)).items():
+            positions, table = taken.positions, taken.rows
             if not positions:
                 continue
             start = have[tag]
@@ -69,7 +85,9 @@ class EngineDepth:
             if bad.numel():
                 failed[tag] = nonfinite_error(start + int(bad[0]))
                 continue
-            rows[tag] = table.tolist()
+            rows[tag] = Gained(table.tolist())
+            if taken.top_ids is not None and taken.top_probs is not None:
+                rows[tag].top_ids, rows[tag].top_probs = taken.top_ids.tolist(), taken.top_probs.tolist()
         return rows, failed
 
     def release(self, engine: Any, tags: Sequence[str]) -> None:

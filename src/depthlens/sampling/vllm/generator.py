@@ -28,13 +28,15 @@ Public surface (for callers beyond the studies, e.g. a server):
   (a per-token stop rule, ended in the engine). A ``Trace`` (``sampling.backend``) holds ``token_ids``,
   ``finish``, the per-token ``log_prob`` / ``entropy`` / ``self_certainty`` / ``confidence``, ``divergence``
   (one row of ``n_layers`` floats of ``readout.divergence`` per token of the first ``readout_tokens``) and
-  ``also`` (kind → rows).
+  ``also`` (kind → rows), and with ``readout.layer_top_k`` = K each read-out token's ``layer_top_ids`` /
+  ``layer_top_probs`` ([L][K]: every layer's K most probable tokens, taken in the worker from the same logits).
 - The generator steps the engine in the calling thread until its own requests are done: one call at a time per
   engine (several generators may share an engine one after another; request ids are unique in the process).
 - Driving the engine yourself: a request is read out when its ``SamplingParams.extra_args`` carry
   ``settings.TAG_KEY: tag`` and ``RequestReadout(...).to_extra()``; ``take_readout(engine, tags)`` then returns
-  tag → (positions, rows [n, kinds, n_layers], prefill baselines or None) and the worker forgets them — take the
-  rows of every request you tagged, finished or aborted, or they stay in the worker's memory.
+  tag → ``settings.Taken`` (positions, rows [n, kinds, n_layers], prefill baselines, each layer's top-k) and the
+  worker forgets them — take the rows of every request you tagged, finished or aborted, or they stay in the
+  worker's memory.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from depthlens.sampling.vllm.engine import (
     sampling_params,
     start_engine,
 )
-from depthlens.sampling.vllm.settings import TAG_KEY, request_readout
+from depthlens.sampling.vllm.settings import TAG_KEY, Taken, request_readout
 
 _FINISH = {"stop": "eos", "length": "length"}
 StopRule = Callable[[], Callable[[float], bool]]  # makes one response's rule: token confidence → end here?
@@ -66,11 +68,8 @@ StopRule = Callable[[], Callable[[float], bool]]  # makes one response's rule: t
 _REQUEST_IDS = itertools.count()
 
 
-def take_readout(
-    engine: Any, tags: list[str]
-) -> dict[str, tuple[list[int], torch.Tensor, torch.Tensor | None]]:
-    """What the engine's workers read out for ``tags`` (forgotten there): tag → (positions, rows [n, kinds, L],
-    prefill baselines [n, 3] or None)."""
+def take_readout(engine: Any, tags: list[str]) -> dict[str, Taken]:
+    """What the engine's workers read out for ``tags`` (forgotten there), by tag."""
     for result in engine.collective_rpc("depthlens_take", args=(tags,)):
         if result is not None:
             return result
@@ -96,6 +95,8 @@ class _Batch:
     aborted: set[int] = dataclasses.field(default_factory=set)
     scores: dict[str, dict[int, tuple[float, float, float]]] = dataclasses.field(default_factory=dict)
     rows: dict[str, dict[int, torch.Tensor]] = dataclasses.field(default_factory=dict)
+    # request → position → each layer's top-k (ids [L, K], probabilities [L, K]), with layer_top_k
+    top: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = dataclasses.field(default_factory=dict)
     stopped: dict[int, int] = dataclasses.field(
         default_factory=dict
     )  # row → token count a stop rule ended it at
@@ -301,8 +302,11 @@ class EngineGenerator:
             batch.scores.setdefault(request_id, {}).update(scores)
         if self.capture is None:
             return
-        for request_id, (positions, rows, _) in take_readout(self.engine, batch.request_ids).items():
-            batch.rows.setdefault(request_id, {}).update(zip(positions, rows, strict=True))
+        for request_id, taken in take_readout(self.engine, batch.request_ids).items():
+            batch.rows.setdefault(request_id, {}).update(zip(taken.positions, taken.rows, strict=True))
+            if taken.top_ids is not None and taken.top_probs is not None:
+                top = zip(taken.top_ids, taken.top_probs, strict=True)
+                batch.top.setdefault(request_id, {}).update(zip(taken.positions, top, strict=True))
 
     def _fill(self, batch: _Batch, i: int, trace: Trace, stop: int) -> None:
         request_id = batch.request_ids[i]
@@ -318,9 +322,10 @@ class EngineGenerator:
             if self.sampling.readout_tokens is None
             else min(len(tokens), self.sampling.readout_tokens)
         )
-        rows = batch.rows.get(request_id, {})
+        rows, top = batch.rows.get(request_id, {}), batch.top.get(request_id, {})
+        layer_top = self.request_readout.layer_top_k
         missing = [k for k in range(len(tokens)) if k not in scores] + [
-            k for k in range(window) if k not in rows
+            k for k in range(window) if k not in rows or (layer_top and k not in top)
         ]
         if missing or len(batch.log_prob[i]) < len(tokens):
             raise EngineError(
@@ -338,3 +343,6 @@ class EngineGenerator:
             raise nonfinite_error(int(bad[0]))
         trace.divergence = table[:, 0].tolist()
         trace.also = {kind: table[:, j].tolist() for j, kind in enumerate(self.kinds) if j}
+        if layer_top:
+            trace.layer_top_ids = [top[k][0].tolist() for k in range(window)]
+            trace.layer_top_probs = [top[k][1].tolist() for k in range(window)]

@@ -26,6 +26,9 @@ class Sample:
     top: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
     scores: dict[int, tuple[float, float, float]] = dataclasses.field(default_factory=dict)
     rows: list[list[list[float]]] = dataclasses.field(default_factory=list)  # per token, per kind, L floats
+    # with layer_top_k = K: per read-out token, per layer, K token ids and their probabilities
+    top_ids: list[list[list[int]]] = dataclasses.field(default_factory=list)
+    top_probs: list[list[list[float]]] = dataclasses.field(default_factory=list)
     engine_finish: str | None = None  # vLLM's finish reason
     stopped: bool = False  # aborted here (a decision, a Watch, a cancel): the trace holds all it will
     aborted: bool = False  # stopped while the engine still ran it (not after it had ended by itself)
@@ -46,6 +49,7 @@ class GroupSpec:
     watch: Watch = dataclasses.field(default_factory=Watch)
     logprobs: int = 0  # top-k log-probabilities wanted per token (vLLM's ``logprobs``)
     pause_at: int | None = None  # phase one's ℓ
+    layer_top_k: int | None = None  # each layer's top-k per read-out token (None: the session's setting)
 
 
 @dataclasses.dataclass(eq=False)
@@ -84,10 +88,14 @@ def extend(s: Sample, limit: int | None, window: int | None, kinds: Sequence[str
     if not s.running and k < cap:  # the engine has ended it, so every field of its tokens is in by now
         raise EngineError(f"vLLM reported no log p or scores for token {k} of request {s.tag}; report it")
     wanted = len(trace) if window is None else min(window, len(trace))
-    for row in s.rows[len(trace.divergence) : wanted]:
+    start = len(trace.divergence)
+    for row in s.rows[start:wanted]:
         trace.divergence.append(row[0])
         for kind, extra in zip(kinds[1:], row[1:], strict=True):
             trace.also.setdefault(kind, []).append(extra)
+    if s.top_ids:  # taken with the rows, token for token
+        trace.layer_top_ids.extend(s.top_ids[start:wanted])
+        trace.layer_top_probs.extend(s.top_probs[start:wanted])
     if s.engine_finish is not None and not s.stopped and len(trace) == len(s.tokens):
         trace.finish = _FINISH.get(s.engine_finish, "eos")  # type: ignore[assignment]
     return len(trace) > before or len(trace.divergence) > rows_before

@@ -6,7 +6,8 @@ model's own ``compute_logits`` (``ParallelLMHead`` + ``LogitsProcessor``: the te
 vocabulary cut, soft-capping and logit scaling, exactly as the engine applies them to what it samples from).
 The divergences, their layer blocks and their log-softmax are ``metrics.token_table.chunk_divergence_kinds`` on
 a ``ReadoutChunk`` — the very code the transformers samplers and ``score`` run — so the two backends differ only
-in where the states come from.
+in where the states come from — each layer's top-k tokens (``layer_top``, ``metrics.layer_top``) included, taken
+from the same unembedding products as the divergences.
 
 No vllm import: the model and its modules are passed in.
 """
@@ -14,6 +15,7 @@ No vllm import: the model and its modules are passed in.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
@@ -117,6 +119,16 @@ class Float32Head:
         return logits * self.post.scale if self.post.scale != 1.0 else logits
 
 
+@dataclasses.dataclass
+class RowsRead:
+    """What ``read_rows`` read out of c positions."""
+
+    values: torch.Tensor  # [c, kinds, L] float32 divergences (column L − 1 is 0), NaN rows where not finite
+    base: torch.Tensor | None = None  # [c, 3]: final-layer log p, entropy, self-certainty (given targets)
+    top_ids: torch.Tensor | None = None  # [c, L, K] int32: each layer's top-k (given top_k)
+    top_probs: torch.Tensor | None = None  # [c, L, K] float32: their probabilities
+
+
 def read_rows(
     lens: EngineLens,
     hidden: Sequence[torch.Tensor],
@@ -124,10 +136,12 @@ def read_rows(
     kinds: Sequence[Divergence],
     rows: int,
     targets: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    top_k: int = 0,
+) -> RowsRead:
     """Divergence rows of c positions: [c, kinds, L] float32 (column L − 1 is 0), NaN rows where a state is not
-    finite (``first_nonfinite`` says where; the driver raises, naming the token); and, given the tokens the
-    positions predict (``targets`` [c]), their final-layer log p, entropy and self-certainty [c, 3].
+    finite (``first_nonfinite`` says where; the driver raises, naming the token); given the tokens the
+    positions predict (``targets`` [c]), their final-layer log p, entropy and self-certainty [c, 3]; given
+    ``top_k`` ≥ 1, each layer's K most probable tokens and their probabilities, from the same logits.
 
     ``hidden``: L − 1 residual states [c, d] after blocks 1..L−1; ``final_normed``: the model's own normed last
     state [c, d], whose ``compute_logits`` is the distribution the engine samples from.
@@ -145,13 +159,15 @@ def read_rows(
         _hidden=tuple(hidden),
         nonfinite=bad,
     )
-    tables = chunk_divergence_kinds(chunk, kinds, rows)
-    out = torch.stack([tables[k] for k in kinds], dim=1)
-    out[bad > 0] = float("nan")
-    if targets is None:
-        return out, None
-    base = token_baselines(final_logprobs, targets.to(final_logprobs.device))
-    return out, torch.stack([base[k].float() for k in BASELINES], dim=1)
+    tables = chunk_divergence_kinds(chunk, kinds, rows, layer_top=top_k)
+    out = RowsRead(torch.stack([tables[k] for k in kinds], dim=1))
+    out.values[bad > 0] = float("nan")
+    if top_k:  # int32 ids: half the worker's memory of int64, until the driver takes them
+        out.top_ids, out.top_probs = tables["layer_top_ids"].to(torch.int32), tables["layer_top_probs"]
+    if targets is not None:
+        base = token_baselines(final_logprobs, targets.to(final_logprobs.device))
+        out.base = torch.stack([base[k].float() for k in BASELINES], dim=1)
+    return out
 
 
 def walk_collectives(

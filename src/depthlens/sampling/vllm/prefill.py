@@ -3,7 +3,8 @@
 Each record goes in as one request whose prompt is prompt + completion, with ``max_tokens = 1``; the worker reads
 out every position that predicts a completion token, inside the prefill (``RequestReadout.prompt_from``), with
 the same lens and metric functions as generation, and also the final layer's log p, entropy and self-certainty
-of each completion token. The engine batches the records' prefills as it batches any prompts.
+of each completion token (and with ``readout.layer_top_k`` each layer's top-k tokens, as ``TokenTable`` holds
+them). The engine batches the records' prefills as it batches any prompts.
 
 Prefix caching would skip positions whose KV blocks another record already computed (their states would never
 be captured), so every request carries its own ``cache_salt``: each record is prefilled whole.
@@ -25,7 +26,7 @@ from depthlens.models.info import ModelInfo, info_of
 from depthlens.readout.stream import TokenSequence
 from depthlens.sampling.vllm.engine import EngineError, JobSize, readout_capture, start_engine
 from depthlens.sampling.vllm.generator import nonfinite_error, take_readout
-from depthlens.sampling.vllm.settings import TAG_KEY, request_readout
+from depthlens.sampling.vllm.settings import TAG_KEY, Taken, request_readout
 
 _REQUEST_IDS = itertools.count()
 
@@ -103,19 +104,14 @@ class EngineScorer:
             raise
         out = [TokenTable.empty(self.n_layers) for _ in sequences]
         for request_id, i in ids.items():
-            out[i] = self._table(sequences[i], *taken.get(request_id, ([], torch.zeros(0), None)), request_id)
+            out[i] = self._table(sequences[i], taken.get(request_id, Taken([], torch.zeros(0))), request_id)
         return out
 
-    def _table(
-        self,
-        seq: TokenSequence,
-        positions: list[int],
-        rows: torch.Tensor,
-        base: torch.Tensor | None,
-        request_id: str,
-    ) -> TokenTable:
+    def _table(self, seq: TokenSequence, taken: Taken, request_id: str) -> TokenTable:
         n = len(seq.completion_ids)
-        if positions != list(range(n)) or base is None:
+        positions, rows, base = taken.positions, taken.rows, taken.base
+        top = self.settings.layer_top_k
+        if positions != list(range(n)) or base is None or (top and taken.top_ids is None):
             raise EngineError(
                 f"the engine read out positions {positions[:5]}… of {n} for {request_id}; report it with the vLLM "
                 "version"
@@ -129,4 +125,6 @@ class EngineScorer:
             log_prob=base[:, 0],
             entropy=base[:, 1],
             self_certainty=base[:, 2],
+            layer_top_ids=taken.top_ids.long() if taken.top_ids is not None else None,
+            layer_top_probs=taken.top_probs,
         )

@@ -24,7 +24,8 @@ class SessionBackend:
 
     ``watch``: the per-step callbacks of every group this backend starts; ``logprobs``: top-k log-probabilities
     kept per token (``top_logprobs``); ``cancel``: set by the caller's owner (a client that left) to abort
-    whatever this backend runs.
+    whatever this backend runs; ``layer_top_k``: each layer's top-k tokens per read-out token for this caller's
+    requests (None: as the session's readout says).
     """
 
     def __init__(
@@ -34,8 +35,10 @@ class SessionBackend:
         watch: Watch = Watch(),
         logprobs: int = 0,
         cancel: threading.Event | None = None,
+        layer_top_k: int | None = None,
     ) -> None:
         self.session = session
+        self.layer_top_k = layer_top_k
         self.sampling = sampling
         self.watch = watch
         self.logprobs = logprobs
@@ -49,7 +52,13 @@ class SessionBackend:
         budget = self.sampling.max_new_tokens
         pause = stop_after if stop_after is not None and stop_after < budget else None
         spec = GroupSpec(
-            list(prompt_ids), [int(s) for s in seeds], self.sampling, self.watch, self.logprobs, pause
+            list(prompt_ids),
+            [int(s) for s in seeds],
+            self.sampling,
+            self.watch,
+            self.logprobs,
+            pause,
+            self.layer_top_k,
         )
         group = self.session.submit(spec)
         self.groups.append(group)

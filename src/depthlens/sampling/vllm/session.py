@@ -169,7 +169,7 @@ class EngineSession:
 
     def _params(self, group: Group, seed: int, tag: str) -> Any:
         cfg = group.spec.sampling
-        readout = self.depth.request_args(tag, cfg.readout_tokens)
+        readout = self.depth.request_args(tag, cfg.readout_tokens, group.spec.layer_top_k)
         return sampling_params(cfg, seed, tag, self.end_ids, readout, logprobs=group.spec.logprobs)
 
     def _add(self, group: Group) -> None:
@@ -246,7 +246,10 @@ class EngineSession:
         rows, failed = self.depth.take(self.engine, {s.tag: len(s.rows) for s in samples})
         for tag, new in rows.items():
             group, i = self._samples[tag]
-            group.samples[i].rows.extend(new)
+            sample = group.samples[i]
+            sample.rows.extend(new.rows)
+            sample.top_ids.extend(new.top_ids)
+            sample.top_probs.extend(new.top_probs)
         for tag, error in failed.items():
             found = self._samples.get(tag)  # None once an earlier request of its group failed it
             if found is not None:

@@ -12,9 +12,12 @@ Two channels, as vLLM provides them:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from depthlens.config import Divergence, EngineConfig, ReadoutConfig
+
+if TYPE_CHECKING:
+    import torch
 
 CONFIG_KEY = "depthlens_readout"  # additional_config key (engine-wide)
 REQUEST_KEY = "depthlens_readout"  # SamplingParams.extra_args key (per request)
@@ -55,6 +58,8 @@ class RequestReadout:
         lens: a tuned lens's folder (absolute), whose translators the worker applies to layers 1..L−1 before the
             norm; None: the logit lens. The driver checked it against the model (``sampling.vllm.tuned``).
         lens_digest: that fit's digest: the worker refuses a folder that holds another fit by now.
+        layer_top_k: also keep each read-out position's K most probable tokens at every layer, with their
+            probabilities (``metrics.layer_top``), from the logits the divergences read; 0 keeps none.
     """
 
     window: int | None
@@ -66,6 +71,7 @@ class RequestReadout:
     float32_lens: bool = False
     lens: str | None = None
     lens_digest: str | None = None
+    layer_top_k: int = 0
 
     def to_extra(self) -> dict[str, Any]:
         return {REQUEST_KEY: dataclasses.asdict(self) | {"kinds": list(self.kinds)}}
@@ -78,7 +84,8 @@ class RequestReadout:
         return cls(**{**data, "kinds": tuple(data["kinds"])})
 
     def group(self) -> tuple[Any, ...]:
-        """The settings rows must share to be read out in one lens walk (prefill rows also read the baselines)."""
+        """The settings rows must share to be read out in one lens walk (prefill rows also read the baselines).
+        Not ``layer_top_k``: a walk takes its rows' largest K, and each row keeps its own first K of it."""
         return (
             self.kinds,
             self.final_norm,
@@ -89,6 +96,16 @@ class RequestReadout:
             self.lens,
             self.lens_digest,
         )
+
+
+class Taken(NamedTuple):
+    """What the worker read out for one request (``depthlens_take``), row for row by position."""
+
+    positions: list[int]  # in order
+    rows: torch.Tensor  # [n, kinds, L] float32 divergences; a NaN row: a state was not finite
+    base: torch.Tensor | None = None  # prefill readout: [n, 3] final-layer log p, entropy, self-certainty
+    top_ids: torch.Tensor | None = None  # layer_top_k ≥ 1: [n, L, K] int32, each layer's top-k tokens
+    top_probs: torch.Tensor | None = None  # [n, L, K] float32, their probabilities
 
 
 def request_readout(
@@ -117,5 +134,12 @@ def request_readout(
         readout, info if model is None else model, info
     )  # checked against the model, before it starts
     return RequestReadout(
-        window, kinds, readout.final_norm, vocab, rows, float32_lens=engine.float32_lens, **lens
+        window,
+        kinds,
+        readout.final_norm,
+        vocab,
+        rows,
+        float32_lens=engine.float32_lens,
+        layer_top_k=readout.layer_top_k,
+        **lens,
     )

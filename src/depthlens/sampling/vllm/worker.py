@@ -9,10 +9,12 @@ it reads out the rows of this step that a request asked for (``settings.RequestR
   a partly prefilled prompt (chunked prefill) samples nothing and is skipped;
 - prefill readout (``prompt_from``): every position of the prompt that predicts one of its completion tokens.
 
-Rows of all requests with the same settings go through one lens walk. Only [kinds × L] float32 rows per token
-are kept, by request tag and position, until ``depthlens_take`` (called through ``collective_rpc``) hands them
-over and forgets them. Under tensor parallelism every rank runs the same ``compute_logits`` calls (each is a
-collective); rank 0 alone computes and keeps the divergences.
+Rows of all requests with the same settings go through one lens walk (whatever each one's ``layer_top_k``: the
+walk takes its rows' largest K). Only [kinds × L] float32 rows per token are kept (and, where a request asks for
+``layer_top_k`` = K, [L × K] token ids and probabilities taken from the same logits), by request tag and
+position, until ``depthlens_take`` (called through ``collective_rpc``) hands them over and forgets them. Under
+tensor parallelism every rank runs the same ``compute_logits`` calls (each is a collective); rank 0 alone computes
+and keeps the divergences.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ from typing import Any
 import torch
 
 from depthlens.sampling.vllm.capture import Capture, install
-from depthlens.sampling.vllm.lens import EngineLens, EngineTunedLens, Float32Head, read_rows, walk_collectives
-from depthlens.sampling.vllm.settings import TAG_KEY, EngineReadout, RequestReadout
+from depthlens.sampling.vllm.lens import (
+    EngineLens,
+    EngineTunedLens,
+    Float32Head,
+    RowsRead,
+    read_rows,
+    walk_collectives,
+)
+from depthlens.sampling.vllm.settings import TAG_KEY, EngineReadout, RequestReadout, Taken
 from depthlens.sampling.vllm.tuned import load_translators
-
-# tag → (positions, rows [n, kinds, L], prefill baselines [n, 3] or None)
-Taken = dict[str, tuple[list[int], torch.Tensor, torch.Tensor | None]]
 
 
 @dataclasses.dataclass
@@ -39,6 +45,7 @@ class _Rows:
     flat: list[int] = dataclasses.field(default_factory=list)
     owners: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # (tag, position)
     targets: list[int] = dataclasses.field(default_factory=list)  # prefill: the token each row predicts
+    ks: list[int] = dataclasses.field(default_factory=list)  # each row's request's layer_top_k (0: none)
 
 
 _NONE: tuple[list[int], list[int], list[int]] = ([], [], [])
@@ -72,6 +79,7 @@ class InEngineReadout:
         self.n_layers = config.n_layers
         self.kept: dict[str, dict[int, torch.Tensor]] = {}
         self.base: dict[str, dict[int, torch.Tensor]] = {}  # prefill readout: [3] baselines per position
+        self.top: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}  # [L, K] ids and probs
         from vllm.distributed import get_tensor_model_parallel_rank
 
         self.rank = get_tensor_model_parallel_rank()
@@ -112,6 +120,7 @@ class InEngineReadout:
                 rows.flat.extend(flat)
                 rows.owners.extend((tag, p) for p in positions)
                 rows.targets.extend(targets)
+                rows.ks.extend([settings.layer_top_k] * len(flat))
         return list(groups.values())
 
     @torch.inference_mode()
@@ -136,27 +145,44 @@ class InEngineReadout:
                     walk_collectives(lens, hidden, final_normed, settings.rows)
                     continue
                 targets = torch.tensor(rows.targets[lo : lo + size]) if rows.targets else None
-                values, base = read_rows(lens, hidden, final_normed, settings.kinds, settings.rows, targets)
-                values = values.cpu()  # one copy per block of rows, not one per row
-                base = base.cpu() if base is not None else None
-                for j, (tag, position) in enumerate(rows.owners[lo : lo + size]):
-                    self.kept.setdefault(tag, {})[position] = values[j]
-                    if base is not None:
-                        self.base.setdefault(tag, {})[position] = base[j]
+                ks = rows.ks[lo : lo + size]
+                read = read_rows(lens, hidden, final_normed, settings.kinds, settings.rows, targets, max(ks))
+                self._keep(read, rows.owners[lo : lo + size], ks)
 
-    def take(self, tags: list[str]) -> Taken | None:
+    def _keep(self, read: RowsRead, owners: list[tuple[str, int]], ks: list[int]) -> None:
+        """Keep a block's rows by (tag, position): one copy to the host per block of rows, not one per row; each
+        row's own K of the block's top-k (a copy where it is fewer, so the block is not held for it)."""
+        values = read.values.cpu()
+        base = read.base.cpu() if read.base is not None else None
+        top = (read.top_ids.cpu(), read.top_probs.cpu()) if read.top_ids is not None else None
+        for j, (tag, position) in enumerate(owners):
+            self.kept.setdefault(tag, {})[position] = values[j]
+            if base is not None:
+                self.base.setdefault(tag, {})[position] = base[j]
+            if top is not None and ks[j]:
+                ids, probs = top[0][j], top[1][j]  # [L, K] of the block's largest K
+                if ks[j] < ids.shape[-1]:
+                    ids, probs = ids[:, : ks[j]].clone(), probs[:, : ks[j]].clone()
+                self.top.setdefault(tag, {})[position] = (ids, probs)
+
+    def take(self, tags: list[str]) -> dict[str, Taken] | None:
         """The rows kept for ``tags`` (forgotten here); None on ranks other than 0, which keep none."""
         if self.rank != 0:
             return None
-        out: Taken = {}
+        out: dict[str, Taken] = {}
         for tag in tags:
-            kept, base = self.kept.pop(tag, {}), self.base.pop(tag, None)
+            kept, base, top = self.kept.pop(tag, {}), self.base.pop(tag, None), self.top.pop(tag, None)
             positions = sorted(kept)
             if not positions:
-                out[tag] = ([], torch.zeros(0, 0, self.n_layers), None)
+                out[tag] = Taken([], torch.zeros(0, 0, self.n_layers))
                 continue
-            rows = torch.stack([kept[p] for p in positions])
-            out[tag] = (positions, rows, torch.stack([base[p] for p in positions]) if base else None)
+            out[tag] = Taken(
+                positions,
+                torch.stack([kept[p] for p in positions]),
+                torch.stack([base[p] for p in positions]) if base else None,
+                torch.stack([top[p][0] for p in positions]) if top else None,
+                torch.stack([top[p][1] for p in positions]) if top else None,
+            )
         return out
 
 
@@ -176,7 +202,7 @@ class ReadoutWorkerMixin:
             self.depthlens_readout.step(self.model_runner)  # type: ignore[attr-defined]
         return super().sample_tokens(grammar_output)  # type: ignore[misc]
 
-    def depthlens_take(self, tags: list[str]) -> Taken | None:
+    def depthlens_take(self, tags: list[str]) -> dict[str, Taken] | None:
         """Called through ``collective_rpc``: the kept rows of ``tags``."""
         return self.depthlens_readout.take(tags) if self.depthlens_readout is not None else None
 

@@ -49,6 +49,11 @@ function decodeFloats(base64) {
   return new Float32Array(bytes.buffer);
 }
 
+// Little-endian int32 values sent as base64 (each layer's top-k token ids) → an Int32Array.
+function decodeInts(base64) {
+  return new Int32Array(decodeFloats(base64).buffer);
+}
+
 // The colour of a value in [0, 1] from the heatmap's palette (light: settled early, dark: late).
 function paletteColour(palette, x) {
   const i = Math.max(0, Math.min(palette.length - 1, Math.round(x * (palette.length - 1))));

@@ -1,5 +1,5 @@
 // depthlens view: one response — its tokens coloured by settling depth, a token's divergence across layers, and
-// the token × layer heatmap. The chart and the heatmap are drawn here (an SVG polyline, a canvas): one line per
+// the token × layer heatmap (a cell's layer predictions and the logit lens: lens.js). The chart and the heatmap are drawn here (an SVG polyline, a canvas): one line per
 // token and one cell per token × layer need nothing a charting library would add.
 "use strict";
 
@@ -21,6 +21,7 @@ async function responseView(main, rid, params, mine) {
   data.divergence = decodeFloats(data.divergence);
   RESPONSE = data;
   SELECTED = null;
+  LAYER = null;
   const f = data.fields;
   const qid = f.question_id;
   const crumbs = el("p", {class: "crumbs"}, el("a", {href: href([], keep(params))}, "run"),
@@ -61,11 +62,19 @@ async function responseView(main, rid, params, mine) {
   const prompt = p ? el("details", {id: "prompt", open: true}, el("summary", {}, p.source === "prompt"
     ? `prompt (${p.tokens} tokens, as the model read it)` : "question (the prompt's tokens could not be decoded here)"),
     el("pre", {class: "prompt"}, p.text)) : null;
+  const lensToggle = el("button", {id: "show-lens", disabled: !data.readout, hidden: data.kind === "tcb",
+    title: "each layer's top-1 token at every read-out token (--layer-top-k)"}, "logit lens");
+  const lensWrap = el("div", {id: "lens-wrap", hidden: params.get("view") !== "lens"});
+  lensToggle.addEventListener("click", () => {
+    lensWrap.hidden = !lensWrap.hidden;
+    if (!lensWrap.hidden) drawLens(lensWrap);
+  });
   main.replaceChildren(el("section", {id: "response", "data-id": data.id}, crumbs, el("h2", {}, `${data.kind === "scores" ? "record" : "response"} ${data.id}`),
     el("dl", {class: "facts"}, facts.map(([k, v]) => [el("dt", {}, k), el("dd", {"data-fact": k}, v)])), prompt,
-    data.notes.map((n) => el("p", {class: "notice"}, n)), legend, el("div", {class: "toolbar"}, toggle), wrap,
+    data.notes.map((n) => el("p", {class: "notice"}, n)), legend, el("div", {class: "toolbar"}, toggle, " ", lensToggle), wrap, lensWrap,
     el("div", {class: "split"}, tokens, panel)));
   if (!wrap.hidden) drawHeatmap(wrap);
+  if (!lensWrap.hidden) drawLens(lensWrap);
   const start = params.get("tok");
   if (start !== null && Number(start) < data.tokens.length) selectToken(Number(start));
 }
@@ -93,8 +102,10 @@ function tokenSpan(label, t) {
   return label.includes("↵") ? [span, el("br")] : span;
 }
 
-function selectToken(t) {
+// Select token t; ``layer`` (1..L) also picks the layer whose top-k the panel lists (else the one picked before).
+function selectToken(t, layer) {
   SELECTED = t;
+  if (layer !== undefined) LAYER = layer;
   for (const node of document.querySelectorAll(".tok.selected")) node.classList.remove("selected");
   const span = document.querySelector(`.tok[data-i="${t}"]`);
   if (span) { span.classList.add("selected"); span.scrollIntoView({block: "nearest"}); }
@@ -111,8 +122,9 @@ function selectToken(t) {
   panel.replaceChildren(...[el("h3", {}, `token ${t}: `, el("code", {id: "token-label"}, RESPONSE.tokens[t])),
     el("dl", {class: "facts", id: "token-facts"}, [...facts, ...values].map(([k, v]) => [el("dt", {}, k), el("dd", {"data-field": k}, String(v))])),
     readOut ? layerChart(t) : RESPONSE.shade ? null : el("p", {class: "notice"}, "this token was not read out at every layer (--readout-tokens)"),
-    readOut ? layerTable(t) : null].filter(Boolean));
+    readOut ? layerTable(t) : null, readOut && !RESPONSE.shade ? layerTopPanel(t) : null].filter(Boolean));
   if (!$("#heatmap-wrap").hidden) drawHeatmap($("#heatmap-wrap"));
+  markLensCell();
 }
 
 // One token's divergence to the final layer at every layer: the line Think@n's depth is read from.
@@ -234,11 +246,12 @@ function drawHeatmap(wrap) {
     canvas.addEventListener("click", (event) => {
       const rect = canvas.getBoundingClientRect();
       const t = Math.floor((event.clientX - rect.left) / cw);
-      if (t >= 0 && t < T) selectToken(t);
+      const l = L - Math.floor((event.clientY - rect.top) / ch);  // rows: the final layer on top
+      if (t >= 0 && t < T) selectToken(t, l >= 1 && l <= L ? l : undefined);
     });
     // the axes sit beside the canvas (not on it), so a click's x on the canvas is still its token
     const grid = el("div", {id: "heatmap-grid"}, layerAxis(L, ch), canvas, el("span"), tokenAxis(T, cw));
-    wrap.replaceChildren(grid, el("p", {class: "caption"}, `rows: layers 1 (bottom) to ${L} (top); columns: the ${T} read-out tokens; colour: divergence to the final layer (${RESPONSE.unit}); ringed: where each token settles; blue tick: a deep-thinking token`));
+    wrap.replaceChildren(grid, el("p", {class: "caption"}, `rows: layers 1 (bottom) to ${L} (top); columns: the ${T} read-out tokens; colour: divergence to the final layer (${RESPONSE.unit}); ringed: where each token settles; blue tick: a deep-thinking token; click a cell for that layer's top-k tokens`));
   }
   canvas.width = T * cw;
   canvas.height = L * ch + 6;
@@ -257,6 +270,10 @@ function drawHeatmap(wrap) {
     ctx.strokeStyle = "#00bcd4";
     ctx.lineWidth = 2;
     ctx.strokeRect(SELECTED * cw, 0, cw, L * ch);
+    if (LAYER !== null) {
+      ctx.strokeStyle = "#e8590c";
+      ctx.strokeRect(SELECTED * cw, (L - LAYER) * ch, cw, ch);
+    }
     ctx.lineWidth = 1;
   }
 }
@@ -266,4 +283,7 @@ document.addEventListener("keydown", (event) => {
   if (event.target.tagName === "INPUT" || event.target.tagName === "SELECT") return;
   if (event.key === "ArrowRight" && SELECTED + 1 < RESPONSE.tokens.length) selectToken(SELECTED + 1);
   if (event.key === "ArrowLeft" && SELECTED > 0) selectToken(SELECTED - 1);
+  const layer = LAYER ?? RESPONSE.n_layers;  // ↑ ↓: the layer whose top-k the panel lists
+  if (event.key === "ArrowUp" && layer < RESPONSE.n_layers) { event.preventDefault(); selectToken(SELECTED, layer + 1); }
+  if (event.key === "ArrowDown" && layer > 1) { event.preventDefault(); selectToken(SELECTED, layer - 1); }
 });
