@@ -52,6 +52,8 @@ def test_a_misspelt_keyword_is_told_the_verbs_own_name(tiny_chat):
         depthlens.score(tiny_chat, RECORDS, tokens=True, layer_top_kk=2)
     with pytest.raises(InputError, match=r"depthlens\.generate\(progres=…\): .*did you mean progress\?"):
         depthlens.generate(tiny_chat, TASK, progres=False)
+    scored = depthlens.score(tiny_chat, RECORDS, prefix=2, progress=False)  # ℓ_prefix's keyword stays known
+    assert scored.column("dtr_prefix").to_pylist()[0] is not None
 
 
 def test_the_top_k_without_tokens_names_the_keyword_as_python_sets_it(tiny_chat):
