@@ -39,7 +39,7 @@ demo: model
 		--readout-tokens all --also-divergences kl,cosine --batch-size 8 --out $(DEMO)/chain_sum --overwrite
 	$(BIN)/depthlens thinkn --from $(DEMO)/chain_sum --n 4 --prefix 25 --trials 10
 	$(BIN)/depthlens heatmap --model $(MODEL) --chat --prompt "Tom has 3 apples and buys 4 more. How many apples does he have now?" \
-		--completion "Tom starts with 3 apples. He buys 4 more, so he has 3 + 4 = 7 apples. The answer is 7." --out $(DEMO)/heatmap
+		--completion "Tom starts with 3 apples. He buys 4 more, so he has 3 + 4 = 7 apples. The answer is 7." --layer-top-k 5 --out $(DEMO)/heatmap
 	$(BIN)/depthlens report $(DEMO) --seeds 10
 
 bench: model

@@ -149,7 +149,8 @@ def test_online_table_is_the_decisions(online_run):
 
 def test_unknown_setting_is_refused_naming_the_known(tiny_chat):
     with pytest.raises(
-        InputError, match=r"depthlens.generate\(temprature=…\): no such setting; known: .*temperature"
+        InputError,
+        match=r"depthlens.generate\(temprature=…\): no such setting; did you mean temperature\? \(known: .*",
     ):
         depthlens.generate(tiny_chat, TASK, temprature=0.5)
 

@@ -68,6 +68,18 @@ def test_generate_states_a_readout_window(lm, capsys):
     assert first.endswith("the first 4 tokens read out (readout_tokens), on cpu, 2 threads")
 
 
+def test_the_opening_line_counts_one_question_and_names_the_top_k(lm, capsys):
+    depthlens.generate(
+        lm, TASK, pool=2, batch_size=2, readout_tokens=4, layer_top_k=3, **{**SMALL, "questions": 1}
+    )
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "2 responses (1 question × pool 2)" in first
+    assert "the first 4 tokens read out (readout_tokens) with each layer's top-3, on cpu" in first
+    depthlens.score(lm, [{"id": "a", "prompt": "1 2", "completion": "3"}], tokens=True, layer_top_k=2)
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "1 record, every completion token read out with each layer's top-2, on cpu" in first
+
+
 def test_score_counts_records_and_tokens(lm, bars, capsys):
     records = [
         {"id": "a", "prompt": "1 2", "completion": "3 4 5"},

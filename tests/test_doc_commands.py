@@ -23,7 +23,7 @@ from depthlens.cli.app import main
 from tests.serving import save_tiny_chat
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("docs/cli.md", "docs/view.md", "README.md")
+DOCS = ("docs/cli.md", "docs/view.md", "README.md", "docs/logit-lens.md")
 SKIP = ("view", "serve")  # servers, started by their own tests
 ENGINE_ONLY = ("--backend vllm", "--gpu-memory-utilization", "--gpus", "--ray")
 SHRINK = {  # option → its tiny value

@@ -29,6 +29,8 @@ _LAZY = {
     "responses": "depthlens.studies.api",
     "to_pandas": "depthlens.stores.arrow",
     "matrices": "depthlens.stores.arrow",
+    "draw_divergence_heatmap": "depthlens.viz.heatmap",
+    "draw_logit_lens": "depthlens.viz.heatmap",
     "ReadoutConfig": "depthlens.config",
     "DTRConfig": "depthlens.config",
     "DepthlensError": "depthlens.errors",

@@ -75,12 +75,21 @@ def _arrays(table: pa.Table) -> ShardArrays:
         lengths = array.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
         inner = array.flatten()
         if pa.types.is_fixed_size_list(inner.type):
-            width = inner.type.list_size
-            values = np.array(inner.flatten().to_numpy(zero_copy_only=False)).reshape(-1, width)  # writable
+            values = np.array(_dense(inner))  # writable
         else:
             values = np.array(inner.to_numpy(zero_copy_only=False))
         lists[name] = (lengths, values)
     return ShardArrays(table.num_rows, scalars, lists)
+
+
+def _dense(rows: pa.Array) -> np.ndarray:
+    """A fixed-size-list array (each token's ``[L]`` row, or ``[L][K]`` top-k) as one numeric numpy array of
+    shape (tokens, L[, K]): every level flattened, so a ``[T × L × K]`` cell is numbers, not arrays of arrays."""
+    shape = []
+    while pa.types.is_fixed_size_list(rows.type):
+        shape.append(rows.type.list_size)
+        rows = rows.flatten()
+    return rows.to_numpy(zero_copy_only=False).reshape(-1, *shape)
 
 
 def release_unused() -> None:
@@ -120,11 +129,7 @@ def arrow_row(table: pa.Table) -> dict[str, Any]:
         if pa.types.is_list(kind) and array.null_count == 0:
             inner = array.flatten()
             if pa.types.is_fixed_size_list(inner.type):
-                widths = []  # [T × L] → (T, L); [T][L][K] (--layer-top-k) → (T, L, K)
-                while pa.types.is_fixed_size_list(inner.type):
-                    widths.append(inner.type.list_size)
-                    inner = inner.flatten()
-                row[name] = inner.to_numpy(zero_copy_only=False).reshape(-1, *widths)
+                row[name] = _dense(inner)
             elif pa.types.is_floating(inner.type) or pa.types.is_integer(inner.type):
                 row[name] = inner.to_numpy(zero_copy_only=False)
             else:

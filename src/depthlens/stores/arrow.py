@@ -105,13 +105,33 @@ def _is_matrix(kind: pa.DataType) -> bool:
     )
 
 
+def _is_cube(kind: pa.DataType) -> bool:
+    """``list<fixed_size_list<fixed_size_list<type, K>, L>>``: a ``[T × L × K]`` array per row (each layer's top-k)."""
+    return (
+        pa.types.is_list(kind)
+        and pa.types.is_fixed_size_list(kind.value_type)
+        and pa.types.is_fixed_size_list(kind.value_type.value_type)
+    )
+
+
+def _labels(values: list[Any] | None) -> np.ndarray | None:
+    """A ``[T][L][K]`` list of labels (``layer_top_tokens``) as a (T, L, K) array of str, None for none."""
+    if values is None:
+        return None
+    return np.array(values, dtype=str) if values else np.empty((0, 0, 0), dtype=str)
+
+
 def matrices(table: pa.Table, column: str) -> list[np.ndarray | None]:
     """Each row's ``[T × L]`` matrix of ``column`` (e.g. ``divergence``) as a (T, L) numpy array, None where the
-    row has none; views of the table's own buffers where the width allows, no Python loop over tokens."""
+    row has none; views of the table's own buffers where the width allows, no Python loop over tokens. A
+    ``[T × L × K]`` column (``layer_top_ids``, ``layer_top_probs``) gives (T, L, K) arrays (``cubes``)."""
     data = table.column(column)
+    if _is_cube(data.type):
+        return cubes(table, column)
     if not _is_matrix(data.type):
         raise TypeError(
-            f"column {column!r} is {data.type}, not a [T × L] matrix (list<fixed_size_list<float, L>>)"
+            f"column {column!r} is {data.type}, not a [T × L] matrix (list<fixed_size_list<float, L>>) "
+            "nor a [T × L × K] array"
         )
     n_layers = data.type.value_type.list_size
     out: list[np.ndarray | None] = []
@@ -145,15 +165,17 @@ def cubes(table: pa.Table, column: str) -> list[np.ndarray | None]:
 
 def to_pandas(table: pa.Table) -> Any:
     """``table.to_pandas()`` with each ``[T × L]`` column's cell a (T, L) float numpy array and each
-    ``[T × L × K]`` one's a (T, L, K) array (pyarrow's own conversion gives object arrays of T rows); every other
-    column as pyarrow converts it."""
+    ``[T × L × K]`` one's a (T, L, K) array — ``layer_top_tokens``'s of str (pyarrow's own conversion gives
+    object arrays of T rows); every other column as pyarrow converts it."""
     frame = table.to_pandas()
     for field in table.schema:
         arrays = None
         if _is_matrix(field.type):
             arrays = matrices(table, field.name)
-        elif field.name in CUBES and pa.types.is_list(field.type):
+        elif _is_cube(field.type):
             arrays = cubes(table, field.name)
+        elif field.name == "layer_top_tokens":
+            arrays = [_labels(v) for v in table.column(field.name).to_pylist()]
         if arrays is not None:
             # filled one by one: numpy would stack equal shapes
             cells = np.empty(table.num_rows, dtype=object)

@@ -55,7 +55,7 @@ from depthlens.studies import generate as generation
 from depthlens.studies import online as live
 from depthlens.studies import resolve, thinkn
 from depthlens.studies.pool_table import metadata, pool_rows, read_metadata, store_records
-from depthlens.studies.progress import Bar, Display, readout_words, where_words
+from depthlens.studies.progress import Bar, Display, counted, readout_words, top_k_words, where_words
 from depthlens.studies.score import engine_reader, score_records, score_records_on, with_layer_top_tokens
 from depthlens.studies.scratch import scratch_or
 
@@ -79,11 +79,14 @@ def _verb(*classes: type) -> Callable[[F], F]:
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            with resolve.python_front(fn.__name__), threads_kept():  # the run's threads end with it
+            # the verb's own keywords (progress, tokens) are known too: `progres=False` is told `progress`
+            resolve.refuse_unknown(fn.__name__, kwargs, names)
+            with resolve.python_front(fn.__name__, flags), threads_kept():  # the run's threads end with it
                 return fn(*args, **kwargs)
 
         signature = inspect.signature(fn)
         params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        flags = {p.name for p in params if p.annotation in (bool, "bool")}
         taken = {p.name for p in params}
         if "prefix" in taken:  # a verb's own ``prefix`` is the field ``prefix=`` stands for: one name shown
             taken |= {resolve.PREFIX_OF[c] for c in classes if c in resolve.PREFIX_OF}
@@ -96,6 +99,9 @@ def _verb(*classes: type) -> Callable[[F], F]:
                 params.append(
                     inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint)
                 )
+        names = {p.name for p in params if p.kind is not p.POSITIONAL_ONLY}
+        if any(c in resolve.PREFIX_OF for c in classes):
+            names.add("prefix")  # ℓ_prefix's keyword, as on the command line (resolve.split maps it)
         call.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
         return call  # type: ignore[return-value]
 
@@ -183,7 +189,8 @@ def score(
     )
     line = (
         f"depthlens.score: backend {run.engine.backend}, {len(inputs)} record{'s' if len(inputs) != 1 else ''}, "
-        f"every completion token read out, {where_words(model, run.engine, 'score')}"
+        f"every completion token read out{top_k_words(run.readout.layer_top_k)}, "
+        f"{where_words(model, run.engine, 'score')}"
     )
     with Display(progress, line) as display:
         records_bar = display.bar("records", len(inputs), "records")
@@ -270,8 +277,8 @@ def generate(
     )
     line = (
         f"depthlens.generate: backend {run.engine.backend}, {len(questions) * pool} responses "
-        f"({len(questions)} questions × pool {pool}) of up to {run.sampling.max_new_tokens} tokens, "
-        f"{readout_words(run.sampling)}, {where_words(model, run.engine, 'sample')}"
+        f"({counted(len(questions), 'question')} × pool {pool}) of up to {run.sampling.max_new_tokens} tokens, "
+        f"{readout_words(run.sampling, run.readout.layer_top_k)}, {where_words(model, run.engine, 'sample')}"
     )
     with scratch_or(out) as where, Display(progress, line) as display:
         run = dataclasses.replace(run, store=StoreSpec(where, overwrite=True))
@@ -401,9 +408,9 @@ def online(
     )
     requests = max(online_config.warmup, online_config.batch_size)  # as ``run_online`` sizes its engine
     line = (
-        f"depthlens.online: backend {run.engine.backend}, {len(questions)} questions × up to "
+        f"depthlens.online: backend {run.engine.backend}, {counted(len(questions), 'question')} × up to "
         f"{online_config.max_n} responses (warm-up {online_config.warmup}) of up to "
-        f"{run.sampling.max_new_tokens} tokens, {readout_words(run.sampling)}, "
+        f"{run.sampling.max_new_tokens} tokens, {readout_words(run.sampling, run.readout.layer_top_k)}, "
         + where_words(model, run.engine, "sample")
     )
     with scratch_or(out) as where, Display(progress, line) as display:

@@ -16,12 +16,25 @@ from depthlens.config import EngineConfig, SamplingConfig
 from depthlens.models.threads import Work, threads_for
 
 
-def readout_words(sampling: SamplingConfig) -> str:
-    """How many of each response's tokens are read out at every layer (ℓ), as the opening line says it."""
+def readout_words(sampling: SamplingConfig, layer_top_k: int = 0) -> str:
+    """How many of each response's tokens are read out at every layer (ℓ), as the opening line says it, and
+    each layer's top-k where it is kept (``layer_top_k``: its memory grows with the tokens read out)."""
     readout_tokens = sampling.readout_tokens
     if readout_tokens is None or readout_tokens >= sampling.max_new_tokens:
-        return f"every token read out (readout_tokens {'all' if readout_tokens is None else readout_tokens})"
-    return f"the first {readout_tokens} tokens read out (readout_tokens)"
+        words = f"every token read out (readout_tokens {'all' if readout_tokens is None else readout_tokens})"
+    else:
+        words = f"the first {readout_tokens} tokens read out (readout_tokens)"
+    return words + top_k_words(layer_top_k)
+
+
+def top_k_words(layer_top_k: int) -> str:
+    """``" with each layer's top-5"`` where a run keeps each layer's top-k, else nothing."""
+    return f" with each layer's top-{layer_top_k}" if layer_top_k else ""
+
+
+def counted(n: int, noun: str) -> str:
+    """``"1 question"``, ``"2 questions"``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def where_words(lm: Any, engine: EngineConfig, work: Work) -> str:

@@ -15,12 +15,12 @@ import contextvars
 import dataclasses
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from depthlens.config import DTRConfig, LensSpec, OnlineConfig, ReadoutConfig, VotingConfig
 from depthlens.config.readout import check_layer_top
-from depthlens.errors import ConfigError, InputError, named, spelt
+from depthlens.errors import ConfigError, InputError, did_you_mean, named, spelt
 
 
 def readout(
@@ -153,14 +153,9 @@ def split(verb: str, settings: Mapping[str, Any], *classes: type) -> list[dict[s
                 f"depthlens.{verb}(prefix=…, {prefix}=…): the same setting twice; give one", setting=prefix
             )
         _KEYWORDS.set({**(_KEYWORDS.get() or {}), prefix: "prefix"})  # its errors name the keyword given
-    names = {*known, "prefix"} if prefix is not None else set(known)
+    refuse_unknown(verb, settings, {*known, "prefix"} if prefix is not None else known)
     for given, value in settings.items():
         key = prefix if given == "prefix" and prefix is not None else given
-        if key not in known:
-            raise InputError(
-                f"depthlens.{verb}({given}=…): no such setting; known: {', '.join(sorted(names))}",
-                setting=key,
-            )
         cls, hint = known[key]
         if not _fits(value, hint):
             raise InputError(
@@ -169,6 +164,17 @@ def split(verb: str, settings: Mapping[str, Any], *classes: type) -> list[dict[s
             )
         parts[cls][key] = value
     return [parts[c] for c in classes]
+
+
+def refuse_unknown(verb: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """Refuse the first keyword of ``given`` that is not ``known``: the close spellings first (``progres`` →
+    ``progress``), then every known name, so a typo never reads as a list to search."""
+    known = sorted(set(known))
+    for key in given:
+        if key not in known:
+            close = did_you_mean(key, known)
+            listed = f" (known: {', '.join(known)})" if close else f"; known: {', '.join(known)}"
+            raise InputError(f"depthlens.{verb}({key}=…): no such setting{close}{listed}", setting=key)
 
 
 def _type_name(hint: Any) -> str:
@@ -180,9 +186,10 @@ _KEYWORDS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVa
 
 
 @contextlib.contextmanager
-def python_front(verb: str) -> Iterator[None]:
+def python_front(verb: str, flags: Collection[str] = ()) -> Iterator[None]:
     """Errors about a setting, as a Python caller reads them: ``depthlens.generate(lens='x'): …``, each setting
-    by the keyword the caller gave (``prefix=`` for ``rank_prefix``)."""
+    by the keyword the caller gave (``prefix=`` for ``rank_prefix``); a setting of ``flags`` (the verb's on/off
+    keywords, ``tokens``) named in the text reads as the call that sets it, ``tokens=True``."""
     given = _KEYWORDS.set(None)
     try:
         yield
@@ -194,9 +201,11 @@ def python_front(verb: str) -> Iterator[None]:
         def keyword(setting: str) -> str:
             return keywords.get(setting, setting)
 
-        message = f"depthlens.{verb}({keyword(exc.setting)}={exc.value!r}): " + spelt(
-            exc.requirement, keyword
-        )
+        def called(setting: str) -> str:
+            name = keyword(setting)
+            return f"{name}=True" if name in flags else name
+
+        message = f"depthlens.{verb}({keyword(exc.setting)}={exc.value!r}): " + spelt(exc.requirement, called)
         raise type(exc)(
             message, setting=exc.setting, value=exc.value, requirement=exc.requirement, owner=exc.owner
         ) from None

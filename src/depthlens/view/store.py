@@ -146,7 +146,13 @@ class ViewStore:
         whole = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in record.items()}
         fields = [k for k in samples.REQUIRED if columns is None or k in columns or k in LIGHT_REQUIRED]
         where = self.source.where(self.locations[index])
-        return samples.response_problem(self.path, where, whole, self._against, fields)
+        against = self._against
+        if columns is not None and "layer_top_ids" not in columns:
+            # each layer's top-k was not read: its absence says nothing about the store
+            readout = against.get("readout")
+            if isinstance(readout, dict) and readout.get("layer_top_k"):
+                against = {**against, "readout": {**readout, "layer_top_k": 0}}
+        return samples.response_problem(self.path, where, whole, against, fields)
 
     @functools.cached_property
     def _against(self) -> dict[str, Any]:

@@ -19,14 +19,15 @@ _SHALLOW, _DEEP = "#2ca02c", "#1f77b4"  # green: settles before the deep regime;
 
 
 def draw_divergence_heatmap(record: dict[str, Any], path: str | Path, title: str | None = None) -> Path:
-    """Write a PNG/SVG (by ``path``'s suffix) of D_{t,l} with each token's settling depth marked."""
+    """Write a PNG/SVG (by ``path``'s suffix) of D_{t,l} with each token's settling depth marked. ``record``: a
+    scored record (``table.to_pylist()[i]``, ``record.json``) or a row of ``depthlens.to_pandas(table)``."""
     path = Path(path)
     missing = [k for k in _NEEDED if k not in record]
     if missing:
         raise InputError(
             f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens')} to draw a heatmap"
         )
-    if not record["divergence"]:
+    if len(record["divergence"]) == 0:  # a list, or a (T, L) array from depthlens.to_pandas
         raise InputError(f"record {record.get('id')!r} has no completion tokens to draw")
     import matplotlib
 
@@ -81,7 +82,7 @@ def draw_logit_lens(record: dict[str, Any], path: str | Path, title: str | None 
             f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens')} "
             f"{named('layer_top_k')} K to draw the logit lens"
         )
-    if not record["layer_top_tokens"]:
+    if len(record["layer_top_tokens"]) == 0:
         raise InputError(f"record {record.get('id')!r} has no completion tokens to draw")
     import matplotlib
 
