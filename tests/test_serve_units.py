@@ -463,3 +463,39 @@ def test_the_served_readout_is_the_one_the_engine_runs(tokenizer, monkeypatch, f
         "lens": "logit",
         "lens_dtype": "float32" if float32_lens else "bfloat16",
     }
+
+
+def test_a_session_whose_engine_step_never_returns_still_answers_its_waiters_on_close():
+    """``EngineSession.close`` after a step that hangs (an engine stuck inside ``step``): the stepping thread cannot
+    run the failures it queues, so close fails the groups itself — a waiting caller gets ``GenerationCancelled``
+    within the close's timeout instead of waiting forever (a hang seen once in a full suite run)."""
+    import threading
+
+    from depthlens.config import SamplingConfig
+    from depthlens.sampling.backend import Trace
+    from depthlens.sampling.live import GenerationCancelled
+    from depthlens.sampling.vllm.groups import Group, GroupSpec, Sample
+    from depthlens.sampling.vllm.session import EngineSession
+
+    stuck = threading.Event()
+    session = EngineSession.__new__(EngineSession)  # no engine: only what close and wait touch
+    session.cond, session._inbox, session._closing = threading.Condition(), [], False
+    session.engine = type("Engine", (), {"engine_core": None})()
+    session._thread = threading.Thread(target=stuck.wait, daemon=True)  # the step that never returns
+    session._thread.start()
+    group = Group(GroupSpec([1, 2], [0], SamplingConfig()), [Sample("t", Trace(seed=0))])
+    session._groups = [group]
+    raised: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            session.wait(group, lambda: False)
+        except GenerationCancelled as exc:
+            raised.append(exc)
+
+    caller = threading.Thread(target=waiter, daemon=True)
+    caller.start()
+    session.close(timeout=0.2)
+    caller.join(5)
+    stuck.set()
+    assert not caller.is_alive() and len(raised) == 1 and "did not stop" in str(raised[0])

@@ -135,6 +135,12 @@ class EngineSession:
                 self._inbox.append(lambda g=group: self._fail(g, GenerationCancelled("the server shut down")))
             self.cond.notify_all()
         self._thread.join(timeout)
+        if self._thread.is_alive():  # a step that never returns: its waiters would wait for it forever
+            with self.cond:
+                for group in self._groups:
+                    if group.error is None and not group.done:
+                        group.error = GenerationCancelled("the vLLM engine did not stop within the shutdown")
+                self.cond.notify_all()
         with contextlib.suppress(Exception):  # the engine core of an in-process engine; nothing to lose here
             self.engine.engine_core.shutdown()
 
