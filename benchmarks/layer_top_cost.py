@@ -22,25 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
+from store_bytes import column_bytes  # a sibling script: benchmarks/ is on the path when run
 
 PARAGRAPH = (
     "To add 17 and 25, first add the tens: 10 + 20 = 30. Then add the ones: 7 + 5 = 12. Finally 30 + 12 = 42, "
     "so the sum is 42. Checking by counting up from 25 by 17 also gives 42. "
 )
 FIELDS = ("layer_top_ids", "layer_top_probs")
-
-
-def _column_bytes(store: Path, columns: tuple[str, ...]) -> int:
-    total = 0
-    for shard in store.glob("part-*.parquet"):
-        meta = pq.ParquetFile(shard).metadata
-        for g in range(meta.num_row_groups):
-            group = meta.row_group(g)
-            for c in range(group.num_columns):
-                if group.column(c).path_in_schema.split(".")[0] in columns:
-                    total += group.column(c).total_compressed_size
-    return total
 
 
 def one(model: str, tokens: int, k: int) -> dict:
@@ -76,7 +64,7 @@ def one(model: str, tokens: int, k: int) -> dict:
         cells = stored["token_count"] * lm.n_layers * max(k, 1)
         if k:
             out["parquet_bytes_per_token_layer_k"] = round(
-                _column_bytes(Path(tmp) / "scores", FIELDS) / cells, 2
+                column_bytes(Path(tmp) / "scores", *FIELDS) / cells, 2
             )
             chars = sum(len(json.dumps(stored[f], separators=(",", ":"))) for f in FIELDS)
             out["jsonl_bytes_per_token_layer_k"] = round(chars / cells, 2)

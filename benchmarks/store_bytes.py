@@ -19,7 +19,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 
-def _column_bytes(store: Path, column: str) -> int:
+def column_bytes(store: Path, *columns: str) -> int:
+    """The compressed bytes of ``columns`` (top-level names) in a Parquet store's shards."""
     total = 0
     for shard in store.glob("part-*.parquet"):
         meta = pq.ParquetFile(shard).metadata
@@ -27,7 +28,7 @@ def _column_bytes(store: Path, column: str) -> int:
             group = meta.row_group(g)
             for c in range(group.num_columns):
                 chunk = group.column(c)
-                if chunk.path_in_schema.split(".")[0] == column:
+                if chunk.path_in_schema.split(".")[0] in columns:
                     total += chunk.total_compressed_size
     return total
 
@@ -94,8 +95,8 @@ def main() -> None:
         "divergence_kinds": ["jsd", *also],
         "divergence_bytes_per_token_layer": {
             "jsonl": round(json_cells / cells, 2),
-            "parquet_float32": round(_column_bytes(tmp / "float32", "divergence") / cells, 2),
-            "parquet_float16": round(_column_bytes(tmp / "float16", "divergence") / cells, 2),
+            "parquet_float32": round(column_bytes(tmp / "float32", "divergence") / cells, 2),
+            "parquet_float16": round(column_bytes(tmp / "float16", "divergence") / cells, 2),
         },
         "store_bytes_per_generated_token": {
             "jsonl": round(_store_bytes(samples_path(tmp / "jsonl", "jsonl")) / tokens, 1),
