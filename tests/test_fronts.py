@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import depthlens
-from depthlens.config import VotingConfig
+from depthlens.config import DTRConfig, VotingConfig
 from depthlens.errors import ConfigError, InputError
 from tests.test_cli import run
 
@@ -148,8 +148,11 @@ def test_the_library_names_settings_not_flags():
     assert not spelt, spelt
 
 
-def test_generation_refuses_a_settling_rule_it_cannot_apply():
-    """A pool's depth settles by the divergence rule: ``settle='topk:K'`` on a generation is refused by name, not
-    written into the manifest and ignored."""
-    with pytest.raises(InputError, match=r"^depthlens\.generate\(settle='topk:5'\): a sampled pool settles"):
-        depthlens.generate(None, [], settle="topk:5")
+def test_a_settling_rule_a_pool_cannot_apply_is_refused_by_name():
+    """A stored pool settles by the top-K rule from each layer's stored top-k ids: asking a pool that holds none
+    for ``settle='topk:K'`` is refused by name, not voted under the divergence rule."""
+    from depthlens.studies.resolve import check_stored_settle
+
+    pool = {"model": "m", "n_layers": 4, "pool": 2, "questions": [], "dtr": {}, "readout": {"layer_top_k": 0}}
+    with pytest.raises(InputError, match=r"settle='topk:5'.*holds none; leave out settle \(the store's rule\)"):
+        check_stored_settle(pool, DTRConfig(settle="topk:5"), "the pool")

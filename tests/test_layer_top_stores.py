@@ -188,3 +188,67 @@ def test_an_on_demand_read_gives_the_top_k_as_one_array():
     assert row["layer_top_ids"].shape == (2, 3, K) and row["layer_top_ids"].dtype == np.int32
     np.testing.assert_array_equal(row["layer_top_ids"], ids)
     assert row["divergence"].shape == (2, 3)
+
+
+def test_a_pool_sampled_under_the_top_k_rule_settles_as_score_does(tiny_chat, tmp_path):
+    """``settle='topk:2'`` on a generation keeps each layer's top-2 ids (its readout's ``layer_top_k`` raised to 2)
+    and stores the top-K settling depth derived from them; ``score --settle topk:2 --tokens`` of the same tokens,
+    which settles from the logits themselves, gives the same depths wherever no layer's 2nd and 3rd tokens are
+    within float32 rounding of each other (a near-tie may swap them between an incremental decode and a full
+    forward); voting reads the same flags; and a pool that holds no ids is refused the rule by name."""
+    from depthlens.config import DTRConfig
+    from depthlens.metrics.dtr import deep_from_divergence
+    from depthlens.studies.api import think_at_n
+    from depthlens.studies.resolve import check_stored_settle
+    from tests.test_cli_ux import cli
+    from tests.tolerance import separated
+
+    store = tmp_path / "pool"
+    sampling = SamplingConfig(max_new_tokens=8, readout_tokens=None)
+    run = GenerateRun(StoreSpec(store), pool=3, sampling=sampling, dtr=DTRConfig(settle="topk:2"))
+    assert run.readout.layer_top_k == 2
+    generate(tiny_chat, run, QUESTIONS)
+    manifest = read_manifest(store)
+    assert manifest["readout"]["layer_top_k"] == 2 and manifest["dtr"]["settle"] == "topk:2"
+    records = [r for _, r in read_responses(store)]
+    src = tmp_path / "in.jsonl"
+    lines = [
+        {"id": r["id"], "prompt_ids": r["prompt_ids"], "completion_ids": r["token_ids"]} for r in records
+    ]
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    scored = tmp_path / "scores.jsonl"
+    rule = DTRConfig(settle="topk:2")
+    run_score(
+        tiny_chat, ScoreRun(src, StoreSpec(scored), ReadoutConfig(layer_top_k=3), rule, None, tokens=True)
+    )
+    compared = 0
+    for record, score in zip(records, iter_store(scored), strict=True):
+        # tokens whose 2nd and 3rd probabilities stand apart at every layer: their top-2 sets cannot swap
+        stable = separated(np.asarray(score["layer_top_probs"]))[..., 1:3].all(axis=(1, 2))
+        stored, expected = np.asarray(record["settling_depth"]), np.asarray(score["settling_depth"])
+        np.testing.assert_array_equal(stored[stable], expected[stable])
+        compared += int(stable.sum())
+        deep = deep_from_divergence(record["divergence"], tiny_chat.n_layers, rule, record["layer_top_ids"])
+        assert deep.tolist() == record["deep"]  # voting's flags are the stored ones
+    assert compared >= sum(len(r["token_ids"]) for r in records) // 2  # most tokens are compared
+    assert not all((np.asarray(r["settling_depth"]) == 1).all() for r in records)  # not trivially settled
+    with pytest.raises(
+        InputError, match=r"settle='topk:4'\): the top-4 rule settles from each layer's top 4"
+    ):
+        think_at_n(store, settle="topk:4", progress=False)  # the pool holds 2 per layer
+    with pytest.raises(InputError, match=r"holds none; leave out settle"):
+        check_stored_settle({"readout": {"layer_top_k": 0}}, rule, "the pool")  # a jsd pool
+    voted = think_at_n(store, n=2, trials=2, progress=False)  # the store's own rule, from its ids
+    assert voted.num_rows > 0
+    from depthlens.studies.thinkn import load_pools
+    from tests.test_view import client
+
+    explorer, _ = client(store)  # the explorer's voting index settles from the same ids (a shard pass)
+    mine, _ = explorer.index.pools(1)
+    theirs, _ = load_pools(store, rule, n=1)
+    assert sorted(mine) == sorted(theirs)
+    for question, pool in mine.items():
+        assert [r.deep.tolist() for r in pool] == [r.deep.tolist() for r in theirs[question]]
+    code, _, err = cli("thinkn", "--from", store, "--n", "2", "--settle", "topk:4")
+    assert code == 2, err  # the command line's spelling of the same refusal
+    assert "--settle topk:4: the top-4 rule settles from each layer's top 4 token ids" in err, err

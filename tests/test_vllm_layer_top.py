@@ -217,15 +217,15 @@ def test_the_servers_session_takes_a_per_request_k(tiny):
     session = EngineSession(
         engine, EngineDepth(info, ReadoutConfig(), ENGINE), sorted(info.end_ids), lm.n_layers
     )
+    pool = ThreadPoolExecutor(3)
     try:
-        with ThreadPoolExecutor(3) as pool:
-            runs = [
-                pool.submit(SessionBackend(session, GREEDY, layer_top_k=k).sample, PROMPT, [0])
-                for k in (K, 2, 0)
-            ]
-            five, two, bare = (run.result(timeout=300)[0] for run in runs)
-    finally:
+        runs = [
+            pool.submit(SessionBackend(session, GREEDY, layer_top_k=k).sample, PROMPT, [0]) for k in (K, 2, 0)
+        ]
+        five, two, bare = (run.result(timeout=300)[0] for run in runs)
+    finally:  # closed before the callers are joined: a caller left waiting is answered by the close
         session.close()
+        pool.shutdown(wait=True)
     assert five.token_ids == two.token_ids == bare.token_ids == expected.token_ids
     for served, k in ((five, K), (two, 2)):
         ids, probs = np.asarray(served.layer_top_ids), np.asarray(served.layer_top_probs)

@@ -25,6 +25,7 @@ def generate(
     g: opt.G = DTRConfig.g,
     rho: opt.Rho = DTRConfig.rho,
     deep_rule: opt.DeepRuleOpt = DTRConfig.deep_rule,
+    settle: opt.SettleOpt = DTRConfig.settle,
     divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
     also_divergences: opt.AlsoDivergences = "",
     lens: opt.LensOpt = ReadoutConfig.lens,
@@ -52,7 +53,7 @@ def generate(
     spec = store.spec(out)
     job = specs.job_size(task.questions, pool, batch_size, sampled)  # what auto picks the backend for
     chosen = specs.engine_backend(backend, model.model, runs.resumed_manifest(spec), job)
-    dtr = DTRConfig(g, rho, deep_rule)  # type: ignore[arg-type]
+    dtr = DTRConfig(g, rho, deep_rule, settle=settle)  # type: ignore[arg-type]
     run = GenerateRun(
         spec,
         pool,

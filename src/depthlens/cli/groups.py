@@ -261,14 +261,22 @@ class Stored:
     deep_rule: opt.StoreDeepRule = None
     divergence: opt.StoreDivergence = None
     lens: opt.StoreLens = None
+    settle: opt.StoreSettle = None
 
     def dtr(self, store: Path | None) -> DTRConfig:
-        """The DTR settings of a vote: the store's own (a new store: the defaults), each overridden where given."""
+        """The DTR settings of a vote: the store's own (a new store: the defaults), each overridden where given;
+        a stored pool must hold what its settling rule reads (``resolve.check_stored_settle``)."""
         from depthlens.stores.samples import read_manifest
+        from depthlens.studies.resolve import check_stored_settle
 
-        base = DTRConfig.from_dict(read_manifest(store)["dtr"]) if store is not None else DTRConfig()
-        return DTRConfig(
+        manifest = read_manifest(store) if store is not None else None
+        base = DTRConfig.from_dict(manifest["dtr"]) if manifest is not None else DTRConfig()
+        dtr = DTRConfig(
             base.g if self.g is None else self.g,
             base.rho if self.rho is None else self.rho,
             base.deep_rule if self.deep_rule is None else self.deep_rule,  # type: ignore[arg-type]
+            settle=base.settle if self.settle is None else self.settle,
         )
+        if manifest is not None:
+            check_stored_settle(manifest, dtr, str(store))
+        return dtr

@@ -152,7 +152,7 @@ class GenerateRun:
         if self.batch_size < 1:
             raise InputError(f"{named('batch_size')} = {self.batch_size}; use 1 or more")
         check_seed("GenerateRun", "seed", self.seed)
-        refuse_top_k_settling(self.dtr)
+        keep_top_k_ids(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,18 +172,15 @@ class OnlineRun:
 
     def __post_init__(self) -> None:
         check_seed("OnlineRun", "seed", self.seed)
-        refuse_top_k_settling(self.dtr)
+        keep_top_k_ids(self)
 
 
-def refuse_top_k_settling(dtr: DTRConfig) -> None:
-    """A sampled pool stores each token's divergences, from which its depth settles by the divergence rule; the
-    top-K rule needs every layer's top-K token set, which the readout while sampling does not keep. Refused
-    rather than recorded in the manifest and not applied."""
-    if dtr.top_k is not None:
-        raise InputError(
-            setting="settle",
-            value=dtr.settle,
-            requirement="a sampled pool settles by the divergence rule (jsd); read its responses under the "
-            f"top-K rule with `depthlens score --settle {dtr.settle}` on the stored responses",
-            owner="DTRConfig",
-        )
+def keep_top_k_ids(run: GenerateRun | OnlineRun) -> None:
+    """A pool sampled under the top-K rule (``settle`` ``topk:K``) keeps each layer's top-K token ids (its readout's
+    ``layer_top_k`` raised to K where smaller): the rule settles from them, in the run and in every reader of its
+    store, as ``score --settle`` settles from the logits."""
+    k = run.dtr.top_k
+    if k is not None and run.readout.layer_top_k < k:
+        object.__setattr__(
+            run, "readout", dataclasses.replace(run.readout, layer_top_k=k)
+        )  # frozen: set once

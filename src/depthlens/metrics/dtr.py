@@ -75,23 +75,57 @@ def matched_threshold(reference_tl: torch.Tensor, g: float, other_tl: torch.Tens
 
 
 def settling_and_deep(
-    divergence: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig
+    divergence: Sequence[Sequence[float]],
+    n_layers: int,
+    dtr: DTRConfig,
+    layer_top_ids: Sequence[Sequence[Sequence[int]]] | np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Settling depths c_t [R] (long) and deep-thinking flags [R] of R read-out tokens from their [R][L] divergence
-    rows (R may be 0): what the sample store, the server and voting all derive from the same rows."""
-    table = torch.tensor(divergence, dtype=torch.float32).reshape(-1, n_layers)
-    settling = settling_depth(table, dtr.g)
+    rows (R may be 0): what the sample store, the server and voting all derive from the same rows. Under the top-K
+    rule (``dtr.settle`` ``topk:K``) from each layer's stored top-k ids instead (``layer_top_ids`` [R][L][K'],
+    K' ≥ K: ``topk_agreement_from_ids``)."""
+    k = dtr.top_k
+    if k is None:
+        table = torch.tensor(divergence, dtype=torch.float32).reshape(-1, n_layers)
+        settling = settling_depth(table, dtr.g)
+    else:
+        settling = topk_settling_depth(topk_agreement_from_ids(layer_top_ids, n_layers, k))
     return settling, deep_flags(settling, n_layers, dtr.rho, dtr.deep_rule)
 
 
+def topk_agreement_from_ids(
+    layer_top_ids: Sequence[Sequence[Sequence[int]]] | np.ndarray | None, n_layers: int, k: int
+) -> torch.Tensor:
+    """Whether each read-out token's top-``k`` set at each layer equals the final layer's, from stored top-k ids
+    [R][L][K'] (K' ≥ k, each layer's ids by descending probability): [R, L] bool, as ``topk_agreement`` reads it
+    from the logits (sets, not orders). ValueError naming what is missing when the ids cannot answer for ``k``."""
+    if layer_top_ids is None:
+        raise ValueError(
+            f"the top-{k} rule needs each layer's top-k token ids (layer_top_ids), and there are none"
+        )
+    stored = np.asarray(layer_top_ids, dtype=np.int64)
+    if stored.size == 0:  # no read-out tokens
+        return torch.zeros((0, n_layers), dtype=torch.bool)
+    ids = torch.from_numpy(stored.reshape(-1, n_layers, stored.shape[-1]))
+    if ids.shape[-1] < k:
+        raise ValueError(f"the top-{k} rule needs each layer's top {k} token ids; {ids.shape[-1]} are stored")
+    top = ids[..., :k].sort(dim=-1).values
+    return (top == top[:, -1:, :]).all(dim=-1)
+
+
 def response_depth(
-    divergence: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig, prefix: int | None
+    divergence: Sequence[Sequence[float]],
+    n_layers: int,
+    dtr: DTRConfig,
+    prefix: int | None,
+    layer_top_ids: Sequence[Sequence[Sequence[int]]] | np.ndarray | None = None,
 ) -> dict[str, object]:
     """The depth of one response from its [R][L] divergence rows (R read-out tokens, R may be 0), as the sample
     store, the server and the Python API carry it: per-token ``settling_depth`` (c_t) and ``deep``, the response's
     ``dtr`` over its read-out tokens, ``dtr_prefix`` over the first ``prefix`` of them (None: all) and
-    ``mean_settling_depth`` (the ratios and the mean are None for no tokens)."""
-    settling, deep = settling_and_deep(divergence, n_layers, dtr)
+    ``mean_settling_depth`` (the ratios and the mean are None for no tokens). ``layer_top_ids``: each layer's
+    stored top-k, which the top-K rule settles from."""
+    settling, deep = settling_and_deep(divergence, n_layers, dtr, layer_top_ids)
     return {
         "settling_depth": settling.tolist(),
         "deep": deep.tolist(),
@@ -102,10 +136,14 @@ def response_depth(
 
 
 def deep_from_divergence(
-    divergence: Sequence[Sequence[float]], n_layers: int, dtr: DTRConfig
+    divergence: Sequence[Sequence[float]],
+    n_layers: int,
+    dtr: DTRConfig,
+    layer_top_ids: Sequence[Sequence[Sequence[int]]] | np.ndarray | None = None,
 ) -> torch.Tensor:
-    """Deep-thinking flags [R] of R read-out tokens from their stored [R][L] divergence rows (R may be 0)."""
-    return settling_and_deep(divergence, n_layers, dtr)[1]
+    """Deep-thinking flags [R] of R read-out tokens from their stored [R][L] divergence rows (R may be 0), or
+    under the top-K rule from their stored top-k ids."""
+    return settling_and_deep(divergence, n_layers, dtr, layer_top_ids)[1]
 
 
 def topk_agreement(final_logprobs: torch.Tensor, layer_logits: torch.Tensor, k: int) -> torch.Tensor:

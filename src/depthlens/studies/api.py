@@ -309,7 +309,9 @@ def _dtr(manifest: dict[str, Any], overrides: dict[str, Any], verb: str) -> DTRC
     """The store's DTR settings, each overridden where given (``thinkn --from``'s ``--g`` / ``--rho``)."""
     (given,) = settings_for(verb, overrides, DTRConfig)
     base = DTRConfig.from_dict(manifest["dtr"]) if "dtr" in manifest else DTRConfig()
-    return dataclasses.replace(base, **given)
+    dtr = dataclasses.replace(base, **given)
+    resolve.check_stored_settle(manifest, dtr, "the pool")
+    return dtr
 
 
 @_verb(VotingConfig, DTRConfig)

@@ -102,7 +102,7 @@ def sample_record(
     compute them.
     """
     text = lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True) if lm.tokenizer else ""
-    depth = response_depth(trace.divergence, lm.n_layers, dtr, depth_prefix(dtr))
+    depth = response_depth(trace.divergence, lm.n_layers, dtr, depth_prefix(dtr), trace.layer_top_ids)
     return {
         "id": f"{question.id}#{index}",
         "question_id": question.id,

@@ -97,7 +97,7 @@ def rounded_response(trace: Trace, n_layers: int, dtr: DTRConfig) -> Response:
     def kept(values: Sequence[float]) -> np.ndarray:
         return np.asarray(stored(values), dtype=np.float64)
 
-    deep = deep_from_divergence(stored_rows(trace.divergence), n_layers, dtr).numpy()
+    deep = deep_from_divergence(stored_rows(trace.divergence), n_layers, dtr, trace.layer_top_ids).numpy()
     return Response(None, False, len(trace), deep, kept(trace.self_certainty), kept(trace.confidence))
 
 

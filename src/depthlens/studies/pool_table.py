@@ -41,7 +41,7 @@ def pool_row(
     if row.get("status") == "failed":
         return row
     if not (as_stored and all(k in row for k in DEPTH_FIELDS)):
-        row.update(response_depth(row["divergence"], n_layers, dtr, prefix))
+        row.update(response_depth(row["divergence"], n_layers, dtr, prefix, row.get("layer_top_ids")))
     if tokenizer is not None:
         row["tokens"] = token_texts(tokenizer, row["token_ids"])
         if "layer_top_ids" in row:

@@ -168,7 +168,13 @@ class _Regrader:
             return record
         if any(k not in record for k in DEPTH_FIELDS) and "divergence" in record:
             record.update(
-                response_depth(record["divergence"], self.n_layers, self.dtr, depth_prefix(self.dtr))
+                response_depth(
+                    record["divergence"],
+                    self.n_layers,
+                    self.dtr,
+                    depth_prefix(self.dtr),
+                    record.get("layer_top_ids"),
+                )
             )
         question = self.questions.get(str(record.get("question_id")))
         if question is None or "text" not in record:

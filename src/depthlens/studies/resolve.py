@@ -79,6 +79,22 @@ def check_stored_readout(
             )
 
 
+def check_stored_settle(manifest: Mapping[str, Any], dtr: DTRConfig, where: str) -> None:
+    """Voting over a stored pool under the top-K rule (``settle`` ``topk:K``) reads each layer's stored top-k ids:
+    a pool that holds fewer than K per layer (``layer_top_k``) is refused naming both, before any is read."""
+    k = dtr.top_k
+    held = (manifest.get("readout") or {}).get("layer_top_k") or 0
+    if k is not None and held < k:
+        raise InputError(
+            setting="settle",
+            value=dtr.settle,
+            requirement=f"the top-{k} rule settles from each layer's top {k} token ids, and {where} holds "
+            + (f"{held} per layer" if held else "none")
+            + f"; leave out {named('settle')} (the store's rule), or generate a store with {named('layer_top_k')} "
+            f"{k}",
+        )
+
+
 def online_window(readout_tokens: int | None, given: bool, policy: OnlineConfig) -> int | None:
     """The read-out window of an online run: as given, else the policy's ℓ (no token past it decides)."""
     return readout_tokens if given else policy.decision_prefix

@@ -59,7 +59,7 @@ def response_from_record(record: dict[str, Any], n_layers: int, dtr: DTRConfig) 
         key=record["vote_key"],
         correct=bool(record["correct"]),
         length=int(record["token_count"]),
-        deep=deep_from_divergence(record["divergence"], n_layers, dtr).numpy(),
+        deep=deep_from_divergence(record["divergence"], n_layers, dtr, record.get("layer_top_ids")).numpy(),
         self_certainty=np.asarray(record["self_certainty"], dtype=np.float64),
         confidence=np.asarray(record["confidence"], dtype=np.float64),
     )
@@ -393,7 +393,7 @@ def think_at_n_live(
 
 def response_from_trace(trace: Trace, n_layers: int, dtr: DTRConfig) -> Response:
     """A trace as voting sees it (no answer key or grade yet): deep flags from its read-out divergences."""
-    deep = deep_from_divergence(trace.divergence, n_layers, dtr)
+    deep = deep_from_divergence(trace.divergence, n_layers, dtr, trace.layer_top_ids)
     return Response(
         None, False, len(trace), deep.numpy(), np.asarray(trace.self_certainty), np.asarray(trace.confidence)
     )

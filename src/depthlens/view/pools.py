@@ -27,7 +27,7 @@ import torch
 from depthlens.config import DTRConfig, VotingConfig
 from depthlens.errors import DepthlensError
 from depthlens.evals.grading import AnswerSummary
-from depthlens.metrics.dtr import deep_flags, settling_depth
+from depthlens.metrics.dtr import deep_flags, settling_and_deep, settling_depth
 from depthlens.stores.access import Location, ParquetSource, ShardArrays, release_unused
 from depthlens.stores.jsonl_access import JsonlSource
 from depthlens.stores.samples import REQUIRED
@@ -50,6 +50,12 @@ VOTING_COLUMNS = (
     "self_certainty",
     "confidence",
 )
+
+
+def voting_columns(dtr: DTRConfig) -> tuple[str, ...]:
+    """The columns a vote reads: under the top-K rule each layer's stored top-k ids too (its depth settles from
+    them, as ``response_from_record`` settles it)."""
+    return VOTING_COLUMNS if dtr.top_k is None else (*VOTING_COLUMNS, "layer_top_ids")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +110,11 @@ def shard_responses(shard: ShardArrays, n_layers: int, dtr: DTRConfig) -> list[S
     """Each row of a shard (``VOTING_COLUMNS``) as ``Stored``; None for a failed response."""
     lengths, rows = shard.lists["divergence"]  # rows: [all read-out tokens of the shard, L]
     rows = rows.astype(np.float32, copy=False)  # a float16 store widened, as response_from_record reads it
-    deep = deep_flags(settling_depth(torch.from_numpy(rows), dtr.g), n_layers, dtr.rho, dtr.deep_rule).numpy()
+    if dtr.top_k is None:
+        settled = settling_depth(torch.from_numpy(rows), dtr.g)
+        deep = deep_flags(settled, n_layers, dtr.rho, dtr.deep_rule).numpy()
+    else:
+        deep = settling_and_deep(rows, n_layers, dtr, shard.lists["layer_top_ids"][1])[1].numpy()
     ends = np.cumsum(lengths)
     certainty, confidence = shard.row_values("self_certainty"), shard.row_values("confidence")
     status, key, correct, count = (shard.scalars[c] for c in ("status", "vote_key", "correct", "token_count"))
@@ -159,10 +169,11 @@ class VotingIndex:
     def _build_parquet(
         self, source: ParquetSource, index: dict[Location, int], stop: threading.Event
     ) -> None:
-        for part, shard in source.arrays(VOTING_COLUMNS):
+        columns = voting_columns(self.store.dtr)
+        for part, shard in source.arrays(columns):
             if stop.is_set():
                 return
-            lacking = [c for c in VOTING_COLUMNS if c not in shard.scalars and c not in shard.lists]
+            lacking = [c for c in columns if c not in shard.scalars and c not in shard.lists]
             if lacking:
                 self._note(
                     f"{source.directory / source.names[part]}: lacks {lacking}; its responses do not vote"
@@ -277,8 +288,9 @@ def question_pool(store: ViewStore, question: str) -> list[tuple[int, Response]]
     """A question's usable responses read now (record index, ``response_from_record``), in store order."""
     n_layers, indices = int(store.n_layers or 0), store.usable(question)
     out = []
-    for i, record in zip(indices, store.read_rows(indices, list(VOTING_COLUMNS)), strict=True):
-        if all(k in record for k in VOTING_COLUMNS[2:]):
+    columns = voting_columns(store.dtr)
+    for i, record in zip(indices, store.read_rows(indices, list(columns)), strict=True):
+        if all(k in record for k in columns[2:]):
             out.append((i, response_from_record(record, n_layers, store.dtr)))
     return out
 

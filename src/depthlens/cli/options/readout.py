@@ -14,7 +14,8 @@ __all__ = [
     "AlsoDivergences", "Chat", "CompileOpt", "Completion", "DeepRuleOpt", "DivergenceOpt", "Epsilon", "FigureOut",
     "FinalNorm", "G", "HeatmapPrompt", "LayerTopK", "LensOpt", "MemoryMB", "Prefix", "Rho", "ScoreBatch", "SettleOpt",
     "Spectral", "StoreDeepRule",
-    "StoreDivergence", "StoreG", "StoreLens", "StoreRho", "Tcb", "TcbExact", "Token", "Tokens", "VEffOpt",
+    "StoreDivergence", "StoreG", "StoreLens", "StoreRho", "StoreSettle", "Tcb", "TcbExact", "Token", "Tokens",
+    "VEffOpt",
 ]  # fmt: skip
 
 LensOpt = Annotated[
@@ -36,7 +37,8 @@ SettleOpt = Annotated[
     str,
     typer.Option(
         "--settle",
-        help="jsd: cumulative-minimum divergence ≤ g; topk:K: top-K set equal to the final layer's from there on.",
+        help="jsd: cumulative-minimum divergence ≤ g; topk:K: top-K set equal to the final layer's from there on "
+        "(a sampled pool keeps each layer's top-K ids to settle from: --layer-top-k K).",
     ),
 ]
 G = Annotated[
@@ -65,6 +67,14 @@ LayerTopK = Annotated[
 ]
 DeepRuleOpt = Annotated[str, typer.Option("--deep-rule", help="spec: c ≥ ⌈ρL⌉; paper-literal: c ≥ ⌈(1−ρ)L⌉.")]
 # A stored pool's own DTR settings, overridden where given (thinkn).
+StoreSettle = Annotated[
+    str | None,
+    typer.Option(
+        "--settle",
+        help="jsd or topk:K (default: the store's rule; a store read under topk:K must hold each layer's top-K "
+        "ids, which a pool sampled under it keeps).",
+    ),
+]
 StoreG = Annotated[
     float | None, typer.Option("--g", callback=finite, help="Settling threshold (default: the store's).")
 ]

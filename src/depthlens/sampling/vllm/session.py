@@ -112,15 +112,17 @@ class EngineSession:
         """Block until ``until()`` holds (checked under the session's lock), cancelling the group if ``cancel``
         is set meanwhile; raises the group's error."""
         with self.cond:
-            while not (until() or group.error is not None or group.done):
+            # a failed engine ends every wait: a group still queued when it broke was never added to be failed
+            while not (until() or group.error is not None or group.done or self.failed is not None):
                 if cancel is not None and cancel.is_set():
                     group.cancelled = True
                     self._inbox.append(lambda: self._fail(group, GenerationCancelled()))
                     self.cond.notify_all()
                     cancel = None  # asked once; the failure wakes us
                 self.cond.wait(timeout=0.1)
-        if group.error is not None:
-            raise group.error
+            error = group.error or (self.failed if not (group.done or until()) else None)
+        if error is not None:
+            raise error
 
     def running(self) -> int:
         """Engine requests still running (for a server's health line)."""
