@@ -29,11 +29,11 @@ from depthlens.sampling.vllm.engine import EngineError
 from depthlens.serve import errors
 from depthlens.serve.bodies import Envelope, chunk, request_depthlens, response_body, usage_chunk
 from depthlens.serve.engines import Engine
-from depthlens.serve.errors import ApiError
+from depthlens.serve.errors import ApiError, ClientGone
 from depthlens.serve.job import Job, build_job
 from depthlens.serve.jobs import Outcome, run_job
 from depthlens.serve.metrics import Measured, Metrics
-from depthlens.serve.runner import ClientGone, Runner
+from depthlens.serve.runner import Runner
 from depthlens.serve.schema import ChatRequest, CompletionRequest
 
 

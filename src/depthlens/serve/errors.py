@@ -53,6 +53,10 @@ _CODES = {
 }
 
 
+class ClientGone(Exception):
+    """The client disconnected before its response was ready (its samples were aborted)."""
+
+
 class ApiError(Exception):
     """An error the server answers with ``status`` and the OpenAI error body (``code`` never null: without one
     given, the status's own)."""
@@ -238,8 +242,6 @@ def _client_gone(request: Request, exc: Exception) -> Response:
 def install(app: Any) -> None:
     """The handlers that turn every exception into the OpenAI error body."""
     from starlette.requests import ClientDisconnect
-
-    from depthlens.serve.runner import ClientGone
 
     app.add_exception_handler(ClientGone, _client_gone)
     app.add_exception_handler(ClientDisconnect, _client_gone)

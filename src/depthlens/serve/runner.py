@@ -25,14 +25,10 @@ from starlette.requests import Request
 from depthlens.config import ServeConfig
 from depthlens.sampling.live import GenerationCancelled
 from depthlens.serve.engines import Engine
-from depthlens.serve.errors import ApiError
+from depthlens.serve.errors import ApiError, ClientGone
 from depthlens.serve.pool import DaemonPool
 
 T = TypeVar("T")
-
-
-class ClientGone(Exception):
-    """The client disconnected before its response was ready (its samples were aborted)."""
 
 
 class Runner:
