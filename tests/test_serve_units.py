@@ -479,7 +479,7 @@ def test_a_session_whose_engine_step_never_returns_still_answers_its_waiters_on_
 
     stuck = threading.Event()
     session = EngineSession.__new__(EngineSession)  # no engine: only what close and wait touch
-    session.cond, session._inbox, session._closing = threading.Condition(), [], False
+    session.cond, session._inbox, session._closing, session.failed = threading.Condition(), [], False, None
     session.engine = type("Engine", (), {"engine_core": None})()
     session._thread = threading.Thread(target=stuck.wait, daemon=True)  # the step that never returns
     session._thread.start()

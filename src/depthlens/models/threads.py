@@ -49,7 +49,7 @@ def threads_for(work: Work, device: str, requested: int | None = None) -> tuple[
     return _TORCH_DEFAULT[0], "scoring's large products use every core"
 
 
-def _set_num_threads(n: int) -> None:
+def set_num_threads(n: int) -> None:
     """torch's own setter: vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op for the rest of the
     process once an in-process engine has bound its threads, which left a later hf run of the same process on the
     engine's count — and a resumed run reading out on other threads than its first part."""
@@ -61,7 +61,7 @@ def _set_num_threads(n: int) -> None:
 def use_threads(work: Work, device: str, requested: int | None = None) -> int:
     """Set torch's intra-op thread count for ``work`` (``threads_for``); the count set."""
     n = threads_for(work, device, requested)[0]
-    _set_num_threads(n)
+    set_num_threads(n)
     return n
 
 
@@ -87,4 +87,4 @@ def threads_kept() -> Iterator[None]:
         if torch is not None:
             restore = before if before is not None else (_TORCH_DEFAULT[0] if _TORCH_DEFAULT else None)
             if restore is not None and torch.get_num_threads() != restore:
-                _set_num_threads(restore)
+                set_num_threads(restore)

@@ -203,6 +203,8 @@ def start_engine(
     except Exception as exc:  # vLLM raises ValueError, RuntimeError, ... for a model it cannot serve
         raise _start_error(info.name, args, exc) from exc
     progress(f"vLLM engine for {info.name} started in {time.monotonic() - began:.0f} s ({capture} capture)")
+    # the intra-op count its CPU worker was set up with: a thread that steps it must run on the same (session.py)
+    engine.depthlens_threads = torch.get_num_threads()
     return engine
 
 

@@ -72,6 +72,11 @@ class EngineSession:
         self._closing = False
         self.failed: BaseException | None = None
         self.stats = {"steps": 0, "generated": 0, "aborted": 0, "groups": 0}
+        import torch
+
+        # the stepping thread runs on the intra-op count the engine was started with: a new thread starts on
+        # OpenMP's default, and vLLM's CPU attention refuses metadata built for another count ("thread_num 2 vs. 1")
+        self._threads = int(getattr(engine, "depthlens_threads", torch.get_num_threads()))
         self._thread = threading.Thread(target=self._loop, name="depthlens-vllm-engine", daemon=True)
         self._thread.start()
 
@@ -149,6 +154,9 @@ class EngineSession:
     # ---- the stepping thread ----------------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        from depthlens.models.threads import set_num_threads
+
+        set_num_threads(self._threads)
         while True:
             with self.cond:
                 while not self._inbox and not self._groups and not self._closing:
