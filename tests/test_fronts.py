@@ -154,5 +154,7 @@ def test_a_settling_rule_a_pool_cannot_apply_is_refused_by_name():
     from depthlens.studies.resolve import check_stored_settle
 
     pool = {"model": "m", "n_layers": 4, "pool": 2, "questions": [], "dtr": {}, "readout": {"layer_top_k": 0}}
-    with pytest.raises(InputError, match=r"settle='topk:5'.*holds none; leave out settle \(the store's rule\)"):
+    with pytest.raises(
+        InputError, match=r"settle='topk:5'.*holds none; leave out settle \(the store's rule\)"
+    ):
         check_stored_settle(pool, DTRConfig(settle="topk:5"), "the pool")

@@ -48,7 +48,7 @@ def test_score_command_refuses_a_layer_top_k_it_cannot_keep(monkeypatch, capsys,
 
 
 def test_a_vllm_run_takes_layer_top_k(tmp_path):
-    """The vLLM engine's worker reads each layer's top-k too (tests/test_vllm_layer_top.py): its runs take K."""
+    """The vLLM engine's worker reads each layer's top-k too (tests/test_vllm_top_k.py): its runs take K."""
     from depthlens.config import EngineConfig, GenerateRun, ReadoutConfig, ScoreRun, StoreSpec
 
     readout, engine = ReadoutConfig(layer_top_k=2), EngineConfig(backend="vllm")

@@ -312,7 +312,7 @@ def test_each_layers_top_k_equals_a_plain_logit_lens_on_smollm2(real_model, info
     two swap (every id was equal when measured)."""
     import numpy as np
 
-    from tests.test_vllm_layer_top import plain_lens
+    from tests.test_vllm_top_k import plain_lens
 
     greedy = dataclasses.replace(SAMPLING, temperature=0.0, max_new_tokens=12, readout_tokens=None)
     trace = _gen(info, llm_engine, greedy, ReadoutConfig(layer_top_k=5)).sample(prompt, [0])[0]

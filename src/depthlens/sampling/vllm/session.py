@@ -134,8 +134,9 @@ class EngineSession:
         with self.cond:
             return sum(s.running and not s.ended for g in self._groups for s in g.samples)
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Abort whatever still runs, stop the stepping thread and the engine."""
+    def close(self, timeout: float = 30.0, stop_engine: bool = True) -> None:
+        """Abort whatever still runs, stop the stepping thread and (``stop_engine``) the engine — whose shutdown
+        takes vLLM's process-wide state with it; False where the engine is its starter's to stop."""
         with self.cond:
             self._closing = True
             for group in list(self._groups):
@@ -148,6 +149,8 @@ class EngineSession:
                     if group.error is None and not group.done:
                         group.error = GenerationCancelled("the vLLM engine did not stop within the shutdown")
                 self.cond.notify_all()
+        if not stop_engine:
+            return
         with contextlib.suppress(Exception):  # the engine core of an in-process engine; nothing to lose here
             self.engine.engine_core.shutdown()
 

@@ -3,6 +3,10 @@ layer's top-k token ids and probabilities, taken in the pass that reads the dive
 (eager, float32) they equal a plain transformers logit lens of the same token ids and the transformers sampler's
 own — ids up to ties, probabilities within float32 reordering (tests/tolerance.py) — for sampled tokens, for
 teacher-forced completions and for the server's session with a per-request K.
+
+Named to run after the modules that share the session's SmolLM2 engine (tests/conftest.py ``smollm2_engine``): this
+module's own engine, dropped at its end, takes vLLM's process-wide parallel state with it, which an engine started
+before it and used after it then lacks ("pipeline model parallel group is not initialized").
 """
 
 from __future__ import annotations
@@ -202,8 +206,8 @@ def test_generate_and_score_on_vllm_store_what_the_transformers_readout_scores(t
 def test_the_servers_session_takes_a_per_request_k(tiny):
     """The server's path (``EngineSession``, ``SessionBackend``): each request's own K reaches the worker over the
     session's setting — requests with K = 5, 2 and none running at once, read out in shared lens walks (a walk
-    takes its rows' largest K, each row keeps its own) — and the rows equal the generator's. Closes the engine:
-    the module's last test."""
+    takes its rows' largest K, each row keeps its own) — and the rows equal the generator's. The session closes;
+    the engine stays for the modules after this one."""
     from concurrent.futures import ThreadPoolExecutor
 
     from depthlens.sampling.vllm.depth import EngineDepth
@@ -224,7 +228,7 @@ def test_the_servers_session_takes_a_per_request_k(tiny):
         ]
         five, two, bare = (run.result(timeout=300)[0] for run in runs)
     finally:  # closed before the callers are joined: a caller left waiting is answered by the close
-        session.close()
+        session.close(stop_engine=False)  # the module's engine: stopping it ends vLLM's process-wide state
         pool.shutdown(wait=True)
     assert five.token_ids == two.token_ids == bare.token_ids == expected.token_ids
     for served, k in ((five, K), (two, 2)):
