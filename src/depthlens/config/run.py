@@ -177,10 +177,8 @@ class OnlineRun:
 
 def keep_top_k_ids(run: GenerateRun | OnlineRun) -> None:
     """A pool sampled under the top-K rule (``settle`` ``topk:K``) keeps each layer's top-K token ids (its readout's
-    ``layer_top_k`` raised to K where smaller): the rule settles from them, in the run and in every reader of its
-    store, as ``score --settle`` settles from the logits."""
+    ``layer_top_k`` raised to K where smaller): the rule settles from them, in the run and in the readers that vote
+    on its stored depth, as ``score --settle`` settles from the logits."""
     k = run.dtr.top_k
-    if k is not None and run.readout.layer_top_k < k:
-        object.__setattr__(
-            run, "readout", dataclasses.replace(run.readout, layer_top_k=k)
-        )  # frozen: set once
+    if k is not None and run.readout.layer_top_k < k:  # a frozen run: its readout replaced once, here
+        object.__setattr__(run, "readout", dataclasses.replace(run.readout, layer_top_k=k))
