@@ -129,20 +129,12 @@ def build_stores(root: Path) -> dict[str, Path]:
     )
     out["scores"] = root / "scores"
     out["scores_jsonl"] = root / "scores.jsonl"
-    for target in (out["scores"], out["scores_jsonl"]):
+    out["lens_scores"] = root / "lens-scores.jsonl"
+    scored = {"scores": (), "scores_jsonl": (), "lens_scores": ("--layer-top-k", "3")}
+    for name, extra in scored.items():
         cli(
-            "score",
-            "--model",
-            model,
-            "--in",
-            out["samples_jsonl"] / "samples.jsonl",
-            "--out",
-            target,
-            "--tokens",
-            "--g",
-            "0.012",
-            "--device",
-            "cpu",
+            *("score", "--model", model, "--in", out["samples_jsonl"] / "samples.jsonl", "--out", out[name]),
+            *("--tokens", *extra, "--g", "0.012", "--device", "cpu"),
         )
     out["lens"] = root / "lens"
     long = [
@@ -151,19 +143,6 @@ def build_stores(root: Path) -> dict[str, Path]:
         *common[common.index("--max-new-tokens") + 2 :],
     ]
     cli("generate", *long, "--questions", "1", "--pool", "2", "--layer-top-k", "3", "--out", out["lens"])
-    out["lens_scores"] = root / "lens-scores.jsonl"
-    cli(
-        *(
-            "score",
-            "--model",
-            model,
-            "--in",
-            out["samples_jsonl"] / "samples.jsonl",
-            "--out",
-            out["lens_scores"],
-        ),
-        *("--tokens", "--layer-top-k", "3", "--g", "0.012", "--device", "cpu"),
-    )
     out["tcb"] = root / "tcb"
     cli("tcb", "trace", "--model", model, "--device", "cpu", "--max-new-tokens", "8", "--out", out["tcb"])
     _BUILT[root] = out
