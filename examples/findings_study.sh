@@ -15,6 +15,7 @@
 #
 # Usage: bash examples/findings_study.sh [OUT] [stage] [model…]   stage: generate | vote | report | all (default)
 #                                                                        | qwen-chain (the second model's store)
+#                                                                        | qwen-families (its other two families)
 #                                                                        | fallback (issue 48: each store regraded
 #   under the final-result answer rule into a copy under OUT-fallback — no resampling —, then voted and reported
 #   like the originals; the compact per-response tables of both go to docs/data/findings/)
@@ -57,6 +58,24 @@ if [[ $STAGE == qwen-chain ]]; then
     --task-config min_terms=2,max_terms=4,min_digits=1,max_digits=2 --questions 32 --pool 16 --batch-size 16 \
     --max-new-tokens 192 --readout-tokens 50 --g 0.5 --rho 0.85 --backend hf --seed 0 --task-seed 0 \
     --out "$OUT/qwen2.5-coder-0.5b-instruct/chain_sum" --resume
+  exit
+fi
+if [[ $STAGE == qwen-families ]]; then
+  # Issue 56 item 7, fixed before running: the second model at the first model's breadth — Qwen2.5-Coder-0.5B on
+  # basic_arithmetic and products with SmolLM2's task configs (the same questions: --task-seed 0, 30 of them) and its
+  # chain_sum store's settings (pool 16, ≤ 192 tokens, the first 50 tokens read out, g 0.5, ρ 0.85, seed 0). One
+  # thread each, both at once (JOBS), nice'd so that other work on the machine goes first; --resume across sittings.
+  for f in "${FAMILIES[@]}"; do
+    name=${f%%|*}; cfg=${f#*|}
+    [[ $name == chain_sum ]] && continue
+    while [[ $(jobs -rp | wc -l) -ge $JOBS ]]; do wait -n; done
+    mkdir -p "$OUT"
+    OMP_NUM_THREADS=1 nice -n 19 $D generate --model qwen2.5-coder-0.5b-instruct --task "reasoning_gym:$name" \
+      --task-config "$cfg" --questions "$QUESTIONS" --pool 16 --batch-size 16 --max-new-tokens 192 \
+      --readout-tokens 50 --g 0.5 --rho 0.85 --backend hf --seed 0 --task-seed 0 \
+      --out "$OUT/qwen2.5-coder-0.5b-instruct/$name" --resume > "$OUT/generate-qwen2.5-coder-0.5b-instruct-$name.log" 2>&1 &
+  done
+  wait
   exit
 fi
 if [[ $STAGE == fallback ]]; then
