@@ -3,7 +3,6 @@ mends the store (as tests/test_store_trust.py does for issue 41)."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -14,7 +13,6 @@ import sys
 import pytest
 
 from depthlens.config import GenerateRun, SamplingConfig, StoreSpec
-from depthlens.errors import StoreError
 from depthlens.evals.tasks import Question
 from depthlens.stores import layout
 from depthlens.stores.samples import SAMPLES, SHARDS
@@ -132,22 +130,6 @@ def test_a_dtr_setting_out_of_range_in_the_manifest_is_named_as_its_field(
     assert _said(monkeypatch, capsys, "check", out)[0] == 0
 
 
-def test_a_full_disk_during_a_regrade_names_the_file(made, tmp_path, monkeypatch):
-    from depthlens.studies import regrade
-
-    out = _copy(made, tmp_path, "jsonl")
-    before = (out / SAMPLES).read_bytes()
-
-    def full(path, lines):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-
-    monkeypatch.setattr(regrade, "_write_atomically", full)
-    with pytest.raises(StoreError) as info:
-        regrade.regrade_store(out)
-    assert str(info.value).startswith(f"{out / SAMPLES}: could not write the regraded store (No space left")
-    assert "run regrade again" in str(info.value) and (out / SAMPLES).read_bytes() == before
-
-
 def test_a_writer_killed_with_9_is_not_reported_as_writing(made, tmp_path, monkeypatch, capsys):
     out = _copy(made, tmp_path, "jsonl")
     code = (
@@ -182,30 +164,6 @@ def test_an_export_into_another_run_names_that_run_not_the_store_exported(
     code, text = _said(monkeypatch, capsys, "correlate", jsonl, parquet, "--out", parquet / SAMPLES)
     assert code == 2 and f"where the sample store {parquet} keeps its responses" in text, text
     assert "write the tables and figures outside it" in text and not (parquet / SAMPLES).exists()
-
-
-def test_a_full_disk_during_an_export_names_the_file_and_running_it_again_writes_it(
-    made, tmp_path, monkeypatch, capsys
-):
-    """ENOSPC named no file; and the readers' advice (--resume) is no option of export's."""
-    from depthlens.stores import files
-
-    out = _copy(made, tmp_path, "parquet")
-    target = tmp_path / "export" / "x.jsonl"
-    target.parent.mkdir()
-    write_json = files.write_json
-
-    def full(path, data):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-
-    monkeypatch.setattr(files, "write_json", full)
-    code, text = _said(monkeypatch, capsys, "export", out / SHARDS, "--out", target)
-    assert code == 2 and f"{target}: the disk is full; nothing was written" in text, text
-    assert "run the export again" in text and "--resume" not in text
-    assert list(target.parent.iterdir()) == []  # no file, temporary file or lock left behind
-    monkeypatch.setattr(files, "write_json", write_json)  # space freed: the advice, followed
-    code, text = _said(monkeypatch, capsys, "export", out / SHARDS, "--out", target)
-    assert code == 0 and target.is_file(), text
 
 
 def test_a_run_whose_shards_lost_their_manifest_is_named_damaged_not_missing(

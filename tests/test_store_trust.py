@@ -217,7 +217,7 @@ def test_check_lists_an_unreadable_manifest_instead_of_failing(made, tmp_path, m
         manifest = json.loads(original)
         manifest["shards"][1]["ids"].append(manifest["shards"][0]["ids"][0])
         meta.write_text(json.dumps(manifest))
-        expected = "which the manifest also lists under"
+        expected = "lists id 'q0#0' under part-000000.parquet too"
     with pytest.raises(StoreError, match=expected):
         _records(out)
     code, text = _check(monkeypatch, capsys, out)
