@@ -130,7 +130,7 @@ class ViewStore:
             said = (
                 fault.detail(record.get("id"))
                 if fault is not None
-                else f"record {record.get('id')!r}: {meant}"
+                else f"record {record.get('id')!r}: {meant} — the record is damaged"
             )
             where = self.source.where(
                 self.locations[index]
