@@ -353,6 +353,7 @@ class Doors:
             return
         finally:
             logger.removeHandler(handler)
+            self.capsys.readouterr()  # what it printed (progress, the CLI's warning lines) is not the next door's
         assert rows == records, (door, rows)
         self.said[door] = (False, " ".join([f"{rows} rows", *warned]))
 

@@ -340,7 +340,8 @@ def test_view_shows_a_value_out_of_range_as_a_notice_when_its_response_opens(mad
     rid = json.loads((out / SHARDS / layout.MANIFEST).read_text())["shards"][0]["ids"][0]
     store.read(store.by_id[rid])
     assert any(
-        n.startswith(f"record {rid!r}: divergence holds 99999997952.0") and f"depthlens check {out}" in n
+        n.startswith(f"{_shards(out)[0]} row 1: record {rid!r}: divergence holds 99999997952.0")
+        and f"depthlens check {out}" in n
         for n in store.notices
     ), store.notices
 

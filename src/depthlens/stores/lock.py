@@ -94,14 +94,6 @@ def store_lock(store: Path) -> Iterator[None]:
             _held[path] = (fd, _held[path][1] - 1)
 
 
-def held_here(store: Path) -> bool:
-    """Whether this process holds the write lock of ``store`` (it is writing the store itself)."""
-    try:
-        return lock_path(store).resolve() in _held
-    except OSError:
-        return False
-
-
 def writer(store: Path) -> str | None:
     """Who is writing ``store`` now (``pid 123 (depthlens generate …)``), or None when no command holds its lock.
 

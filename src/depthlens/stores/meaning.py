@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from depthlens.stores.records import VOCAB
 
@@ -31,8 +30,9 @@ from depthlens.stores.records import VOCAB
 # one softmax, so their sum is at most the distribution's total; that total is 1 up to the float32 softmax's own
 # rounding over the vocabulary (measured: at most 2.7e-6 off, V = 152k, a flat distribution; taken as 1e-5), and
 # each stored value then moves by its rounding to the store's decimals (5 in a sample store, 6 in a score store:
-# at most 0.5e-5 each) and to float32 (at most 2^-24 each, every value being ≤ 1).
-_PER_VALUE = 0.5e-5 + 2.0**-24
+# at most 0.5e-5 each) and to float32 (at most 2^-24 each, every value being ≤ 1), and a float32 sum of K such values
+# adds at most 2^-24 per addition.
+_PER_VALUE = 0.5e-5 + 2 * 2.0**-24
 _NORMALISED = 1e-5
 
 
@@ -95,7 +95,7 @@ def _sums_to_at_most_one(probs: np.ndarray, facts: Facts) -> Bad | None:
     if probs.ndim != 3:
         return None
     k = probs.shape[-1]
-    sums = probs.sum(axis=-1, dtype=np.float64)
+    sums = probs.sum(axis=-1)  # in the stored width: float32 adds at most K × 2^-24 more, within the slack
     found = _first(sums > 1.0 + top_sum_slack(k))
     if found is None:
         return None
@@ -112,17 +112,28 @@ def _descending(probs: np.ndarray, facts: Facts) -> Bad | None:
     if probs.ndim != 3 or probs.shape[-1] < 2:
         return None
     # rounding (to decimals, to float32) keeps sorted values sorted; two values' rounding apart at most
-    found = _first((np.diff(probs.astype(np.float64), axis=-1) > 2 * _PER_VALUE).any(axis=-1))
+    found = _first(((probs[..., 1:] - probs[..., :-1]) > 2 * _PER_VALUE).any(axis=-1))
     if found is None:
         return None
     t, layer = found
     return Bad(t, layer, "layer_top_probs are not in descending order (each layer's top-k is sorted)")
 
 
+_PAIRWISE = 16  # up to this K, a layer's ids are compared pair by pair; past it, sorted
+
+
 def _distinct(ids: np.ndarray, facts: Facts) -> Bad | None:
     if ids.ndim != 3 or ids.shape[-1] < 2:
         return None
-    found = _first((np.diff(np.sort(ids, axis=-1), axis=-1) == 0).any(axis=-1))
+    k = ids.shape[-1]
+    if k <= _PAIRWISE:  # a few columns: every pair compared (no sort of millions of short rows)
+        twice = np.zeros(ids.shape[:-1], dtype=bool)
+        for i in range(k):
+            for j in range(i + 1, k):
+                twice |= ids[..., i] == ids[..., j]
+    else:
+        twice = (np.diff(np.sort(ids, axis=-1), axis=-1) == 0).any(axis=-1)
+    found = _first(twice)
     if found is None:
         return None
     t, layer = found
@@ -246,13 +257,27 @@ def _at(bad: Bad, token: int | None = None) -> str:
     return f"token {t}{layer}: {bad.said}"
 
 
+def _one(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A column as one array (a shard's columns are one chunk each: no copy then)."""
+    if isinstance(column, pa.ChunkedArray):
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return column
+
+
+def _offsets(array: pa.Array) -> np.ndarray:
+    """Each row's first token in the flattened values, and the end (a list array's offsets, from 0)."""
+    offsets = array.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    return offsets - offsets[0]
+
+
 def _per_token(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
     """A list column's values for every token of the shard as one array [N, ...] (its fixed-size inner lists as
-    axes) and each token's row; None where its type is not a list of numbers or of fixed-size lists of them."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    axes) and its rows' offsets into it; None where its type is not a list of numbers or of fixed-size lists of
+    them."""
+    array = _one(column)
     if not pa.types.is_list(array.type):
         return None
-    parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+    offsets = _offsets(array)
     values, dims = array.flatten(), []
     while pa.types.is_fixed_size_list(values.type):
         dims.append(values.type.list_size)
@@ -260,7 +285,7 @@ def _per_token(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray] | None:
     if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)) or values.null_count:
         return None
     flat = values.to_numpy(zero_copy_only=False)
-    return flat.reshape(len(parents), *dims), parents
+    return flat.reshape(int(offsets[-1]), *dims), offsets
 
 
 def table_problem(table: pa.Table, facts: Facts) -> tuple[int, str] | None:
@@ -280,12 +305,11 @@ def table_problem(table: pa.Table, facts: Facts) -> tuple[int, str] | None:
     for meaning in MEANINGS:
         if meaning.field not in arrays:
             continue
-        values, parents = arrays[meaning.field]
+        values, offsets = arrays[meaning.field]
         bad = meaning.check(values, facts) if values.size else None
         if bad is not None:
-            row = int(parents[bad.token])
-            first = int(np.searchsorted(parents, row))  # the row's first token
-            return row + 1, _at(bad, bad.token - first)
+            row = int(np.searchsorted(offsets, bad.token, side="right")) - 1
+            return row + 1, _at(bad, bad.token - int(offsets[row]))
     return None
 
 
@@ -294,25 +318,26 @@ def _shape_row(
 ) -> tuple[int, str] | None:
     """The first row whose fixed-shape field disagrees with the manifest (its inner shape) or with its own
     divergence rows (its token count)."""
-    tokens = _lengths(table, "divergence")
+    tokens = None
+    if "divergence" in table.column_names and pa.types.is_list(table.schema.field("divergence").type):
+        tokens = np.diff(_offsets(_one(table.column("divergence"))))
     for field in sorted(set(SHAPES) & set(arrays)):
-        values, _ = arrays[field]
-        lengths = _lengths(table, field)
-        assert lengths is not None  # a list column (``_per_token``)
-        for row, count in enumerate(lengths):
-            shape = (int(count), *values.shape[1:])
-            known = None if tokens is None else int(tokens[row])
-            wrong = _shape_problem(field, shape, known, facts)
+        values, offsets = arrays[field]
+        lengths = np.diff(offsets)
+        inner = values.shape[1:]
+        if _shape_problem(field, (1, *inner), None, facts) is not None:  # every row's [L, K] (one list type)
+            first = int(np.argmax(lengths > 0)) if (lengths > 0).any() else None
+            if first is not None:
+                return first + 1, str(_shape_problem(field, (int(lengths[first]), *inner), None, facts))
+        if tokens is None:
+            continue
+        differ = (lengths != tokens) & ~((lengths == 0) & (tokens == 0))
+        if differ.any():
+            row = int(np.argmax(differ))
+            wrong = _shape_problem(field, (int(lengths[row]), *inner), int(tokens[row]), facts)
             if wrong:
                 return row + 1, wrong
     return None
-
-
-def _lengths(table: pa.Table, field: str) -> np.ndarray | None:
-    if field not in table.column_names or not pa.types.is_list(table.schema.field(field).type):
-        return None
-    array = table.column(field).combine_chunks()
-    return array.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
 
 
 def _row_by_row(table: pa.Table, facts: Facts) -> tuple[int, str] | None:

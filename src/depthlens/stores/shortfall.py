@@ -5,8 +5,8 @@ reader refuses — but a vote or an export of it covers less than the run did, s
 ``depthlens check`` (its own exit status, 3), the readers that vote or export from it (a warning, once per process
 and state), and the explorer (a notice).
 
-Nothing is said while a command writes the store (it is being written, so it is short by design), nor by the
-writer itself."""
+While another command writes the store, the line says so (it is short by design then): ``check`` and the explorer
+note it, and it is not incomplete."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from depthlens.stores.lock import held_here, writer
+from depthlens.stores.lock import writer
 
 DECISIONS = "online.jsonl"  # an online run's decisions, one line per question decided (``studies.online``)
 _log = logging.getLogger("depthlens.stores")
@@ -60,10 +60,10 @@ def held_count(manifest: dict[str, Any], out_dir: Path | None, records: int) -> 
 
 def shortfall(store: Path, manifest: dict[str, Any], records: int, out_dir: Path | None = None) -> str | None:
     """The one line every door says of the results store ``store`` holding ``records`` whole records when its run
-    set out to write more (see the module), or None: whole, being written by this process, or its manifest does
+    set out to write more (see the module), or None: whole, or its manifest does
     not say how many. ``out_dir``: the sample store's directory where ``store`` holds its responses."""
     wanted = expected(manifest, out_dir)
-    if wanted is None or held_here(store):
+    if wanted is None:
         return None
     total, what = wanted
     held = held_count(manifest, out_dir, records)
