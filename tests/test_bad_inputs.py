@@ -267,8 +267,8 @@ CASES = [
          lambda d, f: ["generate", "--gpu-memory-utilization", "1.5", "--out", str(d / "s")],
          "error: --gpu-memory-utilization 1.5: must lie in (0, 1]"),
     Case("disk-full", "the disk filling while records are written", _disk_full,
-         "error: DIR/out.jsonl: the disk is full; what finished before is kept — free some space, then "
-         "rerun the command with --resume"),
+         "error: DIR/out.jsonl: the disk is full; the 1 record(s) committed before are kept in DIR/out.jsonl — "
+         "free some space, then rerun the command with --resume"),
     Case("ray-address-unreachable", "`score --ray-address` where no Ray cluster listens",
          lambda d, f: _score(d, f, GOOD, extra=("--ray-address", "127.0.0.1:9"), out="scores"),
          "error: --ray-address 127.0.0.1:9: no Ray cluster answers there (Connection refused); start one with "

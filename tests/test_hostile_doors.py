@@ -4,12 +4,19 @@
 names (file and line or row), or each reads the same committed records; exit codes say which (check 1, the other
 commands 2 on a refusal; 0 on a read); no door prints a traceback or answers 500; no refusal changes a file.
 
-One small store per format, built once; each damage works on a copy. The CLI runs in this process
-(``tests.test_cli.run``); a fresh process only where the damage needs one (a writer killed with -9)."""
+Issue 59's doors too: a layer's top-k whose values disagree (summing past 1, an id twice), a store whose records
+are whole but fewer than its run set out to write (each door says so in the same line, once; ``check`` exits 3),
+and a store reaching outside itself (a manifest entry through ``..`` or absolute, a shard replaced by a symlink to
+a file outside), each refused by name before any read. ``tests/test_hostile_stores.py`` tries the same at the
+doors of a ``score`` store, and a copy's identity.
+
+One small store per format (each layer's top-3 kept), built once; each damage works on a copy. The CLI runs in
+this process (``tests.test_cli.run``); a fresh process only where the damage needs one (a writer killed with -9)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -20,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from depthlens.config import GenerateRun, SamplingConfig, StoreSpec
+from depthlens.config import GenerateRun, ReadoutConfig, SamplingConfig, StoreSpec
 from depthlens.errors import DepthlensError
 from depthlens.evals.tasks import Question
 from depthlens.stores import layout
@@ -32,6 +39,7 @@ from tests.test_record_validation import _edit, _emptied, _inverted, _last_line_
 TestClient = pytest.importorskip("starlette.testclient", reason="the view extra is not installed").TestClient
 QUESTIONS = [Question(f"q{i}", f"{i} + {i}", str(2 * i)) for i in range(2)]
 SAMPLING = SamplingConfig(max_new_tokens=4, readout_tokens=None)
+TOP_K = 3  # each layer's top-3 kept: its values are checked against each other
 RECORDS = 4  # 2 questions × pool 2
 SRC = Path(__file__).parent.parent / "src"
 
@@ -39,14 +47,25 @@ SRC = Path(__file__).parent.parent / "src"
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     """One whole store per format (Parquet shards of one record each; JSONL), copied by each case."""
+    return build_sample_stores(tmp_path_factory.mktemp("doors"))
+
+
+def build_sample_stores(root: Path) -> Path:
+    """A sample store per format under ``root`` (2 questions × pool 2, each layer's top-3 kept)."""
     from depthlens.models.load import wrap
     from depthlens.studies.generate import generate
     from tests.conftest import CharTokenizer, tiny_model
 
     lm = wrap(tiny_model("llama"), CharTokenizer(), name="tiny-llama")
-    root = tmp_path_factory.mktemp("doors")
     for fmt in ("parquet", "jsonl"):
-        run_ = GenerateRun(StoreSpec(root / fmt, format=fmt), pool=2, seed=5, sampling=SAMPLING, batch_size=1)
+        run_ = GenerateRun(
+            StoreSpec(root / fmt, format=fmt),
+            pool=2,
+            seed=5,
+            sampling=SAMPLING,
+            batch_size=1,
+            readout=ReadoutConfig(layer_top_k=TOP_K),
+        )
         generate(lm, run_, QUESTIONS)
     return root
 
@@ -169,6 +188,69 @@ def _writer_killed(out: Path) -> None:
     assert "pid" in lock_path(samples).read_text()
 
 
+def _short_shard(out: Path) -> None:
+    """A shard deleted with its entry and the manifest's ``committed`` count edited to match: the store reads
+    whole, one response short of its questions × pool."""
+    meta = _manifest_of(out)
+    manifest = json.loads(meta.read_text())
+    gone = manifest["shards"].pop()
+    (out / SHARDS / gone["file"]).unlink()
+    manifest["committed"] = {"records": RECORDS - gone["rows"], "shards": len(manifest["shards"])}
+    meta.write_text(json.dumps(manifest))
+
+
+def _short_line(out: Path) -> None:
+    """The last line removed and the manifest's ``committed`` entry made to match what is left."""
+    from depthlens.stores.commits import Running
+
+    _last_line_dropped(out)
+    meta = _manifest_of(out)
+    manifest = json.loads(meta.read_text())
+    manifest["committed"] = Running.of(out / SAMPLES).entry()
+    meta.write_text(json.dumps(manifest))
+
+
+def _entry_outside(absolute: bool) -> Callable[[Path], None]:
+    """The first shard moved out of the store and its manifest entry pointed at it: through ``..``, or absolute."""
+
+    def damage(out: Path) -> None:
+        meta = _manifest_of(out)
+        manifest = json.loads(meta.read_text())
+        entry = manifest["shards"][0]
+        outside = out.parent / "outside"
+        outside.mkdir(exist_ok=True)
+        (out / SHARDS / entry["file"]).replace(outside / entry["file"])
+        entry["file"] = str(outside / entry["file"]) if absolute else f"../../outside/{entry['file']}"
+        meta.write_text(json.dumps(manifest))
+
+    return damage
+
+
+def _shard_symlinked_outside(out: Path) -> None:
+    """The first shard moved out of the store, a symlink to it left in its place (its bytes the committed ones)."""
+    shard = sorted((out / SHARDS).glob("part-*.parquet"))[0]
+    outside = out.parent / "outside"
+    outside.mkdir(exist_ok=True)
+    shard.replace(outside / shard.name)
+    shard.symlink_to(outside / shard.name)
+
+
+def _top_probs(value: float) -> Callable[[dict[str, Any]], None]:
+    """Every layer of the first token given K probabilities of ``value`` each (in [0, 1], non-increasing)."""
+
+    def change(record: dict[str, Any]) -> None:
+        probs = record["layer_top_probs"]
+        probs[0] = [[value] * len(layer) for layer in probs[0]]
+
+    return change
+
+
+def _one_id_k_times(record: dict[str, Any]) -> None:
+    """The first token's first layer holding its first id K times."""
+    ids = record["layer_top_ids"]
+    ids[0][0] = [ids[0][0][0]] * len(ids[0][0])
+
+
 RECORD_EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
     "a response to a question the store lacks": _set(id="q9#0", question_id="q9"),
     "a sample index ≥ the pool": _set(id="q0#5", sample=5),
@@ -177,6 +259,8 @@ RECORD_EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
     "a negative seed": _set(seed=-1),
     "deep flags inverted": _inverted,
     "dtr contradicting its flags": _set(dtr=1.0),
+    "a layer's top-3 probabilities [0.9] * 3 (summing to 2.7)": _top_probs(0.9),
+    "a layer's top-3 holding one id 3 times": _one_id_k_times,
 }
 DAMAGES: dict[tuple[str, str], Callable[[Path], None] | None] = {
     **{("jsonl", name): _edit(change) for name, change in RECORD_EDITS.items()},
@@ -205,10 +289,23 @@ DAMAGES: dict[tuple[str, str], Callable[[Path], None] | None] = {
     ("jsonl", "the manifest deleted"): _manifest_deleted,
     ("parquet", "a stale lock after kill -9"): _writer_killed,
     ("jsonl", "a stale lock after kill -9"): _writer_killed,
+    (
+        "parquet",
+        "a shard and its entry removed, committed edited to match",
+    ): _short_shard,
+    ("jsonl", "the last line removed, committed edited to match"): _short_line,
+    ("parquet", "a manifest entry through .."): _entry_outside(absolute=False),
+    ("parquet", "a manifest entry with an absolute path"): _entry_outside(absolute=True),
+    ("parquet", "a committed shard replaced by a symlink to a file outside"): _shard_symlinked_outside,
     ("parquet", "none"): None,
     ("jsonl", "none"): None,
 }
 READ = {"a stale lock after kill -9", "none"}  # every door reads these stores whole
+# whole records, fewer than the run set out to write: every door reads them and says so in one line, once
+SHORT = {
+    "a shard and its entry removed, committed edited to match",
+    "the last line removed, committed edited to match",
+}
 # Parquet readers find a column by its schema element, not by the chunk's path: the records read are the very
 # ones committed; only the sha256 sees the changed bytes — check's (without --quick) and regrade's, which
 # verifies what it rewrites
@@ -236,19 +333,31 @@ class Doors:
         code, out, err = run(self.monkeypatch, self.capsys, *args)
         text = " ".join((out + err).split())
         assert "Traceback" not in text, (door, text)
-        assert code in (0, None, refused_code), (door, code, text)
+        short = (3,) if door.startswith("check") else ()  # check's exit status for a store cut short
+        assert code in (0, None, refused_code, *short), (door, code, text)
         self.said[door] = (code == refused_code, text)
 
-    def python(self, door: str, read: Callable[[], int]) -> None:
+    def python(self, door: str, read: Callable[[], int], records: int = RECORDS) -> None:
+        from depthlens.stores import shortfall
+
+        shortfall.forget()  # each door says it once
+        warned: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda record: warned.append(record.getMessage())  # type: ignore[method-assign]
+        logger = logging.getLogger("depthlens.stores")
+        logger.addHandler(handler)
         try:
             rows = read()
         except DepthlensError as exc:  # anything else is a traceback, and fails the test
             self.said[door] = (True, " ".join(str(exc).split()))
             return
-        assert rows == RECORDS, (door, rows)
-        self.said[door] = (False, f"{rows} rows")
+        finally:
+            logger.removeHandler(handler)
+            self.capsys.readouterr()  # what it printed (progress, the CLI's warning lines) is not the next door's
+        assert rows == records, (door, rows)
+        self.said[door] = (False, " ".join([f"{rows} rows", *warned]))
 
-    def explorer(self) -> None:
+    def explorer(self, records: int = RECORDS) -> None:
         """The explorer's API: every response opened, then the page's notices (never a 500: the client raises)."""
         from depthlens.view.app import Explorer, make_app
         from depthlens.view.store import open_store
@@ -263,9 +372,9 @@ class Doors:
         shown = len(explorer.store.by_id)
         self.said["explorer"] = (bool(notices), notices or f"{shown} records shown")
         if not notices:
-            assert shown == RECORDS
+            assert shown == records
 
-    def run_all(self) -> None:
+    def run_all(self, records: int = RECORDS) -> None:
         from depthlens.studies.api import responses, think_at_n
 
         store = self.out / SHARDS if self.fmt == "parquet" else self.out / SAMPLES
@@ -281,9 +390,11 @@ class Doors:
         self.cli("report", "report", self.out, "--bootstrap", "10", "--seeds", "1")
         corr = ["--no-sweeps", "--bootstrap", "10", "--seeds", "1"]
         self.cli("correlate", "correlate", self.out, "--out", self.tmp / "correlate", *corr)
-        self.python("python responses", lambda: responses(self.out).num_rows)
-        self.python("python think_at_n", lambda: think_at_n(self.out, n=2, trials=2).num_rows and RECORDS)
-        self.explorer()
+        self.python("python responses", lambda: responses(self.out).num_rows, records)
+        self.python(
+            "python think_at_n", lambda: think_at_n(self.out, n=1, trials=2).num_rows and records, records
+        )
+        self.explorer(records)
         self.cli("regrade", "regrade", self.out)  # last: where it reads, it writes
 
 
@@ -310,9 +421,15 @@ def test_every_door_agrees_on_each_damage(made, tmp_path, monkeypatch, capsys, f
     change = DAMAGES[(fmt, damage)]
     if change is not None:
         change(out)
-    problems = [p for report in check(out) for p in report.problems]
+    reports = check(out)
+    problems = [p for report in reports for p in report.problems]
     before = _files(out)
     doors = Doors(out, fmt, tmp_path, monkeypatch, capsys)
+    if damage in SHORT:
+        (report,) = reports
+        assert not problems and report.incomplete, report
+        _every_door_says_the_shortfall(doors, report.incomplete, RECORDS - 1)
+        return
     doors.run_all()
     said = doors.said
     if damage in READ | HASHED:
@@ -339,6 +456,72 @@ def test_every_door_agrees_on_each_damage(made, tmp_path, monkeypatch, capsys, f
     assert _files(out) == before  # a refusal changes nothing
 
 
+def _every_door_says_the_shortfall(doors: Doors, line: str, records: int) -> None:
+    """Every door reads the store's whole records (none refuses: check exits 3, the others 0) and says ``line`` —
+    ``check``'s — once: the commands on stderr, the Python verbs as a warning, the explorer as a notice."""
+    assert (
+        line.endswith("`--resume` finishes it, or it was cut by hand") and f"{records} of {RECORDS}" in line
+    )
+    doors.run_all(records)
+    for door, (refused, text) in doors.said.items():
+        assert not refused or (door == "explorer" and text == line), (door, text)  # the explorer: its notice
+        assert text.count(line) == 1, (door, line, text)
+    assert "ok: every committed record is whole" not in doors.said["check"][1]
+    assert doors.exported and len(doors.exported) == records
+
+
+def test_check_says_a_store_cut_short_with_its_own_exit_status(made, tmp_path, monkeypatch, capsys):
+    """Exit 3: whole records, fewer than questions × pool; 1 (damaged) wins where both are true; 0 once the run is
+    resumed (its remedy, followed)."""
+    from depthlens.models.load import wrap
+    from depthlens.studies.generate import generate
+    from tests.conftest import CharTokenizer, tiny_model
+
+    out = tmp_path / "parquet"
+    shutil.copytree(made / "parquet", out)
+    _short_shard(out)
+    code, text, _ = run(monkeypatch, capsys, "check", out)
+    assert code == 3 and f"{out}: incomplete, 3 of 4 responses (2 questions × pool 2)" in text, text
+    _row(_set(seed=-1))(out)  # damaged too: the damage is what check says first
+    assert run(monkeypatch, capsys, "check", out)[0] == 1
+    shutil.rmtree(out)
+    shutil.copytree(made / "parquet", out)
+    _short_shard(out)
+    lm = wrap(tiny_model("llama"), CharTokenizer(), name="tiny-llama")
+    readout = ReadoutConfig(layer_top_k=TOP_K)
+    generate(
+        lm,
+        GenerateRun(StoreSpec(out, True), pool=2, seed=5, sampling=SAMPLING, batch_size=1, readout=readout),
+        QUESTIONS,
+    )
+    code, text, _ = run(monkeypatch, capsys, "check", out)
+    assert code in (0, None) and "ok: every committed record is whole" in text, text
+
+
+def test_a_store_reaching_outside_itself_is_refused_before_any_read(made, tmp_path, monkeypatch):
+    """No reader opens the file a `..` entry or a symlinked shard points at: refused by name first."""
+    import pyarrow.parquet as pq
+
+    from depthlens.stores.samples import read_responses
+
+    opened: list[str] = []
+    real = pq.read_table
+
+    def read_table(source: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(str(source))
+        return real(source, *args, **kwargs)
+
+    for damage in (_entry_outside(absolute=False), _shard_symlinked_outside):
+        out = tmp_path / damage.__name__ / "parquet"
+        shutil.copytree(made / "parquet", out)
+        damage(out)
+        monkeypatch.setattr(pq, "read_table", read_table)
+        with pytest.raises(DepthlensError, match="a store holds its own files"):
+            list(read_responses(out))
+        monkeypatch.undo()
+        assert not [o for o in opened if "outside" in o or "part-000000" in o], opened
+
+
 @pytest.mark.parametrize("damage", [_settings_bit_flip, _not_utf8])
 def test_a_damaged_shard_is_mended_by_the_remedy_every_door_gives(made, tmp_path, damage):
     """The shard, not the manifest, is named (a flipped footer: its run's other shards say what the manifest
@@ -355,7 +538,10 @@ def test_a_damaged_shard_is_mended_by_the_remedy_every_door_gives(made, tmp_path
     (problem,) = [p for report in check(out) for p in report.problems]
     assert problem.path.name == "part-000000.parquet" and "--resume" in problem.remedy, problem
     lm = wrap(tiny_model("llama"), CharTokenizer(), name="tiny-llama")
+    readout = ReadoutConfig(layer_top_k=TOP_K)
     generate(
-        lm, GenerateRun(StoreSpec(out, True), pool=2, seed=5, sampling=SAMPLING, batch_size=1), QUESTIONS
+        lm,
+        GenerateRun(StoreSpec(out, True), pool=2, seed=5, sampling=SAMPLING, batch_size=1, readout=readout),
+        QUESTIONS,
     )
     assert not [p for report in check(out) for p in report.problems]

@@ -155,6 +155,11 @@ def test_generate_stores_the_top_k_of_the_read_out_tokens(tiny_chat, tmp_path, f
 
 
 def test_a_damaged_top_k_is_refused_by_name():
+    """Its presence is the sample store's check (``records.layer_top_problem``); its shape and values are every
+    store's (``stores.meaning``)."""
+    from depthlens.stores.meaning import Facts
+    from depthlens.stores.meaning import record_problem as meaning_problem
+
     manifest = {"n_layers": 2, "readout": {"layer_top_k": 2}, "vocab_rows": 50}
     good = {
         "token_count": 1,
@@ -162,16 +167,25 @@ def test_a_damaged_top_k_is_refused_by_name():
         "layer_top_ids": [[[4, 9], [9, 4]]],
         "layer_top_probs": [[[0.5, 0.2], [0.6, 0.1]]],
     }
-    assert layer_top_problem(good, manifest) is None
+    assert layer_top_problem(good, manifest) is None and meaning_problem(good, Facts.of(manifest)) is None
     cases = {
-        "not in descending order": {"layer_top_probs": [[[0.2, 0.5], [0.6, 0.1]]]},
-        "past the model's vocabulary of 50": {"layer_top_ids": [[[4, 50], [9, 4]]]},
+        "token 0, layer 1: layer_top_probs are not in descending order": {
+            "layer_top_probs": [[[0.2, 0.5], [0.6, 0.1]]]
+        },
+        "token 0, layer 1: layer_top_ids holds token id 50, past the model's vocabulary of 50": {
+            "layer_top_ids": [[[4, 50], [9, 4]]]
+        },
         r"shape \[1, 2, 1\], not \[T, L, K\] = \[1, 2, 2\]": {"layer_top_ids": [[[4], [9]]]},
-        "no layer_top_ids for layer_top_k 2": {"layer_top_ids": None, "layer_top_probs": None},
+        "token 0, layer 2: layer_top_ids holds token id 9 twice": {"layer_top_ids": [[[4, 9], [9, 9]]]},
+        r"token 0, layer 2: layer_top_probs sum to 1.1, more than 1 \(K = 2": {
+            "layer_top_probs": [[[0.5, 0.2], [0.6, 0.5]]]
+        },
     }
     for said, change in cases.items():
-        record = {k: v for k, v in {**good, **change}.items() if v is not None}
-        assert re.search(said, layer_top_problem(record, manifest) or ""), said
+        record = {**good, **change}
+        assert re.search(said, meaning_problem(record, Facts.of(manifest)) or ""), said
+    missing = {k: v for k, v in good.items() if not k.startswith("layer_top")}
+    assert layer_top_problem(missing, manifest) == "no layer_top_ids for layer_top_k 2"
 
 
 def test_an_on_demand_read_gives_the_top_k_as_one_array():

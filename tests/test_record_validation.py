@@ -80,7 +80,7 @@ DAMAGES = {
     "correct as text": (_edit(_set(correct="yes")), "correct 'yes', not true or false"),
     "a token id past the vocabulary": (
         _edit(_set(token_ids=[10**30, 1, 2, 3])),
-        f"token id {10**30} is past the model's vocabulary of 101",
+        f"token_ids holds token id {10**30}, past the model's vocabulary of 101",
     ),
     "a negative seed": (_edit(_set(seed=-1)), "seed -1, not a whole number ≥ 0"),
     "deep flags inverted": (_edit(_inverted), "deep is true for settling depth"),

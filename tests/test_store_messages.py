@@ -3,7 +3,6 @@ mends the store (as tests/test_store_trust.py does for issue 41)."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -14,7 +13,6 @@ import sys
 import pytest
 
 from depthlens.config import GenerateRun, SamplingConfig, StoreSpec
-from depthlens.errors import StoreError
 from depthlens.evals.tasks import Question
 from depthlens.stores import layout
 from depthlens.stores.samples import SAMPLES, SHARDS
@@ -132,22 +130,6 @@ def test_a_dtr_setting_out_of_range_in_the_manifest_is_named_as_its_field(
     assert _said(monkeypatch, capsys, "check", out)[0] == 0
 
 
-def test_a_full_disk_during_a_regrade_names_the_file(made, tmp_path, monkeypatch):
-    from depthlens.studies import regrade
-
-    out = _copy(made, tmp_path, "jsonl")
-    before = (out / SAMPLES).read_bytes()
-
-    def full(path, lines):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-
-    monkeypatch.setattr(regrade, "_write_atomically", full)
-    with pytest.raises(StoreError) as info:
-        regrade.regrade_store(out)
-    assert str(info.value).startswith(f"{out / SAMPLES}: could not write the regraded store (No space left")
-    assert "run regrade again" in str(info.value) and (out / SAMPLES).read_bytes() == before
-
-
 def test_a_writer_killed_with_9_is_not_reported_as_writing(made, tmp_path, monkeypatch, capsys):
     out = _copy(made, tmp_path, "jsonl")
     code = (
@@ -184,30 +166,6 @@ def test_an_export_into_another_run_names_that_run_not_the_store_exported(
     assert "write the tables and figures outside it" in text and not (parquet / SAMPLES).exists()
 
 
-def test_a_full_disk_during_an_export_names_the_file_and_running_it_again_writes_it(
-    made, tmp_path, monkeypatch, capsys
-):
-    """ENOSPC named no file; and the readers' advice (--resume) is no option of export's."""
-    from depthlens.stores import files
-
-    out = _copy(made, tmp_path, "parquet")
-    target = tmp_path / "export" / "x.jsonl"
-    target.parent.mkdir()
-    write_json = files.write_json
-
-    def full(path, data):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-
-    monkeypatch.setattr(files, "write_json", full)
-    code, text = _said(monkeypatch, capsys, "export", out / SHARDS, "--out", target)
-    assert code == 2 and f"{target}: the disk is full; nothing was written" in text, text
-    assert "run the export again" in text and "--resume" not in text
-    assert list(target.parent.iterdir()) == []  # no file, temporary file or lock left behind
-    monkeypatch.setattr(files, "write_json", write_json)  # space freed: the advice, followed
-    code, text = _said(monkeypatch, capsys, "export", out / SHARDS, "--out", target)
-    assert code == 0 and target.is_file(), text
-
-
 def test_a_run_whose_shards_lost_their_manifest_is_named_damaged_not_missing(
     made, tmp_path, monkeypatch, capsys
 ):
@@ -224,3 +182,104 @@ def test_a_run_whose_shards_lost_their_manifest_is_named_damaged_not_missing(
     assert "restore the manifest from a copy of the store" in text and "no sample store" not in text
     meta.write_bytes(kept)
     assert find_stores(out) == [out]
+
+
+# ---- issue 59: messages keep the user's words -----------------------------------------------------------------
+
+
+def test_an_unreadable_shard_whose_checksum_matches_is_not_said_to_have_changed(
+    made, tmp_path, monkeypatch, capsys
+):
+    """A shard whose footer is cut and whose entry was updated to match (size and sha256): its bytes are the ones
+    committed, so `check` does not say its content changed since — it says what it finds (`--quick`: what the size
+    alone can tell)."""
+    import hashlib
+
+    out = _copy(made, tmp_path, "parquet")
+    shard = sorted((out / SHARDS).glob("part-*.parquet"))[0]
+    data = shard.read_bytes()[:-12]  # the footer's length and magic cut off
+    shard.write_bytes(data)
+    meta = out / SHARDS / layout.MANIFEST
+    manifest = json.loads(meta.read_text())
+    manifest["shards"][0].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    meta.write_text(json.dumps(manifest))
+    code, text = _said(monkeypatch, capsys, "check", out)
+    assert code == 1 and "not a readable Parquet shard" in text, text
+    assert "its bytes are the ones its manifest entry commits (size and sha256 match)" in text
+    assert "changed since it was committed" not in text
+    code, text = _said(monkeypatch, capsys, "check", "--quick", out)
+    assert code == 1 and "of the committed size (`check` without --quick compares its sha256 too)" in text, (
+        text
+    )
+
+
+@pytest.mark.parametrize("twice", ["a shard listed twice", "an id listed under two shards"])
+def test_check_never_sends_the_user_to_check(made, tmp_path, monkeypatch, capsys, twice):
+    """The readers' refusals end with "`depthlens check …` lists every problem"; `check` gives each remedy without
+    pointing at itself."""
+    out = _copy(made, tmp_path, "parquet")
+    meta = out / SHARDS / layout.MANIFEST
+    manifest = json.loads(meta.read_text())
+    if twice == "a shard listed twice":
+        manifest["shards"].append(dict(manifest["shards"][0]))
+    else:
+        manifest["shards"][1]["ids"].append(manifest["shards"][0]["ids"][0])
+    meta.write_text(json.dumps(manifest))
+    code, text = _said(monkeypatch, capsys, "check", out)
+    assert code == 1 and "restore the manifest from a copy of the store" in text, text
+    assert "lists the shard twice" in text if twice == "a shard listed twice" else "under part-000000" in text
+    assert "`depthlens check" not in text, text
+    # the same for a shard the readers send to check: cut, its remedy given without the pointer
+    shutil.rmtree(out)
+    out = _copy(made, tmp_path, "parquet")
+    shard = sorted((out / SHARDS).glob("part-*.parquet"))[0]
+    shard.write_bytes(shard.read_bytes()[:200])
+    code, text = _said(monkeypatch, capsys, "report", out)
+    assert code == 2 and f"(`depthlens check {out / SHARDS}` lists every problem)" in text, text
+    code, text = _said(monkeypatch, capsys, "check", out)
+    assert code == 1 and "--resume: it sets this file aside" in text and "`depthlens check" not in text, text
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "said"),
+    [
+        ("/api/questions", {"order": "bogus"}, "order=bogus: use one of asc, desc"),
+        ("/api/questions", {"sort": "bogus"}, "sort=bogus: use one of id, agreement, responses, accuracy"),
+        ("/api/records", {"sort": "bogus"}, "sort=bogus: use one of store, "),
+        ("/api/records", {"order": "bogus"}, "order=bogus: use one of asc, desc"),
+    ],
+)
+def test_the_explorer_refuses_an_unknown_order_or_sort(made, path, query, said):
+    TestClient = pytest.importorskip(
+        "starlette.testclient", reason="the view extra is not installed"
+    ).TestClient
+    from depthlens.view.app import Explorer, make_app
+    from depthlens.view.store import open_store
+
+    api = TestClient(make_app(Explorer.of(open_store(made / "parquet"))))
+    answer = api.get(path, params=query)
+    assert answer.status_code == 400 and answer.json()["error"].startswith(said), answer.json()
+    if path == "/api/records" and "sort" in query:  # the choices are the records' fields
+        assert "dtr" in answer.json()["error"] and api.get(path, params={"sort": "dtr"}).status_code == 200
+
+
+@pytest.mark.parametrize("value", ["topk:-1", "topk::abc:", "topk:[bold]x[/bold]", "topk:abc"])
+def test_the_cli_echoes_a_value_as_typed(monkeypatch, capsys, tmp_path, value):
+    """No emoji codes (`:-1:` is not 👎) and no markup (`[bold]` stays `[bold]`) in what echoes input."""
+    code, _, err = run(monkeypatch, capsys, "generate", "--settle", value, "--out", tmp_path / "s")
+    assert code == 2 and f"error: --settle {value}: must be jsd or topk:K with K ≥ 1" in err, err
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_warning_echoes_a_path_as_typed(monkeypatch, capsys, tmp_path):
+    """A warning line echoing a path holding markup and an emoji code keeps both as typed."""
+    from depthlens.cli.app import warn
+
+    warn(f"{tmp_path / '[bold]x:-1:.jsonl'} has no records")
+    assert f"warning: {tmp_path / '[bold]x:-1:.jsonl'} has no records" in capsys.readouterr().err
+
+
+def test_settle_topk_past_the_most_a_pool_keeps_is_named_as_settle(monkeypatch, capsys, tmp_path):
+    code, _, err = run(monkeypatch, capsys, "generate", "--settle", "topk:101", "--out", tmp_path / "s")
+    assert code == 2 and "error: --settle topk:101: K must be at most 100 for a sampled pool" in err, err
+    assert "--layer-top-k" not in err

@@ -217,7 +217,7 @@ def test_check_lists_an_unreadable_manifest_instead_of_failing(made, tmp_path, m
         manifest = json.loads(original)
         manifest["shards"][1]["ids"].append(manifest["shards"][0]["ids"][0])
         meta.write_text(json.dumps(manifest))
-        expected = "which the manifest also lists under"
+        expected = "lists id 'q0#0' under part-000000.parquet too"
     with pytest.raises(StoreError, match=expected):
         _records(out)
     code, text = _check(monkeypatch, capsys, out)
@@ -340,7 +340,8 @@ def test_view_shows_a_value_out_of_range_as_a_notice_when_its_response_opens(mad
     rid = json.loads((out / SHARDS / layout.MANIFEST).read_text())["shards"][0]["ids"][0]
     store.read(store.by_id[rid])
     assert any(
-        n.startswith(f"record {rid!r}: divergence holds 99999997952.0") and f"depthlens check {out}" in n
+        n.startswith(f"{_shards(out)[0]} row 1: record {rid!r}: divergence holds 99999997952.0")
+        and f"depthlens check {out}" in n
         for n in store.notices
     ), store.notices
 

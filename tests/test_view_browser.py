@@ -270,7 +270,7 @@ def test_an_interrupted_run_says_so_in_chromium(view_stores, serve, page, tmp_pa
 
     page.goto(serve(interrupted_store(view_stores, tmp_path / "cut", monkeypatch)))
     page.wait_for_selector("#notices p.notice", timeout=WAIT_MS)
-    assert "interrupted: the run that wrote this store ended after 2 of 4 responses" in page.inner_text(
+    assert "incomplete, 2 of 4 responses (2 questions × pool 2); `--resume` finishes it" in page.inner_text(
         "#notices"
     )
 

@@ -44,18 +44,19 @@ def interrupted_store(view_stores: dict[str, Path], out: Path, monkeypatch: pyte
 
 
 def test_an_interrupted_run_says_so(view_stores, tmp_path, monkeypatch):
-    store = open_store(interrupted_store(view_stores, tmp_path / "cut", monkeypatch))
+    out = interrupted_store(view_stores, tmp_path / "cut", monkeypatch)
+    store = open_store(out)
     assert len(store.records) == 2
+    # the line every door says (stores.shortfall): check, thinkn --from, report, export, the explorer
     assert (
-        "interrupted: the run that wrote this store ended after 2 of 4 responses (questions × pool); rerun its "
-        "command with --resume to finish it"
+        f"{out}: incomplete, 2 of 4 responses (2 questions × pool 2); `--resume` finishes it, or it was cut by hand"
     ) in store.notices
 
 
 @pytest.mark.parametrize("name", ["samples", "samples_jsonl", "answers", "online", "scores", "scores_jsonl"])
 def test_a_finished_run_says_nothing_of_it(view_stores, name):
     notices = open_store(view_stores[name]).notices
-    assert not [n for n in notices if "interrupted" in n or "writing this store" in n], notices
+    assert not [n for n in notices if "incomplete" in n or "writing it now" in n], notices
 
 
 def test_an_interrupted_score_run_says_so(view_stores, tmp_path):
@@ -65,10 +66,10 @@ def test_an_interrupted_score_run_says_so(view_stores, tmp_path):
     manifest = view_stores["scores_jsonl"].with_name("scores.jsonl.manifest.json")
     shutil.copy(manifest, cut.with_name(manifest.name))
     notices = open_store(cut).notices
-    interrupted = [n for n in notices if n.startswith("interrupted:")]
+    interrupted = [n for n in notices if ": incomplete, " in n]
     assert interrupted == [
-        f"interrupted: the run that wrote this store ended after {len(lines) - 3} of {len(lines)} records; rerun "
-        "its command with --resume to finish it"
+        f"{cut}: incomplete, {len(lines) - 3} of {len(lines)} records of its input; `--resume` finishes it, or it "
+        "was cut by hand"
     ]
 
 
@@ -97,10 +98,10 @@ def test_a_store_being_written_names_its_writer(view_stores, tmp_path, monkeypat
         holder.wait(10)
         holder.stdout.close()
     assert (
-        f"a run is writing this store now (pid {holder.pid} (depthlens generate --resume)): 2 of 4 responses "
-        "(questions × pool) so far; shown is what was committed when this page opened"
+        f"{out}: 2 of 4 responses (2 questions × pool 2) so far: a run is writing it now (pid {holder.pid} "
+        "(depthlens generate --resume)); shown is what was committed when this page opened"
     ) in notices
-    assert not [n for n in notices if n.startswith("interrupted")]
+    assert not [n for n in notices if "incomplete" in n]
 
 
 def test_a_response_shows_its_prompt_as_the_model_read_it(view_stores):

@@ -38,8 +38,10 @@ app = typer.Typer(
     rich_markup_mode=None,  # click's plain help wraps within 80 columns and shows flags as flags
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-err_console = Console(stderr=True)
-console = Console()  # results (tables) go to stdout
+# No emoji codes: a value the user typed (``--settle topk:-1``) is echoed as typed, never as 👎; text that echoes
+# input is printed with its markup escaped (or markup off), so ``[bold]`` in a value stays ``[bold]``.
+err_console = Console(stderr=True, emoji=False)
+console = Console(emoji=False)  # results (tables) go to stdout
 
 
 def _version(value: bool) -> None:
@@ -70,7 +72,7 @@ def error_line(exc: DepthlensError) -> str:
 
 def warn(message: str) -> None:
     """One warning line on stderr: the run goes on and its results are written."""
-    err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def load_model(spec: ModelSpec) -> LoadedModel:
@@ -185,10 +187,14 @@ def _interrupted(exc: BaseException) -> NoReturn:
     what = "terminated" if isinstance(exc, Terminated) else "interrupted"
     if _written:
         kept = _complete_lines(_written[0])
-        err_console.print(f"{what}: {kept} finished record(s) kept in {_written[0]}", highlight=False)
-        err_console.print(f"continue with: {continue_command(sys.argv)}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"{what}: {kept} finished record(s) kept in {_written[0]}", highlight=False, markup=False
+        )
+        err_console.print(
+            f"continue with: {continue_command(sys.argv)}", highlight=False, soft_wrap=True, markup=False
+        )
     else:
-        err_console.print(f"{what} before any record was written", highlight=False)
+        err_console.print(f"{what} before any record was written", highlight=False, markup=False)
     sys.exit(143 if isinstance(exc, Terminated) else 130)
 
 
@@ -223,6 +229,9 @@ def main() -> None:
     """Entry point: a DepthlensError becomes one line on stderr and exit code 2."""
     signal.signal(signal.SIGTERM, _terminate)
     from depthlens.models.threads import passive_wait, threads_kept
+    from depthlens.stores.shortfall import forget
+
+    forget()  # a store's shortfall is said once per command (the same process may run another)
 
     passive_wait()  # before torch starts OpenMP: idle threads sleep instead of spinning (a shared machine)
     library = logging.getLogger("depthlens")
@@ -250,7 +259,9 @@ def main() -> None:
         where = f"{exc.filename}: " if exc.filename else ""
         hint = "free some space" if exc.errno == errno.ENOSPC else "check the path and its permissions"
         err_console.print(
-            f"[bold red]error:[/] {where}{exc.strerror or exc}; {hint}", highlight=False, soft_wrap=True
+            f"[bold red]error:[/] {escape(f'{where}{exc.strerror or exc}; {hint}')}",
+            highlight=False,
+            soft_wrap=True,
         )
         sys.exit(2)
     except KeyboardInterrupt as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,9 @@ def export(
     manifest["exported_from"] = str(
         store
     )  # marks the export as export's own: a later --overwrite may replace it
+    # a store of its own: its run id is new, and its manifest names the run and path it came from
+    manifest["derived_from"] = {"run_id": stored.get("run_id"), "path": str(store.resolve()), "by": "export"}
+    manifest["run_id"] = uuid.uuid4().hex[:16]
     from depthlens.stores.lock import store_lock
 
     with store_lock(out):  # the export is a store of its own: one writer
@@ -88,20 +92,22 @@ def export(
 
 
 def _write_export(store: Path, out: Path, manifest: dict[str, Any], verify: bool) -> tuple[int, list[str]]:
-    """Every record of ``store`` into ``out`` (a temporary name, then renamed), its manifest beside it; the count,
-    and the records (id and field) whose text was written escaped."""
-    import errno
+    """Every record of ``store`` into ``out`` and its manifest beside it, both whole or neither (each written to a
+    temporary name, then both renamed); the count, and the records (id and field) whose text was written
+    escaped. A failed write (a full disk) removes both temporary files and says so."""
     import json
     import os
 
-    from depthlens.errors import StoreError
     from depthlens.stores.commits import COMMITTED, Running
-    from depthlens.stores.files import manifest_path, write_error, write_json
+    from depthlens.stores.files import manifest_path
     from depthlens.stores.readers import read_checked
     from depthlens.stores.records import unencodable
 
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    meta = manifest_path(out)
+    meta_tmp = meta.with_name(f".{meta.name}.{os.getpid()}.tmp")
     count, committed, escaped = 0, Running(), []  # the export's own commit, as every JSONL store keeps one
+    writing = out  # the file being written, named by a failure (not by its temporary name)
     try:
         with tmp.open("wb") as f:
             # the checked read every reader makes (``stores.readers``): export refuses what `check` refuses, bar
@@ -117,16 +123,32 @@ def _write_export(store: Path, out: Path, manifest: dict[str, Any], verify: bool
                 f.write(line)
                 committed.add(line)
                 count += 1
-        write_json(manifest_path(out), {**manifest, COMMITTED: committed.entry()})
+            f.flush()
+            os.fsync(f.fileno())
+        writing = meta
+        with meta_tmp.open("w", encoding="utf-8") as f:
+            f.write(
+                json.dumps({**manifest, COMMITTED: committed.entry()}, indent=2, ensure_ascii=False) + "\n"
+            )
+            f.flush()
+            os.fsync(f.fileno())
         tmp.replace(out)
-    except OSError as exc:
-        # not write_error's advice (--resume): an export has none, and keeps nothing of a failed write
-        if exc.errno == errno.ENOSPC:
-            raise StoreError(
-                f"{out}: the disk is full; nothing was written (an export is written whole or not at all) — "
-                "free some space, then run the export again"
-            ) from exc
-        raise write_error(out, exc) from exc
+        meta_tmp.replace(meta)
+    except OSError as exc:  # named by the file it was for, not by its temporary name
+        raise _export_failed(writing, out, exc) from None
     finally:
         tmp.unlink(missing_ok=True)  # every failure (a damaged shard included) leaves no temporary file
+        meta_tmp.unlink(missing_ok=True)
     return count, escaped
+
+
+def _export_failed(where: Path, out: Path, exc: OSError) -> Exception:
+    """A failed export's one line: the file, what happened, and that nothing of it was kept (an export has no
+    --resume: it is written whole or not at all)."""
+    from depthlens.stores.files import WriteFailed
+
+    failed = WriteFailed(where, exc)
+    kept = "nothing was written" if not out.exists() else f"{out} is as it was before this export"
+    return failed.keeping(
+        f"{kept} (an export is written whole or not at all) — {failed.remedy}, then run the export again"
+    )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from depthlens.cli.app import console, err_console, load_for
+from depthlens.cli.app import console, err_console, load_for, writes_to
 from depthlens.cli.progress import make_progress
 from depthlens.config import DTRConfig, ModelSpec, OnlineConfig, OnlineRun, VotingConfig
 
@@ -54,6 +54,7 @@ def _live(model: ModelSpec, run: OnlineRun, questions: list[Any]) -> tuple[Any, 
     from depthlens.studies.online import OnlineEvents, run_online
 
     lm = load_for(run.engine, model)
+    writes_to(run.store.out / "samples.jsonl")  # an interruption says what it kept, and how to continue
     with make_progress(err_console) as progress:
         done = progress.add_task("questions", total=len(questions))
         tokens = progress.add_task("tokens", total=None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
+
 from depthlens.cli import options as opt
 from depthlens.cli.app import app, err_console
 from depthlens.config.serve import LOCALHOST, VIEW_PORT
@@ -47,7 +49,7 @@ def view(
     count = len(opened.records)
     what = f"{count} {'response' if opened.kind == 'samples' else 'record'}{'' if count == 1 else 's'}"
     for line in opened.notices:
-        err_console.print(f"[yellow]notice:[/] {line}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]notice:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
     def ready() -> None:
         err_console.print(

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from depthlens.config.answers import AnswerConfig
 from depthlens.config.base import MOST_QUESTIONS, MOST_RESPONSES, Config, check_seed, invalid
-from depthlens.config.readout import DTRConfig, ReadoutConfig, TCBConfig, check_layer_top
+from depthlens.config.readout import MAX_LAYER_TOP_K, DTRConfig, ReadoutConfig, TCBConfig, check_layer_top
 from depthlens.config.sampling import EngineConfig, SamplingConfig
 from depthlens.config.voting import OnlineConfig
 from depthlens.errors import InputError, named
@@ -180,5 +180,13 @@ def keep_top_k_ids(run: GenerateRun | OnlineRun) -> None:
     ``layer_top_k`` raised to K where smaller): the rule settles from them, in the run and in the readers that vote
     on its stored depth, as ``score --settle`` settles from the logits."""
     k = run.dtr.top_k
+    if k is not None and k > MAX_LAYER_TOP_K:  # named as the setting given, not as the readout it would raise
+        raise invalid(
+            "DTRConfig",
+            "settle",
+            run.dtr.settle,
+            f"K must be at most {MAX_LAYER_TOP_K} for a sampled pool, which keeps each layer's K most probable ids",
+            "e.g. topk:5",
+        )
     if k is not None and run.readout.layer_top_k < k:  # a frozen run: its readout replaced once, here
         object.__setattr__(run, "readout", dataclasses.replace(run.readout, layer_top_k=k))

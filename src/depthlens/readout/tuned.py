@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import weakref
 from pathlib import Path
 from typing import Any
@@ -60,17 +61,40 @@ def file_digest(path: Path) -> str:
 
 
 def save_lens(out: Path, weight: torch.Tensor, bias: torch.Tensor, stamp: dict[str, Any]) -> dict[str, Any]:
-    """Write the translators and the stamp (``digest`` added) into the folder ``out``; returns the stamp."""
+    """Write the translators and the stamp (``digest`` added) into the folder ``out``; returns the stamp.
+
+    Both are written whole to temporary names, fsynced, then renamed (the translators first, the stamp naming
+    their digest last): a write that fails (a full disk) raises the OSError, naming the file it was for, and leaves
+    the folder's lens as it was, its temporary files removed."""
     from safetensors.torch import save
 
     out.mkdir(parents=True, exist_ok=True)
     # Written as bytes, not by save_file: its file is created mode 0600 whatever the umask (lens.json is 0644).
-    (out / WEIGHTS).write_bytes(
-        save({"weight": weight.float().contiguous(), "bias": bias.float().contiguous()})
-    )
-    stamp = {"format": STAMP_FORMAT, **stamp, "digest": file_digest(out / WEIGHTS)}
-    (out / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
+    data = save({"weight": weight.float().contiguous(), "bias": bias.float().contiguous()})
+    stamp = {"format": STAMP_FORMAT, **stamp, "digest": hashlib.sha256(data).hexdigest()[:16]}
+    write_whole({out / WEIGHTS: data, out / STAMP: (json.dumps(stamp, indent=1) + "\n").encode()})
     return stamp
+
+
+def write_whole(files: dict[Path, bytes]) -> None:
+    """Write each of ``files`` (path → bytes) whole: all to temporary names beside them, fsynced, then renamed in
+    order. An OSError (a full disk) removes every temporary file and is raised naming the file it was for."""
+    staged = {path: path.with_name(f".{path.name}.tmp") for path in files}
+    try:
+        for path, data in files.items():
+            with staged[path].open("wb") as f:
+                try:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                except OSError as exc:
+                    exc.filename = str(path)
+                    raise
+        for path, tmp in staged.items():
+            tmp.replace(path)
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
 
 
 def check_fit(lens: LensSpec, mine: dict[str, Any], model: str) -> None:

@@ -83,6 +83,7 @@ class _Sampler:
             records.extend(sink.records)
         for r in records:
             r["n_layers"] = self.lm.n_layers  # for the driver's manifest, dropped before writing
+            r["vocab_rows"] = self.lm.vocab_rows  # so is the vocabulary
         return to_table(records, float16=self.run.store.float16)
 
 

@@ -159,6 +159,12 @@ def run_on_actors(
                 if block.num_rows:
                     n_layers = int(block.column("n_layers")[0].as_py())
                 block = block.drop_columns(["n_layers"])
+            if (
+                "vocab_rows" in block.column_names
+            ):  # the model's vocabulary: every stored id is checked against it
+                if block.num_rows and block.column("vocab_rows")[0].as_py():
+                    writer.manifest["vocab_rows"] = int(block.column("vocab_rows")[0].as_py())
+                block = block.drop_columns(["vocab_rows"])
             block = on_block(block)
             writer.write_table(block, n_layers)
     except DepthlensError:

@@ -92,6 +92,7 @@ class _Scorer:
         )
         for r in results:
             r["n_layers"] = self.lm.n_layers  # read by the driver for the manifest, dropped before writing
+            r["vocab_rows"] = self.lm.vocab_rows  # so is the vocabulary
         return to_table([*results, *skipped], float16=s["float16"])
 
 
@@ -185,4 +186,8 @@ def score_on_ray(
 
     args = (model.name, actor_load_kwargs(model, ray), settings, max(1, int(ray.cpus)), pending)
     n_layers = run_on_actors(dataset, _Scorer, args, ray, writer, take)
+    by_line = {r.line: r.id for r in records if r.line}
+    ids = sorted({by_line[b.line] for b in skipped if b.line in by_line})
+    if ids:  # a store holding every record but these is whole (stores.shortfall)
+        writer.note("skipped", ids)
     return RayScoreReport(skipped, n_layers, writer.rescored)

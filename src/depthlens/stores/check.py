@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,12 @@ from depthlens.stores.parquet import (
     jsonl_ranges,
     jsonl_record_problem,
     shard_fault,
+    store_manifest,
 )
 from depthlens.stores.readers import sample_store_of
+from depthlens.stores.records import VOCAB
 from depthlens.stores.samples import SAMPLES, SHARDS
+from depthlens.stores.shortfall import quiet, shortfall
 
 
 @dataclasses.dataclass
@@ -36,6 +40,9 @@ class CheckReport:
     notes: list[str] = dataclasses.field(default_factory=list)
     shards: int = 0
     records: int = 0
+    incomplete: str | None = (
+        None  # whole, but fewer records than its run set out to write (``stores.shortfall``)
+    )
 
 
 def check(path: Path, verify: bool = True) -> list[CheckReport]:
@@ -64,9 +71,12 @@ def check(path: Path, verify: bool = True) -> list[CheckReport]:
         for s in found
     ]
     if out_dir is not None:  # a sample store (or its responses): are its summaries of its present state?
-        _read_as_studies_do(out_dir, reports[0], "parquet" if found[0].is_dir() else "jsonl", verify)
+        with quiet():  # its shortfall is this report's own line
+            _read_as_studies_do(out_dir, reports[0], "parquet" if found[0].is_dir() else "jsonl", verify)
         if out_dir == path:
             reports[0].notes += _derived(path)
+    for report in reports if len(found) == 1 else []:
+        _completeness(report, out_dir)
     if len(found) > 1:
         reports[0].problems.append(
             layout.Problem(
@@ -77,6 +87,57 @@ def check(path: Path, verify: bool = True) -> list[CheckReport]:
             )
         )
     return reports
+
+
+_POINTS_AT_CHECK = re.compile(
+    r"\s*[(—;,]*\s*(?:the responses are untouched; )?`depthlens check [^`]*` lists [^);]*\)?"
+)
+
+
+def own_remedy(remedy: str) -> str:
+    """A remedy as ``check`` gives it: without the clause that sends the reader to ``depthlens check`` (the
+    readers' refusals end with it; ``check`` is where the user already is)."""
+    return _POINTS_AT_CHECK.sub("", remedy).rstrip(" ;,—") or remedy
+
+
+def _completeness(report: CheckReport, out_dir: Path | None) -> None:
+    """A whole store's count against what its run set out to write (``incomplete``), and a note where its manifest
+    records no vocabulary size, so token ids cannot be checked against it."""
+    if report.problems:
+        return
+    try:
+        manifest = store_manifest(report.store)
+    except StoreError:
+        return
+    report.incomplete = shortfall(report.store, manifest, report.records, out_dir)
+    if report.incomplete is not None and " so far: " in report.incomplete:  # being written: not a fault
+        report.notes.append(report.incomplete)
+        report.incomplete = None
+    if VOCAB not in manifest and report.records and _holds_token_ids(report.store):
+        report.notes.append(
+            f"its manifest records no vocabulary size ({VOCAB}: written before it was recorded): token ids are "
+            "checked for being whole numbers ≥ 0 and distinct within each layer's top-k, not against the "
+            "model's vocabulary"
+        )
+
+
+def _holds_token_ids(store: Path) -> bool:
+    """Whether the records of ``store`` hold token ids (``token_ids`` or each layer's top-k)."""
+    import pyarrow.parquet as pq
+
+    fields = ("token_ids", "layer_top_ids")
+    if store.is_dir():
+        shard = next(iter(sorted(store.glob("part-*.parquet"))), None)
+        try:
+            return shard is not None and any(f in pq.read_schema(shard).names for f in fields)
+        except (OSError, pa.ArrowException):
+            return False
+    try:
+        with store.open("rb") as f:
+            first = f.readline()
+    except OSError:
+        return False
+    return any(f'"{f}"'.encode() in first for f in fields)
 
 
 def _is_parquet(path: Path) -> bool:
@@ -222,9 +283,15 @@ def _check_shard(
         table = layout.read_table(path, layout.resume_remedy(store, manifest, shard))
     except (StoreError, FileNotFoundError) as exc:
         detail = str(exc).removeprefix(f"{path}: ").split("; rerun")[0]
-        # its size is the committed one (``shard_problem`` passed): bytes changed in place, as the sha256 says
-        # without --quick — not cut
-        detail = f"its content changed since it was committed ({detail})"
+        # its size is the committed one (``shard_problem`` passed) and, verified, its sha256 too: the bytes are
+        # those its entry commits — unreadable as committed, or its entry edited to match — not changed since
+        if verify and isinstance(shard.get("sha256"), str):
+            detail += (
+                ", though its bytes are the ones its manifest entry commits (size and sha256 match): it was "
+                "committed unreadable, or its entry was edited to match it"
+            )
+        else:
+            detail += " of the committed size (`check` without --quick compares its sha256 too)"
         return layout.Problem(path, "changed", detail, layout.resume_remedy(store, manifest, shard)), None
     problem = shard_fault(store, path, manifest, shard, table)
     return problem, None if problem is not None else table

@@ -69,14 +69,36 @@ def write_json(path: Path, data: object) -> None:
         raise
 
 
-def write_error(path: Path, exc: OSError) -> StoreError:
+class WriteFailed(StoreError):
+    """A file that could not be written — a full disk above all — as one sentence naming it: what happened, what
+    is kept and what to do. The layer that knows what the failure leaves says it (``kept``, ``keeping``); by
+    default what finished before is kept and ``--resume`` continues."""
+
+    def __init__(self, path: Path, cause: OSError, kept: str | None = None) -> None:
+        self.path, self.cause = path, cause
+        self.full = cause.errno == errno.ENOSPC
+        what = "the disk is full" if self.full else f"could not write ({cause.strerror or cause})"
+        if kept is None:
+            kept = (
+                f"what finished before is kept — free some space, then rerun the command with {named('resume')}"
+                if self.full
+                else "check the path and its permissions"
+            )
+        super().__init__(f"{path}: {what}; {kept}")
+
+    def keeping(self, kept: str) -> WriteFailed:
+        """The same failure, saying ``kept`` (what is left, and what to do) instead."""
+        return WriteFailed(self.path, self.cause, kept)
+
+    @property
+    def remedy(self) -> str:
+        """What frees the way: space, or the path's permissions."""
+        return "free some space" if self.full else "check the path and its permissions"
+
+
+def write_error(path: Path, exc: OSError) -> WriteFailed:
     """An OSError while writing ``path`` as a one-line error (a full disk above all)."""
-    if exc.errno == errno.ENOSPC:
-        return StoreError(
-            f"{path}: the disk is full; what finished before is kept — free some space, then rerun the command "
-            f"with {named('resume')}"
-        )
-    return StoreError(f"{path}: could not write ({exc.strerror or exc}); check the path and its permissions")
+    return WriteFailed(path, exc)
 
 
 def _flatten(value: object, prefix: str = "") -> dict[str, object]:

@@ -5,13 +5,14 @@ damaged. What holds a committed record is never removed."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 from depthlens.errors import InputError, named
-from depthlens.stores.files import manifest_path
+from depthlens.stores.files import WriteFailed, manifest_path
 from depthlens.stores.lock import lock_path
 
 
@@ -35,17 +36,65 @@ def _remove(out: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def kept_records(store: Path) -> int:
+    """The records a results store holds committed: a Parquet store's listed rows, a JSONL store's whole lines."""
+    try:
+        if store.is_dir():
+            from depthlens.stores.layout import manifest_file
+
+            shards = json.loads(manifest_file(store).read_bytes()).get("shards") or []
+            return sum(int(s.get("rows") or 0) for s in shards if isinstance(s, dict))
+        with store.open("rb") as f:
+            return sum(1 for raw in f if raw.endswith(b"\n") and raw.strip())
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
 @contextlib.contextmanager
 def new_out(out: Path, *stores: Path) -> Iterator[None]:
     """Run the block; if it fails and ``out`` did not exist before it, remove ``out`` unless one of ``stores``
-    (the results stores under ``out``; default ``out`` itself) holds a committed record."""
+    (the results stores under ``out``; default ``out`` itself) holds a committed record. A write that failed (a
+    full disk) is said with what is truly kept: the records committed before, or nothing (``out`` removed)."""
     existed = out.exists()
     try:
         yield
-    except BaseException:
+    except BaseException as exc:
+        removed = False
         if not existed and out.exists() and not any(committed(s) for s in stores or (out,)):
             _remove(out)
-        raise
+            removed = True
+        failed = _write_failed(exc)
+        if failed is None:
+            raise
+        raise _kept(failed, out, stores or (out,), removed) from None
+
+
+def _write_failed(exc: BaseException) -> WriteFailed | None:
+    """``exc`` as a failed write (a full disk anywhere in the run's files), or None."""
+    if isinstance(exc, WriteFailed):
+        return exc
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return WriteFailed(Path(exc.filename or "(a file of the run)"), exc)
+    return None
+
+
+def _kept(failed: WriteFailed, out: Path, stores: tuple[Path, ...], removed: bool) -> WriteFailed:
+    if removed:
+        return failed.keeping(
+            f"nothing is kept: no record had been committed, and {out}, which this run created, was removed — "
+            f"{failed.remedy}, then run the command again"
+        )
+    held = [(s, kept_records(s)) for s in stores if s.exists()]
+    count = sum(n for _, n in held)
+    where = next((s for s, n in held if n), out)
+    if count:
+        return failed.keeping(
+            f"the {count} record(s) committed before are kept in {where} — {failed.remedy}, then rerun the "
+            f"command with {named('resume')}"
+        )
+    return failed.keeping(
+        f"{out} holds no committed record — {failed.remedy}, then rerun the command with {named('resume')}"
+    )
 
 
 def refuse_same_file(in_path: Path, out_path: Path) -> None:

@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,13 +25,24 @@ from depthlens.stores.files import (
     write_json,
 )
 from depthlens.stores.lock import store_lock
-from depthlens.stores.validate import Bound, bounds, record_fault
+from depthlens.stores.meaning import Facts
+from depthlens.stores.meaning import record_problem as meaning_problem
+from depthlens.stores.validate import bounds, record_fault
 
 # Fault injection for the tests (tests/test_faults.py): after this many records the process SIGKILLs itself
 # halfway through writing the next one, leaving the torn line a real kill -9 or power cut would.
 KILL_AFTER = "DEPTHLENS_FAULT_KILL_AFTER"
 # ``precision`` describes the model as loaded (a name resumes whatever the device made of it), as n_layers does
-_UNCOMPARED = {"command", "started", "input_hashes", "run_id", "precision", COMMITTED}
+_UNCOMPARED = {
+    "command",
+    "started",
+    "input_hashes",
+    "run_id",
+    "precision",
+    "derived_from",
+    "skipped",
+    COMMITTED,
+}
 
 
 def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
@@ -65,9 +76,16 @@ def iter_jsonl_located(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             yield where, record
 
 
-def _finished(out: Path, ranges: dict[str, Bound] | None = None) -> list[str]:
+def _rejects(manifest: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
+    """Whether a record of the store ``manifest`` describes holds a value out of its range, or values that
+    disagree with each other or the store (``stores.meaning``): what every reader refuses."""
+    ranges, facts = bounds(manifest), Facts.of(manifest)
+    return lambda record: bool(record_fault(record, ranges) or meaning_problem(record, facts))
+
+
+def _finished(out: Path, rejects: Callable[[dict[str, Any]], bool] | None = None) -> list[str]:
     """Ids already written to ``out`` in order. A torn last line (a crash mid-write) is cut off; a whole line that
-    is not a record (edited or damaged outside depthlens), holds a value out of its range (``ranges``), or repeats
+    is not a record (edited or damaged outside depthlens), one every reader refuses (``rejects``), or repeats
     an id an earlier line holds is moved to ``<out>.damaged``, so its record is computed again (or, a repeat,
     counted once) and nothing else is touched."""
     done: list[str] = []
@@ -85,7 +103,7 @@ def _finished(out: Path, ranges: dict[str, Bound] | None = None) -> list[str]:
                 if raw.strip():
                     bad.append(raw)
                 continue
-            if rid in seen or (ranges and isinstance(record, dict) and record_fault(record, ranges)):
+            if rid in seen or (rejects is not None and isinstance(record, dict) and rejects(record)):
                 bad.append(raw)
                 continue
             done.append(rid)
@@ -209,14 +227,18 @@ class ResultWriter:
         if check_output(out, manifest, resume, overwrite, rules):
             stored = read_json(meta, "manifest", "use --overwrite to start again, or a new --out")
             self.changed = changed_settings(stored, manifest, rules, _UNCOMPARED)
-            finished = _finished(out, bounds(stored))
+            finished = _finished(out, _rejects(stored))
             stale = _stale(stored.get("input_hashes"), hashes, finished)
             if stale:
                 _drop(out, stale)
                 self.rescored = sorted(stale)
             self.done = set(finished) - stale
-            if "regraded" in stored:  # the store's regrade log (studies.regrade) outlives a resumed run
-                manifest = {**manifest, "regraded": stored["regraded"]}
+            for key in (
+                "regraded",
+                "derived_from",
+            ):  # the regrade log, a copy's source: outlive a resumed run
+                if key in stored:
+                    manifest = {**manifest, key: stored[key]}
             manifest = {**manifest, "run_id": stored.get("run_id") or uuid.uuid4().hex[:16]}
             resuming = True
         else:
@@ -254,6 +276,11 @@ class ResultWriter:
 
     def _commit_manifest(self) -> None:
         write_json(manifest_path(self.out), {**self._manifest, COMMITTED: self._commit.entry()})
+
+    def note(self, key: str, value: Any) -> None:
+        """Commit ``key`` in the manifest now (a fact of the run, not a setting: ``_UNCOMPARED``)."""
+        self._manifest[key] = value
+        self._commit_manifest()
 
     def flush(self) -> None:
         """Commit the records written so far in the manifest (``stores.commits``): each is on disk once

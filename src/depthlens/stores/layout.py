@@ -172,16 +172,65 @@ def entries(store: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
                     "restore it from a copy of the store",
                 )
             )
+    for s in shards:
+        why = outside(store, s["file"])
+        if why is not None:  # refused before any file is looked at
+            raise Refused(
+                Problem(
+                    manifest_file(store),
+                    "outside",
+                    f"lists {s['file']!r} as a shard, {why}: a store holds its own files, and no reader follows a "
+                    "path out of it (the manifest was edited outside depthlens)",
+                    "restore the manifest from a copy of the store",
+                )
+            )
     owner: dict[str, str] = {}
     for s in shards:
         for i in s.get("ids") or []:
             if i in owner:
-                raise StoreError(
-                    f"{store / s['file']}: holds id {i!r}, which the manifest also lists under {owner[i]}; "
-                    f"the manifest was edited — `depthlens check {store}` lists what is wrong"
+                twice = (
+                    "lists the shard twice"
+                    if owner[i] == s["file"]
+                    else f"lists id {i!r} under {owner[i]} too"
+                )
+                raise Refused(
+                    Problem(
+                        manifest_file(store),
+                        "manifest",
+                        f"{twice} (the entry of {s['file']}): a reader would count its records twice; the manifest "
+                        "was edited outside depthlens",
+                        "restore the manifest from a copy of the store",
+                    )
                 )
             owner[i] = s["file"]
     return shards
+
+
+def outside(store: Path, name: str) -> str | None:
+    """Why the shard path ``name`` a manifest lists is not a file of the store ``store`` itself — an absolute
+    path, a path through ``..``, or through a symlink —, or None. A store holds its own files: a manifest edited to
+    point elsewhere, or a shard replaced by a link to a file outside, is refused by name before any read."""
+    path = Path(name)
+    if path.is_absolute() or name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        return "an absolute path"
+    if not path.parts or any(part in ("..", ".", "") for part in path.parts) or "\\" in name:
+        return "a path through '..'" if ".." in path.parts else "not a file name"
+    here = store
+    for part in path.parts[:-1]:
+        here = here / part
+        if here.is_symlink():
+            return f"a path through the symlink {here}"
+    return None
+
+
+def symlinked(path: Path) -> str | None:
+    """Where the symlink ``path`` points, or None when it is no symlink (a shard is a file of its own store)."""
+    if not path.is_symlink():
+        return None
+    try:
+        return str(os.readlink(path))
+    except OSError:
+        return "somewhere unreadable"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,18 +264,45 @@ def resume_remedy(store: Path, manifest: dict[str, Any], shard: dict[str, Any]) 
 
 def locate(store: Path, shard: dict[str, Any]) -> Path | None:
     """Where a committed shard is: its name, its hidden name in the moment before it is published, or (replaced
-    by a regrade while a reader read the store before it) its superseded name."""
+    by a regrade while a reader read the store before it) its superseded name. None for a name outside the store
+    (``outside``); a symlink is found as itself (``shard_problem`` refuses it)."""
+    if outside(store, shard["file"]) is not None:
+        return None
     for path in (store / shard["file"], staged(store, shard["file"]), superseded(store, shard["file"])):
-        if path.is_file():
+        if path.is_file() or path.is_symlink():
             return path
     return None
+
+
+def _link_problem(store: Path, path: Path, target: str) -> Problem:
+    return Problem(
+        path,
+        "outside",
+        f"a symlink (to {target}), not a file of the store: a store holds its own files, and no reader follows a "
+        "link out of it",
+        f"put the file itself in its place (`cp --remove-destination {target} {path}`), or move the link out of "
+        "the store and rerun the command that wrote it with --resume: it computes its records again",
+    )
 
 
 def shard_problem(
     store: Path, manifest: dict[str, Any], shard: dict[str, Any], verify: bool
 ) -> tuple[Path | None, Problem | None]:
-    """Check one listed shard without reading its rows: present, its size (and with ``verify`` its hash)."""
+    """Check one listed shard without reading its rows: inside the store and no symlink, present, its size (and
+    with ``verify`` its hash)."""
+    why = outside(store, shard["file"])
+    if why is not None:
+        return None, Problem(
+            manifest_file(store),
+            "outside",
+            f"lists {shard['file']!r} as a shard, {why}: a store holds its own files, and no reader follows a "
+            "path out of it (the manifest was edited outside depthlens)",
+            "restore the manifest from a copy of the store",
+        )
     path = locate(store, shard)
+    target = symlinked(path) if path is not None else None
+    if path is not None and target is not None:
+        return None, _link_problem(store, path, target)
     if path is None:
         return None, Problem(
             store / shard["file"],
@@ -308,8 +384,16 @@ def _foreign(path: Path, run: str, manifest: dict[str, Any]) -> Problem:
 
 
 def unlisted_problem(store: Path, name: str, manifest: dict[str, Any]) -> Problem:
-    """A visible data file the manifest does not list: copied in, or of another run."""
+    """A visible data file the manifest does not list: copied in, or of another run (a symlink: not followed)."""
     path = store / name
+    target = symlinked(path)
+    if target is not None:
+        return Problem(
+            path,
+            "unlisted",
+            f"a symlink (to {target}) the manifest does not list: Parquet readers of the directory would follow it",
+            "move it out of the store",
+        )
     run = _run_of(path)
     whose = (
         f"of another run ({run})"

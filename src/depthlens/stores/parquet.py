@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,8 +30,11 @@ from depthlens.stores.commits import COMMITTED, commit_problem, committed_proble
 from depthlens.stores.files import read_json, settings_differ
 from depthlens.stores.jsonl import iter_jsonl_located
 from depthlens.stores.layout import MANIFEST, is_store, manifest_file
+from depthlens.stores.meaning import Facts
+from depthlens.stores.meaning import record_problem as meaning_problem
+from depthlens.stores.meaning import table_problem as table_meaning
 from depthlens.stores.records import id_problem, text_problem
-from depthlens.stores.validate import bounds, record_fault, table_fault
+from depthlens.stores.validate import Bound, bounds, record_fault, table_fault
 
 __all__ = [
     "MANIFEST",
@@ -53,6 +57,8 @@ _UNCOMPARED = {
     "precision",  # the model as loaded (models.precision), recorded, not compared: its name is compared
     "vocab_rows",  # like n_layers, a fact of the model (compared by name), recorded since issue 51
     "regraded",
+    "derived_from",  # a copy's source (studies.regrade --out, export): not a setting of its records
+    "skipped",  # the input records ``score --skip-bad`` skipped: a count, not a setting
     "layout",
     "run_id",
     "next_shard",
@@ -172,18 +178,22 @@ def shard_fault(
 def range_problem(
     store: Path, path: Path, manifest: dict[str, Any], shard: dict[str, Any], table: pa.Table
 ) -> layout.Problem | None:
-    """The first value of a shard out of its range (``stores.validate``), named by row, record id and field."""
+    """The first value of a shard out of its range (``stores.validate``), or whose values disagree with each other
+    or the store (``stores.meaning``: a layer's top-k summing past 1, an id twice, past the vocabulary), named by
+    row, record id and field."""
     fault = table_fault(table, bounds(manifest))
-    if fault is None:
-        return None
     ids = table.column("id") if "id" in table.column_names else None
-    rid = ids[fault.row - 1].as_py() if ids is not None and fault.row else None
-    return layout.Problem(
-        path,
-        "damaged",
-        f"row {fault.row}, {fault.detail(rid)}",
-        layout.resume_remedy(store, manifest, shard),
-    )
+    if fault is not None:
+        rid = ids[fault.row - 1].as_py() if ids is not None and fault.row else None
+        detail = f"row {fault.row}, {fault.detail(rid)}"
+    else:
+        found = table_meaning(table, Facts.of(manifest))
+        if found is None:
+            return None
+        row, said = found
+        rid = ids[row - 1].as_py() if ids is not None else None
+        detail = f"row {row}, record {rid!r}: {said} — the record is damaged"
+    return layout.Problem(path, "damaged", detail, layout.resume_remedy(store, manifest, shard))
 
 
 def read_shard(path: Path, settings: dict[str, Any] | None = None) -> pa.Table:
@@ -266,10 +276,19 @@ def _jsonl_manifest(path: Path) -> dict[str, Any]:
     return manifest if isinstance(manifest, dict) else {}
 
 
-def jsonl_ranges(path: Path) -> dict[str, Any]:
-    """The ranges of a JSONL store's values, from the manifest beside it (none readable: the ranges every store
-    has, without depth or divergence kind)."""
-    return bounds(_jsonl_manifest(path))
+@dataclasses.dataclass(frozen=True)
+class JsonlRules:
+    """What a JSONL store's records are checked against: each value's range, and what the values mean together."""
+
+    ranges: dict[str, Bound]
+    facts: Facts
+
+
+def jsonl_ranges(path: Path) -> JsonlRules:
+    """The checks of a JSONL store's values, from the manifest beside it (none readable: the ranges every store
+    has, without depth, divergence kind, vocabulary or K)."""
+    manifest = _jsonl_manifest(path)
+    return JsonlRules(bounds(manifest), Facts.of(manifest))
 
 
 def jsonl_commit_problem(path: Path, verify: bool, held: int | None = None) -> layout.Problem | None:
@@ -293,10 +312,10 @@ def jsonl_commit_problem(path: Path, verify: bool, held: int | None = None) -> l
 
 
 def jsonl_record_problem(
-    path: Path, where: str, record: dict[str, Any], ranges: dict[str, Any], seen: dict[str, str]
+    path: Path, where: str, record: dict[str, Any], rules: JsonlRules, seen: dict[str, str]
 ) -> layout.Problem | None:
-    """What a reader refuses in one JSONL record: an id an earlier line holds (``seen``: id → line), or a value
-    out of its range. ``depthlens check`` runs this same function."""
+    """What a reader refuses in one JSONL record: an id an earlier line holds (``seen``: id → line), a value
+    out of its range, or values that disagree (``stores.meaning``). ``depthlens check`` runs this same function."""
     fix = (
         "rerun the command that wrote it with --resume: it sets that line aside (in "
         f"{path.name}.damaged) and computes its record again"
@@ -317,9 +336,14 @@ def jsonl_record_problem(
     text = text_problem(record)
     if text is not None:
         return layout.Problem(Path(where), "damaged", f"record {record.get('id')!r}: {text}", fix)
-    fault = record_fault(record, ranges)
+    fault = record_fault(record, rules.ranges)
     if fault is not None:
         return layout.Problem(Path(where), "damaged", fault.detail(record.get("id")), fix)
+    wrong = meaning_problem(record, rules.facts)
+    if wrong is not None:
+        return layout.Problem(
+            Path(where), "damaged", f"record {record.get('id')!r}: {wrong} — the record is damaged", fix
+        )
     return None
 
 

@@ -13,9 +13,10 @@ from typing import Any
 
 from depthlens.stores.files import manifest_path
 from depthlens.stores.layout import is_store, manifest_file
-from depthlens.stores.parquet import iter_store_located, verifying
+from depthlens.stores.parquet import iter_store_located, store_manifest, verifying
 from depthlens.stores.records import escaping_text
 from depthlens.stores.samples import SAMPLES, SHARDS, picking, read_responses
+from depthlens.stores.shortfall import say, shortfall
 
 
 def sample_store_of(store: Path) -> Path | None:
@@ -47,7 +48,11 @@ def read_checked(
     out_dir = sample_store_of(store)
     with escaping_text() if escape_text else contextlib.nullcontext():
         if out_dir is None:
-            yield from iter_store_located(store, verify)
+            count = 0
+            for located in iter_store_located(store, verify):
+                count += 1
+                yield located
+            say(shortfall(store, store_manifest(store), count))  # a store shorter than its input: said once
             return
         with verifying(verify), picking("parquet" if store.is_dir() else "jsonl"):
             yield from read_responses(out_dir)

@@ -5,8 +5,9 @@ A record's values are checked for their types (a count is a whole number, not ``
 false), then for agreeing with each other — ``token_count`` is the number of ``token_ids`` and of every per-token
 value, the id is ``question#sample``, the ``deep`` flags are the settling depths at or past the deep layer, ``dtr``
 is the flags' share — and with the store: the question is one of the manifest's, the sample index is below its
-pool, every token id (a layer's top-k too) below the vocabulary it records (``vocab_rows``), every text encodable
-as UTF-8 (a lone surrogate is not). ``read_responses`` runs ``record_problem`` on every record, so every reader,
+pool, every text encodable as UTF-8 (a lone surrogate is not). Token ids against the vocabulary the manifest
+records (``vocab_rows``) and each layer's top-k against itself are ``stores.meaning``'s (every kind of store).
+``read_responses`` runs ``record_problem`` on every record, so every reader,
 ``depthlens check`` included, refuses the same records. ``wrong_fields`` checks the manifest fields readers rely on.
 """
 
@@ -19,13 +20,11 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
 from depthlens.config import DTRConfig
 from depthlens.errors import DepthlensError
 
 VOCAB = "vocab_rows"
-"""The manifest field holding the model's vocabulary rows: every stored token id is below it."""
+"""The manifest field holding the model's vocabulary rows: every stored token id is below it (``stores.meaning``)."""
 
 # Ratios and means are stored as computed, rounded to 5 decimals, or as float16 (spacing ~5e-4 below 1): a
 # difference past this is damage.
@@ -144,11 +143,6 @@ def tokens_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | No
         n = _length(record.get(field))
         if field in record and n != count:
             return f"{field} holds {n} values for token_count {count}"
-    rows = manifest.get(VOCAB)
-    if _whole(rows) and isinstance(ids, list):
-        past = [t for t in ids if _whole(t) and t >= rows]
-        if past:
-            return f"token id {past[0]} is past the model's vocabulary of {rows} (the manifest's {VOCAB})"
     correct = record.get("correct")
     if not isinstance(correct, bool) and correct is not None:
         return f"correct {correct!r}, not true or false"
@@ -206,35 +200,21 @@ def depth_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | Non
 
 
 def layer_top_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | None:
-    """Each layer's top-k against the store: ``layer_top_ids`` and ``layer_top_probs`` both [T][L][K] — one row per
-    read-out token (as the divergence rows), ``n_layers`` layers, the manifest's ``readout.layer_top_k`` — ids below
-    ``vocab_rows``, probabilities descending within each layer. A store that asked for none holds none."""
+    """A store that kept each layer's top-k (its manifest's ``readout.layer_top_k``) holds ``layer_top_ids`` and
+    ``layer_top_probs`` in every usable record whose divergence rows were read; a store that asked for none holds
+    none. Their shape and values — [T][L][K], K distinct ids below the vocabulary, probabilities descending and
+    summing to at most 1 — are ``stores.meaning``'s, checked alike in every kind of store."""
     ids, probs = record.get("layer_top_ids"), record.get("layer_top_probs")
     readout = manifest.get("readout")
     k = readout.get("layer_top_k", 0) if isinstance(readout, dict) else 0
     if ids is None and probs is None:  # missing only where the rows they go with were read (not a light read)
         read = "divergence" in record and record.get("token_count")
         return f"no layer_top_ids for layer_top_k {k}" if k and read else None
-    rows, n_layers = record.get("divergence"), manifest.get("n_layers")
-    expected = (len(rows) if isinstance(rows, list) else None, n_layers, k)
-    try:
-        ids_a, probs_a = np.asarray(ids, dtype=np.float64), np.asarray(probs, dtype=np.float64)
-    except (ValueError, TypeError):
-        return "layer_top_ids / layer_top_probs are not [T][L][K] arrays of numbers"
-    for field, array in (("layer_top_ids", ids_a), ("layer_top_probs", probs_a)):
-        fits = array.ndim == 3 and all(
-            e is None or a == e for a, e in zip(array.shape, expected, strict=True)
+    if ids is None or probs is None:
+        held, lacking = (
+            ("layer_top_probs", "layer_top_ids") if ids is None else ("layer_top_ids", "layer_top_probs")
         )
-        if not fits and not (array.size == 0 and expected[0] == 0):
-            return (
-                f"{field} has shape {list(array.shape)}, not [T, L, K] = {list(expected)} (read-out tokens, the "
-                "manifest's n_layers and readout.layer_top_k)"
-            )
-    vocab = manifest.get(VOCAB)
-    if _whole(vocab) and ids_a.size and ids_a.max() >= vocab:
-        return f"layer_top_ids holds token id {int(ids_a.max())}, past the model's vocabulary of {vocab} ({VOCAB})"
-    if probs_a.size and bool((np.diff(probs_a, axis=-1) > _TOLERANCE).any()):
-        return "layer_top_probs are not in descending order within a layer (each layer's top-k is sorted)"
+        return f"{held} without {lacking}"
     return None
 
 

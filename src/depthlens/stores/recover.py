@@ -156,10 +156,10 @@ def recover(
 ) -> Recovered:
     """Take stock of a store before writing to it (under its lock; nothing is committed here).
 
-    A shard of another run, or a data file the manifest does not list, stops the run naming it (it is not ours
-    to move). A lost, cut or changed (sha256) shard is dropped from the store — a cut or changed one renamed to
-    ``.part-N.parquet.damaged`` — so a resumed run computes its records again; ``strict`` (a regrade, which cannot
-    recompute) refuses instead.
+    A shard of another run, a data file the manifest does not list, or a shard that is a symlink (a store holds
+    its own files) stops the run naming it (it is not ours to move). A lost, cut or changed (sha256) shard is
+    dropped from the store — a cut or changed one renamed to ``.part-N.parquet.damaged`` — so a resumed run
+    computes its records again; ``strict`` (a regrade, which cannot recompute) refuses instead.
     """
     legacy = layout.is_legacy(store)
     shards = layout.entries(store, stored)
@@ -171,7 +171,7 @@ def recover(
     kept, dropped = [], []
     for shard in shards:
         path, problem, table = _check_one(store, stored, shard, settings)
-        if problem is not None and (problem.kind in ("foreign", "manifest") or strict):
+        if problem is not None and (problem.kind in ("foreign", "manifest", "outside") or strict):
             raise StoreError(problem.message())
         if problem is not None or path is None or table is None:
             if path is not None:

@@ -40,6 +40,7 @@ from depthlens.stores.layout import Problem, Refused, is_store, manifest_file, w
 from depthlens.stores.names import current_names, divergence_field
 from depthlens.stores.parquet import iter_store_located
 from depthlens.stores.records import VOCAB, record_problem, wrong_fields
+from depthlens.stores.shortfall import say, shortfall
 
 if TYPE_CHECKING:
     from depthlens.evals.tasks import Question
@@ -316,15 +317,19 @@ def damaged(where: str, exc: Exception) -> StoreError:
 def read_responses(out_dir: Path, fields: Sequence[str] = REQUIRED) -> Iterator[tuple[str, dict[str, Any]]]:
     """The one reader of a store's responses: (where, record) for each, ``where`` naming the file and line (JSONL)
     or the shard and row (Parquet). A record ``response_problem`` finds wrong raises StoreError naming it; failed
-    ones (``status: failed``) are yielded as they are, for the caller to count."""
+    ones (``status: failed``) are yielded as they are, for the caller to count. Read to its end, a store holding
+    fewer responses than its manifest's questions × pool is said in a warning (``stores.shortfall``)."""
     manifest = read_manifest(out_dir)
     against = checked_against(manifest)
-    for where, record in iter_store_located(samples_path(out_dir, stored_format(out_dir))):
+    store, count = samples_path(out_dir, stored_format(out_dir)), 0
+    for where, record in iter_store_located(store):
         current_names(record)
         problem = response_problem(out_dir, where, record, against, fields)
         if problem is not None:
             raise Refused(problem)
+        count += 1
         yield where, record
+    say(shortfall(store, manifest, count, out_dir))  # a store shorter than its run: said once
 
 
 def checked_against(manifest: dict[str, Any]) -> dict[str, Any]:

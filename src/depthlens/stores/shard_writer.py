@@ -23,7 +23,7 @@ import pyarrow as pa
 from depthlens.errors import StoreError, named
 from depthlens.stores import layout
 from depthlens.stores.arrow import table_records, to_table
-from depthlens.stores.files import ResumeRules, changed_settings, read_json, resume_check
+from depthlens.stores.files import ResumeRules, WriteFailed, changed_settings, read_json, resume_check
 from depthlens.stores.jsonl import KILL_AFTER
 from depthlens.stores.layout import manifest_file
 from depthlens.stores.lock import LOCK, store_lock
@@ -75,16 +75,19 @@ def _kill_point(out: Path, name: str, count: int) -> None:
 def rewrite_store(
     path: Path, manifest: dict[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]]
 ) -> None:
-    """Pass every record of the store ``path`` through ``change`` and commit the result with ``manifest``.
+    """Pass every record of the store ``path`` through ``change`` and commit the result with ``manifest`` (its
+    ``run_id`` where it has one: a copy's own, else the store's).
 
     The new shards are written under new names; one manifest rename commits them all (readers switch at once);
     the old shards are then renamed to hidden names, kept for readers that started before (removed by the next
-    write). A crash before the commit leaves the old store whole.
+    write). A crash before the commit leaves the old store whole; a failed write (a full disk) says which of the
+    two it left (``WriteFailed``).
     """
     with store_lock(path):
         stored = store_manifest(path)
         shards = recover(path, stored, _settings(stored), strict=True).kept
-        number, run_id = layout.next_number(path, stored), stored.get("run_id") or new_run_id()
+        number = layout.next_number(path, stored)
+        run_id = manifest.get("run_id") or stored.get("run_id") or new_run_id()
         meta = _meta(_settings(manifest), [], run_id)
         new: list[dict[str, Any]] = []
         try:
@@ -105,13 +108,37 @@ def rewrite_store(
                 "shards": new,
             }
             publish(path, committed, new, replaced=shards)
-        except BaseException:
-            if (
-                json.loads(manifest_file(path).read_bytes()).get("shards") != new
-            ):  # not committed: leave nothing
+        except BaseException as exc:
+            done = _committed(path, new)
+            if not done:  # not committed: leave nothing
                 for shard in new:
                     layout.staged(path, shard["file"]).unlink(missing_ok=True)
-            raise
+            failed = exc if isinstance(exc, WriteFailed) else None
+            if failed is None and isinstance(exc, OSError) and exc.errno is not None:
+                failed = WriteFailed(Path(exc.filename or path), exc)
+            if failed is None:
+                raise
+            raise failed.keeping(_rewrite_kept(path, done, failed)) from None
+
+
+def _committed(path: Path, new: list[dict[str, Any]]) -> bool:
+    """Whether the manifest of ``path`` commits the shards ``new`` (a rewrite got past its commit)."""
+    try:
+        return bool(new) and json.loads(manifest_file(path).read_bytes()).get("shards") == new
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _rewrite_kept(path: Path, done: bool, failed: WriteFailed) -> str:
+    if done:
+        return (
+            f"the rewrite of {path} is committed (its manifest lists the new shards, which readers find under "
+            "their hidden names until the next write to the store gives them their own)"
+        )
+    return (
+        f"the rewrite was not committed and its new shards were removed: {path} is as it was — {failed.remedy}, "
+        "then run the command again"
+    )
 
 
 def _manifest_at_fault(out: Path) -> None:
@@ -202,8 +229,9 @@ class ShardWriter:
             found = recover(out, stored, _settings(manifest))
             shards, self.recomputed = found.kept, found.dropped
             self.manifest["run_id"] = stored.get("run_id") or new_run_id()
-            # kept from the stored manifest: the model's depth, and the store's regrade log (studies.regrade)
-            for key in ("n_layers", "regraded"):
+            # kept from the stored manifest: the model's depth, the store's regrade log (studies.regrade) and
+            # where a copy came from
+            for key in ("n_layers", "regraded", "derived_from"):
                 if stored.get(key) is not None:
                     self.manifest.setdefault(key, stored[key])
         else:
@@ -269,6 +297,13 @@ class ShardWriter:
             table = to_table(self._buffer, float16=_float16(self.manifest))
             self._buffer = []
             self.write_table(table)
+
+    def note(self, key: str, value: Any) -> None:
+        """Commit ``key`` in the manifest now (a fact of the run, not a setting: ``_UNCOMPARED``), with the records
+        buffered so far."""
+        self.flush()
+        self.manifest[key] = value
+        publish(self.out, self.manifest, [], replaced=[])
 
     def close(self) -> None:
         try:

@@ -11,6 +11,8 @@ from a generator seeded by (seed, step), so a resumed fit draws what an uninterr
 from __future__ import annotations
 
 import dataclasses
+import errno
+import io
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,7 +27,8 @@ from depthlens.models.load import LoadedModel
 from depthlens.models.precision import precision_of
 from depthlens.readout.lens import LogitLens
 from depthlens.readout.stream import TokenSequence
-from depthlens.readout.tuned import CHECKPOINT, hidden_size, model_fingerprint, save_lens
+from depthlens.readout.tuned import CHECKPOINT, hidden_size, model_fingerprint, save_lens, write_whole
+from depthlens.stores.files import WriteFailed
 
 EVAL_ROWS = 256  # held-out tokens per unembedding product
 
@@ -213,16 +216,19 @@ def fit_translators(
         step = int(state["step"])
 
     def save() -> None:
-        if checkpoint is not None:
-            torch.save(
-                {
-                    "weight": weight.detach(),
-                    "bias": bias.detach(),
-                    "optimiser": optimiser.state_dict(),
-                    "step": step,
-                },
-                checkpoint,
-            )
+        if checkpoint is not None:  # whole or not at all: a full disk keeps the checkpoint before
+            buffer = io.BytesIO()
+            state = {"weight": weight.detach(), "bias": bias.detach(), "optimiser": optimiser.state_dict()}
+            torch.save({**state, "step": step}, buffer)
+            try:
+                write_whole({checkpoint: buffer.getvalue()})
+            except OSError as exc:
+                raise WriteFailed(
+                    checkpoint,
+                    exc,
+                    f"the checkpoint before it is kept — {_remedy(exc)}, then rerun the command with --resume: it "
+                    "goes on from there",
+                ) from None
 
     deadline = time.monotonic() + cfg.max_seconds
     while step < cfg.steps and time.monotonic() < deadline:
@@ -236,6 +242,10 @@ def fit_translators(
             save()
     save()
     return weight.detach(), bias.detach(), step
+
+
+def _remedy(exc: OSError) -> str:
+    return "free some space" if exc.errno == errno.ENOSPC else "check the path and its permissions"
 
 
 def split(sequences: Sequence[TokenSequence], heldout: float, seed: int) -> tuple[list, list]:
@@ -290,7 +300,16 @@ def fit_lens(
         "heldout_kl": kl,
         "heldout_dtr": depth,
     }
-    saved = save_lens(out, weight.cpu(), bias.cpu(), stamp)
+    try:
+        saved = save_lens(out, weight.cpu(), bias.cpu(), stamp)
+    except OSError as exc:  # the final write: the fit is in its checkpoint, and --resume writes it out
+        raise WriteFailed(
+            Path(exc.filename or out),
+            exc,
+            f"the lens was not written ({out} holds what it held before; nothing half-written is left) and the fit "
+            f"is kept in {checkpoint} — {_remedy(exc)}, then rerun the command with --resume: it writes the lens "
+            "from there",
+        ) from None
     if steps >= cfg.steps:  # finished: nothing left to resume (a fit stopped by --max-seconds keeps it)
         checkpoint.unlink(missing_ok=True)
     return saved

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
 import json
 import os
 import shutil
@@ -34,7 +35,7 @@ from depthlens.evals.loading import load_task, parse_task_config
 from depthlens.evals.tasks import HUB_TASKS, Question, infer_answer_type
 from depthlens.metrics.dtr import response_depth
 from depthlens.stores.commits import COMMITTED, Running
-from depthlens.stores.files import manifest_path
+from depthlens.stores.files import WriteFailed, manifest_path
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.lock import LOCK, store_lock
 from depthlens.stores.names import current_names
@@ -46,7 +47,7 @@ from depthlens.stores.samples import (
     samples_path,
     stored_format,
 )
-from depthlens.stores.shard_writer import rewrite_store
+from depthlens.stores.shard_writer import new_run_id, rewrite_store
 from depthlens.studies.thinkn import stored_voting, summarise, summary_files
 
 GRADED = ("answer", "answer_source", "vote_key", "grade", "correct", "task_score")
@@ -124,22 +125,54 @@ def rebuild_questions(store: Path, manifest: dict[str, Any]) -> dict[str, Questi
     }
 
 
-def _write_atomically(path: Path, lines: list[str]) -> None:
-    """Replace ``path`` whole or not at all: a temporary file beside it, fsynced, renamed over it."""
-    tmp = path.with_name(f".{path.name}.regrade-tmp")
+def _write_together(files: dict[Path, list[str]], store: Path) -> None:
+    """Replace each of ``files`` (path → its lines) whole, all or none: each written to a temporary file beside it
+    and fsynced, then all renamed over theirs (a JSONL store's responses and manifest). A write that fails (a
+    full disk) removes every temporary file and leaves the store as it was."""
+    staged: dict[Path, Path] = {}
     try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.writelines(lines)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    directory = os.open(path.parent, os.O_RDONLY)
+        for path, lines in files.items():
+            tmp = staged[path] = path.with_name(f".{path.name}.regrade-tmp")
+            with tmp.open("w", encoding="utf-8") as f:
+                f.writelines(lines)
+                f.flush()
+                os.fsync(f.fileno())
+    except OSError as exc:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+        raise WriteFailed(
+            Path(exc.filename or next(reversed(staged))), exc, _not_committed(store, exc)
+        ) from None
+    renamed = 0
     try:
-        os.fsync(directory)  # the rename itself survives a power cut
+        for path, tmp in staged.items():
+            os.replace(tmp, path)
+            renamed += 1
+    except OSError as exc:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+        if renamed == 0:
+            raise WriteFailed(Path(exc.filename or store), exc, _not_committed(store, exc)) from None
+        raise WriteFailed(
+            Path(exc.filename or store),
+            exc,
+            f"the regraded responses are in place but the manifest beside them is the one before; "
+            f"`depthlens check {store}` names it — run regrade again once the disk has room",
+        ) from None
     finally:
-        os.close(directory)
+        directory = os.open(store, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the renames themselves survive a power cut
+        finally:
+            os.close(directory)
+
+
+def _not_committed(store: Path, exc: OSError) -> str:
+    remedy = "free some space" if exc.errno == errno.ENOSPC else "check the path and its permissions"
+    return (
+        f"the regrade was not committed and its temporary files were removed: {store} is as it was — {remedy}, "
+        "then run regrade again"
+    )
 
 
 @dataclasses.dataclass
@@ -221,22 +254,26 @@ def regrade_store(
     fallback: str | None = None,
     timeout_s: int = 5,
     on_record: Callable[[], None] = lambda: None,
+    derived_from: dict[str, Any] | None = None,
 ) -> RegradeReport:
     """Re-extract and re-grade every response of ``store`` under the current rules; rewrite it in place.
 
     ``answer_type`` / ``fallback``: None keeps the store's own settings (a store from before the answer rules
     takes today's defaults: no fallback). The prompt style is the store's: it is how the model was asked.
-    Holds the store's write lock throughout (a second writer is refused naming it).
+    Holds the store's write lock throughout (a second writer is refused naming it). ``derived_from``: the store is
+    a copy (``regrade_copy``) — it gets a run id of its own, and the manifest records its source.
+    A write that fails (a full disk) says whether the regrade was committed (``WriteFailed``).
     """
     with store_lock(samples_path(store, stored_format(store))):
         try:
-            return _regrade_locked(store, answer_type, fallback, timeout_s, on_record)
-        except OSError as exc:  # a full disk above all: named, with what it left
+            return _regrade_locked(store, answer_type, fallback, timeout_s, on_record, derived_from)
+        except WriteFailed:
+            raise
+        except OSError as exc:  # a file read or written beside the responses (questions, summaries)
             if exc.errno is None:
                 raise
-            raise StoreError(
-                f"{exc.filename or store}: could not write the regraded store ({exc.strerror or exc}); the store "
-                "is as it was (a regrade commits at once) — free some space, then run regrade again"
+            raise WriteFailed(
+                Path(exc.filename or store), exc, "run regrade again once the cause is mended"
             ) from None
 
 
@@ -251,7 +288,9 @@ def regrade_copy(
     """Copy ``store`` to ``out`` and regrade the copy (``regrade_store``); ``store`` is left as it was.
 
     One store's responses graded under two rules side by side — the same texts, no resampling — so every
-    summary and table (thinkn, correlate, report) can be read under both. ``out`` must not exist yet.
+    summary and table (thinkn, correlate, report) can be read under both. ``out`` must not exist yet. The store
+    is read whole (every reader's checks) before anything is copied; the copy is a store of its own (a new run
+    id; its manifest's ``derived_from`` names the source's run and path); a copy that fails is removed whole.
     """
     if out.exists():
         raise StoreError(
@@ -260,14 +299,64 @@ def regrade_copy(
     if out.resolve().is_relative_to(store.resolve()):
         raise StoreError(f"{named('out')} {out} lies inside the store {store}; give a directory outside it")
     samples = samples_path(store, stored_format(store))
-    with store_lock(samples):  # no writer changes the store while it is copied
-        read_manifest(store)  # a store, not any directory
-        shutil.copytree(store, out, ignore=shutil.ignore_patterns(LOCK, ".*.lock", ".*.regrade-tmp"))
-    return regrade_store(out, answer_type, fallback, timeout_s, on_record)
+    with store_lock(samples):  # no writer changes the store while it is read and copied
+        manifest = read_manifest(store)  # a store, not any directory
+        for _ in read_responses(store):  # every reader's checks: nothing damaged (or outside it) is copied
+            pass
+        _copy_store(store, out)
+    source = {"run_id": manifest.get("run_id"), "path": str(store.resolve()), "by": "regrade --out"}
+    try:
+        return regrade_store(out, answer_type, fallback, timeout_s, on_record, derived_from=source)
+    except BaseException as exc:
+        shutil.rmtree(out, ignore_errors=True)  # half a copy is no store: removed, the source untouched
+        if isinstance(exc, WriteFailed):
+            raise exc.keeping(
+                f"the copy {out} was removed and {store} is as it was — {exc.remedy}, then run regrade --out again"
+            ) from None
+        raise
+
+
+def _copy_store(store: Path, out: Path) -> None:
+    """Copy the store's files (not its locks nor a regrade's temporary files) to ``out``, stopping at the first
+    that fails (a full disk): ``out`` is then removed whole, named with the file that could not be written."""
+    skip = shutil.ignore_patterns(LOCK, ".*.lock", ".*.regrade-tmp")
+    try:
+        shutil.copytree(store, out, ignore=skip, copy_function=_copy_file)
+    except (OSError, shutil.Error, _CopyFailed) as exc:
+        shutil.rmtree(out, ignore_errors=True)
+        cause = exc.args[0] if isinstance(exc, _CopyFailed) else exc
+        where = Path(cause.filename or out) if isinstance(cause, OSError) else out
+        if not isinstance(cause, OSError):
+            raise StoreError(f"{out}: could not copy {store} ({exc}); the copy was removed") from None
+        raise WriteFailed(
+            where,
+            cause,
+            f"the copy {out} was removed and {store} is as it was — "
+            f"{'free some space' if cause.errno == errno.ENOSPC else 'check the path and its permissions'}, then "
+            "run regrade --out again",
+        ) from None
+
+
+class _CopyFailed(Exception):
+    """The first file ``copytree`` could not copy (it would go on with the rest and report them as a list)."""
+
+
+def _copy_file(src: str, dst: str) -> object:
+    try:
+        return shutil.copy2(src, dst)
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = dst
+        raise _CopyFailed(exc) from None
 
 
 def _regrade_locked(
-    store: Path, answer_type: str | None, fallback: str | None, timeout_s: int, on_record: Callable[[], None]
+    store: Path,
+    answer_type: str | None,
+    fallback: str | None,
+    timeout_s: int,
+    on_record: Callable[[], None],
+    derived_from: dict[str, Any] | None,
 ) -> RegradeReport:
     manifest = read_manifest(store)
     rules, rules_before = _rules(manifest, answer_type, fallback)
@@ -287,6 +376,8 @@ def _regrade_locked(
             {"at": regrade.now, "from_rules": rules_before, "rules": RULES, "command": " ".join(sys.argv)},
         ],
     }
+    if derived_from is not None:  # a copy: a store of its own, whose shards are never taken for its source's
+        updated.update(run_id=new_run_id(), derived_from=derived_from)
     if fmt == "parquet":  # new shards, then the manifest as the commit (stores.shard_writer.rewrite_store)
         for _ in read_responses(store):  # the readers' one validation first: a damaged store is refused whole
             pass
@@ -299,10 +390,8 @@ def _regrade_locked(
         committed = Running()
         for line in lines:
             committed.add(line.encode("utf-8"))
-        _write_atomically(samples, lines)
-        _write_atomically(
-            manifest_path(samples), [json.dumps({**updated, COMMITTED: committed.entry()}, indent=2) + "\n"]
-        )
+        meta = [json.dumps({**updated, COMMITTED: committed.entry()}, indent=2, ensure_ascii=False) + "\n"]
+        _write_together({samples: lines, manifest_path(samples): meta}, store)
     old, new = regrade.old, regrade.new
     return RegradeReport(
         store,
@@ -316,9 +405,21 @@ def _regrade_locked(
         len(new),
         regrade.changed["answer"],
         regrade.changed["grade"],
-        _resummarise(store),
+        _resummarise_committed(store),
         {q.id: q.reference_issue for q in questions.values() if q.reference_issue},
     )
+
+
+def _resummarise_committed(store: Path) -> bool:
+    """``_resummarise`` after the regrade's commit: a failure then (a full disk) says the regrade stands."""
+    try:
+        return _resummarise(store)
+    except (StoreError, OSError) as exc:
+        raise StoreError(
+            f"{' '.join(str(exc).split())} — the regrade of {store} itself is committed; its summaries are of the "
+            f"state before it: rerun `depthlens thinkn --from {store} --overwrite` (with each summary's settings) "
+            "once that is mended"
+        ) from None
 
 
 def _resummarise(store: Path) -> bool:

@@ -322,7 +322,8 @@ MANIFEST_DEFAULTS = {
     "tcb": TCBConfig().to_dict(),  # ``exact`` came later: float64 stores resume in float32, within 1e-4 of them
 }
 """Settings a manifest written before a field existed is read with (``stores.files.ResumeRules``)."""
-RESUME_RULES = ResumeRules(defaults=MANIFEST_DEFAULTS)
+# ``vocab_rows``: a store from before it was recorded resumes (the model is compared by name)
+RESUME_RULES = ResumeRules(defaults=MANIFEST_DEFAULTS, free=("vocab_rows",))
 
 
 def score_manifest(
@@ -376,6 +377,7 @@ def run_score(
     existing JSONL file (``stores.formats.results_format``). The input may be JSONL or Parquet.
     """
     from depthlens.stores.formats import open_results, read_inputs, results_format, store_entry
+    from depthlens.stores.samples import vocab_entry
 
     out_path, spec = run.store.out, run.store
     refuse_same_file(run.source, out_path)
@@ -383,7 +385,11 @@ def run_score(
         lens_for(lm, run.readout)  # a lens fitted to another model is refused before the store is touched
     records, skipped = read_inputs(run.source, skip_bad=run.skip_bad)
     store = store_entry(results_format(out_path), spec.float16)
-    manifest = {**score_manifest(lm.name, lm.n_layers, run, store), "precision": precision_of(lm, run.engine)}
+    manifest = {
+        **score_manifest(lm.name, lm.n_layers, run, store),
+        "precision": precision_of(lm, run.engine),
+        **vocab_entry(lm),  # every stored token id is checked against it (stores.meaning)
+    }
     hashes = {r.id: r.digest for r in records}
     with open_results(
         out_path, manifest, resume=spec.resume, overwrite=spec.overwrite, rules=RESUME_RULES, hashes=hashes
@@ -408,11 +414,21 @@ def run_score(
             raise type(exc)(
                 f"{exc} — results finished so far are kept in {out_path}; rerun with {named('resume')}"
             ) from exc
+        _note_skipped(writer, records, skipped)
         if writer.rescored and results_format(out_path) == "jsonl":  # re-scored records went to the end
             from depthlens.stores.jsonl import reorder
 
             reorder(out_path, list(hashes))
     return skipped
+
+
+def _note_skipped(writer: Any, records: list[InputRecord], skipped: list[BadLine]) -> None:
+    """The input records this run skipped (``--skip-bad``), kept in the manifest: a store that holds every record
+    but those is whole (``stores.shortfall``), not cut short."""
+    by_line = {r.line: r.id for r in records if r.line}
+    ids = sorted({by_line[b.line] for b in skipped if b.line in by_line})
+    if ids:
+        writer.note("skipped", ids)
 
 
 def _score_results(

@@ -5,6 +5,7 @@ voting code. Every page of the explorer is one of these answers (``app`` serves 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 from depthlens.config import VotingConfig
@@ -267,9 +268,9 @@ def questions_page(
         ("method", method, METHODS),
         ("filter", wanted, ["all", *tests]),
         ("sort", query["sort"], keys),
+        ("order", query["order"], ORDERS),
     ):
-        if value not in known:
-            raise InputError(f"{name} {value!r}: use one of {', '.join(known)}")
+        _known(name, value, known)
     vote = index.later(voting, "vote") if index.ready.is_set() and not index.error else None
     state = _building(index)["state"] if not index.ready.is_set() or index.error else "voting"
     per_q = None
@@ -346,9 +347,25 @@ def _scores(r: Response | None, voting: VotingConfig) -> dict[str, Any]:
     }
 
 
+ORDERS = ("asc", "desc")
+"""The ``order`` a page of questions or records is sorted in."""
+
+
+def _known(name: str, value: object, known: Iterable[str]) -> None:
+    """Refuse a query value that is none of ``known``, naming the parameter and the choices (400)."""
+    choices = list(known)
+    if value not in choices:
+        raise InputError(f"{name}={value}: use one of {', '.join(choices)}")
+
+
 def records_page(store: ViewStore, query: dict[str, Any]) -> dict[str, Any]:
-    """A page of records with their light fields (a score store's metrics), sorted by any of them."""
+    """A page of records with their light fields (a score store's metrics), sorted by any of them (``store``: in
+    store order); a ``sort`` that names no field of the records, or an ``order`` other than asc / desc, is
+    refused naming the parameter and the choices."""
     key = query["sort"]
+    fields = list(dict.fromkeys(k for r in store.records for k in r))
+    _known("sort", key, ["store", *fields])
+    _known("order", query["order"], ORDERS)
     rows = [{k: scalar(v) for k, v in r.items()} for r in store.records]
     if key != "store":
         present = [r for r in rows if isinstance(r.get(key), int | float)]

@@ -65,11 +65,16 @@ class Explorer:
         """Build the voting index on a daemon thread (stopped by ``stop``); the tokenizer follows the first
         page (``Labeller.start``)."""
         if self.index is not None:
-            thread = threading.Thread(
-                target=self.index.build, args=(self.stop,), name="view-index", daemon=True
-            )
+            thread = threading.Thread(target=self._build, name="view-index", daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def _build(self) -> None:
+        from depthlens.stores.shortfall import quiet
+
+        assert self.index is not None
+        with quiet():  # a store's shortfall is the page's own notice, not a warning on stderr
+            self.index.build(self.stop)
 
     def close(self, wait_s: float = 10.0) -> None:
         """Stop the index build and wait for it to leave Arrow and torch (it checks ``stop`` between shards)."""

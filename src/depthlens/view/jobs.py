@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from depthlens.stores.shortfall import quiet
+
 
 class Background:
     """Results by key, computed one at a time on a daemon thread (a daemon: it never holds up a stop)."""
@@ -52,7 +54,8 @@ class Background:
                 if group != self._wanted:  # the page moved on; asking again queues it again
                     self._queued.discard(key)
                     continue
-            result = compute()
+            with quiet():  # a store's shortfall is the page's own notice, not a warning on stderr
+                result = compute()
             with self._lock:
                 if len(self._cache) >= self._keep:
                     self._cache.clear()

@@ -31,10 +31,12 @@ from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.jsonl_access import JsonlSource
 from depthlens.stores.layout import MANIFEST, Problem, is_store, manifest_file
-from depthlens.stores.lock import writer
+from depthlens.stores.meaning import Facts
+from depthlens.stores.meaning import record_problem as meaning_problem
 from depthlens.stores.parquet import jsonl_commit_problem, store_manifest
 from depthlens.stores.records import id_problem, wrong_fields
 from depthlens.stores.samples import SAMPLES
+from depthlens.stores.shortfall import shortfall
 from depthlens.stores.state import manifest_state
 from depthlens.stores.validate import bounds, record_fault
 from depthlens.studies.online import DECISIONS
@@ -122,10 +124,19 @@ class ViewStore:
         """Notice what every reader refuses in record ``index``: ``record`` holds its fields ``columns`` (None:
         all of them), read whole; its light fields are added."""
         fault = record_fault(record, bounds(self.manifest))
+        meant = None if fault is not None else meaning_problem(record, self._facts)
         record = {**self.records[index], **record}
-        if fault is not None:
+        if fault is not None or meant is not None:
+            said = (
+                fault.detail(record.get("id"))
+                if fault is not None
+                else f"record {record.get('id')!r}: {meant} — the record is damaged"
+            )
+            where = self.source.where(
+                self.locations[index]
+            )  # the file and line, or shard and row, check names
             wrong: str | None = (
-                f"{fault.detail(record.get('id'))}: every reader (export, thinkn --from, report) refuses this "
+                f"{where}: {said}: every reader (export, thinkn --from, report) refuses this "
                 f"store; `depthlens check {self.path}` lists it with its remedy"
             )
         else:
@@ -157,6 +168,10 @@ class ViewStore:
     @functools.cached_property
     def _against(self) -> dict[str, Any]:
         return samples.checked_against(self.manifest)
+
+    @functools.cached_property
+    def _facts(self) -> Facts:
+        return Facts.of(self.manifest)
 
     @functools.cached_property
     def _manifest_refused(self) -> bool:
@@ -255,35 +270,20 @@ def _check_responses(store: ViewStore) -> None:
 
 def unfinished(store: ViewStore) -> str | None:
     """Whether the run that wrote ``store`` is still writing it (a command holds its lock: ``stores.lock.writer``)
-    or ended before its work was done — interrupted, killed, out of memory: fewer responses than its manifest's
-    questions × pool (an online run: fewer decisions than questions; a score run: fewer records than the inputs
-    it hashed) and nobody writing. None: a finished run."""
-    manifest, written = store.manifest, len(store.records)
-    questions = manifest.get("questions")
-    expected: int | None = None
-    if store.kind == "scores" and isinstance(manifest.get("input_hashes"), dict):
-        expected, what, lock = len(manifest["input_hashes"]), "records", store.path
-    elif isinstance(questions, list) and "online" in manifest:
-        expected, what, lock = len(questions), "questions decided", store.path / SAMPLES
-        written = len(store.online)
-    elif isinstance(questions, list) and isinstance(manifest.get("pool"), int):
-        expected, what = len(questions) * manifest["pool"], "responses (questions × pool)"
+    or ended before its work was done — interrupted, killed, out of memory, or cut by hand: fewer responses than its
+    manifest's questions × pool (an online run: fewer questions decided; a score run: fewer records than the
+    inputs it hashed) — in the words every reader says it (``stores.shortfall``). None: a finished run."""
+    if store.kind == "scores":
+        results, out_dir = store.path, None
+    elif store.kind == "samples":
         sharded = isinstance(store.source, ParquetSource)
-        lock = store.path / samples.SHARDS if sharded else store.path / SAMPLES
-    if expected is None:
+        results, out_dir = store.path / (samples.SHARDS if sharded else SAMPLES), store.path
+    else:
         return None
-    who = writer(lock)
-    if who is not None:
-        return (
-            f"a run is writing this store now ({who}): {written} of {expected} {what} so far; shown is what "
-            "was committed when this page opened"
-        )
-    if written >= expected:
-        return None
-    return (
-        f"interrupted: the run that wrote this store ended after {written} of {expected} {what}; rerun its "
-        "command with --resume to finish it"
-    )
+    line = shortfall(results, store.manifest, len(store.records), out_dir)
+    if line is not None and " so far: " in line:  # being written: what this page shows is a snapshot
+        return f"{line}; shown is what was committed when this page opened"
+    return line
 
 
 def _open_samples(root: Path, notices: list[str]) -> tuple[dict[str, Any], ParquetSource | JsonlSource]:
