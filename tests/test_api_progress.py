@@ -43,9 +43,12 @@ class Recorded(auto.tqdm):
 
 @pytest.fixture
 def bars(monkeypatch):
-    """The bars the verbs make, by name: their final count and total."""
+    """The bars the verbs make, by name: their final count and total (as in a notebook: bars, not lines)."""
+    from depthlens.api import progress
+
     Recorded.made = []
     monkeypatch.setattr(auto, "tqdm", Recorded)
+    monkeypatch.setattr(progress, "interactive", lambda: True)
     return lambda: {bar.desc: (bar.n, bar.total) for bar in Recorded.made}
 
 

@@ -266,7 +266,8 @@ class Doors:
             assert shown == RECORDS
 
     def run_all(self) -> None:
-        from depthlens.studies.api import responses, think_at_n
+        from depthlens.api.pools import responses
+        from depthlens.api.votes import think_at_n
 
         store = self.out / SHARDS if self.fmt == "parquet" else self.out / SAMPLES
         self.cli("check", "check", self.out, refused_code=1)

@@ -198,7 +198,7 @@ def test_a_pool_sampled_under_the_top_k_rule_settles_as_score_does(tiny_chat, tm
     forward); voting reads the same flags; and a pool that holds no ids is refused the rule by name."""
     from depthlens.config import DTRConfig
     from depthlens.metrics.dtr import deep_from_divergence
-    from depthlens.studies.api import think_at_n
+    from depthlens.api.votes import think_at_n
     from depthlens.studies.resolve import check_stored_settle
     from tests.test_cli_ux import cli
     from tests.tolerance import separated

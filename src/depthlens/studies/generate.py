@@ -161,7 +161,8 @@ def run_manifest(
         "engine": run.engine,
         "answers": run.answers,
     }
-    return store_manifest(model, n_layers, questions, settings)
+    manifest = store_manifest(model, n_layers, questions, settings)
+    return {**manifest, "command": run.command} if run.command else manifest  # a Python call's own record
 
 
 @dataclasses.dataclass

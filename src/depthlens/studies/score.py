@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from depthlens import __version__
@@ -134,11 +135,13 @@ def with_layer_top_tokens(result: dict[str, Any], tokenizer: Any) -> dict[str, A
 
 
 class BadRecord(InputError):
-    """A record the model cannot read (a token id outside its vocabulary, too long for its context): ``--skip-bad``
+    """A record the model cannot read (a token id outside its vocabulary, too long for its context): ``skip_bad``
     skips it, so a rerun that resumes must pass it too. ``problem``: what is wrong, without the remedy."""
 
     def __init__(self, problem: str) -> None:
-        super().__init__(f"{problem} (pass --skip-bad to skip such records)")
+        super().__init__(
+            f"{problem} (pass {named('skip_bad', True)} to skip such records)", setting="skip_bad"
+        )
         self.problem = problem
 
 
@@ -239,11 +242,12 @@ def score_records_on(
     out itself, and ``lm`` is then a ``models.info.ModelInfo``. No TCB fields there."""
     if tcb is not None:
         raise InputError(
-            f"the TCB fields need the transformers readout: add {named('no_tcb')}, or use {named('backend')} hf"
+            f"the TCB fields need the transformers readout: add {named('tcb', False)}, or use "
+            f"{named('backend', 'hf')}"
         )
     if dtr.top_k is not None:
         raise InputError(
-            f"{named('settle')} {dtr.settle} needs the transformers readout: use {named('backend')} hf"
+            f"{named('settle', dtr.settle)} needs the transformers readout: use {named('backend', 'hf')}"
         )
     if batch_size < 1:
         raise InputError(f"batch_size = {batch_size}; use 1 or more")
@@ -334,12 +338,12 @@ def score_manifest(
         "depthlens_version": __version__,
         "model": model,
         "n_layers": n_layers,
-        "input": str(run.source),
+        "input": str(run.source) if run.source != Path() else "records given in Python",
         "readout": run.readout.to_dict(),
         "dtr": run.dtr.to_dict(),
         "tcb": run.tcb.to_dict() if run.tcb is not None else None,
         "tokens": run.tokens,
-        "command": " ".join(sys.argv),
+        "command": run.command or " ".join(sys.argv),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     if store is not None:
@@ -362,9 +366,14 @@ class ScoreEvents:
 
 
 def run_score(
-    lm: LoadedModel, run: ScoreRun, events: ScoreEvents = ScoreEvents(), reader: Any = None
+    lm: LoadedModel,
+    run: ScoreRun,
+    events: ScoreEvents = ScoreEvents(),
+    reader: Any = None,
+    records: Sequence[InputRecord] | None = None,
 ) -> list[BadLine]:
-    """Score every record of ``run.source`` into ``run.store``; returns the lines skipped (with ``skip_bad``).
+    """Score every record of ``run.source`` — or ``records``, given in Python — into ``run.store``; returns the
+    lines skipped (with ``skip_bad``).
 
     ``run.engine`` vllm: the records are teacher forced through a vLLM engine that reads the layers out itself
     (``score_records_on``; ``lm`` may then be a ``models.info.ModelInfo``); ``reader``: one already started for
@@ -381,7 +390,7 @@ def run_score(
     refuse_same_file(run.source, out_path)
     if run.readout.lens != "logit" and run.engine.backend != "vllm":
         lens_for(lm, run.readout)  # a lens fitted to another model is refused before the store is touched
-    records, skipped = read_inputs(run.source, skip_bad=run.skip_bad)
+    records, skipped = (list(records), []) if records is not None else read_inputs(run.source, run.skip_bad)
     store = store_entry(results_format(out_path), spec.float16)
     manifest = {**score_manifest(lm.name, lm.n_layers, run, store), "precision": precision_of(lm, run.engine)}
     hashes = {r.id: r.digest for r in records}
@@ -402,8 +411,8 @@ def run_score(
                 raise
             if isinstance(exc, BadRecord):  # --resume alone would stop at the same record again
                 raise InputError(
-                    f"{exc.problem} — results finished so far are kept in {out_path}; rerun with {named('resume')} "
-                    f"{named('skip_bad')} to score the rest, skipping such records"
+                    f"{exc.problem} — results finished so far are kept in {out_path}; rerun with "
+                    f"{named('resume', True)} {named('skip_bad', True)} to score the rest, skipping such records"
                 ) from exc
             raise type(exc)(
                 f"{exc} — results finished so far are kept in {out_path}; rerun with {named('resume')}"
