@@ -229,6 +229,8 @@ def _shown(value: Any) -> str:
         return f"<model {value.name!r}>"
     if hasattr(value, "num_rows"):
         return f"<table of {value.num_rows} rows>"
+    if isinstance(value, Path):
+        return repr(str(value))
     if isinstance(value, (list, tuple)) and len(value) > 8:
         return f"<{len(value)} {'records' if all(isinstance(v, dict) for v in value) else 'items'}>"
     text = repr(value)

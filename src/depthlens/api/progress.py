@@ -113,13 +113,10 @@ class Lines:
 
     def _due(self) -> bool:
         main = next((c for c in self.counts if c.total), None)
-        if main is not None and main.done != self.said_done:
-            step = 1 if main.total is not None and main.total <= 20 else math.ceil((main.total or 1) / 20)
-            if (
-                self.said_done is None
-                or main.done // step != self.said_done // step
-                or main.done == main.total
-            ):
+        said = self.said_done or 0
+        if main is not None and main.total and main.done != said:
+            step = 1 if main.total <= 20 else math.ceil(main.total / 20)
+            if main.done // step != said // step or main.done == main.total:
                 return True
         return time.monotonic() - self.said_at >= self.every_s
 
