@@ -316,7 +316,7 @@ def test_every_message_helper_speaks_each_front_in_its_own_words(tmp_path):
     from depthlens.config import ReadoutConfig
     from depthlens.evals.grading import AnswerSummary
     from depthlens.studies.runs import degenerate
-    from depthlens.studies.score import BadRecord
+    from depthlens.studies.score_inputs import BadRecord
     from depthlens.studies.thinkn import StoreInfo, too_few
 
     answers = AnswerSummary("depthlens-answers-2", "paper", "none", {}, 0, 0, [])

@@ -15,7 +15,7 @@ from depthlens.serve.errors import ApiError, depthlens_error
 from depthlens.serve.schema import ChatRequest, CompletionRequest, DepthlensOptions, OnlineOptions
 from depthlens.studies import resolve
 from depthlens.studies.runs import check_window
-from depthlens.studies.score import as_token_ids, render_chat
+from depthlens.studies.score_inputs import as_token_ids, render_chat
 
 VARIANTS = {"low": 0.1, "high": 0.9}  # DeepConf-low / -high keep the top 10 % / 90 % (their percentile)
 

@@ -48,7 +48,7 @@ from depthlens.stores.samples import (
 )
 from depthlens.stores.shard_writer import ShardWriter
 from depthlens.stores.state import remove_derived
-from depthlens.studies.score import as_token_ids
+from depthlens.studies.score_inputs import as_token_ids
 
 
 def sample_seed(seed: int, question_id: str, index: int) -> int:
