@@ -186,19 +186,22 @@ def _checked(verb: str, key: str, value: Any, hint: Any, route: tuple[type, str]
         and hasattr(value, "item")
     ):
         value = value.item()  # numpy's int64 / float32: stores and manifests take Python's
-    if _fits(value, hint):
+    if _fits(value, hint, literal=route is None):  # a config's own check names its choices
         return value
     where = f" ({route[0].__name__}.{route[1]})" if route else ""
     raise InputError(f"depthlens.{verb}({key}={value!r}): must be {_type_name(hint)}{where}", setting=key)
 
 
-def _fits(value: Any, hint: Any) -> bool:
-    """Whether ``value`` is of the type ``hint`` (Literal choices are the config's own check, with its message)."""
+def _fits(value: Any, hint: Any, literal: bool = False) -> bool:
+    """Whether ``value`` is of the type ``hint``; a Literal's choices only with ``literal`` (a setting's are its
+    config's own check, with its message)."""
     origin = typing.get_origin(hint)
-    if hint is Any or origin is typing.Literal:
+    if origin is typing.Literal:
+        return not literal or value in typing.get_args(hint)
+    if hint is Any:
         return True
     if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, h) for h in typing.get_args(hint))
+        return any(_fits(value, h, literal) for h in typing.get_args(hint))
     if hint is type(None):
         return value is None
     if origin is tuple:
@@ -213,7 +216,15 @@ def _fits(value: Any, hint: Any) -> bool:
 
 
 def _type_name(hint: Any) -> str:
-    return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    """A type as a message names it: ``float``, ``int or None``, ``bool or 'bars' or 'lines'``."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return " or ".join(repr(a) for a in typing.get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return "None"
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
 def _command(verb: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:

@@ -38,6 +38,7 @@ from depthlens.config import (
     StoreSpec,
     TaskSpec,
 )
+from depthlens.errors import InputError
 from depthlens.evals.tasks import Question
 from depthlens.studies import runs
 
@@ -150,6 +151,13 @@ def _task(task: Task, settings: dict[str, Any]) -> TaskSpec | Sequence[Question]
     Question objects."""
     if isinstance(task, str):
         return TaskSpec(name=task, **settings)
+    if settings:  # a TaskSpec or questions at hand: the keywords would be dropped
+        given = ", ".join(f"{k}=…" for k in settings)
+        raise InputError(
+            f"depthlens.{this_call().verb}({given}): a task's settings go with its name "
+            f"('reasoning_gym:chain_sum', {given}) or into its TaskSpec; questions given as they are take none",
+            setting=next(iter(settings)),
+        )
     return task
 
 
