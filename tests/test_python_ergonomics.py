@@ -213,7 +213,13 @@ def test_a_vote_table_carries_its_notes_and_its_control(pool_and_store):
 def test_a_verbs_own_keywords_are_checked_and_a_tasks_settings_go_with_its_name():
     from depthlens.config import TaskSpec
 
-    with pytest.raises(depthlens.DepthlensError, match=r"^depthlens\.score\(progress='yes'\): must be bool or "):
+    with pytest.raises(
+        depthlens.DepthlensError, match=r"^depthlens\.score\(progress='yes'\): must be bool or "
+    ):
         depthlens.score(None, [], progress="yes")
-    with pytest.raises(depthlens.DepthlensError, match=r"^depthlens\.generate\(questions=…\): a task's settings go"):
-        depthlens.generate(None, TaskSpec(), questions=3)  # once dropped silently: the TaskSpec's own were used
+    with pytest.raises(
+        depthlens.DepthlensError, match=r"^depthlens\.generate\(questions=…\): a task's settings go"
+    ):
+        depthlens.generate(
+            None, TaskSpec(), questions=3
+        )  # once dropped silently: the TaskSpec's own were used

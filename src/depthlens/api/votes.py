@@ -130,6 +130,11 @@ def notes_of(report: Any, sizes: tuple[bool, Counter[str]], with_control: bool) 
         "accuracy_std, cost_std: the spread of re-draws from one pool over the trials, not an error bar; "
         "accuracy_lo / accuracy_hi: the 95 % interval over questions; diff … p: the paired test against vs"
     )
+    if not with_control and any(s.method == "think@n" for s in report.summaries):
+        said.append(
+            "think@n was voted without random@n, its control (a vote over a random η·n of the same draw): add "
+            "'random@n' to methods for the study's primary contrast"
+        )
     if with_control:
         said.append(
             "the last row is the study's primary contrast: think@n against random@n, its control (the same "
