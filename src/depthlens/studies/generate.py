@@ -259,9 +259,11 @@ def refuse_too_long(
         )
     if longest + max_new_tokens > limit:
         raise InputError(
-            f"{named('max_new_tokens')} {max_new_tokens}: the prompt of question {question.id!r} is {longest} tokens, "
-            f"and {longest} + {max_new_tokens} exceed {what} of {limit}, so none of its responses could be "
-            f"sampled; use {named('max_new_tokens')} {limit - longest} or less"
+            setting="max_new_tokens",
+            value=max_new_tokens,
+            requirement=f"the prompt of question {question.id!r} is {longest} tokens, and {longest} + "
+            f"{max_new_tokens} exceed {what} of {limit}, so none of its responses could be sampled; use "
+            f"{named('max_new_tokens', limit - longest)} or less",
         )
 
 

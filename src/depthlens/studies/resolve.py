@@ -59,8 +59,8 @@ def check_stored_readout(
         raise InputError(
             setting="lens",
             value=lens,
-            requirement=f"{where} was read out through {named('lens')} {stored_lens}, and Think@n votes on what "
-            f"it holds; leave out {named('lens')}, or generate a store with {named('lens')} {lens}",
+            requirement=f"{where} was read out through {named('lens', stored_lens)}, and Think@n votes on what "
+            f"it holds; leave out {named('lens')}, or generate a store with {named('lens', lens)}",
         )
     if divergence is not None:
         from depthlens.stores.samples import kinds_line, stored_kinds
@@ -71,7 +71,7 @@ def check_stored_readout(
                 setting="divergence",
                 value=divergence,
                 requirement=f"{where} holds {kinds_line(dict(manifest))} divergences and votes on {voted}; leave "
-                f"out {named('divergence')}, or generate a store with {named('divergence')} {divergence}",
+                f"out {named('divergence')}, or generate a store with {named('divergence', divergence)}",
             )
 
 
