@@ -286,9 +286,12 @@ def test_the_notebook_example_runs_and_shows_something(tmp_path):
     for column in ("token_count", "dtr", "dtr_prefix", "mean_settling_depth", "cost_vs_cons"):
         assert column in done.stdout
     rows = list(csv.DictReader((out / "thinkn.csv").read_text().splitlines()))
-    assert [r["method"] for r in rows] == ["cons@n", "think@n"]
-    for r in rows:
+    voted, control = rows[:-1], rows[-1]  # the methods, then Think@n against random@n, its control
+    assert [r["method"] for r in voted] == ["cons@n", "think@n", "random@n"]
+    assert (control["method"], control["vs"], control["accuracy_mean"]) == ("think@n", "random@n", "")
+    for r in voted:
         assert 0 <= float(r["accuracy_mean"]) <= 1 and float(r["cost_mean"]) > 0
+    assert "the last row is the study's primary contrast" in done.stdout  # the vote's notes, printed
     figure = out / "heatmap.png"
     assert figure.stat().st_size > 1000 and figure.read_bytes()[:4] == b"\x89PNG"
     code = [line for line in (root / "examples" / "notebook.py").read_text().splitlines() if line.strip()]
