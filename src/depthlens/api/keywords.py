@@ -107,10 +107,6 @@ class Call:
                 parts[cls][field] = value
         return [parts[c] for c in classes]
 
-    def gave(self, key: str) -> bool:
-        """Whether the caller gave the keyword ``key``."""
-        return key in self.given
-
 
 _CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar("call", default=None)
 
