@@ -24,7 +24,7 @@ from depthlens.metrics.token_table import reduce_readout
 from depthlens.models.info import info_of
 from depthlens.models.load import load
 from depthlens.readout.stream import TokenSequence, iter_readout
-from depthlens.studies.score import as_token_ids
+from depthlens.studies.score_inputs import as_token_ids
 
 MESSAGE = "Calculate 5 - 3 - 6.\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 

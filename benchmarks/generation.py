@@ -34,7 +34,7 @@ import time
 from depthlens.config import SamplingConfig
 from depthlens.models.load import load
 from depthlens.sampling.hf import HFGenerator
-from depthlens.studies.score import as_token_ids
+from depthlens.studies.score_inputs import as_token_ids
 
 
 def _hf_generate(lm, prompt: list[int], n: int, max_new_tokens: int, end_ids: set[int]) -> tuple[float, int]:

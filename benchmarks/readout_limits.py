@@ -58,7 +58,7 @@ def main() -> None:
     from depthlens.metrics.token_table import reduce_readout, sequence_scores
     from depthlens.models.load import load
     from depthlens.readout.stream import TokenSequence, iter_readout, lens_for
-    from depthlens.studies.score import as_token_ids
+    from depthlens.studies.score_inputs import as_token_ids
 
     torch.manual_seed(0)
     lm = load(args.model, device="cpu")

@@ -38,11 +38,14 @@ print(
     f"right {responses.correct.mean():.0%}, cut at max_new_tokens {(responses.finish == 'length').mean():.0%}"
 )
 
-# 3. Think@n (keep the half of n with the deepest first 25 tokens, then vote) against Cons@n (vote over all n).
-methods = depthlens.think_at_n(pool, methods=["cons@n", "think@n"], n=4, prefix=25).to_pandas()
-print(
-    methods[["method", "accuracy_mean", "accuracy_std", "cost_mean", "cost_vs_cons"]].to_string(index=False)
-)
+# 3. Think@n (keep the half of n with the deepest first 25 tokens, then vote) against Cons@n (vote over all n) and
+# against random@n (a vote over a random half: its control).
+methods = depthlens.think_at_n(pool, methods=["cons@n", "think@n", "random@n"], n=4, prefix=25).to_pandas()
+control = methods.vs == "random@n"  # the last row: Think@n against random@n, its control
+shown = ["method", "accuracy_mean", "accuracy_std", "cost_mean", "cost_vs_cons"]
+print(methods[~control][shown].to_string(index=False))
+print(methods[control][["method", "vs", "diff", "diff_lo", "diff_hi", "p"]].to_string(index=False))
+print("\n".join(methods.attrs["notes"]))  # what the vote says about itself (depthlens.notes)
 methods.to_csv(out / "thinkn.csv", index=False)
 
 # 4. One right response (else any) as a heatmap: divergence from the final layer, each token's settling depth.

@@ -93,21 +93,24 @@ def test_think_at_n_is_thinkn_from(pooled):
     from_table = depthlens.think_at_n(table, n=4, prefix=5, trials=4).to_pylist()
     from_store = depthlens.think_at_n(out, n=4, prefix=5, trials=4).to_pylist()
     written = summarise(out, voting, overwrite=True)
-    from depthlens.studies.thinkn import summary_rows
+    from depthlens.studies.thinkn import control_row, summary_rows
 
-    expected = summary_rows(written)
+    expected = [*summary_rows(written), control_row(written.control)]  # the control's row last
     assert [r["method"] for r in from_table] == [r["method"] for r in expected]
+    assert from_table[-1]["vs"] == "random@n" and from_table[-1]["accuracy_mean"] is None
     for got, other, want in zip(from_table, from_store, expected, strict=True):
-        assert set(got) == set(want)
+        assert set(want) <= set(got)
         assert all(same(got[k], want[k]) and same(other[k], want[k]) for k in want), got["method"]
     import pyarrow as pa
 
-    bare = pa.Table.from_pandas(table.to_pandas())  # through pandas: the manifest it carried is lost
+    frame = table.to_pandas()  # pyarrow's own: the manifest travels in the frame's attrs, and back
+    assert frame.attrs["depthlens"]["manifest"]["pool"] == 4
+    bare = pa.Table.from_pandas(frame)
     assert bare.schema.metadata.get(b"depthlens") is None
     assert depthlens.think_at_n(bare, n=4, prefix=5, trials=4).to_pylist() == from_table
     default_n = depthlens.think_at_n(table, methods=["think@n", "cons@n"], trials=2).to_pylist()
     assert {r["method"] for r in default_n} == {"cons@n", "think@n"}
-    assert all(r["questions"] == 2 for r in default_n)  # n = the pool of 4, not VotingConfig.n (16)
+    assert all(r["questions"] == 2 for r in default_n[:2])  # n = the pool of 4, not VotingConfig.n (16)
 
 
 def test_score_table_is_the_score_results(tiny_chat):
@@ -283,9 +286,12 @@ def test_the_notebook_example_runs_and_shows_something(tmp_path):
     for column in ("token_count", "dtr", "dtr_prefix", "mean_settling_depth", "cost_vs_cons"):
         assert column in done.stdout
     rows = list(csv.DictReader((out / "thinkn.csv").read_text().splitlines()))
-    assert [r["method"] for r in rows] == ["cons@n", "think@n"]
-    for r in rows:
+    voted, control = rows[:-1], rows[-1]  # the methods, then Think@n against random@n, its control
+    assert [r["method"] for r in voted] == ["cons@n", "think@n", "random@n"]
+    assert (control["method"], control["vs"], control["accuracy_mean"]) == ("think@n", "random@n", "")
+    for r in voted:
         assert 0 <= float(r["accuracy_mean"]) <= 1 and float(r["cost_mean"]) > 0
+    assert "the last row is the study's primary contrast" in done.stdout  # the vote's notes, printed
     figure = out / "heatmap.png"
     assert figure.stat().st_size > 1000 and figure.read_bytes()[:4] == b"\x89PNG"
     code = [line for line in (root / "examples" / "notebook.py").read_text().splitlines() if line.strip()]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import pytest
 from tqdm import auto
@@ -43,9 +43,12 @@ class Recorded(auto.tqdm):
 
 @pytest.fixture
 def bars(monkeypatch):
-    """The bars the verbs make, by name: their final count and total."""
+    """The bars the verbs make, by name: their final count and total (as in a notebook: bars, not lines)."""
+    from depthlens.api import progress
+
     Recorded.made = []
     monkeypatch.setattr(auto, "tqdm", Recorded)
+    monkeypatch.setattr(progress, "interactive", lambda: True)
     return lambda: {bar.desc: (bar.n, bar.total) for bar in Recorded.made}
 
 
@@ -146,10 +149,61 @@ def test_progress_is_a_typed_keyword():
     import inspect
 
     for verb in (depthlens.generate, depthlens.score, depthlens.online, depthlens.think_at_n):
-        param = inspect.signature(verb).parameters["progress"]
-        assert (param.kind, param.default, param.annotation) == (param.KEYWORD_ONLY, True, "bool"), verb
+        param = inspect.signature(verb, eval_str=True).parameters["progress"]
+        assert (param.kind, param.default) == (param.KEYWORD_ONLY, True), verb
+        assert param.annotation == bool | Literal["bars", "lines"], verb
     with pytest.raises(depthlens.DepthlensError, match=r"progres=…"):
         depthlens.score(None, [], progres=False)  # a misspelling is refused, naming it
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Progress in a log: plain lines where stderr is no terminal (a script's output, a job's log), for the verbs and the
+# command line alike — one per item or every 5 %, no cursor escapes.
+
+
+def test_a_verb_in_a_log_says_plain_lines(lm, capsys):
+    table = depthlens.generate(lm, TASK, pool=2, batch_size=1, **SMALL)  # stderr is captured: no terminal
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\x1b" not in err
+    counts = [line for line in err.splitlines()[1:] if line.startswith("responses ")]
+    tokens = sum(table.column("token_count").to_pylist())
+    assert counts[-1].startswith(f"responses 4/4 (100 %), tokens {tokens}; ")
+    assert [c.split(",")[0] for c in counts] == [f"responses {i}/4 ({25 * i} %)" for i in range(1, 5)]
+
+
+def test_progress_lines_come_every_5_percent_or_half_minute():
+    from depthlens.api.progress import Lines
+
+    said: list[str] = []
+    with Lines(said.append, every_s=3600) as lines:
+        done, tokens = lines.add_task("responses", total=200), lines.add_task("tokens")
+        for _ in range(200):
+            lines.advance(tokens, 7)
+            lines.advance(done)
+    assert len(said) == 20 and said[0].startswith("responses 10/200 (5 %), tokens 70; ")
+    assert said[-1].startswith("responses 200/200 (100 %), tokens 1,400; ")
+    quiet: list[str] = []
+    with Lines(quiet.append, every_s=0.0) as lines:  # a slow item: the time says where it is
+        tokens = lines.add_task("tokens")
+        lines.advance(tokens, 3)
+    assert quiet[0].startswith("tokens 3; ")
+
+
+def test_the_command_line_in_a_log_says_plain_lines_too():
+    import io
+
+    from rich.console import Console
+
+    from depthlens.cli.progress import make_progress
+
+    log = io.StringIO()
+    with make_progress(Console(file=log, width=200)) as progress:  # a file: no terminal
+        questions = progress.add_task("questions", total=3)
+        for _ in range(3):
+            progress.advance(questions)
+    said = [line.split(";")[0] for line in log.getvalue().splitlines()]
+    assert said == ["questions 1/3 (33 %)", "questions 2/3 (67 %)", "questions 3/3 (100 %)"]
+    assert "\x1b" not in log.getvalue()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -375,7 +375,8 @@ class Doors:
             assert shown == records
 
     def run_all(self, records: int = RECORDS) -> None:
-        from depthlens.studies.api import responses, think_at_n
+        from depthlens.api.pools import responses
+        from depthlens.api.votes import think_at_n
 
         store = self.out / SHARDS if self.fmt == "parquet" else self.out / SAMPLES
         self.cli("check", "check", self.out, refused_code=1)

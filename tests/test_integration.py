@@ -9,7 +9,8 @@ import torch
 
 from depthlens.metrics.reference import reference_divergences
 from depthlens.models import catalogue
-from depthlens.studies.score import score, tokenize
+from depthlens.studies.score import score
+from depthlens.studies.score_inputs import tokenize
 
 pytestmark = pytest.mark.integration
 

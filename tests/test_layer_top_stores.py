@@ -210,9 +210,9 @@ def test_a_pool_sampled_under_the_top_k_rule_settles_as_score_does(tiny_chat, tm
     which settles from the logits themselves, gives the same depths wherever no layer's 2nd and 3rd tokens are
     within float32 rounding of each other (a near-tie may swap them between an incremental decode and a full
     forward); voting reads the same flags; and a pool that holds no ids is refused the rule by name."""
+    from depthlens.api.votes import think_at_n
     from depthlens.config import DTRConfig
     from depthlens.metrics.dtr import deep_from_divergence
-    from depthlens.studies.api import think_at_n
     from depthlens.studies.resolve import check_stored_settle
     from tests.test_cli_ux import cli
     from tests.tolerance import separated

@@ -66,7 +66,7 @@ def test_the_api_stamps_the_lens_and_think_at_n_votes_on_the_pools_own(tiny_chat
     _pool(tiny_chat, tmp_path / "pool", lens=f"tuned:{tmp_path / 'lens'}")
     stored = f"tuned:{tmp_path / 'lens'}"
     assert depthlens.think_at_n(tmp_path / "pool", lens=stored, n=2).num_rows > 0
-    with pytest.raises(InputError, match=rf"lens='logit'\): .* was read out through lens {stored}"):
+    with pytest.raises(InputError, match=rf"lens='logit'\): .* was read out through lens='{stored}', and"):
         depthlens.think_at_n(tmp_path / "pool", lens="logit", n=2)
     policy = {"warmup": 2, "max_n": 3, "batch_size": 2, "prefix": 4}
     depthlens.online(tiny_chat, TASK, out=tmp_path / "online", lens=stored, **policy, **SMALL)

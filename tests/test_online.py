@@ -112,7 +112,7 @@ def test_bad_policies_name_the_flag(kw, message):
     [
         (["--warmup", "8", "--max-n", "8"], "--warmup 8: must be below --max-n 8"),
         (["--consensus", "0.4"], "--consensus 0.4: must lie in (0.5, 1]"),
-        (["--prefix", "64", "--max-new-tokens", "32"], "--prefix 64 is longer than --max-new-tokens 32"),
+        (["--prefix", "64", "--max-new-tokens", "32"], "--prefix 64: must be at most --max-new-tokens 32"),
     ],
 )
 def test_online_cli_rejects_bad_input_before_generating(monkeypatch, capsys, tmp_path, args, message):

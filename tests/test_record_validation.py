@@ -142,7 +142,7 @@ def _regrade(out: Path) -> object:
 
 
 def _python(out: Path) -> object:
-    from depthlens.studies.api import responses
+    from depthlens.api.pools import responses
 
     return responses(out)
 

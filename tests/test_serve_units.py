@@ -91,7 +91,11 @@ def test_a_request_becomes_its_job(tokenizer):
     assert (
         job.sampling.temperature == 0.6 and job.sampling.top_p == 0.95
     )  # the server's defaults, not OpenAI's
-    assert job.sampling.readout_tokens == 20  # raised to the DTR prefix
+    assert (
+        job.sampling.readout_tokens == 8
+    )  # as asked: the DTR prefix scores the tokens read out (as Python's)
+    assert _job(tokenizer, {"prompt": "x", "depthlens": {"prefix": 60}}).sampling.readout_tokens == 60  # the
+    # server's window (50), a default the request did not choose, widened to the prefix it reads
     chat = _job(
         tokenizer, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, chat=True
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from depthlens.cli.flags import flag_line
 from depthlens.config import DTRConfig, GenerateRun, SamplingConfig, StoreSpec, VotingConfig
 from depthlens.errors import ConfigError, InputError, StoreError
 from depthlens.evals.grading import grade
@@ -176,10 +177,11 @@ def test_failed_generation_is_recorded_not_dropped(tiny_chat, tmp_path):
     assert list(pools) == ["q0"] and info.excluded == ["oom"] and len(info.failed) == 2
     with pytest.raises(InputError) as too_many:
         summarise(tmp_path / "s", VotingConfig(n=3, trials=1))
-    assert str(too_many.value) == (
+    assert flag_line(too_many.value) == (  # as the command line says it; Python reads `use n=2 or less`
         f"{tmp_path / 's'}: no question has 3 usable responses (pool 2, 2 failed; the most any question has is "
         "2); use --n 2 or less, or generate a store with a larger --pool"
     )
+    assert str(too_many.value).endswith("use n=2 or less, or generate a store with a larger pool")
     assert summarise(tmp_path / "s", VotingConfig(n=2, trials=1)).info.excluded == ["oom"]  # the remedy works
 
 
@@ -195,7 +197,7 @@ def test_a_store_without_responses_says_to_resume_it(tiny_chat, tmp_path):
     manifest.write_text(json.dumps(entries))
     with pytest.raises(InputError) as empty:
         summarise(tmp_path / "s", VotingConfig(n=2, trials=1))
-    assert str(empty.value) == (
+    assert flag_line(empty.value) == (
         f"{tmp_path / 's'}: it holds no responses yet (pool 4); finish it first by rerunning the command that "
         "wrote it with --resume"
     )
@@ -342,6 +344,8 @@ def test_thinkn_shows_random_at_n_the_control_and_the_ties(view_stores, monkeypa
     assert ties == {m: v["tie_draws"] for m, v in methods.items()}  # the same draws tie under either rule
     # the Python call takes the same keyword, and its rows are the summary's
     rows = depthlens.think_at_n(tmp_path / "s", n=4, trials=3, prefix=4, tie_break="summed-dtr").to_pylist()
+    rows, control = rows[:-1], rows[-1]  # the summary's rows, then its control's
+    assert (control["method"], control["vs"]) == (summary["control"]["method"], summary["control"]["vs"])
     assert [r["method"] for r in rows] == [m["method"] for m in summary["methods"]]
     assert [r["accuracy_mean"] for r in rows] == [m["accuracy_mean"] for m in summary["methods"]]
     with pytest.raises(ConfigError, match="tie_break"):

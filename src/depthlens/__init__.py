@@ -22,12 +22,14 @@ _LAZY = {
     "load": "depthlens.models.load",
     "wrap": "depthlens.models.load",
     "LoadedModel": "depthlens.models.load",
-    "score": "depthlens.studies.api",
-    "generate": "depthlens.studies.api",
-    "think_at_n": "depthlens.studies.api",
-    "online": "depthlens.studies.api",
-    "responses": "depthlens.studies.api",
+    "score": "depthlens.api.score",
+    "generate": "depthlens.api.pools",
+    "think_at_n": "depthlens.api.votes",
+    "online": "depthlens.api.pools",
+    "responses": "depthlens.api.pools",
+    "notes": "depthlens.api.tables",
     "to_pandas": "depthlens.stores.arrow",
+    "from_pandas": "depthlens.stores.arrow",
     "matrices": "depthlens.stores.arrow",
     "draw_divergence_heatmap": "depthlens.viz.heatmap",
     "draw_logit_lens": "depthlens.viz.heatmap",
@@ -42,3 +44,8 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'depthlens' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """Every public name, the lazy ones included (``depthlens.<TAB>`` offers the verbs), and the module's own."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})

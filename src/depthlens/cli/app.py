@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -9,6 +10,8 @@ import re
 import shlex
 import signal
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -16,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from depthlens.errors import DepthlensError, near_paths
+from depthlens.errors import DepthlensError, DepthlensWarning, near_paths
 
 try:  # typer ≥ 0.24 carries its own click
     from typer._click.exceptions import UsageError
@@ -225,6 +228,27 @@ class _WarnHandler(logging.Handler):
         warn(record.getMessage())
 
 
+@contextlib.contextmanager
+def _setting_warnings() -> Iterator[None]:
+    """A setting's warning raised in the library (``errors.DepthlensWarning``: a compiled readout that fell back
+    to eager) as the CLI's warning line, its settings named as flags (``--compile off``); other warnings as
+    Python shows them."""
+    from depthlens.cli.flags import flag_line
+
+    shown = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if isinstance(message, DepthlensWarning):
+            warn(flag_line(message))
+            return
+        shown(message, category, *args, **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", DepthlensWarning)
+        warnings.showwarning = show
+        yield
+
+
 def main() -> None:
     """Entry point: a DepthlensError becomes one line on stderr and exit code 2."""
     signal.signal(signal.SIGTERM, _terminate)
@@ -239,7 +263,7 @@ def main() -> None:
         library.addHandler(_WarnHandler(logging.WARNING))
     library.propagate = False
     try:
-        with threads_kept():  # a command's thread choice ends with it (the same process may run another)
+        with threads_kept(), _setting_warnings():  # a command's threads and warning display end with it
             code = app(standalone_mode=False)
     except UsageError as exc:  # typer's own option checks (``--n 0``): one line naming the option, as ours
         if type(exc).__name__ == "NoArgsIsHelpError":  # ``depthlens`` alone: the help, as before

@@ -6,7 +6,7 @@ command line reads it as the flag that sets it — ``--rho 1.5: must be in (0, 1
 
 from __future__ import annotations
 
-from depthlens.errors import DepthlensError
+from depthlens.errors import Said, plain
 
 FLAGS: dict[tuple[str, str], str | None] = {
     ("ReadoutConfig", "also"): "--also-divergences",
@@ -45,12 +45,19 @@ def flag_for(owner: str | None, name: str) -> str | None:
     return FLAGS.get((owner or "", name), default)
 
 
-def flag_line(exc: DepthlensError) -> str:
-    """``exc`` as a command-line user reads it: a setting's error names its flag (``--eta 1.5: must be in
-    (0, 1]``), and so does every setting its text names (``errors.named``)."""
+def flag_line(said: Said) -> str:
+    """An error (or a warning) as a command-line user reads it: a setting's error names its flag (``--eta 1.5:
+    must be in (0, 1]``), and so does every setting its text names (``errors.named``: ``--n 3``, ``--tokens``,
+    ``--no-tcb``)."""
 
     def spell(setting: str) -> str:
-        return flag_for(exc.owner, setting) or setting
+        return flag_for(said.owner, setting) or setting
 
-    flag = flag_for(exc.owner, exc.setting) if exc.setting is not None else None
-    return exc.phrased(flag, spell=spell)
+    def assign(setting: str, value: str) -> str:
+        flag = spell(setting)
+        if value in ("True", "False") and flag.startswith("--"):  # an on/off flag says its state by its name
+            return flag if value == "True" else "--no-" + flag.removeprefix("--")
+        return f"{flag} {plain(value)}"
+
+    flag = flag_for(said.owner, said.setting) if said.setting is not None else None
+    return said.phrased(flag, spell=spell, assign=assign)

@@ -8,6 +8,7 @@ from depthlens.cli import options as opt
 from depthlens.cli.app import app
 from depthlens.config import DTRConfig, GenerateRun, ReadoutConfig, SamplingConfig
 from depthlens.studies import resolve
+from depthlens.studies.runs import generate_run
 
 
 @app.command("generate", short_help="Sample responses, read out, into a resumable store.")
@@ -47,23 +48,22 @@ def generate(
     readout = resolve.readout(
         divergence, also_divergences, lens, compile=compile_kernel, layer_top_k=layer_top_k
     )
-    answer_rules = answers.config(task.task)
+    answer_rules = answers.config()
     window = specs.readout_tokens(readout_tokens, SamplingConfig.readout_tokens)
     sampled = sampling.config(window)
     spec = store.spec(out)
     job = specs.job_size(task.questions, pool, batch_size, sampled)  # what auto picks the backend for
     chosen = specs.engine_backend(backend, model.model, runs.resumed_manifest(spec), job)
-    dtr = DTRConfig(g, rho, deep_rule, settle=settle)  # type: ignore[arg-type]
-    run = GenerateRun(
-        spec,
-        pool,
-        seed,
-        batch_size,
-        sampled,
-        readout,
-        dtr,
-        answer_rules,
-        vllm.engine(chosen, model),
-        task_spec,
+    built = generate_run(
+        store=spec,
+        task=task_spec,
+        pool=pool,
+        seed=seed,
+        batch_size=batch_size,
+        sampling=sampled,
+        readout=readout,
+        dtr={"g": g, "rho": rho, "deep_rule": deep_rule, "settle": settle},
+        answers=answer_rules,
+        engine=vllm.engine(chosen, model),
     )
-    runs.run_generation(model.spec(arch), run, ray.config())
+    runs.run_generation(model.spec(arch), built, ray.config())

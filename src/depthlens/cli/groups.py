@@ -139,10 +139,10 @@ class Answers:
     answer_type: opt.AnswerTypeOpt = AnswerConfig.answer_type
     answer_fallback: opt.AnswerFallbackOpt = AnswerConfig.fallback
 
-    def config(self, task: str | None) -> AnswerConfig:
+    def config(self) -> AnswerConfig:
         from depthlens.cli.specs import answer_config
 
-        return answer_config(self.prompt_style, self.answer_type, self.answer_fallback, task)
+        return answer_config(self.prompt_style, self.answer_type, self.answer_fallback)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,16 +267,7 @@ class Stored:
         """The DTR settings of a vote: the store's own (a new store: the defaults), each overridden where given;
         a stored pool must hold what its settling rule reads (``resolve.check_stored_settle``)."""
         from depthlens.stores.samples import read_manifest
-        from depthlens.studies.resolve import check_stored_settle
+        from depthlens.studies.resolve import stored_dtr
 
-        manifest = read_manifest(store) if store is not None else None
-        base = DTRConfig.from_dict(manifest["dtr"]) if manifest is not None else DTRConfig()
-        dtr = DTRConfig(
-            base.g if self.g is None else self.g,
-            base.rho if self.rho is None else self.rho,
-            base.deep_rule if self.deep_rule is None else self.deep_rule,  # type: ignore[arg-type]
-            settle=base.settle if self.settle is None else self.settle,
-        )
-        if manifest is not None:
-            check_stored_settle(manifest, dtr, str(store))
-        return dtr
+        given = {"g": self.g, "rho": self.rho, "deep_rule": self.deep_rule, "settle": self.settle}
+        return stored_dtr(read_manifest(store) if store is not None else {}, given, str(store))

@@ -8,7 +8,7 @@ from typing import Any
 
 from depthlens.cli import groups
 from depthlens.cli import options as opt
-from depthlens.cli.app import app, console, err_console, load_model, warn
+from depthlens.cli.app import app, console, err_console, load_model
 from depthlens.config import DTRConfig, ReadoutConfig
 
 
@@ -35,18 +35,25 @@ def heatmap(
 
     With --layer-top-k K, also the logit lens's own grid (logit_lens.png: each layer's top-1 token per token), and
     each heatmap cell's top-K tokens with their probabilities on the HTML page's hover."""
-    from depthlens.config import degenerate_settings
+    from depthlens.cli.runs import say_warnings
+    from depthlens.config import StoreSpec
     from depthlens.errors import InputError
+    from depthlens.studies.runs import score_run
     from depthlens.studies.score import score, with_layer_top_tokens
 
     if not completion:
         raise InputError("--completion is empty: give the text to read out")
     if token is not None and token < 0:
         raise InputError(f"--token {token}: give a token index, 0 or more")
-    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, settle=settle)  # type: ignore[arg-type]
-    readout = ReadoutConfig(divergence=divergence, lens=lens, layer_top_k=layer_top_k)  # type: ignore[arg-type]
-    for line in degenerate_settings(readout, dtr):
-        warn(line)
+    built = score_run(  # one text, read out in memory: the run's checks and warnings, no store
+        store=StoreSpec(Path()),
+        readout={"divergence": divergence, "lens": lens, "layer_top_k": layer_top_k},
+        dtr={"g": g, "rho": rho, "deep_rule": deep_rule, "settle": settle},
+        tcb=False,
+        tokens=True,
+    )
+    say_warnings(built.warnings)
+    readout, dtr = built.run.readout, built.run.dtr
     lm = load_model(model.spec(arch))
     data = {"id": "text", "completion": completion}
     data.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})

@@ -15,6 +15,7 @@ from depthlens.cli.progress import make_progress
 from depthlens.config import DTRConfig, ModelSpec, OnlineConfig, OnlineRun, VotingConfig
 
 if TYPE_CHECKING:
+    from depthlens.studies.runs import Built
     from depthlens.voting.online import OnlineSummary
 
 
@@ -28,17 +29,13 @@ class Replay:
     n: int = VotingConfig.n  # Cons@n beside the replay, on the same questions (a pool sampled in full only)
 
 
-def run_live(model: ModelSpec, run: OnlineRun) -> None:
-    """Online Think@n live: check the run, load the model, run it into its store, print the outcome."""
-    from depthlens.evals.loading import task_questions
-    from depthlens.studies.online import check_online
+def run_live(model: ModelSpec, built: Built[OnlineRun]) -> None:
+    """Online Think@n live: the run comes built and checked (``studies.runs.online_run``); say its warnings, check
+    that a response fits the context, load the model, run it into its store, print the outcome."""
+    from depthlens.cli.runs import refuse_unfitting, say_warnings
 
-    check_online(run.online, run.sampling)  # before the task, the model or any generation
-    assert run.task is not None
-    questions = task_questions(run.task)
-    from depthlens.cli.runs import refuse_short_task, refuse_unfitting
-
-    refuse_short_task(run.task, questions)
+    run, questions = built.run, list(built.questions)
+    say_warnings(built.warnings)
     refuse_unfitting(model, run.engine, run.sampling, run.answers, questions)  # before the weights load
     from depthlens.stores.guard import new_out
     from depthlens.studies.online import DECISIONS

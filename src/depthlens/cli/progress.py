@@ -1,8 +1,10 @@
-"""One set of progress columns shared by every command, and the display of a catalogue model's first install."""
+"""One set of progress columns shared by every command — plain lines where stderr is a log or a pipe — and the
+display of a catalogue model's first install."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -16,7 +18,15 @@ from rich.progress import (
 )
 
 
-def make_progress(console: Console | None = None) -> Progress:
+def make_progress(console: Console | None = None) -> Any:
+    """A command's progress display: rich's bars on a terminal; elsewhere (a log, a pipe, a job's output) plain
+    lines, one per item or every 5 % and at least every half minute (``api.progress.Lines``: no cursor escapes,
+    and a long run says where it is)."""
+    console = console or Console(stderr=True)
+    if not console.is_terminal:
+        from depthlens.api.progress import Lines
+
+        return Lines(lambda line: console.print(line, highlight=False, markup=False, soft_wrap=True))
     return Progress(
         SpinnerColumn(),
         TextColumn("[progress.description]{task.description}"),
@@ -25,7 +35,7 @@ def make_progress(console: Console | None = None) -> Progress:
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
-        console=console or Console(stderr=True),
+        console=console,
         transient=False,
     )
 

@@ -85,7 +85,7 @@ def regrade(
     from depthlens.errors import InputError
     from depthlens.studies.regrade import regrade_copy, regrade_store
 
-    answer_config("paper", answer_type, answer_fallback or "none", None)  # checks the values before any work
+    answer_config("paper", answer_type, answer_fallback or "none")  # checks the values before any work
     if out is not None and len(stores) != 1:
         raise InputError(f"--out copies one store; {len(stores)} were given: regrade them one at a time")
     from depthlens.stores.samples import picking

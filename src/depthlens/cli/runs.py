@@ -1,7 +1,7 @@
 """Running a generation from the command line, shared by ``depthlens generate``, ``thinkn --out`` and ``thinkn
---online``: what needs no model is checked first (the store, the model's name, the task, whether any response fits
-the context), then the pool is sampled here or on Ray actors, with a progress display, and what was written is
-said."""
+--online``: the run comes built (``studies.runs``: its settings and task checked, its questions read, its warnings
+said here), then what else needs no model is checked (the store, the model's name, whether any response fits the
+context), the pool is sampled here or on Ray actors, with a progress display, and what was written is said."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from depthlens.cli.app import err_console, load_for, read_info, warn, writes_to
+from depthlens.cli.flags import flag_line
 from depthlens.cli.progress import make_progress
 from depthlens.config import (
     AnswerConfig,
-    DTRConfig,
     EngineConfig,
     GenerateRun,
     ModelSpec,
@@ -21,21 +21,28 @@ from depthlens.config import (
     ReadoutConfig,
     SamplingConfig,
     StoreSpec,
-    TaskSpec,
 )
-from depthlens.errors import InputError
+from depthlens.errors import DepthlensWarning, InputError
 
 if TYPE_CHECKING:
     from depthlens.config import StoreFormat
     from depthlens.evals.tasks import Question
     from depthlens.studies.generate import GenerationReport
+    from depthlens.studies.runs import Built
 
 
-def run_generation(model: ModelSpec, run: GenerateRun, ray: RayConfig | None) -> GenerationReport:
-    """Check everything that needs no model (``--out``, the model's name, the task, ``--resume``), then sample
-    here or on Ray actors, and say what was written."""
+def say_warnings(warnings: tuple[DepthlensWarning, ...]) -> None:
+    """A run's warnings (``studies.runs``), each as one ``warning:`` line naming its flags."""
+    for w in warnings:
+        warn(flag_line(w))
+
+
+def run_generation(model: ModelSpec, built: Built[GenerateRun], ray: RayConfig | None) -> GenerationReport:
+    """Check everything else that needs no model (``--out``, the model's name, ``--resume``), then sample here or
+    on Ray actors, and say what was written."""
     from depthlens.stores.samples import samples_entry, samples_format, samples_path
 
+    run = built.run
     out, spec = run.store.out, run.store
     fmt = samples_format(out, spec.format, spec.resume, spec.overwrite)
     samples_entry(fmt, spec.float16)  # --float16 with a JSONL store is refused here
@@ -55,33 +62,27 @@ def run_generation(model: ModelSpec, run: GenerateRun, ray: RayConfig | None) ->
     # One writer from here on (a second is refused now, naming this one), and a run that fails before its first
     # record leaves no --out behind.
     with new_out(out, samples_path(out, "parquet"), samples_path(out, "jsonl")), store_lock(samples):
-        return _checked_generation(model, run, ray, fmt)
+        return _checked_generation(model, built, ray, fmt)
 
 
 def _checked_generation(
-    model: ModelSpec, run: GenerateRun, ray: RayConfig | None, fmt: StoreFormat
+    model: ModelSpec, built: Built[GenerateRun], ray: RayConfig | None, fmt: StoreFormat
 ) -> GenerationReport:
-    from depthlens.evals.loading import task_questions
     from depthlens.models.locate import locate
     from depthlens.stores.formats import check_results
     from depthlens.stores.samples import RESUME_RULES, samples_path
 
+    run, questions = built.run, list(built.questions)
     out, spec = run.store.out, run.store
     samples = samples_path(out, fmt)
     resuming = check_results(samples, None, spec.resume, spec.overwrite, fmt=fmt)
     locate(model.name)
-    assert run.task is not None  # the CLI always names its task
-    questions = task_questions(run.task)
-    refuse_short_task(run.task, questions)
     if resuming:  # are the settings the stored run's?
         from depthlens.studies.generate import run_manifest  # imports torch: after the task's own errors
 
         manifest = run_manifest(model.name, None, questions, run, fmt)
         check_results(samples, manifest, spec.resume, spec.overwrite, RESUME_RULES, fmt)
-    from depthlens.config import degenerate_settings
-
-    for line in degenerate_settings(run.readout, run.dtr):
-        warn(line)
+    say_warnings(built.warnings)
     refuse_unfitting(model, run.engine, run.sampling, run.answers, questions)
     here = ray is None
     report = (
@@ -100,17 +101,6 @@ def refuse_nothing_usable(report: GenerationReport, out: Path) -> None:
         raise InputError(
             f"{out}: all {report.failed} responses this run sampled failed{cause}, so it made nothing usable; "
             "fix that, then generate again with --overwrite (--resume does not retry failed responses)"
-        )
-
-
-def refuse_short_task(task: TaskSpec, questions: list[Question]) -> None:
-    """``--questions`` beyond what a hub or JSONL task holds is refused, not cut silently to what it has (a
-    reasoning-gym task generates as many as asked)."""
-    asked = task.questions
-    if asked is not None and len(questions) < asked:
-        raise InputError(
-            f"--questions {asked}: task {task.name!r} has {len(questions)}; leave out --questions to ask all of "
-            f"them, or ask for {len(questions)} or fewer"
         )
 
 
@@ -211,14 +201,12 @@ class NewPool:
     engine: EngineConfig
     readout: ReadoutConfig
 
-    def run_settings(self, dtr: DTRConfig, task: TaskSpec | None) -> dict[str, Any]:
-        """The settings a ``GenerateRun`` and an ``OnlineRun`` share: how each response is sampled, read out,
-        made depth of and graded, on which engine, for which task."""
+    def run_settings(self) -> dict[str, Any]:
+        """What a ``GenerateRun`` and an ``OnlineRun`` built from these share (``studies.runs``' keywords): how
+        each response is sampled, read out and graded, on which engine."""
         return {
             "sampling": self.sampling,
             "readout": self.readout,
-            "dtr": dtr,
             "answers": self.answers,
             "engine": self.engine,
-            "task": task,
         }

@@ -12,8 +12,8 @@ from depthlens.cli import groups, specs
 from depthlens.cli import options as opt
 from depthlens.cli.app import app, console, err_console, load_for, warn, writes_to
 from depthlens.cli.progress import make_progress
+from depthlens.cli.runs import say_warnings
 from depthlens.config import (
-    Backend,
     DTRConfig,
     EngineConfig,
     ModelSpec,
@@ -24,6 +24,7 @@ from depthlens.config import (
 )
 from depthlens.errors import InputError
 from depthlens.studies import resolve
+from depthlens.studies.runs import Built, score_run
 
 
 def _say_rescored(ids: list[str]) -> None:
@@ -79,37 +80,46 @@ def score(
     n_records = len(read_inputs(in_path, skip_bad=skip_bad)[0])
     kept = {"final_norm": final_norm, "memory_mb": memory_mb, "layer_top_k": layer_top_k}
     readout = resolve.readout(divergence, (), lens, compile=compile_kernel, **kept)
-    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, dtr_prefix_tokens=prefix, settle=settle)  # type: ignore[arg-type]
-    if backend == "vllm" and dtr.top_k is not None:
-        raise InputError(f"--settle {settle} reads out on the transformers path only: use --backend hf")
-    tcb_config = tcb.config()
-    store = StoreSpec(out_path, resume, overwrite, float16=float16)
-    chosen = _backend(backend, model.model, tcb.tcb, ray.on)
-    engine = EngineConfig(
-        chosen,
-        model.dtype,
-        tensor_parallel_size,
-        max_model_len=max_model_len,
-        float32_lens=float32_lens,
-        threads=threads,
+    knobs = {"tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len, "threads": threads}
+    built = score_run(
+        store=StoreSpec(out_path, resume, overwrite, float16=float16),
+        source=in_path,
+        readout=readout,
+        dtr={"g": g, "rho": rho, "deep_rule": deep_rule, "dtr_prefix_tokens": prefix, "settle": settle},
+        tcb=tcb.tcb,
+        tcb_settings=tcb.config(),
+        engine={"backend": backend, "dtype": model.dtype, "float32_lens": float32_lens, **knobs},  # hf | vllm
+        tokens=tokens,
+        batch_size=batch_size,
+        skip_bad=skip_bad,
     )
-    run = ScoreRun(in_path, store, readout, dtr, tcb_config, tokens, batch_size, skip_bad, engine)
-    _score(model.spec(arch), run, ray.config(block_rows), quiet, n_records)
+    if backend == "vllm":
+        _check_vllm(model.model, ray.on)
+    _score(model.spec(arch), built, ray.config(block_rows), quiet, n_records)
+
+
+def _check_vllm(model: str, ray: bool) -> None:
+    """``--backend vllm``: one process (no Ray), vLLM installed and able to take ``model``, before anything
+    loads."""
+    if ray:
+        raise InputError("--backend vllm scores in this process; drop --ray (or use --backend hf)")
+    specs.engine_backend("vllm", model)
 
 
 def _score(
-    model_spec: ModelSpec, run: ScoreRun, ray_config: RayConfig | None, quiet: bool, n_records: int
+    model_spec: ModelSpec, built: Built[ScoreRun], ray_config: RayConfig | None, quiet: bool, n_records: int
 ) -> None:
     """Check what needs no model, then score here or on Ray actors; one writer, and a run failing before its
     first record leaves no --out."""
     from depthlens.stores.guard import new_out, refuse_same_file
     from depthlens.stores.lock import store_lock
 
+    run = built.run
     out_path = run.store.out
     refuse_same_file(run.source, out_path)  # before anything is created or loaded
     refuse_inside_input(run.source, out_path)
     with new_out(out_path), store_lock(out_path):
-        _check_before_loading(model_spec.name, run, ray_config is not None, n_records)
+        _check_before_loading(model_spec.name, built, ray_config is not None, n_records)
         if ray_config is not None:
             _score_on_ray(model_spec, run, ray_config, quiet)
             return
@@ -121,22 +131,6 @@ def refuse_inside_input(source: Path, out: Path) -> None:
     src, target = source.resolve(), out.resolve()
     if source.is_dir() and (target == src or src in target.parents):
         raise InputError(f"--out {out} is inside the input store {source}; write the scores outside it")
-
-
-def _backend(backend: str, model: str, tcb: bool, ray: bool) -> Backend:
-    """``score --backend`` (hf, or vllm checked installed and able to take ``model``), its conflicts refused
-    before anything loads."""
-    if backend == "hf":
-        return "hf"
-    if backend != "vllm":
-        raise InputError(f"--backend {backend!r}: score reads out on hf or vllm")
-    if tcb:
-        raise InputError(
-            "--backend vllm computes no TCB fields (they need the transformers readout); add --no-tcb"
-        )
-    if ray:
-        raise InputError("--backend vllm scores in this process; drop --ray (or use --backend hf)")
-    return specs.engine_backend("vllm", model)
 
 
 def _score_here(model_spec: ModelSpec, run: ScoreRun, quiet: bool) -> None:
@@ -153,14 +147,14 @@ def _score_here(model_spec: ModelSpec, run: ScoreRun, quiet: bool) -> None:
     _finish(out_path, skipped, lm.n_layers, dtr, quiet)
 
 
-def _check_before_loading(model: str, run: ScoreRun, ray: bool, n_records: int) -> None:
-    """Everything that needs no model, before one loads: --out, the model's name, --resume (the input, its
-    ``n_records`` records, was read before)."""
-    from depthlens.config import degenerate_settings
+def _check_before_loading(model: str, built: Built[ScoreRun], ray: bool, n_records: int) -> None:
+    """Everything else that needs no model, before one loads: --out, the model's name, --resume (the input, its
+    ``n_records`` records, was read before); the run's warnings."""
     from depthlens.models.locate import locate
     from depthlens.stores.formats import check_results, results_format, store_entry
     from depthlens.studies.score import RESUME_RULES, score_manifest
 
+    run = built.run
     out_path, spec = run.store.out, run.store
     fmt = results_format(out_path)
     if ray and fmt == "jsonl":
@@ -178,8 +172,7 @@ def _check_before_loading(model: str, run: ScoreRun, ray: bool, n_records: int) 
     locate(model)
     if not n_records:
         warn(f"{run.source} has no records; {out_path} will be empty")
-    for line in degenerate_settings(run.readout, run.dtr):
-        warn(line)
+    say_warnings(built.warnings)
 
 
 def _on_start(progress: Any, task: Any, out_path: Path) -> Callable[[int, int], None]:

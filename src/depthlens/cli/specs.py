@@ -36,10 +36,9 @@ def task_spec(
     return spec
 
 
-def answer_config(
-    prompt_style: str, answer_type: str | None, fallback: str, task: str | None
-) -> AnswerConfig:
-    """The answer settings of --prompt-style, --answer-type and --answer-fallback (checked)."""
+def answer_config(prompt_style: str, answer_type: str | None, fallback: str) -> AnswerConfig:
+    """The answer settings of --prompt-style, --answer-type and --answer-fallback (each one of its choices; the
+    run's builder checks them against the task: ``studies.runs.answer_rules``)."""
     for option, value, literal in (
         ("--prompt-style", prompt_style, PromptStyle),
         ("--answer-type", answer_type, AnswerType),
@@ -47,13 +46,7 @@ def answer_config(
     ):
         if value is not None and value not in get_args(literal):
             raise InputError(f"{option} {value!r}: use one of {', '.join(get_args(literal))}")
-    rules = AnswerConfig(prompt_style, answer_type, fallback)  # type: ignore[arg-type]
-    if task is not None and rules.prompt_style == "native" and not task.startswith("reasoning_gym:"):
-        raise InputError(
-            f"--prompt-style native asks in reasoning-gym's own format, so it needs a reasoning_gym task, "
-            f"not {task!r}; use --prompt-style paper"
-        )
-    return rules
+    return AnswerConfig(prompt_style, answer_type, fallback)  # type: ignore[arg-type]
 
 
 def readout_config(

@@ -15,13 +15,13 @@ from depthlens.cli.thinkn_view import vote
 from depthlens.config import (
     GenerateRun,
     OnlineConfig,
-    OnlineRun,
     ReadoutConfig,
     StoreSpec,
     TaskSpec,
     VotingConfig,
 )
 from depthlens.errors import InputError
+from depthlens.studies.runs import check_window, generate_run, online_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Given:
         readout = specs.readout_config(
             self.stored.divergence or ReadoutConfig.divergence, lens=self.stored.lens or ReadoutConfig.lens
         )
-        answers = self.answers.config(self.task.task)
+        answers = self.answers.config()
         return runs.NewPool(
             self.model.spec(self.arch), answers, sampling, self.vllm.engine(chosen, self.model), readout
         )
@@ -139,9 +139,17 @@ def _offline(given: Given, vote_on: groups.Vote, n: int, sample: bool) -> None:
             )
         at_once = given.batch_size or GenerateRun.batch_size
         new = given.new_pool(None if vote_on.ablation else voting.rank_prefix, size, at_once)
-        settings = new.run_settings(given.stored.dtr(None), given.task_spec)
-        run = GenerateRun(store, size, vote_on.seed, at_once, **settings)
-        runs.run_generation(new.model, run, given.ray.config())
+        check_window(new.sampling, voting)  # before the task is read or anything sampled
+        built = generate_run(
+            store=store,
+            task=given.task_spec,
+            pool=size,
+            seed=vote_on.seed,
+            batch_size=at_once,
+            dtr=given.stored.dtr(None),
+            **new.run_settings(),
+        )
+        runs.run_generation(new.model, built, given.ray.config())
     every = vote_on.methods is not None  # a list, or `all`: each method on its own line
     vote(store.out, voting, given.stored.dtr(store.out), chosen, vote_on.ablation, store.overwrite, every)
 
@@ -175,9 +183,15 @@ def _online(given: Given, policy: groups.Live, vote_on: groups.Vote, n: int, sto
     if policy.sweep:
         raise InputError("--sweep replays a stored pool: pass it with --online --from DIR")
     new = given.new_pool(online.decision_prefix, online.max_n, online.batch_size)
-    live.run_live(
-        new.model, OnlineRun(given.store, online, vote_on.seed, **new.run_settings(dtr, given.task_spec))
+    built = online_run(
+        store=given.store,
+        task=given.task_spec,
+        policy=online,
+        seed=vote_on.seed,
+        dtr=dtr,
+        **new.run_settings(),
     )
+    live.run_live(new.model, built)
 
 
 def default_n(store: Path | None) -> int:

@@ -17,7 +17,6 @@ from depthlens.config.readout import (
     TCBConfig,
     TCBStudies,
     VEff,
-    degenerate_settings,
     depth_prefix,
 )
 from depthlens.config.run import (
@@ -40,5 +39,5 @@ __all__ = [
     "GenerateRun", "LensFitConfig", "LensKind", "LensSpec",
     "ModelSpec", "OnlineConfig", "OnlineRun", "PromptStyle", "RayConfig", "ReadoutConfig",
     "SamplingConfig", "ScoreRun", "ServeConfig", "Signal", "StoreFormat", "StoreSpec", "TCBConfig", "TCBStudies",
-    "TaskSpec", "TieBreak", "VEff", "VotingConfig", "degenerate_settings", "depth_prefix", "invalid",
+    "TaskSpec", "TieBreak", "VEff", "VotingConfig", "depth_prefix", "invalid",
 ]  # fmt: skip

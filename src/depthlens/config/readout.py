@@ -122,7 +122,7 @@ def check_layer_top(layer_top_k: int, tokens: bool) -> None:
         raise InputError(
             setting="layer_top_k",
             value=layer_top_k,
-            requirement=f"each layer's top-k is kept per token: add {named('tokens')}",
+            requirement=f"each layer's top-k is kept per token: add {named('tokens', True)}",
         )
 
 
@@ -302,20 +302,3 @@ class TCBStudies(Config):
     factor: float = 10.0
     max_perplexity: float = 2.0
     chat: bool = True
-
-
-def degenerate_settings(readout: ReadoutConfig, dtr: DTRConfig) -> list[str]:
-    """Warnings (one line each) for settings that run but cannot mean much; the run goes on regardless."""
-    warnings = []
-    bound = DIVERGENCE_MAX.get(readout.divergence)
-    if bound is not None and dtr.g >= bound[0]:
-        warnings.append(
-            f"--g {dtr.g:g} is not below the largest {readout.divergence} divergence ({bound[1]}): every token "
-            "settles at layer 1 and DTR is 0"
-        )
-    if not readout.final_norm and readout.divergence not in ("jsd", "jsd-nat"):
-        warnings.append(
-            f"--no-final-norm with --divergence {readout.divergence}: without the final norm, {readout.divergence} "
-            "has no common scale with g, so settling and DTR may be all or nothing; the ablation is meant for jsd"
-        )
-    return warnings

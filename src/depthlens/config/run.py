@@ -1,6 +1,7 @@
 """What a run is, as plain data: the model and how to load it, the task, the store, Ray, and the whole of a
-``score``, ``generate`` or online run. The CLI builds these once from its options and passes them whole, and so
-does Python code: ``studies.generate.generate(lm, GenerateRun(StoreSpec(out), pool=8), questions)``."""
+``score``, ``generate`` or online run. Every front builds them in one place (``studies.runs``: ``score_run``,
+``generate_run``, ``online_run``, each after every check that needs no model) and passes them whole; Python code
+may build one by hand: ``studies.generate.generate(lm, GenerateRun(StoreSpec(out), pool=8), questions)``."""
 
 from __future__ import annotations
 
@@ -118,6 +119,9 @@ class ScoreRun:
     engine: EngineConfig = dataclasses.field(
         default_factory=EngineConfig
     )  # vllm: teacher forced in the engine
+    command: str | None = (
+        None  # the call that made the run, as its manifest records it (None: the command line)
+    )
 
     def __post_init__(self) -> None:
         check_layer_top(self.readout.layer_top_k, self.tokens)
@@ -141,6 +145,9 @@ class GenerateRun:
     answers: AnswerConfig = dataclasses.field(default_factory=AnswerConfig)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     task: TaskSpec | None = None  # None: the manifest records an empty task (questions given from Python)
+    command: str | None = (
+        None  # the call that made the run, as its manifest records it (None: the command line)
+    )
 
     def __post_init__(self) -> None:
         if self.pool < 1:
@@ -169,6 +176,9 @@ class OnlineRun:
     answers: AnswerConfig = dataclasses.field(default_factory=AnswerConfig)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     task: TaskSpec | None = None
+    command: str | None = (
+        None  # the call that made the run, as its manifest records it (None: the command line)
+    )
 
     def __post_init__(self) -> None:
         check_seed("OnlineRun", "seed", self.seed)

@@ -98,7 +98,7 @@ class CorrelationConfig(Config):
                 "CorrelationConfig",
                 "n",
                 self.n,
-                f"must be ≥ {named('bins')} {self.bins}",
+                f"must be ≥ {named('bins', self.bins)}",
                 "draw ≥ bins responses",
             )
         for name, least in (("min_responses", 3), ("min_questions", 1), ("min_outcome", 1)):
@@ -160,7 +160,7 @@ class OnlineConfig(Config):
                 "OnlineConfig",
                 "warmup",
                 self.warmup,
-                f"must be below {named('max_n')} {self.max_n} (the warm-up alone would use the whole budget); "
+                f"must be below {named('max_n', self.max_n)} (the warm-up alone would use the whole budget); "
                 f"raise {named('max_n')} or lower {named('warmup')}",
             )
         if not (0.5 < self.consensus <= 1):

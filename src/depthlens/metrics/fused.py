@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from depthlens.config import Compile, Divergence
+from depthlens.errors import DepthlensWarning, named
 from depthlens.metrics.divergence import layer_divergence
 from depthlens.readout.lens import LogitLens
 
@@ -129,10 +130,13 @@ def _guarded(compiled: Callable, eager: Callable) -> Callable:
                 return compiled(*args)
             except Exception as exc:  # torch.compile raises many backend-specific types
                 failed = True
-                warnings.warn(
-                    f"compiled readout unavailable ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
-                    "using the eager path (same results, slower) — pass --compile off to skip the attempt",
-                    RuntimeWarning,
+                warnings.warn(  # a setting's warning: each front names the setting its own way
+                    DepthlensWarning(
+                        f"compiled readout unavailable ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                        f"using the eager path (same results, slower) — pass {named('compile', 'off')} to skip "
+                        "the attempt",
+                        setting="compile",
+                    ),
                     stacklevel=2,
                 )
         return eager(*args)

@@ -161,8 +161,8 @@ def load_info(
     source = locate(name)
     if source.kind == "gguf":
         raise ConfigError(
-            f"{name}: {named('backend')} vllm loads safetensors model directories, not a .gguf file; convert it, use a "
-            f"catalogue name (its cached safetensors copy is used), or {named('backend')} hf"
+            f"{name}: {named('backend', 'vllm')} loads safetensors model directories, not a .gguf file; convert it, "
+            f"use a catalogue name (its cached safetensors copy is used), or {named('backend', 'hf')}"
         )
     from transformers import AutoConfig, AutoTokenizer
 

@@ -14,7 +14,8 @@ from depthlens.evals.answers import ExtractionConfig
 from depthlens.serve.errors import ApiError, depthlens_error
 from depthlens.serve.schema import ChatRequest, CompletionRequest, DepthlensOptions, OnlineOptions
 from depthlens.studies import resolve
-from depthlens.studies.score import as_token_ids, render_chat
+from depthlens.studies.runs import check_window
+from depthlens.studies.score_inputs import as_token_ids, render_chat
 
 VARIANTS = {"low": 0.1, "high": 0.9}  # DeepConf-low / -high keep the top 10 % / 90 % (their percentile)
 
@@ -186,19 +187,37 @@ def _chat_prompt(body: ChatRequest, tokenizer: Any) -> tuple[tuple[int, ...], ..
         raise ApiError(400, str(exc), "messages", "invalid_value") from None
 
 
-def _readout_window(options: DepthlensOptions, settings: ServeConfig, prefixes: list[int]) -> int | None:
+def _readout_window(options: DepthlensOptions, settings: ServeConfig, depth: Depth) -> int | None:
+    """The read-out window: the request's (``readout_tokens``: N or 'all'; one shorter than the prefix a vote
+    decides at is refused with the run's own check, ``studies.runs.check_window``), else the server's, widened to
+    every prefix the request reads (a default the request did not choose)."""
     asked = options.readout_tokens
     if asked == "all" or (asked is None and settings.readout_tokens is None):
         return None
-    window = asked if isinstance(asked, int) else settings.readout_tokens
-    if window is None or window < 1:
-        raise ApiError(
-            400,
-            f"depthlens.readout_tokens = {window} must be ≥ 1 or 'all'",
-            "depthlens.readout_tokens",
-            "invalid_value",
-        )
-    return max(window, *prefixes)
+    if isinstance(asked, int):
+        if asked < 1:
+            raise ApiError(
+                400,
+                f"depthlens.readout_tokens = {asked} must be ≥ 1 or 'all'",
+                "depthlens.readout_tokens",
+                "invalid_value",
+            )
+        return asked
+    prefixes = [depth.dtr.dtr_prefix_tokens or 1]
+    if depth.think is not None and depth.think.rank_prefix is not None:
+        prefixes.append(depth.think.rank_prefix)
+    if depth.online is not None:
+        prefixes.append(depth.online.decision_prefix)
+    return max(settings.readout_tokens or 1, *prefixes)
+
+
+JOB_FIELDS = {
+    "readout_tokens": "depthlens.readout_tokens",
+    "rank_prefix": "depthlens.think.prefix",
+    "decision_prefix": "depthlens.online.prefix",
+    "max_new_tokens": "max_tokens",
+}
+"""A setting the run's checks name → the request's field that sets it (``_sampling``'s refusals)."""
 
 
 def _sampling(
@@ -238,22 +257,22 @@ def _sampling(
             "max_tokens",
             "context_length_exceeded",
         )
-    prefixes = [depth.dtr.dtr_prefix_tokens or 1]
-    if depth.think is not None and depth.think.rank_prefix is not None:
-        prefixes.append(depth.think.rank_prefix)
-    if depth.online is not None:
-        prefixes.append(depth.online.decision_prefix)
     try:
-        return SamplingConfig(
+        sampling = SamplingConfig(
             temperature=settings.temperature if body.temperature is None else body.temperature,
             top_p=settings.top_p if body.top_p is None else body.top_p,
             top_k=0 if body.top_k in (None, -1) else body.top_k,
             min_p=body.min_p or 0.0,
             max_new_tokens=max_tokens,
-            readout_tokens=_readout_window(options, settings, prefixes),
+            readout_tokens=_readout_window(options, settings, depth),
         )
     except ConfigError as exc:  # an OpenAI field: named as the body spells it
         raise depthlens_error(exc, renamed={"max_new_tokens": "max_tokens"}) from None
+    try:  # the window against the prefixes a vote decides at: the check every front's run makes
+        check_window(sampling, depth.think, depth.online)
+    except InputError as exc:
+        raise depthlens_error(exc, renamed=JOB_FIELDS) from None
+    return sampling
 
 
 def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:

@@ -1,11 +1,13 @@
 """Result records as Arrow tables and back: per-token float lists at the store's width (float32, or float16 on
 request), ``[T × L]`` float rows (divergences) as ``list<fixed_size_list<width, L>>``, each layer's top-k
 (``[T × L × K]``: ``layer_top_ids`` int32, ``layer_top_probs`` float32) as
-``list<fixed_size_list<fixed_size_list<type, K>, L>>``."""
+``list<fixed_size_list<fixed_size_list<type, K>, L>>``; such a table as a DataFrame with (T, L) / (T, L, K) array
+cells and back (``to_pandas``, ``from_pandas``), its own metadata travelling in the frame's ``attrs``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import json
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -167,7 +169,7 @@ def to_pandas(table: pa.Table) -> Any:
     """``table.to_pandas()`` with each ``[T × L]`` column's cell a (T, L) float numpy array and each
     ``[T × L × K]`` one's a (T, L, K) array — ``layer_top_tokens``'s of str (pyarrow's own conversion gives
     object arrays of T rows); every other column as pyarrow converts it."""
-    frame = table.to_pandas()
+    frame = table.to_pandas()  # the frame's attrs: those the table carries (``with_frame_attrs``)
     for field in table.schema:
         arrays = None
         if _is_matrix(field.type):
@@ -183,6 +185,61 @@ def to_pandas(table: pa.Table) -> Any:
                 cells[i] = array
             frame[field.name] = cells
     return frame
+
+
+def with_frame_attrs(table: pa.Table, attrs: Mapping[str, Any]) -> pa.Table:
+    """``table`` whose DataFrame — pyarrow's ``table.to_pandas()`` and ``to_pandas`` alike — carries ``attrs``
+    (pandas keeps them through filtering and back through ``pa.Table.from_pandas``): pandas' own entry of the
+    schema metadata, which pyarrow reads back."""
+    metadata = dict(table.schema.metadata or {})
+    frame = json.loads(metadata.get(b"pandas", b"{}"))
+    frame = {"index_columns": [], "column_indexes": [], "columns": [], **frame}
+    frame["attributes"] = {**frame.get("attributes", {}), **attrs}
+    return table.replace_schema_metadata({**metadata, b"pandas": json.dumps(frame, default=str).encode()})
+
+
+def frame_attrs(table: pa.Table) -> dict[str, Any]:
+    """The ``attrs`` a table's DataFrame gets (``with_frame_attrs``; also a frame's, through pyarrow)."""
+    raw = (table.schema.metadata or {}).get(b"pandas")
+    return dict(json.loads(raw).get("attributes") or {}) if raw else {}
+
+
+def _array_cells(name: str, cells: list[Any], first: np.ndarray) -> pa.Array:
+    """Cells of (T, L) or (T, L, K) arrays (``to_pandas``'s) as the column they came from; a cell without one
+    (None) as an empty list, as ``to_table`` stores a record without it."""
+    shape = first.shape[1:]
+    if first.dtype.kind in "US":  # layer_top_tokens: labels, as nested lists
+        return pa.array([[] if c is None else np.asarray(c).tolist() for c in cells])
+    kind = CUBES.get(name, pa.float32() if first.dtype.kind == "f" else pa.int32())
+    dtype = kind.to_pandas_dtype()
+    rows = [np.zeros((0, *shape), dtype) if c is None else np.asarray(c, dtype=dtype) for c in cells]
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int32)
+    values: pa.Array = pa.array(np.concatenate([r.reshape(-1) for r in rows]), type=kind)
+    for size in reversed(shape):
+        values = pa.FixedSizeListArray.from_arrays(values, size)
+    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), values)
+
+
+def from_pandas(frame: Any) -> pa.Table:
+    """A DataFrame of ``to_pandas`` — filtered, sorted or cut as a notebook does — back as the verbs' table: each
+    column of (T, L) / (T, L, K) array cells as the ``[T × L]`` / ``[T × L × K]`` column it was (which
+    ``pa.Table.from_pandas`` cannot convert), every other column as pyarrow converts it, the index left out, and
+    the table's own metadata (the frame's ``attrs``: a pool's manifest) with it."""
+    arrays: dict[str, pa.Array] = {}
+    for name in frame.columns:
+        cells = list(frame[name]) if frame[name].dtype == object else []
+        first = next((c for c in cells if isinstance(c, np.ndarray)), None)
+        if first is not None and first.ndim >= 2:
+            arrays[name] = _array_cells(str(name), cells, first)
+    rest = [c for c in frame.columns if c not in arrays]
+    plain = pa.Table.from_pandas(frame[rest], preserve_index=False)
+    columns = {str(c): arrays[c] if c in arrays else plain.column(str(c)) for c in frame.columns}
+    table = pa.table(columns)
+    attrs = dict(frame.attrs)
+    carried = attrs.get("depthlens")
+    if carried is not None:
+        table = table.replace_schema_metadata({"depthlens": json.dumps(carried, default=str)})
+    return with_frame_attrs(table, attrs) if attrs else table
 
 
 def not_utf8(table: pa.Table) -> str | None:

@@ -104,7 +104,7 @@ def dtr_settings(
     if "jsd" not in store.kinds:
         raise InputError(
             f"{store.path}: the store holds {list(store.kinds)} divergences; the study needs jsd (the primary "
-            f"kind) — generate with {named('divergence')} jsd"
+            f"kind) — generate with {named('divergence', 'jsd')}"
         )
     given = {k: g for k, g in (g_by_kind or {}).items() if g is not None}
     never = sorted(k for k in given if k not in store.kinds)

@@ -48,7 +48,7 @@ from depthlens.stores.samples import (
 )
 from depthlens.stores.shard_writer import ShardWriter
 from depthlens.stores.state import remove_derived
-from depthlens.studies.score import as_token_ids
+from depthlens.studies.score_inputs import as_token_ids
 
 
 def sample_seed(seed: int, question_id: str, index: int) -> int:
@@ -161,7 +161,8 @@ def run_manifest(
         "engine": run.engine,
         "answers": run.answers,
     }
-    return store_manifest(model, n_layers, questions, settings)
+    manifest = store_manifest(model, n_layers, questions, settings)
+    return {**manifest, "command": run.command} if run.command else manifest  # a Python call's own record
 
 
 @dataclasses.dataclass
@@ -258,9 +259,11 @@ def refuse_too_long(
         )
     if longest + max_new_tokens > limit:
         raise InputError(
-            f"{named('max_new_tokens')} {max_new_tokens}: the prompt of question {question.id!r} is {longest} tokens, "
-            f"and {longest} + {max_new_tokens} exceed {what} of {limit}, so none of its responses could be "
-            f"sampled; use {named('max_new_tokens')} {limit - longest} or less"
+            setting="max_new_tokens",
+            value=max_new_tokens,
+            requirement=f"the prompt of question {question.id!r} is {longest} tokens, and {longest} + "
+            f"{max_new_tokens} exceed {what} of {limit}, so none of its responses could be sampled; use "
+            f"{named('max_new_tokens', limit - longest)} or less",
         )
 
 

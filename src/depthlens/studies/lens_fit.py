@@ -348,7 +348,7 @@ def lens_sequences(
     model's own generations on the offline tasks: their completion tokens), else the standard-library corpus cut
     into ``window``-token pieces (each read after its first token)."""
     from depthlens.stores.formats import read_inputs
-    from depthlens.studies.score import tokenize
+    from depthlens.studies.score_inputs import tokenize
 
     if source is not None:
         records, _ = read_inputs(source)

@@ -72,21 +72,25 @@ DECISIONS = "online.jsonl"
 
 
 def check_online(online: OnlineConfig, sampling: SamplingConfig) -> None:
-    """Reject settings the run cannot honour, before any model is loaded."""
+    """Reject settings the run cannot honour, before any model is loaded (``studies.runs`` calls it for every
+    front)."""
     if not SIGNALS[online.signal].decides_at_prefix:
         return
     ell = online.decision_prefix
     if ell > sampling.max_new_tokens:
         raise InputError(
-            f"{named('decision_prefix')} {ell} is longer than {named('max_new_tokens')} {sampling.max_new_tokens}: "
-            f"no response could reach the decision; lower {named('decision_prefix')} or raise "
-            f"{named('max_new_tokens')}"
+            setting="decision_prefix",
+            value=ell,
+            requirement=f"must be at most {named('max_new_tokens', sampling.max_new_tokens)} (no response could "
+            f"reach a later decision); lower {named('decision_prefix')} or raise {named('max_new_tokens')}",
         )
     readout = sampling.readout_tokens
     if readout is not None and readout < ell:
         raise InputError(
-            f"{named('readout_tokens')} {readout} is below {named('decision_prefix')} {ell}: the prefix DTR needs "
-            "every prefix token read out"
+            setting="readout_tokens",
+            value=readout,
+            requirement=f"must be at least {named('decision_prefix', ell)} (the prefix DTR needs every prefix token "
+            f"read out); raise {named('readout_tokens')} or lower {named('decision_prefix')}",
         )
 
 
@@ -246,7 +250,8 @@ def _manifest(lm: LoadedModel, run: OnlineRun, questions: Sequence[Question]) ->
     settings |= {"batch_size": online.batch_size, "online": online.to_dict(), "sampling": run.sampling}
     settings |= {"readout": run.readout, "dtr": run.dtr, "engine": run.engine, "answers": run.answers}
     manifest = store_manifest(lm.name, lm.n_layers, questions, settings)
-    return {**manifest, **vocab_entry(lm), "precision": precision_of(lm, run.engine)}
+    made_by = {"command": run.command} if run.command else {}  # a Python call's own record
+    return {**manifest, **vocab_entry(lm), "precision": precision_of(lm, run.engine), **made_by}
 
 
 def _stored_records(path: Path, done: set[str]) -> dict[str, dict[str, Any]]:

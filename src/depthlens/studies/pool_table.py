@@ -68,13 +68,6 @@ def store_records(rows: Iterable[dict[str, Any]]) -> Iterator[tuple[str, dict[st
         yield f"row {i} of the pool table", current_names(record)
 
 
-def metadata(manifest: dict[str, Any], dtr: DTRConfig, prefix: int | None) -> dict[str, str]:
-    """What a pool table carries about itself (schema metadata): the store's manifest and its depth's settings."""
-    return {
-        METADATA_KEY: json.dumps({"manifest": manifest, "dtr": dtr.to_dict(), "prefix": prefix}, default=str)
-    }
-
-
 def read_metadata(schema_metadata: dict[bytes, bytes] | None) -> dict[str, Any] | None:
     """``metadata`` read back from a table's schema (None: a table that lost it, e.g. through pandas)."""
     raw = (schema_metadata or {}).get(METADATA_KEY.encode())

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from depthlens import __version__
@@ -25,6 +26,7 @@ from depthlens.readout.stream import TokenSequence, iter_readout, lens_for, mode
 from depthlens.stores.files import ResumeRules
 from depthlens.stores.guard import refuse_same_file
 from depthlens.stores.inputs import BadLine, InputRecord, check_record
+from depthlens.studies.score_inputs import BadRecord, checked_sequence
 
 SUMMARY_FIELDS = (
     "token_count",
@@ -37,55 +39,6 @@ SUMMARY_FIELDS = (
     "neg_entropy",
     "self_certainty",
 )
-
-
-def as_token_ids(value: Any) -> list[int]:
-    # apply_chat_template returns a list, or a BatchEncoding in recent transformers.
-    if hasattr(value, "keys") and "input_ids" in value:
-        value = value["input_ids"]
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if value and isinstance(value[0], list):
-        value = value[0]
-    return [int(i) for i in value]
-
-
-def render_chat(tokenizer: Any, messages: list[dict[str, Any]], where: str) -> list[int]:
-    """Token ids of ``messages`` rendered with the tokenizer's chat template, ready for the reply."""
-    from jinja2 import TemplateError
-
-    try:
-        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    except (TemplateError, ValueError, TypeError, KeyError, IndexError) as exc:
-        # The template itself rejects the conversation (roles out of order, a role it does not know, ...).
-        raise InputError(
-            f"{where}: the model's chat template rejects these messages ({type(exc).__name__}: {exc}); "
-            "check the roles and their order, or give a plain 'prompt'"
-        ) from None
-    return as_token_ids(rendered)
-
-
-def tokenize(lm: LoadedModel, data: dict[str, Any], where: str) -> TokenSequence:
-    """Token ids of one input record: prompt (context) and completion (scored)."""
-    if "prompt_ids" in data:
-        completion = (
-            data["completion_ids"] if "completion_ids" in data else data["token_ids"]
-        )  # a sample store
-        return TokenSequence(list(data["prompt_ids"]), list(completion))
-    tok = lm.tokenizer
-    if tok is None:
-        raise InputError(f"{where}: model {lm.name} has no tokenizer; give 'prompt_ids' and 'completion_ids'")
-    if "messages" in data:
-        if not getattr(tok, "chat_template", None):
-            raise InputError(f"{where}: model {lm.name} has no chat template; give a plain 'prompt' instead")
-        prompt = render_chat(tok, data["messages"], where)
-    else:
-        prompt = as_token_ids(tok(data["prompt"], add_special_tokens=True)["input_ids"])
-        if not prompt and tok.bos_token_id is not None:
-            prompt = [tok.bos_token_id]
-    # The completion is tokenised on its own, as generation appends tokens after the prompt's last one.
-    completion = as_token_ids(tok(data["completion"], add_special_tokens=False)["input_ids"])
-    return TokenSequence(prompt, completion)
 
 
 def _result(
@@ -131,35 +84,6 @@ def with_layer_top_tokens(result: dict[str, Any], tokenizer: Any) -> dict[str, A
     if tokenizer is None or "layer_top_ids" not in result:
         return result
     return {**result, "layer_top_tokens": layer_top_texts(tokenizer, result["layer_top_ids"])}
-
-
-class BadRecord(InputError):
-    """A record the model cannot read (a token id outside its vocabulary, too long for its context): ``--skip-bad``
-    skips it, so a rerun that resumes must pass it too. ``problem``: what is wrong, without the remedy."""
-
-    def __init__(self, problem: str) -> None:
-        super().__init__(f"{problem} (pass --skip-bad to skip such records)")
-        self.problem = problem
-
-
-def _checked(
-    lm: Any,
-    record: InputRecord,
-    validate: Callable[[TokenSequence, str], None],
-    on_skip: Callable[[BadLine], None] | None,
-) -> TokenSequence | None:
-    """The record tokenized and checked by ``validate``; None when it is bad and ``on_skip`` takes it (else the
-    InputError, naming the line, says how to skip such records)."""
-    where = f"line {record.line} (id {record.id!r})" if record.line else f"record {record.id!r}"
-    try:
-        seq = tokenize(lm, record.data, where)
-        validate(seq, where)
-    except InputError as exc:
-        if on_skip is None:
-            raise BadRecord(str(exc)) from None
-        on_skip(BadLine(record.line, str(exc)))
-        return None
-    return seq
 
 
 def score_records(
@@ -213,7 +137,7 @@ def score_records(
         batch.clear()
 
     for record in records:
-        seq = _checked(lm, record, lambda s, where: validate(lm, s, where), on_skip)
+        seq = checked_sequence(lm, record, lambda s, where: validate(lm, s, where), on_skip)
         if seq is None:
             continue
         batch.append((record, seq))
@@ -239,18 +163,19 @@ def score_records_on(
     out itself, and ``lm`` is then a ``models.info.ModelInfo``. No TCB fields there."""
     if tcb is not None:
         raise InputError(
-            f"the TCB fields need the transformers readout: add {named('no_tcb')}, or use {named('backend')} hf"
+            f"the TCB fields need the transformers readout: add {named('tcb', False)}, or use "
+            f"{named('backend', 'hf')}"
         )
     if dtr.top_k is not None:
         raise InputError(
-            f"{named('settle')} {dtr.settle} needs the transformers readout: use {named('backend')} hf"
+            f"{named('settle', dtr.settle)} needs the transformers readout: use {named('backend', 'hf')}"
         )
     if batch_size < 1:
         raise InputError(f"batch_size = {batch_size}; use 1 or more")
     batch: list[tuple[InputRecord, TokenSequence]] = []
     for record in [*records, None]:
         if record is not None:
-            seq = _checked(lm, record, reader.validate, on_skip)
+            seq = checked_sequence(lm, record, reader.validate, on_skip)
             if seq is None:
                 continue
             batch.append((record, seq))
@@ -335,12 +260,12 @@ def score_manifest(
         "depthlens_version": __version__,
         "model": model,
         "n_layers": n_layers,
-        "input": str(run.source),
+        "input": str(run.source) if run.source != Path() else "records given in Python",
         "readout": run.readout.to_dict(),
         "dtr": run.dtr.to_dict(),
         "tcb": run.tcb.to_dict() if run.tcb is not None else None,
         "tokens": run.tokens,
-        "command": " ".join(sys.argv),
+        "command": run.command or " ".join(sys.argv),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     if store is not None:
@@ -363,9 +288,14 @@ class ScoreEvents:
 
 
 def run_score(
-    lm: LoadedModel, run: ScoreRun, events: ScoreEvents = ScoreEvents(), reader: Any = None
+    lm: LoadedModel,
+    run: ScoreRun,
+    events: ScoreEvents = ScoreEvents(),
+    reader: Any = None,
+    records: Sequence[InputRecord] | None = None,
 ) -> list[BadLine]:
-    """Score every record of ``run.source`` into ``run.store``; returns the lines skipped (with ``skip_bad``).
+    """Score every record of ``run.source`` — or ``records``, given in Python — into ``run.store``; returns the
+    lines skipped (with ``skip_bad``).
 
     ``run.engine`` vllm: the records are teacher forced through a vLLM engine that reads the layers out itself
     (``score_records_on``; ``lm`` may then be a ``models.info.ModelInfo``); ``reader``: one already started for
@@ -383,7 +313,7 @@ def run_score(
     refuse_same_file(run.source, out_path)
     if run.readout.lens != "logit" and run.engine.backend != "vllm":
         lens_for(lm, run.readout)  # a lens fitted to another model is refused before the store is touched
-    records, skipped = read_inputs(run.source, skip_bad=run.skip_bad)
+    records, skipped = (list(records), []) if records is not None else read_inputs(run.source, run.skip_bad)
     store = store_entry(results_format(out_path), spec.float16)
     manifest = {
         **score_manifest(lm.name, lm.n_layers, run, store),
@@ -408,8 +338,8 @@ def run_score(
                 raise
             if isinstance(exc, BadRecord):  # --resume alone would stop at the same record again
                 raise InputError(
-                    f"{exc.problem} — results finished so far are kept in {out_path}; rerun with {named('resume')} "
-                    f"{named('skip_bad')} to score the rest, skipping such records"
+                    f"{exc.problem} — results finished so far are kept in {out_path}; rerun with "
+                    f"{named('resume', True)} {named('skip_bad', True)} to score the rest, skipping such records"
                 ) from exc
             raise type(exc)(
                 f"{exc} — results finished so far are kept in {out_path}; rerun with {named('resume')}"

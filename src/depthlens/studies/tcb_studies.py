@@ -36,7 +36,8 @@ from depthlens.readout.stream import lens_for
 from depthlens.sampling.backend import GenerationBackend
 from depthlens.sampling.choose import make_backend
 from depthlens.stats.correlation import pearson, spearman
-from depthlens.studies.score import as_token_ids, score
+from depthlens.studies.score import score
+from depthlens.studies.score_inputs import as_token_ids
 
 Units = dict[str, Any]
 """A study's finished units (a prompt, a question × template × shots, the trace) by key, each its rows.

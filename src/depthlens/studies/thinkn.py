@@ -124,24 +124,24 @@ class ThinkReport:
 
 
 def too_few(out_dir: Path | str, info: StoreInfo, n: int) -> str:
-    """Why no question can be voted on with ``n`` responses, and the remedy that works: a smaller ``--n`` where
-    some are usable; a store generated again where every response failed (``--resume`` does not retry those)."""
+    """Why no question can be voted on with ``n`` responses, and the remedy that works: a smaller ``n`` where
+    some are usable; a store generated again where every response failed (``resume`` does not retry those)."""
     pool = info.manifest["pool"]
     if info.most_usable == 0 and info.failed:
         cause = f" (the first: {info.first_error})" if info.first_error else ""
         return (
             f"{out_dir}: all {len(info.failed)} of its responses failed to generate{cause}, so there is nothing "
-            "to vote on; fix that, then generate the store again with --overwrite"
+            f"to vote on; fix that, then generate the store again with {named('overwrite', True)}"
         )
     if info.most_usable == 0:
         return (
             f"{out_dir}: it holds no responses yet (pool {pool}); finish it first by rerunning the command that "
-            "wrote it with --resume"
+            f"wrote it with {named('resume', True)}"
         )
     return (
         f"{out_dir}: no question has {n} usable responses (pool {pool}, {len(info.failed)} failed; the most "
-        f"any question has is {info.most_usable}); use --n {info.most_usable} or less, or generate a store with "
-        f"a larger --pool"
+        f"any question has is {info.most_usable}); use {named('n', info.most_usable)} or less, or generate a "
+        f"store with a larger {named('pool')}"
     )
 
 

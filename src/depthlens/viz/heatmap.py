@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from depthlens.errors import InputError, named
+from depthlens.errors import InputError, Written, named
 
 _NEEDED = ("tokens", "divergence", "settling_depth", "deep")
 _SHALLOW, _DEEP = "#2ca02c", "#1f77b4"  # green: settles before the deep regime; blue: a deep-thinking token
@@ -25,7 +25,7 @@ def draw_divergence_heatmap(record: dict[str, Any], path: str | Path, title: str
     missing = [k for k in _NEEDED if k not in record]
     if missing:
         raise InputError(
-            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens')} to draw a heatmap"
+            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens', True)} to draw a heatmap"
         )
     if len(record["divergence"]) == 0:  # a list, or a (T, L) array from depthlens.to_pandas
         raise InputError(f"record {record.get('id')!r} has no completion tokens to draw")
@@ -79,8 +79,8 @@ def draw_logit_lens(record: dict[str, Any], path: str | Path, title: str | None 
     missing = [k for k in ("tokens", "layer_top_tokens", "layer_top_probs") if k not in record]
     if missing:
         raise InputError(
-            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens')} "
-            f"{named('layer_top_k')} K to draw the logit lens"
+            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens', True)} "
+            f"{named('layer_top_k', Written('K'))} to draw the logit lens"
         )
     if len(record["layer_top_tokens"]) == 0:
         raise InputError(f"record {record.get('id')!r} has no completion tokens to draw")
@@ -183,7 +183,7 @@ def write_heatmap_html(
     missing = [k for k in _NEEDED if k not in record]
     if missing:
         raise InputError(
-            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens')} to draw a heatmap"
+            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens', True)} to draw a heatmap"
         )
     table = record["divergence"]
     if not table:

@@ -1,0 +1,301 @@
+"""One place builds every run, for every front: ``score_run``, ``generate_run`` and ``online_run`` take plain
+settings by keyword — each config as itself or as a mapping of its fields — and return the frozen run
+(``config.run``) after every check that needs no model, with the warnings its settings earn (``Built``). The
+command line, the Python verbs (``api``) and the server call them, so one call behaves alike on every front: a
+hub task asked for more questions than it holds is refused everywhere, ``settle='topk:K'`` on a vLLM readout before
+any engine starts, a read-out window shorter than the prefix a vote decides at in every front (``check_window``).
+What they raise and warn names the setting (``errors.Said``); each front phrases it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from depthlens.config import (
+    DIVERGENCE_MAX,
+    AnswerConfig,
+    DTRConfig,
+    EngineConfig,
+    GenerateRun,
+    OnlineConfig,
+    OnlineRun,
+    ReadoutConfig,
+    SamplingConfig,
+    ScoreRun,
+    StoreSpec,
+    TaskSpec,
+    TCBConfig,
+    VotingConfig,
+)
+from depthlens.errors import DepthlensWarning, InputError, Written, named
+from depthlens.evals.tasks import Question
+from depthlens.studies import resolve
+
+R = TypeVar("R", ScoreRun, GenerateRun, OnlineRun)
+C = TypeVar("C")
+Settings = Mapping[str, Any]
+"""A config's fields by name, as a front was given them (``{"temperature": 0.6}``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Built(Generic[R]):
+    """A run ready to start: the frozen run, the questions it samples (none for ``score``) and the warnings its
+    settings earn (``DepthlensWarning``: each front shows them in its own words)."""
+
+    run: R
+    questions: tuple[Question, ...] = ()
+    warnings: tuple[DepthlensWarning, ...] = ()
+
+
+def config(cls: type[C], given: C | Settings | None) -> C:
+    """``given`` as a ``cls``: the config itself, built from a mapping of its fields (each checked by the class),
+    or the defaults (None)."""
+    if isinstance(given, cls):
+        return given
+    return cls(**dict(given or {}))
+
+
+def readout_config(given: ReadoutConfig | Settings | None) -> ReadoutConfig:
+    """The readout: the config itself, or its settings resolved once (``resolve.readout``: ``also``
+    comma-separated or a tuple; a tuned lens parsed, its stamp read, its fit's digest taken)."""
+    if isinstance(given, ReadoutConfig):
+        return given
+    return resolve.readout(**dict(given or {}))
+
+
+def score_run(
+    *,
+    store: StoreSpec,
+    source: Path = Path(),
+    readout: ReadoutConfig | Settings | None = None,
+    dtr: DTRConfig | Settings | None = None,
+    tcb: bool | None = None,
+    tcb_settings: TCBConfig | Settings | None = None,
+    engine: EngineConfig | Settings | None = None,
+    tokens: bool = ScoreRun.tokens,
+    batch_size: int = ScoreRun.batch_size,
+    skip_bad: bool = ScoreRun.skip_bad,
+    command: str | None = None,
+) -> Built[ScoreRun]:
+    """A ``score`` run of the records in ``source`` (the Python front scores records it holds: ``source`` left
+    empty). ``tcb`` None: the TCB fields on the transformers readout, none in a vLLM engine (which cannot compute
+    them); asking for them there, or for the top-K settling rule (``settle``), is refused before any engine
+    starts."""
+    built_engine = config(EngineConfig, engine)
+    built_dtr = config(DTRConfig, dtr)
+    in_engine = built_engine.backend == "vllm"
+    if in_engine and built_dtr.top_k is not None:
+        raise InputError(
+            f"{named('settle', built_dtr.settle)} reads out on the transformers path only: use "
+            f"{named('backend', 'hf')}",
+            setting="settle",
+            value=built_dtr.settle,
+        )
+    with_tcb = tcb if tcb is not None else not in_engine
+    if with_tcb and in_engine:
+        raise InputError(
+            f"{named('backend', 'vllm')} computes no TCB fields (they need the transformers readout); add "
+            f"{named('tcb', False)}",
+            setting="tcb",
+            value=True,
+        )
+    run = ScoreRun(
+        source,
+        store,
+        readout=readout_config(readout),
+        dtr=built_dtr,
+        tcb=config(TCBConfig, tcb_settings) if with_tcb else None,
+        tokens=tokens,
+        batch_size=batch_size,
+        skip_bad=skip_bad,
+        engine=built_engine,
+        command=command,
+    )
+    return Built(run, warnings=degenerate(run.readout, run.dtr))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pool:
+    """What a generated pool and an online run share: how each response is sampled, read out, made depth of and
+    graded, on which engine, for which task — and the task's questions."""
+
+    sampling: SamplingConfig
+    readout: ReadoutConfig
+    dtr: DTRConfig
+    answers: AnswerConfig
+    engine: EngineConfig
+    task: TaskSpec | None
+    questions: tuple[Question, ...]
+
+    def settings(self) -> dict[str, Any]:
+        """The run's fields these are (``GenerateRun`` / ``OnlineRun``)."""
+        return {k: getattr(self, k) for k in ("sampling", "readout", "dtr", "answers", "engine", "task")}
+
+
+def _pool(
+    task: TaskSpec | Settings | Sequence[Question],
+    sampling: SamplingConfig,
+    readout: ReadoutConfig | Settings | None,
+    dtr: DTRConfig | Settings | None,
+    answers: AnswerConfig | Settings | None,
+    engine: EngineConfig | Settings | None,
+) -> _Pool:
+    built_readout = readout_config(readout)  # the lens's own errors before the task is read
+    built_dtr, built_engine = config(DTRConfig, dtr), config(EngineConfig, engine)
+    if isinstance(task, Mapping):
+        task = TaskSpec(**task)
+    rules = answer_rules(answers, task if isinstance(task, TaskSpec) else None)  # before the task is read
+    spec, questions = questions_of(task)
+    return _Pool(sampling, built_readout, built_dtr, rules, built_engine, spec, tuple(questions))
+
+
+def generate_run(
+    *,
+    store: StoreSpec,
+    task: TaskSpec | Settings | Sequence[Question],
+    pool: int = GenerateRun.POOL,
+    seed: int = GenerateRun.seed,
+    batch_size: int = GenerateRun.batch_size,
+    sampling: SamplingConfig | Settings | None = None,
+    readout: ReadoutConfig | Settings | None = None,
+    dtr: DTRConfig | Settings | None = None,
+    answers: AnswerConfig | Settings | None = None,
+    engine: EngineConfig | Settings | None = None,
+    command: str | None = None,
+) -> Built[GenerateRun]:
+    """A ``generate`` run (also ``thinkn --out``'s): ``pool`` responses per question of ``task`` — a task's
+    spec (or its settings), or questions already at hand —, its questions read and checked."""
+    parts = _pool(task, config(SamplingConfig, sampling), readout, dtr, answers, engine)
+    run = GenerateRun(store, pool, seed, batch_size, **parts.settings(), command=command)
+    return Built(run, parts.questions, degenerate(run.readout, run.dtr))
+
+
+def online_run(
+    *,
+    store: StoreSpec,
+    task: TaskSpec | Settings | Sequence[Question],
+    policy: OnlineConfig | Settings | None = None,
+    seed: int = OnlineRun.seed,
+    sampling: SamplingConfig | Settings | None = None,
+    readout: ReadoutConfig | Settings | None = None,
+    dtr: DTRConfig | Settings | None = None,
+    answers: AnswerConfig | Settings | None = None,
+    engine: EngineConfig | Settings | None = None,
+    command: str | None = None,
+) -> Built[OnlineRun]:
+    """An online Think@n run (``thinkn --online``): the policy decides per question how many responses start and
+    where each stops. Sampling settings without ``readout_tokens`` read out the policy's ℓ (no token past it
+    decides: ``resolve.online_window``); ℓ beyond ``max_new_tokens`` or the read-out window is refused here
+    (``studies.online.check_online``)."""
+    from depthlens.studies.online import check_online
+
+    online = config(OnlineConfig, policy)
+    if not isinstance(sampling, SamplingConfig):
+        given = dict(sampling or {})
+        window = resolve.online_window(given.get("readout_tokens"), "readout_tokens" in given, online)
+        sampling = SamplingConfig(**{**given, "readout_tokens": window})
+    check_online(online, sampling)  # before the task, the model or any generation
+    parts = _pool(task, sampling, readout, dtr, answers, engine)
+    run = OnlineRun(store, online, seed, **parts.settings(), command=command)
+    return Built(run, parts.questions, degenerate(run.readout, run.dtr))
+
+
+def questions_of(task: TaskSpec | Settings | Sequence[Question]) -> tuple[TaskSpec | None, list[Question]]:
+    """A run's task (None for questions given as they are) and its questions: a task name or file is checked
+    before it is read (``evals.loading.check_task``), and a hub or JSONL task holding fewer questions than
+    ``questions`` asks for is refused, not cut to what it has."""
+    from depthlens.evals import loading
+
+    if isinstance(task, Mapping):
+        task = TaskSpec(**task)
+    if isinstance(task, TaskSpec):
+        loading.check_task(task)
+        questions = loading.task_questions(task)
+        refuse_short_task(task, questions)
+        return task, questions
+    given = list(task)
+    odd = next((q for q in given if not isinstance(q, Question)), None)
+    if odd is not None or isinstance(task, str):
+        raise InputError(
+            f"task: a task name ('reasoning_gym:chain_sum'), a TaskSpec, or Question objects, not "
+            f"{type(odd if odd is not None else task).__name__}"
+        )
+    return None, given
+
+
+def refuse_short_task(task: TaskSpec, questions: Sequence[Question]) -> None:
+    """``questions`` beyond what a hub or JSONL task holds is refused, not cut silently to what it has (a
+    reasoning-gym task generates as many as asked)."""
+    asked = task.questions
+    if asked is not None and len(questions) < asked:
+        raise InputError(
+            setting="questions",
+            value=asked,
+            requirement=f"task {task.name!r} has {len(questions)}; leave out {named('questions')} to ask all of "
+            f"them, or ask for {len(questions)} or fewer",
+        )
+
+
+def answer_rules(answers: AnswerConfig | Settings | None, task: TaskSpec | None) -> AnswerConfig:
+    """How prompts ask and answers are read; reasoning-gym's own prompt format (``prompt_style`` native) asks a
+    reasoning-gym task only."""
+    rules = config(AnswerConfig, answers)
+    if task is not None and rules.prompt_style == "native" and not task.name.startswith("reasoning_gym:"):
+        raise InputError(
+            f"{named('prompt_style', 'native')} asks in reasoning-gym's own format, so it needs a reasoning_gym "
+            f"task, not {task.name!r}; use {named('prompt_style', 'paper')}",
+            setting="prompt_style",
+            value="native",
+        )
+    return rules
+
+
+def check_window(
+    sampling: SamplingConfig, voting: VotingConfig | None = None, online: OnlineConfig | None = None
+) -> None:
+    """A read-out window (``readout_tokens``) shorter than the prefix a vote decides at — Think@n's ranking
+    (``rank_prefix``), the online policy's decision (``decision_prefix``, with ℓ against ``max_new_tokens``) — is
+    refused before anything is sampled: the prefix DTR needs every prefix token read out. (``dtr_prefix``, a
+    score, is over the read-out tokens it has.)"""
+    from depthlens.studies.online import check_online
+
+    if online is not None:
+        check_online(online, sampling)
+    window, ranked = sampling.readout_tokens, voting.rank_prefix if voting is not None else None
+    if window is not None and ranked is not None and window < ranked:
+        raise InputError(
+            setting="readout_tokens",
+            value=window,
+            requirement=f"must be at least {named('rank_prefix', ranked)} (Think@n ranks by the DTR of the first "
+            f"{ranked} tokens, each read out); raise {named('readout_tokens')} or lower {named('rank_prefix')}",
+        )
+
+
+def degenerate(readout: ReadoutConfig, dtr: DTRConfig) -> tuple[DepthlensWarning, ...]:
+    """Settings that run but cannot mean much, one warning each; the run goes on regardless."""
+    warnings = []
+    bound = DIVERGENCE_MAX.get(readout.divergence)
+    if bound is not None and dtr.g >= bound[0]:
+        warnings.append(
+            DepthlensWarning(
+                f"{named('g', Written(f'{dtr.g:g}'))} is not below the largest {readout.divergence} divergence "
+                f"({bound[1]}): every token settles at layer 1 and DTR is 0",
+                setting="g",
+                value=dtr.g,
+            )
+        )
+    if not readout.final_norm and readout.divergence not in ("jsd", "jsd-nat"):
+        kind = readout.divergence
+        warnings.append(
+            DepthlensWarning(
+                f"{named('final_norm', False)} with {named('divergence', kind)}: without the final norm, {kind} "
+                "has no common scale with g, so settling and DTR may be all or nothing; the ablation is meant "
+                "for jsd",
+                setting="final_norm",
+                value=False,
+            )
+        )
+    return tuple(warnings)
