@@ -283,7 +283,9 @@ def test_lens_fit_whose_final_write_fails_keeps_the_lens_before_and_its_checkpoi
     monkeypatch.setattr(lens_fit, "save_lens", save)
     with pytest.raises(StoreError) as info:
         lens_fit.fit_lens(tiny_llama, seqs, out, dataclasses.replace(cfg, steps=3))
-    said = str(info.value)
+    from depthlens.cli.flags import flag_line
+
+    said = flag_line(info.value)  # as `depthlens lens fit` says it (the only front that fits a lens)
     assert said.startswith(
         f"{out / 'translators.safetensors'}: the disk is full; the lens was not written"
     ), said

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from depthlens.config import DTRConfig, LensFitConfig
+from depthlens.errors import named
 from depthlens.metrics.divergence import js_divergence
 from depthlens.metrics.dtr import deep_flags, settling_depth
 from depthlens.models.load import LoadedModel
@@ -226,8 +227,8 @@ def fit_translators(
                 raise WriteFailed(
                     checkpoint,
                     exc,
-                    f"the checkpoint before it is kept — {_remedy(exc)}, then rerun the command with --resume: it "
-                    "goes on from there",
+                    f"the checkpoint before it is kept — {_remedy(exc)}, then rerun the command with "
+                    f"{named('resume')}: it goes on from there",
                 ) from None
 
     deadline = time.monotonic() + cfg.max_seconds
@@ -307,8 +308,8 @@ def fit_lens(
             Path(exc.filename or out),
             exc,
             f"the lens was not written ({out} holds what it held before; nothing half-written is left) and the fit "
-            f"is kept in {checkpoint} — {_remedy(exc)}, then rerun the command with --resume: it writes the lens "
-            "from there",
+            f"is kept in {checkpoint} — {_remedy(exc)}, then rerun the command with {named('resume')}: it writes the "
+            "lens from there",
         ) from None
     if steps >= cfg.steps:  # finished: nothing left to resume (a fit stopped by --max-seconds keeps it)
         checkpoint.unlink(missing_ok=True)

@@ -311,7 +311,7 @@ def regrade_copy(
         shutil.rmtree(out, ignore_errors=True)  # half a copy is no store: removed, the source untouched
         if isinstance(exc, WriteFailed):
             raise exc.keeping(
-                f"the copy {out} was removed and {store} is as it was — {exc.remedy}, then run regrade --out again"
+                f"the copy {out} was removed and {store} is as it was — {exc.remedy}, then run the same regrade again"
             ) from None
         raise
 
@@ -333,7 +333,7 @@ def _copy_store(store: Path, out: Path) -> None:
             cause,
             f"the copy {out} was removed and {store} is as it was — "
             f"{'free some space' if cause.errno == errno.ENOSPC else 'check the path and its permissions'}, then "
-            "run regrade --out again",
+            "run the same regrade again",
         ) from None
 
 
