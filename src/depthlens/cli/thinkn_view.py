@@ -1,5 +1,6 @@
-"""What ``thinkn`` prints: the vote over a store's pools, its table (accuracy, tokens per question, cost against
-Cons@n per method, DeepConf's variants folded), the paired comparisons, the notes and the ablation."""
+"""What ``thinkn`` prints: the vote over a store's pools, its table (accuracy — the exact expectation over every draw
+and the trials' mean ± draw s.d. —, tokens per question, cost against Cons@n per method, DeepConf's variants
+folded), the paired comparisons, the notes and the ablation."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from depthlens.config import DTRConfig, VotingConfig
 
 if TYPE_CHECKING:
     from depthlens.studies.thinkn import ThinkReport
+    from depthlens.voting.trials import MethodSummary
 
 
 def vote(
@@ -53,30 +55,33 @@ def print_report(report: ThinkReport, store: Path | None = None, every: bool = F
         title_justify="left",
     )
     table.add_column("method", no_wrap=True)  # never cut: the names are what --methods takes
-    # ± is the draw s.d.: the spread of re-draws from one pool, not an error bar (the paired table has those)
-    for column in ("accuracy % ± draw s.d.", "tokens/q ± draw s.d.", "vs Cons@n", "paper cost"):
+    # exact: the expectation over every draw (what the paired tests use); ± the draw s.d. of the trials' means, the
+    # spread of re-draws from one pool, not an error bar (the paired table has those)
+    for column in ("exact %", "trials % ± s.d.", "tokens/q", "vs Cons@n", "paper"):
         table.add_column(column, justify="right")
     cons = next((s for s in report.summaries if s.method == "cons@n"), None)
     plain, groups = folded(report.summaries, lambda s: s.method)
     if every:
         plain, groups = plain + [s for rows in groups.values() for s in rows], {}
     for s in plain:
-        ratio = f"{s.cost_mean / cons.cost_mean:.0%}" if cons and cons.cost_mean else "—"
         table.add_row(
             s.method,
+            _percent(s.accuracy_exact),
             f"{100 * s.accuracy_mean:.1f} ± {100 * s.accuracy_std:.1f}",
-            f"{s.cost_mean:,.0f} ± {s.cost_std:,.0f}",
-            ratio,
-            f"{s.cost_paper_mean:,.0f}",
+            f"{_cost(s):,.0f}",
+            f"{_cost(s) / _cost(cons):.0%}" if cons and _cost(cons) else "—",
+            f"{_cost(s, paper=True):,.0f}",
         )
     for group, rows in groups.items():
-        ratios = [s.cost_mean / cons.cost_mean for s in rows] if cons and cons.cost_mean else []
+        ratios = [_cost(s) / _cost(cons) for s in rows] if cons and _cost(cons) else []
+        exact = [100 * s.accuracy_exact for s in rows if s.accuracy_exact is not None]
         table.add_row(
             f"{group}-*@n ({len(rows)})",
+            span(exact, ".1f") if exact else "—",
             span([100 * s.accuracy_mean for s in rows], ".1f"),
-            span([s.cost_mean for s in rows], ",.0f"),
+            span([_cost(s) for s in rows], ",.0f"),
             span([100 * r for r in ratios], ".0f") + "%" if ratios else "—",
-            span([s.cost_paper_mean for s in rows], ",.0f"),
+            span([_cost(s, paper=True) for s in rows], ",.0f"),
         )
     console.print(table)
     if groups:
@@ -89,13 +94,23 @@ def print_report(report: ThinkReport, store: Path | None = None, every: bool = F
         from depthlens.cli.paired_view import paired_table, verdict_line
 
         paired = folded(report.paired, lambda c: c.method)[0] if groups else report.paired
-        console.print(paired_table(paired, report.control))
+        console.print(paired_table(paired, report.control, console.width))
         for line in (verdict_line(report.paired), verdict_line([report.control] if report.control else [])):
             if line is not None:
                 err_console.print(line, highlight=False)
     _print_notes(report, store)
     if report.ablation:
         _print_ablation(report.ablation)
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f}"
+
+
+def _cost(s: MethodSummary, paper: bool = False) -> float:
+    """Tokens per question: the expectation over every draw where computed, else the trials' mean."""
+    exact = s.cost_paper_exact if paper else s.cost_exact
+    return exact if exact is not None else (s.cost_paper_mean if paper else s.cost_mean)
 
 
 def _print_notes(report: ThinkReport, store: Path | None) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlens.errors import StoreError
-from depthlens.studies.comparisons import PAPER_GAPS
+from depthlens.studies.comparisons import CONTROL, PAPER_GAPS
 
 
 def format_p(p: float | None) -> str:
@@ -257,10 +257,13 @@ def paired_title(baseline: str, control: tuple[str, str] | None = None) -> str:
 def gap_cell(row: Mapping[str, Any]) -> str:
     """``excludes +2.0, +3.3`` / ``includes +2.0; excludes +3.3`` / ``includes +2.0, +3.3``: the comparison's 95 %
     interval against the paper's Think@n − Cons@n gaps (``stats.paired.gap_verdict``, or from the interval of a
-    row written before ``excludes_gap*`` was kept); — without an interval."""
+    row written before ``excludes_gap*`` was kept); against 0 (``excludes 0`` / ``includes 0``) for the control,
+    Think@n − random@n, whose question is whether there is any selection effect; — without an interval."""
     lo, hi = row.get("diff_lo"), row.get("diff_hi")
     if lo is None or hi is None:
         return "—"
+    if row.get("vs") == CONTROL:
+        return "excludes 0" if not (lo <= 0.0 <= hi) else "includes 0"
     out: dict[bool, list[str]] = {True: [], False: []}
     for g, effect in PAPER_GAPS.items():
         stored = row.get(f"excludes_gap{g}")
