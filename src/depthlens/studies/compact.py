@@ -61,9 +61,11 @@ COLUMNS = (
 
 FLOAT_DIGITS = 6  # depth to 6 decimals: a ratio of ≤ 10^5 tokens is exact to well within it
 
-# Table 1's metrics the compact table holds: name → its value from a row.
+# Table 1's metrics the compact table holds: name → its value from a row. ``dtr_prefix``: DTR over the first ℓ
+# tokens, Think@n's ranking score (a row of its own beside ``correlate``'s whole-response DTR).
 METRICS = {
     "dtr": lambda row: row["dtr"],
+    "dtr_prefix": lambda row: row["dtr_prefix"],
     "token_count": lambda row: float(row["token_count"]),
     "reverse_token_count": lambda row: -float(row["token_count"]),
 }
@@ -183,7 +185,9 @@ def _count(ratio: float, tokens: int, what: str, row: dict[str, Any]) -> int:
     return round(deep)
 
 
-def compact_response(row: dict[str, Any], prefix: int, readout: int | None, correct: str = "correct") -> Response:
+def compact_response(
+    row: dict[str, Any], prefix: int, readout: int | None, correct: str = "correct"
+) -> Response:
     """A compact row as voting sees it: vote key and grade under ``correct``'s rule (``correct`` or
     ``correct_fallback``), length, and deep flags that give its stored ``dtr_prefix`` over the first ``prefix``
     tokens and, where every token was read out (``readout`` None), its ``dtr`` over the whole response. Which of
@@ -200,7 +204,18 @@ def compact_response(row: dict[str, Any], prefix: int, readout: int | None, corr
             raise InputError(f"{row['id']}: its dtr and dtr_prefix disagree about its deep tokens")
         deep[window : window + rest] = True
     empty = np.zeros(0)
-    return Response(None if answer is None else vote_key(answer), bool(row[correct]), length, deep, empty, empty)
+    return Response(
+        None if answer is None else vote_key(answer), bool(row[correct]), length, deep, empty, empty
+    )
+
+
+def readout_of(rows: Sequence[dict[str, Any]], prefix: int = PREFIX_TOKENS) -> int | None:
+    """The tokens a compact table's store read out: ``prefix`` where every response longer than it has a ``dtr``
+    equal to its ``dtr_prefix`` (the store read out only the prefix, so both are over it), else None (all). A store
+    read out in full would need every long response's whole-response DTR to equal its prefix's to be taken for
+    one read out over the prefix alone."""
+    long = [r for r in rows if r["token_count"] > prefix]
+    return prefix if long and all(r["dtr"] == r["dtr_prefix"] for r in long) else None
 
 
 def compact_pools(
@@ -235,14 +250,15 @@ def table_one_from_rows(
     for (model, task), by_question in stores.items():
         for name in metrics:
             value = METRICS[name]
-            groups, lengths = [], []
+            groups, lengths, cuts = [], [], []
             for responses in by_question.values():
                 kept = [r for r in responses if value(r) is not None and math.isfinite(value(r))]
                 groups.append(
                     (np.array([value(r) for r in kept], float), np.array([float(r[correct]) for r in kept]))
                 )
                 lengths.append(np.array([float(r["token_count"]) for r in kept]))
-            c = correlate(name, groups, cfg, lengths)
+                cuts.append(np.array([float(r["finish"] == "length") for r in kept]))
+            c = correlate(name, groups, cfg, lengths, cuts)
             every = [r for rs in by_question.values() for r in rs]
             out.append(
                 {

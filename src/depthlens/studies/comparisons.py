@@ -61,7 +61,9 @@ class Comparison:
             "sd_diff": t.sd,
             "p_exact": t.exact,
         }
-        if self.baseline == CONTROL:  # the control's verdict is against no effect; the paper's gaps are not its
+        if (
+            self.baseline == CONTROL
+        ):  # the control's verdict is against no effect; the paper's gaps are not its
             out["excludes_0"] = None if t.low is None or t.high is None else not (t.low <= 0.0 <= t.high)
         excludes = gap_verdict(t)
         for gap in PAPER_GAPS:

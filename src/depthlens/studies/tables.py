@@ -152,6 +152,26 @@ def _within_cell(r: dict[str, Any]) -> str:
     return f"{accuracy}; length {_fmt(r.get('r_length_within'))}"
 
 
+def _length_fixed_cell(r: dict[str, Any]) -> str:
+    """Table 1's length-held-fixed cell: the within-question partial r (p) and the length-matched AUC [interval]
+    (pairs); — for a row without them (a metric or a table from before they were computed)."""
+    if r.get("r_within_partial") is None and r.get("auc_length_matched") is None:
+        return "—"
+    partial = (
+        "—"
+        if r.get("r_within_partial") is None
+        else f"{_fmt(r['r_within_partial'])}{_p(r, 'p_within_partial', ' ')}"
+    )
+    auc = r.get("auc_length_matched")
+    matched = (
+        "—"
+        if auc is None
+        else f"{auc:.2f}{_ci(r.get('auc_length_matched_lo'), r.get('auc_length_matched_hi'))} "
+        f"({r.get('pairs_length_matched', 0)} pairs{_p(r, 'auc_length_matched_p')})"
+    )
+    return f"partial {partial}; AUC {matched}"
+
+
 def table_one(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown: the paper's binned r (metrics × model · task), then the unbinned statistics with 95 % CIs."""
     columns = list(dict.fromkeys(f"{r['model']} · {r['task']}" for r in rows))
@@ -188,6 +208,15 @@ def table_one(rows: Sequence[dict[str, Any]]) -> str:
         "(near ±1: a length proxy)",
         "",
         *table(_within_cell),
+        "",
+        "**Length held fixed** (definitions.md §4): partial — the within-question partial r with correctness, both "
+        "residualised by least squares on question indicators, token count and the cut at the cap (p from shuffling "
+        "correctness within each question, p_BH over the table); AUC — right against wrong responses to one question "
+        "of similar length (token counts within 10 % of the longer) and the same ending (both cut or neither), the "
+        "share of pairs where the right one scores higher (0.5: no signal; [95 %] and p vs 0.5 over resampled "
+        "questions)",
+        "",
+        *table(_length_fixed_cell),
         "",
         "Samples: "
         + "; ".join(
