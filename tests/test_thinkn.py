@@ -315,8 +315,11 @@ def test_thinkn_shows_random_at_n_the_control_and_the_ties(view_stores, monkeypa
     said = " ".join(err.split())
     rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
     assert rows[:3] == ["think@n", "cons@n", "random@n"] and "think@n − random@n" in rows
-    assert "accuracy % ± draw s.d." in out and "95 % vs paper's +2.0 / +3.3" in out
-    assert "random@n: the expectation over all 6 subsets of 2 of each draw" in said
+    assert "exact %" in out and "trials % ± s.d." in out and "+2.0 / +3.3" in out
+    assert "random@n trials: the expectation over all 6 subsets of 2 of each draw" in said
+    # issue 56: the exact expectation over every draw, and the control judged against 0
+    assert "exact: each method's expectation over the one draw of n each question's pool allows" in said
+    assert ("excludes 0" in out or "includes 0" in out) and "(0: no selection effect" in said
     assert "think@n vs random@n over 3 questions" in said and "the 95 % interval" in said, said
     summary = json.loads((tmp_path / "s" / "thinkn-n4-eta0.5-l4.json").read_text())
     assert summary["voting"]["tie_break"] == "uniform"
@@ -326,8 +329,16 @@ def test_thinkn_shows_random_at_n_the_control_and_the_ties(view_stores, monkeypa
     assert (
         methods["cons@n"]["tie_draws"] > 0
     )  # this pool's votes tie: the line says how often, and by which rule
-    share = methods["cons@n"]["tie_draws"] / 9
+    share = methods["cons@n"]["tie_share_exact"]  # the notes give the exact share, over every draw
     assert "votes tied at the top, share of the draws (uniform" in said and f"cons@n {share:.0%}" in said
+    assert methods["think@n"]["draws_exact"] == 3 and methods["think@n"]["draws_all"] is True  # pool = n = 4
+    assert (
+        methods["think@n"]["accuracy_exact"] is not None
+        and methods["think@n"]["cut_tie_share_exact"] is not None
+    )
+    assert summary["per_question"]["basis"] == "exact" and set(
+        summary["per_question"]["accuracy_trials"]
+    ) == set(methods)
     assert summary["control"]["method"] == "think@n" and summary["control"]["vs"] == "random@n"
     assert set(summary["per_question"]["accuracy"]) == set(methods)
     # the other rule is another summary's settings: refused without --overwrite, then recorded
@@ -344,6 +355,7 @@ def test_thinkn_shows_random_at_n_the_control_and_the_ties(view_stores, monkeypa
     rows = depthlens.think_at_n(tmp_path / "s", n=4, trials=3, prefix=4, tie_break="summed-dtr").to_pylist()
     assert [r["method"] for r in rows] == [m["method"] for m in summary["methods"]]
     assert [r["accuracy_mean"] for r in rows] == [m["accuracy_mean"] for m in summary["methods"]]
+    assert [r["accuracy_exact"] for r in rows] == [m["accuracy_exact"] for m in summary["methods"]]
     with pytest.raises(ConfigError, match="tie_break"):
         depthlens.think_at_n(tmp_path / "s", n=4, trials=1, tie_break="coin")
 

@@ -61,11 +61,12 @@ def _exact_notes(summaries: Sequence[MethodSummary]) -> list[str]:
     if s is None:
         return []
     per = s.draws_exact / max(1, s.questions)
-    over = (
-        f"all {per:,.0f} draws of n from each question's pool (C(pool, n); {s.draws_exact:,} in all)"
-        if s.draws_all
-        else f"{per:,.0f} uniform draws of n per question (seeded; fewer than the C(pool, n) there are)"
-    )
+    if s.draws_all and per == 1:
+        over = "the one draw of n each question's pool allows (pool = n)"
+    elif s.draws_all:
+        over = f"all {per:,.0f} draws of n from each question's pool (C(pool, n); {s.draws_exact:,} in all)"
+    else:
+        over = f"{per:,.0f} uniform draws of n per question (seeded; fewer than the C(pool, n) there are)"
     return [
         f"exact: each method's expectation over {over}; the paired tests and intervals are on it, and ± is "
         f"the spread of the {s.trials} trials' means (one draw per question each)"
