@@ -96,7 +96,7 @@ def paired_table(paired: Sequence[Comparison], control: Comparison | None = None
             cells.difference,
             cells.p,
             f"{control.test.wins} / {control.test.losses}",
-            f"{cells.gaps} (no effect)",
+            cells.gaps,  # against 0: no selection effect
         )
     return table
 

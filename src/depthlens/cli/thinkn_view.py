@@ -14,7 +14,6 @@ from depthlens.config import DTRConfig, VotingConfig
 
 if TYPE_CHECKING:
     from depthlens.studies.thinkn import ThinkReport
-    from depthlens.voting.trials import MethodSummary
 
 
 def vote(
@@ -44,7 +43,7 @@ def vote(
 def print_report(report: ThinkReport, store: Path | None = None, every: bool = False) -> None:
     """The table ``thinkn`` prints: accuracy, tokens per question, cost against Cons@n, per method — the paper's
     methods first, DeepConf's variants one line per filter (their range over the trace scores) unless ``every``."""
-    from depthlens.cli.paired_view import folded, span
+    from depthlens.cli.paired_view import folded
 
     info = report.info
     v = report.voting
@@ -54,35 +53,19 @@ def print_report(report: ThinkReport, store: Path | None = None, every: bool = F
         f"η={v.eta} ℓ={prefix} · {v.trials} trials × {info.questions - len(info.excluded)} questions",
         title_justify="left",
     )
-    table.add_column("method", no_wrap=True)  # never cut: the names are what --methods takes
-    # exact: the expectation over every draw (what the paired tests use); ± the draw s.d. of the trials' means, the
-    # spread of re-draws from one pool, not an error bar (the paired table has those)
-    for column in ("exact %", "trials % ± s.d.", "tokens/q", "vs Cons@n", "paper"):
+    from depthlens.studies.tables import METHOD_COLUMNS, folded_cells, method_cells
+
+    table.add_column(METHOD_COLUMNS[0], no_wrap=True)  # never cut: the names are what --methods takes
+    for column in METHOD_COLUMNS[1:]:
         table.add_column(column, justify="right")
     cons = next((s for s in report.summaries if s.method == "cons@n"), None)
     plain, groups = folded(report.summaries, lambda s: s.method)
     if every:
         plain, groups = plain + [s for rows in groups.values() for s in rows], {}
     for s in plain:
-        table.add_row(
-            s.method,
-            _percent(s.accuracy_exact),
-            f"{100 * s.accuracy_mean:.1f} ± {100 * s.accuracy_std:.1f}",
-            f"{_cost(s):,.0f}",
-            f"{_cost(s) / _cost(cons):.0%}" if cons and _cost(cons) else "—",
-            f"{_cost(s, paper=True):,.0f}",
-        )
+        table.add_row(*method_cells(s, cons))
     for group, rows in groups.items():
-        ratios = [_cost(s) / _cost(cons) for s in rows] if cons and _cost(cons) else []
-        exact = [100 * s.accuracy_exact for s in rows if s.accuracy_exact is not None]
-        table.add_row(
-            f"{group}-*@n ({len(rows)})",
-            span(exact, ".1f") if exact else "—",
-            span([100 * s.accuracy_mean for s in rows], ".1f"),
-            span([_cost(s) for s in rows], ",.0f"),
-            span([100 * r for r in ratios], ".0f") + "%" if ratios else "—",
-            span([_cost(s, paper=True) for s in rows], ",.0f"),
-        )
+        table.add_row(*folded_cells(group, rows, cons))
     console.print(table)
     if groups:
         err_console.print(
@@ -101,16 +84,6 @@ def print_report(report: ThinkReport, store: Path | None = None, every: bool = F
     _print_notes(report, store)
     if report.ablation:
         _print_ablation(report.ablation)
-
-
-def _percent(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:.1f}"
-
-
-def _cost(s: MethodSummary, paper: bool = False) -> float:
-    """Tokens per question: the expectation over every draw where computed, else the trials' mean."""
-    exact = s.cost_paper_exact if paper else s.cost_exact
-    return exact if exact is not None else (s.cost_paper_mean if paper else s.cost_mean)
 
 
 def _print_notes(report: ThinkReport, store: Path | None) -> None:

@@ -306,3 +306,50 @@ def gap_cell(row: Mapping[str, Any]) -> str:
 
 def _number(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One method's row of a vote's table, as ``thinkn`` and the explorer print it.
+
+METHOD_COLUMNS = ("method", "exact %", "trials % ± s.d.", "tokens/q", "vs Cons@n", "paper")
+"""The vote table's columns: the exact expectation over every draw (what the paired tests use), the trials' mean ±
+draw s.d. (the spread of re-draws from one pool, not an error bar), tokens per question (exact where computed),
+against Cons@n, and the paper's printed cost formula."""
+
+
+def _tokens(s: Any, paper: bool = False) -> float:
+    """Tokens per question: the expectation over every draw where computed, else the trials' mean."""
+    exact = s.cost_paper_exact if paper else s.cost_exact
+    return exact if exact is not None else (s.cost_paper_mean if paper else s.cost_mean)
+
+
+def method_cells(s: Any, cons: Any | None) -> list[str]:
+    """A ``MethodSummary``'s cells in ``METHOD_COLUMNS`` order; ``cons``: Cons@n's summary (None: not voted)."""
+    return [
+        s.method,
+        "—" if s.accuracy_exact is None else f"{100 * s.accuracy_exact:.1f}",
+        f"{100 * s.accuracy_mean:.1f} ± {100 * s.accuracy_std:.1f}",
+        f"{_tokens(s):,.0f}",
+        f"{_tokens(s) / _tokens(cons):.0%}" if cons is not None and _tokens(cons) else "—",
+        f"{_tokens(s, paper=True):,.0f}",
+    ]
+
+
+def folded_cells(group: str, rows: Sequence[Any], cons: Any | None) -> list[str]:
+    """One line for a group of methods (DeepConf's variants of one filter): each cell the range over them."""
+
+    def span(values: Sequence[float], fmt: str) -> str:
+        if not values:
+            return "—"
+        lo, hi = min(values), max(values)
+        return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}–{hi:{fmt}}"
+
+    ratios = [100 * _tokens(s) / _tokens(cons) for s in rows] if cons is not None and _tokens(cons) else []
+    return [
+        f"{group}-*@n ({len(rows)})",
+        span([100 * s.accuracy_exact for s in rows if s.accuracy_exact is not None], ".1f"),
+        span([100 * s.accuracy_mean for s in rows], ".1f"),
+        span([_tokens(s) for s in rows], ",.0f"),
+        span(ratios, ".0f") + ("%" if ratios else ""),
+        span([_tokens(s, paper=True) for s in rows], ",.0f"),
+    ]
