@@ -261,3 +261,39 @@ def test_the_findings_figures_from_the_committed_rows(table_two_rows):
         340,
         489,
     )
+
+
+def test_the_independent_re_derivation_is_reproduced_under_its_cut_rule(monkeypatch):
+    """Issue 56's independent re-derivation (its own code, exact over every draw) kept the earlier of responses tied at
+    the η cut, as depthlens did then: under that rule the committed rows give its figures back — Qwen −6.6, p ≈ 0.02;
+    SmolLM2 pooled +0.6 —; with the cut's ties uniform (now), Think@n moves by at most 0.8 points per store."""
+    from depthlens.config import VotingConfig
+    from depthlens.stats.paired import paired_test
+    from depthlens.studies.compact import compact_pools, readout_of
+    from depthlens.voting import methods
+    from depthlens.voting.exact import exact_outcomes
+
+    def earlier(rs, cfg, draws):  # the prefix DTR, a tie going to the earlier response of the draw
+        dtr = np.array([r.prefix_dtr(cfg.rank_prefix) for r in rs])
+        return dtr[draws] - 1e-9 * np.arange(draws.shape[1])
+
+    monkeypatch.setitem(methods.RANKINGS, "earlier@n", methods.Ranking(earlier, "two-phase"))
+    monkeypatch.setitem(methods.METHODS, "earlier@n", methods.METHODS["think@n"])
+    by_model: dict[str, list[dict[str, np.ndarray]]] = {}
+    for path in sorted(STUDY.glob("compact-*.csv")):
+        rows = read_compact(path)
+        (((model, _), pools),) = compact_pools(rows, 50, readout_of(rows)).items()
+        exact = exact_outcomes(pools, VotingConfig(n=8), ["earlier@n", "think@n", "random@n"]).accuracy
+        assert abs(exact["think@n"].mean() - exact["earlier@n"].mean()) <= 0.008
+        by_model.setdefault(model.split("-")[0], []).append(exact)
+    tests = {}
+    for model, stores in by_model.items():
+        joined = {m: np.concatenate([s[m] for s in stores]) for m in ("earlier@n", "random@n")}
+        tests[model] = paired_test(joined["earlier@n"], joined["random@n"], 10_000, np.random.default_rng(0))
+    assert (
+        100 * tests["qwen2.5"].difference == pytest.approx(-6.6, abs=0.05)
+        and 0.01 < tests["qwen2.5"].p < 0.03
+    )
+    assert tests["qwen2.5"].high < 0
+    assert 100 * tests["smollm2"].difference == pytest.approx(0.6, abs=0.05)
+    assert tests["smollm2"].low < 0 < tests["smollm2"].high

@@ -7,8 +7,8 @@ their questions together, as ``report``'s pooled tests). The methods are those a
 (``compact.COMPACT_METHODS``); Self-Certainty@n and DeepConf's need per-token signals the table does not keep.
 
 The contrasts (``CONTRASTS``), each a sign-flip permutation test over questions with a paired-bootstrap interval:
-Think@n − random@n (the primary, fixed before the stores were voted), Think@n − Cons@n (the paper's claim), Think@n
-within length strata − random@n (DTR with length held fixed), Short@n − Cons@n (length alone), and — exploratory,
+Think@n − random@n (the primary, fixed before the stores were voted), Think@n − Cons@n (the paper's claim), random@n −
+Cons@n (what the vote's size alone costs), Think@n within length strata − random@n (DTR with length held fixed), Short@n − Cons@n (length alone), and — exploratory,
 not fixed before looking — Think@n ranked by whole-response DTR − random@n (stores read out in full only).
 """
 
@@ -35,6 +35,7 @@ FULL = "think-full@n"
 CONTRASTS = {
     "think_minus_random": ("think@n", "random@n"),
     "think_minus_cons": ("think@n", "cons@n"),
+    "random_minus_cons": ("random@n", "cons@n"),
     "strata_minus_random": ("think-strata@n", "random@n"),
     "short_minus_cons": ("short@n", "cons@n"),
     "full_minus_random": (FULL, "random@n"),
