@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from depthlens.config import DTRConfig, GenerateRun, SamplingConfig, StoreSpec, VotingConfig
@@ -456,3 +458,33 @@ def test_store_from_an_older_version_without_newer_fields_resumes(tiny_chat, tmp
     # a non-default value is still a mismatch
     with pytest.raises(StoreError, match=r"readout.also: stored \[\], this run \['kl'\]"):
         _store(tiny_chat, tmp_path / "s", pool=2, resume=True, readout=ReadoutConfig(also=("kl",)))
+
+
+def test_the_paired_table_fits_80_columns_and_judges_the_control_against_zero():
+    """Issue 56: on an 80-column terminal every line of the paired table fits, each number whole (a cell wraps at its
+    spaces); the control's interval is read against 0, not against the paper's Think@n − Cons@n gaps."""
+    from rich.console import Console
+
+    from depthlens.cli.paired_view import paired_table
+    from depthlens.studies.comparisons import control_comparison, paired_comparisons
+    from depthlens.studies.tables import gap_cell
+
+    rng = np.random.default_rng(0)
+    per_question = {
+        m: rng.random(32) for m in ("cons@n", "think@n", "random@n", "self-certainty@n", "think-strata@n")
+    }
+    per_question["think@n"] = per_question["random@n"] - 0.3  # a control far below 0
+    paired = paired_comparisons(per_question, seed=0)
+    control = control_comparison(per_question, seed=0)
+    assert control.row()["excludes_0"] is True and "excludes_gap2.0" not in control.row()
+    assert gap_cell(control.row()) == "excludes 0" and "excludes_gap2.0" in paired[0].row()
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(paired_table(paired, control, console.width))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    cells = " ".join(line for line in lines if line.startswith("│"))
+    for c in [*paired, control]:  # every difference's digits appear whole (its cell may span two lines)
+        assert f"{100 * c.test.difference:+.1f} [" in cells, c.method
+    wide = Console(width=160, record=True, file=io.StringIO())
+    wide.print(paired_table(paired, control, wide.width))
+    assert any(f"{100 * control.test.difference:+.1f} [" in line for line in wide.export_text().splitlines())
