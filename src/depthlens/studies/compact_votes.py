@@ -8,8 +8,9 @@ their questions together, as ``report``'s pooled tests). The methods are those a
 
 The contrasts (``CONTRASTS``), each a sign-flip permutation test over questions with a paired-bootstrap interval:
 Think@n − random@n (the primary, fixed before the stores were voted), Think@n − Cons@n (the paper's claim), random@n −
-Cons@n (what the vote's size alone costs), Think@n within length strata − random@n (DTR with length held fixed), Short@n − Cons@n (length alone), and — exploratory,
-not fixed before looking — Think@n ranked by whole-response DTR − random@n (stores read out in full only).
+Cons@n (what the vote's size alone costs), Think@n within length strata − random@n (DTR with length held fixed),
+Short@n − Cons@n (length alone), and — exploratory, not fixed before looking — Think@n ranked by whole-response DTR
+− random@n (stores read out in full only).
 """
 
 from __future__ import annotations
