@@ -2,7 +2,10 @@
 
 Every method is a row of ``METHODS``: which responses it keeps (a ranking, a random subset, or all), how their votes
 are weighted, and what the selection costs in generated tokens — the exact count, and the paper's printed formula
-beside it. random@n is the control for Think@n: its vote size (⌈η·n⌉) without its ranking.
+beside it. random@n is the control for Think@n: its vote size (⌈η·n⌉) without its ranking. The ranked methods
+(``RANKINGS``: Think@n, Self-Certainty@n, Long@n, Short@n, Think@n within length strata) keep the ⌈η·n⌉ best-scored,
+a tie at that cut counted as the expectation over the tied responses' orders (``voting.ranked``); the same rows vote
+every draw of a pool at once in ``voting.exact``.
 
 Tie rule (``VotingConfig.tie_break``) for every method but DeepConf's: ``uniform`` (the default) scores a vote tied
 at the top as the share of right answers among the tied — the exact expectation of a uniform pick, so no baseline
@@ -11,7 +14,7 @@ the answer first given (lowest response index). An answer's grade is its first v
 extractable answer do not vote; if no kept response has one, the method answers nothing and is wrong (counted as
 ``no_answer`` in the trials' summary). The DeepConf rows follow their authors' code instead (docs/definitions.md
 §5): unanswered traces are dropped before scoring, the filter is a percentile with ties kept, and a tied weighted
-vote goes to the answer seen first, whatever ``tie_break`` says.
+vote goes to the answer seen first, whatever ``tie_break`` says (``voting.deepconf``).
 """
 
 from __future__ import annotations
