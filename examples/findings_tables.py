@@ -1,97 +1,106 @@
-"""Issue 48's Table 2 rows, one per store and answer rule, from the Think@n summaries `thinkn --from` wrote
-(docs/findings.md §6.4): Pass@1, Cons@n, Think@n, random@n, the primary contrast Think@n − random@n and the paper's
-Think@n − Cons@n (each with its question-resampled 95 % interval and sign-flip p), tie and no-answer shares.
+"""docs/findings.md §6's tables regenerated from the committed compact per-response tables alone (no model, no store):
 
-Usage (after `bash examples/findings_study.sh OUT vote` and `… OUT fallback`):
-    python examples/findings_tables.py OUT docs/data/findings/table2.csv    # reads OUT and OUT-fallback
+- ``table2.csv``: per store and answer rule, every method that a compact table can vote (``studies.compact_votes``)
+  as its exact expectation over all C(16, 8) draws of n = 8 from each pool (η 0.5, ℓ 50; the ties at the η cut and
+  at the top of a vote broken uniformly), the 10 trials' means beside them, and the paired contrasts over
+  questions — Think@n − random@n, Think@n − Cons@n, Think@n within length strata − random@n, Short@n − Cons@n, and
+  (exploratory) whole-response-DTR Think@n − random@n; then per model and rule the stores pooled.
+- ``correlation-*.csv``: each store's Table 1 with the rows a compact table re-derives (DTR, prefix DTR, token count
+  and its reverse) computed again, now with length held fixed (``r_within_partial``, ``p_within_partial``, the
+  length-matched AUC), and Benjamini–Hochberg redone over the table. The other rows (log-probability,
+  self-certainty, …) need per-token values the compact table does not keep: they stay as `depthlens correlate`
+  wrote them, without the length-held-fixed columns.
 
-Prints the rows as Markdown and writes them as CSV; nothing is recomputed (the summaries hold every number).
+Self-Certainty@n and DeepConf's rows need per-token self-certainty and confidences: they are not in the regenerated
+Table 2 (docs/findings.md §6.4.1 keeps their trial-based figures from the stores).
+
+Usage (from the repository, in its venv; about a minute per store on one core):
+    python examples/findings_tables.py docs/data/findings        # rewrites table2.csv and correlation-*.csv
+
+``tests/test_compact.py`` re-derives every number of both from the same compact rows.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-SUMMARY = "thinkn-n8-eta0.5-l50.json"
+from depthlens.config import CorrelationConfig, VotingConfig
+from depthlens.stats.fdr import add_fdr
+from depthlens.studies.compact import read_compact, table_one_from_rows
+from depthlens.studies.compact_votes import pooled_rows, store_votes
+from depthlens.studies.correlation import TABLE_ONE_P
+from depthlens.studies.tables import write_csv
+
+VOTING = VotingConfig(n=8, eta=0.5, rank_prefix=50, trials=10, seed=0)
+"""The votes of §6.4: n = 8 drawn from each pool of 16, η 0.5, ℓ 50, 10 trials, ties uniform."""
 
 
-def _interval(row: dict[str, Any]) -> str:
-    return f"{100 * row['diff']:+.1f} [{100 * row['diff_lo']:+.1f}, {100 * row['diff_hi']:+.1f}]"
+def table_two(data: Path) -> list[dict[str, Any]]:
+    """Every store's rows (strict, then final-result), then the pooled rows."""
+    votes = [
+        v for path in sorted(data.glob("compact-*.csv")) for v in store_votes(read_compact(path), VOTING)
+    ]
+    votes.sort(key=lambda v: (v.rule != "strict", v.model, v.task))
+    return [v.row for v in votes] + pooled_rows(votes, VOTING.seed)
 
 
-def summary_row(path: Path, rule: str) -> dict[str, Any]:
-    summary = json.loads(path.read_text())
-    methods = {m["method"]: m for m in summary["methods"]}
-    think, cons, rand = methods["think@n"], methods["cons@n"], methods["random@n"]
-    control = summary["control"]
-    trials = summary["voting"]["trials"]
-    questions = summary["task"]["questions"]
-    draws = trials * think["questions"]
-    return {
-        "model": summary["model"],
-        "task": summary["task"]["name"].split(":")[-1],
-        "questions": think["questions"],
-        "questions_asked": questions,
-        "responses": summary["responses"],
-        "rule": rule,
-        "tie_break": summary["voting"]["tie_break"],
-        "pass1": summary["grades"]["correct"] / summary["responses"],
-        "unanswered": summary["grades"].get("no_answer", 0) / summary["responses"],
-        "cons": cons["accuracy_mean"],
-        "think": think["accuracy_mean"],
-        "random": rand["accuracy_mean"],
-        "think_minus_random": control["diff"],
-        "think_minus_random_lo": control["diff_lo"],
-        "think_minus_random_hi": control["diff_hi"],
-        "think_minus_random_p": control["p"],
-        "think_minus_cons": think["diff"],
-        "think_minus_cons_lo": think["diff_lo"],
-        "think_minus_cons_hi": think["diff_hi"],
-        "think_minus_cons_p": think["p"],
-        "ties_cons": cons["tie_draws"] / draws,
-        "ties_think": think["tie_draws"] / draws,
-        "ties_random": rand["tie_draws"] / draws,
-        "no_answer_cons": cons["no_answer"],
-        "no_answer_think": think["no_answer"],
-        "no_answer_random": rand["no_answer"],
-        "think_cost_vs_cons": think["cost_vs_cons"],
-        "_think_random": _interval(control),
-        "_think_cons": _interval(think),
-    }
+def table_one(compact: Path, written: Path) -> list[dict[str, Any]]:
+    """``written`` (the store's Table 1) with the rows the compact table re-derives replaced, BH redone."""
+    with written.open(encoding="utf-8") as f:
+        old = list(csv.DictReader(f))
+    derived = {r["metric"]: flat(r) for r in table_one_from_rows(read_compact(compact), CorrelationConfig())}
+    labels = {"dtr_prefix": "DTR (JSD), first 50 tokens"}
+    rows, seen = [], set()
+    for row in old:
+        metric = row["metric"]
+        base = {k: _typed(v) for k, v in row.items() if not k.endswith("_bh")}
+        rows.append({**base, **derived.get(metric, {})})
+        seen.add(metric)
+        if metric == "dtr" and "dtr_prefix" in derived:  # Think@n's ranking score, beside whole-response DTR
+            rows.append(
+                {**base, **derived["dtr_prefix"], "metric": "dtr_prefix", "label": labels["dtr_prefix"]}
+            )
+            seen.add("dtr_prefix")
+    add_fdr(rows, TABLE_ONE_P)
+    return rows
 
 
-def main(out: Path, csv_path: Path) -> None:
-    rows = []
-    for run, rule in ((out, "strict"), (Path(f"{out}-fallback"), "final-result")):
-        rows += [summary_row(p, rule) for p in sorted(run.glob(f"*/*/{SUMMARY}"))]
-    print(
-        "| model · task | rule | Pass@1 | Cons@n | Think@n | random@n | **Think@n − random@n** [95 %], p "
-        "| Think@n − Cons@n [95 %], p | ties Cons / Think / random | no answer / trial Cons / Think / random |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+def flat(row: dict[str, Any]) -> dict[str, Any]:
+    """A re-derived Table 1 row under the CSV's column names (each interval as ``_lo`` / ``_hi``)."""
+    out = dict(row)
+    for name in ("binned_r", "spearman", "point_biserial", "auc_length_matched"):
+        out[f"{name}_lo"], out[f"{name}_hi"] = out.pop(f"{name}_ci")
+    return out
+
+
+def _typed(cell: str) -> Any:
+    if cell == "":
+        return None
+    try:
+        return int(cell) if cell.lstrip("-").isdigit() else float(cell)
+    except ValueError:
+        return cell
+
+
+def main(data: Path) -> None:
+    rows = table_two(data)
+    write_csv(data / "table2.csv", rows)
     for r in rows:
         print(
-            f"| {r['model']} · {r['task']} ({r['questions']} q) | {r['rule']} | {100 * r['pass1']:.1f} "
-            f"| {100 * r['cons']:.1f} | {100 * r['think']:.1f} | {100 * r['random']:.1f} "
-            f"| {r['_think_random']}, p {r['think_minus_random_p']:.2g} | {r['_think_cons']}, p "
-            f"{r['think_minus_cons_p']:.2g} | {100 * r['ties_cons']:.0f} / {100 * r['ties_think']:.0f} / "
-            f"{100 * r['ties_random']:.0f} % | {r['no_answer_cons']:.2g} / {r['no_answer_think']:.2g} / "
-            f"{r['no_answer_random']:.2g} |"
+            f"{r['model']} · {r['task']} · {r['rule']}: Think@n − random@n {100 * r['think_minus_random']:+.1f} "
+            f"[{100 * r['think_minus_random_lo']:+.1f}, {100 * r['think_minus_random_hi']:+.1f}], "
+            f"p {r['think_minus_random_p']:.2g}"
         )
-    csv_path.parent.mkdir(parents=True, exist_ok=True)
-    fields = [k for k in rows[0] if not k.startswith("_")] if rows else []
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {len(rows)} rows to {csv_path}")
+    for compact in sorted(data.glob("compact-*.csv")):
+        written = compact.with_name(compact.name.replace("compact-", "correlation-"))
+        write_csv(written, table_one(compact, written))
+        print(f"rewrote {written}")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) != 2:
         sys.exit(__doc__)
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]))

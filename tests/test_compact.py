@@ -21,6 +21,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from depthlens.config import CorrelationConfig, GenerateRun, SamplingConfig, StoreSpec
@@ -57,6 +58,16 @@ STATISTICS = (
     "questions",
     "accuracy",
 )
+# Length held fixed (definitions.md §4): in the committed study tables since issue 56, not in the older fixture.
+LENGTH_FIXED = (
+    "r_within_partial",
+    "p_within_partial",
+    "auc_length_matched",
+    "auc_length_matched_lo",
+    "auc_length_matched_hi",
+    "auc_length_matched_p",
+    "pairs_length_matched",
+)
 
 
 def _number(cell: str) -> float | None:
@@ -66,9 +77,8 @@ def _number(cell: str) -> float | None:
 def _flat(row: dict) -> dict:
     """A re-derived row under Table 1's column names (its intervals as _lo / _hi)."""
     out = dict(row)
-    for name in ("binned_r", "spearman", "point_biserial"):
-        interval = out.pop(f"{name}_ci" if name != "binned_r" else "binned_r_ci")
-        out[f"{name}_lo"], out[f"{name}_hi"] = interval
+    for name in ("binned_r", "spearman", "point_biserial", "auc_length_matched"):
+        out[f"{name}_lo"], out[f"{name}_hi"] = out.pop(f"{name}_ci")
     return out
 
 
@@ -87,19 +97,23 @@ def test_table_one_is_re_derived_from_the_committed_rows(compact, table_one):
     with table_one.open(encoding="utf-8") as f:
         written = {r["metric"]: r for r in csv.DictReader(f)}
     derived = {r["metric"]: _flat(r) for r in table_one_from_rows(rows, CorrelationConfig())}
-    assert derived.keys() == {"dtr", "token_count", "reverse_token_count"} <= written.keys()
-    for metric, row in derived.items():
-        want = written[metric]
+    study = compact.parent == STUDY  # regenerated with length held fixed (examples/findings_tables.py)
+    expected = {"dtr", "token_count", "reverse_token_count"} | ({"dtr_prefix"} if study else set())
+    assert expected <= written.keys() and expected <= derived.keys()
+    for metric in expected:
+        row, want = derived[metric], written[metric]
         assert (row["model"], row["task"]) == (want["model"], want["task"])
         # token counts are integers, exact in the table; DTR is kept to 6 decimals there
         tolerance = 0.0 if "token_count" in metric else 1e-5
-        for key in STATISTICS:
-            expected = _number(want[key])
-            if expected is None:
+        for key in STATISTICS + (LENGTH_FIXED if study else ()):
+            expected_value = _number(want[key])
+            if expected_value is None:
                 assert row[key] is None, (metric, key)
             else:
-                assert row[key] == pytest.approx(expected, abs=tolerance, rel=tolerance), (metric, key)
+                assert row[key] == pytest.approx(expected_value, abs=tolerance, rel=tolerance), (metric, key)
     assert derived["token_count"]["point_biserial"] is not None and derived["dtr"]["r_within"] is not None
+    if study:  # every within-question statistic with length held fixed is there for the depth measures
+        assert all(written[m]["r_within_partial"] != "" for m in ("dtr", "dtr_prefix"))
 
 
 def test_both_grades_in_the_table():
@@ -155,3 +169,131 @@ def test_compact_rows_of_a_store_round_trip(tiny_chat, tmp_path):
     (tmp_path / "bad.csv").write_text("model,task\nm,t\n")
     with pytest.raises(InputError, match="no column"):
         read_compact(tmp_path / "bad.csv")
+
+
+def test_compact_pools_vote_as_the_store(tiny_chat, tmp_path):
+    """A pool rebuilt from compact rows votes exactly as the store's own pool: every method a compact table can
+    vote, in the trials and over every draw."""
+    from depthlens.config import DTRConfig, VotingConfig
+    from depthlens.studies.compact import COMPACT_METHODS, compact_pools
+    from depthlens.studies.thinkn import load_pools
+    from depthlens.voting.exact import exact_outcomes
+    from depthlens.voting.trials import trial_outcomes
+
+    store = tmp_path / "s"
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=8, readout_tokens=None)
+    questions = [Question(f"q{i}", f"{i} + 1", str(i + 1)) for i in range(3)]
+    generate(
+        tiny_chat, GenerateRun(StoreSpec(store, format="jsonl"), pool=6, seed=2, sampling=sampling), questions
+    )
+    records = list(iter_jsonl(store / SAMPLES))
+    for i, record in enumerate(records):  # answers that tie and differ, some right
+        record.update(text=f"The answer is {[2, 3, 4, 9][i % 4]}.", finish="eos")
+    (store / SAMPLES).write_text("".join(json.dumps(r) + "\n" for r in records))
+    regrade_store(store)
+    for prefix in (3, None):  # a prefix shorter than the responses, and the whole response
+        voting = VotingConfig(n=4, eta=0.5, rank_prefix=prefix, trials=3)
+        pools, _ = load_pools(store, DTRConfig(dtr_prefix_tokens=3), 4)
+        rows = compact_rows(store)
+        (rebuilt,) = compact_pools(rows, prefix=3).values()
+        for a, b in (
+            (
+                trial_outcomes(pools, voting, COMPACT_METHODS),
+                trial_outcomes(rebuilt, voting, COMPACT_METHODS),
+            ),
+            (
+                exact_outcomes(pools, voting, COMPACT_METHODS),
+                exact_outcomes(rebuilt, voting, COMPACT_METHODS),
+            ),
+        ):
+            for m in COMPACT_METHODS:
+                assert np.array_equal(a.accuracy[m], b.accuracy[m]), (prefix, m)
+
+
+@pytest.fixture(scope="module")
+def table_two_rows():
+    """Table 2 re-derived from the committed compact rows, as examples/findings_tables.py writes it."""
+    import runpy
+
+    script = runpy.run_path(str(Path(__file__).parent.parent / "examples" / "findings_tables.py"))
+    return script["table_two"](STUDY)
+
+
+def test_table_two_is_re_derived_from_the_committed_rows(table_two_rows):
+    with (STUDY / "table2.csv").open(encoding="utf-8") as f:
+        written = list(csv.DictReader(f))
+    assert len(written) == len(table_two_rows) == 9  # 4 stores strict, 3 final-result, 2 pooled
+    for want, got in zip(written, table_two_rows, strict=True):
+        assert got.keys() <= want.keys(), want["task"]  # a column another row has is empty in this one
+        for key, cell in want.items():
+            value = got.get(key)
+            if isinstance(value, str) or value is None or isinstance(value, bool):
+                assert cell == ("" if value is None else str(value)), (want["task"], key)
+            else:
+                assert float(cell) == pytest.approx(value, rel=1e-12, abs=1e-12), (
+                    want["task"],
+                    want["rule"],
+                    key,
+                )
+
+
+def test_the_findings_figures_from_the_committed_rows(table_two_rows):
+    """The figures docs/findings.md §6.4 quotes, as they come out of the committed rows."""
+    row = {(r["model"].split("-")[0], r["task"].split(":")[0], r["rule"]): r for r in table_two_rows}
+    qwen = row["qwen2.5", "chain_sum", "strict"]
+    assert (qwen["draws_per_question"], qwen["draws_all"]) == (math.comb(16, 8), True)
+    assert (
+        100 * qwen["think_minus_random"] == pytest.approx(-7.0, abs=0.05)
+        and qwen["think_minus_random_p"] < 0.05
+    )
+    assert qwen["think_minus_random_hi"] < 0 and qwen["cut_ties_think"] == pytest.approx(0.465, abs=0.001)
+    pooled = row["smollm2", "pooled", "strict"]
+    assert 100 * pooled["think_minus_random"] == pytest.approx(1.2, abs=0.05)
+    assert pooled["think_minus_random_lo"] < 0 < pooled["think_minus_random_hi"]
+    assert (
+        100 * pooled["full_minus_random"] == pytest.approx(3.8, abs=0.05)
+        and pooled["full_minus_random_lo"] > 0
+    )
+    smol = [r for k, r in row.items() if k[0] == "smollm2" and k[1] != "pooled" and k[2] == "strict"]
+    assert all(0.23 <= r["cut_ties_think"] <= 0.27 for r in smol)
+    # the power statement: +2 points at 80 % power over the measured spread of Think@n − random@n
+    assert (pooled["think_minus_random_questions_for_2pt"], qwen["think_minus_random_questions_for_2pt"]) == (
+        340,
+        489,
+    )
+
+
+def test_the_independent_re_derivation_is_reproduced_under_its_cut_rule(monkeypatch):
+    """Issue 56's independent re-derivation (its own code, exact over every draw) kept the earlier of responses tied at
+    the η cut, as depthlens did then: under that rule the committed rows give its figures back — Qwen −6.6, p ≈ 0.02;
+    SmolLM2 pooled +0.6 —; with the cut's ties uniform (now), Think@n moves by at most 0.8 points per store."""
+    from depthlens.config import VotingConfig
+    from depthlens.stats.paired import paired_test
+    from depthlens.studies.compact import compact_pools, readout_of
+    from depthlens.voting import methods
+    from depthlens.voting.exact import exact_outcomes
+
+    def earlier(rs, cfg, draws):  # the prefix DTR, a tie going to the earlier response of the draw
+        dtr = np.array([r.prefix_dtr(cfg.rank_prefix) for r in rs])
+        return dtr[draws] - 1e-9 * np.arange(draws.shape[1])
+
+    monkeypatch.setitem(methods.RANKINGS, "earlier@n", methods.Ranking(earlier, "two-phase"))
+    monkeypatch.setitem(methods.METHODS, "earlier@n", methods.METHODS["think@n"])
+    by_model: dict[str, list[dict[str, np.ndarray]]] = {}
+    for path in sorted(STUDY.glob("compact-*.csv")):
+        rows = read_compact(path)
+        (((model, _), pools),) = compact_pools(rows, 50, readout_of(rows)).items()
+        exact = exact_outcomes(pools, VotingConfig(n=8), ["earlier@n", "think@n", "random@n"]).accuracy
+        assert abs(exact["think@n"].mean() - exact["earlier@n"].mean()) <= 0.008
+        by_model.setdefault(model.split("-")[0], []).append(exact)
+    tests = {}
+    for model, stores in by_model.items():
+        joined = {m: np.concatenate([s[m] for s in stores]) for m in ("earlier@n", "random@n")}
+        tests[model] = paired_test(joined["earlier@n"], joined["random@n"], 10_000, np.random.default_rng(0))
+    assert (
+        100 * tests["qwen2.5"].difference == pytest.approx(-6.6, abs=0.05)
+        and 0.01 < tests["qwen2.5"].p < 0.03
+    )
+    assert tests["qwen2.5"].high < 0
+    assert 100 * tests["smollm2"].difference == pytest.approx(0.6, abs=0.05)
+    assert tests["smollm2"].low < 0 < tests["smollm2"].high

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from depthlens.cli.flags import flag_line
@@ -317,8 +319,11 @@ def test_thinkn_shows_random_at_n_the_control_and_the_ties(view_stores, monkeypa
     said = " ".join(err.split())
     rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
     assert rows[:3] == ["think@n", "cons@n", "random@n"] and "think@n − random@n" in rows
-    assert "accuracy % ± draw s.d." in out and "95 % vs paper's +2.0 / +3.3" in out
-    assert "random@n: the expectation over all 6 subsets of 2 of each draw" in said
+    assert "exact %" in out and "trials % ± s.d." in out and "+2.0 / +3.3" in out
+    assert "random@n trials: the expectation over all 6 subsets of 2 of each draw" in said
+    # issue 56: the exact expectation over every draw, and the control judged against 0
+    assert "exact: each method's expectation over the one draw of n each question's pool allows" in said
+    assert ("excludes 0" in out or "includes 0" in out) and "(0: no selection effect" in said
     assert "think@n vs random@n over 3 questions" in said and "the 95 % interval" in said, said
     summary = json.loads((tmp_path / "s" / "thinkn-n4-eta0.5-l4.json").read_text())
     assert summary["voting"]["tie_break"] == "uniform"
@@ -328,8 +333,16 @@ def test_thinkn_shows_random_at_n_the_control_and_the_ties(view_stores, monkeypa
     assert (
         methods["cons@n"]["tie_draws"] > 0
     )  # this pool's votes tie: the line says how often, and by which rule
-    share = methods["cons@n"]["tie_draws"] / 9
+    share = methods["cons@n"]["tie_share_exact"]  # the notes give the exact share, over every draw
     assert "votes tied at the top, share of the draws (uniform" in said and f"cons@n {share:.0%}" in said
+    assert methods["think@n"]["draws_exact"] == 3 and methods["think@n"]["draws_all"] is True  # pool = n = 4
+    assert (
+        methods["think@n"]["accuracy_exact"] is not None
+        and methods["think@n"]["cut_tie_share_exact"] is not None
+    )
+    assert summary["per_question"]["basis"] == "exact" and set(
+        summary["per_question"]["accuracy_trials"]
+    ) == set(methods)
     assert summary["control"]["method"] == "think@n" and summary["control"]["vs"] == "random@n"
     assert set(summary["per_question"]["accuracy"]) == set(methods)
     # the other rule is another summary's settings: refused without --overwrite, then recorded
@@ -348,6 +361,7 @@ def test_thinkn_shows_random_at_n_the_control_and_the_ties(view_stores, monkeypa
     assert (control["method"], control["vs"]) == (summary["control"]["method"], summary["control"]["vs"])
     assert [r["method"] for r in rows] == [m["method"] for m in summary["methods"]]
     assert [r["accuracy_mean"] for r in rows] == [m["accuracy_mean"] for m in summary["methods"]]
+    assert [r["accuracy_exact"] for r in rows] == [m["accuracy_exact"] for m in summary["methods"]]
     with pytest.raises(ConfigError, match="tie_break"):
         depthlens.think_at_n(tmp_path / "s", n=4, trials=1, tie_break="coin")
 
@@ -448,3 +462,33 @@ def test_store_from_an_older_version_without_newer_fields_resumes(tiny_chat, tmp
     # a non-default value is still a mismatch
     with pytest.raises(StoreError, match=r"readout.also: stored \[\], this run \['kl'\]"):
         _store(tiny_chat, tmp_path / "s", pool=2, resume=True, readout=ReadoutConfig(also=("kl",)))
+
+
+def test_the_paired_table_fits_80_columns_and_judges_the_control_against_zero():
+    """Issue 56: on an 80-column terminal every line of the paired table fits, each number whole (a cell wraps at its
+    spaces); the control's interval is read against 0, not against the paper's Think@n − Cons@n gaps."""
+    from rich.console import Console
+
+    from depthlens.cli.paired_view import paired_table
+    from depthlens.studies.comparisons import control_comparison, paired_comparisons
+    from depthlens.studies.tables import gap_cell
+
+    rng = np.random.default_rng(0)
+    per_question = {
+        m: rng.random(32) for m in ("cons@n", "think@n", "random@n", "self-certainty@n", "think-strata@n")
+    }
+    per_question["think@n"] = per_question["random@n"] - 0.3  # a control far below 0
+    paired = paired_comparisons(per_question, seed=0)
+    control = control_comparison(per_question, seed=0)
+    assert control.row()["excludes_0"] is True and "excludes_gap2.0" not in control.row()
+    assert gap_cell(control.row()) == "excludes 0" and "excludes_gap2.0" in paired[0].row()
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(paired_table(paired, control, console.width))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    cells = " ".join(line for line in lines if line.startswith("│"))
+    for c in [*paired, control]:  # every difference's digits appear whole (its cell may span two lines)
+        assert f"{100 * c.test.difference:+.1f} [" in cells, c.method
+    wide = Console(width=160, record=True, file=io.StringIO())
+    wide.print(paired_table(paired, control, wide.width))
+    assert any(f"{100 * control.test.difference:+.1f} [" in line for line in wide.export_text().splitlines())

@@ -88,7 +88,7 @@ def _print_table(rows: list[dict]) -> None:
 
     table = Table(
         title="binned r (paper) · point-biserial r [95 % CI] p_BH (Benjamini–Hochberg over the table; † < 0.05) · "
-        "within questions: r p_perm, r with length",
+        "within questions: r p_perm, r with length · length held fixed: partial r p_perm, length-matched AUC",
         title_justify="left",
     )
     table.add_column("metric")
@@ -113,7 +113,7 @@ def _print_table(rows: list[dict]) -> None:
             flag = (
                 "" if adjusted is None else f" p_BH {format_p(adjusted)}" + ("†" if adjusted < 0.05 else "")
             )
-            out.append(f"{binned} · {pb}{ci}{flag} · {_within(r)}")
+            out.append(f"{binned} · {pb}{ci}{flag} · {_within(r)} · {_held_fixed(r)}")
         table.add_row(label, *out)
     console.print(table)
     for r in rows:
@@ -128,3 +128,13 @@ def _within(row: dict) -> str:
     r, p, length = row.get("r_within"), row.get("p_within_perm"), row.get("r_length_within")
     accuracy = "—" if r is None else f"{r:+.2f}" + ("" if p is None else f" p {format_p(p)}")
     return f"{accuracy}, len {'—' if length is None else f'{length:+.2f}'}"
+
+
+def _held_fixed(row: dict) -> str:
+    """The cell's length-held-fixed part: the within-question partial r (token count and the cut at the cap held
+    fixed) with its permutation p, and the AUC of right against wrong responses of similar length."""
+    from depthlens.studies.tables import format_p
+
+    r, p, auc = row.get("r_within_partial"), row.get("p_within_partial"), row.get("auc_length_matched")
+    partial = "—" if r is None else f"{r:+.2f}" + ("" if p is None else f" p {format_p(p)}")
+    return f"partial {partial}, AUC {'—' if auc is None else f'{auc:.2f}'}"

@@ -61,15 +61,30 @@ def span(values: Sequence[float], fmt: str) -> str:
     return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}–{hi:{fmt}}"
 
 
-def paired_table(paired: Sequence[Comparison], control: Comparison | None = None) -> Table:
+NARROW = 100
+"""Below this many columns the paired table wraps its cells (at spaces: every number stays whole) to fit 80."""
+
+
+def paired_table(paired: Sequence[Comparison], control: Comparison | None = None, width: int = 80) -> Table:
     """Each method against Cons@n on the same questions — difference in points [95 %], p · p_BH, won / lost, the
-    interval against the paper's gaps — and under a line Think@n against random@n, its control (one test)."""
+    interval against the paper's Think@n − Cons@n gaps — and under a line Think@n against random@n, its control
+    (one test, its interval against 0). On a terminal narrower than ``NARROW`` (``width``) each cell wraps at its
+    spaces to a set width, so the table fits 80 columns with every number whole."""
     title = paired_title(paired[0].baseline, (control.method, control.baseline) if control else None)
     table = Table(title=title, title_justify="left")
     table.add_column("method", no_wrap=True)
     gaps = " / ".join(f"+{g}" for g in PAPER_GAPS)
-    for column in ("Δ points [95 %]", "p · p_BH", "won / lost", f"95 % vs paper's {gaps}"):
-        table.add_column(column, justify="right", no_wrap=True)
+    narrow = width < NARROW
+    # Each column's width when narrow: its longest unbreakable word (a number with its bracket), so a wrap at a
+    # space never splits one.
+    for column, words in (
+        ("Δ points\n[95 %]" if narrow else "Δ points [95 %]", 13),
+        ("p · p_BH", 8),
+        ("won / lost", 7),
+        (f"95 % vs {gaps}", 14),
+    ):
+        limit: dict[str, Any] = {"min_width": words, "max_width": words} if narrow else {"no_wrap": True}
+        table.add_column(column, justify="right", **limit)
     for c in paired:
         cells = paired_cells(c.row())
         table.add_row(c.method, cells.difference, cells.tests, f"{c.test.wins} / {c.test.losses}", cells.gaps)
@@ -81,7 +96,7 @@ def paired_table(paired: Sequence[Comparison], control: Comparison | None = None
             cells.difference,
             cells.p,
             f"{control.test.wins} / {control.test.losses}",
-            cells.gaps,
+            cells.gaps,  # against 0: no selection effect
         )
     return table
 
@@ -112,11 +127,16 @@ def verdict_line(paired: Sequence[Comparison], method: str = "think@n") -> str |
         ""
         if t.p < 0.05
         else f" For planning, not a verdict: s.d. of the per-question difference {100 * t.sd:.1f} points; power to "
-        f"detect {gaps} here {power}; 80 % power needs {needed} questions."
+        f"detect a difference of {gaps} points here {power}; 80 % power needs {needed} questions."
+    )
+    against = (
+        f"(the paper's Think@n − Cons@n on AIME25, {gaps} points)"
+        if family
+        else "(0: no selection effect; the paper's gaps are Think@n − Cons@n's, not a control's)"
     )
     return (
         f"{method} vs {c.baseline} over {t.questions} questions: {diff} points, p {p} ({t.wins} won, {t.losses} "
-        f"lost); the 95 % interval {cells.gaps} (the paper's Think@n − Cons@n on AIME25, {gaps} points).{planning} "
-        "p: sign-flip permutation test over questions (trials averaged per question)"
+        f"lost); the 95 % interval {cells.gaps} {against}.{planning} p: sign-flip permutation test over questions "
+        "(each question's exact expectation over every draw)"
         + ("; p_BH: Benjamini–Hochberg over the methods; † p_BH < 0.05." if family else ".")
     )

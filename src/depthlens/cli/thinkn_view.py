@@ -1,5 +1,6 @@
-"""What ``thinkn`` prints: the vote over a store's pools, its table (accuracy, tokens per question, cost against
-Cons@n per method, DeepConf's variants folded), the paired comparisons, the notes and the ablation."""
+"""What ``thinkn`` prints: the vote over a store's pools, its table (accuracy — the exact expectation over every draw
+and the trials' mean ± draw s.d. —, tokens per question, cost against Cons@n per method, DeepConf's variants
+folded), the paired comparisons, the notes and the ablation."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def vote(
 def print_report(report: ThinkReport, store: Path | None = None, every: bool = False) -> None:
     """The table ``thinkn`` prints: accuracy, tokens per question, cost against Cons@n, per method — the paper's
     methods first, DeepConf's variants one line per filter (their range over the trace scores) unless ``every``."""
-    from depthlens.cli.paired_view import folded, span
+    from depthlens.cli.paired_view import folded
 
     info = report.info
     v = report.voting
@@ -52,32 +53,19 @@ def print_report(report: ThinkReport, store: Path | None = None, every: bool = F
         f"η={v.eta} ℓ={prefix} · {v.trials} trials × {info.questions - len(info.excluded)} questions",
         title_justify="left",
     )
-    table.add_column("method", no_wrap=True)  # never cut: the names are what --methods takes
-    # ± is the draw s.d.: the spread of re-draws from one pool, not an error bar (the paired table has those)
-    for column in ("accuracy % ± draw s.d.", "tokens/q ± draw s.d.", "vs Cons@n", "paper cost"):
+    from depthlens.studies.tables import METHOD_COLUMNS, folded_cells, method_cells
+
+    table.add_column(METHOD_COLUMNS[0], no_wrap=True)  # never cut: the names are what --methods takes
+    for column in METHOD_COLUMNS[1:]:
         table.add_column(column, justify="right")
     cons = next((s for s in report.summaries if s.method == "cons@n"), None)
     plain, groups = folded(report.summaries, lambda s: s.method)
     if every:
         plain, groups = plain + [s for rows in groups.values() for s in rows], {}
     for s in plain:
-        ratio = f"{s.cost_mean / cons.cost_mean:.0%}" if cons and cons.cost_mean else "—"
-        table.add_row(
-            s.method,
-            f"{100 * s.accuracy_mean:.1f} ± {100 * s.accuracy_std:.1f}",
-            f"{s.cost_mean:,.0f} ± {s.cost_std:,.0f}",
-            ratio,
-            f"{s.cost_paper_mean:,.0f}",
-        )
+        table.add_row(*method_cells(s, cons))
     for group, rows in groups.items():
-        ratios = [s.cost_mean / cons.cost_mean for s in rows] if cons and cons.cost_mean else []
-        table.add_row(
-            f"{group}-*@n ({len(rows)})",
-            span([100 * s.accuracy_mean for s in rows], ".1f"),
-            span([s.cost_mean for s in rows], ",.0f"),
-            span([100 * r for r in ratios], ".0f") + "%" if ratios else "—",
-            span([s.cost_paper_mean for s in rows], ",.0f"),
-        )
+        table.add_row(*folded_cells(group, rows, cons))
     console.print(table)
     if groups:
         err_console.print(
@@ -89,7 +77,7 @@ def print_report(report: ThinkReport, store: Path | None = None, every: bool = F
         from depthlens.cli.paired_view import paired_table, verdict_line
 
         paired = folded(report.paired, lambda c: c.method)[0] if groups else report.paired
-        console.print(paired_table(paired, report.control))
+        console.print(paired_table(paired, report.control, console.width))
         for line in (verdict_line(report.paired), verdict_line([report.control] if report.control else [])):
             if line is not None:
                 err_console.print(line, highlight=False)

@@ -9,7 +9,9 @@ docs/data and diff.
 
 ``table_one_from_rows`` re-derives Table 1's rows for the metrics the table holds (DTR, token count and its
 reverse) with the study's own statistics (``studies.correlation.correlate``) — the check that a committed table
-still says what the tables computed from the store said.
+still says what the tables computed from the store said. ``compact_pools`` turns the rows back into the pools
+voting reads (``voting.methods.Response``), so Think@n and every method that needs no per-token signal
+(``COMPACT_METHODS``) votes from them exactly as from the store.
 """
 
 from __future__ import annotations
@@ -25,15 +27,17 @@ from typing import Any
 
 import numpy as np
 
-from depthlens.config import CorrelationConfig, DTRConfig, depth_prefix
+from depthlens.config import PREFIX_TOKENS, CorrelationConfig, DTRConfig, depth_prefix
 from depthlens.config.answers import Fallback
 from depthlens.errors import InputError
+from depthlens.evals.answers import vote_key
 from depthlens.evals.grading import answer_fields, store_answers
 from depthlens.stores.samples import iter_samples, read_manifest
 from depthlens.studies.correlation import correlate
 from depthlens.studies.pool_table import pool_row
 from depthlens.studies.regrade import rebuild_questions
 from depthlens.studies.tables import write_whole
+from depthlens.voting.methods import Response
 
 COLUMNS = (
     "model",
@@ -57,9 +61,11 @@ COLUMNS = (
 
 FLOAT_DIGITS = 6  # depth to 6 decimals: a ratio of ≤ 10^5 tokens is exact to well within it
 
-# Table 1's metrics the compact table holds: name → its value from a row.
+# Table 1's metrics the compact table holds: name → its value from a row. ``dtr_prefix``: DTR over the first ℓ
+# tokens, Think@n's ranking score (a row of its own beside ``correlate``'s whole-response DTR).
 METRICS = {
     "dtr": lambda row: row["dtr"],
+    "dtr_prefix": lambda row: row["dtr_prefix"],
     "token_count": lambda row: float(row["token_count"]),
     "reverse_token_count": lambda row: -float(row["token_count"]),
 }
@@ -163,6 +169,71 @@ def read_compact(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+COMPACT_METHODS = ("mean@n", "cons@n", "think@n", "random@n", "short@n", "think-strata@n", "long@n")
+"""The voting methods a compact table can vote: those that read answers, grades, lengths and prefix DTR alone.
+Self-Certainty@n and DeepConf's need per-token self-certainty and confidences, which the table does not keep."""
+
+
+def _count(ratio: float, tokens: int, what: str, row: dict[str, Any]) -> int:
+    """The deep tokens behind a stored ratio over ``tokens`` tokens (whole up to the table's 6 digits)."""
+    deep = ratio * tokens
+    if abs(deep - round(deep)) > 1e-3:
+        raise InputError(
+            f"{row['id']}: its {what} {ratio} is not a count of deep tokens over {tokens} tokens; give "
+            "readout= the tokens its store read out (None: every token)"
+        )
+    return round(deep)
+
+
+def compact_response(
+    row: dict[str, Any], prefix: int, readout: int | None, correct: str = "correct"
+) -> Response:
+    """A compact row as voting sees it: vote key and grade under ``correct``'s rule (``correct`` or
+    ``correct_fallback``), length, and deep flags that give its stored ``dtr_prefix`` over the first ``prefix``
+    tokens and, where every token was read out (``readout`` None), its ``dtr`` over the whole response. Which of
+    the tokens were deep is not kept, only how many: every ranking of prefix or whole-response DTR is exact."""
+    answer = row["answer" if correct == "correct" else "answer_fallback"]
+    length = int(row["token_count"])
+    window = min(prefix, length)
+    head = _count(row["dtr_prefix"] or 0.0, window, "dtr_prefix", row)
+    deep = np.zeros(length if readout is None else min(readout, length), dtype=bool)
+    deep[:head] = True
+    if readout is None and length > window:
+        rest = _count(row["dtr"] or 0.0, length, "dtr", row) - head
+        if not 0 <= rest <= length - window:
+            raise InputError(f"{row['id']}: its dtr and dtr_prefix disagree about its deep tokens")
+        deep[window : window + rest] = True
+    empty = np.zeros(0)
+    return Response(
+        None if answer is None else vote_key(answer), bool(row[correct]), length, deep, empty, empty
+    )
+
+
+def readout_of(rows: Sequence[dict[str, Any]], prefix: int = PREFIX_TOKENS) -> int | None:
+    """The tokens a compact table's store read out: ``prefix`` where every response longer than it has a ``dtr``
+    equal to its ``dtr_prefix`` (the store read out only the prefix, so both are over it), else None (all). A store
+    read out in full would need every long response's whole-response DTR to equal its prefix's to be taken for
+    one read out over the prefix alone."""
+    long = [r for r in rows if r["token_count"] > prefix]
+    return prefix if long and all(r["dtr"] == r["dtr_prefix"] for r in long) else None
+
+
+def compact_pools(
+    rows: Iterable[dict[str, Any]],
+    prefix: int = PREFIX_TOKENS,
+    readout: int | None = None,
+    correct: str = "correct",
+) -> dict[tuple[str, str], dict[str, list[Response]]]:
+    """Per (model, task), each question's pool in table order (the store's), as ``thinkn.load_pools`` builds it
+    from the store; ``prefix``: the ℓ of the table's ``dtr_prefix``; ``readout``: the tokens the store read out
+    (None: all)."""
+    out: dict[tuple[str, str], dict[str, list[Response]]] = {}
+    for row in rows:
+        pools = out.setdefault((row["model"], row["task"]), {})
+        pools.setdefault(row["question_id"], []).append(compact_response(row, prefix, readout, correct))
+    return out
+
+
 def table_one_from_rows(
     rows: Iterable[dict[str, Any]],
     cfg: CorrelationConfig = CorrelationConfig(),
@@ -179,14 +250,15 @@ def table_one_from_rows(
     for (model, task), by_question in stores.items():
         for name in metrics:
             value = METRICS[name]
-            groups, lengths = [], []
+            groups, lengths, cuts = [], [], []
             for responses in by_question.values():
                 kept = [r for r in responses if value(r) is not None and math.isfinite(value(r))]
                 groups.append(
                     (np.array([value(r) for r in kept], float), np.array([float(r[correct]) for r in kept]))
                 )
                 lengths.append(np.array([float(r["token_count"]) for r in kept]))
-            c = correlate(name, groups, cfg, lengths)
+                cuts.append(np.array([float(r["finish"] == "length") for r in kept]))
+            c = correlate(name, groups, cfg, lengths, cuts)
             every = [r for rs in by_question.values() for r in rs]
             out.append(
                 {

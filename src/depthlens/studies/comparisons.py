@@ -8,7 +8,9 @@ baseline, and Think@n against its control, over the same questions.
   (Qwen3-4B-Thinking, 90.0 vs 86.7). ``questions_for`` says how many questions a study like this one — same spread
   of per-question differences — would need to detect each at α = 0.05 with 80 % power.
 - **The control** (``control_comparison``): Think@n − random@n, Think@n against a random vote of its own size —
-  the study's primary contrast (does DTR select well?), tested on its own, outside the table's family.
+  the study's primary contrast (does DTR select well?), tested on its own, outside the table's family, and judged
+  against 0 (no selection effect): the paper's +2.0 / +3.3 are Think@n − Cons@n gaps, not a control's. Its power
+  for a +2.0 / +3.3-point effect stays as a planning number (the questions a selection effect of that size needs).
 """
 
 from __future__ import annotations
@@ -59,9 +61,14 @@ class Comparison:
             "sd_diff": t.sd,
             "p_exact": t.exact,
         }
+        if (
+            self.baseline == CONTROL
+        ):  # the control's verdict is against no effect; the paper's gaps are not its
+            out["excludes_0"] = None if t.low is None or t.high is None else not (t.low <= 0.0 <= t.high)
         excludes = gap_verdict(t)
         for gap in PAPER_GAPS:
-            out[f"excludes_gap{gap}"] = excludes[gap]
+            if self.baseline != CONTROL:
+                out[f"excludes_gap{gap}"] = excludes[gap]
             out[f"power_gap{gap}"] = self.power[gap]  # a planning number, not the verdict
             out[f"questions_for_gap{gap}"] = self.questions_for[gap]
         return out

@@ -171,10 +171,13 @@ def store_per_question(
     table = per_question(summary)
     if table is None:
         return None
+    # A replay's Cons@n is the trials' (its draws): matched against the summary's trial means, where it keeps them.
+    trials = (summary.get("per_question") or {}).get("accuracy_trials") or {}
+    drawn = np.asarray(trials[BASELINE], dtype=np.float64) if BASELINE in trials else table[BASELINE]
     for replay in replays:
         theirs = per_question(replay)
         same = theirs is not None and replay.get("cons_n") == summary["voting"]["n"]
-        if same and np.array_equal(theirs.get(BASELINE), table[BASELINE]):  # the same draws: pairs line up
+        if same and np.array_equal(theirs.get(BASELINE), drawn):  # the same questions and draws
             table[f"{replay['method']} (max n {replay['summary']['max_n']})"] = theirs[replay["method"]]
     return table
 

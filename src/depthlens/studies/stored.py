@@ -32,6 +32,7 @@ class StoredResponse:
     entropy: np.ndarray  # [T]
     self_certainty: np.ndarray  # [T]
     divergence: dict[str, torch.Tensor]  # kind → [R, L], R = read-out tokens (all of T for full readout)
+    cut: bool = False  # stopped at the token cap (``finish`` "length"), not by itself
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +105,7 @@ def load_store(path: str | Path) -> Store:
                         k: torch.tensor(record[f], dtype=torch.float32).reshape(-1, n_layers)
                         for k, f in fields.items()
                     },
+                    cut=record.get("finish") == "length",
                 )
             )
         except (TypeError, ValueError, OverflowError, RuntimeError) as exc:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from depthlens.errors import StoreError
-from depthlens.studies.comparisons import PAPER_GAPS
+from depthlens.studies.comparisons import CONTROL, PAPER_GAPS
 
 
 def format_p(p: float | None) -> str:
@@ -152,6 +152,26 @@ def _within_cell(r: dict[str, Any]) -> str:
     return f"{accuracy}; length {_fmt(r.get('r_length_within'))}"
 
 
+def _length_fixed_cell(r: dict[str, Any]) -> str:
+    """Table 1's length-held-fixed cell: the within-question partial r (p) and the length-matched AUC [interval]
+    (pairs); — for a row without them (a metric or a table from before they were computed)."""
+    if r.get("r_within_partial") is None and r.get("auc_length_matched") is None:
+        return "—"
+    partial = (
+        "—"
+        if r.get("r_within_partial") is None
+        else f"{_fmt(r['r_within_partial'])}{_p(r, 'p_within_partial', ' ')}"
+    )
+    auc = r.get("auc_length_matched")
+    matched = (
+        "—"
+        if auc is None
+        else f"{auc:.2f}{_ci(r.get('auc_length_matched_lo'), r.get('auc_length_matched_hi'))} "
+        f"({r.get('pairs_length_matched', 0)} pairs{_p(r, 'auc_length_matched_p')})"
+    )
+    return f"partial {partial}; AUC {matched}"
+
+
 def table_one(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown: the paper's binned r (metrics × model · task), then the unbinned statistics with 95 % CIs."""
     columns = list(dict.fromkeys(f"{r['model']} · {r['task']}" for r in rows))
@@ -188,6 +208,15 @@ def table_one(rows: Sequence[dict[str, Any]]) -> str:
         "(near ±1: a length proxy)",
         "",
         *table(_within_cell),
+        "",
+        "**Length held fixed** (definitions.md §4): partial — the within-question partial r with correctness, both "
+        "residualised by least squares on question indicators, token count and the cut at the cap (p from shuffling "
+        "correctness within each question, p_BH over the table); AUC — right against wrong responses to one question "
+        "of similar length (token counts within 10 % of the longer) and the same ending (both cut or neither), the "
+        "share of pairs where the right one scores higher (0.5: no signal; [95 %] and p vs 0.5 over resampled "
+        "questions)",
+        "",
+        *table(_length_fixed_cell),
         "",
         "Samples: "
         + "; ".join(
@@ -257,10 +286,13 @@ def paired_title(baseline: str, control: tuple[str, str] | None = None) -> str:
 def gap_cell(row: Mapping[str, Any]) -> str:
     """``excludes +2.0, +3.3`` / ``includes +2.0; excludes +3.3`` / ``includes +2.0, +3.3``: the comparison's 95 %
     interval against the paper's Think@n − Cons@n gaps (``stats.paired.gap_verdict``, or from the interval of a
-    row written before ``excludes_gap*`` was kept); — without an interval."""
+    row written before ``excludes_gap*`` was kept); against 0 (``excludes 0`` / ``includes 0``) for the control,
+    Think@n − random@n, whose question is whether there is any selection effect; — without an interval."""
     lo, hi = row.get("diff_lo"), row.get("diff_hi")
     if lo is None or hi is None:
         return "—"
+    if row.get("vs") == CONTROL:
+        return "excludes 0" if not (lo <= 0.0 <= hi) else "includes 0"
     out: dict[bool, list[str]] = {True: [], False: []}
     for g, effect in PAPER_GAPS.items():
         stored = row.get(f"excludes_gap{g}")
@@ -274,3 +306,50 @@ def gap_cell(row: Mapping[str, Any]) -> str:
 
 def _number(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One method's row of a vote's table, as ``thinkn`` and the explorer print it.
+
+METHOD_COLUMNS = ("method", "exact %", "trials % ± s.d.", "tokens/q", "vs Cons@n", "paper")
+"""The vote table's columns: the exact expectation over every draw (what the paired tests use), the trials' mean ±
+draw s.d. (the spread of re-draws from one pool, not an error bar), tokens per question (exact where computed),
+against Cons@n, and the paper's printed cost formula."""
+
+
+def _tokens(s: Any, paper: bool = False) -> float:
+    """Tokens per question: the expectation over every draw where computed, else the trials' mean."""
+    exact = s.cost_paper_exact if paper else s.cost_exact
+    return exact if exact is not None else (s.cost_paper_mean if paper else s.cost_mean)
+
+
+def method_cells(s: Any, cons: Any | None) -> list[str]:
+    """A ``MethodSummary``'s cells in ``METHOD_COLUMNS`` order; ``cons``: Cons@n's summary (None: not voted)."""
+    return [
+        s.method,
+        "—" if s.accuracy_exact is None else f"{100 * s.accuracy_exact:.1f}",
+        f"{100 * s.accuracy_mean:.1f} ± {100 * s.accuracy_std:.1f}",
+        f"{_tokens(s):,.0f}",
+        f"{_tokens(s) / _tokens(cons):.0%}" if cons is not None and _tokens(cons) else "—",
+        f"{_tokens(s, paper=True):,.0f}",
+    ]
+
+
+def folded_cells(group: str, rows: Sequence[Any], cons: Any | None) -> list[str]:
+    """One line for a group of methods (DeepConf's variants of one filter): each cell the range over them."""
+
+    def span(values: Sequence[float], fmt: str) -> str:
+        if not values:
+            return "—"
+        lo, hi = min(values), max(values)
+        return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}–{hi:{fmt}}"
+
+    ratios = [100 * _tokens(s) / _tokens(cons) for s in rows] if cons is not None and _tokens(cons) else []
+    return [
+        f"{group}-*@n ({len(rows)})",
+        span([100 * s.accuracy_exact for s in rows if s.accuracy_exact is not None], ".1f"),
+        span([100 * s.accuracy_mean for s in rows], ".1f"),
+        span([_tokens(s) for s in rows], ",.0f"),
+        span(ratios, ".0f") + ("%" if ratios else ""),
+        span([_tokens(s, paper=True) for s in rows], ",.0f"),
+    ]

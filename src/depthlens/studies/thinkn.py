@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -30,6 +29,8 @@ from depthlens.stores.samples import damaged, read_manifest, read_responses
 from depthlens.stores.state import stale, store_state
 from depthlens.studies.comparisons import BASELINE, Comparison, control_comparison, paired_comparisons
 from depthlens.studies.tables import write_csv, write_whole
+from depthlens.studies.vote_notes import vote_notes as vote_notes  # where the fronts have always found it
+from depthlens.voting.exact import ExactOutcomes, exact_outcomes
 from depthlens.voting.methods import Response, think_at_n
 from depthlens.voting.trials import (
     MethodSummary,
@@ -119,7 +120,7 @@ class ThinkReport:
     # Each method against Cons@n over questions, and each method's 95 % accuracy interval over questions.
     paired: list[Comparison] = dataclasses.field(default_factory=list)
     intervals: dict[str, tuple[float | None, float | None]] = dataclasses.field(default_factory=dict)
-    per_question: dict[str, Any] | None = None  # accuracy per method per question (trial means): for pooling
+    per_question: dict[str, Any] | None = None  # accuracy per method per question (exact): for pooling
     control: Comparison | None = None  # Think@n − random@n over questions: the study's primary contrast
 
 
@@ -176,97 +177,78 @@ def vote_pools(
     where: str = "the pool",
     on_trial: Callable[[int], None] = lambda n: None,
 ) -> ThinkReport:
-    """``summarise``'s vote, in memory: ``voting.trials`` draws of n from each usable pool, every method against
-    Cons@n per question (``where`` names the pool in the error when no question has n usable responses;
-    ``on_trial`` is told each finished trial)."""
+    """``summarise``'s vote, in memory: ``voting.trials`` draws of n from each usable pool and the expectation over
+    every draw (``voting.exact``), every method against Cons@n per question on the latter (``where`` names the
+    pool in the error when no question has n usable responses; ``on_trial`` is told each finished trial)."""
     if not pools:
         raise InputError(too_few(where, info, voting.n))
     outcomes = trial_outcomes(pools, voting, methods, on_trial)
+    exact = exact_outcomes(pools, voting, methods)
     table = ablation(pools, voting) if with_ablation else None
     return ThinkReport(
-        outcomes.summaries(),
+        outcomes.summaries(exact),
         info,
         voting,
         dtr,
         table,
-        compare_methods(outcomes, seed=voting.seed),
-        accuracy_intervals(outcomes, seed=voting.seed),
-        per_question_table(outcomes),
-        control_comparison(per_question_accuracy(outcomes), seed=voting.seed),
+        compare_methods(exact, seed=voting.seed),
+        accuracy_intervals(exact, seed=voting.seed),
+        per_question_table(outcomes, exact),
+        control_comparison(exact.accuracy, seed=voting.seed),
     )
 
 
 # ---------------------------------------------------------------------------------------------------------
 # One vote's methods against Cons@n, question by question (the statistics: ``stats.paired``).
 #
-# The unit of pairing is the question. In trial t every method votes on the same draw of n responses from
-# question q's pool, so the methods are paired on (t, q). But the trials re-draw from one pool — 10 trials of n = 8
-# from the same 16 responses — so they are not independent replications: 10 trials × 30 questions are not 300
-# observations, and a test over them would be falsely sure. Each question's outcome is therefore its mean over
-# trials (the method's expected accuracy on that question's pool under random draws of n: exactly the number the
-# accuracy column averages), and the test runs over questions, the independent draws from the task.
+# The unit of pairing is the question. Each question's outcome is the method's expected accuracy on that question's
+# pool under random draws of n — exactly, over every draw (``voting.exact``), where the trials' mean would carry
+# their draw noise (10 trials of n = 8 from the same 16 responses are not 10 replications, and 10 trials × 30
+# questions are not 300 observations) — and the test runs over questions, the independent draws from the task.
 
 
-def compare_methods(outcomes: TrialOutcomes, baseline: str = BASELINE, seed: int = 0) -> list[Comparison]:
+def question_accuracy(outcomes: TrialOutcomes | ExactOutcomes) -> dict[str, np.ndarray]:
+    """Each method's accuracy per question: its exact expectation, or (trials) its mean over trials."""
+    if isinstance(outcomes, ExactOutcomes):
+        return outcomes.accuracy
+    return per_question_accuracy(outcomes)
+
+
+def compare_methods(
+    outcomes: TrialOutcomes | ExactOutcomes, baseline: str = BASELINE, seed: int = 0
+) -> list[Comparison]:
     """``paired_comparisons`` of one vote's methods; none when the baseline was not among them."""
-    accuracy = per_question_accuracy(outcomes)
+    accuracy = question_accuracy(outcomes)
     return paired_comparisons(accuracy, baseline, seed=seed) if baseline in accuracy else []
 
 
 def accuracy_intervals(
-    outcomes: TrialOutcomes, resamples: int = 10_000, seed: int = 0
+    outcomes: TrialOutcomes | ExactOutcomes, resamples: int = 10_000, seed: int = 0
 ) -> dict[str, tuple[float | None, float | None]]:
-    """Each method's 95 % interval of accuracy over resampled questions (trials averaged per question, as above):
-    what Figure 5's bars show; within [0, 1] by construction."""
+    """Each method's 95 % interval of accuracy over resampled questions (per question as above): what Figure 5's
+    bars show; within [0, 1] by construction."""
     out = {}
-    for i, (m, per_q) in enumerate(per_question_accuracy(outcomes).items()):
+    for i, (m, per_q) in enumerate(question_accuracy(outcomes).items()):
         b = mean_bootstrap(per_q, resamples, [seed, 1_000 + i])
         out[m] = (b.low, b.high)
     return out
 
 
-def per_question_table(outcomes: TrialOutcomes) -> dict[str, Any]:
+def per_question_table(outcomes: TrialOutcomes, exact: ExactOutcomes | None = None) -> dict[str, Any]:
     """The per-question accuracies as a summary stores them, so stores of one model can be pooled later without
-    voting again: 6 decimals (trial means of 0/1 are exact to 1e-6 for up to 10⁶ trials; the fractional credits of
-    a uniform tie or of random@n's expectation are off by < 5·10⁻⁷, far below a point of accuracy)."""
+    voting again: ``accuracy`` the exact expectations where computed (``basis`` says which), ``accuracy_trials``
+    the trials' means (what an online replay's Cons@n is matched against). 6 decimals: far below a point."""
+
+    def rounded(table: dict[str, np.ndarray]) -> dict[str, list[float]]:
+        return {m: [round(float(v), 6) for v in a] for m, a in table.items()}
+
+    trials = rounded(per_question_accuracy(outcomes))
     return {
         "questions": list(outcomes.questions),
-        "accuracy": {m: [round(float(v), 6) for v in a] for m, a in per_question_accuracy(outcomes).items()},
+        "basis": "trials" if exact is None else "exact",
+        "accuracy": trials if exact is None else rounded(exact.accuracy),
+        "accuracy_trials": trials,
     }
-
-
-def vote_notes(summaries: Sequence[MethodSummary], voting: VotingConfig) -> list[str]:
-    """The lines under the vote's table (``thinkn``'s, the explorer's): votes with no answer, votes tied at the top
-    and the tie rule that scored them, and which subsets random@n averaged over."""
-    lines = []
-    unanswered = {s.method: s.no_answer for s in summaries if s.no_answer}
-    if unanswered:
-        lines.append(
-            "votes with no answer (wrong), questions per trial: "
-            + ", ".join(f"{m} {v:.3g}" for m, v in unanswered.items())
-        )
-    tied = {s.method: s for s in summaries if s.tie_draws}
-    if tied:
-        rule = (
-            "uniform: the share of right answers among the tied"
-            if voting.tie_break == "uniform"
-            else "summed-dtr: the highest summed prefix DTR, then the first given"
-        )
-        lines.append(
-            f"votes tied at the top, share of the draws ({rule}; DeepConf's rows: the first seen): "
-            + ", ".join(f"{m} {s.tie_draws / (s.trials * s.questions):.0%}" for m, s in tied.items())
-        )
-    for s in summaries:
-        if s.subsets:
-            k = max(1, math.ceil(round(voting.eta * voting.n, 9)))
-            every = math.comb(voting.n, k)
-            lines.append(
-                f"{s.method}: the expectation over all {every:,} subsets of {k} of each draw"
-                if s.subsets >= every
-                else f"{s.method}: the mean over {s.subsets:,} of the {every:,} subsets of {k} of each draw, "
-                "sampled uniformly (seeded per draw)"
-            )
-    return lines
 
 
 def control_row(control: Comparison | None) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ from depthlens.errors import DepthlensError, InputError
 from depthlens.stores.files import read_json
 from depthlens.studies.comparisons import Comparison
 from depthlens.studies.score import score_summary
-from depthlens.studies.tables import paired_cells, paired_title
+from depthlens.studies.tables import method_cells, paired_cells, paired_title
 from depthlens.studies.thinkn import stored_voting, summary_files, summary_stem, vote_notes
 from depthlens.view.detail import scalar
 from depthlens.view.pools import Failed, VotingIndex, answer_summary, draw_detail, question_pool
@@ -153,19 +153,21 @@ def voting_table(store: ViewStore, index: VotingIndex, voting: VotingConfig) -> 
 
 
 def _method_rows(summaries: list[MethodSummary]) -> list[dict[str, Any]]:
-    """One row per method: its cells as ``thinkn`` prints them, and its summary's values."""
+    """One row per method: its cells as ``thinkn`` prints them (``tables.method_cells``), and its summary's
+    values."""
     cons = next((s for s in summaries if s.method == "cons@n"), None)
     by_method = {s.method: s for s in summaries}
     rows = []
     for s in (by_method[m] for m in in_order(list(by_method))):  # the paper's methods first, as thinkn prints
-        ratio = f"{s.cost_mean / cons.cost_mean:.0%}" if cons and cons.cost_mean else "—"
+        _, exact, trials, tokens, vs_cons, paper = method_cells(s, cons)
         rows.append(
             {
                 "method": s.method,
-                "accuracy": f"{100 * s.accuracy_mean:.1f} ± {100 * s.accuracy_std:.1f}",
-                "tokens": f"{s.cost_mean:,.0f} ± {s.cost_std:,.0f}",
-                "vs_cons": ratio,
-                "paper": f"{s.cost_paper_mean:,.0f}",
+                "exact": exact,
+                "accuracy": trials,
+                "tokens": tokens,
+                "vs_cons": vs_cons,
+                "paper": paper,
                 "values": dataclasses.asdict(s),
             }
         )

@@ -7,8 +7,9 @@ columns read shard by shard: a shard's divergences go through ``settling_depth``
 ``deep_from_divergence`` calls) in one call, and per response only what voting reads is kept: the deep flags
 (a byte a token) and the stored self-certainty and confidence at the store's width, widened to float64 when a
 method reads them, exactly as ``response_from_record`` widens them (tested equal to ``load_pools``). A JSONL
-store's records go through ``response_from_record`` itself. ``run_trials``, ``trials.draw`` and ``METHODS``
-then vote: nothing of Think@n's selection is written again here.
+store's records go through ``response_from_record`` itself. ``trial_outcomes``, ``exact_outcomes`` (every
+method's expectation over every draw), ``trials.draw`` and ``METHODS`` then vote: nothing of Think@n's selection
+is written again here.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from depthlens.studies.thinkn import compare_methods, response_from_record
 from depthlens.view.jobs import Background
 from depthlens.view.said import said
 from depthlens.view.store import ViewStore
+from depthlens.voting.exact import exact_outcomes
 from depthlens.voting.methods import DRAW_SEEDED, METHODS, Response
-from depthlens.voting.trials import MethodSummary, draw, per_question_accuracy, run_trials, trial_outcomes
+from depthlens.voting.trials import MethodSummary, draw, per_question_accuracy, trial_outcomes
 
 QUICK = tuple(m for m in METHODS if not m.startswith("deepconf"))
 VOTING_COLUMNS = (
@@ -218,20 +220,26 @@ class VotingIndex:
         return pools, sorted(excluded)
 
     def summaries(self, voting: VotingConfig, methods: Sequence[str] | None = None) -> list[MethodSummary]:
-        """Each method's accuracy and cost over ``voting.trials`` draws: ``run_trials``, as ``thinkn --from`` (a
-        method's numbers do not depend on which others run: the draws are seeded per trial and question)."""
-        return run_trials(self.pools(voting.n)[0], voting, methods)
+        """Each method's accuracy and cost over ``voting.trials`` draws and exactly over every draw
+        (``voting.exact``), as ``thinkn --from`` (a method's numbers do not depend on which others run: the draws
+        are seeded per trial and question)."""
+        pools = self.pools(voting.n)[0]
+        return trial_outcomes(pools, voting, methods).summaries(exact_outcomes(pools, voting, methods))
 
     def vote(self, voting: VotingConfig) -> Vote:
-        """Every method on every trial's draws (``trial_outcomes``, once): the table, each question's accuracy per
-        method and the paired comparisons with Cons@n — what ``thinkn --from`` derives from the same outcomes."""
-        outcomes = trial_outcomes(self.pools(voting.n)[0], voting)
+        """Every method on every trial's draws (``trial_outcomes``, once) and over every draw (``exact_outcomes``):
+        the table, each question's accuracy per method (the trials' means, what a question's draw shows) and the
+        paired comparisons on the exact figures — what ``thinkn --from`` derives from the same outcomes."""
+        pools = self.pools(voting.n)[0]
+        outcomes, exact = trial_outcomes(pools, voting), exact_outcomes(pools, voting)
         accuracy = per_question_accuracy(outcomes)
         per_question = {
             q: {m: float(a[i]) for m, a in accuracy.items()} for i, q in enumerate(outcomes.questions)
         }
-        control = control_comparison(accuracy, seed=voting.seed)
-        return Vote(outcomes.summaries(), per_question, compare_methods(outcomes, seed=voting.seed), control)
+        control = control_comparison(exact.accuracy, seed=voting.seed)
+        return Vote(
+            outcomes.summaries(exact), per_question, compare_methods(exact, seed=voting.seed), control
+        )
 
     def later(self, voting: VotingConfig, what: str) -> Any:
         """For ``voting``, computed in the background: ``quick`` (the table without the DeepConf rows, which cost

@@ -20,6 +20,13 @@ from depthlens.viz.study import _pyplot
 COLOURS = {"think@n": "#d62728", "cons@n": "#1f77b4", "random@n": "#2ca02c"}  # random@n: Think@n's control
 
 
+def shown(row: dict[str, Any], field: str) -> float:
+    """A method's ``accuracy`` or ``cost`` as drawn: its exact expectation over every draw where the summary has it
+    (what the intervals and tests are on), else the trials' mean (an older summary, an online replay)."""
+    exact = row.get(f"{field}_exact")
+    return float(exact if exact is not None else row[f"{field}_mean"])
+
+
 def merged_label(methods: Sequence[str]) -> str:
     """One label for methods that share a point: names differing only in their last ``-`` part are written once
     (``deepconf-low-{mean, tail}@n``), the rest joined by `` = ``."""
@@ -64,7 +71,7 @@ def group_points(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows at the same accuracy (0.05 points) and cost (0.5 tokens) merged into one point with every method."""
     groups: dict[tuple[float, float], dict[str, Any]] = {}
     for r in rows:
-        key = (round(2000 * r["accuracy_mean"]), round(2 * r["cost_mean"]))
+        key = (round(2000 * shown(r, "accuracy")), round(2 * shown(r, "cost")))
         if key in groups:
             groups[key]["methods"].append(r["method"])
         else:
@@ -76,7 +83,7 @@ def accuracy_interval(row: dict[str, Any]) -> tuple[float, float, bool]:
     """(low, high) in %, within [0, 100], and whether it is the stored 95 % interval (else ± draw s.d., clipped)."""
     if row.get("accuracy_lo") is not None and row.get("accuracy_hi") is not None:
         return 100 * row["accuracy_lo"], 100 * row["accuracy_hi"], True
-    mean, std = 100 * row["accuracy_mean"], 100 * (row.get("accuracy_std") or 0.0)
+    mean, std = 100 * shown(row, "accuracy"), 100 * (row.get("accuracy_std") or 0.0)
     return max(0.0, mean - std), min(100.0, mean + std), False
 
 
@@ -116,12 +123,12 @@ def draw_accuracy_cost(rows: Sequence[dict[str, Any]], path: str | Path, title: 
     labels = [wrapped(merged_label(p["methods"])) for p in points]
     fig, ax = plt.subplots(figsize=(8.6, max(4.8, 0.16 * sum(1 + lb.count("\n") for lb in labels) + 1.2)))
     intervals = [accuracy_interval(p) for p in points]
-    costs = [p["cost_mean"] for p in points]
+    costs = [shown(p, "cost") for p in points]
     span = (max(costs) - min(costs)) or max(costs) or 1.0
     xs = dodge(costs, 0.025 * span)
     for p, x, (lo, hi, _) in zip(points, xs, intervals, strict=True):
         colour = next((COLOURS[m] for m in p["methods"] if m in COLOURS), "#555555")
-        y = 100 * p["accuracy_mean"]
+        y = 100 * shown(p, "accuracy")
         ax.errorbar(
             x,
             y,
@@ -138,12 +145,12 @@ def draw_accuracy_cost(rows: Sequence[dict[str, Any]], path: str | Path, title: 
     fig.subplots_adjust(left=0.09, right=0.60, top=0.92, bottom=0.11)
     line = (top - bottom) * 0.16 / (fig.get_figheight() * 0.81)  # one 8-point text line, in data units
     sizes = [line * (1.25 + lb.count("\n")) for lb in labels]
-    heights = spread_labels([100 * p["accuracy_mean"] for p in points], sizes, bottom, top, xs)
+    heights = spread_labels([100 * shown(p, "accuracy") for p in points], sizes, bottom, top, xs)
     for p, x, label, h in zip(points, xs, labels, heights, strict=True):
         bold = any(m in COLOURS for m in p["methods"])
         ax.annotate(
             label,
-            xy=(x, 100 * p["accuracy_mean"]),
+            xy=(x, 100 * shown(p, "accuracy")),
             xytext=(1.03, h),
             textcoords=("axes fraction", "data"),
             va="center",
@@ -172,22 +179,33 @@ def _accuracy_cell(row: dict[str, Any]) -> str:
     if row.get("accuracy_lo") is None:
         return f"{100 * row['accuracy_mean']:.1f} ± {100 * (row.get('accuracy_std') or 0):.1f} (draw s.d.)"
     return (
-        f"{100 * row['accuracy_mean']:.1f} [{100 * row['accuracy_lo']:.1f}, {100 * row['accuracy_hi']:.1f}]"
+        f"{100 * shown(row, 'accuracy'):.1f} [{100 * row['accuracy_lo']:.1f}, {100 * row['accuracy_hi']:.1f}]"
     )
+
+
+def _trials_cell(row: dict[str, Any]) -> str:
+    """The trials' mean ± draw s.d. beside an exact expectation (— where the accuracy shown is the trials')."""
+    if row.get("accuracy_exact") is None:
+        return "—"
+    return f"{100 * row['accuracy_mean']:.1f} ± {100 * (row.get('accuracy_std') or 0):.1f}"
 
 
 GAPS_COLUMN = "95 % interval vs the paper's +2.0 / +3.3"
 
 
 TABLE_TWO_LEGEND = (
-    "Accuracy: mean over trials, [95 % interval over resampled questions]. Δ: the method minus Cons@n on the "
-    "same questions (trials averaged per question), paired-bootstrap interval; p: sign-flip permutation test "
+    "Accuracy: the exact expectation over every draw of n from each question's pool (definitions.md §5; a seeded "
+    "sample of draws where there are more than 10⁵ per question, the summary's `draws_all`), [95 % interval over "
+    "resampled questions]; trials: the mean ± draw s.d. of the seeded trials beside it (older summaries: the trials' "
+    "mean alone). Δ: the method minus Cons@n on the same questions (each question's exact expectation), "
+    "paired-bootstrap interval; p: sign-flip permutation test "
     "over questions (exact McNemar when outcomes are 0/1); p_BH: Benjamini–Hochberg over every comparison in "
     "these tables, † < 0.05. The last column: whether that 95 % interval includes or excludes the paper's "
     "Think@n − Cons@n gaps on AIME25 (+2.0 and +3.3 points) — the verdict on the paper's claim. random@n is "
     "Think@n's control: a vote over a random ⌈η·n⌉ of the same draw (the exact expectation over its subsets); "
-    "Think@n − random@n is below. The power to detect the gaps, and the questions 80 % power would take, are "
-    "planning numbers kept in the summary CSVs (power_gap*, questions_for_gap*)."
+    "Think@n − random@n is below, judged against 0. Short@n (length alone) and think-strata@n (prefix DTR ranked "
+    "within the draw's length strata) stand beside them. The power to detect the gaps, and the questions 80 % "
+    "power would take, are planning numbers kept in the summary CSVs (power_gap*, questions_for_gap*)."
 )
 POOLED_HEAD = (
     "**Pooled over each model's stores** (every question of every family; p_BH over the methods of one "
@@ -195,8 +213,8 @@ POOLED_HEAD = (
 )
 CONTROL_HEAD = (
     "**Think@n − random@n, the control** (does DTR select better than a random vote of the same size? one "
-    "sign-flip test over questions per row, outside the families above; pooled: every question of the "
-    "model's stores):"
+    "sign-flip test over questions per row, outside the families above, its interval against 0 — the paper's "
+    "+2.0 / +3.3 are Think@n − Cons@n gaps, not a control's; pooled: every question of the model's stores):"
 )
 
 
@@ -215,7 +233,8 @@ def _store_row(r: dict[str, Any]) -> dict[str, str]:
     return {
         "method": r["method"],
         "accuracy % [95 %]": _accuracy_cell(r),
-        "tokens / question": f"{r['cost_mean']:,.0f}",
+        "trials ± s.d.": _trials_cell(r),
+        "tokens / question": f"{shown(r, 'cost'):,.0f}",
         "cost vs Cons@n": f"{r['cost_vs_cons']:.0%}" if r.get("cost_vs_cons") else "—",
         **_tested(r),
         GAPS_COLUMN: paired_cells(r).gaps,
@@ -246,7 +265,7 @@ def _control_row(r: dict[str, Any]) -> dict[str, str]:
         "Δ points [95 %]": cells.difference,
         "p": cells.p,
         "won / lost": f"{r['wins']} / {r['losses']}",
-        GAPS_COLUMN: cells.gaps,
+        "95 % interval vs 0 (no selection effect)": cells.gaps,
     }
 
 

@@ -3,6 +3,7 @@ of each store (Figures 1–5) and one Markdown and HTML page. Everything shown i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,7 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
             f"![sweeps]({f['sweeps']})",
             "",
         ]
+    lines += _vote_lines(summary)
     if "cost" in f and summary:
         v = summary["voting"]
         lines += [
@@ -186,6 +188,19 @@ def _store_section(study: StoreStudy, figures: dict[str, Path], out: Path) -> st
             "",
         ]
     return "\n".join(lines)
+
+
+def _vote_lines(summary: dict[str, Any] | None) -> list[str]:
+    """What the store's Table 2 rows average over and how its ties were scored (``thinkn``'s notes), as a list."""
+    if not summary or not summary.get("methods"):
+        return []
+    from depthlens.studies.thinkn import stored_voting, vote_notes
+    from depthlens.voting.trials import MethodSummary
+
+    known = {f.name for f in dataclasses.fields(MethodSummary)}
+    rows = [MethodSummary(**{k: v for k, v in m.items() if k in known}) for m in summary["methods"]]
+    notes = vote_notes(rows, stored_voting(summary["voting"]))
+    return ["Its vote (Table 2):", "", *(f"- {line}" for line in notes), ""] if notes else []
 
 
 def _model_line(model: str, precision: Precision | None) -> str:

@@ -23,19 +23,26 @@ MOST_SUBSETS = 10_000
 _BLOCK = 1024  # subsets voted together: bounds the [block, k, answers] one-hot array
 
 
-def subsets(n: int, k: int, seed: Sequence[int]) -> tuple[np.ndarray, bool]:
-    """The subsets of k of range(n) random@n averages over, [m, k] ascending indices, and whether they are all
-    C(n, k) of them (else ``MOST_SUBSETS`` uniform ones from ``np.random.default_rng(seed)``)."""
-    if math.comb(n, k) <= MOST_SUBSETS:
+def subsets(
+    n: int, k: int, seed: Sequence[int], most: int = MOST_SUBSETS, sampled: int | None = None
+) -> tuple[np.ndarray, bool]:
+    """The subsets of k of range(n) to average over, [m, k] ascending indices, and whether they are all C(n, k) of
+    them: all where there are at most ``most``, else ``sampled`` (default ``most``) drawn independently and
+    uniformly from ``np.random.default_rng(seed)``. random@n's subsets of a draw, and (``voting.exact``) the draws
+    of n from a pool."""
+    if math.comb(n, k) <= most:
         return _every(n, k), True
     rng = np.random.default_rng(list(seed))
-    chosen = np.argsort(rng.random((MOST_SUBSETS, n)), axis=1)[:, :k]  # a uniform k-subset per row
+    chosen = np.argsort(rng.random((most if sampled is None else sampled, n)), axis=1)[:, :k]  # uniform rows
     return np.sort(chosen, axis=1), False
 
 
 @functools.lru_cache(maxsize=32)
 def _every(n: int, k: int) -> np.ndarray:
-    every = np.array(list(itertools.combinations(range(n), k)), dtype=np.intp).reshape(-1, k)
+    if k == 0:  # one subset, the empty one
+        return np.zeros((1, 0), dtype=np.intp)
+    flat = itertools.chain.from_iterable(itertools.combinations(range(n), k))
+    every = np.fromiter(flat, dtype=np.intp, count=math.comb(n, k) * k).reshape(-1, k)
     every.flags.writeable = False  # shared between calls
     return every
 

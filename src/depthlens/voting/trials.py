@@ -17,7 +17,8 @@ import numpy as np
 
 from depthlens.config import VotingConfig
 from depthlens.errors import InputError, named
-from depthlens.voting.methods import DRAW_SEEDED, METHODS, Response
+from depthlens.voting.exact import ExactOutcomes
+from depthlens.voting.methods import DRAW_SEEDED, METHODS, RANKINGS, Response
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,21 @@ class MethodSummary:
     no_answer: float = 0.0  # questions per trial where the method's vote had no answer (wrong); 0 for Mean@n
     tie_draws: float = 0.0  # draws (trials × questions) whose vote was tied at the top (random@n: expected)
     subsets: int = 0  # random@n: subsets averaged per draw (all C(n, k) up to 10⁴, else a sample of 10⁴)
+    cut_tie_draws: float = 0.0  # ranked methods: draws whose η cut fell inside a tie of the ranking score
+    # The expectation over every draw of n from each pool (``voting.exact``); None where it was not computed.
+    accuracy_exact: float | None = None  # mean over questions of each question's expectation
+    cost_exact: float | None = None  # exact generated tokens per question, its expectation
+    cost_paper_exact: float | None = None
+    draws_exact: int = 0  # draws of n counted, over all questions
+    draws_all: bool | None = (
+        None  # every C(pool, n) draw of every question (else a seeded sample, counted above)
+    )
+    tie_share_exact: float | None = None  # share of draws whose vote tied at the top
+    cut_tie_share_exact: float | None = None  # ranked methods: share of draws whose η cut fell inside a tie
+    no_answer_exact: float | None = None  # questions with no answer, expected per set of draws (as no_answer)
+    subsets_exact: int = (
+        0  # random@n: the pool's ⌈η·n⌉-subsets averaged per question (all, or a seeded sample)
+    )
 
     def to_dict(self) -> dict[str, float | int | str]:
         return dataclasses.asdict(self)
@@ -71,10 +87,14 @@ class TrialOutcomes:
     ]  # 1 where the method's vote had no answer (random@n: the expected share)
     tied: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # 1 where the top was tied
     subsets: dict[str, int] = dataclasses.field(default_factory=dict)  # random@n's subsets per draw
+    cut_tied: dict[str, np.ndarray] = dataclasses.field(
+        default_factory=dict
+    )  # 1 where the η cut fell in a tie
 
-    def summaries(self) -> list[MethodSummary]:
-        """Mean and draw s.d. over trials of the per-trial means over questions."""
-        return [
+    def summaries(self, exact: ExactOutcomes | None = None) -> list[MethodSummary]:
+        """Mean and draw s.d. over trials of the per-trial means over questions; with ``exact`` (the same pools'
+        expectations over every draw, ``voting.exact``) beside them."""
+        rows = [
             MethodSummary(
                 m,
                 float(np.mean(self.accuracy[m].mean(1))),
@@ -87,9 +107,31 @@ class TrialOutcomes:
                 float(np.mean(self.unanswered[m].sum(1))),
                 float(self.tied[m].sum()) if m in self.tied else 0.0,
                 self.subsets.get(m, 0),
+                float(self.cut_tied[m].sum()) if m in self.cut_tied else 0.0,
             )
             for m in self.accuracy
         ]
+        return rows if exact is None else [with_exact(s, exact) for s in rows]
+
+
+def with_exact(summary: MethodSummary, exact: ExactOutcomes) -> MethodSummary:
+    """``summary`` with its method's expectations over every draw (``voting.exact``), when they were computed."""
+    m = summary.method
+    if m not in exact.accuracy:
+        return summary
+    v = exact.values
+    return dataclasses.replace(
+        summary,
+        accuracy_exact=float(v["accuracy"][m].mean()),
+        cost_exact=float(v["cost"][m].mean()),
+        cost_paper_exact=float(v["cost_paper"][m].mean()),
+        draws_exact=int(exact.draws.sum()),
+        draws_all=bool(exact.every.all()),
+        tie_share_exact=float(v["tied"][m].mean()),
+        cut_tie_share_exact=float(v["cut_tied"][m].mean()) if m in RANKINGS else None,
+        no_answer_exact=float(v["unanswered"][m].sum()),
+        subsets_exact=exact.subsets.get(m, (0, True))[0],
+    )
 
 
 def per_question_accuracy(outcomes: TrialOutcomes) -> dict[str, np.ndarray]:
@@ -121,6 +163,7 @@ def trial_outcomes(
     questions = sorted(pools)
     shape = (cfg.trials, len(questions))
     out = TrialOutcomes(tuple(questions), *({m: np.zeros(shape) for m in names} for _ in range(5)))
+    out.cut_tied.update({m: np.zeros(shape) for m in names if m in RANKINGS})
     for trial in range(cfg.trials):
         for qi, q in enumerate(questions):
             pool = pools[q]
@@ -133,6 +176,8 @@ def trial_outcomes(
                 out.cost_paper[m][trial, qi] = outcome.cost_paper
                 out.unanswered[m][trial, qi] = outcome.no_answer
                 out.tied[m][trial, qi] = outcome.tied
+                if m in out.cut_tied:
+                    out.cut_tied[m][trial, qi] = outcome.cut_tied
                 if outcome.subsets:
                     out.subsets[m] = outcome.subsets
         on_trial(1)

@@ -129,14 +129,15 @@ async function votingTable(params, mine) {
     return;
   }
   $("#voting-title").textContent = data.title;
-  const head = el("tr", {}, ["method", "accuracy % ± draw s.d.", "tokens/q ± draw s.d.", "vs Cons@n", "paper cost"]
+  // exact: the expectation over every draw of n (what the paired tests use); trials: their mean ± draw s.d.
+  const head = el("tr", {}, ["method", "exact %", "trials % ± s.d.", "tokens/q", "vs Cons@n", "paper"]
     .map((h) => el("th", {}, h)));
   const rows = data.rows.map((r) => el("tr", {"data-method": r.method, class: r.method === "think@n" ? "think" : null},
-    el("td", {class: "method"}, r.method), el("td", {class: "num"}, r.accuracy), el("td", {class: "num"}, r.tokens),
-    el("td", {class: "num"}, r.vs_cons), el("td", {class: "num"}, r.paper)));
+    el("td", {class: "method"}, r.method), el("td", {class: "num"}, r.exact), el("td", {class: "num"}, r.accuracy),
+    el("td", {class: "num"}, r.tokens), el("td", {class: "num"}, r.vs_cons), el("td", {class: "num"}, r.paper)));
   const paired = data.paired.length ? [el("h4", {}, data.paired_title),
     el("table", {id: "paired"}, el("thead", {}, el("tr", {}, ["method", "Δ points [95 %]", "p · p_BH", "won / lost",
-      "95 % vs paper's +2.0 / +3.3"].map((h) => el("th", {}, h)))), el("tbody", {}, data.paired.map((r) => el("tr",
+      "95 % vs +2.0 / +3.3 (control: vs 0)"].map((h) => el("th", {}, h)))), el("tbody", {}, data.paired.map((r) => el("tr",
       {"data-method": r.method, class: r.control ? "control" : r.method === "think@n" ? "think" : null},
       el("td", {class: "method"}, r.method), el("td", {class: "num"}, r.difference), el("td", {class: "num"}, r.p),
       el("td", {class: "num"}, r.won_lost), el("td", {class: "num"}, r.gaps)))))]
