@@ -159,7 +159,7 @@ def test_failed_generation_is_recorded_not_dropped(tiny_chat, tmp_path):
     long = Question("long", "1 " * 88, "1")  # fits (251 of 256 tokens), its responses do not: refused too
     with pytest.raises(
         InputError,
-        match=r"the prompt of question 'long' is 251 tokens, and 251 \+ 10 exceed.*use max_new_tokens 5 ",
+        match=r"the prompt of question 'long' is 251 tokens, and 251 \+ 10 exceed.*use max_new_tokens=5 or less",
     ):
         generate(
             tiny_chat, GenerateRun(StoreSpec(tmp_path / "s"), pool=2, sampling=SAMPLING), [QUESTIONS[0], long]
