@@ -129,9 +129,13 @@ def wrap(
     final_norm: str | None = None,
     unembed: str | None = None,
 ) -> LoadedModel:
-    """Wrap an already-constructed model (e.g. one built from a config in a test) for readout."""
+    """Wrap an already-constructed model (e.g. one built from a config in a test) for readout.
+
+    The model is put in eval mode (no dropout: a readout must not vary run to run), and its parameters are left
+    as they are — their ``requires_grad`` flags and values are the caller's. Every read runs under
+    ``torch.inference_mode``, so none builds an autograd graph whatever the flags say.
+    """
     model.eval()
-    model.requires_grad_(False)  # readout never needs parameter gradients
     parts = resolve_parts(model, blocks=blocks, final_norm=final_norm, unembed=unembed)
     return LoadedModel(model=model, tokenizer=tokenizer, parts=parts, name=name or type(model).__name__)
 
@@ -183,6 +187,7 @@ def load(
     if getattr(model, "hf_quantizer", None) is not None and source.gguf_file:
         model.hf_quantizer = None  # GGUF weights are dequantised on load; nothing quantised remains
     model.to(torch_device)
+    model.requires_grad_(False)  # a model we loaded is ours: no read of it needs parameter gradients
     return wrap(model, tokenizer, name=name, blocks=blocks, final_norm=final_norm, unembed=unembed)
 
 
