@@ -194,6 +194,9 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
     script = "rows => rows.map(r => [r.dataset.id, r.querySelector('[data-field=prefix_dtr]').innerText])"
     shown = dict(page.eval_on_selector_all("#responses tbody tr", script))
     assert shown == {i: js_fixed(r.prefix_dtr(50), 3) for i, r in zip(ids, pools[qid], strict=True)}
+    script = "rows => rows.map(r => [r.dataset.id, r.querySelector('[data-field=token_count]').innerText])"
+    counts = dict(page.eval_on_selector_all("#responses tbody tr", script))  # each response's, not "—"
+    assert counts == {r["id"]: str(r["token_count"]) for r in iter_samples(store) if r["question_id"] == qid}
     page.screenshot(path=str(tmp_path / "question.png"), full_page=True)
 
     # response → its tokens; a token → its divergence at every layer; the heatmap

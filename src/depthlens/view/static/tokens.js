@@ -31,7 +31,7 @@ async function responseView(main, rid, params, mine) {
   const made = data.kind === "scores" ? "scored" : "generated";  // a score store's record was given, not sampled
   const facts = data.kind === "tcb"
     ? [["tokens", `${data.tokens.length} generated`], ["sharp drops", String(f.sharp_drops ?? "—")]]
-    : [["tokens", `${f.n_tokens ?? data.token_ids.length} ${made}, ${data.readout} read out at ${data.n_layers} layers`],
+    : [["tokens", `${f.token_count ?? data.token_ids.length} ${made}, ${data.readout} read out at ${data.n_layers} layers`],
       ["DTR", `${fmt(dtr, 4)} over the read-out tokens (deep: settles at layer ≥ ${data.deep_from}; g = ${data.g})`]];
   if ("answer" in f) facts.push(["answer", `${f.answer ?? "none"} (read by ${f.answer_source ?? "?"}, ${f.grade ?? "?"}; finish ${f.finish ?? "?"})`]);
   if (f.stopped_at !== undefined && f.stopped_at !== null) facts.push(["online", `${f.phase}: stopped at token ${f.stopped_at}`]);
