@@ -170,12 +170,7 @@ function layerTable(t) {
 function heatmapCells(T, L) {
   if (RESPONSE.cells) return RESPONSE.cells;
   const rgb = RUN.palette.map((c) => c.match(/\d+/g).map(Number));
-  let vmax = 1;
-  if (RESPONSE.unit !== "bits") {  // a loop, not Math.max(...): a long response has more values than arguments fit
-    vmax = 0;
-    for (const v of RESPONSE.divergence) if (v > vmax) vmax = v;
-    vmax = vmax || 1;
-  }
+  const vmax = divergenceMax();
   const image = new ImageData(T, L);
   const top = rgb.length - 1;
   for (let t = 0; t < T; t++) {
@@ -251,7 +246,8 @@ function drawHeatmap(wrap) {
     });
     // the axes sit beside the canvas (not on it), so a click's x on the canvas is still its token
     const grid = el("div", {id: "heatmap-grid"}, layerAxis(L, ch), canvas, el("span"), tokenAxis(T, cw));
-    wrap.replaceChildren(grid, el("p", {class: "caption"}, `rows: layers 1 (bottom) to ${L} (top); columns: the ${T} read-out tokens; colour: divergence to the final layer (${RESPONSE.unit}); ringed: where each token settles; blue tick: a deep-thinking token; click a cell for that layer's top-k tokens`));
+    wrap.replaceChildren(grid, colourScale("heatmap-scale", RUN.palette, divergenceMax(),
+      `divergence to the final layer (${RESPONSE.unit})`), el("p", {class: "caption"}, `rows: layers 1 (bottom) to ${L} (top); columns: the ${T} read-out tokens; colour: divergence to the final layer (${RESPONSE.unit}); ringed: where each token settles; blue tick: a deep-thinking token; click a cell for that layer's top-k tokens`));
   }
   canvas.width = T * cw;
   canvas.height = L * ch + 6;
