@@ -31,13 +31,19 @@ def _record(tokens: int = T, layers: int = L) -> dict:
         "deep": (rng.random(tokens) > 0.5).tolist(),
         "dtr": 0.5,
         "layer_top_probs": probs.tolist(),
-        "layer_top_tokens": [[[f"w{t}.{l}", "x", "y"] for l in range(1, layers + 1)] for t in range(tokens)],
+        "layer_top_tokens": [
+            [[f"w{t}.{la}", "x", "y"] for la in range(1, layers + 1)] for t in range(tokens)
+        ],
     }
 
 
 DRAWERS = {
     "heatmap": (depthlens.draw_divergence_heatmap, "divergence", lambda r: np.asarray(r["divergence"])),
-    "lens": (depthlens.draw_logit_lens, "top-1 probability", lambda r: np.asarray(r["layer_top_probs"])[..., 0]),
+    "lens": (
+        depthlens.draw_logit_lens,
+        "top-1 probability",
+        lambda r: np.asarray(r["layer_top_probs"])[..., 0],
+    ),
 }
 
 

@@ -320,8 +320,12 @@ def _check_colour_scale(page, scale: str, label: str, ticks: list[str], values: 
     assert page.eval_on_selector_all(f"{scale} .tick", "ts => ts.map(t => t.textContent)") == ticks
     bar = page.locator(f"{scale} .ramp").bounding_box()
     grid = page.locator(".lens-scroll").bounding_box()
-    assert bar["width"] >= 200 and bar["height"] >= 10 and bar["y"] + bar["height"] <= grid["y"]  # in view, above
-    swatches = page.eval_on_selector_all(f"{scale} .ramp span", "s => s.map(e => getComputedStyle(e).backgroundColor)")
+    assert (
+        bar["width"] >= 200 and bar["height"] >= 10 and bar["y"] + bar["height"] <= grid["y"]
+    )  # in view, above
+    swatches = page.eval_on_selector_all(
+        f"{scale} .ramp span", "s => s.map(e => getComputedStyle(e).backgroundColor)"
+    )
     script = "cs => cs.map(c => [+c.dataset.t, +c.dataset.layer, getComputedStyle(c).backgroundColor])"
     cells = page.eval_on_selector_all("#logit-lens td", script)
     assert len(cells) == values.size and len(swatches) > 10
@@ -382,7 +386,9 @@ def test_layer_predictions_and_the_logit_lens_in_chromium(view_stores, serve, pa
     page.wait_for_selector("#logit-lens tbody tr", timeout=WAIT_MS)
     assert _lens_grid(page) == expected
     divergence = np.asarray(record["divergence"], dtype=np.float32)
-    _check_colour_scale(page, "#lens-scale", "divergence to the final layer (bits)", ["0", "0.5", "1"], divergence)
+    _check_colour_scale(
+        page, "#lens-scale", "divergence to the final layer (bits)", ["0", "0.5", "1"], divergence
+    )
     assert page.locator("#heatmap-scale .scale-label").inner_text() == "divergence to the final layer (bits)"
     page.screenshot(path=str(tmp_path / "logit-lens.png"), full_page=True)
     assert page.inner_text("#notices") == ""  # the nested [T][L][K] fields read as numbers: nothing "damaged"

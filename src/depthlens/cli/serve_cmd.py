@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
 import signal
 from typing import TYPE_CHECKING, Any
 
@@ -117,14 +116,17 @@ def serve(
 
 
 def _backend(backend: str, model: str) -> Backend:
-    """``--backend`` for a server. ``auto`` is not the job-size rule of ``generate`` (a server's work has no end:
-    the engine's start is paid once, and only vllm batches many clients' requests): vllm where it is installed and
-    can load ``model``, else hf."""
-    from depthlens.sampling.choose import AUTO_ENV, is_gguf, vllm_available
+    """``--backend`` for a server (``sampling.choose.server_backend``: vllm where it is installed and can load
+    ``model``, else hf), checked, and said on stderr with why and what its start costs, before anything loads."""
+    from depthlens.cli.flags import flag_for
+    from depthlens.errors import spelt
+    from depthlens.sampling.choose import server_backend, server_backend_line
 
-    if backend == "auto" and not os.environ.get(AUTO_ENV):
-        backend = "vllm" if vllm_available() and not is_gguf(model) else "hf"
-    return specs.engine_backend(backend, model)
+    name, why = server_backend(backend, model)
+    chosen = specs.engine_backend(name, model)
+    line = spelt(server_backend_line(chosen, why), lambda s: flag_for(None, s) or s)
+    err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+    return chosen
 
 
 def _engine(model: Any, config: EngineConfig, max_running: int, readout: ReadoutConfig) -> Engine:
