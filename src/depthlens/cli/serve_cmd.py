@@ -140,7 +140,7 @@ def _engine(model: Any, config: EngineConfig, max_running: int, readout: Readout
 
 def _run(engine: Engine, tokenizer: Any, settings: ServeConfig, host: str, port: int, log_level: str) -> None:
     from depthlens.serve.app import create_app
-    from depthlens.serve.server import make_server
+    from depthlens.serve.server import finish, make_server
 
     application = create_app(engine, tokenizer, settings)
     server = make_server(application, host, port, log_level, settings.shutdown_grace)
@@ -159,3 +159,5 @@ def _run(engine: Engine, tokenizer: Any, settings: ServeConfig, host: str, port:
         raise ConfigError(
             f"could not serve on {host}:{port} (in use, or not an address of this machine)"
         ) from exc
+    finally:
+        finish(application.state.server.runner)  # no request thread left inside an engine step at exit
