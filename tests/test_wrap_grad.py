@@ -5,6 +5,7 @@ wrap and every kind of read, none of them gets a ``.grad``, and no read builds a
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -57,7 +58,7 @@ def test_the_hook_sees_a_graph_being_built():
 
 @pytest.mark.parametrize(
     "read",
-    ["score", "score_top_k_tcb", "generate"],
+    ["score", "score_top_k_tcb", "score_compiled", "generate"],
 )
 def test_wrap_and_read_leave_the_parameters_as_they_were(read):
     model = _trainable()
@@ -70,6 +71,10 @@ def test_wrap_and_read_leave_the_parameters_as_they_were(read):
             table = depthlens.score(lm, RECORDS, tokens=True)
         elif read == "score_top_k_tcb":
             table = depthlens.score(lm, RECORDS, tokens=True, layer_top_k=3, tcb=True)
+        elif read == "score_compiled":  # the fused kernel (or its eager fallback) reads the lens itself
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # without a C++ compiler the eager fallback answers
+                table = depthlens.score(lm, RECORDS, compile="on")
         else:
             table = depthlens.generate(
                 lm,
@@ -95,3 +100,21 @@ def test_a_wrapped_model_still_trains():
     out = model(input_ids=torch.tensor([[3, 4, 5, 6]]), labels=torch.tensor([[3, 4, 5, 6]]))
     out.loss.backward()
     assert model.lm_head.weight.grad is not None and model.model.embed_tokens.weight.grad is None
+
+
+def test_a_lens_fit_takes_no_gradient_on_the_models_weights(tmp_path):
+    """A tuned lens's fit needs autograd for its translators only: the wrapped model's weights get no ``.grad``
+    and keep their flags (``models.load.frozen`` for the fit's duration)."""
+    from depthlens.config import LensFitConfig
+    from depthlens.readout.stream import TokenSequence
+    from depthlens.studies.lens_fit import fit_lens
+
+    model = _trainable()
+    before = _flags(model)
+    lm = wrap(model, name="tiny-llama")
+    gen = torch.Generator().manual_seed(0)
+    seqs = [TokenSequence([1], torch.randint(3, 100, (30,), generator=gen).tolist()) for _ in range(4)]
+    cfg = LensFitConfig(max_tokens=100, steps=2, checkpoint_every=2, batch_tokens=16, layers_per_step=1)
+    assert fit_lens(lm, seqs, tmp_path / "lens", cfg, data="synthetic")["steps"] == 2
+    assert _flags(model) == before
+    assert all(p.grad is None for p in model.parameters())

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -138,6 +139,21 @@ def wrap(
     model.eval()
     parts = resolve_parts(model, blocks=blocks, final_norm=final_norm, unembed=unembed)
     return LoadedModel(model=model, tokenizer=tokenizer, parts=parts, name=name or type(model).__name__)
+
+
+@contextlib.contextmanager
+def frozen(model: Any) -> Iterator[None]:
+    """``model``'s parameters not requiring grad for the duration, each flag as it was afterwards: for a
+    computation that needs autograd for its own tensors (a tuned lens's translators) and must leave a caller's
+    model untouched — no ``.grad`` accumulated on its weights, its ``requires_grad`` flags its own."""
+    thawed = [p for p in model.parameters() if p.requires_grad]
+    for p in thawed:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in thawed:
+            p.requires_grad_(True)
 
 
 def load(
