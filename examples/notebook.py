@@ -50,7 +50,7 @@ methods.to_csv(out / "thinkn.csv", index=False)
 
 # 4. One right response (else any) as a heatmap: divergence from the final layer, each token's settling depth.
 record = max(pool.to_pylist(), key=lambda r: bool(r["correct"]))
-figure = draw_divergence_heatmap(
+figure = draw_divergence_heatmap(  # a matplotlib Figure (shown under the cell in Jupyter), also written
     record, out / "heatmap.png", title=f"{record['id']}: {record['text'][:60]!r}"
 )
-print(f"heatmap: {figure}")
+print(f"heatmap: {out / 'heatmap.png'}")

@@ -117,6 +117,34 @@ def test_a_wrong_type_for_every_field_is_a_json_error_never_a_500(server):
     assert "Traceback" not in server.log.read_text()
 
 
+LONG = "__LONG_INTEGER__"
+
+
+@pytest.mark.parametrize("digits", [21, 4_301, 5_001, 200_000])
+def test_an_integer_past_every_range_is_a_400_naming_its_field(server, digits):
+    """Issue 59, item 5: an integer of any digit count in any field — past Python's 4,300-digit limit on reading
+    one too — is a 400 naming the field (never a 500, nothing in the log); the field's own 400 as well."""
+    tried = 0
+    for route, path, annotation in _every_field():
+        if "int" not in str(annotation):
+            continue
+        for sign in ("", "-"):
+            text = json.dumps(_set(_base(route, server.model), path, LONG))
+            answer = _post(server, route, text.replace(f'"{LONG}"', sign + "9" * digits))
+            case = f"{route} {'.'.join(path)}: a {sign}{digits}-digit integer"
+            body = _answered_in_json(answer, case)
+            assert answer.status_code == 400 and body["error"]["param"] == ".".join(path), (case, body)
+            assert f"{digits:,}-digit integer" in body["error"]["message"], (case, body)
+            tried += 1
+    assert tried >= 30  # n, seed, the token limits, logprobs, every depthlens.* count
+    ids = json.dumps({**_base("completions", server.model), "prompt": [1, LONG]}).replace(
+        f'"{LONG}"', "7" * digits
+    )
+    answer = _post(server, "completions", ids)
+    assert (answer.status_code, answer.json()["error"]["param"]) == (400, "prompt[1]"), answer.text[:300]
+    assert "Traceback" not in server.log.read_text()
+
+
 HOSTILE = {
     "a 50,000-deep array": ("completions", '{"model": "m", "prompt": ' + "[" * DEEP + "]" * DEEP + "}", 400),
     "a 50,000-deep object": (
@@ -160,6 +188,11 @@ HOSTILE = {
     "a negative token id": ("completions", {"prompt": [-7]}, 400),
     "a body that is a string": ("completions", '"hello"', 400),
     "a body that is not UTF-8": ("completions", b'{"model": "m", "prompt": "\xff\xfe"}', 400),
+    "a float of 5,000 digits": (
+        "completions",
+        '{"model": "m", "prompt": "x", "temperature": 0.' + "1" * 5000 + "}",
+        200,
+    ),
 }
 
 
@@ -186,6 +219,21 @@ def test_hostile_bodies_are_answered_in_json(server, case):
         assert answer.status_code == status, (case, answer.text[:300])
     if "surrogate" in case:  # named where the body has it, as the body spells it
         assert answer.json()["error"]["param"] == SURROGATE_AT[case], answer.text
+    assert "Traceback" not in server.log.read_text()
+
+
+def test_a_content_length_of_5000_digits_is_no_500(server):
+    """The body limit reads the Content-Length header: one past Python's 4,300-digit limit is refused (413 by the
+    limit, or 400 by the HTTP parser), never a 500."""
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {'9' * 5000}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head.encode() + b'{"model": "m"}')
+        sock.settimeout(TIMEOUT)
+        status = sock.recv(4096).split(b"\r\n", 1)[0]
+    assert status.split()[1] in (b"400", b"413"), status
     assert "Traceback" not in server.log.read_text()
 
 

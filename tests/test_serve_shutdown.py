@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from depthlens.serve.engines import STEP_DELAY
+from depthlens.serve.engines import STEP_DELAY, STEP_TORCH
 from tests.serving import save_tiny_chat, serving, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -24,6 +24,7 @@ TIMEOUT = 120
 SLOW_STEP = 30.0  # s per generation step: far longer than the whole bound the answers and the exit must meet
 BOUND = 4.0  # s from SIGTERM + grace to every answer
 EXIT_BOUND = 12.0  # s from SIGTERM + grace to the process gone (the answers, then the interpreter's own exit)
+TORCH_STEP = 2.0  # s of work inside torch per generation step: SIGTERM finds the running request in torch
 
 
 def test_sigterm_answers_in_json_without_waiting_for_a_slow_step(tmp_path_factory, tmp_path, monkeypatch):
@@ -80,3 +81,54 @@ def test_sigterm_answers_in_json_without_waiting_for_a_slow_step(tmp_path_factor
     assert code == 0 and exited < grace + EXIT_BOUND < SLOW_STEP, exited
     text = log.read_text()
     assert "Traceback" not in text and "CancelledError" not in text, text[-3000:]
+
+
+def test_sigterm_with_three_generations_in_flight_exits_0(tmp_path_factory, tmp_path, monkeypatch):
+    """Issue 59, item 5: three generations in flight — one running, inside a torch step, two queued; one of them
+    streams — and SIGTERM: each answered (503 ``aborted``, the stream's error event then ``[DONE]``), then exit 0,
+    not 134 ("terminate called without an active exception": the interpreter's exit killing the request thread
+    inside torch, after every answer had gone out). The thread ends its step first (``serve.server.finish``)."""
+    import httpx
+
+    model_dir = save_tiny_chat(tmp_path_factory.mktemp("serve-model-3"))
+    monkeypatch.setenv(STEP_TORCH, str(TORCH_STEP))
+    grace = 0.5
+    args = ["--model", str(model_dir), "--backend", "hf", "--device", "cpu", "--shutdown-grace", str(grace)]
+    log = tmp_path / "server.log"
+    with serving(args, log) as server:
+        body = {"model": str(model_dir), "prompt": "x", "max_tokens": 50}
+        answers: list[httpx.Response] = []
+        seen: list[str] = []
+
+        def post() -> None:
+            answers.append(httpx.post(f"{server.url}/v1/completions", json=body, timeout=TIMEOUT))
+
+        def read() -> None:
+            with httpx.stream(
+                "POST", f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=TIMEOUT
+            ) as response:
+                seen.extend(response.iter_lines())
+
+        clients = [
+            threading.Thread(target=post),
+            threading.Thread(target=read),
+            threading.Thread(target=post),
+        ]
+        for client in clients:
+            client.start()
+        assert wait_for(lambda: server.health()["active"] == 3, 60)
+        began = time.monotonic()
+        server.proc.send_signal(15)
+        for client in clients:
+            client.join(TIMEOUT)
+        code = server.proc.wait(60)
+        exited = time.monotonic() - began
+    text = log.read_text()
+    assert code == 0, (code, text[-2000:])
+    assert [a.status_code for a in answers] == [503, 503] and all(
+        a.json()["error"]["code"] == "aborted" for a in answers
+    )
+    data = [line[6:] for line in seen if line.startswith("data: ")]
+    assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "aborted", seen[-4:]
+    assert exited < grace + TORCH_STEP + EXIT_BOUND, exited
+    assert "terminate called" not in text and "Traceback" not in text, text[-3000:]

@@ -389,6 +389,61 @@ def test_auto_serves_on_vllm_where_it_can(monkeypatch, tmp_path):
     assert _backend("auto", str(tmp_path)) == "hf"
 
 
+@pytest.mark.parametrize(
+    ("flag", "env", "installed", "model", "said"),
+    [
+        (
+            "auto",
+            None,
+            True,
+            "m",
+            "engine: vllm (--backend auto: the vllm extra is installed, and one vLLM engine",
+        ),
+        (
+            "auto",
+            None,
+            False,
+            "m",
+            "engine: hf (--backend auto: the vllm extra is not installed); transformers",
+        ),
+        ("auto", None, True, "m.gguf", "engine: hf (--backend auto: vLLM cannot load a .gguf file)"),
+        ("auto", "hf", True, "m", "engine: hf (--backend auto, as $DEPTHLENS_BACKEND says)"),
+        ("hf", None, True, "m", "engine: hf (as asked: --backend hf); transformers loads in seconds"),
+    ],
+)
+def test_serve_says_which_engine_why_and_its_start_before_loading(
+    monkeypatch, capsys, tmp_path, flag, env, installed, model, said
+):
+    """The engine a server runs, why, and what its start costs, on stderr before anything loads (issue 57, item 9:
+    auto picked vLLM and a first start took 287 s with no word)."""
+    import depthlens.cli.serve_cmd as serve_cmd
+    import depthlens.sampling.choose as choose
+    import depthlens.sampling.vllm.backend as vllm_backend
+
+    monkeypatch.setattr(choose, "vllm_available", lambda: installed)
+    monkeypatch.setattr(vllm_backend, "check_source", lambda model: None)
+    if env is None:
+        monkeypatch.delenv("DEPTHLENS_BACKEND", raising=False)
+    else:
+        monkeypatch.setenv("DEPTHLENS_BACKEND", env)
+
+    def stop(engine, spec):
+        from depthlens.errors import InputError
+
+        raise InputError("stopped before loading")
+
+    monkeypatch.setattr(serve_cmd, "load_for", stop)
+    code, _, err = _cli(monkeypatch, capsys, "--model", str(tmp_path / model), "--backend", flag)
+    assert code == 2 and "stopped before loading" in err
+    line = " ".join(err.split())  # as one line, however the terminal wrapped it
+    assert said in line and line.index("engine: ") < line.index("stopped before loading")
+    if said.startswith("engine: vllm"):
+        assert "takes ~31 s to start with its compile cache warm and minutes when it compiles afresh" in line
+        assert "--backend hf starts in seconds" in line
+    else:
+        assert ("--backend vllm batches many clients' requests" in line) == installed
+
+
 def test_a_port_in_use_is_one_error_line(monkeypatch, capsys, tmp_path):
     from tests.serving import save_tiny_chat
 

@@ -167,6 +167,28 @@ def test_a_question_shows_think_at_n_on_the_trials_draw(view_stores, eta):
             assert row["prefix_dtr"] == response.prefix_dtr(4)
 
 
+# Fields a response's row reads that only some records carry: a failed record's error, an online run's phase.
+OPTIONAL_ROW_FIELDS = {"error", "phase"}
+
+
+@pytest.mark.parametrize("name", ["samples", "samples_jsonl", "online"])
+def test_the_question_pages_rows_read_fields_the_api_sends(view_stores, name):
+    """Every field app.js's response row reads is one /api/question sends (the token count went blank when the
+    API's ``n_tokens`` became ``token_count``: issue 57, item 8), and the token count is each record's."""
+    script = (Path(__file__).parents[1] / "src/depthlens/view/static/app.js").read_text()
+    row_js = script[script.index("function responseRow") : script.index("// ---- a score store")]
+    read = set(re.findall(r"\br\.(\w+)", row_js))
+    assert "token_count" in read and "n_tokens" not in read
+    _, api = client(view_stores[name])
+    stored = {r["id"]: r for r in iter_samples(view_stores[name])}
+    questions = sorted({r["question_id"] for r in stored.values()})
+    for qid in questions:
+        rows = api.get("/api/question", params={"id": qid, "n": 2}).json()["rows"]
+        for row in rows:
+            assert read - OPTIONAL_ROW_FIELDS <= set(row), row["id"]
+            assert row["token_count"] == stored[row["id"]]["token_count"]
+
+
 def test_a_response_shows_the_stored_tokens_and_layers(view_stores):
     store = view_stores["samples"]
     _, api = client(store)

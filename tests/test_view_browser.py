@@ -194,6 +194,9 @@ def test_question_response_token_and_eta_in_chromium(view_stores, serve, page, t
     script = "rows => rows.map(r => [r.dataset.id, r.querySelector('[data-field=prefix_dtr]').innerText])"
     shown = dict(page.eval_on_selector_all("#responses tbody tr", script))
     assert shown == {i: js_fixed(r.prefix_dtr(50), 3) for i, r in zip(ids, pools[qid], strict=True)}
+    script = "rows => rows.map(r => [r.dataset.id, r.querySelector('[data-field=token_count]').innerText])"
+    counts = dict(page.eval_on_selector_all("#responses tbody tr", script))  # each response's, not "—"
+    assert counts == {r["id"]: str(r["token_count"]) for r in iter_samples(store) if r["question_id"] == qid}
     page.screenshot(path=str(tmp_path / "question.png"), full_page=True)
 
     # response → its tokens; a token → its divergence at every layer; the heatmap
@@ -310,6 +313,28 @@ def _top_list(page) -> list[list[str]]:
     )
 
 
+def _check_colour_scale(page, scale: str, label: str, ticks: list[str], values: np.ndarray) -> None:
+    """The logit lens's colour key (issue 57, item 6): what the colour means, its ends and middle numbered, shown
+    above the grid, and every cell's colour the key's swatch at the cell's value ([T, L] values, scale 0..1)."""
+    assert page.locator(f"{scale} .scale-label").inner_text() == label
+    assert page.eval_on_selector_all(f"{scale} .tick", "ts => ts.map(t => t.textContent)") == ticks
+    bar = page.locator(f"{scale} .ramp").bounding_box()
+    grid = page.locator(".lens-scroll").bounding_box()
+    assert (
+        bar["width"] >= 200 and bar["height"] >= 10 and bar["y"] + bar["height"] <= grid["y"]
+    )  # in view, above
+    swatches = page.eval_on_selector_all(
+        f"{scale} .ramp span", "s => s.map(e => getComputedStyle(e).backgroundColor)"
+    )
+    script = "cs => cs.map(c => [+c.dataset.t, +c.dataset.layer, getComputedStyle(c).backgroundColor])"
+    cells = page.eval_on_selector_all("#logit-lens td", script)
+    assert len(cells) == values.size and len(swatches) > 10
+    top = len(swatches) - 1
+    for t, layer, colour in cells:
+        x = min(max(float(values[t, layer - 1]), 0.0), 1.0)
+        assert colour == swatches[math.floor(x * top + 0.5)], (t, layer, x)
+
+
 def test_layer_predictions_and_the_logit_lens_in_chromium(view_stores, serve, page, tmp_path):
     """``--layer-top-k``: a click on a heatmap cell (token t, layer l) lists that layer's top-k with probabilities;
     the logit lens draws every read-out token × layer with its top-1 token; both equal the stored ids and
@@ -356,9 +381,15 @@ def test_layer_predictions_and_the_logit_lens_in_chromium(view_stores, serve, pa
         str(T - 1),
         "1",
     ]
+    _check_colour_scale(page, "#lens-scale", "top-1 probability", ["0", "0.5", "1"], probs[:, :, 0])
     page.select_option("#lens-colour", "divergence")  # coloured by the divergence: the same cells
     page.wait_for_selector("#logit-lens tbody tr", timeout=WAIT_MS)
     assert _lens_grid(page) == expected
+    divergence = np.asarray(record["divergence"], dtype=np.float32)
+    _check_colour_scale(
+        page, "#lens-scale", "divergence to the final layer (bits)", ["0", "0.5", "1"], divergence
+    )
+    assert page.locator("#heatmap-scale .scale-label").inner_text() == "divergence to the final layer (bits)"
     page.screenshot(path=str(tmp_path / "logit-lens.png"), full_page=True)
     assert page.inner_text("#notices") == ""  # the nested [T][L][K] fields read as numbers: nothing "damaged"
     # a long response: the grid scrolls, the token labels and layer numbers stay in view

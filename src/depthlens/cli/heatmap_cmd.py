@@ -94,14 +94,14 @@ def _draw(
     title = (
         f"{model}: {readout.divergence.upper()} to the final layer ({unit}){read}; DTR = {record['dtr']:.2f}"
     )
-    paths = [
-        draw_divergence_heatmap(record, out / "heatmap.png", title=title),
-        write_heatmap_html(record, out / "heatmap.html", title=title, unit=unit),
-    ]
+    draw_divergence_heatmap(record, out / "heatmap.png", title=title)
+    paths = [out / "heatmap.png", write_heatmap_html(record, out / "heatmap.html", title=title, unit=unit)]
     if "layer_top_tokens" in record:
         lens = " through the tuned lens" if readout.lens != "logit" else " (the logit lens)"
-        lens_title = f"{model}: each layer's most probable token{lens}"
-        paths.append(draw_logit_lens(record, out / "logit_lens.png", title=lens_title))
+        draw_logit_lens(
+            record, out / "logit_lens.png", title=f"{model}: each layer's most probable token{lens}"
+        )
+        paths.append(out / "logit_lens.png")
     n = len(record["settling_depth"])
     t = max(range(n), key=lambda i: record["settling_depth"][i]) if token is None else token
     if not 0 <= t < n:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
 import signal
 from typing import TYPE_CHECKING, Any
 
@@ -117,14 +116,17 @@ def serve(
 
 
 def _backend(backend: str, model: str) -> Backend:
-    """``--backend`` for a server. ``auto`` is not the job-size rule of ``generate`` (a server's work has no end:
-    the engine's start is paid once, and only vllm batches many clients' requests): vllm where it is installed and
-    can load ``model``, else hf."""
-    from depthlens.sampling.choose import AUTO_ENV, is_gguf, vllm_available
+    """``--backend`` for a server (``sampling.choose.server_backend``: vllm where it is installed and can load
+    ``model``, else hf), checked, and said on stderr with why and what its start costs, before anything loads."""
+    from depthlens.cli.flags import flag_for
+    from depthlens.errors import spelt
+    from depthlens.sampling.choose import server_backend, server_backend_line
 
-    if backend == "auto" and not os.environ.get(AUTO_ENV):
-        backend = "vllm" if vllm_available() and not is_gguf(model) else "hf"
-    return specs.engine_backend(backend, model)
+    name, why = server_backend(backend, model)
+    chosen = specs.engine_backend(name, model)
+    line = spelt(server_backend_line(chosen, why), lambda s: flag_for(None, s) or s)
+    err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+    return chosen
 
 
 def _engine(model: Any, config: EngineConfig, max_running: int, readout: ReadoutConfig) -> Engine:
@@ -138,7 +140,7 @@ def _engine(model: Any, config: EngineConfig, max_running: int, readout: Readout
 
 def _run(engine: Engine, tokenizer: Any, settings: ServeConfig, host: str, port: int, log_level: str) -> None:
     from depthlens.serve.app import create_app
-    from depthlens.serve.server import make_server
+    from depthlens.serve.server import finish, make_server
 
     application = create_app(engine, tokenizer, settings)
     server = make_server(application, host, port, log_level, settings.shutdown_grace)
@@ -157,3 +159,5 @@ def _run(engine: Engine, tokenizer: Any, settings: ServeConfig, host: str, port:
         raise ConfigError(
             f"could not serve on {host}:{port} (in use, or not an address of this machine)"
         ) from exc
+    finally:
+        finish(application.state.server.runner)  # no request thread left inside an engine step at exit

@@ -123,6 +123,7 @@ def _guarded(compiled: Callable, eager: Callable) -> Callable:
     from then on — the same numbers, at eager speed."""
     failed = False
 
+    @torch.no_grad()  # no graph, as every read: a wrapped model's weights may require grad (models.load.wrap)
     def run(*args: torch.Tensor) -> torch.Tensor:
         nonlocal failed
         if not failed:

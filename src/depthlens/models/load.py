@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -129,11 +130,30 @@ def wrap(
     final_norm: str | None = None,
     unembed: str | None = None,
 ) -> LoadedModel:
-    """Wrap an already-constructed model (e.g. one built from a config in a test) for readout."""
+    """Wrap an already-constructed model (e.g. one built from a config in a test) for readout.
+
+    The model is put in eval mode (no dropout: a readout must not vary run to run), and its parameters are left
+    as they are — their ``requires_grad`` flags and values are the caller's. Every read runs under
+    ``torch.inference_mode``, so none builds an autograd graph whatever the flags say.
+    """
     model.eval()
-    model.requires_grad_(False)  # readout never needs parameter gradients
     parts = resolve_parts(model, blocks=blocks, final_norm=final_norm, unembed=unembed)
     return LoadedModel(model=model, tokenizer=tokenizer, parts=parts, name=name or type(model).__name__)
+
+
+@contextlib.contextmanager
+def frozen(model: Any) -> Iterator[None]:
+    """``model``'s parameters not requiring grad for the duration, each flag as it was afterwards: for a
+    computation that needs autograd for its own tensors (a tuned lens's translators) and must leave a caller's
+    model untouched — no ``.grad`` accumulated on its weights, its ``requires_grad`` flags its own."""
+    thawed = [p for p in model.parameters() if p.requires_grad]
+    for p in thawed:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in thawed:
+            p.requires_grad_(True)
 
 
 def load(
@@ -183,6 +203,7 @@ def load(
     if getattr(model, "hf_quantizer", None) is not None and source.gguf_file:
         model.hf_quantizer = None  # GGUF weights are dequantised on load; nothing quantised remains
     model.to(torch_device)
+    model.requires_grad_(False)  # a model we loaded is ours: no read of it needs parameter gradients
     return wrap(model, tokenizer, name=name, blocks=blocks, final_norm=final_norm, unembed=unembed)
 
 

@@ -176,3 +176,48 @@ def break_even_tokens(concurrent: int, read_share: float = 0.0, hf: Costs = HF, 
     token), for the docs; inf where vLLM never catches up."""
     saved = 1 / hf.rate(concurrent) - 1 / vllm.rate(concurrent) + read_share * (hf.read_s - vllm.read_s)
     return (vllm.start_s - hf.start_s) / saved if saved > 0 else math.inf
+
+
+def server_backend(flag: str, model: str) -> tuple[str, str]:
+    """A server's backend for ``--backend flag`` and why, as a clause. ``auto`` is not the job-size rule of
+    ``generate`` (a server's work has no end: the engine's start is paid once, and only vllm batches many clients'
+    requests): ``$DEPTHLENS_BACKEND`` where set, else vllm where the extra is installed and can load ``model``,
+    else hf. The name is checked later (``resolve_backend``)."""
+    if flag != "auto":
+        return flag, f"as asked: {named('backend')} {flag}"
+    if os.environ.get(AUTO_ENV):
+        return os.environ[AUTO_ENV], f"{named('backend')} auto, as ${AUTO_ENV} says"
+    if is_gguf(model):
+        return "hf", f"{named('backend')} auto: vLLM cannot load a .gguf file"
+    if not vllm_available():
+        return "hf", f"{named('backend')} auto: the vllm extra is not installed"
+    return (
+        "vllm",
+        f"{named('backend')} auto: the vllm extra is installed, and one vLLM engine batches every client",
+    )
+
+
+# What each engine costs to start, as measured for SmolLM2-135M on this project's 2-core CPU (``VLLM`` / ``HF``
+# above; docs/performance.md, "Engine start"), and the ~5 min one server start took there, shared and compiling.
+VLLM_START = (
+    f"the vLLM engine takes ~{VLLM.start_s:.0f} s to start with its compile cache warm and minutes when it compiles "
+    "afresh (first start, another dtype or length: 287 s once on a shared 2-core CPU, SmolLM2-135M)"
+)
+HF_START = (
+    f"transformers loads in seconds (~{HF.start_s:.0f} s for SmolLM2-135M) and serves one request at a time"
+)
+
+
+def server_backend_line(backend: str, why: str) -> str:
+    """The line a server prints before it starts: which engine, why, and what that costs, with the other choice."""
+    if backend == "vllm":
+        return (
+            f"engine: vllm ({why}); {VLLM_START} — {named('backend')} hf starts in seconds "
+            "(one request at a time)"
+        )
+    other = (
+        f"; {named('backend')} vllm batches many clients' requests at a start of tens of seconds to minutes"
+        if vllm_available()
+        else ""
+    )
+    return f"engine: hf ({why}); {HF_START}{other}"

@@ -96,16 +96,7 @@ class Server:
             raw = await request.body()
         except ClientDisconnect:
             raise ClientGone() from None  # answered 499, unlogged (``errors.install``)
-        try:
-            data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ApiError(400, f"the body is not valid JSON ({exc})", code="invalid_json") from None
-        except RecursionError:
-            raise ApiError(
-                400, "the body's JSON is nested too deeply to read; send a flatter body", code="invalid_json"
-            ) from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+        data = errors.read_json(raw)
         errors.refuse_body(data)
         try:
             body = model.model_validate(data)

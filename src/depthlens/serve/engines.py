@@ -111,6 +111,17 @@ class Engine(Protocol):
 # Fault injection for the tests: each generation step of a served request takes this many seconds more (a loaded
 # machine's step), so a shutdown can be shown not to wait for a step to end.
 STEP_DELAY = "DEPTHLENS_FAULT_STEP_DELAY"
+# ... and this many seconds of work inside torch (a long step as the process sees it: in torch's C++ code, the GIL
+# released), so a shutdown can be shown to let no thread sit in torch when the interpreter exits.
+STEP_TORCH = "DEPTHLENS_FAULT_STEP_TORCH"
+
+
+def _torch_work(seconds: float) -> None:
+    import torch
+
+    block, end = torch.ones(256, 256), time.monotonic() + seconds
+    while time.monotonic() < end:
+        block = torch.tanh(block @ block / 256)
 
 
 class HFBackend:
@@ -146,10 +157,13 @@ class HFBackend:
         watch, cancel = self.watch, self.cancel
 
         delay = float(os.environ.get(STEP_DELAY, "0") or 0)
+        busy = float(os.environ.get(STEP_TORCH, "0") or 0)
 
         def on_step(traces: Sequence[Trace]) -> None:
             if cancel is not None and cancel.is_set():
                 raise GenerationCancelled()
+            if busy > 0:
+                _torch_work(busy)
             if (
                 delay > 0
             ):  # a slow step (tests/test_serve_shutdown.py): a cancel set meanwhile waits for the next

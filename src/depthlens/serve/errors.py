@@ -194,6 +194,66 @@ async def _unforeseen(request: Request, exc: Exception) -> JSONResponse:
     return ApiError(500, message, code="internal_error").response()
 
 
+# No field takes an integer of more digits: the widest, a seed, is read as a 64-bit number (2⁶⁴ − 1 has 20 digits).
+# Longer integers are not converted at all — Python refuses to read one of more than 4,300 digits (a ValueError
+# from inside the JSON parser), and reading one of 4,000 costs time for a value every field refuses.
+MAX_INT_DIGITS = 20
+
+
+class LongInteger:
+    """An integer a body spells with more than ``MAX_INT_DIGITS`` digits, kept as its digit count."""
+
+    def __init__(self, text: str) -> None:
+        self.digits = len(text.lstrip("-"))
+        self.negative = text.startswith("-")
+
+
+def _integer(text: str) -> int | LongInteger:
+    return int(text) if len(text.lstrip("-")) <= MAX_INT_DIGITS else LongInteger(text)
+
+
+def read_json(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object; refused with 400 ``invalid_json`` where it is not JSON or reaches past the
+    parser's own limits (nesting, any ``ValueError`` of its own), and with 400 naming the field where an integer
+    has more digits than any field takes (``MAX_INT_DIGITS``)."""
+    try:
+        data = json.loads(raw, parse_int=_integer)
+    except RecursionError:
+        raise ApiError(
+            400, "the body's JSON is nested too deeply to read; send a flatter body", code="invalid_json"
+        ) from None
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError, as is any other limit
+        said = " ".join(str(exc).split())[:200]
+        raise ApiError(400, f"the body is not valid JSON ({said})", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+    _refuse_long_integers(data)
+    return data
+
+
+def _refuse_long_integers(data: dict[str, Any]) -> None:
+    """The first ``LongInteger`` of ``data`` in the body's order, refused naming its field (no recursion: a body
+    may nest as deeply as the parser allowed)."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, LongInteger):
+            param = _indexed(path)
+            sign = "negative " if value.negative else ""
+            raise ApiError(
+                400,
+                f"{param} is a {sign}{value.digits:,}-digit integer: past the range of every field (none takes "
+                f"an integer of more than {MAX_INT_DIGITS} digits); send a value in {param}'s range",
+                param,
+                "invalid_value",
+            )
+        items = (
+            value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        )
+        children = [(f"{path}.{key}" if path else str(key), item) for key, item in items]
+        stack.extend(reversed(children))
+
+
 def refuse_body(data: dict[str, Any]) -> None:
     """What no field's own check sees: a text UTF-8 cannot carry (a lone surrogate, which JSON can spell), a
     message whose content is an empty list, and ``max_tokens`` given together with ``max_completion_tokens``
@@ -263,7 +323,10 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+        too_long = (
+            declared is not None and declared.isdigit() and (len(declared) > 18 or int(declared) > self.limit)
+        )
+        if too_long:
             await self._refuse(scope, receive, send)
             return
         seen = 0

@@ -2,15 +2,18 @@
 
 ``concurrent.futures.ThreadPoolExecutor`` would do, but its threads are joined when the interpreter exits (its
 ``atexit`` hook waits for each one's current call, whatever ``shutdown(wait=False)`` said): a served request whose
-engine step takes a minute would hold the process a minute after SIGTERM, its answer long sent. A daemon thread is
-abandoned at exit instead, so the process ends once every client is answered (``serve.server``), within a bound
-that does not depend on how long a step takes.
+engine step takes a minute would hold the process a minute after SIGTERM, its answer long sent. Here the server
+waits for them a bounded time instead (``join``; ``serve.server.finish``): a cancelled request's thread ends at
+its engine's next step, and one that does not end in time is not left to the interpreter's exit (which would kill
+it inside the step: see ``serve.server.finish``), so the process ends within a bound that does not depend on how
+long a step takes.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
@@ -68,3 +71,15 @@ class DaemonPool(Executor):
         if wait:
             for thread in self._threads:
                 thread.join()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds in all for every thread to end (after ``shutdown``, each ends once its
+        current call returns); whether all did."""
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

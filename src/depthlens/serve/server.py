@@ -11,7 +11,10 @@ stream's error event then ``[DONE]``) without waiting for its engine's step, and
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import socket
+import sys
 from typing import Any
 
 import uvicorn
@@ -19,6 +22,9 @@ import uvicorn
 from depthlens.serve.runner import Runner
 
 ANSWER_MARGIN = 10  # s uvicorn waits past the grace period for the aborted requests' answers to go out
+STEP_WAIT = (
+    5.0  # s the request threads get, once every client is answered, to end the engine step they are in
+)
 _POLL = 0.05  # s between looks at the requests still running while they drain
 
 
@@ -56,3 +62,26 @@ def make_server(app: Any, host: str, port: int, log_level: str, grace: float) ->
         timeout_graceful_shutdown=ANSWER_MARGIN,  # counted from the end of the drain (``shutdown``)
     )
     return GracefulServer(config, app.state.server.runner, grace)
+
+
+def finish(runner: Runner, timeout: float = STEP_WAIT) -> None:
+    """After the server has stopped (every client answered, the engine closed): let each request thread end the
+    engine step it is in — cancelled, it then returns — so that the interpreter exits with none inside torch.
+
+    A daemon thread still in a torch call when the interpreter exits is killed there: CPython 3.11 ends it with
+    ``pthread_exit`` as it takes the GIL back, whose unwinding through torch's C++ frames calls ``std::terminate``
+    ("terminate called without an active exception", SIGABRT, exit 134, after every answer had gone out). A step
+    that does not end within ``timeout`` (a step that never returns) cannot be waited for: the process then leaves
+    at once with ``os._exit(0)``, its output flushed, without the interpreter's exit."""
+    if not runner.pool.closed:  # the app's lifespan did not close it (it never started)
+        runner.close()
+    if runner.pool.join(timeout):
+        return
+    logging.getLogger("depthlens.serve").warning(
+        "a request thread is still inside an engine step %.0f s after the shutdown; exiting without it",
+        timeout,
+    )
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)

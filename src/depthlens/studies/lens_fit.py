@@ -24,7 +24,7 @@ from depthlens.config import DTRConfig, LensFitConfig
 from depthlens.errors import named
 from depthlens.metrics.divergence import js_divergence
 from depthlens.metrics.dtr import deep_flags, settling_depth
-from depthlens.models.load import LoadedModel
+from depthlens.models.load import LoadedModel, frozen
 from depthlens.models.precision import precision_of
 from depthlens.readout.lens import LogitLens
 from depthlens.readout.stream import TokenSequence
@@ -283,7 +283,8 @@ def fit_lens(
     held = collect_states(lm, held_seqs, n_held)
     lens = LogitLens(lm.parts, vocab_size=len(lm.tokenizer) if lm.tokenizer is not None else None)
     started = time.monotonic()
-    with torch.enable_grad():
+    # gradients for the translators only: none accumulated on the model's weights (a wrapped model's may require it)
+    with torch.enable_grad(), frozen(lm.model):
         weight, bias, steps = fit_translators(lens, train, cfg, checkpoint, progress)
     kl, depth = heldout_readout(lens, held, weight, bias)
     stamp = {

@@ -13,106 +13,178 @@ from pathlib import Path
 from typing import Any
 
 from depthlens.errors import InputError, Written, named
+from depthlens.viz import grid
 
 _NEEDED = ("tokens", "divergence", "settling_depth", "deep")
 _SHALLOW, _DEEP = "#2ca02c", "#1f77b4"  # green: settles before the deep regime; blue: a deep-thinking token
+_HEATMAP_PANEL, _LENS_PANEL = (
+    48,
+    32,
+)  # tokens per panel of a new figure: a 64-token record reads at one glance
 
 
-def draw_divergence_heatmap(record: dict[str, Any], path: str | Path, title: str | None = None) -> Path:
-    """Write a PNG/SVG (by ``path``'s suffix) of D_{t,l} with each token's settling depth marked. ``record``: a
-    scored record (``table.to_pylist()[i]``, ``record.json``) or a row of ``depthlens.to_pandas(table)``."""
-    path = Path(path)
-    missing = [k for k in _NEEDED if k not in record]
+def _needs(record: dict[str, Any], fields: tuple[str, ...], column: str, how: str) -> None:
+    missing = [k for k in fields if k not in record]
     if missing:
-        raise InputError(
-            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens', True)} to draw a heatmap"
-        )
-    if len(record["divergence"]) == 0:  # a list, or a (T, L) array from depthlens.to_pandas
+        raise InputError(f"record {record.get('id')!r} lacks {missing}; score it with {how}")
+    if len(record[column]) == 0:  # a list, or a (T, L) array from depthlens.to_pandas
         raise InputError(f"record {record.get('id')!r} has no completion tokens to draw")
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def draw_divergence_heatmap(
+    record: dict[str, Any],
+    path: str | Path | None = None,
+    title: str | None = None,
+    *,
+    ax: Any = None,
+    layers: grid.Selection = None,
+    tokens: grid.Selection = None,
+    format: str | None = None,
+    dpi: int = 150,
+) -> Any:
+    """Draw D_{t,l} (tokens across, layers up) with each token's settling depth marked; return the Figure.
+
+    ``record``: a scored record (``table.to_pylist()[i]``, ``record.json``) or a row of ``depthlens.to_pandas``.
+    ``ax``: draw into this matplotlib Axes (its figure is returned; a colour bar is added beside it); else a new
+    figure, its tokens wrapped into panels of about 48 (at most 4 panels, 40 inches wide: past that the cells narrow
+    and the labels thin out) so that a long record stays readable. ``layers`` (1..L)
+    and ``tokens`` (0..T−1): which to draw — one index, a range or a list (default: all); a settling depth is
+    marked where its layer is drawn. ``path``: also write the figure there, as ``format`` (png, svg, pdf) or as
+    the path's suffix says."""
+    _needs(record, _NEEDED, "divergence", f"{named('tokens', True)} to draw a heatmap")
     import numpy as np
 
-    table = np.asarray(record["divergence"], dtype=float).T  # [L, T]: layers up, tokens across
-    n_layers, n_tokens = table.shape
-    width = min(max(6.0, 0.32 * n_tokens + 2), 40.0)
-    fig, ax = plt.subplots(figsize=(width, 0.16 * n_layers + 2.2))
-    extent = (-0.5, n_tokens - 0.5, 0.5, n_layers + 0.5)
-    image = ax.imshow(table, aspect="auto", origin="lower", cmap="magma_r", vmin=0.0, vmax=1.0, extent=extent)
-    xs = np.arange(n_tokens)
+    table = np.asarray(record["divergence"], dtype=float)  # [T, L]
+    rows = grid.chosen(layers, 1, table.shape[1], "layers", "layer")
+    cols = grid.chosen(tokens, 0, table.shape[0], "tokens", "token")
+    parts = grid.panels(cols, _HEATMAP_PANEL)
+    if ax is None:
+        width = grid.panel_width(max(map(len, parts)), 0.3, 2.4)
+        fig, axes = grid.new_figure(width, len(parts) * (0.16 * len(rows) + 1.6) + 0.5, len(parts))
+    else:
+        fig, axes, parts = ax.figure, [ax], [cols]
+    labels = [str(t) for t in record["tokens"]]
     depth, deep = np.asarray(record["settling_depth"]), np.asarray(record["deep"], dtype=bool)
-    for mask, colour, label in (
-        (~deep, _SHALLOW, "settling depth"),
-        (deep, _DEEP, "settling depth, deep-thinking"),
-    ):
-        ax.scatter(
-            xs[mask], depth[mask], s=14, c=colour, edgecolors="white", linewidths=0.5, zorder=3, label=label
+    for panel, part in zip(axes, parts, strict=True):
+        image = panel.imshow(
+            table[np.ix_(part, [r - 1 for r in rows])].T,
+            cmap="magma_r",
+            vmin=0.0,
+            vmax=1.0,
+            **_cells(part, rows),
         )
-    ax.set_xticks(xs, list(record["tokens"]), rotation=90, fontsize=8)
-    ax.set_ylabel("layer")
+        _settling_marks(panel, part, rows, depth, deep)
+        _axes_labels(panel, part, rows, labels)
     dtr = record.get("dtr")
-    ax.set_title(
-        title or f"{record.get('id')}: JSD to the final layer (bits); DTR = {dtr:.2f}",
-        fontsize=10,
-        loc="left",
-        pad=16,
+    heading = title or f"{record.get('id')}: JSD to the final layer (bits)" + (
+        f"; DTR = {dtr:.2f}" if dtr is not None else ""
     )
-    fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01, label="divergence")
+    axes[0].set_title(heading, fontsize=10, loc="left", pad=16)
     # Above the axes, so it never hides the top layers' dots; one marker per colour, as the caption says.
-    ax.legend(
+    axes[0].legend(
         loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=7, frameon=False, borderaxespad=0.2
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
-    return path
+    fig.colorbar(image, ax=axes, fraction=0.025 if ax is None else 0.05, pad=0.01, label="divergence")
+    grid.save(fig, path, format, dpi)
+    return fig
 
 
-def draw_logit_lens(record: dict[str, Any], path: str | Path, title: str | None = None) -> Path:
-    """Write the logit lens's classic grid (PNG/SVG by ``path``'s suffix): tokens across, layers up, each cell the
-    layer's most probable next token, shaded by its probability. Needs ``layer_top_tokens`` and
-    ``layer_top_probs`` ([T][L][K]: ``score --tokens --layer-top-k K`` with a tokenizer at hand)."""
-    path = Path(path)
-    missing = [k for k in ("tokens", "layer_top_tokens", "layer_top_probs") if k not in record]
-    if missing:
-        raise InputError(
-            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens', True)} "
-            f"{named('layer_top_k', Written('K'))} to draw the logit lens"
-        )
-    if len(record["layer_top_tokens"]) == 0:
-        raise InputError(f"record {record.get('id')!r} has no completion tokens to draw")
-    import matplotlib
+def _cells(cols: list[int], rows: list[int]) -> dict[str, Any]:
+    """imshow's settings for a grid of cells centred on 0..len − 1 both ways, layers up."""
+    extent = (-0.5, len(cols) - 0.5, -0.5, len(rows) - 0.5)
+    return {"aspect": "auto", "origin": "lower", "extent": extent, "interpolation": "nearest"}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def _settling_marks(ax: Any, cols: list[int], rows: list[int], depth: Any, deep: Any) -> None:
+    """Each drawn token's settling depth as a dot in its layer's row (where that layer is drawn)."""
+    row_of = {layer: i for i, layer in enumerate(rows)}
+    shown = [(x, row_of[int(depth[t])], bool(deep[t])) for x, t in enumerate(cols) if int(depth[t]) in row_of]
+    for want, colour, label in (
+        (False, _SHALLOW, "settling depth"),
+        (True, _DEEP, "settling depth, deep-thinking"),
+    ):
+        points = [(x, y) for x, y, is_deep in shown if is_deep == want]
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        ax.scatter(xs, ys, s=14, c=colour, edgecolors="white", linewidths=0.5, zorder=3, label=label)
+
+
+def _axes_labels(ax: Any, cols: list[int], rows: list[int], labels: list[str]) -> None:
+    """Token labels across and layer numbers up, thinned to what the cells leave room for; white lines where the
+    drawn tokens skip some."""
+    width_pt, height_pt = grid.cell_points(ax, len(cols), len(rows))
+    grid.label_tokens(ax, [labels[t] if t < len(labels) else str(t) for t in cols], width_pt)
+    grid.label_layers(ax, rows, height_pt)
+    for x in grid.gaps(cols):
+        ax.axvline(x, color="white", linewidth=2.0)
+    ax.set_ylabel("layer")
+
+
+def draw_logit_lens(
+    record: dict[str, Any],
+    path: str | Path | None = None,
+    title: str | None = None,
+    *,
+    ax: Any = None,
+    layers: grid.Selection = None,
+    tokens: grid.Selection = None,
+    format: str | None = None,
+    dpi: int = 150,
+) -> Any:
+    """Draw the logit lens's classic grid and return the Figure: tokens across, layers up, each cell the layer's
+    most probable next token, shaded by its probability. Needs ``layer_top_tokens`` and ``layer_top_probs``
+    ([T][L][K]: ``score --tokens --layer-top-k K`` with a tokenizer at hand).
+
+    ``ax``, ``layers``, ``tokens``, ``path``, ``format``: as ``draw_divergence_heatmap`` (a new figure wraps the
+    tokens into panels of about 32). Each cell's text is sized to its cell and cut to fit (…); cells too small
+    for legible text are left as colour only — choose fewer ``tokens`` or a larger Axes to read them."""
+    _needs(
+        record,
+        ("tokens", "layer_top_tokens", "layer_top_probs"),
+        "layer_top_tokens",
+        f"{named('tokens', True)} {named('layer_top_k', Written('K'))} to draw the logit lens",
+    )
     import numpy as np
 
-    probs = np.asarray(record["layer_top_probs"], dtype=float)[:, :, 0].T  # [L, T]: top-1 probability
-    n_layers, n_tokens = probs.shape
-    fig, ax = plt.subplots(figsize=(min(max(6.0, 0.7 * n_tokens + 2), 60.0), 0.28 * n_layers + 2.2))
-    extent = (-0.5, n_tokens - 0.5, 0.5, n_layers + 0.5)
-    image = ax.imshow(probs, aspect="auto", origin="lower", cmap="Blues", vmin=0.0, vmax=1.0, extent=extent)
-    for t, layers in enumerate(record["layer_top_tokens"]):
-        for layer, top in enumerate(layers, start=1):
-            colour = "white" if probs[layer - 1, t] > 0.6 else "black"
-            ax.text(
-                t, layer, top[0][:8], ha="center", va="center", fontsize=5.5, color=colour, family="monospace"
-            )
-    ax.set_xticks(np.arange(n_tokens), list(record["tokens"]), rotation=90, fontsize=8)
-    ax.set_xlabel("completion token (each cell: what that layer predicted in its place)")
-    ax.set_ylabel("layer")
-    ax.set_title(
-        title or f"{record.get('id')}: each layer's top-1 token (logit lens)", fontsize=10, loc="left"
-    )
-    fig.colorbar(image, ax=ax, fraction=0.025, pad=0.01, label="top-1 probability")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
-    return path
+    probs = np.asarray(record["layer_top_probs"], dtype=float)[:, :, 0]  # [T, L]: top-1 probability
+    rows = grid.chosen(layers, 1, probs.shape[1], "layers", "layer")
+    cols = grid.chosen(tokens, 0, probs.shape[0], "tokens", "token")
+    parts = grid.panels(cols, _LENS_PANEL)
+    if ax is None:
+        width = grid.panel_width(max(map(len, parts)), 0.5, 1.8)
+        fig, axes = grid.new_figure(width, len(parts) * (0.21 * len(rows) + 1.3) + 0.6, len(parts))
+    else:
+        fig, axes, parts = ax.figure, [ax], [cols]
+    labels = [str(t) for t in record["tokens"]]
+    for panel, part in zip(axes, parts, strict=True):
+        image = panel.imshow(
+            probs[np.ix_(part, [r - 1 for r in rows])].T,
+            cmap="Blues",
+            vmin=0.0,
+            vmax=1.0,
+            **_cells(part, rows),
+        )
+        _cell_tokens(panel, record["layer_top_tokens"], probs, part, rows)
+        _axes_labels(panel, part, rows, labels)
+    axes[-1].set_xlabel("completion token (each cell: what that layer predicted in its place)")
+    heading = title or f"{record.get('id')}: each layer's top-1 token (logit lens)"
+    axes[0].set_title(heading, fontsize=10, loc="left")
+    fig.colorbar(image, ax=axes, fraction=0.025 if ax is None else 0.05, pad=0.01, label="top-1 probability")
+    grid.save(fig, path, format, dpi)
+    return fig
+
+
+def _cell_tokens(ax: Any, top_tokens: Any, probs: Any, cols: list[int], rows: list[int]) -> None:
+    """Each cell's top-1 token, as large as the cell lets it be read and cut to fit; none where no size fits."""
+    texts = [[str(top_tokens[t][layer - 1][0]) for layer in rows] for t in cols]
+    longest = max((len(x) for column in texts for x in column), default=1)
+    size, chars = grid.cell_text(*grid.cell_points(ax, len(cols), len(rows)), longest)
+    if not size:
+        return
+    for x, (t, column) in enumerate(zip(cols, texts, strict=True)):
+        for y, (layer, text) in enumerate(zip(rows, column, strict=True)):
+            shown = text if len(text) <= chars else text[: max(chars - 1, 1)] + "…"
+            colour = "white" if probs[t, layer - 1] > 0.6 else "black"
+            ax.text(x, y, shown, ha="center", va="center", fontsize=size, color=colour, family="monospace")
 
 
 def _top_list(record: dict[str, Any], t: int, layer: int) -> str:
@@ -183,7 +255,7 @@ def write_heatmap_html(
     missing = [k for k in _NEEDED if k not in record]
     if missing:
         raise InputError(
-            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens', True)} to draw a heatmap"
+            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens')} to draw a heatmap"
         )
     table = record["divergence"]
     if not table:

@@ -60,8 +60,9 @@ def draw_token_figures(
 ) -> dict[str, Path]:
     """Figure 2 (PNG and interactive HTML) and Figure 3 for the record's most deeply settling token."""
     out_dir = Path(out_dir)
+    draw_divergence_heatmap(record, out_dir / f"fig2-heatmap-{name}.png")
     figures = {
-        "heatmap": draw_divergence_heatmap(record, out_dir / f"fig2-heatmap-{name}.png"),
+        "heatmap": out_dir / f"fig2-heatmap-{name}.png",
         "heatmap_html": write_heatmap_html(record, out_dir / f"fig2-heatmap-{name}.html"),
     }
     settling = np.asarray(record["settling_depth"])

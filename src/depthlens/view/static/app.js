@@ -236,7 +236,7 @@ function responseRow(r, params) {
   return el("tr", {"data-id": r.id, class: r.think || (r.status === "failed" ? "failed" : "undrawn")},
     el("td", {}, link), el("td", {class: "think"}, r.think ?? (r.status === "failed" ? "failed" : "not drawn")),
     el("td", {class: "num", "data-field": "prefix_dtr", title: r.prefix_note || ""}, fmt(r.prefix_dtr)),
-    el("td", {class: "num", "data-field": "dtr"}, fmt(r.dtr)), el("td", {class: "num", "data-field": "n_tokens"}, r.n_tokens ?? "—"),
+    el("td", {class: "num", "data-field": "dtr"}, fmt(r.dtr)), el("td", {class: "num", "data-field": "token_count"}, r.token_count ?? "—"),
     el("td", {}, r.finish ?? "—"), el("td", {class: "num", "data-field": "confidence"}, fmt(r.confidence)),
     el("td", {"data-field": "answer"}, r.answer ?? "—"), el("td", {}, r.answer_source ?? "—"),
     el("td", {class: r.correct ? "right" : "wrong"}, r.grade ?? r.error ?? "—"), el("td", {class: "online"}, online));

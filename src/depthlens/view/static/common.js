@@ -64,6 +64,27 @@ function isDark(palette, x) {
   return x > 0.45;
 }
 
+// The key to a grid's colours: one swatch per palette colour, left (0) to right (`hi`) — the very colours the cells
+// take — numbered at its ends and middle, with what the colour means.
+function colourScale(id, palette, hi, label) {
+  const top = palette.length - 1;
+  const digits = hi >= 10 ? 0 : hi >= 1 ? 1 : 2;
+  const swatches = palette.map((c, i) => el("span", {style: `background:${c}`, "data-x": (i / top).toFixed(4),
+    title: fmt((i / top) * hi, digits + 2)}));
+  const ticks = [0, 0.5, 1].map((f) => el("span", {class: "tick", style: `left:${100 * f}%`, "data-value": f * hi},
+    f === 0 ? "0" : fmt(f * hi, f === 1 && hi === 1 ? 0 : digits)));
+  return el("div", {class: "colour-scale", id}, el("span", {class: "scale-label"}, label),
+    el("span", {class: "scale-bar"}, el("span", {class: "ramp"}, swatches), el("span", {class: "ticks"}, ticks)));
+}
+
+// The largest divergence of the response (the colour scale's top where the unit has no bound: nats, 1 − cos).
+function divergenceMax() {
+  if (RESPONSE.unit === "bits") return 1;
+  let vmax = 0;  // a loop, not Math.max(...): a long response has more values than arguments fit
+  for (const v of RESPONSE.divergence) if (v > vmax) vmax = v;
+  return vmax || 1;
+}
+
 // ✓ / ✗ / a share, for a method's accuracy over the trials on one question.
 function mark(accuracy) {
   if (accuracy === null || accuracy === undefined) return el("span", {class: "pending"}, "…");

@@ -54,12 +54,7 @@ function drawLens(wrap) {
   }
   const T = RESPONSE.readout, L = RESPONSE.n_layers, K = layerTop().k;
   const colour = $("#lens-colour") ? $("#lens-colour").value : "probability";
-  let vmax = 1;
-  if (colour === "divergence" && RESPONSE.unit !== "bits") {
-    vmax = 0;
-    for (const v of RESPONSE.divergence) if (v > vmax) vmax = v;
-    vmax = vmax || 1;
-  }
+  const vmax = colour === "divergence" ? divergenceMax() : 1;
   const {ids, probs, texts} = layerTop();
   const head = el("tr", {}, el("th", {class: "corner", title: "layer ╲ token"}, "layer"),
     Array.from({length: T}, (_, t) => el("th", {"data-t": t, title: `token ${t}`}, RESPONSE.tokens[t])));
@@ -85,7 +80,9 @@ function drawLens(wrap) {
   select.addEventListener("change", () => drawLens(wrap));
   const what = colour === "divergence" ? `the layer's divergence to the final one (${RESPONSE.unit})`
     : "the top-1 token's probability";
-  wrap.replaceChildren(el("div", {class: "controls"}, el("label", {}, "colour by ", select)),
+  const scale = colourScale("lens-scale", RUN.palette, vmax, colour === "divergence"
+    ? `divergence to the final layer (${RESPONSE.unit})` : "top-1 probability");
+  wrap.replaceChildren(el("div", {class: "controls"}, el("label", {}, "colour by ", select), scale),
     el("div", {class: "lens-scroll"}, table),
     el("p", {class: "caption"}, `logit lens: each cell is what layer l predicts at token t (its top-1 of ${K}); ` +
       `columns: the ${T} read-out tokens (the token read out above); colour: ${what}; bold: the read-out token ` +

@@ -31,7 +31,7 @@ async function responseView(main, rid, params, mine) {
   const made = data.kind === "scores" ? "scored" : "generated";  // a score store's record was given, not sampled
   const facts = data.kind === "tcb"
     ? [["tokens", `${data.tokens.length} generated`], ["sharp drops", String(f.sharp_drops ?? "—")]]
-    : [["tokens", `${f.n_tokens ?? data.token_ids.length} ${made}, ${data.readout} read out at ${data.n_layers} layers`],
+    : [["tokens", `${f.token_count ?? data.token_ids.length} ${made}, ${data.readout} read out at ${data.n_layers} layers`],
       ["DTR", `${fmt(dtr, 4)} over the read-out tokens (deep: settles at layer ≥ ${data.deep_from}; g = ${data.g})`]];
   if ("answer" in f) facts.push(["answer", `${f.answer ?? "none"} (read by ${f.answer_source ?? "?"}, ${f.grade ?? "?"}; finish ${f.finish ?? "?"})`]);
   if (f.stopped_at !== undefined && f.stopped_at !== null) facts.push(["online", `${f.phase}: stopped at token ${f.stopped_at}`]);
@@ -170,12 +170,7 @@ function layerTable(t) {
 function heatmapCells(T, L) {
   if (RESPONSE.cells) return RESPONSE.cells;
   const rgb = RUN.palette.map((c) => c.match(/\d+/g).map(Number));
-  let vmax = 1;
-  if (RESPONSE.unit !== "bits") {  // a loop, not Math.max(...): a long response has more values than arguments fit
-    vmax = 0;
-    for (const v of RESPONSE.divergence) if (v > vmax) vmax = v;
-    vmax = vmax || 1;
-  }
+  const vmax = divergenceMax();
   const image = new ImageData(T, L);
   const top = rgb.length - 1;
   for (let t = 0; t < T; t++) {
@@ -251,7 +246,8 @@ function drawHeatmap(wrap) {
     });
     // the axes sit beside the canvas (not on it), so a click's x on the canvas is still its token
     const grid = el("div", {id: "heatmap-grid"}, layerAxis(L, ch), canvas, el("span"), tokenAxis(T, cw));
-    wrap.replaceChildren(grid, el("p", {class: "caption"}, `rows: layers 1 (bottom) to ${L} (top); columns: the ${T} read-out tokens; colour: divergence to the final layer (${RESPONSE.unit}); ringed: where each token settles; blue tick: a deep-thinking token; click a cell for that layer's top-k tokens`));
+    wrap.replaceChildren(grid, colourScale("heatmap-scale", RUN.palette, divergenceMax(),
+      `divergence to the final layer (${RESPONSE.unit})`), el("p", {class: "caption"}, `rows: layers 1 (bottom) to ${L} (top); columns: the ${T} read-out tokens; colour: divergence to the final layer (${RESPONSE.unit}); ringed: where each token settles; blue tick: a deep-thinking token; click a cell for that layer's top-k tokens`));
   }
   canvas.width = T * cw;
   canvas.height = L * ch + 6;
