@@ -255,7 +255,7 @@ def write_heatmap_html(
     missing = [k for k in _NEEDED if k not in record]
     if missing:
         raise InputError(
-            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens')} to draw a heatmap"
+            f"record {record.get('id')!r} lacks {missing}; score it with {named('tokens', True)} to draw a heatmap"
         )
     table = record["divergence"]
     if not table:
