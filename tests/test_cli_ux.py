@@ -134,7 +134,7 @@ def test_generate_checks_its_store_before_the_model(monkeypatch, capsys, tmp_pat
         (["tcb", "prompts", "--templates", "bare,nah"], "error: --templates bare,nah: unknown nah; known: bare, paper, "
          "terse, expert"),
         (["thinkn", "--methods", "think@n,vote@n"], "error: --methods think@n,vote@n: unknown vote@n; known: mean@n, "
-         "cons@n, think@n, random@n, self-certainty@n, long@n, short@n, deepconf-mean@n, deepconf-tail@n, "
+         "cons@n, think@n, random@n, self-certainty@n, long@n, short@n, think-strata@n, deepconf-mean@n, deepconf-tail@n, "
          "deepconf-bottom10@n, deepconf-lowest@n, deepconf-low-mean@n, deepconf-low-tail@n, deepconf-low-bottom10@n, "
          "deepconf-low-lowest@n, "
          "deepconf-high-mean@n, deepconf-high-tail@n, deepconf-high-bottom10@n, deepconf-high-lowest@n"),
@@ -351,8 +351,18 @@ def test_thinkn_prints_the_papers_methods_first_and_folds_deepconf(monkeypatch, 
     assert "n = 2: the pool in" in said and "holds 2 responses per question" in said
     rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
     table = rows[: rows.index("deepconf-high-*@n (4)") + 1]
-    assert table[:7] == ["think@n", "cons@n", "random@n", "mean@n", "long@n", "short@n", "self-certainty@n"]
-    assert table[7:] == ["deepconf-*@n (4)", "deepconf-low-*@n (4)", "deepconf-high-*@n (4)"]
+    # issue 56: Short@n (length alone) and Think@n within length strata beside random@n, Think@n's controls
+    assert table[:8] == [
+        "think@n",
+        "cons@n",
+        "random@n",
+        "short@n",
+        "think-strata@n",
+        "mean@n",
+        "long@n",
+        "self-certainty@n",
+    ]
+    assert table[8:] == ["deepconf-*@n (4)", "deepconf-low-*@n (4)", "deepconf-high-*@n (4)"]
     assert "12 variants folded into 3 lines" in said and "deepconf-low-tail@n" not in out
     assert max(len(line) for line in out.splitlines()) <= 80
 
