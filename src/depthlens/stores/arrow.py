@@ -1,7 +1,8 @@
 """Result records as Arrow tables and back: per-token float lists at the store's width (float32, or float16 on
 request), ``[T × L]`` float rows (divergences) as ``list<fixed_size_list<width, L>>``, each layer's top-k
 (``[T × L × K]``: ``layer_top_ids`` int32, ``layer_top_probs`` float32) as
-``list<fixed_size_list<fixed_size_list<type, K>, L>>``."""
+``list<fixed_size_list<fixed_size_list<type, K>, L>>``, and the per-layer quantities (``per_layer_type``) as one of
+those two shapes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from depthlens.metrics.layer_names import is_per_layer, is_rank
 
 
 def _float_list(values: list[Any], width: pa.DataType) -> pa.Array:
@@ -54,6 +57,23 @@ def _cube_list(values: list[Any], kind: pa.DataType) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), per_token)
 
 
+def per_layer_type(field: str) -> pa.DataType | None:
+    """The stored type of a per-layer quantity (``metrics.layer_quantities``), None for any other field: ranks int32
+    (below the vocabulary), every value float32 whatever the store's width — float16 keeps 3 digits, so a
+    log-probability of −20 would be stored ±0.008 off, and a caller's statistic may hold any scale."""
+    if not is_per_layer(field):
+        return None
+    return pa.int32() if is_rank(field) else pa.float32()
+
+
+def _per_layer_list(values: list[Any], kind: pa.DataType) -> pa.Array:
+    """A per-layer quantity's rows: ``[T × L]`` (one value a layer) or ``[T × L × m]``, as its first row is."""
+    first = next((np.asarray(v) for v in values if v is not None and len(v)), None)
+    if first is not None and first.ndim == 3:
+        return _cube_list(values, kind)
+    return _matrix_list(values, kind)
+
+
 def _kind(values: list[Any]) -> str:
     """``matrix`` for rows of float rows, ``floats`` for float lists, else ``other`` (Arrow infers the type)."""
     first = next((v for v in values if isinstance(v, list) and v), None)
@@ -77,8 +97,11 @@ def to_table(results: Iterable[dict[str, Any]], float16: bool = False) -> pa.Tab
     for key in keys:
         values = [r.get(key) for r in rows]
         kind = _kind(values)
+        per_layer = per_layer_type(key)
         if key in CUBES and any(values):
             columns[key] = _cube_list(values, CUBES[key])
+        elif per_layer is not None and any(v is not None and len(v) for v in values):
+            columns[key] = _per_layer_list(values, per_layer)
         elif kind == "matrix":
             columns[key] = _matrix_list(values, width)
         elif kind == "floats":
@@ -97,12 +120,12 @@ def table_records(table: pa.Table) -> Iterator[dict[str, Any]]:
 
 
 def _is_matrix(kind: pa.DataType) -> bool:
-    """``list<fixed_size_list<float, L>>``: a ``[T × L]`` float matrix per row (``to_table``'s divergences)."""
-    return (
-        pa.types.is_list(kind)
-        and pa.types.is_fixed_size_list(kind.value_type)
-        and pa.types.is_floating(kind.value_type.value_type)
-    )
+    """``list<fixed_size_list<number, L>>``: a ``[T × L]`` matrix per row (``to_table``'s divergences, a target
+    trajectory's log-probabilities and ranks)."""
+    if not (pa.types.is_list(kind) and pa.types.is_fixed_size_list(kind.value_type)):
+        return False
+    inner = kind.value_type.value_type
+    return pa.types.is_floating(inner) or pa.types.is_integer(inner)
 
 
 def _is_cube(kind: pa.DataType) -> bool:
@@ -130,7 +153,7 @@ def matrices(table: pa.Table, column: str) -> list[np.ndarray | None]:
         return cubes(table, column)
     if not _is_matrix(data.type):
         raise TypeError(
-            f"column {column!r} is {data.type}, not a [T × L] matrix (list<fixed_size_list<float, L>>) "
+            f"column {column!r} is {data.type}, not a [T × L] matrix (list<fixed_size_list<number, L>>) "
             "nor a [T × L × K] array"
         )
     n_layers = data.type.value_type.list_size
@@ -144,8 +167,9 @@ def matrices(table: pa.Table, column: str) -> list[np.ndarray | None]:
 
 
 def cubes(table: pa.Table, column: str) -> list[np.ndarray | None]:
-    """Each row's ``[T × L × K]`` array of ``column`` (``layer_top_ids`` / ``layer_top_probs``) as a (T, L, K)
-    numpy array, None where the row has none."""
+    """Each row's ``[T × L × K]`` array of ``column`` (``layer_top_ids`` / ``layer_top_probs``, a tracked id's
+    ``layer_track_*``, a caller's ``layer_stat_<name>`` of m values a layer) as a (T, L, K) numpy array, None where
+    the row has none."""
     data = table.column(column)
     kind = data.type
     if not (pa.types.is_list(kind) and pa.types.is_fixed_size_list(kind.value_type)):
