@@ -44,17 +44,31 @@ probabilities keep float32 whatever the store's width — float16 would tie neig
 def _cube_list(values: list[Any], kind: pa.DataType) -> pa.Array:
     """Rows of ``[T × L × K]`` arrays as ``list<fixed_size_list<fixed_size_list<kind, K>, L>>`` (L and K from the
     first non-empty row; a record without one is stored as an empty list)."""
-    first = next((np.asarray(v) for v in values if v), np.zeros((0, 0, 0)))
+    first = next((np.asarray(v) for v in values if _has_rows(v)), np.zeros((0, 0, 0)))
     n_layers, k = first.shape[1:] if first.ndim == 3 else (0, 0)
     dtype = kind.to_pandas_dtype()
     offsets, flat = [0], []
     for v in values:
-        cube = np.asarray(v, dtype=dtype).reshape(-1, n_layers, k) if v else np.zeros((0, n_layers, k), dtype)
+        cube = (
+            np.asarray(v, dtype=dtype).reshape(-1, n_layers, k)
+            if _has_rows(v)
+            else np.zeros((0, n_layers, k), dtype)
+        )
         flat.append(cube.reshape(-1))
         offsets.append(offsets[-1] + len(cube))
     per_layer = pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(flat), type=kind), k)
     per_token = pa.FixedSizeListArray.from_arrays(per_layer, n_layers)
     return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), per_token)
+
+
+def _has_rows(value: Any) -> bool:
+    """A value with at least one row (a non-empty list or array; None and empty ones have none)."""
+    return value is not None and len(value) > 0
+
+
+HIDDEN_STATES = "hidden_states"
+"""``score``'s ``hidden_layers`` result, (T, k, d) float32 per record: a table holds it as a ``[T × k × d]`` float32
+array (``to_pandas`` gives the (T, k, d) array back); no store keeps it."""
 
 
 def per_layer_type(field: str) -> pa.DataType | None:
@@ -68,7 +82,7 @@ def per_layer_type(field: str) -> pa.DataType | None:
 
 def _per_layer_list(values: list[Any], kind: pa.DataType) -> pa.Array:
     """A per-layer quantity's rows: ``[T × L]`` (one value a layer) or ``[T × L × m]``, as its first row is."""
-    first = next((np.asarray(v) for v in values if v is not None and len(v)), None)
+    first = next((np.asarray(v) for v in values if _has_rows(v)), None)
     if first is not None and first.ndim == 3:
         return _cube_list(values, kind)
     return _matrix_list(values, kind)
@@ -100,8 +114,10 @@ def to_table(results: Iterable[dict[str, Any]], float16: bool = False) -> pa.Tab
         per_layer = per_layer_type(key)
         if key in CUBES and any(values):
             columns[key] = _cube_list(values, CUBES[key])
-        elif per_layer is not None and any(v is not None and len(v) for v in values):
+        elif per_layer is not None and any(_has_rows(v) for v in values):
             columns[key] = _per_layer_list(values, per_layer)
+        elif key == HIDDEN_STATES and any(_has_rows(v) for v in values):
+            columns[key] = _cube_list(values, pa.float32())
         elif kind == "matrix":
             columns[key] = _matrix_list(values, width)
         elif kind == "floats":

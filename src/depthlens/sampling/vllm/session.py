@@ -269,6 +269,8 @@ class EngineSession:
             sample.rows.extend(new.rows)
             sample.top_ids.extend(new.top_ids)
             sample.top_probs.extend(new.top_probs)
+            for name, values in new.values.items():
+                sample.values.setdefault(name, []).extend(values)
         for tag, error in failed.items():
             found = self._samples.get(tag)  # None once an earlier request of its group failed it
             if found is not None:
