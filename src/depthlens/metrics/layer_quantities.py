@@ -33,6 +33,9 @@ from depthlens.metrics.layer_names import (
 LayerStat = Callable[[torch.Tensor], Any]
 """A caller's statistic: one block of a layer's float32 log-probabilities [rows, V] → [rows] or [rows, m]."""
 
+MAX_STAT_WIDTH = 64
+"""The most values a caller's statistic may return per row and layer (m of [rows, m]): more is a slice of the
+distribution, not a statistic — its [T][L][m] would be stored for every token."""
 _LOOP_IDS = 8  # ranks of up to this many ids per row: one comparison pass each; more: one bucketed count
 _NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
 
@@ -161,6 +164,12 @@ def call_stat(name: str, fn: LayerStat, block: torch.Tensor, width: int | None =
             "it must return [rows] or [rows, m]",
         )
     got = out.shape[1] if out.ndim == 2 else 0
+    if got > MAX_STAT_WIDTH:
+        raise stat_error(
+            name,
+            f"returned shape {list(out.shape)}: m = {got} values a row, at most {MAX_STAT_WIDTH} (a statistic, not a "
+            "slice of the distribution)",
+        )
     if width is not None and got != width:
         raise stat_error(
             name,

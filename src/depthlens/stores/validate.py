@@ -209,14 +209,16 @@ def _find_row(values: Iterable[Any], field: str, bound: Bound) -> Fault:
 def _value_fault(field: str, value: Any, bound: Bound) -> Fault | None:
     if value is None:
         return None
+    shaped = bound if bound.shape is None else dataclasses.replace(bound, what=f"{_dims(bound.shape)} {bound.what}")
     try:
         array = np.asarray(value, dtype=np.float64)
     except (ValueError, TypeError):
+        if bound.shape is not None and isinstance(value, list):
+            return Fault(None, field, "rows of unequal lengths", shaped)
         return Fault(None, field, _short(value), None)
     wrong_shape = bound.shape_fault(array.shape)
     if wrong_shape is not None:
-        rows = ", ".join(str(n) for n in bound.shape or ())
-        return Fault(None, field, wrong_shape, dataclasses.replace(bound, what=f"[T, {rows}] {bound.what}"))
+        return Fault(None, field, wrong_shape, shaped)
     values = array.ravel()
     bad = bound.first_bad(values)
     return None if bad is None else Fault(None, field, float(values[bad]), bound)
@@ -230,6 +232,11 @@ def record_fault(record: dict[str, Any], ranges: dict[str, Bound]) -> Fault | No
             if fault is not None:
                 return fault
     return None
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    """``[T, 30]`` or ``[T, 30, 2]``: a per-token row shape with its token axis."""
+    return "[T, " + ", ".join(str(n) for n in shape) + "]"
 
 
 def _short(value: Any) -> str:
