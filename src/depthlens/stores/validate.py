@@ -209,7 +209,11 @@ def _find_row(values: Iterable[Any], field: str, bound: Bound) -> Fault:
 def _value_fault(field: str, value: Any, bound: Bound) -> Fault | None:
     if value is None:
         return None
-    shaped = bound if bound.shape is None else dataclasses.replace(bound, what=f"{_dims(bound.shape)} {bound.what}")
+    shaped = (
+        bound
+        if bound.shape is None
+        else dataclasses.replace(bound, what=f"{_dims(bound.shape)} {bound.what}")
+    )
     try:
         array = np.asarray(value, dtype=np.float64)
     except (ValueError, TypeError):

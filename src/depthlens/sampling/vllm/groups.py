@@ -42,6 +42,17 @@ class Sample:
 
 
 @dataclasses.dataclass(frozen=True)
+class PerLayer:
+    """A caller's own per-layer settings for its requests (``ReadoutConfig.layer_target`` / ``track`` /
+    ``layer_entropy``; None: as the session's readout says). ``track`` is checked against the vocabulary by the
+    caller (``config.readout.check_track``)."""
+
+    layer_target: bool | None = None
+    track: tuple[int, ...] | None = None
+    layer_entropy: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class GroupSpec:
     """What a caller asks of one group."""
 
@@ -52,6 +63,8 @@ class GroupSpec:
     logprobs: int = 0  # top-k log-probabilities wanted per token (vLLM's ``logprobs``)
     pause_at: int | None = None  # phase one's ℓ
     layer_top_k: int | None = None  # each layer's top-k per read-out token (None: the session's setting)
+    # the per-layer quantities of each read-out token (``ReadoutConfig``'s fields; None: the session's setting)
+    per_layer: PerLayer | None = None
 
 
 @dataclasses.dataclass(eq=False)

@@ -192,7 +192,7 @@ class InEngineReadout:
                 ks = rows.ks[lo : lo + size]
                 quantities = rows.quantities()
                 sampled = (
-                    self._sampled(rows.sampled_by[lo : lo + size]) if quantities and not targets else None
+                    self._sampled(rows.sampled_by[lo : lo + size]) if quantities and targets is None else None
                 )
                 read = read_rows(
                     lens,
@@ -223,10 +223,10 @@ class InEngineReadout:
         values = read.values.cpu()
         base = read.base.cpu() if read.base is not None else None
         top = (read.top_ids.cpu(), read.top_probs.cpu()) if read.top_ids is not None else None
-        values = {name: v.cpu() for name, v in read.per_layer.items()} if read.per_layer else None
+        per_layer = {name: v.cpu() for name, v in read.per_layer.items()} if read.per_layer else None
         for j, (tag, position) in enumerate(owners):
-            if values is not None:
-                self.values.setdefault(tag, {})[position] = {name: v[j] for name, v in values.items()}
+            if per_layer is not None:
+                self.values.setdefault(tag, {})[position] = {name: v[j] for name, v in per_layer.items()}
             self.kept.setdefault(tag, {})[position] = values[j]
             if base is not None:
                 self.base.setdefault(tag, {})[position] = base[j]
