@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from layer_top_cost import PARAGRAPH  # a sibling script: benchmarks/ is on the path when run
 
@@ -36,7 +37,8 @@ SETTINGS = {
 }
 
 
-def entropy(lp):  # noqa: ANN001, ANN201 — a caller's statistic, as docs/python.md's example writes one
+def entropy(lp: Any) -> Any:
+    """A caller's statistic: each row's entropy in nats, from a block of log-probabilities [rows, V]."""
     return -(lp.exp() * lp).sum(-1)
 
 
@@ -50,7 +52,11 @@ def one(model: str, tokens: int, name: str) -> dict:
     lm = load(model, device="cpu")
     n_paragraph = len(lm.tokenizer(PARAGRAPH, add_special_tokens=False)["input_ids"])
     completion = PARAGRAPH * max(1, round(tokens / n_paragraph))
-    record = {"id": "long", "messages": [{"role": "user", "content": "What is 17 + 25?"}], "completion": completion}
+    record = {
+        "id": "long",
+        "messages": [{"role": "user", "content": "What is 17 + 25?"}],
+        "completion": completion,
+    }
     settings = dict(SETTINGS[name])
     stats = {"entropy": entropy} if settings.pop("stat", False) else None
     out: dict = {"setting": name, "n_layers": lm.n_layers}
@@ -69,7 +75,9 @@ def one(model: str, tokens: int, name: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
@@ -83,7 +91,16 @@ def main() -> None:
     rows = []
     for _ in range(args.rounds):
         for name in args.settings:
-            cmd = [sys.executable, __file__, "--model", args.model, "--tokens", str(args.tokens), "--one", name]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--model",
+                args.model,
+                "--tokens",
+                str(args.tokens),
+                "--one",
+                name,
+            ]
             done = subprocess.run(cmd, check=True, capture_output=True, text=True)
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), flush=True)

@@ -286,3 +286,23 @@ def test_a_statistic_raising_on_real_data_is_named_mid_run(tiny_llama):
 
     with pytest.raises(StatisticError, match=re.escape("layer_stats['flaky']: raised RuntimeError: boom")):
         score(tiny_llama, [RECORD], tcb=None, tokens=True, layer_stats={"flaky": flaky})
+
+
+def test_the_trajectory_plot_draws_from_a_result_and_says_what_is_missing(tiny_llama, tmp_path):
+    from depthlens.stores.arrow import to_pandas, to_table
+    from depthlens.viz.trajectory import draw_target_trajectory
+
+    readout = ReadoutConfig(layer_target=True, track=(3, 9))
+    [result] = score(tiny_llama, [RECORD], readout=readout, tokens=True, tcb=None)
+    png = draw_target_trajectory(result, tmp_path / "t.png", track_labels=["a", "b"])
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5000
+    row = to_pandas(to_table([result])).iloc[0]  # a DataFrame row draws alike
+    assert draw_target_trajectory(row, tmp_path / "t.svg", tokens=[0, 2]).read_text().startswith("<?xml")
+    with pytest.raises(
+        InputError, match=r"holds no target trajectory; score it with tokens and layer_target"
+    ):
+        draw_target_trajectory({"id": "x"}, tmp_path / "n.png")
+    with pytest.raises(InputError, match=r"tokens=\[9\]: must be read-out token indices in 0..5"):
+        draw_target_trajectory(result, tmp_path / "n.png", tokens=[9])
+    with pytest.raises(InputError, match=r"track_labels=\['a'\]: must name each of the 2 tracked ids"):
+        draw_target_trajectory(result, tmp_path / "n.png", track_labels=["a"])

@@ -54,11 +54,12 @@ def draw_target_trajectory(
     n_tokens, n_layers = probs.shape
     track = np.asarray(record[TRACK_LOGPROBS], dtype=float)[picked] if _has(record, TRACK_LOGPROBS) else None
     rows = 2 if track is not None else 1
+    height = 0.16 * n_layers + 2.6
     fig, axes = plt.subplots(
         rows,
         2,
-        figsize=(min(max(7.0, 0.3 * n_tokens + 6), 40.0), (0.16 * n_layers + 2.2) * rows),
-        gridspec_kw={"width_ratios": [max(2.0, n_tokens / 8), 2.0]},
+        figsize=(min(max(8.0, 0.3 * n_tokens + 7), 40.0), height + (3.2 if rows == 2 else 0.0)),
+        gridspec_kw={"width_ratios": [max(2.0, n_tokens / 8), 2.0], "height_ratios": [height, 3.2][:rows]},
         squeeze=False,
     )
     _grid(axes[0][0], probs, rank, _labels(record, picked))
@@ -121,7 +122,7 @@ def _grid(ax: Any, probs: Any, rank: Any, labels: list[str]) -> None:
                     t, layer, said, ha="center", va="center", fontsize=5, color=colour, family="monospace"
                 )
     ax.set_xticks(np.arange(n_tokens), labels, rotation=90, fontsize=8)
-    ax.set_xlabel("read-out token (cell: its rank at that layer, 0 = the most probable)")
+    ax.set_xlabel("read-out token (cell: its rank, 0 = most probable)")
     ax.set_ylabel("layer")
     ax.figure.colorbar(image, ax=ax, fraction=0.025, pad=0.01, label="probability of the read-out token")
 
