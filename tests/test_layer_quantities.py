@@ -14,6 +14,7 @@ import torch
 
 from depthlens.config import ReadoutConfig
 from depthlens.errors import ConfigError, InputError
+from depthlens.metrics.baselines import token_entropy
 from depthlens.metrics.layer_quantities import (
     LayerQuantities,
     StatisticError,
@@ -61,6 +62,10 @@ def test_entropy_and_the_target_against_float64():
     logprobs = torch.log_softmax(torch.randn(4, 300) * 3, dim=-1)
     p = logprobs.double().exp()
     assert_float32_equal(layer_entropy(logprobs), -(p * p.log()).sum(-1), what="entropy")
+    assert torch.equal(layer_entropy(logprobs), token_entropy(logprobs))  # the final layer's baseline, alike
+    masked = logprobs.clone()
+    masked[0, :5] = -torch.inf  # tokens the lens gives no mass: 0 · log 0 = 0, not NaN
+    assert torch.isfinite(layer_entropy(masked)).all()
     targets = torch.tensor([0, 10, 299, 5])
     lp, rank = target_trajectory(logprobs, targets)
     assert torch.equal(lp, logprobs[torch.arange(4), targets])

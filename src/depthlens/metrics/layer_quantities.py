@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from depthlens.errors import DepthlensError, InputError, named
-from depthlens.metrics.baselines import token_entropy
 from depthlens.metrics.layer_names import (
     ENTROPY,
     STAT_PREFIX,
@@ -79,8 +78,9 @@ def target_trajectory(logprobs: torch.Tensor, targets: torch.Tensor) -> tuple[to
 
 
 def layer_entropy(logprobs: torch.Tensor) -> torch.Tensor:
-    """H(p) in nats of each row, [c, V] → [c] (the final layer's ``entropy`` baseline's own formula)."""
-    return token_entropy(logprobs)
+    """H(p) in nats of each row, [c, V] → [c]: the final layer's ``entropy`` baseline (``token_entropy``), its
+    0 · log 0 = 0 taken by ``nansum`` rather than a separate pass over the vocabulary (the same values)."""
+    return -(logprobs.exp() * logprobs).nansum(-1)
 
 
 @dataclasses.dataclass(frozen=True)
