@@ -282,3 +282,12 @@ def test_hidden_states_reach_a_table_as_one_array():
     back = frame["hidden_states"]
     assert back[0].shape == (5, 2, 4) and back[0].dtype == np.float32 and back[1].shape == (2, 2, 4)
     np.testing.assert_array_equal(back[0], states)
+
+
+def test_a_pool_read_out_nowhere_holds_no_rows_and_reads_clean(tiny_chat, tmp_path):
+    """``readout_tokens=0`` with the per-layer settings: no token read out, no rows, and nothing reported missing."""
+    sampling = SamplingConfig(max_new_tokens=3, readout_tokens=0)
+    run = GenerateRun(StoreSpec(tmp_path / "s", format="jsonl"), pool=1, sampling=sampling, readout=READOUT)
+    generate(tiny_chat, run, QUESTIONS[:1])
+    [(_, record)] = list(read_responses(tmp_path / "s"))
+    assert record["divergence"] == [] and "layer_target_ranks" not in record

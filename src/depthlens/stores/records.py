@@ -259,17 +259,16 @@ def per_layer_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str |
     read-out token (as the divergence rows), and the tracked ids below ``vocab_rows``. Their values and row shapes
     are ``stores.validate``'s ranges (``per_layer_bounds``), checked on every read of either store kind."""
     rows = record.get("divergence")
-    read = isinstance(rows, list) and record.get("token_count")  # a light read holds no per-token rows
+    read = isinstance(rows, list) and len(rows) > 0  # a light read, or no read-out token, holds no rows
     for field in expected_per_layer(manifest):
         value = record.get(field)
         if value is None:
             if read:
                 return f"no {field}, which the manifest's readout asks of every record"
             continue
-        if isinstance(rows, list) and (not isinstance(value, list) or len(value) != len(rows)):
-            return (
-                f"{field} holds {_length(value)} rows for {len(rows)} read-out tokens (its divergence rows)"
-            )
+        held = len(value) if isinstance(value, (list, np.ndarray)) else None
+        if isinstance(rows, list) and held != len(rows):
+            return f"{field} holds {held} rows for {len(rows)} read-out tokens (its divergence rows)"
     readout = manifest.get("readout") if isinstance(manifest.get("readout"), dict) else {}
     track, vocab = readout.get("track"), manifest.get(VOCAB)
     if isinstance(track, list) and _whole(vocab):
