@@ -151,11 +151,6 @@ class ReadoutConfig(Config):
         if self.vocab_size is not None:
             check_track(ids, self.vocab_size)
 
-    @property
-    def per_layer(self) -> bool:
-        """Whether any per-layer quantity besides the divergence and the top-k is kept (target, track, entropy)."""
-        return self.layer_target or bool(self.track) or self.layer_entropy
-
 
 def check_track(track: tuple[int, ...], vocab: int, model: str = "the model") -> None:
     """``ReadoutConfig.track``'s ids against the vocabulary the lens reads (``vocab`` rows): an id at or past it is
@@ -174,7 +169,6 @@ def check_per_layer(readout: ReadoutConfig, tokens: bool) -> None:
     """The per-layer quantities are per-token fields, as each layer's top-k (``check_layer_top``): a run asking for
     the target trajectory, tracked ids or each layer's entropy without its per-token values is refused, naming
     both."""
-    check_layer_top(readout.layer_top_k, tokens)
     for name in ("layer_target", "track", "layer_entropy"):
         value = getattr(readout, name)
         if value and not tokens:

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from depthlens.config.answers import AnswerConfig
 from depthlens.config.base import MOST_QUESTIONS, MOST_RESPONSES, Config, check_seed, invalid
-from depthlens.config.readout import DTRConfig, ReadoutConfig, TCBConfig, check_per_layer
+from depthlens.config.readout import DTRConfig, ReadoutConfig, TCBConfig, check_layer_top, check_per_layer
 from depthlens.config.sampling import EngineConfig, SamplingConfig
 from depthlens.config.voting import OnlineConfig
 from depthlens.errors import InputError, named
@@ -120,6 +120,7 @@ class ScoreRun:
     )  # vllm: teacher forced in the engine
 
     def __post_init__(self) -> None:
+        check_layer_top(self.readout.layer_top_k, self.tokens)
         check_per_layer(self.readout, self.tokens)
 
 
