@@ -134,9 +134,9 @@ def test_generate_checks_its_store_before_the_model(monkeypatch, capsys, tmp_pat
         (["tcb", "prompts", "--templates", "bare,nah"], "error: --templates bare,nah: unknown nah; known: bare, paper, "
          "terse, expert"),
         (["thinkn", "--methods", "think@n,vote@n"], "error: --methods think@n,vote@n: unknown vote@n; known: mean@n, "
-         "cons@n, think@n, random@n, self-certainty@n, long@n, short@n, think-strata@n, deepconf-mean@n, deepconf-tail@n, "
-         "deepconf-bottom10@n, deepconf-lowest@n, deepconf-low-mean@n, deepconf-low-tail@n, deepconf-low-bottom10@n, "
-         "deepconf-low-lowest@n, "
+         "cons@n, think@n, random@n, self-certainty@n, long@n, short@n, think-strata@n, deepconf-mean@n, "
+         "deepconf-tail@n, deepconf-bottom10@n, deepconf-lowest@n, deepconf-low-mean@n, deepconf-low-tail@n, "
+         "deepconf-low-bottom10@n, deepconf-low-lowest@n, "
          "deepconf-high-mean@n, deepconf-high-tail@n, deepconf-high-bottom10@n, deepconf-high-lowest@n"),
         (["heatmap", "--completion", "x", "--token", "-1"], "error: --token -1: give a token index, 0 or more"),
     ],

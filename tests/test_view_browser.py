@@ -419,3 +419,35 @@ def test_layer_predictions_and_the_logit_lens_in_chromium(view_stores, serve, pa
     assert "--layer-top-k" in page.inner_text("#layer-top-missing")
     page.click("#show-lens")
     assert "--layer-top-k" in page.inner_text("#lens-missing")
+
+
+def test_a_cells_list_says_the_read_out_tokens_probability_and_rank(serve, page, tmp_path):
+    """``layer_target``: a click on a heatmap cell (token t, layer l) ends the cell's list with the read-out
+    token's probability and rank at that layer, as stored; ↑ moves it with the layer; a store with the trajectory
+    and no top-k shows that line alone, with the note on how to keep the top-k."""
+    from tests.test_view_trajectory import trajectory_store
+
+    for store in (trajectory_store(tmp_path), trajectory_store(tmp_path, top_k=0)):
+        record = max(iter_samples(store), key=lambda r: r["token_count"])
+        logprobs, ranks = (
+            np.asarray(record["layer_target_logprobs"]),
+            np.asarray(record["layer_target_ranks"]),
+        )
+        T, L = ranks.shape
+        page.goto(serve(store) + f"#/r/{record['id']}")
+        page.wait_for_selector("#tokens .tok", timeout=WAIT_MS)
+        page.click("#show-heatmap")
+        box = page.locator("#heatmap").bounding_box()
+        cw, ch = box["width"] / T, (box["height"] - 6) / L
+        t, layer = 2, 2
+        page.mouse.click(box["x"] + (t + 0.5) * cw, box["y"] + (L - layer + 0.5) * ch)
+        for at in (layer, layer + 1):
+            page.wait_for_selector(f'#layer-target[data-layer="{at}"]', timeout=WAIT_MS)
+            line = page.inner_text("#layer-target")
+            rank = int(ranks[t, at - 1])
+            assert page.get_attribute("#layer-target", "data-rank") == str(rank)
+            assert f"layer {at}: p = {js_fixed(math.exp(float(logprobs[t, at - 1])), 4)}" in line
+            assert f"rank {rank}" in line
+            page.keyboard.press("ArrowUp")
+        if "k0" in store.name:
+            assert page.locator("#layer-top").count() == 0 and page.locator("#layer-top-missing").count() == 1

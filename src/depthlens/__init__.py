@@ -33,6 +33,7 @@ _LAZY = {
     "matrices": "depthlens.stores.arrow",
     "draw_divergence_heatmap": "depthlens.viz.heatmap",
     "draw_logit_lens": "depthlens.viz.heatmap",
+    "draw_target_trajectory": "depthlens.viz.trajectory",
     "ReadoutConfig": "depthlens.config",
     "DTRConfig": "depthlens.config",
     "DepthlensError": "depthlens.errors",

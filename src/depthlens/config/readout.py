@@ -32,6 +32,10 @@ MAX_LAYER_TOP_K = 100
 """The most tokens per layer ``ReadoutConfig.layer_top_k`` keeps: K ids and K probabilities per read-out token and
 layer (12 bytes each in memory); more is a vocabulary dump, not a lens (docs/performance.md)."""
 
+MAX_TRACK = 100
+"""The most token ids ``ReadoutConfig.track`` follows through the layers: M log-probabilities and ranks per read-out
+token and layer (a rank costs one pass over the vocabulary per id); more is a vocabulary dump, not a lens."""
+
 Compile = Literal["auto", "on", "off"]
 """``auto``: a compiled (fused) readout kernel on CUDA, eager elsewhere; ``on``: compiled on any device (on a
 CPU it pays ~20 s of compilation once, then runs at the matmul's pace); ``off``: eager everywhere."""
@@ -69,6 +73,14 @@ class ReadoutConfig(Config):
         layer_top_k: keep each read-out token's K most probable tokens at every layer, with their probabilities
             (``layer_top_ids`` / ``layer_top_probs``, [T][L][K]: the logit lens's own predictions,
             ``metrics.layer_top``); 0 keeps none. At most ``MAX_LAYER_TOP_K``.
+        layer_target: keep the target trajectory — the read-out token's own log-probability (natural log) and
+            rank (0 = most probable; ties share the better rank) at every layer (``layer_target_logprobs`` /
+            ``layer_target_ranks``, [T][L]; ``metrics.layer_quantities``), the logit lens's classic plot.
+        track: token ids followed through every layer for every read-out token: their log-probabilities and ranks
+            (``layer_track_logprobs`` / ``layer_track_ranks``, [T][L][M], in this order); at most ``MAX_TRACK``
+            distinct ids, each below the model's vocabulary (checked where the model is known,
+            ``check_track``).
+        layer_entropy: keep each layer's entropy H(p_{t,l}) in nats (``layer_entropy``, [T][L]).
     """
 
     divergence: Divergence = "jsd"
@@ -81,6 +93,9 @@ class ReadoutConfig(Config):
     lens: str = "logit"
     lens_digest: str | None = None
     layer_top_k: int = 0
+    layer_target: bool = False
+    track: tuple[int, ...] = ()
+    layer_entropy: bool = False
 
     @property
     def lens_spec(self) -> LensSpec:
@@ -112,6 +127,55 @@ class ReadoutConfig(Config):
         if self.vocab_size is not None and self.vocab_size < 2:
             raise invalid(
                 "ReadoutConfig", "vocab_size", self.vocab_size, "must be ≥ 2", "a distribution needs 2"
+            )
+        self._check_per_layer()
+
+    def _check_per_layer(self) -> None:
+        """The per-layer quantities' settings: flags are true or false, ``track`` distinct token ids ≥ 0 (at most
+        ``MAX_TRACK``; below ``vocab_size`` where it is given)."""
+        for name in ("layer_target", "layer_entropy"):
+            if not isinstance(getattr(self, name), bool):
+                raise invalid("ReadoutConfig", name, getattr(self, name), "must be true or false")
+        if isinstance(self.track, (str, bytes)) or not isinstance(self.track, (tuple, list)):
+            raise invalid("ReadoutConfig", "track", self.track, "must be a list of token ids")
+        ids = tuple(self.track)
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+            raise invalid("ReadoutConfig", "track", list(ids), "must be token ids (whole numbers ≥ 0)")
+        if len(set(ids)) != len(ids):
+            raise invalid("ReadoutConfig", "track", list(ids), "must name each token id once")
+        if len(ids) > MAX_TRACK:
+            raise invalid(
+                "ReadoutConfig", "track", list(ids), f"must be at most {MAX_TRACK} token ids, not {len(ids)}"
+            )
+        object.__setattr__(self, "track", ids)
+        if self.vocab_size is not None:
+            check_track(ids, self.vocab_size)
+
+
+def check_track(track: tuple[int, ...], vocab: int, model: str = "the model") -> None:
+    """``ReadoutConfig.track``'s ids against the vocabulary the lens reads (``vocab`` rows): an id at or past it is
+    refused, naming it, before anything is read out or written."""
+    past = [i for i in track if i >= vocab]
+    if past:
+        raise invalid(
+            "ReadoutConfig",
+            "track",
+            list(track),
+            f"token id {past[0]} is past {model}'s vocabulary of {vocab} (ids 0..{vocab - 1})",
+        )
+
+
+def check_per_layer(readout: ReadoutConfig, tokens: bool) -> None:
+    """The per-layer quantities are per-token fields, as each layer's top-k (``check_layer_top``): a run asking for
+    the target trajectory, tracked ids or each layer's entropy without its per-token values is refused, naming
+    both."""
+    for name in ("layer_target", "track", "layer_entropy"):
+        value = getattr(readout, name)
+        if value and not tokens:
+            raise InputError(
+                setting=name,
+                value=list(value) if isinstance(value, tuple) else value,
+                requirement=f"is kept per token and layer: add {named('tokens')}",
             )
 
 

@@ -11,7 +11,14 @@ from typing import Any, ClassVar, Literal
 
 from depthlens.config.answers import AnswerConfig
 from depthlens.config.base import MOST_QUESTIONS, MOST_RESPONSES, Config, check_seed, invalid
-from depthlens.config.readout import MAX_LAYER_TOP_K, DTRConfig, ReadoutConfig, TCBConfig, check_layer_top
+from depthlens.config.readout import (
+    MAX_LAYER_TOP_K,
+    DTRConfig,
+    ReadoutConfig,
+    TCBConfig,
+    check_layer_top,
+    check_per_layer,
+)
 from depthlens.config.sampling import EngineConfig, SamplingConfig
 from depthlens.config.voting import OnlineConfig
 from depthlens.errors import InputError, named
@@ -125,6 +132,7 @@ class ScoreRun:
 
     def __post_init__(self) -> None:
         check_layer_top(self.readout.layer_top_k, self.tokens)
+        check_per_layer(self.readout, self.tokens)
 
 
 @dataclasses.dataclass(frozen=True)

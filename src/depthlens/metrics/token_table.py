@@ -24,6 +24,8 @@ from depthlens.metrics.dtr import (
     topk_settling_depth,
 )
 from depthlens.metrics.fused import FUSABLE, compiled_block, compiled_step
+from depthlens.metrics.layer_names import is_per_layer
+from depthlens.metrics.layer_quantities import LayerQuantities, check_finite_stats
 from depthlens.metrics.layer_top import layer_top_k_of_logprobs
 from depthlens.metrics.tcb import Unembedding, token_constraint_terms
 from depthlens.readout.stream import ReadoutChunk, check_finite
@@ -44,6 +46,9 @@ class TokenTable:
     settling: torch.Tensor | None = None  # [T] long: found by early exit (divergence None) or the topk rule
     layer_top_ids: torch.Tensor | None = None  # [T, L, K] long: each layer's K most probable tokens, if asked
     layer_top_probs: torch.Tensor | None = None  # [T, L, K] float32: their probabilities, descending
+    # the per-layer quantities asked for (metrics.layer_quantities): field → [T, L] or [T, L, m]
+    layer_values: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    hidden: torch.Tensor | None = None  # [T, k, d] float32: the residual streams of the layers kept, if asked
 
     @property
     def n_tokens(self) -> int:
@@ -78,19 +83,24 @@ def chunk_divergence_kinds(
     top_k: int | None = None,
     compiled: bool = False,
     layer_top: int = 0,
+    quantities: LayerQuantities | None = None,
 ) -> dict[str, torch.Tensor]:
     """D_{t,l} of several divergence kinds in one walk over the layers: each kind → [c, L], on the chunk's device;
     with ``top_k``, also ``"topk"`` → [c, L] bool: the layer's top-K token set equals the final layer's (the
     ``topk:K`` settling rule, ``metrics.dtr.topk_settling_depth``), from the same unembedding products; with
     ``layer_top`` = K > 0, also ``"layer_top_ids"`` [c, L, K] long and ``"layer_top_probs"`` [c, L, K] float32:
-    each layer's K most probable tokens (``metrics.layer_top``; layer L the model's own), from those products too.
+    each layer's K most probable tokens (``metrics.layer_top``; layer L the model's own), from those products too;
+    with ``quantities``, each of its fields (``metrics.layer_quantities``: the target trajectory, tracked ids,
+    entropy, a caller's statistics) → [c, L] or [c, L, m], from each layer's same log-softmax.
 
     The unembedding runs on blocks of layers (one large product); the log-softmax then follows layer by layer,
     each straight before that layer's divergences, so its [c, V] is still warm in cache (on a CPU twice as fast
     as one log-softmax over the whole block first). ``compiled`` (without ``top_k``): each block through one fused
     kernel for the logit kinds (``metrics.fused.compiled_block``), cosine from the normed states.
     """
-    if compiled and top_k is None and not layer_top:  # the fused kernel never holds a layer's logits
+    if (
+        compiled and top_k is None and not layer_top and not quantities
+    ):  # the fused kernel holds no layer's logits
         return _compiled_kinds(chunk, kinds, rows)
     final = chunk.final
     out = {kind: torch.zeros(len(chunk), chunk.n_layers, device=final.logprobs.device) for kind in kinds}
@@ -102,6 +112,9 @@ def chunk_divergence_kinds(
         )  # [c, K]: layer L, the model's own distribution
         out["layer_top_ids"] = ids[:, None].repeat(1, chunk.n_layers, 1)  # [c, L, K]; earlier layers below
         out["layer_top_probs"] = probs[:, None].repeat(1, chunk.n_layers, 1)
+    if quantities:  # layer L's values fill every column first; earlier layers below
+        for name, value in quantities.of_layer(final.logprobs, chunk.target_ids).items():
+            out[name] = value.unsqueeze(1).repeat(1, chunk.n_layers, *[1] * (value.ndim - 1))
     for first, logits, normed in chunk.logit_blocks(rows):
         for j in range(logits.shape[0]):
             if top_k is not None:
@@ -114,6 +127,9 @@ def chunk_divergence_kinds(
             for kind in kinds:
                 d = layer_divergence(kind, final.logprobs, logprobs, final.normed, normed[j])
                 out[kind][:, first - 1 + j] = d
+            if quantities:  # last: a caller's statistic sees the block after depthlens's own values are taken
+                for name, value in quantities.of_layer(logprobs, chunk.target_ids).items():
+                    out[name][:, first - 1 + j] = value
     return out
 
 
@@ -213,6 +229,7 @@ def reduce_readout(
     rows: int = 0,
     top_k: int | None = None,
     layer_top: int = 0,
+    quantities: LayerQuantities | None = None,
 ) -> list[TokenTable]:
     """Collect the chunks of ``n_sequences`` sequences into one TokenTable each (empty when no chunk came).
 
@@ -224,9 +241,13 @@ def reduce_readout(
     one copy. ``top_k``: settle by the ``topk:K`` rule instead (the divergence table is still kept; ``settle_at``
     must then be None). ``layer_top`` = K > 0: each layer's K most probable tokens too (``settle_at`` must then be
     None: every layer is read), from the eager walk's own unembedding products — the fused kernel never holds them.
+    ``quantities``: the per-layer quantities (``metrics.layer_quantities``) from the same walk, likewise. A chunk
+    that carries kept residual streams (``ReadoutChunk.kept``) gives them to its table's ``hidden``.
     """
-    if layer_top and settle_at is not None:
-        raise ValueError("reduce_readout: layer_top reads every layer; early exit (settle_at) reads fewer")
+    if (layer_top or quantities) and settle_at is not None:
+        raise ValueError(
+            "reduce_readout: per-layer fields read every layer; early exit (settle_at) reads fewer"
+        )
     parts: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(n_sequences)]
     unembed, row_norms_sq = None, None
     for chunk in chunks:
@@ -236,8 +257,10 @@ def reduce_readout(
             "ids": chunk.target_ids,
             **{k: base[k] for k in ("log_prob", "entropy", "self_certainty")},
         }
-        if top_k is not None or layer_top:
-            walked = chunk_divergence_kinds(chunk, (kind,), rows, top_k, layer_top=layer_top)
+        if top_k is not None or layer_top or quantities:
+            walked = chunk_divergence_kinds(
+                chunk, (kind,), rows, top_k, layer_top=layer_top, quantities=quantities
+            )
             columns.update(second=walked.pop(kind), **walked)
         elif settle_at is None:
             columns["second"] = chunk_divergences(chunk, kind, rows, compiled=compiled)
@@ -250,6 +273,9 @@ def reduce_readout(
             columns.update({f"tcb:{k}": v for k, v in chunk_tcb(chunk, unembed, row_norms_sq, tcb).items()})
         host = _to_host(columns)
         check_finite(host.pop("nonfinite"), chunk.start)
+        check_finite_stats(host)
+        if chunk.kept is not None:  # the residual streams asked for: float32, their own copy
+            host["hidden"] = chunk.kept.float().cpu()
         parts[chunk.seq_index].append(host)
     return [_joined_table(seq_parts, n_layers, settle_at, top_k) for seq_parts in parts]
 
@@ -263,13 +289,17 @@ def _joined_table(
     joined = {k: torch.cat([p[k] for p in seq_parts]) for k in seq_parts[0]}
     tcb_columns = {k.removeprefix("tcb:"): v for k, v in joined.items() if k.startswith("tcb:")}
     baselines = (joined["log_prob"], joined["entropy"], joined["self_certainty"])
-    top = {k: joined[k] for k in ("layer_top_ids", "layer_top_probs") if k in joined}
+    top: dict[str, Any] = {k: joined[k] for k in ("layer_top_ids", "layer_top_probs") if k in joined}
+    top["layer_values"] = {k: v for k, v in joined.items() if is_per_layer(k)}
+    top["hidden"] = joined.get("hidden")
     if top_k is not None:
         settling = topk_settling_depth(joined["topk"])
         return TokenTable(joined["ids"], joined["second"], *baselines, tcb_columns, settling=settling, **top)
     if settle_at is None:
         return TokenTable(joined["ids"], joined["second"], *baselines, tcb_columns, **top)
-    return TokenTable(joined["ids"], None, *baselines, tcb_columns, settling=joined["second"])
+    return TokenTable(
+        joined["ids"], None, *baselines, tcb_columns, settling=joined["second"], hidden=top["hidden"]
+    )
 
 
 def sequence_scores(table: TokenTable, dtr: DTRConfig, n_layers: int) -> dict[str, Any]:

@@ -30,6 +30,9 @@ CUDA_BUDGET_CAP_MB = 16384  # ... at most this (chunks of ~2,000 tokens at a 150
 # Each layer's top-k (ReadoutConfig.layer_top_k), per token, layer and k, at a chunk's peak: ids int64 and
 # probabilities float32 (12 B), both widened to float64 for the chunk's one host copy (16 B) and concatenated (16 B).
 LAYER_TOP_BYTES = 44
+# Each per-layer value (the target trajectory, a tracked id's log-probability and rank, the entropy), per token and
+# layer at a chunk's peak: int64 or float32 (8 B), widened to float64 for the host copy (8 B) and concatenated (8 B).
+PER_LAYER_BYTES = 24
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +66,9 @@ class ReadoutChunk:
         torch.Tensor
     )  # [c] long: each row's first non-finite layer (1-based), 0 if none; checked by the
     # consumer once its results are on the host (``check_finite``), so the check costs no sync of its own
+    kept: torch.Tensor | None = (
+        None  # [c, k, d]: the residual streams of the layers asked for (``keep_layers``)
+    )
 
     @property
     def n_layers(self) -> int:
@@ -80,6 +86,7 @@ class ReadoutChunk:
             final=final,
             _hidden=tuple(h[:k] for h in self._hidden),
             nonfinite=self.nonfinite[:k],
+            kept=None if self.kept is None else self.kept[:k],
         )
 
     @torch.inference_mode()
@@ -177,9 +184,12 @@ def rows_chunk(
     target_ids: torch.Tensor,
     seq_index: int = 0,
     start: int = 0,
+    keep_layers: Sequence[int] = (),
 ) -> ReadoutChunk:
     """A readout chunk from one forward's outputs at some positions: L + 1 hidden states [c, d] (embeddings
-    first, the model's last — possibly already normed — state last), its logits [c, V] and the tokens predicted.
+    first, the model's last — possibly already normed — state last), its logits [c, V] and the tokens predicted;
+    ``keep_layers``: the hidden states (0..L, as ``output_hidden_states`` numbers them) the chunk also carries as
+    ``kept`` [c, k, d].
 
     The rows are consecutive positions of one sequence (``iter_readout``) or one position of each sequence of a
     batch (generation reads the step it samples from).
@@ -196,6 +206,7 @@ def rows_chunk(
         lens=lens,
         _hidden=hidden,
         nonfinite=first_nonfinite((*hidden, final_logits)),
+        kept=torch.stack([hidden_states[i] for i in keep_layers], dim=1) if keep_layers else None,
     )
 
 
@@ -222,12 +233,16 @@ def chunk_sizes(
 
     A readout chunk has about twelve [c, V] float32 tensors alive at its peak (final and layer log-probs, the
     divergence's temporaries) and, with ``layer_top_k`` = K, each layer's top-k ([c, L, K]: ``LAYER_TOP_BYTES``
-    a cell); a forward segment holds [batch, S, V] logits and L + 1 hidden states. Segments are
+    a cell), and the per-layer values asked for (``PER_LAYER_BYTES`` each; a caller's statistics are not counted);
+    a forward segment holds [batch, S, V] logits and L + 1 hidden states. Segments are
     capped at ``MAX_SEGMENT`` positions (``MAX_SEGMENT_CUDA`` on a GPU) because attention's working set also grows
     with the segment length.
     """
     budget = budget_mb(config, device) * 2**20
-    per_token = 12 * 4 * vocab + LAYER_TOP_BYTES * n_layers * config.layer_top_k
+    per_layer_values = 2 * config.layer_target + 2 * len(config.track) + config.layer_entropy
+    per_token = 12 * 4 * vocab + n_layers * (
+        LAYER_TOP_BYTES * config.layer_top_k + PER_LAYER_BYTES * per_layer_values
+    )
     chunk = max(1, budget // per_token)
     per_position = batch * (4 * vocab + 4 * (n_layers + 1) * hidden)
     cap = MAX_SEGMENT_CUDA if device is not None and device.type == "cuda" else MAX_SEGMENT
@@ -279,11 +294,15 @@ def validate(lm: LoadedModel, seq: TokenSequence, what: str) -> None:
 
 @torch.inference_mode()
 def iter_readout(
-    lm: LoadedModel, sequences: Sequence[TokenSequence], config: ReadoutConfig = ReadoutConfig()
+    lm: LoadedModel,
+    sequences: Sequence[TokenSequence],
+    config: ReadoutConfig = ReadoutConfig(),
+    keep_layers: Sequence[int] = (),
 ) -> Iterator[ReadoutChunk]:
     """Yield the completion tokens of ``sequences`` (one forward pass for the batch) as readout chunks.
 
-    Chunks of one sequence come in order; sequences with an empty completion yield nothing.
+    Chunks of one sequence come in order; sequences with an empty completion yield nothing. ``keep_layers``: each
+    chunk also carries those hidden states (``rows_chunk``).
     """
     if not sequences:
         return
@@ -327,5 +346,6 @@ def iter_readout(
                     ids[b, c0 + 1 : c1 + 1],
                     seq_index=b,
                     start=start,
+                    keep_layers=keep_layers,
                 )
         del out, hidden_states

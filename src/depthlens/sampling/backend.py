@@ -45,6 +45,9 @@ class Trace:
         also: the same rows for each further divergence kind of ``ReadoutConfig.also``.
         layer_top_ids, layer_top_probs: [min(T, readout_tokens)][L][K] each layer's K most probable tokens and
             their probabilities, descending (``ReadoutConfig.layer_top_k``; empty when it is 0).
+        layer_values: the per-layer quantities asked for (``metrics.layer_quantities``: the target trajectory,
+            tracked ids, entropy, a caller's statistics), field → [min(T, readout_tokens)][L] (or [L][m]) rows;
+            ranks as whole numbers.
     """
 
     seed: int
@@ -58,6 +61,7 @@ class Trace:
     also: dict[str, list[list[float]]] = dataclasses.field(default_factory=dict)
     layer_top_ids: list[list[list[int]]] = dataclasses.field(default_factory=list)
     layer_top_probs: list[list[list[float]]] = dataclasses.field(default_factory=list)
+    layer_values: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -18,7 +18,7 @@ import importlib.util
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch
 
 from depthlens.config import Backend, EngineConfig, ReadoutConfig, SamplingConfig
 from depthlens.errors import ConfigError, named
+from depthlens.metrics.layer_quantities import stats_need_hf
 from depthlens.models.threads import use_threads
 from depthlens.sampling.backend import GenerationBackend
 from depthlens.sampling.hf import HFGenerator
@@ -69,14 +70,17 @@ def make_backend(
     on_token: Callable[[int], None] = lambda n: None,
     job: Any = None,
     progress: Callable[[str], None] | None = None,
+    layer_stats: Mapping[str, Any] | None = None,
 ) -> GenerationBackend:
     """The generation backend ``engine.backend`` names; vllm is imported only when chosen.
 
     ``lm``: a ``LoadedModel`` (hf), or for vllm a ``models.info.ModelInfo`` (tokenizer and config only: the engine
     reads the layers out itself; a ``LoadedModel`` works too, only its tokenizer and config are used). ``job``:
     the ``sampling.vllm.engine.JobSize`` the engine's KV cache is sized for; ``progress``: where the engine's
-    start is told (None: ``say``, on stderr).
+    start is told (None: ``say``, on stderr); ``layer_stats``: a caller's statistics of each layer's log-probabilities
+    (hf only: a function cannot travel into the engine's worker).
     """
+    stats_need_hf(layer_stats, engine.backend)
     if engine.backend == "vllm":
         resolve_backend("vllm")  # the one-line install hint where the extra is missing
         from depthlens.sampling.vllm.generator import EngineGenerator
@@ -84,7 +88,7 @@ def make_backend(
         told = say if progress is None else progress
         return EngineGenerator(lm, sampling, readout, engine, on_token=on_token, job=job, progress=told)
     use_threads("sample", lm.device.type, engine.threads)
-    return HFGenerator(lm, sampling, readout, on_token=on_token)
+    return HFGenerator(lm, sampling, readout, on_token=on_token, layer_stats=layer_stats)
 
 
 def say(line: str) -> None:

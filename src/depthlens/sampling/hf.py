@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from depthlens.config import ReadoutConfig, SamplingConfig
+from depthlens.config.readout import check_track
 from depthlens.errors import InputError
 from depthlens.metrics.fused import CompileRule
+from depthlens.metrics.layer_names import is_rank
+from depthlens.metrics.layer_quantities import LayerQuantities, LayerStat, check_finite_stats, probe_stats
 from depthlens.metrics.token_table import chunk_divergence_kinds
 from depthlens.models.load import LoadedModel
 from depthlens.readout.stream import (
@@ -71,7 +74,10 @@ class HFGenerator:
         sampling: SamplingConfig = SamplingConfig(),
         readout: ReadoutConfig = ReadoutConfig(),
         on_token: Callable[[int], None] = lambda n: None,
+        layer_stats: Mapping[str, LayerStat] | None = None,
     ) -> None:
+        """``layer_stats``: a caller's statistics of each layer's log-probabilities, taken in the same pass
+        (``metrics.layer_quantities``; tried on a probe block here, refused by name)."""
         self.lm = lm
         self.sampling = sampling
         self.readout = readout
@@ -85,7 +91,13 @@ class HFGenerator:
         self.on_token = on_token  # called with the number of tokens generated at each step (progress)
         self.watch = Watch()  # per-step callbacks (sampling.live): a server's stream, stop strings, cancel
         kinds = (readout.divergence, *readout.also)
-        self.layout = StepLayout(len(PER_TOKEN), kinds, self.n_layers, readout.layer_top_k)  # a step's row
+        vocab = self.lens.vocab_size or lm.vocab_rows
+        check_track(readout.track, vocab, lm.name)
+        self.quantities = LayerQuantities.of(readout, probe_stats(layer_stats, vocab))
+        fields = tuple(self.quantities.fields().items())
+        self.layout = StepLayout(
+            len(PER_TOKEN), kinds, self.n_layers, readout.layer_top_k, fields
+        )  # a step's row
 
     def _reads(self, step: int) -> bool:
         window = self.sampling.readout_tokens
@@ -168,13 +180,19 @@ class HFGenerator:
         began = time.process_time()
         chunk = rows_chunk(self.lm, self.lens, hidden, logits, tokens, start=state.step)
         kinds, top_k = self.layout.kinds, self.layout.top_k
+        quantities = self.quantities or None
         tables = chunk_divergence_kinds(
-            chunk, kinds, self.block_rows, compiled=self.compile.compiled, layer_top=top_k
+            chunk,
+            kinds,
+            self.block_rows,
+            compiled=self.compile.compiled,
+            layer_top=top_k,
+            quantities=quantities,
         )
         self.compile.note(time.process_time() - began)  # on a CPU the work is done when the call returns
         top = (tables["layer_top_ids"], tables["layer_top_probs"]) if top_k else None
         # the first non-finite layer is checked on the host, after the step's one copy
-        packed = self.layout.pack(tokens, scores, [tables[k] for k in kinds], top, chunk.nonfinite)
+        packed = self.layout.pack(tokens, scores, [tables[k] for k in kinds], top, chunk.nonfinite, tables)
         return tokens, packed, True
 
     def _run(self, traces: list[Trace], state: _State, stop_at: int) -> None:
@@ -189,6 +207,7 @@ class HFGenerator:
             if read:
                 # a row's token is its response's step-th
                 check_finite(self.layout.nonfinite(values), state.step)
+                check_finite_stats(self.layout.values(values))
             rows = np.array(state.rows, dtype=np.int64)
             results.add(rows, values, read)
             lengths += 1
@@ -254,6 +273,9 @@ class _StepResults:
                 ids, probs = layout.top(mine)  # [steps, L, K]
                 traces[index].layer_top_ids.extend(ids.tolist())
                 traces[index].layer_top_probs.extend(probs.tolist())
+            for name, value in layout.values(mine).items():  # [steps, L] or [steps, L, m]
+                rows = value.astype(np.int64) if is_rank(name) else value
+                traces[index].layer_values.setdefault(name, []).extend(rows.tolist())
         self.rows, self.values, self.read = [], [], []
 
 

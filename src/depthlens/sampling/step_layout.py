@@ -3,14 +3,15 @@ to the host in one copy, and cut apart again by the same offsets (issue 50 item 
 positions).
 
 A row is ``[token | PER_TOKEN scores | read-out part]``; the read-out part, present on the steps inside the read-out
-window, is ``[each divergence kind's L layers | layer_top ids L × K | layer_top probabilities L × K | first
-non-finite layer]``. float64 holds float32 values and token ids (< 2^53) exactly.
+window, is ``[each divergence kind's L layers | layer_top ids L × K | layer_top probabilities L × K | each per-layer
+quantity's L (× m) values | first non-finite layer]``. float64 holds float32 values, token ids and ranks (< 2^53)
+exactly.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -24,6 +25,8 @@ class StepLayout:
     kinds: tuple[str, ...]  # divergence kinds, the primary first
     n_layers: int
     top_k: int = 0  # ReadoutConfig.layer_top_k: each layer's K most probable tokens, 0 for none
+    # the per-layer quantities (metrics.layer_quantities.LayerQuantities.fields): (field, m), m = 0 one value a layer
+    fields: tuple[tuple[str, int], ...] = ()
 
     @property
     def _layers_at(self) -> int:
@@ -37,9 +40,17 @@ class StepLayout:
     def _cube(self) -> int:
         return self.n_layers * self.top_k
 
+    @property
+    def _values_at(self) -> int:
+        return self._top_at + 2 * self._cube
+
+    def _field_width(self, width: int) -> int:
+        return self.n_layers * max(1, width)
+
     def width(self, read: bool) -> int:
         """The row's width on a step that reads the layers out (``read``) or not."""
-        return self._top_at + 2 * self._cube + 1 if read else self._layers_at
+        values = sum(self._field_width(w) for _, w in self.fields)
+        return self._values_at + values + 1 if read else self._layers_at
 
     def pack(
         self,
@@ -48,9 +59,11 @@ class StepLayout:
         layers: Sequence[torch.Tensor] = (),
         top: tuple[torch.Tensor, torch.Tensor] | None = None,
         nonfinite: torch.Tensor | None = None,
+        values: Mapping[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """One float64 row per response, on the device: ``tokens`` [R], ``scores`` n_scores × [R]; on a read-out
-        step (``nonfinite`` [R] given) also ``layers`` kinds × [R, L] and ``top`` (ids, probabilities) [R, L, K]."""
+        step (``nonfinite`` [R] given) also ``layers`` kinds × [R, L], ``top`` (ids, probabilities) [R, L, K] and
+        ``values``: each of ``fields`` → [R, L] or [R, L, m]."""
         parts = [tokens.double()[:, None], *(s.double()[:, None] for s in scores)]
         if nonfinite is not None:
             parts += [layer.double() for layer in layers]
@@ -58,6 +71,10 @@ class StepLayout:
                 if top is None:
                     raise ValueError("StepLayout.pack: layer_top_k is set but no top-k was given")
                 parts += [t.double().reshape(len(tokens), self._cube) for t in top]
+            for name, _ in self.fields:
+                if values is None or name not in values:
+                    raise ValueError(f"StepLayout.pack: no {name} was given")
+                parts.append(values[name].double().reshape(len(tokens), -1))
             parts.append(nonfinite.double()[:, None])
         packed = torch.cat(parts, dim=1)
         if packed.shape[1] != self.width(nonfinite is not None):
@@ -87,3 +104,13 @@ class StepLayout:
         ids = values[:, at : at + self._cube].astype(np.int64).reshape(shape)
         probs = values[:, at + self._cube : at + 2 * self._cube].reshape(shape)
         return ids, probs
+
+    def values(self, values: np.ndarray) -> dict[str, np.ndarray]:
+        """Each per-layer quantity, field → [R, L] (or [R, L, m]), from read-out steps' rows (ranks as float64)."""
+        out, at = {}, self._values_at
+        for name, width in self.fields:
+            span = self._field_width(width)
+            shape = (len(values), self.n_layers, width) if width else (len(values), self.n_layers)
+            out[name] = values[:, at : at + span].reshape(shape)
+            at += span
+        return out

@@ -1,8 +1,9 @@
 """Result records as Arrow tables and back: per-token float lists at the store's width (float32, or float16 on
 request), ``[T × L]`` float rows (divergences) as ``list<fixed_size_list<width, L>>``, each layer's top-k
 (``[T × L × K]``: ``layer_top_ids`` int32, ``layer_top_probs`` float32) as
-``list<fixed_size_list<fixed_size_list<type, K>, L>>``; such a table as a DataFrame with (T, L) / (T, L, K) array
-cells and back (``to_pandas``, ``from_pandas``), its own metadata travelling in the frame's ``attrs``."""
+``list<fixed_size_list<fixed_size_list<type, K>, L>>``, and the per-layer quantities (``per_layer_type``) as one of
+those two shapes; such a table as a DataFrame with (T, L) / (T, L, K) array cells and back (``to_pandas``,
+``from_pandas``), its own metadata travelling in the frame's ``attrs``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from depthlens.metrics.layer_names import is_per_layer, is_rank
 
 
 def _float_list(values: list[Any], width: pa.DataType) -> pa.Array:
@@ -43,17 +46,48 @@ probabilities keep float32 whatever the store's width — float16 would tie neig
 def _cube_list(values: list[Any], kind: pa.DataType) -> pa.Array:
     """Rows of ``[T × L × K]`` arrays as ``list<fixed_size_list<fixed_size_list<kind, K>, L>>`` (L and K from the
     first non-empty row; a record without one is stored as an empty list)."""
-    first = next((np.asarray(v) for v in values if v), np.zeros((0, 0, 0)))
+    first = next((np.asarray(v) for v in values if _has_rows(v)), np.zeros((0, 0, 0)))
     n_layers, k = first.shape[1:] if first.ndim == 3 else (0, 0)
     dtype = kind.to_pandas_dtype()
     offsets, flat = [0], []
     for v in values:
-        cube = np.asarray(v, dtype=dtype).reshape(-1, n_layers, k) if v else np.zeros((0, n_layers, k), dtype)
+        cube = (
+            np.asarray(v, dtype=dtype).reshape(-1, n_layers, k)
+            if _has_rows(v)
+            else np.zeros((0, n_layers, k), dtype)
+        )
         flat.append(cube.reshape(-1))
         offsets.append(offsets[-1] + len(cube))
     per_layer = pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(flat), type=kind), k)
     per_token = pa.FixedSizeListArray.from_arrays(per_layer, n_layers)
     return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), per_token)
+
+
+def _has_rows(value: Any) -> bool:
+    """A value with at least one row (a non-empty list or array; None and empty ones have none)."""
+    return value is not None and len(value) > 0
+
+
+HIDDEN_STATES = "hidden_states"
+"""``score``'s ``hidden_layers`` result, (T, k, d) float32 per record: a table holds it as a ``[T × k × d]`` float32
+array (``to_pandas`` gives the (T, k, d) array back); no store keeps it."""
+
+
+def per_layer_type(field: str) -> pa.DataType | None:
+    """The stored type of a per-layer quantity (``metrics.layer_quantities``), None for any other field: ranks int32
+    (below the vocabulary), every value float32 whatever the store's width — float16 keeps 3 digits, so a
+    log-probability of −20 would be stored ±0.008 off, and a caller's statistic may hold any scale."""
+    if not is_per_layer(field):
+        return None
+    return pa.int32() if is_rank(field) else pa.float32()
+
+
+def _per_layer_list(values: list[Any], kind: pa.DataType) -> pa.Array:
+    """A per-layer quantity's rows: ``[T × L]`` (one value a layer) or ``[T × L × m]``, as its first row is."""
+    first = next((np.asarray(v) for v in values if _has_rows(v)), None)
+    if first is not None and first.ndim == 3:
+        return _cube_list(values, kind)
+    return _matrix_list(values, kind)
 
 
 def _kind(values: list[Any]) -> str:
@@ -79,8 +113,13 @@ def to_table(results: Iterable[dict[str, Any]], float16: bool = False) -> pa.Tab
     for key in keys:
         values = [r.get(key) for r in rows]
         kind = _kind(values)
+        per_layer = per_layer_type(key)
         if key in CUBES and any(values):
             columns[key] = _cube_list(values, CUBES[key])
+        elif per_layer is not None and any(_has_rows(v) for v in values):
+            columns[key] = _per_layer_list(values, per_layer)
+        elif key == HIDDEN_STATES and any(_has_rows(v) for v in values):
+            columns[key] = _cube_list(values, pa.float32())
         elif kind == "matrix":
             columns[key] = _matrix_list(values, width)
         elif kind == "floats":
@@ -99,12 +138,12 @@ def table_records(table: pa.Table) -> Iterator[dict[str, Any]]:
 
 
 def _is_matrix(kind: pa.DataType) -> bool:
-    """``list<fixed_size_list<float, L>>``: a ``[T × L]`` float matrix per row (``to_table``'s divergences)."""
-    return (
-        pa.types.is_list(kind)
-        and pa.types.is_fixed_size_list(kind.value_type)
-        and pa.types.is_floating(kind.value_type.value_type)
-    )
+    """``list<fixed_size_list<number, L>>``: a ``[T × L]`` matrix per row (``to_table``'s divergences, a target
+    trajectory's log-probabilities and ranks)."""
+    if not (pa.types.is_list(kind) and pa.types.is_fixed_size_list(kind.value_type)):
+        return False
+    inner = kind.value_type.value_type
+    return pa.types.is_floating(inner) or pa.types.is_integer(inner)
 
 
 def _is_cube(kind: pa.DataType) -> bool:
@@ -132,7 +171,7 @@ def matrices(table: pa.Table, column: str) -> list[np.ndarray | None]:
         return cubes(table, column)
     if not _is_matrix(data.type):
         raise TypeError(
-            f"column {column!r} is {data.type}, not a [T × L] matrix (list<fixed_size_list<float, L>>) "
+            f"column {column!r} is {data.type}, not a [T × L] matrix (list<fixed_size_list<number, L>>) "
             "nor a [T × L × K] array"
         )
     n_layers = data.type.value_type.list_size
@@ -146,8 +185,9 @@ def matrices(table: pa.Table, column: str) -> list[np.ndarray | None]:
 
 
 def cubes(table: pa.Table, column: str) -> list[np.ndarray | None]:
-    """Each row's ``[T × L × K]`` array of ``column`` (``layer_top_ids`` / ``layer_top_probs``) as a (T, L, K)
-    numpy array, None where the row has none."""
+    """Each row's ``[T × L × K]`` array of ``column`` (``layer_top_ids`` / ``layer_top_probs``, a tracked id's
+    ``layer_track_*``, a caller's ``layer_stat_<name>`` of m values a layer) as a (T, L, K) numpy array, None where
+    the row has none."""
     data = table.column(column)
     kind = data.type
     if not (pa.types.is_list(kind) and pa.types.is_fixed_size_list(kind.value_type)):

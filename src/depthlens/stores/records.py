@@ -20,8 +20,11 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from depthlens.config import DTRConfig
 from depthlens.errors import DepthlensError
+from depthlens.metrics import layer_names as names
 
 VOCAB = "vocab_rows"
 """The manifest field holding the model's vocabulary rows: every stored token id is below it (``stores.meaning``)."""
@@ -218,6 +221,45 @@ def layer_top_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str |
     return None
 
 
+def expected_per_layer(manifest: dict[str, Any]) -> list[str]:
+    """The per-layer fields every record of a store holds, from its manifest's ``readout`` (``layer_target``,
+    ``track``, ``layer_entropy``) and ``layer_stats`` (``metrics.layer_quantities``)."""
+    readout = manifest.get("readout") if isinstance(manifest.get("readout"), dict) else {}
+    fields = []
+    if readout.get("layer_target"):
+        fields += [names.TARGET_LOGPROBS, names.TARGET_RANKS]
+    if readout.get("track"):
+        fields += [names.TRACK_LOGPROBS, names.TRACK_RANKS]
+    if readout.get("layer_entropy"):
+        fields.append(names.ENTROPY)
+    stats = manifest.get("layer_stats")
+    return fields + [names.STAT_PREFIX + str(n) for n in (stats if isinstance(stats, dict) else {})]
+
+
+def per_layer_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | None:
+    """The per-layer quantities against the store: each field its manifest asks for present, with one row per
+    read-out token (as the divergence rows), and the tracked ids below ``vocab_rows``. Their values and row shapes
+    are ``stores.validate``'s ranges (``per_layer_bounds``), checked on every read of either store kind."""
+    rows = record.get("divergence")
+    read = isinstance(rows, list) and len(rows) > 0  # a light read, or no read-out token, holds no rows
+    for field in expected_per_layer(manifest):
+        value = record.get(field)
+        if value is None:
+            if read:
+                return f"no {field}, which the manifest's readout asks of every record"
+            continue
+        held = len(value) if isinstance(value, (list, np.ndarray)) else None
+        if isinstance(rows, list) and held != len(rows):
+            return f"{field} holds {held} rows for {len(rows)} read-out tokens (its divergence rows)"
+    readout = manifest.get("readout") if isinstance(manifest.get("readout"), dict) else {}
+    track, vocab = readout.get("track"), manifest.get(VOCAB)
+    if isinstance(track, list) and _whole(vocab):
+        past = [i for i in track if not (_whole(i) and 0 <= i < vocab)]
+        if past:
+            return f"the manifest's readout.track holds {past[0]!r}, not a token id below the vocabulary of {vocab}"
+    return None
+
+
 def record_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | None:
     """What is wrong with one record of a sample store beyond its ranges (see the module), or None."""
     problem = text_problem(record) or identity_problem(record, manifest)
@@ -226,6 +268,7 @@ def record_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str | No
             tokens_problem(record, manifest)
             or depth_problem(record, manifest)
             or layer_top_problem(record, manifest)
+            or per_layer_problem(record, manifest)
         )
     return problem
 

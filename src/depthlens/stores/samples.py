@@ -92,6 +92,7 @@ MANIFEST_DEFAULTS = {
     "dtr": DTRConfig().to_dict(),
     "engine": EngineConfig().to_dict(),  # stores written before the engine was recorded: hf
     "depth": {"prefix": PREFIX_TOKENS},  # stores written before their records carried depth
+    "layer_stats": {},  # a caller's statistics (name → m): stores written before them hold none
 }
 """Settings a manifest written before a field existed is read with."""
 # Batch size and a longer question list change no stored response (a response's seed is its own; a changed batch

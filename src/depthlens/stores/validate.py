@@ -19,6 +19,14 @@ import numpy as np
 import pyarrow as pa
 
 from depthlens.config.readout import DIVERGENCE_MAX
+from depthlens.metrics.layer_names import (
+    ENTROPY,
+    STAT_PREFIX,
+    TARGET_LOGPROBS,
+    TARGET_RANKS,
+    TRACK_LOGPROBS,
+    TRACK_RANKS,
+)
 from depthlens.stores.names import LEGACY_NAMES, divergence_field
 
 # Stored floats are rounded to 5 decimals and may be float16 (spacing ~5e-4 near ln 2): a value this far past a
@@ -35,6 +43,13 @@ class Bound:
     what: str
     whole: bool = False
     inf: bool = False
+    shape: tuple[int, ...] | None = None  # each token's row's shape ([L] or [L, m]), where the manifest says
+
+    def shape_fault(self, shape: tuple[int, ...]) -> str | None:
+        """``[T, …]`` of an array whose rows are not ``shape`` (an empty array fits any), else None."""
+        if self.shape is None or shape == (0,) or shape[1:] == self.shape:
+            return None
+        return f"an array of shape {list(shape)}"
 
     def first_bad(self, values: np.ndarray) -> int | None:
         """The index of the first value out of range in ``values`` (flat float64), or None."""
@@ -104,7 +119,46 @@ def bounds(manifest: dict[str, Any]) -> dict[str, Bound]:
             out[field] = Bound(0.0, top, f"a {kind} divergence in [0, {said}]")
         elif kind == "kl":
             out[field] = Bound(0.0, math.inf, "a KL divergence (≥ 0)", inf=True)
+    return out | per_layer_bounds(manifest)
+
+
+def per_layer_bounds(manifest: dict[str, Any]) -> dict[str, Bound]:
+    """The ranges and row shapes of the per-layer quantities (``metrics.layer_quantities``): log-probabilities
+    finite and ≤ 0, ranks whole numbers in [0, vocab_rows), entropies in [0, ln vocab_rows] nats, a caller's
+    statistics finite; each token's row [L] or [L, M] (M tracked ids, m a statistic's width) as the manifest says."""
+    n_layers, vocab = manifest.get("n_layers"), manifest.get("vocab_rows")
+    layers = n_layers if _count(n_layers) else None
+    readout = manifest.get("readout") if isinstance(manifest.get("readout"), dict) else {}
+    track = readout.get("track") if isinstance(readout.get("track"), list) else None
+
+    def rows(width: int | None = 0) -> tuple[int, ...] | None:
+        if layers is None or width is None:
+            return None
+        return (layers, width) if width else (layers,)
+
+    ranks = f"0..{vocab - 1}" if _count(vocab) else "0 or more"
+    top = vocab - 1 if _count(vocab) else math.inf
+    logprob, rank = "log-probabilities (finite, ≤ 0)", f"ranks (whole numbers in {ranks})"
+    tracked = len(track) if track is not None else None
+    out = {
+        TARGET_LOGPROBS: Bound(-math.inf, 0.0, logprob, shape=rows()),
+        TARGET_RANKS: Bound(0, top, rank, whole=True, shape=rows()),
+        TRACK_LOGPROBS: Bound(-math.inf, 0.0, logprob, shape=rows(tracked)),
+        TRACK_RANKS: Bound(0, top, rank, whole=True, shape=rows(tracked)),
+        ENTROPY: Bound(
+            0.0, math.log(vocab) if _count(vocab) else math.inf, "entropies (≥ 0, ≤ ln V nats)", shape=rows()
+        ),
+    }
+    stats = manifest.get("layer_stats") if isinstance(manifest.get("layer_stats"), dict) else {}
+    for name, width in stats.items():
+        out[STAT_PREFIX + str(name)] = Bound(
+            -math.inf, math.inf, "finite numbers", shape=rows(width if _count(width) or width == 0 else None)
+        )
     return out
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _flat(array: pa.Array) -> np.ndarray:
@@ -121,6 +175,8 @@ def table_fault(table: pa.Table, ranges: dict[str, Bound]) -> Fault | None:
         if bound is None:
             continue
         column = table.column(field)
+        if bound.shape is not None and _row_shape(column.type) not in (None, bound.shape):
+            return _find_row(column.to_pylist(), field, bound)
         try:
             bad = [bound.first_bad(_flat(chunk)) for chunk in column.chunks]
         except (ValueError, TypeError, pa.ArrowException):
@@ -128,6 +184,17 @@ def table_fault(table: pa.Table, ranges: dict[str, Bound]) -> Fault | None:
         if any(b is not None for b in bad):
             return _find_row(column.to_pylist(), field, bound)
     return None
+
+
+def _row_shape(kind: pa.DataType) -> tuple[int, ...] | None:
+    """The per-token row shape of a ``list<fixed_size_list<…>>`` column (``[L]`` or ``[L, m]``), None otherwise."""
+    if not pa.types.is_list(kind):
+        return None
+    sizes, inner = [], kind.value_type
+    while pa.types.is_fixed_size_list(inner):
+        sizes.append(inner.list_size)
+        inner = inner.value_type
+    return tuple(sizes) or None
 
 
 def _find_row(values: Iterable[Any], field: str, bound: Bound) -> Fault:
@@ -142,10 +209,21 @@ def _find_row(values: Iterable[Any], field: str, bound: Bound) -> Fault:
 def _value_fault(field: str, value: Any, bound: Bound) -> Fault | None:
     if value is None:
         return None
+    shaped = (
+        bound
+        if bound.shape is None
+        else dataclasses.replace(bound, what=f"{_dims(bound.shape)} {bound.what}")
+    )
     try:
-        values = np.asarray(value, dtype=np.float64).ravel()
+        array = np.asarray(value, dtype=np.float64)
     except (ValueError, TypeError):
+        if bound.shape is not None and isinstance(value, list):
+            return Fault(None, field, "rows of unequal lengths", shaped)
         return Fault(None, field, _short(value), None)
+    wrong_shape = bound.shape_fault(array.shape)
+    if wrong_shape is not None:
+        return Fault(None, field, wrong_shape, shaped)
+    values = array.ravel()
     bad = bound.first_bad(values)
     return None if bad is None else Fault(None, field, float(values[bad]), bound)
 
@@ -158,6 +236,11 @@ def record_fault(record: dict[str, Any], ranges: dict[str, Bound]) -> Fault | No
             if fault is not None:
                 return fault
     return None
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    """``[T, 30]`` or ``[T, 30, 2]``: a per-token row shape with its token axis."""
+    return "[T, " + ", ".join(str(n) for n in shape) + "]"
 
 
 def _short(value: Any) -> str:

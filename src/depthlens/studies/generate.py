@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from depthlens.errors import DepthlensError, InputError, StoreError, named
 from depthlens.evals.grading import answer_fields
 from depthlens.evals.tasks import Question
 from depthlens.metrics.dtr import response_depth
+from depthlens.metrics.layer_quantities import LayerStat, stat_widths, stats_need_hf
 from depthlens.models.load import LoadedModel
 from depthlens.models.precision import precision_of
 from depthlens.sampling.backend import PER_TOKEN, GenerationBackend, Trace
@@ -35,6 +36,7 @@ from depthlens.stores.lock import store_lock
 from depthlens.stores.names import divergence_field
 from depthlens.stores.samples import (
     RESUME_RULES,
+    STORED_DIGITS,
     remove_other_format,
     samples_entry,
     samples_format,
@@ -48,6 +50,7 @@ from depthlens.stores.samples import (
 )
 from depthlens.stores.shard_writer import ShardWriter
 from depthlens.stores.state import remove_derived
+from depthlens.studies.layer_settings import readout_quantities, stored_layer_values
 from depthlens.studies.score_inputs import as_token_ids
 
 
@@ -121,6 +124,7 @@ def sample_record(
         **depth,  # settling_depth, deep: per read-out token
         **{divergence_field(kind): stored_rows(rows) for kind, rows in trace.also.items()},
         **layer_top_fields(trace),
+        **stored_layer_values(trace.layer_values, STORED_DIGITS),
     }
 
 
@@ -146,9 +150,15 @@ def failed_record(question: Question, index: int, seed: int, error: str) -> dict
 
 
 def run_manifest(
-    model: str, n_layers: int | None, questions: Sequence[Question], run: GenerateRun, fmt: StoreFormat
+    model: str,
+    n_layers: int | None,
+    questions: Sequence[Question],
+    run: GenerateRun,
+    fmt: StoreFormat,
+    layer_stats: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The manifest ``run`` writes (``n_layers`` None: before the model is loaded, for the early resume check)."""
+    """The manifest ``run`` writes (``n_layers`` None: before the model is loaded, for the early resume check);
+    ``layer_stats``: the caller's statistics its records hold, name → m (a resumed run must bring the same)."""
     settings = {
         "task": run.task.to_dict() if run.task else {},
         "pool": run.pool,
@@ -160,6 +170,7 @@ def run_manifest(
         "dtr": run.dtr,
         "engine": run.engine,
         "answers": run.answers,
+        "layer_stats": dict(layer_stats or {}),
     }
     manifest = store_manifest(model, n_layers, questions, settings)
     return {**manifest, "command": run.command} if run.command else manifest  # a Python call's own record
@@ -206,16 +217,22 @@ def generate(
     questions: Sequence[Question],
     backend: GenerationBackend | None = None,
     events: GenerationEvents = GenerationEvents(),
+    layer_stats: Mapping[str, LayerStat] | None = None,
 ) -> GenerationReport:
     """Sample ``run.pool`` responses per question into the store ``run.store``; resumable.
 
     ``backend``: one already built for these settings (e.g. sharing a started vLLM engine), else one is built from
-    ``run.engine`` once there is something to sample.
+    ``run.engine`` once there is something to sample. ``layer_stats``: a caller's statistics of each layer's
+    log-probabilities (hf), kept per read-out token as ``layer_stat_<name>``; tried, with the tracked ids, before
+    the store is touched, and stamped in its manifest.
     """
     out_dir, spec = run.store.out, run.store
     fmt = samples_format(out_dir, spec.format, spec.resume, spec.overwrite)
+    stats_need_hf(layer_stats, run.engine.backend)
+    quantities = readout_quantities(lm, run.readout, layer_stats)  # before the store is touched
+    widths = stat_widths(quantities.stats) if quantities else {}
     manifest = {
-        **run_manifest(lm.name, lm.n_layers, questions, run, fmt),
+        **run_manifest(lm.name, lm.n_layers, questions, run, fmt, widths),
         **vocab_entry(lm),
         "precision": precision_of(lm, run.engine),
     }
@@ -227,7 +244,7 @@ def generate(
         if spec.overwrite:
             remove_other_format(out_dir, fmt)
             remove_derived(out_dir)  # the summaries of the run this one replaces
-        return _generate_into(lm, run, questions, fmt, manifest, backend, events)
+        return _generate_into(lm, run, questions, fmt, manifest, backend, events, layer_stats)
 
 
 def refuse_too_long(
@@ -280,6 +297,7 @@ def _generate_into(
     manifest: dict[str, Any],
     backend: GenerationBackend | None,
     events: GenerationEvents,
+    layer_stats: Mapping[str, LayerStat] | None = None,
 ) -> GenerationReport:
     out_dir, spec = run.store.out, run.store
     report = GenerationReport()
@@ -303,7 +321,9 @@ def _generate_into(
             job = engine_job(
                 lm, questions, run.sampling.max_new_tokens, run.batch_size, run.answers.prompt_style
             )
-            backend = make_backend(lm, run.engine, run.sampling, run.readout, events.on_token, job)
+            backend = make_backend(
+                lm, run.engine, run.sampling, run.readout, events.on_token, job, layer_stats=layer_stats
+            )
         generator = backend
         try:
             for question in questions:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from depthlens import __version__
 from depthlens.config import DTRConfig, ReadoutConfig, ScoreRun, TCBConfig
 from depthlens.errors import DepthlensError, InputError, StoreError, named
 from depthlens.metrics.fused import use_compiled
+from depthlens.metrics.layer_quantities import LayerStat, stat_widths, stats_need_hf
 from depthlens.metrics.token_table import TCB_FIELDS, TokenTable, reduce_readout, sequence_scores, tcb_summary
 from depthlens.models.load import LoadedModel
 from depthlens.models.precision import precision_of
@@ -26,7 +27,15 @@ from depthlens.readout.stream import TokenSequence, iter_readout, lens_for, mode
 from depthlens.stores.files import ResumeRules
 from depthlens.stores.guard import refuse_same_file
 from depthlens.stores.inputs import BadLine, InputRecord, check_record
-from depthlens.studies.score_inputs import BadRecord, checked_sequence
+from depthlens.stores.records import VOCAB
+from depthlens.stores.samples import vocab_entry
+from depthlens.studies.layer_settings import (
+    check_hidden_budget,
+    check_hidden_layers,
+    layer_value_fields,
+    readout_quantities,
+)
+from depthlens.studies.score_inputs import BadRecord, checked_sequence, tokenize
 
 SUMMARY_FIELDS = (
     "token_count",
@@ -71,9 +80,12 @@ def _result(
             result["layer_top_probs"] = [
                 [[round(p, 6) for p in layer] for layer in token] for token in table.layer_top_probs.tolist()
             ]
+        result.update(layer_value_fields(table.layer_values, digits=6))
         for key in TCB_FIELDS:
             if key in table.tcb:
                 result[key] = table.tcb[key].tolist()
+    if table.hidden is not None:  # asked for by the caller (``hidden_layers``): returned, never stored
+        result["hidden_states"] = table.hidden.numpy()
     return result
 
 
@@ -97,21 +109,32 @@ def score_records(
     batch_size: int = 1,
     on_skip: Callable[[BadLine], None] | None = None,
     threads: int | None = None,
+    layer_stats: Mapping[str, LayerStat] | None = None,
+    hidden_layers: Sequence[int] = (),
 ) -> Iterator[dict[str, Any]]:
     """Yield one result per record, in input order, a batch at a time.
 
     Records the model cannot take (too long, empty prompt) raise InputError, or go to ``on_skip`` when given.
-    ``threads``: torch's intra-op threads (None: ``models.threads``'s choice for scoring).
+    ``threads``: torch's intra-op threads (None: ``models.threads``'s choice for scoring). ``layer_stats``: a
+    caller's statistics of each layer's log-probabilities (``metrics.layer_quantities``; with ``tokens``), each
+    stored as ``layer_stat_<name>``; ``hidden_layers``: those layers' residual streams (0..L, as
+    ``output_hidden_states`` numbers them) in each result's ``hidden_states`` (T, k, d) float32, each record's
+    within the readout's memory budget. Both are tried before any record is read (``studies.layer_settings``).
     """
     if batch_size < 1:
         raise InputError(f"batch_size = {batch_size}; use 1 or more")
     use_threads("score", lm.device.type, threads)
+    quantities = readout_quantities(lm, readout, layer_stats, tokens)  # refused here, before any readout
+    keep = check_hidden_layers(hidden_layers, lm.n_layers)
+    if keep:  # every record's hidden states are returned together: their sum within the budget, checked first
+        records = list(records)
+        check_hidden_budget(lm, readout, keep, sum(_completion_length(lm, r) for r in records))
     batch: list[tuple[InputRecord, TokenSequence]] = []
     block_rows = model_chunk_sizes(lm, lens_for(lm, readout), readout)[1]  # token-layer rows per lens product
 
     def flush() -> Iterator[dict[str, Any]]:
         seqs = [s for _, s in batch]
-        chunks = iter_readout(lm, [s for s in seqs if s.completion_ids], readout)
+        chunks = iter_readout(lm, [s for s in seqs if s.completion_ids], readout, keep)
         nonempty = [i for i, s in enumerate(seqs) if s.completion_ids]
         # Without per-token output nothing needs the divergence table: settle by exact early exit instead.
         settle_at = dtr.g if readout.early_exit and not tokens and dtr.top_k is None else None
@@ -128,6 +151,7 @@ def score_records(
             block_rows,
             dtr.top_k,
             layer_top,
+            quantities,
         )
         tables = [TokenTable.empty(lm.n_layers)] * len(seqs)
         for i, table in zip(nonempty, reduced, strict=True):
@@ -145,6 +169,15 @@ def score_records(
             yield from flush()
     if batch:
         yield from flush()
+
+
+def _completion_length(lm: LoadedModel, record: InputRecord) -> int:
+    """How many tokens of ``record`` are read out (0 for one the model cannot take: it is refused or skipped when
+    its turn comes)."""
+    try:
+        return len(tokenize(lm, record.data, f"record {record.id!r}").completion_ids)
+    except InputError:
+        return 0
 
 
 def score_records_on(
@@ -210,15 +243,27 @@ def score(
     tcb: TCBConfig | None = TCBConfig(),
     tokens: bool = False,
     batch_size: int = 1,
+    layer_stats: Mapping[str, LayerStat] | None = None,
+    hidden_layers: Sequence[int] = (),
 ) -> list[dict[str, Any]]:
-    """Score in-memory records (dicts shaped like the JSONL input) and return their results."""
+    """Score in-memory records (dicts shaped like the JSONL input) and return their results (``score_records``'s
+    ``layer_stats`` and ``hidden_layers`` too)."""
     inputs = []
     for i, data in enumerate(records):
         check_record(data, f"record {i}")
         inputs.append(InputRecord(str(data.get("id", i)), 0, data))
-    return list(
-        score_records(lm, inputs, readout=readout, dtr=dtr, tcb=tcb, tokens=tokens, batch_size=batch_size)
+    results = score_records(
+        lm,
+        inputs,
+        readout=readout,
+        dtr=dtr,
+        tcb=tcb,
+        tokens=tokens,
+        batch_size=batch_size,
+        layer_stats=layer_stats,
+        hidden_layers=hidden_layers,
     )
+    return list(results)
 
 
 def score_summary(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -245,17 +290,23 @@ MANIFEST_DEFAULTS = {
     "readout": ReadoutConfig().to_dict(),
     "dtr": DTRConfig().to_dict(),
     "tcb": TCBConfig().to_dict(),  # ``exact`` came later: float64 stores resume in float32, within 1e-4 of them
+    "layer_stats": {},  # a caller's statistics (name → m) came later: stores before them hold none
 }
 """Settings a manifest written before a field existed is read with (``stores.files.ResumeRules``)."""
 # ``vocab_rows``: a store from before it was recorded resumes (the model is compared by name)
-RESUME_RULES = ResumeRules(defaults=MANIFEST_DEFAULTS, free=("vocab_rows",))
+RESUME_RULES = ResumeRules(defaults=MANIFEST_DEFAULTS, free=(VOCAB,))
 
 
 def score_manifest(
-    model: str, n_layers: int | None, run: ScoreRun, store: dict[str, Any] | None
+    model: str,
+    n_layers: int | None,
+    run: ScoreRun,
+    store: dict[str, Any] | None,
+    layer_stats: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The manifest of a ``score`` run; ``n_layers`` None (model not loaded yet) leaves it out; ``store`` the Parquet
-    store's own settings (``{"format": "parquet", "float16": …}``), None for JSONL."""
+    store's own settings (``{"format": "parquet", "float16": …}``), None for JSONL; ``layer_stats``: the caller's
+    statistics it stores, name → m (``metrics.layer_quantities.stat_widths``): a resumed run must bring the same."""
     manifest = {
         "depthlens_version": __version__,
         "model": model,
@@ -265,6 +316,7 @@ def score_manifest(
         "dtr": run.dtr.to_dict(),
         "tcb": run.tcb.to_dict() if run.tcb is not None else None,
         "tokens": run.tokens,
+        "layer_stats": dict(layer_stats or {}),
         "command": run.command or " ".join(sys.argv),
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
@@ -293,13 +345,16 @@ def run_score(
     events: ScoreEvents = ScoreEvents(),
     reader: Any = None,
     records: Sequence[InputRecord] | None = None,
+    layer_stats: Mapping[str, LayerStat] | None = None,
 ) -> list[BadLine]:
     """Score every record of ``run.source`` — or ``records``, given in Python — into ``run.store``; returns the
     lines skipped (with ``skip_bad``).
 
     ``run.engine`` vllm: the records are teacher forced through a vLLM engine that reads the layers out itself
     (``score_records_on``; ``lm`` may then be a ``models.info.ModelInfo``); ``reader``: one already started for
-    these settings, else one is built (``engine_reader``).
+    these settings, else one is built (``engine_reader``). ``layer_stats``: a caller's statistics of each layer's
+    log-probabilities (transformers readout, with ``run.tokens``), tried before the store is touched and stamped in
+    its manifest (name → m); a resumed run must bring the same names.
 
     On resume, records whose input changed since they were scored (the manifest keeps a hash per record) are
     dropped from the store and scored again; ``events.on_rescore`` gets their ids. The store is a sharded Parquet
@@ -307,16 +362,19 @@ def run_score(
     existing JSONL file (``stores.formats.results_format``). The input may be JSONL or Parquet.
     """
     from depthlens.stores.formats import open_results, read_inputs, results_format, store_entry
-    from depthlens.stores.samples import vocab_entry
 
     out_path, spec = run.store.out, run.store
     refuse_same_file(run.source, out_path)
     if run.readout.lens != "logit" and run.engine.backend != "vllm":
         lens_for(lm, run.readout)  # a lens fitted to another model is refused before the store is touched
+    stats_need_hf(layer_stats, run.engine.backend)
+    # tracked ids and statistics checked against the model before the store is touched
+    quantities = readout_quantities(lm, run.readout, layer_stats, run.tokens)
+    widths = stat_widths(quantities.stats) if quantities else {}
     records, skipped = (list(records), []) if records is not None else read_inputs(run.source, run.skip_bad)
     store = store_entry(results_format(out_path), spec.float16)
     manifest = {
-        **score_manifest(lm.name, lm.n_layers, run, store),
+        **score_manifest(lm.name, lm.n_layers, run, store, widths),
         "precision": precision_of(lm, run.engine),
         **vocab_entry(lm),  # every stored token id is checked against it (stores.meaning)
     }
@@ -328,7 +386,7 @@ def run_score(
         todo = [r for r in records if r.id not in writer.done]
         events.on_start(len(records), len(records) - len(todo))
         on_skip = skipped.append if run.skip_bad else None
-        results = _score_results(lm, run, todo, reader, on_skip)
+        results = _score_results(lm, run, todo, reader, on_skip, layer_stats)
         try:
             for result in results:
                 writer.write(result)
@@ -367,6 +425,7 @@ def _score_results(
     todo: list[InputRecord],
     reader: Any,
     on_skip: Callable[[BadLine], None] | None,
+    layer_stats: Mapping[str, LayerStat] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The results of ``todo``, in order: read out in a vLLM engine (``reader``; one is started here for a vllm
     run with records left to score) or in-process."""
@@ -393,4 +452,5 @@ def _score_results(
         batch_size=run.batch_size,
         on_skip=on_skip,
         threads=run.engine.threads,
+        layer_stats=layer_stats,
     )

@@ -10,7 +10,8 @@ manifest's model is loaded (never downloaded) in the background when the page op
 Where a record holds each layer's top-k (``layer_top_ids`` / ``layer_top_probs``, ``--layer-top-k K``), they are
 sent too, with a label for each distinct token id among them (the same ``token_texts``): the page lists a heatmap
 cell's top-k and draws the logit lens (tokens × layers, each cell's top-1). A record without them says how to get
-them.
+them. Where it holds the target trajectory (``layer_target_logprobs`` / ``layer_target_ranks``, ``layer_target``),
+the cell's list also says the read-out token's own probability and rank at that layer.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 
 from depthlens.errors import DepthlensError
 from depthlens.metrics.dtr import deep_flags, deep_threshold, settling_depth
+from depthlens.metrics.layer_names import TARGET_LOGPROBS, TARGET_RANKS
 from depthlens.view.store import CUBES, ViewStore
 
 PER_TOKEN = ("log_prob", "entropy", "self_certainty", "confidence", "tcb", "v_eff", "margin", "perplexity")
@@ -37,8 +39,10 @@ NO_LAYER_TOP = (
     "e.g. --layer-top-k 5) to keep each layer's K most probable tokens, then click a heatmap cell or open the "
     "logit lens"
 )
+_TARGET = (TARGET_LOGPROBS, TARGET_RANKS)  # the read-out token's own log p and rank at every layer
 _HEAVY = {
     *CUBES,
+    *_TARGET,
     "text",
     "token_ids",
     "prompt_ids",
@@ -137,7 +141,7 @@ def response_detail(store: ViewStore, index: int, labeller: Labeller) -> dict[st
     # the light fields are in memory already; read only the per-token columns (a row group holds many records)
     record = {
         **store.records[index],
-        **store.read(index, ["text", "prompt_ids", *_PER_RECORD, *PER_TOKEN, *CUBES]),
+        **store.read(index, ["text", "prompt_ids", *_PER_RECORD, *PER_TOKEN, *CUBES, *_TARGET]),
     }
     ids = [int(i) for i in _list(record.get("token_ids"))]
     table = record.get("divergence")
@@ -183,6 +187,7 @@ def response_detail(store: ViewStore, index: int, labeller: Labeller) -> dict[st
         "prompt": _prompt(store, record, labeller),
         "layer_top": top,
         "layer_top_missing": NO_LAYER_TOP,
+        "layer_target": layer_target(record, len(depth), n_layers),
     }
 
 
@@ -201,6 +206,20 @@ def layer_top(record: dict[str, Any], rows: int, n_layers: int, labeller: Labell
         "ids": base64.b64encode(np.ascontiguousarray(ids, dtype="<i4").tobytes()).decode("ascii"),
         "probs": base64.b64encode(np.ascontiguousarray(probs, dtype="<f4").tobytes()).decode("ascii"),
         "texts": dict(zip(map(str, distinct), labeller.labels(distinct), strict=True)),
+    }
+
+
+def layer_target(record: dict[str, Any], rows: int, n_layers: int) -> dict[str, Any] | None:
+    """The read-out token's own log-probability (nats) and rank (0 = most probable) at every layer for the page:
+    [R × L] float32 and int32, little-endian, base64; None where the record holds none (or not [R × L])."""
+    if record.get(TARGET_LOGPROBS) is None or record.get(TARGET_RANKS) is None:
+        return None
+    logprobs, ranks = np.asarray(record[TARGET_LOGPROBS]), np.asarray(record[TARGET_RANKS])
+    if logprobs.shape != (rows, n_layers) or ranks.shape != logprobs.shape or not logprobs.size:
+        return None
+    return {
+        "logprobs": base64.b64encode(np.ascontiguousarray(logprobs, dtype="<f4").tobytes()).decode("ascii"),
+        "ranks": base64.b64encode(np.ascontiguousarray(ranks, dtype="<i4").tobytes()).decode("ascii"),
     }
 
 

@@ -36,6 +36,9 @@ class Gained:
     rows: Rows
     top_ids: list[list[list[int]]] = dataclasses.field(default_factory=list)
     top_probs: list[list[list[float]]] = dataclasses.field(default_factory=list)
+    # the per-layer quantities asked for (``RequestReadout.layer_target`` / ``track`` / ``layer_entropy``):
+    # field → per token, [L] or [L][M]
+    values: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
 
 
 class EngineDepth:
@@ -55,12 +58,25 @@ class EngineDepth:
         """The divergence kinds each row holds, the primary one first."""
         return self.settings.kinds
 
-    def request_args(self, tag: str, window: int | None, layer_top_k: int | None = None) -> dict[str, Any]:
+    def request_args(
+        self,
+        tag: str,
+        window: int | None,
+        layer_top_k: int | None = None,
+        layer_target: bool | None = None,
+        track: Sequence[int] | None = None,
+        layer_entropy: bool | None = None,
+    ) -> dict[str, Any]:
         """``extra_args`` that make the worker read out generated tokens 0..``window``−1 of request ``tag``;
-        ``layer_top_k``: each layer's top-k tokens for this request (None: as the session's readout says)."""
+        ``layer_top_k``: each layer's top-k tokens for this request, ``layer_target`` / ``track`` /
+        ``layer_entropy`` its per-layer quantities (None: as the session's readout says; ``track`` checked
+        against the vocabulary by the caller, ``config.readout.check_track``)."""
         settings = dataclasses.replace(self.settings, window=window)
-        if layer_top_k is not None:
-            settings = dataclasses.replace(settings, layer_top_k=layer_top_k)
+        asked = {"layer_top_k": layer_top_k, "layer_target": layer_target, "layer_entropy": layer_entropy}
+        asked["track"] = tuple(track) if track is not None else None
+        changed = {name: value for name, value in asked.items() if value is not None}
+        if changed:
+            settings = dataclasses.replace(settings, **changed)
         return {TAG_KEY: tag, **settings.to_extra()}
 
     def take(
@@ -88,6 +104,8 @@ class EngineDepth:
             rows[tag] = Gained(table.tolist())
             if taken.top_ids is not None and taken.top_probs is not None:
                 rows[tag].top_ids, rows[tag].top_probs = taken.top_ids.tolist(), taken.top_probs.tolist()
+            if taken.values:
+                rows[tag].values = {name: value.tolist() for name, value in taken.values.items()}
         return rows, failed
 
     def release(self, engine: Any, tags: Sequence[str]) -> None:

@@ -29,7 +29,9 @@ Public surface (for callers beyond the studies, e.g. a server):
   ``finish``, the per-token ``log_prob`` / ``entropy`` / ``self_certainty`` / ``confidence``, ``divergence``
   (one row of ``n_layers`` floats of ``readout.divergence`` per token of the first ``readout_tokens``) and
   ``also`` (kind → rows), and with ``readout.layer_top_k`` = K each read-out token's ``layer_top_ids`` /
-  ``layer_top_probs`` ([L][K]: every layer's K most probable tokens, taken in the worker from the same logits).
+  ``layer_top_probs`` ([L][K]: every layer's K most probable tokens, taken in the worker from the same logits);
+  with ``readout.layer_target`` / ``track`` / ``layer_entropy``, ``layer_values`` (field → per read-out token
+  [L] or [L][M]: the sampled token's own trajectory, read in the worker right after it was sampled).
 - The generator steps the engine in the calling thread until its own requests are done: one call at a time per
   engine (several generators may share an engine one after another; request ids are unique in the process).
 - Driving the engine yourself: a request is read out when its ``SamplingParams.extra_args`` carry
@@ -97,6 +99,8 @@ class _Batch:
     rows: dict[str, dict[int, torch.Tensor]] = dataclasses.field(default_factory=dict)
     # request → position → each layer's top-k (ids [L, K], probabilities [L, K]), with layer_top_k
     top: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = dataclasses.field(default_factory=dict)
+    # request → position → each per-layer quantity's row ([L] or [L, M]), with the per-layer settings
+    values: dict[str, dict[int, dict[str, torch.Tensor]]] = dataclasses.field(default_factory=dict)
     stopped: dict[int, int] = dataclasses.field(
         default_factory=dict
     )  # row → token count a stop rule ended it at
@@ -307,6 +311,10 @@ class EngineGenerator:
             if taken.top_ids is not None and taken.top_probs is not None:
                 top = zip(taken.top_ids, taken.top_probs, strict=True)
                 batch.top.setdefault(request_id, {}).update(zip(taken.positions, top, strict=True))
+            if taken.values:
+                kept = batch.values.setdefault(request_id, {})
+                for j, position in enumerate(taken.positions):
+                    kept[position] = {name: rows[j] for name, rows in taken.values.items()}
 
     def _fill(self, batch: _Batch, i: int, trace: Trace, stop: int) -> None:
         request_id = batch.request_ids[i]
@@ -323,9 +331,12 @@ class EngineGenerator:
             else min(len(tokens), self.sampling.readout_tokens)
         )
         rows, top = batch.rows.get(request_id, {}), batch.top.get(request_id, {})
-        layer_top = self.request_readout.layer_top_k
+        values = batch.values.get(request_id, {})
+        layer_top, per_layer = self.request_readout.layer_top_k, self.request_readout.per_layer
         missing = [k for k in range(len(tokens)) if k not in scores] + [
-            k for k in range(window) if k not in rows or (layer_top and k not in top)
+            k
+            for k in range(window)
+            if k not in rows or (layer_top and k not in top) or (per_layer and k not in values)
         ]
         if missing or len(batch.log_prob[i]) < len(tokens):
             raise EngineError(
@@ -346,3 +357,7 @@ class EngineGenerator:
         if layer_top:
             trace.layer_top_ids = [top[k][0].tolist() for k in range(window)]
             trace.layer_top_probs = [top[k][1].tolist() for k in range(window)]
+        if per_layer and window:
+            trace.layer_values = {
+                name: [values[k][name].tolist() for k in range(window)] for name in values[0]
+            }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from depthlens.config import SamplingConfig
 from depthlens.sampling.backend import Trace
@@ -29,6 +30,7 @@ class Sample:
     # with layer_top_k = K: per read-out token, per layer, K token ids and their probabilities
     top_ids: list[list[list[int]]] = dataclasses.field(default_factory=list)
     top_probs: list[list[list[float]]] = dataclasses.field(default_factory=list)
+    values: dict[str, list[Any]] = dataclasses.field(default_factory=dict)  # per-layer quantities, per token
     engine_finish: str | None = None  # vLLM's finish reason
     stopped: bool = False  # aborted here (a decision, a Watch, a cancel): the trace holds all it will
     aborted: bool = False  # stopped while the engine still ran it (not after it had ended by itself)
@@ -37,6 +39,17 @@ class Sample:
     @property
     def running(self) -> bool:
         return self.engine_finish is None and not self.stopped
+
+
+@dataclasses.dataclass(frozen=True)
+class PerLayer:
+    """A caller's own per-layer settings for its requests (``ReadoutConfig.layer_target`` / ``track`` /
+    ``layer_entropy``; None: as the session's readout says). ``track`` is checked against the vocabulary by the
+    caller (``config.readout.check_track``)."""
+
+    layer_target: bool | None = None
+    track: tuple[int, ...] | None = None
+    layer_entropy: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +63,8 @@ class GroupSpec:
     logprobs: int = 0  # top-k log-probabilities wanted per token (vLLM's ``logprobs``)
     pause_at: int | None = None  # phase one's ℓ
     layer_top_k: int | None = None  # each layer's top-k per read-out token (None: the session's setting)
+    # the per-layer quantities of each read-out token (``ReadoutConfig``'s fields; None: the session's setting)
+    per_layer: PerLayer | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -96,6 +111,8 @@ def extend(s: Sample, limit: int | None, window: int | None, kinds: Sequence[str
     if s.top_ids:  # taken with the rows, token for token
         trace.layer_top_ids.extend(s.top_ids[start:wanted])
         trace.layer_top_probs.extend(s.top_probs[start:wanted])
+    for name, values in s.values.items():  # likewise
+        trace.layer_values.setdefault(name, []).extend(values[start:wanted])
     if s.engine_finish is not None and not s.stopped and len(trace) == len(s.tokens):
         trace.finish = _FINISH.get(s.engine_finish, "eos")  # type: ignore[assignment]
     return len(trace) > before or len(trace.divergence) > rows_before

@@ -23,6 +23,7 @@ from torch import nn
 
 from depthlens.config import Divergence
 from depthlens.metrics.baselines import token_baselines
+from depthlens.metrics.layer_quantities import LayerQuantities
 from depthlens.metrics.token_table import chunk_divergence_kinds
 from depthlens.readout.lens import LogitLens, TunedLens
 from depthlens.readout.stream import LayerReadout, ReadoutChunk, first_nonfinite
@@ -127,6 +128,9 @@ class RowsRead:
     base: torch.Tensor | None = None  # [c, 3]: final-layer log p, entropy, self-certainty (given targets)
     top_ids: torch.Tensor | None = None  # [c, L, K] int32: each layer's top-k (given top_k)
     top_probs: torch.Tensor | None = None  # [c, L, K] float32: their probabilities
+    per_layer: dict[str, torch.Tensor] | None = (
+        None  # the per-layer quantities (given them): [c, L] or [c, L, m]
+    )
 
 
 def read_rows(
@@ -137,11 +141,15 @@ def read_rows(
     rows: int,
     targets: torch.Tensor | None = None,
     top_k: int = 0,
+    quantities: LayerQuantities | None = None,
+    read_targets: torch.Tensor | None = None,
 ) -> RowsRead:
     """Divergence rows of c positions: [c, kinds, L] float32 (column L − 1 is 0), NaN rows where a state is not
     finite (``first_nonfinite`` says where; the driver raises, naming the token); given the tokens the
     positions predict (``targets`` [c]), their final-layer log p, entropy and self-certainty [c, 3]; given
-    ``top_k`` ≥ 1, each layer's K most probable tokens and their probabilities, from the same logits.
+    ``top_k`` ≥ 1, each layer's K most probable tokens and their probabilities, from the same logits; given
+    ``quantities``, the per-layer quantities (``metrics.layer_quantities``) of the tokens read out
+    (``read_targets`` [c]: a prompt's next token, or the token the engine sampled there; default ``targets``).
 
     ``hidden``: L − 1 residual states [c, d] after blocks 1..L−1; ``final_normed``: the model's own normed last
     state [c, d], whose ``compute_logits`` is the distribution the engine samples from.
@@ -150,20 +158,27 @@ def read_rows(
     final_logits = lens.logits_from_normed(final_normed)
     bad = first_nonfinite((*hidden, final_logits))
     final_logprobs = torch.log_softmax(final_logits, dim=-1)
+    read = read_targets if read_targets is not None else targets
     chunk = ReadoutChunk(
         seq_index=0,
         start=0,
-        target_ids=torch.zeros(final_normed.shape[0], dtype=torch.long),
+        target_ids=(
+            read.to(final_logprobs.device).long()
+            if read is not None
+            else torch.zeros(final_normed.shape[0], dtype=torch.long, device=final_logprobs.device)
+        ),
         final=LayerReadout(n_layers, final_logprobs, final_normed.float()),
         lens=lens,
         _hidden=tuple(hidden),
         nonfinite=bad,
     )
-    tables = chunk_divergence_kinds(chunk, kinds, rows, layer_top=top_k)
+    tables = chunk_divergence_kinds(chunk, kinds, rows, layer_top=top_k, quantities=quantities)
     out = RowsRead(torch.stack([tables[k] for k in kinds], dim=1))
     out.values[bad > 0] = float("nan")
     if top_k:  # int32 ids: half the worker's memory of int64, until the driver takes them
         out.top_ids, out.top_probs = tables["layer_top_ids"].to(torch.int32), tables["layer_top_probs"]
+    if quantities:
+        out.per_layer = {name: tables[name] for name in quantities.fields()}
     if targets is not None:
         base = token_baselines(final_logprobs, targets.to(final_logprobs.device))
         out.base = torch.stack([base[k].float() for k in BASELINES], dim=1)

@@ -110,8 +110,13 @@ class EngineScorer:
     def _table(self, seq: TokenSequence, taken: Taken, request_id: str) -> TokenTable:
         n = len(seq.completion_ids)
         positions, rows, base = taken.positions, taken.rows, taken.base
-        top = self.settings.layer_top_k
-        if positions != list(range(n)) or base is None or (top and taken.top_ids is None):
+        top, per_layer = self.settings.layer_top_k, self.settings.per_layer
+        if (
+            positions != list(range(n))
+            or base is None
+            or (top and taken.top_ids is None)
+            or (per_layer and not taken.values)
+        ):
             raise EngineError(
                 f"the engine read out positions {positions[:5]}… of {n} for {request_id}; report it with the vLLM "
                 "version"
@@ -127,4 +132,5 @@ class EngineScorer:
             self_certainty=base[:, 2],
             layer_top_ids=taken.top_ids.long() if taken.top_ids is not None else None,
             layer_top_probs=taken.top_probs,
+            layer_values=dict(taken.values or {}),
         )

@@ -15,7 +15,7 @@ from depthlens.config import SamplingConfig
 from depthlens.errors import InputError
 from depthlens.sampling.backend import Paused, Trace, kept_positions
 from depthlens.sampling.live import Watch
-from depthlens.sampling.vllm.groups import Group, GroupSpec, Sample
+from depthlens.sampling.vllm.groups import Group, GroupSpec, PerLayer, Sample
 from depthlens.sampling.vllm.session import EngineSession
 
 
@@ -25,7 +25,8 @@ class SessionBackend:
     ``watch``: the per-step callbacks of every group this backend starts; ``logprobs``: top-k log-probabilities
     kept per token (``top_logprobs``); ``cancel``: set by the caller's owner (a client that left) to abort
     whatever this backend runs; ``layer_top_k``: each layer's top-k tokens per read-out token for this caller's
-    requests (None: as the session's readout says).
+    requests (None: as the session's readout says); ``per_layer``: its per-layer quantities likewise
+    (``groups.PerLayer``: target trajectory, tracked ids, entropy).
     """
 
     def __init__(
@@ -36,9 +37,11 @@ class SessionBackend:
         logprobs: int = 0,
         cancel: threading.Event | None = None,
         layer_top_k: int | None = None,
+        per_layer: PerLayer | None = None,
     ) -> None:
         self.session = session
         self.layer_top_k = layer_top_k
+        self.per_layer = per_layer
         self.sampling = sampling
         self.watch = watch
         self.logprobs = logprobs
@@ -59,6 +62,7 @@ class SessionBackend:
             self.logprobs,
             pause,
             self.layer_top_k,
+            self.per_layer,
         )
         group = self.session.submit(spec)
         self.groups.append(group)

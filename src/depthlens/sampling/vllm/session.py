@@ -21,6 +21,7 @@ few tokens (counted in ``generated``), never a wrong trace.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import threading
 from collections.abc import Callable, Sequence
@@ -188,7 +189,8 @@ class EngineSession:
 
     def _params(self, group: Group, seed: int, tag: str) -> Any:
         cfg = group.spec.sampling
-        readout = self.depth.request_args(tag, cfg.readout_tokens, group.spec.layer_top_k)
+        per_layer = dataclasses.asdict(group.spec.per_layer) if group.spec.per_layer is not None else {}
+        readout = self.depth.request_args(tag, cfg.readout_tokens, group.spec.layer_top_k, **per_layer)
         return sampling_params(cfg, seed, tag, self.end_ids, readout, logprobs=group.spec.logprobs)
 
     def _add(self, group: Group) -> None:
@@ -269,6 +271,8 @@ class EngineSession:
             sample.rows.extend(new.rows)
             sample.top_ids.extend(new.top_ids)
             sample.top_probs.extend(new.top_probs)
+            for name, values in new.values.items():
+                sample.values.setdefault(name, []).extend(values)
         for tag, error in failed.items():
             found = self._samples.get(tag)  # None once an earlier request of its group failed it
             if found is not None:

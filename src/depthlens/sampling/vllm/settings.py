@@ -60,6 +60,9 @@ class RequestReadout:
         lens_digest: that fit's digest: the worker refuses a folder that holds another fit by now.
         layer_top_k: also keep each read-out position's K most probable tokens at every layer, with their
             probabilities (``metrics.layer_top``), from the logits the divergences read; 0 keeps none.
+        layer_target, track, layer_entropy: the per-layer quantities (``ReadoutConfig``'s fields of those names,
+            ``metrics.layer_quantities``) of each read-out position, from the same log-probabilities; a generated
+            position's target is the token the engine samples there, so the worker reads such rows after sampling.
     """
 
     window: int | None
@@ -72,16 +75,26 @@ class RequestReadout:
     lens: str | None = None
     lens_digest: str | None = None
     layer_top_k: int = 0
+    layer_target: bool = False
+    track: tuple[int, ...] = ()
+    layer_entropy: bool = False
 
     def to_extra(self) -> dict[str, Any]:
-        return {REQUEST_KEY: dataclasses.asdict(self) | {"kinds": list(self.kinds)}}
+        return {
+            REQUEST_KEY: dataclasses.asdict(self) | {"kinds": list(self.kinds), "track": list(self.track)}
+        }
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> RequestReadout | None:
         data = (extra or {}).get(REQUEST_KEY)
         if not data:
             return None
-        return cls(**{**data, "kinds": tuple(data["kinds"])})
+        return cls(**{**data, "kinds": tuple(data["kinds"]), "track": tuple(data.get("track", ()))})
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether this request keeps per-layer quantities besides the divergences and the top-k."""
+        return self.layer_target or bool(self.track) or self.layer_entropy
 
     def group(self) -> tuple[Any, ...]:
         """The settings rows must share to be read out in one lens walk (prefill rows also read the baselines).
@@ -95,6 +108,9 @@ class RequestReadout:
             self.float32_lens,
             self.lens,
             self.lens_digest,
+            self.layer_target,
+            self.track,
+            self.layer_entropy,
         )
 
 
@@ -106,6 +122,7 @@ class Taken(NamedTuple):
     base: torch.Tensor | None = None  # prefill readout: [n, 3] final-layer log p, entropy, self-certainty
     top_ids: torch.Tensor | None = None  # layer_top_k ≥ 1: [n, L, K] int32, each layer's top-k tokens
     top_probs: torch.Tensor | None = None  # [n, L, K] float32, their probabilities
+    values: dict[str, torch.Tensor] | None = None  # the per-layer quantities: field → [n, L] or [n, L, m]
 
 
 def request_readout(
@@ -122,10 +139,12 @@ def request_readout(
     loaded model where there is one (a tuned lens is checked against its own weights, else against the
     checkpoint's, before the engine starts); ``primary_only``: the primary divergence alone
     (teacher-forced scoring)."""
+    from depthlens.config.readout import check_track
     from depthlens.readout.stream import chunk_sizes
     from depthlens.sampling.vllm.tuned import engine_lens
 
     vocab = readout.vocab_size or info.vocab_size
+    check_track(readout.track, vocab, getattr(info, "name", "the model"))  # before the engine starts
     rows = chunk_sizes(readout, vocab, info.hidden_size, info.n_layers, 1)[
         1
     ]  # the memory budget's block size
@@ -141,5 +160,8 @@ def request_readout(
         rows,
         float32_lens=engine.float32_lens,
         layer_top_k=readout.layer_top_k,
+        layer_target=readout.layer_target,
+        track=tuple(readout.track),
+        layer_entropy=readout.layer_entropy,
         **lens,
     )

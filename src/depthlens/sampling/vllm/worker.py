@@ -9,12 +9,16 @@ it reads out the rows of this step that a request asked for (``settings.RequestR
   a partly prefilled prompt (chunked prefill) samples nothing and is skipped;
 - prefill readout (``prompt_from``): every position of the prompt that predicts one of its completion tokens.
 
+Which rows are read is found before the engine samples; they are read right after it has (the states stay as the
+forward left them), so a generated position's target trajectory reads the very token sampled there — the runner's
+``_sample`` is wrapped to keep its sampled ids (``_record_samples``).
+
 Rows of all requests with the same settings go through one lens walk (whatever each one's ``layer_top_k``: the
 walk takes its rows' largest K). Only [kinds × L] float32 rows per token are kept (and, where a request asks for
-``layer_top_k`` = K, [L × K] token ids and probabilities taken from the same logits), by request tag and
-position, until ``depthlens_take`` (called through ``collective_rpc``) hands them over and forgets them. Under
-tensor parallelism every rank runs the same ``compute_logits`` calls (each is a collective); rank 0 alone computes
-and keeps the divergences.
+``layer_top_k`` = K, [L × K] token ids and probabilities taken from the same logits; for the per-layer quantities,
+[L] or [L × M] values), by request tag and position, until ``depthlens_take`` (called through ``collective_rpc``)
+hands them over and forgets them. Under tensor parallelism every rank runs the same ``compute_logits`` calls (each
+is a collective); rank 0 alone computes and keeps the divergences.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 import torch
 
+from depthlens.metrics.layer_quantities import LayerQuantities
 from depthlens.sampling.vllm.capture import Capture, install
 from depthlens.sampling.vllm.lens import (
     EngineLens,
@@ -46,6 +51,15 @@ class _Rows:
     owners: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # (tag, position)
     targets: list[int] = dataclasses.field(default_factory=list)  # prefill: the token each row predicts
     ks: list[int] = dataclasses.field(default_factory=list)  # each row's request's layer_top_k (0: none)
+    sampled_by: list[int] = dataclasses.field(
+        default_factory=list
+    )  # generation: its request's row in the batch
+
+    def quantities(self) -> LayerQuantities | None:
+        """The per-layer quantities these rows' settings ask for (None: none)."""
+        s = self.settings
+        quantities = LayerQuantities(s.layer_target, s.track, s.layer_entropy)
+        return quantities if quantities else None
 
 
 _NONE: tuple[list[int], list[int], list[int]] = ([], [], [])
@@ -80,12 +94,31 @@ class InEngineReadout:
         self.kept: dict[str, dict[int, torch.Tensor]] = {}
         self.base: dict[str, dict[int, torch.Tensor]] = {}  # prefill readout: [3] baselines per position
         self.top: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}  # [L, K] ids and probs
+        self.values: dict[str, dict[int, dict[str, torch.Tensor]]] = {}  # per-layer quantities: [L] or [L, M]
+        self.sampled: torch.Tensor | None = (
+            None  # this step's sampled ids [requests, 1+], once it has sampled
+        )
+        self._record_samples(runner)
         from vllm.distributed import get_tensor_model_parallel_rank
 
         self.rank = get_tensor_model_parallel_rank()
         self.float32: Float32Head | None = None  # made at the first request that asks for a float32 lens
         self.hidden_size = int(runner.model_config.get_hidden_size())
         self.device = next(self.model.parameters()).device
+
+    def _record_samples(self, runner: Any) -> None:
+        """Keep each step's sampled token ids (the runner's ``_sample`` output, [requests, 1+] on the device, one
+        row per request of the input batch): a generated position's target is the token sampled there."""
+        sample = getattr(runner, "_sample", None)
+        if sample is None:  # another runner: the target trajectory of generated tokens refuses below
+            return
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            out = sample(*args, **kwargs)
+            self.sampled = out.sampled_token_ids
+            return out
+
+        runner._sample = recorded
 
     def lens(self, settings: RequestReadout) -> EngineLens:
         """The lens a request's settings ask for: the engine's own modules, or their float32 copies; through a
@@ -121,15 +154,26 @@ class InEngineReadout:
                 rows.owners.extend((tag, p) for p in positions)
                 rows.targets.extend(targets)
                 rows.ks.extend([settings.layer_top_k] * len(flat))
+                if not targets:  # a generated position: its token is the one the engine samples for this row
+                    rows.sampled_by.extend([row] * len(flat))
         return list(groups.values())
 
-    @torch.inference_mode()
-    def step(self, runner: Any) -> None:
-        """Read out this step's requested rows (called after the forward pass, before sampling)."""
+    def pending(self, runner: Any) -> tuple[Any, list[_Rows]] | None:
+        """This step's forward state and the rows to read out of it, found before the engine samples (which
+        clears the state from the runner); None when the step ran no forward."""
         state = runner.execute_model_state
         if state is None:
+            return None
+        self.sampled = None
+        return state, self._groups(runner, state)
+
+    @torch.inference_mode()
+    def step(self, pending: tuple[Any, list[_Rows]] | None) -> None:
+        """Read out the rows ``pending`` found (called after the engine sampled this step's tokens)."""
+        if pending is None:
             return
-        for rows in self._groups(runner, state):
+        state, groups = pending
+        for rows in groups:
             settings = rows.settings
             lens = self.lens(settings)
             size = max(1, settings.rows)
@@ -146,8 +190,32 @@ class InEngineReadout:
                     continue
                 targets = torch.tensor(rows.targets[lo : lo + size]) if rows.targets else None
                 ks = rows.ks[lo : lo + size]
-                read = read_rows(lens, hidden, final_normed, settings.kinds, settings.rows, targets, max(ks))
+                quantities = rows.quantities()
+                sampled = (
+                    self._sampled(rows.sampled_by[lo : lo + size]) if quantities and targets is None else None
+                )
+                read = read_rows(
+                    lens,
+                    hidden,
+                    final_normed,
+                    settings.kinds,
+                    settings.rows,
+                    targets,
+                    max(ks),
+                    quantities,
+                    sampled,
+                )
                 self._keep(read, rows.owners[lo : lo + size], ks)
+
+    def _sampled(self, batch_rows: list[int]) -> torch.Tensor:
+        """The tokens this step sampled for the requests at ``batch_rows`` of the input batch, [k] on the device."""
+        if self.sampled is None:
+            raise RuntimeError(
+                "depthlens: this vLLM runner did not report its sampled tokens, which the target trajectory of a "
+                "generated token reads; use the transformers backend for layer_target"
+            )
+        index = torch.tensor(batch_rows, dtype=torch.long, device=self.sampled.device)
+        return self.sampled[index, 0].long()
 
     def _keep(self, read: RowsRead, owners: list[tuple[str, int]], ks: list[int]) -> None:
         """Keep a block's rows by (tag, position): one copy to the host per block of rows, not one per row; each
@@ -155,7 +223,10 @@ class InEngineReadout:
         values = read.values.cpu()
         base = read.base.cpu() if read.base is not None else None
         top = (read.top_ids.cpu(), read.top_probs.cpu()) if read.top_ids is not None else None
+        per_layer = {name: v.cpu() for name, v in read.per_layer.items()} if read.per_layer else None
         for j, (tag, position) in enumerate(owners):
+            if per_layer is not None:
+                self.values.setdefault(tag, {})[position] = {name: v[j] for name, v in per_layer.items()}
             self.kept.setdefault(tag, {})[position] = values[j]
             if base is not None:
                 self.base.setdefault(tag, {})[position] = base[j]
@@ -172,6 +243,7 @@ class InEngineReadout:
         out: dict[str, Taken] = {}
         for tag in tags:
             kept, base, top = self.kept.pop(tag, {}), self.base.pop(tag, None), self.top.pop(tag, None)
+            values = self.values.pop(tag, None)
             positions = sorted(kept)
             if not positions:
                 out[tag] = Taken([], torch.zeros(0, 0, self.n_layers))
@@ -182,8 +254,19 @@ class InEngineReadout:
                 torch.stack([base[p] for p in positions]) if base else None,
                 torch.stack([top[p][0] for p in positions]) if top else None,
                 torch.stack([top[p][1] for p in positions]) if top else None,
+                _stacked(values, positions),
             )
         return out
+
+
+def _stacked(
+    values: dict[int, dict[str, torch.Tensor]] | None, positions: list[int]
+) -> dict[str, torch.Tensor] | None:
+    """Each per-layer field's rows of ``positions`` stacked: [n, L] or [n, L, M]; None where none were kept."""
+    if not values:
+        return None
+    fields = values[positions[0]]
+    return {name: torch.stack([values[p][name] for p in positions]) for name in fields}
 
 
 class ReadoutWorkerMixin:
@@ -198,9 +281,13 @@ class ReadoutWorkerMixin:
             self.depthlens_readout = InEngineReadout(self.model_runner, config)  # type: ignore[attr-defined]
 
     def sample_tokens(self, grammar_output: Any) -> Any:
-        if self.depthlens_readout is not None:
-            self.depthlens_readout.step(self.model_runner)  # type: ignore[attr-defined]
-        return super().sample_tokens(grammar_output)  # type: ignore[misc]
+        readout = self.depthlens_readout
+        if readout is None:
+            return super().sample_tokens(grammar_output)  # type: ignore[misc]
+        pending = readout.pending(self.model_runner)  # type: ignore[attr-defined]
+        output = super().sample_tokens(grammar_output)  # type: ignore[misc]
+        readout.step(pending)  # after sampling: a generated position reads out the token sampled there
+        return output
 
     def depthlens_take(self, tags: list[str]) -> dict[str, Taken] | None:
         """Called through ``collective_rpc``: the kept rows of ``tags``."""

@@ -25,6 +25,28 @@ function topAt(t, l) {
   });
 }
 
+// The read-out token's own trajectory (--layer-target): {p, rank} of token t at layer l (1..L), or null: none kept.
+function targetAt(t, l) {
+  const target = RESPONSE.layer_target;
+  if (!target) return null;
+  if (!target.decoded) {
+    target.logprobs = decodeFloats(target.logprobs);
+    target.ranks = decodeInts(target.ranks);
+    target.decoded = true;
+  }
+  const at = t * RESPONSE.n_layers + (l - 1);
+  return {p: Math.exp(target.logprobs[at]), rank: target.ranks[at]};
+}
+
+// The line under a cell's list: the token read out at t, its probability and rank at layer l (0 = most probable).
+function targetLine(t, l) {
+  const row = targetAt(t, l);
+  if (!row) return null;
+  const said = `the read-out token at layer ${l}: p = ${fmt(row.p, 4)}, rank ${row.rank}` +
+    (row.rank === 0 ? " (the most probable)" : ` (${row.rank} token${row.rank === 1 ? "" : "s"} more probable)`);
+  return el("p", {id: "layer-target", "data-layer": l, "data-rank": row.rank, "data-p": row.p}, said);
+}
+
 // How to get the layer predictions, where a record has none: a notice in the logit lens, a caption in the panel.
 function missingNote(id, kind = "notice") {
   return el("p", {class: kind, id}, RESPONSE.layer_top_missing);
@@ -32,15 +54,20 @@ function missingNote(id, kind = "notice") {
 
 // The token panel's list: what layer l (default: the final one) predicts at token t, with probabilities.
 function layerTopPanel(t) {
-  if (!layerTop()) return missingNote("layer-top-missing", "caption");
   const L = RESPONSE.n_layers, l = LAYER ?? L;
+  if (!layerTop()) {
+    const target = targetLine(t, l);
+    const missing = missingNote("layer-top-missing", "caption");
+    return target ? el("section", {id: "layer-top-box"}, el("h4", {id: "layer-top-title", "data-layer": l},
+      `layer ${l} of ${L}${l === L ? " (the model's own)" : ""}`), target, missing) : missing;
+  }
   const actual = RESPONSE.token_ids[t];
   const rows = topAt(t, l).map((row, k) => el("tr", {"data-rank": k + 1, class: row.id === actual ? "hit" : null},
     el("td", {class: "num"}, k + 1), el("td", {}, el("code", {}, row.text)), el("td", {class: "num"}, fmt(row.p, 4))));
   const title = `layer ${l} of ${L}${l === L ? " (the model's own)" : ""}: its top ${layerTop().k}`;
   return el("section", {id: "layer-top-box"}, el("h4", {id: "layer-top-title", "data-layer": l}, title),
     el("table", {id: "layer-top"}, el("thead", {}, el("tr", {}, el("th", {class: "num"}, "#"), el("th", {}, "token"),
-      el("th", {class: "num"}, "p"))), el("tbody", {}, rows)),
+      el("th", {class: "num"}, "p"))), el("tbody", {}, rows)), targetLine(t, l),
     el("p", {class: "caption"}, LAYER === null ? "click a heatmap or logit-lens cell for another layer (↑ ↓ move)"
       : "bold: the token that was read out here; ↑ ↓ move the layer"));
 }
