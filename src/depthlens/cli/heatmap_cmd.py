@@ -44,7 +44,8 @@ def heatmap(
     if token is not None and token < 0:
         raise InputError(f"--token {token}: give a token index, 0 or more")
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, settle=settle)  # type: ignore[arg-type]
-    readout = ReadoutConfig(divergence=divergence, lens=lens, layer_top_k=layer_top_k)  # type: ignore[arg-type]
+    readout = specs.readout_config(divergence, lens=lens)  # a fitted lens resolved, before any load
+    readout = dataclasses.replace(readout, layer_top_k=layer_top_k)
     for line in degenerate_settings(readout, dtr):
         warn(line)
     lm = load_model(model.spec(arch))
@@ -81,7 +82,7 @@ def _draw(
     out.mkdir(parents=True, exist_ok=True)
     (out / "record.json").write_text(json.dumps(record) + "\n")
     settle = dtr.settle
-    read = ("" if readout.lens == "logit" else " through the tuned lens") + (
+    read = ("" if readout.lens.path is None else f" through {readout.lens.describe()}") + (
         "" if settle == "jsd" else f", {settle}"
     )
     title = (
@@ -92,7 +93,7 @@ def _draw(
         write_heatmap_html(record, out / "heatmap.html", title=title, unit=unit),
     ]
     if "layer_top_tokens" in record:
-        lens = " through the tuned lens" if readout.lens != "logit" else " (the logit lens)"
+        lens = f" through {readout.lens.describe()}" if readout.lens.path is not None else " (the logit lens)"
         lens_title = f"{model}: each layer's most probable token{lens}"
         paths.append(draw_logit_lens(record, out / "logit_lens.png", title=lens_title))
     n = len(record["settling_depth"])

@@ -379,7 +379,7 @@ def run_score(
 
     out_path, spec = run.store.out, run.store
     refuse_same_file(run.source, out_path)
-    if run.readout.lens != "logit" and run.engine.backend != "vllm":
+    if run.readout.lens.path is not None and run.engine.backend != "vllm":
         lens_for(lm, run.readout)  # a lens fitted to another model is refused before the store is touched
     records, skipped = read_inputs(run.source, skip_bad=run.skip_bad)
     store = store_entry(results_format(out_path), spec.float16)
