@@ -213,13 +213,18 @@ def test_the_store_stamps_the_lens_and_refuses_to_resume_under_another(tiny_llam
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     stamp = _identity_lens(tiny_llama, tmp_path / "lens")
-    tuned = run_readout(lens=f"tuned:{tmp_path / 'lens'}")  # resolved where the run is built: its fit's digest taken
+    tuned = run_readout(
+        lens=f"tuned:{tmp_path / 'lens'}"
+    )  # resolved where the run is built: its fit's digest taken
     assert tuned.lens_digest == stamp["digest"]
     assert ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}").lens_digest is None  # a config reads no file
     run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "logit.jsonl")))
     run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "tuned.jsonl"), readout=tuned))
     manifest = json.loads((tmp_path / "tuned.jsonl.manifest.json").read_text())
-    assert manifest["readout"]["lens"] == str(tuned.lens) and manifest["readout"]["lens_digest"] == stamp["digest"]
+    assert (
+        manifest["readout"]["lens"] == str(tuned.lens)
+        and manifest["readout"]["lens_digest"] == stamp["digest"]
+    )
     # identity translators: the very scores of the logit lens
     assert list(iter_jsonl(tmp_path / "tuned.jsonl")) == list(iter_jsonl(tmp_path / "logit.jsonl"))
     with pytest.raises(StoreError, match="lens"):
@@ -254,7 +259,9 @@ def test_lens_compare_sets_lenses_and_rules_side_by_side(tiny_llama, tmp_path, m
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     _identity_lens(tiny_llama, tmp_path / "lens")
-    tuned = run_readout(lens=f"tuned:{tmp_path / 'lens'}")  # resolved where the run is built: its fit's digest taken
+    tuned = run_readout(
+        lens=f"tuned:{tmp_path / 'lens'}"
+    )  # resolved where the run is built: its fit's digest taken
     dtr = DTRConfig(g=0.0155)  # about the median of the tiny model's min_l D_{t,l}: DTR varies by response
     arms = {
         "logit": (ReadoutConfig(), dtr),

@@ -162,9 +162,8 @@ def _fit_jacobian(
     )
 
 
-def _prompt_done(status: Any, done: int, total: int, seconds: float) -> None:
+def _prompt_done(status: Any, done: int, total: int, each: float) -> None:
     """Progress: the status line on a terminal, a plain line per prompt in a log."""
-    each = seconds / max(1, done)
     line = f"J-lens prompt {done}/{total}: {each:.0f} s each, ~{each * (total - done) / 60:.0f} min to go"
     if err_console.is_terminal:
         status.update(line)

@@ -143,7 +143,7 @@ def heldout_kl(lm: LoadedModel, prompts: Sequence[Sequence[int]], weight: torch.
     return {"logit": kl["logit"], "jacobian": kl["tuned"]}, {"logit": dtr["logit"], "jacobian": dtr["tuned"]}
 
 
-Progress = Callable[[int, int, float], None]  # (prompts done, prompts in all, seconds so far)
+Progress = Callable[[int, int, float], None]  # (prompts done, prompts in all, seconds per prompt this session)
 
 
 def run_prompts(
@@ -153,9 +153,9 @@ def run_prompts(
     checkpoint: Path,
     state: dict | None,
     progress: Progress,
-) -> tuple[torch.Tensor, int, int]:
+) -> tuple[torch.Tensor, int, dict[str, Any]]:
     """The running sum over the prompts from the checkpoint's on, until all are done or ``max_seconds`` runs out:
-    (sum [L−1, d, d], prompts done, cotangents per backward)."""
+    (sum [L−1, d, d], prompts done, its cost: cotangents per backward, wall and CPU seconds per prompt)."""
     d, n = hidden_size(lm), lm.n_layers - 1
     sums = torch.zeros(n, d, d, dtype=torch.float32, device=lm.device)
     done = 0
@@ -164,14 +164,20 @@ def run_prompts(
         done = int(state["n_done"])
     identity = _identity(lm, prompts, cfg)
     dim_batch = dim_batch_for(lm, cfg.max_tokens, cfg.memory_mb)
-    started = time.monotonic()
+    started, cpu, first = time.monotonic(), time.process_time(), done
     while done < len(prompts.train) and time.monotonic() - started < cfg.max_seconds:
         sums += prompt_jacobian(lm, prompts.train[done], dim_batch)
         done += 1
         if done % cfg.checkpoint_every == 0 or done == len(prompts.train):
             _save_checkpoint(checkpoint, sums, done, identity)
-        progress(done, len(prompts.train), time.monotonic() - started)
-    return sums, done, dim_batch
+        progress(done, len(prompts.train), (time.monotonic() - started) / (done - first))
+    ran = max(1, done - first)
+    cost = {
+        "dim_batch": dim_batch,
+        "seconds_per_prompt": round((time.monotonic() - started) / ran, 1),  # this session's (a resumed fit:
+        "cpu_seconds_per_prompt": round((time.process_time() - cpu) / ran, 1),  # since it resumed)
+    }
+    return sums, done, cost
 
 
 def fit_jacobian(
@@ -191,13 +197,11 @@ def fit_jacobian(
     state = (
         read_checkpoint(checkpoint, _identity(lm, prompts, cfg)) if resume and checkpoint.exists() else None
     )
-    checkpoint.unlink(missing_ok=True) if state is None else None
-    started, cpu = time.monotonic(), time.process_time()
-    prompts_before = int(state["n_done"]) if state is not None else 0
-    sums, done, dim_batch = run_prompts(lm, prompts, cfg, checkpoint, state, progress)
+    if state is None:
+        checkpoint.unlink(missing_ok=True)
+    sums, done, cost = run_prompts(lm, prompts, cfg, checkpoint, state, progress)
     weight = sums / done
     kl, dtr = heldout_kl(lm, prompts.heldout, weight)
-    fitted = done - prompts_before
     stamp = {
         "format": STAMP_FORMAT,
         "model": lm.name,
@@ -213,9 +217,9 @@ def fit_jacobian(
         },
         "prompts": {"fitted": done, "asked": len(prompts.train), "heldout": len(prompts.heldout)},
         "heldout_tokens": sum(len(p) - JACOBIAN_SKIP_FIRST - 1 for p in prompts.heldout),
-        "fit": {**cfg.to_dict(), "dim_batch": dim_batch},
-        "seconds_per_prompt": round((time.monotonic() - started) / max(1, fitted), 1),
-        "cpu_seconds_per_prompt": round((time.process_time() - cpu) / max(1, fitted), 1),
+        "fit": {**cfg.to_dict(), "dim_batch": cost["dim_batch"]},
+        "seconds_per_prompt": cost["seconds_per_prompt"],
+        "cpu_seconds_per_prompt": cost["cpu_seconds_per_prompt"],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
         "heldout_kl": kl,
         "heldout_dtr": dtr,
@@ -228,7 +232,7 @@ def fit_jacobian(
         "max_seq_len": cfg.max_tokens,
         "target_layer": lm.n_layers - 1,
         "fit_dtype": str(next(lm.model.parameters()).dtype).removeprefix("torch."),
-        "dim_batch": dim_batch,
+        "dim_batch": cost["dim_batch"],
         "depthlens": stamp,
     }
     save_artifact(out, weight, done, metadata, getattr(torch, cfg.dtype))

@@ -94,7 +94,9 @@ def load_translators(
         spec = LensSpec("tuned-package", spec.path, digest)
     found = matrices(spec, device)
     weight, bias = found.weight, found.bias
-    if tuple(weight.shape) != (n_layers - 1, d, d) or (bias is not None and tuple(bias.shape) != (n_layers - 1, d)):
+    if tuple(weight.shape) != (n_layers - 1, d, d) or (
+        bias is not None and tuple(bias.shape) != (n_layers - 1, d)
+    ):
         raise InputError(
             setting="lens",
             value=str(spec),
