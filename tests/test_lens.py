@@ -13,10 +13,9 @@ import torch
 from depthlens.config import LensFitConfig, LensSpec, ReadoutConfig
 from depthlens.errors import ConfigError, InputError
 from depthlens.readout.lens import LogitLens, TunedLens
-from depthlens.readout.stream import TokenSequence, iter_readout
 from depthlens.readout.lenses import resolve_lens
+from depthlens.readout.stream import TokenSequence, iter_readout
 from depthlens.readout.tuned import hidden_size, model_fingerprint, save_lens
-from depthlens.studies.resolve import readout as run_readout
 from depthlens.studies.lens_fit import (
     States,
     fit_lens,
@@ -25,6 +24,7 @@ from depthlens.studies.lens_fit import (
     heldout_kl,
     least_squares,
 )
+from depthlens.studies.resolve import readout as run_readout
 from tests.conftest import tiny_model
 
 

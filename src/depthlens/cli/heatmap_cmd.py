@@ -37,6 +37,7 @@ def heatmap(
     each heatmap cell's top-K tokens with their probabilities on the HTML page's hover."""
     from depthlens.config import degenerate_settings
     from depthlens.errors import InputError
+    from depthlens.studies.resolve import readout as resolve_readout
     from depthlens.studies.score import score, with_layer_top_tokens
 
     if not completion:
@@ -44,8 +45,7 @@ def heatmap(
     if token is not None and token < 0:
         raise InputError(f"--token {token}: give a token index, 0 or more")
     dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule, settle=settle)  # type: ignore[arg-type]
-    readout = specs.readout_config(divergence, lens=lens)  # a fitted lens resolved, before any load
-    readout = dataclasses.replace(readout, layer_top_k=layer_top_k)
+    readout = resolve_readout(divergence, lens=lens, layer_top_k=layer_top_k)  # a fitted lens resolved, once
     for line in degenerate_settings(readout, dtr):
         warn(line)
     lm = load_model(model.spec(arch))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -97,7 +98,9 @@ def safe_state(file: Path, given: str) -> dict[str, Any]:
     """``torch.load(file, weights_only=True)`` as a dict; a file that needs pickled code, or is no torch file, is
     refused naming the ``lens`` setting."""
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a bare pickle's protocol note: it is refused below, or read as data
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            state = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         reason = str(exc).splitlines()[0][:160]
         raise refused(

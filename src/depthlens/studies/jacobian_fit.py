@@ -154,7 +154,8 @@ def run_prompts(
     state: dict | None,
     progress: Progress,
 ) -> tuple[torch.Tensor, int, dict[str, Any]]:
-    """The running sum over the prompts from the checkpoint's on, until all are done or ``max_seconds`` runs out:
+    """The running sum over the prompts from the checkpoint's on, until all are done or ``max_seconds`` runs out
+    (after one prompt at least, so a lens is always written):
     (sum [L−1, d, d], prompts done, its cost: cotangents per backward, wall and CPU seconds per prompt)."""
     d, n = hidden_size(lm), lm.n_layers - 1
     sums = torch.zeros(n, d, d, dtype=torch.float32, device=lm.device)
@@ -165,7 +166,7 @@ def run_prompts(
     identity = _identity(lm, prompts, cfg)
     dim_batch = dim_batch_for(lm, cfg.max_tokens, cfg.memory_mb)
     started, cpu, first = time.monotonic(), time.process_time(), done
-    while done < len(prompts.train) and time.monotonic() - started < cfg.max_seconds:
+    while done < len(prompts.train) and (done == first or time.monotonic() - started < cfg.max_seconds):
         sums += prompt_jacobian(lm, prompts.train[done], dim_batch)
         done += 1
         if done % cfg.checkpoint_every == 0 or done == len(prompts.train):
