@@ -469,6 +469,14 @@ def test_lens_fit_kind_jacobian_on_the_command_line(chat_dir, tmp_path, monkeypa
         f"jacobian:{out}",
     )
     assert code in (0, None), err
+    code, _, err = run(
+        monkeypatch,
+        capsys,
+        *("heatmap", "--model", chat_dir, "--completion", "12 34", "--out", tmp_path / "h"),
+        *("--lens", f"jacobian:{out}"),
+    )
+    assert code in (0, None), err
+    assert "through the Jacobian lens (j.pt)" in (tmp_path / "h" / "heatmap.html").read_text()
 
 
 def test_readout_config_is_a_value(tmp_path, monkeypatch):

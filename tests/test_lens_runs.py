@@ -78,6 +78,7 @@ LENSES = {  # kind → (how to make one, the file name, the prefix it is given b
 def make_lens(kind: str, lm, folder: Path, noise: float = 0.0, seed: int = 0) -> tuple[str, str, dict]:
     """A lens of ``kind`` in ``folder``: (the text a front gives, the text a store states, its stamp)."""
     maker, name, given, stated = LENSES[kind]
+    folder.mkdir(parents=True, exist_ok=True)
     stamp = maker(lm, folder / name, noise, seed)
     return f"{given}:{folder / name}", f"{stated}:{folder / name}", stamp
 

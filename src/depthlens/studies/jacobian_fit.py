@@ -143,7 +143,9 @@ def heldout_kl(lm: LoadedModel, prompts: Sequence[Sequence[int]], weight: torch.
     return {"logit": kl["logit"], "jacobian": kl["tuned"]}, {"logit": dtr["logit"], "jacobian": dtr["tuned"]}
 
 
-Progress = Callable[[int, int, float], None]  # (prompts done, prompts in all, seconds per prompt this session)
+Progress = Callable[
+    [int, int, float], None
+]  # (prompts done, prompts in all, seconds per prompt this session)
 
 
 def run_prompts(
@@ -181,6 +183,33 @@ def run_prompts(
     return sums, done, cost
 
 
+def _stamp(
+    lm: LoadedModel, prompts: Prompts, cfg: JacobianFitConfig, done: int, cost: dict[str, Any]
+) -> dict[str, Any]:
+    """depthlens's stamp of a J-lens fit (held-out KL aside): the model, the corpus, the positions, the prompts,
+    the settings and what it cost."""
+    return {
+        "format": STAMP_FORMAT,
+        "model": lm.name,
+        "model_hash": model_fingerprint(lm),
+        "n_layers": lm.n_layers,
+        "d": hidden_size(lm),
+        "precision": precision_of(lm),
+        "corpus": prompts.corpus,
+        "positions": {
+            "skip_first": JACOBIAN_SKIP_FIRST,
+            "exclude_last": True,
+            "prompt_tokens": cfg.max_tokens,
+        },
+        "prompts": {"fitted": done, "asked": len(prompts.train), "heldout": len(prompts.heldout)},
+        "heldout_tokens": sum(len(p) - JACOBIAN_SKIP_FIRST - 1 for p in prompts.heldout),
+        "fit": {**cfg.to_dict(), "dim_batch": cost["dim_batch"]},
+        "seconds_per_prompt": cost["seconds_per_prompt"],  # this session's (a resumed fit: since it resumed)
+        "cpu_seconds_per_prompt": cost["cpu_seconds_per_prompt"],
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+    }
+
+
 def fit_jacobian(
     lm: LoadedModel,
     prompts: Prompts,
@@ -203,28 +232,7 @@ def fit_jacobian(
     sums, done, cost = run_prompts(lm, prompts, cfg, checkpoint, state, progress)
     weight = sums / done
     kl, dtr = heldout_kl(lm, prompts.heldout, weight)
-    stamp = {
-        "format": STAMP_FORMAT,
-        "model": lm.name,
-        "model_hash": model_fingerprint(lm),
-        "n_layers": lm.n_layers,
-        "d": hidden_size(lm),
-        "precision": precision_of(lm),
-        "corpus": prompts.corpus,
-        "positions": {
-            "skip_first": JACOBIAN_SKIP_FIRST,
-            "exclude_last": True,
-            "prompt_tokens": cfg.max_tokens,
-        },
-        "prompts": {"fitted": done, "asked": len(prompts.train), "heldout": len(prompts.heldout)},
-        "heldout_tokens": sum(len(p) - JACOBIAN_SKIP_FIRST - 1 for p in prompts.heldout),
-        "fit": {**cfg.to_dict(), "dim_batch": cost["dim_batch"]},
-        "seconds_per_prompt": cost["seconds_per_prompt"],
-        "cpu_seconds_per_prompt": cost["cpu_seconds_per_prompt"],
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-        "heldout_kl": kl,
-        "heldout_dtr": dtr,
-    }
+    stamp = {**_stamp(lm, prompts, cfg, done, cost), "heldout_kl": kl, "heldout_dtr": dtr}
     metadata = {  # TransformerLens's provenance keys (none it checks against its own model), then ours
         "estimator": "jacobian_lens",
         "corpus": prompts.corpus,
