@@ -164,12 +164,13 @@ def frozen(model: torch.nn.Module) -> Iterator[None]:
 def cotangent_bytes(lm: LoadedModel, tokens: int) -> int:
     """Memory one batched cotangent costs a backward over a ``tokens``-token prompt: every source layer's
     gradient [tokens, d] held to the end, and the widest block's temporaries (MLP, attention scores). Measured
-    on SmolLM2-135M at 128 tokens: 22 MB each (docs/performance.md)."""
+    on SmolLM2-135M at 128 tokens: 28 MB each (peak RSS at 32 cotangents less that at 8, over 24; this count
+    gives 27; docs/performance.md)."""
     config = lm.model.config
     d = hidden_size(lm)
     heads = int(getattr(config, "num_attention_heads", 16) or 16)
     inner = int(getattr(config, "intermediate_size", 4 * d) or 4 * d)
-    return 4 * tokens * (2 * (lm.n_layers - 1) * d + 4 * inner + 4 * heads * tokens)
+    return 4 * tokens * (2 * (lm.n_layers - 1) * d + 8 * inner + 8 * heads * tokens)
 
 
 def dim_batch_for(lm: LoadedModel, tokens: int, memory_mb: int) -> int:
