@@ -67,7 +67,8 @@ def fit(
     OUT/translators.safetensors and OUT/lens.json. jacobian: J_l averaged over --prompts windows of the corpus (the
     SPEC's estimator: positions after the first 16, targets summed, sources and prompts averaged); writes the
     published .pt artifact OUT with depthlens's stamp in its metadata. Both print the held-out KL per layer, logit
-    lens against the fitted one. Read through it with `depthlens score --lens tuned:OUT` / `--lens jacobian:OUT`.
+    lens against the fitted one. Read through it with `depthlens score --lens tuned:OUT` or
+    `depthlens score --lens jacobian:OUT`.
     """
     from depthlens.config import JacobianFitConfig
     from depthlens.errors import InputError

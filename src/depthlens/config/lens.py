@@ -32,11 +32,12 @@ REQUIREMENT = "must be logit, tuned:PATH or jacobian:PATH"
 HINT = "tuned: a `depthlens lens fit` folder or a tuned-lens package folder; jacobian: a J-lens .pt artifact"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class LensSpec:
     """A lens as one value: ``kind``, the fitted lens's ``path`` (a folder or a file; None for the logit lens) and,
-    resolved, its fit's ``digest`` and ``stamp`` (``readout.lenses.resolve_lens``). Compared and hashed by kind,
-    path and digest; the stamp rides along.
+    resolved, its fit's ``digest`` and ``stamp`` (``readout.lenses.resolve_lens``). Compared by kind, path and
+    digest — and equal to the text a store keeps for it (``LensSpec() == "logit"``, as the field was text before);
+    the stamp rides along.
 
     ``kind`` is the form the path holds once resolved (``tuned`` or ``tuned-package`` for a ``tuned:PATH``), so
     ``str(spec)`` — what a store's manifest keeps — states the form."""
@@ -97,6 +98,16 @@ class LensSpec:
             "tuned-package": f"the tuned lens ({name}, tuned-lens package)",
             "jacobian": f"the Jacobian lens ({name})",
         }[self.kind]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return str(self) == other
+        if isinstance(other, LensSpec):
+            return (self.kind, self.path, self.digest) == (other.kind, other.path, other.digest)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(str(self))  # equal specs, and a spec and its text, hash alike
 
     def __str__(self) -> str:
         return self.kind if self.path is None else f"{self.kind}:{self.path}"
