@@ -96,6 +96,7 @@ def _random_artifact(lm, path: Path, noise: float = 0.3, seed: int = 0, dtype=to
     gen = torch.Generator().manual_seed(seed)
     weight = torch.eye(d) + noise * torch.randn(n, d, d, generator=gen)
     stamp = {"model": lm.name, "model_hash": model_fingerprint(lm), "n_layers": lm.n_layers, "d": d}
+    stamp["heldout_kl"] = {"logit": [0.5] * n, "jacobian": [0.25] * n}
     save_artifact(path, weight, 3, {"corpus": "test", "depthlens": stamp}, dtype)
     return weight.to(dtype).float()
 
@@ -372,6 +373,14 @@ def test_resume_under_another_lens_is_refused(tiny_llama, tmp_path):
     run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "j.jsonl"), readout=lens))
     manifest = json.loads((tmp_path / "j.jsonl.manifest.json").read_text())["readout"]
     assert manifest["lens"] == f"jacobian:{tmp_path / 'j.pt'}" and manifest["lens_digest"] == lens.lens_digest
+    from depthlens.studies.lens_compare import lens_kl, load_arm
+    from depthlens.viz.lens import draw_lens_comparison
+
+    arm = load_arm(tmp_path / "j.jsonl")  # lens compare labels the arm and reads the stamp's held-out KL
+    assert arm.label == "jacobian (j.pt) · jsd"
+    kl = lens_kl([arm])
+    assert kl == {str(lens.lens): {"logit": [0.5, 0.5], "jacobian": [0.25, 0.25]}}
+    assert draw_lens_comparison(kl, {arm.label: [1, 2]}, 3, tmp_path / "cmp.png").stat().st_size > 0
     with pytest.raises(StoreError, match=r"readout.lens: stored 'jacobian:.*', this run 'logit'"):
         run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "j.jsonl", resume=True)))
     _random_artifact(tiny_llama, tmp_path / "j.pt", seed=5)  # refitted in place: another digest
