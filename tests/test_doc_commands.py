@@ -40,6 +40,8 @@ SHRINK = {  # option → its tiny value
 }
 GENERATING = {"score", "generate", "thinkn", "heatmap", "fit"}  # the commands that load a model
 ADDED = {"generate": ("--max-new-tokens", "8"), "thinkn": ("--max-new-tokens", "8"), "fit": ("--steps", "2")}
+# A Jacobian lens's fit: two short prompts and two held out (its options; --steps is the tuned lens's).
+JACOBIAN_FIT = ("--prompts", "2", "--prompt-tokens", "24", "--heldout-prompts", "2")
 # Stores a block reads that no command of its document writes (the doc assumes the reader made them earlier):
 # made from stores the documents' own commands wrote.
 MADE_FROM = {"runs/study": "runs/arith", "runs/a": "runs/arith", "runs/qwen-chain": "runs/chain"}
@@ -89,9 +91,10 @@ def tiny(args: list[str], model: Path) -> list[str] | None:
             i += 1
     if verb in GENERATING and "--from" not in out and "--model" not in out and "-m" not in out:
         out += ["--model", str(model)]
-    extra = ADDED.get(verb)
-    if extra and extra[0] not in out and "--from" not in out:
-        out += list(extra)
+    extra = JACOBIAN_FIT if verb == "fit" and "jacobian" in args else ADDED.get(verb, ())
+    for flag, value in zip(extra[::2], extra[1::2], strict=True):
+        if flag not in out and "--from" not in out:
+            out += [flag, value]
     if "--online" in out and "--warmup" not in out:
         out += ["--warmup", SHRINK["--warmup"]]  # the default warm-up is the whole of a tiny --max-n
     if "--prefix" in out and "--max-new-tokens" in out and out[out.index("--prefix") + 1].isdigit():

@@ -23,14 +23,14 @@ from tests.test_cli import run
 def test_the_command_line_names_the_flag(monkeypatch, capsys, tmp_path):
     code, _, err = run(monkeypatch, capsys, "generate", "--out", tmp_path / "s", "--lens", "tuned")
     assert code == 2
-    assert "error: --lens tuned: must be logit or tuned:PATH" in err
+    assert "error: --lens tuned: must be logit, tuned:PATH or jacobian:PATH" in err
     assert "ReadoutConfig" not in err and "lens=" not in err
 
 
 def test_python_names_the_keyword():
     with pytest.raises(ConfigError) as raised:
         depthlens.score(None, [], lens="tuned")
-    assert str(raised.value) == "depthlens.score(lens='tuned'): must be logit or tuned:PATH"
+    assert str(raised.value) == "depthlens.score(lens='tuned'): must be logit, tuned:PATH or jacobian:PATH"
     with pytest.raises(InputError, match=r"^depthlens\.score\(lens='tuned:/nowhere'\): no fitted lens there"):
         depthlens.score(None, [], lens="tuned:/nowhere")
     with pytest.raises(ConfigError, match=r"^eta=1\.5: must be in \(0, 1\] \(VotingConfig\.eta"):

@@ -13,6 +13,7 @@ import torch
 from depthlens.config import LensFitConfig, LensSpec, ReadoutConfig
 from depthlens.errors import ConfigError, InputError
 from depthlens.readout.lens import LogitLens, TunedLens
+from depthlens.readout.lenses import resolve_lens
 from depthlens.readout.stream import TokenSequence, iter_readout
 from depthlens.readout.tuned import hidden_size, model_fingerprint, save_lens
 from depthlens.studies.lens_fit import (
@@ -23,6 +24,7 @@ from depthlens.studies.lens_fit import (
     heldout_kl,
     least_squares,
 )
+from depthlens.studies.resolve import readout as run_readout
 from tests.conftest import tiny_model
 
 
@@ -105,7 +107,7 @@ def test_a_lens_fitted_to_another_model_is_refused_by_name(tiny_llama, tmp_path)
         list(iter_readout(deeper, seqs, ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}")))
     with pytest.raises(InputError, match="no fitted lens there"):
         list(iter_readout(tiny_llama, seqs, ReadoutConfig(lens=f"tuned:{tmp_path / 'none'}")))
-    with pytest.raises(ConfigError, match=r"^lens='tuned': must be logit or tuned:PATH"):
+    with pytest.raises(ConfigError, match=r"^lens='tuned': must be logit, tuned:PATH or jacobian:PATH"):
         ReadoutConfig(lens="tuned")
     assert str(LensSpec.parse("tuned:x/y")) == "tuned:x/y"
 
@@ -211,12 +213,18 @@ def test_the_store_stamps_the_lens_and_refuses_to_resume_under_another(tiny_llam
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     stamp = _identity_lens(tiny_llama, tmp_path / "lens")
-    tuned = ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}")  # resolved when built: its fit's digest taken
+    tuned = run_readout(
+        lens=f"tuned:{tmp_path / 'lens'}"
+    )  # resolved where the run is built: its fit's digest taken
     assert tuned.lens_digest == stamp["digest"]
+    assert ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}").lens_digest is None  # a config reads no file
     run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "logit.jsonl")))
     run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "tuned.jsonl"), readout=tuned))
     manifest = json.loads((tmp_path / "tuned.jsonl.manifest.json").read_text())
-    assert manifest["readout"]["lens"] == tuned.lens and manifest["readout"]["lens_digest"] == stamp["digest"]
+    assert (
+        manifest["readout"]["lens"] == str(tuned.lens)
+        and manifest["readout"]["lens_digest"] == stamp["digest"]
+    )
     # identity translators: the very scores of the logit lens
     assert list(iter_jsonl(tmp_path / "tuned.jsonl")) == list(iter_jsonl(tmp_path / "logit.jsonl"))
     with pytest.raises(StoreError, match="lens"):
@@ -225,8 +233,8 @@ def test_the_store_stamps_the_lens_and_refuses_to_resume_under_another(tiny_llam
     d, n = hidden_size(tiny_llama), tiny_llama.n_layers - 1
     save_lens(tmp_path / "lens", 2 * torch.eye(d).repeat(n, 1, 1), torch.zeros(n, d), dict(stamp))
     with pytest.raises(InputError, match=r"not .* that this store was read with"):
-        ReadoutConfig(lens=tuned.lens, lens_digest=tuned.lens_digest)  # a store's record of the old fit
-    refit = ReadoutConfig(lens=tuned.lens)
+        resolve_lens(ReadoutConfig.from_dict(tuned.to_dict()).lens)  # a store's record of the old fit
+    refit = run_readout(lens=str(tuned.lens))
     with pytest.raises(StoreError, match="lens_digest"):
         run_score(tiny_llama, ScoreRun(src, StoreSpec(tmp_path / "tuned.jsonl", resume=True), readout=refit))
 
@@ -251,7 +259,9 @@ def test_lens_compare_sets_lenses_and_rules_side_by_side(tiny_llama, tmp_path, m
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     _identity_lens(tiny_llama, tmp_path / "lens")
-    tuned = ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}")  # resolved when built: its fit's digest taken
+    tuned = run_readout(
+        lens=f"tuned:{tmp_path / 'lens'}"
+    )  # resolved where the run is built: its fit's digest taken
     dtr = DTRConfig(g=0.0155)  # about the median of the tiny model's min_l D_{t,l}: DTR varies by response
     arms = {
         "logit": (ReadoutConfig(), dtr),
@@ -287,7 +297,7 @@ def test_lens_compare_sets_lenses_and_rules_side_by_side(tiny_llama, tmp_path, m
     )
     assert code in (0, None), err
     saved = json.loads((tmp_path / "cmp" / "lens_compare.json").read_text())
-    assert len(saved["arms"]) == 3 and list(saved["heldout_kl"]) == [tuned.lens]
+    assert len(saved["arms"]) == 3 and list(saved["heldout_kl"]) == [str(tuned.lens)]
     assert (tmp_path / "cmp" / "lens_compare.png").stat().st_size > 0 and "topk:1" in out
 
 

@@ -34,42 +34,90 @@ def tuned_lens(lm, path: Path, noise: float = 0.0, seed: int = 0) -> dict:
     return save_lens(path, weight, bias, stamp)
 
 
+def jacobian_lens(lm, path: Path, noise: float = 0.0, seed: int = 0) -> dict:
+    """A J-lens artifact for ``lm`` at ``path`` (float32): identity matrices (``noise`` 0 — the logit lens), or
+    identity plus Gaussian noise. Returns its stamp, with the file's digest."""
+    from depthlens.readout.jacobian import save_artifact
+    from depthlens.readout.lens_files import file_digest
+
+    d, n = hidden_size(lm), lm.n_layers - 1
+    weight = torch.eye(d).repeat(n, 1, 1) + noise * torch.randn(
+        n, d, d, generator=torch.Generator().manual_seed(seed)
+    )
+    stamp = {"model": lm.name, "model_hash": model_fingerprint(lm), "n_layers": lm.n_layers, "d": d}
+    stamp["heldout_kl"] = {"logit": [0.5] * n, "jacobian": [0.5] * n}
+    save_artifact(path, weight, 1, {"depthlens": stamp}, torch.float32)
+    return {**stamp, "digest": file_digest(path)}
+
+
+def package_lens(lm, path: Path, noise: float = 0.0, seed: int = 0) -> dict:
+    """A ``tuned-lens`` package folder for ``lm`` (its format, by hand): zero translators (``noise`` 0: h + 0 —
+    the logit lens), or Gaussian ones. Returns what depthlens reads of it, with the digest."""
+    from depthlens.readout.lens_files import file_digest
+
+    d, n = hidden_size(lm), lm.n_layers
+    gen = torch.Generator().manual_seed(seed)
+    path.mkdir(parents=True)
+    state = {}
+    for i in range(n):
+        state[f"{i}.weight"] = noise * torch.randn(d, d, generator=gen)
+        state[f"{i}.bias"] = noise * torch.randn(d, generator=gen)
+    torch.save(state, path / "params.pt")
+    config = {"base_model_name_or_path": lm.name, "d_model": d, "num_hidden_layers": n, "bias": True}
+    (path / "config.json").write_text(json.dumps({**config, "lens_type": "linear_tuned_lens"}))
+    return {"digest": file_digest(path / "params.pt")}
+
+
+LENSES = {  # kind → (how to make one, the file name, the prefix it is given by, the kind a store states)
+    "tuned": (tuned_lens, "lens", "tuned", "tuned"),
+    "tuned-package": (package_lens, "pkg", "tuned", "tuned-package"),
+    "jacobian": (jacobian_lens, "j.pt", "jacobian", "jacobian"),
+}
+
+
+def make_lens(kind: str, lm, folder: Path, noise: float = 0.0, seed: int = 0) -> tuple[str, str, dict]:
+    """A lens of ``kind`` in ``folder``: (the text a front gives, the text a store states, its stamp)."""
+    maker, name, given, stated = LENSES[kind]
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = maker(lm, folder / name, noise, seed)
+    return f"{given}:{folder / name}", f"{stated}:{folder / name}", stamp
+
+
 def _pool(lm, out: Path, **settings) -> list[dict]:
     depthlens.generate(lm, TASK, pool=2, batch_size=2, readout_tokens=None, out=out, **SMALL, **settings)
     return [record for _, record in read_responses(out)]
 
 
-def test_generate_reads_through_the_tuned_lens_identity_exactly_as_the_logit_lens(tiny_chat, tmp_path):
-    identity = tuned_lens(tiny_chat, tmp_path / "identity")
-    tuned_lens(tiny_chat, tmp_path / "random", noise=0.2)
+@pytest.mark.parametrize("kind", list(LENSES))
+def test_generate_reads_through_each_lens_identity_exactly_as_the_logit_lens(kind, tiny_chat, tmp_path):
+    lens, stated, identity = make_lens(kind, tiny_chat, tmp_path / "identity")
+    random, _, _ = make_lens(kind, tiny_chat, tmp_path / "random", noise=0.2)
     plain = _pool(tiny_chat, tmp_path / "logit")
-    same = _pool(tiny_chat, tmp_path / "same", lens=f"tuned:{tmp_path / 'identity'}")
-    other = _pool(tiny_chat, tmp_path / "other", lens=f"tuned:{tmp_path / 'random'}")
+    same = _pool(tiny_chat, tmp_path / "same", lens=lens)
+    other = _pool(tiny_chat, tmp_path / "other", lens=random)
     assert same == plain  # every field: tokens, divergence rows, depth
     assert [r["token_ids"] for r in other] == [r["token_ids"] for r in plain]  # the lens changes no sample
     assert [r["divergence"] for r in other] != [r["divergence"] for r in plain]  # but what is read
     readout = read_manifest(tmp_path / "same")["readout"]
-    assert (
-        readout["lens"] == f"tuned:{tmp_path / 'identity'}" and readout["lens_digest"] == identity["digest"]
-    )
+    assert readout["lens"] == stated and readout["lens_digest"] == identity["digest"]  # the form stated
     assert read_manifest(tmp_path / "logit")["readout"]["lens_digest"] is None
 
 
-def test_the_api_stamps_the_lens_and_think_at_n_votes_on_the_pools_own(tiny_chat, tmp_path):
-    tuned_lens(tiny_chat, tmp_path / "lens")
+@pytest.mark.parametrize("kind", ["tuned", "jacobian"])
+def test_the_api_stamps_the_lens_and_think_at_n_votes_on_the_pools_own(kind, tiny_chat, tmp_path):
+    given, stored, _ = make_lens(kind, tiny_chat, tmp_path)
     records = [{"id": "a", "prompt_ids": [4, 5, 6], "completion_ids": [7, 8, 9, 10]}]
-    assert depthlens.score(tiny_chat, records, lens=f"tuned:{tmp_path / 'lens'}").to_pylist() == (
+    assert depthlens.score(tiny_chat, records, lens=given).to_pylist() == (
         depthlens.score(tiny_chat, records).to_pylist()
     )
-    with pytest.raises(InputError, match="no fitted lens there"):
-        depthlens.score(tiny_chat, records, lens=f"tuned:{tmp_path / 'none'}")
-    _pool(tiny_chat, tmp_path / "pool", lens=f"tuned:{tmp_path / 'lens'}")
-    stored = f"tuned:{tmp_path / 'lens'}"
+    with pytest.raises(InputError, match=r"no fitted lens there|no such file there"):
+        depthlens.score(tiny_chat, records, lens=f"{kind}:{tmp_path / 'none'}")
+    _pool(tiny_chat, tmp_path / "pool", lens=given)
     assert depthlens.think_at_n(tmp_path / "pool", lens=stored, n=2).num_rows > 0
     with pytest.raises(InputError, match=rf"lens='logit'\): .* was read out through lens='{stored}', and"):
         depthlens.think_at_n(tmp_path / "pool", lens="logit", n=2)
     policy = {"warmup": 2, "max_n": 3, "batch_size": 2, "prefix": 4}
-    depthlens.online(tiny_chat, TASK, out=tmp_path / "online", lens=stored, **policy, **SMALL)
+    depthlens.online(tiny_chat, TASK, out=tmp_path / "online", lens=given, **policy, **SMALL)
     assert read_manifest(tmp_path / "online")["readout"]["lens"] == stored
 
 
@@ -88,7 +136,7 @@ def test_the_engine_gets_the_lens_checked_against_the_checkpoint(chat_dir, tmp_p
     stamp = tuned_lens(lm, tmp_path / "lens", noise=0.1)
     readout = ReadoutConfig(lens=f"tuned:{tmp_path / 'lens'}")
     sent = engine_lens(readout, info, info)
-    assert sent == {"lens": str((tmp_path / "lens").resolve()), "lens_digest": stamp["digest"]}
+    assert sent == {"lens": f"tuned:{(tmp_path / 'lens').resolve()}", "lens_digest": stamp["digest"]}
     assert engine_lens(ReadoutConfig(), info, info) == {"lens": None, "lens_digest": None}
     settings = RequestReadout(4, **sent)
     assert RequestReadout.from_extra(settings.to_extra()) == settings
@@ -180,16 +228,17 @@ def test_thinkn_samples_a_new_pool_through_the_lens(chat_dir, tmp_path, monkeypa
     assert read_manifest(tmp_path / "t")["readout"]["lens_digest"] == stamp["digest"]
 
 
-def test_serve_reads_every_depth_through_the_lens_and_says_which(tiny_chat, tmp_path):
+@pytest.mark.parametrize("kind", ["tuned", "jacobian"])
+def test_serve_reads_every_depth_through_the_lens_and_says_which(kind, tiny_chat, tmp_path):
     from fastapi.testclient import TestClient
 
     from depthlens.models.load import wrap
     from depthlens.serve.app import create_app
     from depthlens.serve.engines import HFEngine
+    from depthlens.studies.resolve import readout as run_readout
     from tests.conftest import CharTokenizer, tiny_model
 
-    stamp = tuned_lens(tiny_chat, tmp_path / "lens")
-    lens = f"tuned:{tmp_path / 'lens'}"
+    lens, _, stamp = make_lens(kind, tiny_chat, tmp_path)
     body = {
         "model": "tiny",
         "prompt": "12+3=",
@@ -199,21 +248,21 @@ def test_serve_reads_every_depth_through_the_lens_and_says_which(tiny_chat, tmp_
         "depthlens": {"tokens": True},
     }
     served = {}
-    for name, readout in (("logit", ReadoutConfig()), ("tuned", ReadoutConfig(lens=lens))):
+    for name, readout in (("logit", ReadoutConfig()), ("tuned", run_readout(lens=lens))):
         engine = HFEngine(tiny_chat, readout)
         with TestClient(create_app(engine, tiny_chat.tokenizer, ServeConfig("tiny"))) as client:
             health = client.get("/health").json()
             reply = client.post("/v1/completions", json=body)
         assert reply.status_code == 200, reply.text
         served[name] = reply.json()
-        assert health["lens"] == readout.lens and served[name]["depthlens"]["lens"] == readout.lens
+        assert health["lens"] == str(readout.lens) and served[name]["depthlens"]["lens"] == str(readout.lens)
     assert health["lens_digest"] == stamp["digest"]
     for plain, tuned in zip(served["logit"]["choices"], served["tuned"]["choices"], strict=True):
         assert plain["text"] == tuned["text"]
         assert {**tuned["depthlens"], "lens": "logit"} == plain["depthlens"]  # identity: the very numbers
     other = wrap(tiny_model("llama", seed=1), CharTokenizer(), name="other-llama")
     with pytest.raises(InputError, match=r"fitted to .*model_hash"):
-        HFEngine(other, ReadoutConfig(lens=lens))
+        HFEngine(other, run_readout(lens=lens))
 
 
 def test_serve_cli_takes_lens(monkeypatch, capsys, tmp_path):
@@ -233,12 +282,14 @@ def test_cli_lens_help_names_tuned(monkeypatch, capsys):
 def test_a_run_resolves_its_lens_once(tiny_chat, tmp_path, monkeypatch):
     """The lens is resolved once per run — parsed, its stamp read, its digest taken when the run's ReadoutConfig
     is built — and carried from there: the stamp file is read once, and the store's manifest has the digest."""
-    import depthlens.config.lens as lens_module
+    from depthlens.readout.tuned import TunedFolder
 
     stamp = tuned_lens(tiny_chat, tmp_path / "lens")
     reads = []
-    real = lens_module.read_stamp
-    monkeypatch.setattr(lens_module, "read_stamp", lambda path: reads.append(path) or real(path))
+    real = TunedFolder.read
+    monkeypatch.setattr(
+        TunedFolder, "read", lambda self, path, given: reads.append(path) or real(self, path, given)
+    )
     _pool(tiny_chat, tmp_path / "pool", lens=f"tuned:{tmp_path / 'lens'}")
     assert len(reads) == 1
     assert read_manifest(tmp_path / "pool")["readout"]["lens_digest"] == stamp["digest"]

@@ -1,7 +1,8 @@
-"""A tuned lens inside the vLLM engine (issue 43, items 2 and 6): the worker applies the translators before the
-final norm and unembedding, and what it reads equals the transformers readout through the same lens within the
-float32 tolerance of tests/test_vllm_readout.py — with a random, non-identity translator, so the test would see a
-lens that did not reach the worker (the logit lens's rows are far from the tuned ones)."""
+"""A fitted lens inside the vLLM engine (issue 43, items 2 and 6; issue 58 item 3 for the Jacobian lens): the worker
+applies the lens's matrices before the final norm and unembedding, and what it reads equals the transformers readout
+through the same lens within the float32 tolerance of tests/test_vllm_readout.py — with a random, non-identity
+tuned translator and J-lens, so the test would see a lens that did not reach the worker (the logit lens's rows are
+far from the fitted ones)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import dataclasses
 import pytest
 import torch
 
-from depthlens.config import ReadoutConfig, SamplingConfig
+from depthlens.config import SamplingConfig
 from depthlens.evals.loading import load_task
 from depthlens.sampling.choose import vllm_available
 from depthlens.sampling.hf import HFGenerator
+from depthlens.studies.resolve import readout as run_readout
 from tests.conftest import SMOLLM2_ENGINE
-from tests.test_lens_runs import tuned_lens
+from tests.test_lens_runs import make_lens, tuned_lens
 
 pytestmark = [
     pytest.mark.integration,
@@ -26,11 +28,12 @@ BITS = 1e-4  # as tests/test_vllm_readout.py: float32 on both sides, only the ke
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=10, readout_tokens=None)
 
 
-@pytest.fixture(scope="module")
-def lens(real_model, tmp_path_factory):
-    path = tmp_path_factory.mktemp("lens") / "random"
-    tuned_lens(real_model, path, noise=0.02, seed=3)
-    return ReadoutConfig(lens=f"tuned:{path}", also=("cosine",))
+@pytest.fixture(scope="module", params=["tuned", "jacobian"])
+def lens(request, real_model, tmp_path_factory):
+    """A random lens of each kind (the Jacobian lens: identity plus noise, so it reads far from the logit lens)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    given, _, _ = make_lens(request.param, real_model, folder, noise=0.02, seed=3)
+    return run_readout(lens=given, also=("cosine",))
 
 
 def test_generated_tuned_readout_equals_the_transformers_one(real_model, smollm2_engine, lens):
@@ -44,7 +47,7 @@ def test_generated_tuned_readout_equals_the_transformers_one(real_model, smollm2
         0
     ]
     hf = HFGenerator(real_model, GREEDY, lens).sample(prompt, [0])[0]
-    logit = dataclasses.replace(lens, lens="logit", lens_digest=None)
+    logit = dataclasses.replace(lens, lens="logit")
     plain = EngineGenerator(info, GREEDY, logit, SMOLLM2_ENGINE, llm_engine=smollm2_engine).sample(
         prompt, [0]
     )[0]
@@ -116,8 +119,7 @@ def test_serve_on_vllm_reads_every_depth_through_the_lens(tmp_path):
     assert reply["depthlens"]["lens"] == lens == depth["lens"]
     served = depth["tokens"]
     record = InputRecord("a", 1, {"prompt_ids": prompt, "completion_ids": served["token_ids"]})
-    readout = ReadoutConfig(lens=lens)
-    (ref,) = score_records(lm, [record], readout=readout, tcb=None, tokens=True)
+    (ref,) = score_records(lm, [record], readout=run_readout(lens=lens), tcb=None, tokens=True)
     rows = torch.tensor(served["divergence"])
     assert (rows - torch.tensor(ref["divergence"])).abs().max() <= BITS
     (plain,) = score_records(lm, [record], tcb=None, tokens=True)

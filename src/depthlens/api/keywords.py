@@ -26,6 +26,7 @@ from depthlens.config import (
     AnswerConfig,
     DTRConfig,
     EngineConfig,
+    LensSpec,
     OnlineConfig,
     ReadoutConfig,
     SamplingConfig,
@@ -200,6 +201,8 @@ def _fits(value: Any, hint: Any, literal: bool = False) -> bool:
         return any(_fits(value, h, literal) for h in typing.get_args(hint))
     if hint is type(None):
         return value is None
+    if hint is LensSpec:  # given as its text (``lens="jacobian:PATH"``), resolved once by ``resolve.readout``
+        return isinstance(value, (str, LensSpec))
     if origin is tuple:
         return isinstance(value, (tuple, list))
     if hint is float:

@@ -88,7 +88,7 @@ def _draw(
     out.mkdir(parents=True, exist_ok=True)
     (out / "record.json").write_text(json.dumps(record) + "\n")
     settle = dtr.settle
-    read = ("" if readout.lens == "logit" else " through the tuned lens") + (
+    read = ("" if readout.lens.path is None else f" through {readout.lens.describe()}") + (
         "" if settle == "jsd" else f", {settle}"
     )
     title = (
@@ -97,7 +97,7 @@ def _draw(
     draw_divergence_heatmap(record, out / "heatmap.png", title=title)
     paths = [out / "heatmap.png", write_heatmap_html(record, out / "heatmap.html", title=title, unit=unit)]
     if "layer_top_tokens" in record:
-        lens = " through the tuned lens" if readout.lens != "logit" else " (the logit lens)"
+        lens = f" through {readout.lens.describe()}" if readout.lens.path is not None else " (the logit lens)"
         draw_logit_lens(
             record, out / "logit_lens.png", title=f"{model}: each layer's most probable token{lens}"
         )

@@ -1,7 +1,13 @@
-"""``depthlens lens …``: fit a tuned lens for a model, and compare the lenses and settling rules on the same
-responses (docs/definitions.md §1–2, issue 43)."""
+"""``depthlens lens …``: fit a tuned or a Jacobian lens for a model, and compare the lenses and settling rules on
+the same responses (docs/definitions.md §1–2, issues 43 and 58)."""
 
 from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -11,56 +17,100 @@ from depthlens.cli import options as opt
 from depthlens.cli.app import app, console, err_console, load_model, warn
 from depthlens.config import LensFitConfig
 
+if TYPE_CHECKING:
+    from depthlens.config import JacobianFitConfig
+
 lens_app = typer.Typer(
-    help="The tuned lens: fit one for a model; compare lenses and settling rules (docs/definitions.md §1–2).",
+    help="Fitted lenses: fit a tuned or a Jacobian lens for a model; compare lenses and settling rules "
+    "(docs/definitions.md §1–2).",
     no_args_is_help=True,
 )
-app.add_typer(lens_app, name="lens", short_help="Fit a tuned lens; compare lenses and settling rules.")
+app.add_typer(
+    lens_app, name="lens", short_help="Fit a tuned or Jacobian lens; compare lenses and settling rules."
+)
+
+KIND_FLAGS = {
+    "tuned": {"max_tokens": "--max-tokens", "steps": "--steps", "lr": "--lr", "heldout": "--heldout",
+              "batch_tokens": "--batch-tokens", "layers_per_step": "--layers-per-step"},
+    "jacobian": {"prompts": "--prompts", "max_tokens": "--prompt-tokens", "heldout": "--heldout-prompts",
+                 "memory_mb": "--memory-mb", "dtype": "--lens-dtype"},
+}  # fmt: skip
+"""Each kind's own options: config field → flag (an option of the other kind is refused, not ignored)."""
 
 
-@lens_app.command("fit", short_help="Fit a tuned lens (per-layer affine translators) for a model.")
+@lens_app.command("fit", short_help="Fit a tuned lens or a Jacobian lens for a model.")
 @groups.grouped
 def fit(
     *,
     out: opt.LensOut,
     model: groups.Model,
+    kind: opt.FitKind = "tuned",
     in_path: opt.FitIn = None,
-    max_tokens: opt.FitMaxTokens = LensFitConfig.max_tokens,
-    steps: opt.FitSteps = LensFitConfig.steps,
-    max_seconds: opt.FitMaxSeconds = LensFitConfig.max_seconds,
-    lr: opt.FitLr = LensFitConfig.lr,
-    heldout: opt.FitHeldout = LensFitConfig.heldout,
-    batch_tokens: opt.FitBatchTokens = LensFitConfig.batch_tokens,
-    layers_per_step: opt.FitLayersPerStep = LensFitConfig.layers_per_step,
-    seed: opt.FitSeed = LensFitConfig.seed,
+    max_tokens: opt.FitMaxTokens = None,
+    steps: opt.FitSteps = None,
+    max_seconds: opt.FitMaxSeconds = None,
+    lr: opt.FitLr = None,
+    heldout: opt.FitHeldout = None,
+    batch_tokens: opt.FitBatchTokens = None,
+    layers_per_step: opt.FitLayersPerStep = None,
+    prompts: opt.FitPrompts = None,
+    prompt_tokens: opt.FitPromptTokens = None,
+    heldout_prompts: opt.FitHeldoutPrompts = None,
+    memory_mb: opt.FitMemoryMb = None,
+    lens_dtype: opt.FitLensDType = None,
+    seed: opt.FitSeed = None,
     resume: opt.FitResume = False,
 ) -> None:
-    """Fit a tuned lens: the least-squares map of each layer's state onto the last one's, then KL(p_L ‖ p_l) steps.
+    """Fit a lens for a model: --kind tuned (default) or jacobian.
 
-    Writes OUT/translators.safetensors and OUT/lens.json (the model's fingerprint, L, d, the data, token counts,
-    steps, held-out KL per layer for the logit and the tuned lens). Read through it with
-    `depthlens score --lens tuned:OUT`.
+    tuned: the least-squares map of each layer's state onto the last one's, then KL(p_L ‖ p_l) steps; writes
+    OUT/translators.safetensors and OUT/lens.json. jacobian: J_l averaged over --prompts windows of the corpus (the
+    SPEC's estimator: positions after the first 16, targets summed, sources and prompts averaged); writes the
+    published .pt artifact OUT with depthlens's stamp in its metadata. Both print the held-out KL per layer, logit
+    lens against the fitted one. Read through it with `depthlens score --lens tuned:OUT` or
+    `depthlens score --lens jacobian:OUT`.
     """
+    from depthlens.config import JacobianFitConfig
+    from depthlens.errors import InputError
+
+    if kind not in KIND_FLAGS:
+        raise InputError(f"--kind {kind}: must be tuned or jacobian")
+    given = {
+        "tuned": {"max_tokens": max_tokens, "steps": steps, "lr": lr, "heldout": heldout,
+                  "batch_tokens": batch_tokens, "layers_per_step": layers_per_step},
+        "jacobian": {"prompts": prompts, "max_tokens": prompt_tokens, "heldout": heldout_prompts,
+                     "memory_mb": memory_mb, "dtype": lens_dtype},
+    }  # fmt: skip
+    other = "jacobian" if kind == "tuned" else "tuned"
+    for key, value in given[other].items():
+        if value is not None:
+            flag = KIND_FLAGS[other][key]
+            raise InputError(f"{flag} {value}: it sets a --kind {other} fit; leave it out for --kind {kind}")
+    settings = {
+        k: v for k, v in {**given[kind], "max_seconds": max_seconds, "seed": seed}.items() if v is not None
+    }
+    if kind == "tuned":
+        _fit_tuned(out, model, in_path, LensFitConfig(**settings), resume)
+    else:
+        _fit_jacobian(out, model, in_path, JacobianFitConfig(**settings), resume)
+
+
+def _fit_tuned(
+    out: Path, model: groups.Model, in_path: Path | None, cfg: LensFitConfig, resume: bool
+) -> None:
     from depthlens.errors import InputError
     from depthlens.studies.lens_fit import fit_lens, fit_warning, lens_sequences
 
-    cfg = LensFitConfig(
-        max_tokens=max_tokens,
-        heldout=heldout,
-        steps=steps,
-        lr=lr,
-        batch_tokens=batch_tokens,
-        layers_per_step=layers_per_step,
-        max_seconds=max_seconds,
-        seed=seed,
-    )
-    if out.exists() and not resume and any(out.iterdir()):
+    if out.exists() and (not out.is_dir() or (not resume and any(out.iterdir()))):
         raise InputError(
-            f"--out {out} exists and is not empty; add --resume to go on with its fit, or remove it"
+            f"--out {out} exists and is not an empty folder; add --resume to go on with its fit, or remove it"
         )
     lm = load_model(model.spec())
     sequences, data = lens_sequences(lm, in_path)
-    with err_console.status("fitting the tuned lens") as status:
+    with (
+        err_console.status("fitting the tuned lens") as status,
+        stopped_says(out / "checkpoint.pt", "KL steps"),
+    ):
         stamp = fit_lens(
             lm,
             sequences,
@@ -75,17 +125,94 @@ def fit(
         warn(warning)
     kept = f"; {out}/checkpoint.pt kept for --resume" if stamp["steps"] < cfg.steps else ""
     err_console.print(
-        f"wrote {out} ({stamp['steps']} KL steps{kept}; read through it with `score --lens tuned:{out}`)"
+        f"wrote {out} ({stamp['steps']} KL steps{kept}; read through it with `score --lens tuned:{out}`)",
+        highlight=False,
     )
 
 
+def _fit_jacobian(
+    out: Path, model: groups.Model, in_path: Path | None, cfg: JacobianFitConfig, resume: bool
+) -> None:
+    from depthlens.errors import InputError
+    from depthlens.studies.jacobian_fit import checkpoint_path, fit_jacobian, jacobian_prompts
+
+    checkpoint = checkpoint_path(out)
+    if out.is_dir():
+        raise InputError(
+            f"--out {out} is a folder; a Jacobian lens is one .pt file: name it (e.g. {out}/jlens.pt)"
+        )
+    if out.exists() and not resume:
+        raise InputError(f"--out {out} exists; add --resume to go on with its fit, or remove it")
+    if out.exists() and not checkpoint.exists():
+        raise InputError(
+            f"--out {out} is a finished fit with no checkpoint to go on from; remove it to refit"
+        )
+    lm = load_model(model.spec())
+    chosen = jacobian_prompts(lm, in_path, cfg)
+    with err_console.status("fitting the Jacobian lens") as status, stopped_says(checkpoint, "prompts"):
+        stamp = fit_jacobian(
+            lm, chosen, out, cfg, resume=resume, progress=lambda *done: _prompt_done(status, *done)
+        )
+    print_kl(stamp)
+    done, asked = stamp["prompts"]["fitted"], stamp["prompts"]["asked"]
+    kept = f"; {checkpoint} kept for --resume" if done < asked else ""
+    err_console.print(
+        f"wrote {out} ({done} of {asked} prompts, {stamp['cpu_seconds_per_prompt']:g} CPU-s each{kept}; read "
+        f"through it with `score --lens jacobian:{out}`)",
+        highlight=False,
+    )
+
+
+def _prompt_done(status: Any, done: int, total: int, each: float) -> None:
+    """Progress: the status line on a terminal, a plain line per prompt in a log."""
+    line = f"J-lens prompt {done}/{total}: {each:.0f} s each, ~{each * (total - done) / 60:.0f} min to go"
+    if err_console.is_terminal:
+        status.update(line)
+    else:
+        err_console.print(line, highlight=False, markup=False)
+
+
+@contextlib.contextmanager
+def stopped_says(checkpoint: Path, unit: str) -> Iterator[None]:
+    """A fit stopped by SIGTERM or Ctrl-C says what it kept — its checkpoint, and how far it got — and the line
+    that goes on from it, then exits 143 (SIGTERM) or 130."""
+    from depthlens.cli.app import Terminated, continue_command
+
+    try:
+        yield
+    except (Terminated, KeyboardInterrupt) as exc:
+        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        if checkpoint.exists():
+            err_console.print(
+                f"{what}: the fit's checkpoint is kept in {checkpoint} ({_progress(checkpoint, unit)})",
+                highlight=False,
+                markup=False,
+            )
+            err_console.print(
+                f"continue with: {continue_command(sys.argv)}", highlight=False, markup=False, soft_wrap=True
+            )
+        else:
+            err_console.print(f"{what} before the fit's first checkpoint: nothing was kept", highlight=False)
+        sys.exit(143 if isinstance(exc, Terminated) else 130)
+
+
+def _progress(checkpoint: Path, unit: str) -> str:
+    import torch
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    done = state.get("n_done", state.get("step"))
+    return f"{done} {unit} done"
+
+
 def print_kl(stamp: dict) -> None:
-    """The stamp's held-out KL(p_L ‖ p_l) per layer, logit against tuned lens (the tuned-lens paper's figure)."""
+    """The stamp's held-out KL(p_L ‖ p_l) per layer, the logit lens against the fitted one (the tuned-lens
+    paper's figure)."""
     kl = stamp["heldout_kl"]
+    fitted = next(k for k in kl if k != "logit")
     table = Table(title=f"held-out KL(p_L ‖ p_l), nats — {stamp['model']}", title_justify="left")
-    for column in ("layer", "logit lens", "tuned lens"):
+    for column in ("layer", "logit lens", f"{fitted} lens"):
         table.add_column(column, justify="right")
-    for layer, (a, b) in enumerate(zip(kl["logit"], kl["tuned"], strict=True), start=1):
+    for layer, (a, b) in enumerate(zip(kl["logit"], kl[fitted], strict=True), start=1):
         table.add_row(str(layer), f"{a:.3f}", f"{b:.3f}")
     console.print(table)
 

@@ -4,7 +4,7 @@ docs read them from here. Every config round-trips through a plain dict (``to_di
 
 from depthlens.config.answers import AnswerConfig, AnswerType, Fallback, PromptStyle
 from depthlens.config.base import Config, invalid
-from depthlens.config.lens import LensKind, LensSpec
+from depthlens.config.lens import JACOBIAN_SKIP_FIRST, JacobianFitConfig, LensKind, LensSpec
 from depthlens.config.readout import (
     DIVERGENCE_MAX,
     PREFIX_TOKENS,
@@ -34,9 +34,9 @@ from depthlens.config.serve import ServeConfig
 from depthlens.config.voting import CorrelationConfig, OnlineConfig, Signal, TieBreak, VotingConfig
 
 __all__ = [
-    "DIVERGENCE_MAX", "PREFIX_TOKENS", "AnswerConfig", "AnswerType", "Backend", "Compile", "Config",
-    "CorrelationConfig", "DTRConfig", "DeepRule", "Divergence", "EngineConfig", "EngineDType", "Fallback",
-    "GenerateRun", "LensFitConfig", "LensKind", "LensSpec",
+    "DIVERGENCE_MAX", "JACOBIAN_SKIP_FIRST", "PREFIX_TOKENS", "AnswerConfig", "AnswerType", "Backend", "Compile",
+    "Config", "CorrelationConfig", "DTRConfig", "DeepRule", "Divergence", "EngineConfig", "EngineDType", "Fallback",
+    "GenerateRun", "JacobianFitConfig", "LensFitConfig", "LensKind", "LensSpec",
     "ModelSpec", "OnlineConfig", "OnlineRun", "PromptStyle", "RayConfig", "ReadoutConfig",
     "SamplingConfig", "ScoreRun", "ServeConfig", "Signal", "StoreFormat", "StoreSpec", "TCBConfig", "TCBStudies",
     "TaskSpec", "TieBreak", "VEff", "VotingConfig", "depth_prefix", "invalid",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from depthlens.config.base import Config, check_choice, invalid
 from depthlens.config.lens import LensSpec
@@ -65,11 +65,12 @@ class ReadoutConfig(Config):
         also: further divergences measured in the same layer walk and stored beside the primary one (the
             KL / cosine ablation of the correlation study costs no extra unembedding product).
         vocab_size: cut logits to this many rows (padded vocabularies); None = the tokenizer's length.
-        lens: which lens reads the layers out: ``logit`` or ``tuned:PATH``; resolved once, when the config is
-            built, into ``lens_spec`` (``config.lens.LensSpec``: parsed, its stamp read, its fit's digest taken).
-        lens_digest: the tuned lens's content hash (its stamp's ``digest``), taken when the config is built — a
-            store records *which* fit read it by construction; given (a store's record), a folder that holds
-            another fit by now is refused.
+        lens: which lens reads the layers out (``config.lens.LensSpec``): the logit lens, a tuned lens or a
+            Jacobian lens. Given as text (``logit``, ``tuned:PATH``, ``jacobian:PATH``) it is parsed, no file
+            read; a run's config holds it resolved — its form found, its stamp read, its fit's digest taken, once,
+            where the run is built (``studies.resolve.readout`` → ``readout.lenses.resolve_lens``). ``to_dict``
+            keeps it as the text ``lens`` and its fit's ``lens_digest``, so a store records *which* fit read it;
+            ``from_dict`` reads both back (a path that holds another fit by now is refused when it is read).
         layer_top_k: keep each read-out token's K most probable tokens at every layer, with their probabilities
             (``layer_top_ids`` / ``layer_top_probs``, [T][L][K]: the logit lens's own predictions,
             ``metrics.layer_top``); 0 keeps none. At most ``MAX_LAYER_TOP_K``.
@@ -90,8 +91,7 @@ class ReadoutConfig(Config):
     early_exit: bool = True
     compile: Compile = "auto"
     also: tuple[Divergence, ...] = ()
-    lens: str = "logit"
-    lens_digest: str | None = None
+    lens: LensSpec = LensSpec()  # noqa: RUF009 (a frozen value: one shared default is safe)
     layer_top_k: int = 0
     layer_target: bool = False
     track: tuple[int, ...] = ()
@@ -99,15 +99,35 @@ class ReadoutConfig(Config):
 
     @property
     def lens_spec(self) -> LensSpec:
-        """The lens, resolved once when this config was built (its stamp and digest for a tuned lens)."""
-        spec: LensSpec = self._lens  # type: ignore[attr-defined]
-        return spec
+        """The lens (``lens``; the name it had while ``lens`` was its text)."""
+        return self.lens
+
+    @property
+    def lens_digest(self) -> str | None:
+        """The digest of the lens's fit (None for the logit lens, or one not resolved yet)."""
+        return self.lens.digest
+
+    def to_dict(self) -> dict[str, Any]:
+        """As every config's, with the lens as a store keeps it: its text and its fit's digest."""
+        data: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            data[field.name] = list(value) if isinstance(value, tuple) else value
+            if field.name == "lens":
+                data.update(lens=str(self.lens), lens_digest=self.lens.digest)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """A manifest's readout: ``lens`` and ``lens_digest`` back into one (unresolved) ``LensSpec``."""
+        data = dict(data)
+        digest = data.pop("lens_digest", None)
+        data["lens"] = LensSpec.parse(data.get("lens", "logit"), digest)
+        return super().from_dict(data)
 
     def __post_init__(self) -> None:
         check_choice("ReadoutConfig", "divergence", self.divergence, Divergence)
-        spec = LensSpec.parse(self.lens).resolve(self.lens_digest)
-        object.__setattr__(self, "lens_digest", spec.digest)
-        object.__setattr__(self, "_lens", spec)
+        object.__setattr__(self, "lens", LensSpec.parse(self.lens))  # text parsed; no file is read here
         check_choice("ReadoutConfig", "compile", self.compile, Compile)
         object.__setattr__(self, "also", tuple(k for k in dict.fromkeys(self.also) if k != self.divergence))
         for kind in self.also:

@@ -7,6 +7,10 @@ Triton on CUDA) the steps fuse into the matmul's epilogue and a reduction, and t
 matmul's pace (docs/performance.md). The math is ``metrics.divergence``'s own, compiled; cosine needs no logits
 and stays eager.
 
+Every lens takes this path: a fitted lens's pre-norm transform (the tuned lens's W_l h + b_l, the Jacobian lens's
+J_l h — one d × d product, ``readout.lens.TranslatedLens``) runs where the normed states are made
+(``ReadoutChunk.normed_blocks`` / ``normed_rows``), and the kernel starts from those.
+
 Two shapes: ``compiled_step`` reads one layer of a chunk of tokens (``score``'s path, where a chunk has hundreds
 of rows), ``compiled_block`` a block of layers of a few rows at once (the sampler's step: one unembedding product
 for the block, so W_U streams from memory once per block, then the fused log-softmax and divergences).

@@ -1,8 +1,10 @@
 """The lenses: a residual-stream state → the distribution the model would output from it (docs/definitions.md §1).
 
 Logit lens: z_l = post(W_U · norm(h_l)); tuned lens: z_l = post(W_U · norm(A_l h_l + b_l)), a per-layer affine
-translator fitted to the model (``studies.lens_fit``). The matmul runs in the model's dtype, everything after it in
-float32. Every lens reads layer L (the model's own output) as the model does: no translator there.
+translator fitted to the model (``studies.lens_fit``; the ``tuned-lens`` package's h + W_l h + b_l is the same with
+A_l = I + W_l); Jacobian lens: z_l = post(W_U · norm(J_l h_l)) (``studies.jacobian_fit``). The matmul runs in the
+model's dtype, everything after it in float32. Every lens reads layer L (the model's own output) as the model does:
+no transform there.
 """
 
 from __future__ import annotations
@@ -63,46 +65,62 @@ class LogitLens:
         return model_logits.float()
 
 
-class TunedLens(LogitLens):
-    """The logit lens after a per-layer affine translator: layer l is read from A_l h + b_l (Belrose et al. 2023).
+class TranslatedLens(LogitLens):
+    """The logit lens after a per-layer linear pre-norm transform: layer l is read from W_l h (+ b_l) — the tuned
+    lens's affine translator (Belrose et al. 2023, either form: ``readout.tuned``, ``readout.tuned_package``) or the
+    Jacobian lens's J_l (``readout.jacobian``). One d × d product per layer, before the norm; the fused readout
+    (``metrics.fused``) reads what ``normed_block`` returns, so it takes any lens alike.
 
-    ``weight`` [L−1, d, d] and ``bias`` [L−1, d] (float32) hold A_l and b_l for layers 1..L−1; the product runs in
-    float32 and is cast back to the state's dtype before the norm, so identity translators read exactly what the
-    logit lens reads (tested). ``stamp`` is the fit's JSON stamp (``readout.tuned``).
+    ``weight`` [L−1, d, d] and ``bias`` [L−1, d] or None (float32) hold W_l and b_l for layers 1..L−1; the
+    product runs in float32 and is cast back to the state's dtype before the norm, so identity matrices read
+    exactly what the logit lens reads (tested). ``kind`` names the lens (``config.LensKind``), ``stamp`` its fit.
     """
-
-    name = "tuned"
 
     def __init__(
         self,
         parts: ModelParts,
         weight: torch.Tensor,
-        bias: torch.Tensor,
+        bias: torch.Tensor | None = None,
         vocab_size: int | None = None,
         final_norm: bool = True,
         stamp: dict | None = None,
+        kind: str = "tuned",
     ) -> None:
         super().__init__(parts, vocab_size, final_norm)
-        if weight.ndim != 3 or weight.shape[1] != weight.shape[2] or bias.shape != weight.shape[:2]:
-            raise ValueError(
-                f"tuned lens: weight {tuple(weight.shape)} and bias {tuple(bias.shape)} must be [L−1, d, d], [L−1, d]"
-            )
+        check_translators(weight, bias)
         self.weight = weight.float()
-        self.bias = bias.float()
+        self.bias = None if bias is None else bias.float()
         self.stamp = stamp or {}
+        self.name = kind
 
-    def to(self, device: torch.device) -> TunedLens:
-        """The translators on ``device`` (where the model's states are)."""
-        self.weight, self.bias = self.weight.to(device), self.bias.to(device)
+    def to(self, device: torch.device) -> TranslatedLens:
+        """The matrices on ``device`` (where the model's states are)."""
+        self.weight = self.weight.to(device)
+        self.bias = None if self.bias is None else self.bias.to(device)
         return self
 
     def translate(self, hidden: torch.Tensor, layer: int) -> torch.Tensor:
-        out = hidden.float() @ self.weight[layer - 1].T + self.bias[layer - 1]
+        out = hidden.float() @ self.weight[layer - 1].T
+        if self.bias is not None:
+            out = out + self.bias[layer - 1]
         return out.to(hidden.dtype)
 
     def translate_block(self, hidden: torch.Tensor, first: int) -> torch.Tensor:
         k = hidden.shape[0]
-        weight, bias = self.weight[first - 1 : first - 1 + k], self.bias[first - 1 : first - 1 + k]
+        weight = self.weight[first - 1 : first - 1 + k]
         flat = hidden.float().reshape(k, -1, hidden.shape[-1])
-        out = torch.bmm(flat, weight.transpose(1, 2)) + bias[:, None, :]
+        out = torch.bmm(flat, weight.transpose(1, 2))
+        if self.bias is not None:
+            out = out + self.bias[first - 1 : first - 1 + k, None, :]
         return out.reshape(hidden.shape).to(hidden.dtype)
+
+
+TunedLens = TranslatedLens  # the tuned lens's readout (its name before the Jacobian lens shared the class)
+
+
+def check_translators(weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """ValueError unless ``weight`` is [L−1, d, d] and ``bias`` [L−1, d] (or None)."""
+    square = weight.ndim == 3 and weight.shape[1] == weight.shape[2]
+    if not square or (bias is not None and tuple(bias.shape) != tuple(weight.shape[:2])):
+        got = f"weight {tuple(weight.shape)}" + ("" if bias is None else f" and bias {tuple(bias.shape)}")
+        raise ValueError(f"lens matrices: {got} must be [L−1, d, d] and [L−1, d]")

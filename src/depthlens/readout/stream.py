@@ -166,13 +166,14 @@ def check_finite(nonfinite: Sequence[int] | torch.Tensor, start: int) -> None:
 
 
 def lens_for(lm: LoadedModel, config: ReadoutConfig) -> LogitLens:
-    """The lens of ``lm`` as ``config`` asks (``config.lens``: the logit lens, or a tuned lens checked to fit
-    ``lm``, ``readout.tuned.load_tuned``): padded vocabulary rows cut to the tokenizer's length."""
+    """The lens of ``lm`` as ``config`` asks (``config.lens``: the logit lens, or a fitted lens — tuned, either
+    form, or Jacobian — checked to fit ``lm``, ``readout.lenses.build``): padded vocabulary rows cut to the
+    tokenizer's length."""
     vocab = config.vocab_size or (len(lm.tokenizer) if lm.tokenizer is not None else None)
-    if config.lens != "logit":
-        from depthlens.readout.tuned import load_tuned
+    if config.lens.path is not None:
+        from depthlens.readout.lenses import build
 
-        return load_tuned(lm, config, vocab)
+        return build(lm, config, vocab)
     return LogitLens(lm.parts, vocab_size=vocab, final_norm=config.final_norm)
 
 

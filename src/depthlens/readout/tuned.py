@@ -1,10 +1,11 @@
-"""A fitted tuned lens on disk, and the checks that it belongs to the model it reads.
+"""depthlens's own tuned lens on disk (``kind`` ``tuned``): the folder ``depthlens lens fit --out LENS`` writes.
 
-A lens folder (``depthlens lens fit --out LENS``) holds ``translators.safetensors`` (``weight`` [L−1, d, d],
-``bias`` [L−1, d], float32), ``lens.json`` (the stamp: the model, its weights' fingerprint, L, d, the data, token
-counts, steps, held-out KL per layer for the logit and the tuned lens, and ``digest``, the safetensors file's
-sha256) and, while a fit is resumable, ``checkpoint.pt``. A lens fitted to another model — another fingerprint,
-depth or width — is refused by name: its translators would read nonsense without failing.
+It holds ``translators.safetensors`` (``weight`` [L−1, d, d], ``bias`` [L−1, d], float32: layer l is read from
+W_l h + b_l), ``lens.json`` (the stamp: the model, its weights' fingerprint, L, d, the data, token counts, steps,
+held-out KL per layer for the logit and the tuned lens, and ``digest``, the safetensors file's sha256) and, while a
+fit is resumable, ``checkpoint.pt``. The fit itself is ``studies.lens_fit``. A lens fitted to another model —
+another fingerprint, depth or width — is refused by name (``lens_files.check_fit``): its translators would read
+nonsense without failing.
 """
 
 from __future__ import annotations
@@ -12,60 +13,74 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from depthlens.config import LensSpec, ReadoutConfig
-from depthlens.config.lens import STAMP, STAMP_FORMAT, WEIGHTS
-from depthlens.errors import InputError
-from depthlens.models.load import LoadedModel
-from depthlens.readout.lens import TunedLens
-
-CHECKPOINT = "checkpoint.pt"
-FINGERPRINT_VALUES = (
-    4096  # values per parameter hashed: enough to tell two checkpoints apart, cheap for any size
+from depthlens.config import LensKind
+from depthlens.readout.lens_files import (
+    FINGERPRINT_VALUES,
+    Translators,
+    check_fit,
+    file_digest,
+    hidden_size,
+    model_fingerprint,
+    refused,
 )
 
-_FINGERPRINTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-_CHECKED: weakref.WeakKeyDictionary[Any, set[str]] = (
-    weakref.WeakKeyDictionary()
-)  # model → digests that fit it
-_TRANSLATORS: dict[tuple[str, str, str], tuple[torch.Tensor, torch.Tensor]] = {}  # (folder, digest, device)
+__all__ = [
+    "CHECKPOINT", "FINGERPRINT_VALUES", "STAMP", "STAMP_FORMAT", "WEIGHTS", "TunedFolder", "check_fit",
+    "file_digest", "hidden_size", "model_fingerprint", "save_lens", "write_whole",
+]  # fmt: skip
+
+STAMP_FORMAT = "depthlens-tuned-lens-1"
+WEIGHTS = "translators.safetensors"
+STAMP = "lens.json"
+CHECKPOINT = "checkpoint.pt"
 
 
-def model_fingerprint(lm: LoadedModel) -> str:
-    """A hash of ``lm``'s weights: every parameter's name, shape and first ``FINGERPRINT_VALUES`` values rounded to
-    bfloat16 (so the same checkpoint loaded as float32 or bfloat16 hashes the same). Cached per model object."""
-    cached = _FINGERPRINTS.get(lm.model)
-    if cached is not None:
-        return cached
-    digest = hashlib.sha256()
-    for name, param in lm.model.named_parameters():
-        values = param.detach().flatten()[:FINGERPRINT_VALUES].to(torch.bfloat16).float().cpu()
-        digest.update(f"{name}:{tuple(param.shape)}".encode())
-        digest.update(values.numpy().tobytes())
-    _FINGERPRINTS[lm.model] = digest.hexdigest()[:16]
-    return _FINGERPRINTS[lm.model]
+class TunedFolder:
+    """depthlens's tuned-lens folder: W_l h + b_l (``readout.lens_files.LensFormat``)."""
 
+    kind: ClassVar[LensKind] = "tuned"
 
-def hidden_size(lm: LoadedModel) -> int:
-    """d, the residual stream's width (the unembedding's input)."""
-    return int(lm.parts.unembed.weight.shape[1])
+    def holds(self, path: Path) -> bool:
+        return (path / STAMP).is_file()
 
+    def weights_file(self, path: Path) -> Path:
+        return path / WEIGHTS
 
-def file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    def read(self, path: Path, given: str) -> dict[str, Any]:
+        """The stamp of the lens folder ``path``; refused, naming the ``lens`` setting, when it is not one."""
+        file = path / STAMP
+        if not (file.is_file() and (path / WEIGHTS).is_file()):
+            raise refused(
+                given,
+                f"no fitted lens there ({STAMP} and {WEIGHTS} expected, or a tuned-lens package's params.pt and "
+                f"config.json); fit one with `depthlens lens fit --model MODEL --out {path}`",
+            )
+        try:
+            stamp = json.loads(file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise refused(given, f"{file} is not a lens stamp ({exc}); fit the lens again") from None
+        if not isinstance(stamp, dict) or stamp.get("format") != STAMP_FORMAT:
+            raise refused(given, f"{file} is not a {STAMP_FORMAT} stamp; fit the lens again")
+        return stamp
+
+    def load(self, path: Path, given: str) -> Translators:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path / WEIGHTS))
+        weight, bias = tensors.get("weight"), tensors.get("bias")
+        if weight is None or bias is None:
+            raise refused(given, f"{path / WEIGHTS} holds no weight and bias; fit the lens again")
+        return Translators(weight.float(), bias.float())
 
 
 def save_lens(out: Path, weight: torch.Tensor, bias: torch.Tensor, stamp: dict[str, Any]) -> dict[str, Any]:
-    """Write the translators and the stamp (``digest`` added) into the folder ``out``; returns the stamp.
-
-    Both are written whole to temporary names, fsynced, then renamed (the translators first, the stamp naming
-    their digest last): a write that fails (a full disk) raises the OSError, naming the file it was for, and leaves
-    the folder's lens as it was, its temporary files removed."""
+    """Write the translators and the stamp (``digest`` added: the safetensors file's sha256, as ``file_digest``
+    reads it back) into the folder ``out``, both whole or neither (``write_whole``); returns the stamp."""
     from safetensors.torch import save
 
     out.mkdir(parents=True, exist_ok=True)
@@ -95,52 +110,3 @@ def write_whole(files: dict[Path, bytes]) -> None:
     finally:
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)
-
-
-def check_fit(lens: LensSpec, mine: dict[str, Any], model: str) -> None:
-    """Refuse a lens fitted to another model: the stamp's fingerprint (``model_hash``), depth L or width d differ
-    from ``mine`` — the loaded model's, or on the vLLM driver the checkpoint's (``sampling.vllm.tuned``). One check
-    for both backends; ``mine`` leaves out what cannot be known (a checkpoint without transformers names)."""
-    stamp = lens.stamp or {}
-    wrong = [f"{k} {stamp.get(k)!r} ≠ {v!r}" for k, v in mine.items() if stamp.get(k) != v]
-    if wrong:
-        raise InputError(
-            setting="lens",
-            value=str(lens),
-            requirement=f"this lens was fitted to {stamp.get('model')!r}, not to {model!r} ({', '.join(wrong)}); "
-            f"fit one for it with `depthlens lens fit --model {model} --out LENS`",
-        )
-
-
-def translators(lens: LensSpec, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The translators of the fit ``lens`` names (weight [L−1, d, d], bias [L−1, d], float32 on ``device``), read
-    once per fit and device — the one cache the transformers readout and the vLLM worker share; refused when the
-    folder holds another fit than ``lens.digest`` by now (refitted since the run was set up)."""
-    from safetensors.torch import load_file
-
-    folder = Path(str(lens.path)).resolve()
-    key = (str(folder), str(lens.digest), str(device))
-    if key not in _TRANSLATORS:
-        if file_digest(folder / WEIGHTS) != lens.digest:
-            raise InputError(
-                setting="lens",
-                value=str(lens),
-                requirement=f"the folder holds another fit than {lens.digest}, which this run was checked "
-                "against; restore that lens, or start the run again",
-            )
-        tensors = load_file(str(folder / WEIGHTS))
-        _TRANSLATORS[key] = (tensors["weight"].float().to(device), tensors["bias"].float().to(device))
-    return _TRANSLATORS[key]
-
-
-def load_tuned(lm: LoadedModel, config: ReadoutConfig, vocab: int | None) -> TunedLens:
-    """The tuned lens ``config`` carries (``config.lens_spec``, resolved when the config was built), checked to fit
-    ``lm`` (``check_fit``, once per model and fit)."""
-    lens = config.lens_spec
-    checked = _CHECKED.setdefault(lm.model, set())
-    if lens.digest not in checked:
-        mine = {"model_hash": model_fingerprint(lm), "n_layers": lm.n_layers, "d": hidden_size(lm)}
-        check_fit(lens, mine, lm.name)
-        checked.add(str(lens.digest))
-    weight, bias = translators(lens, lm.device)
-    return TunedLens(lm.parts, weight, bias, vocab_size=vocab, final_norm=config.final_norm, stamp=lens.stamp)

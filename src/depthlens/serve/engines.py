@@ -50,9 +50,10 @@ def lens_dtype(float32_lens: bool, dtype: str) -> str:
 
 
 def lens_health(readout: ReadoutConfig) -> dict[str, str]:
-    """``/health``'s account of the lens: its spec, and for a tuned lens the digest of the fit it loaded."""
+    """``/health``'s account of the lens: its spec (a fitted lens's form stated: ``tuned``, ``tuned-package``,
+    ``jacobian``), and for a fitted lens the digest of the fit it loaded."""
     digest = {"lens_digest": readout.lens_digest} if readout.lens_digest is not None else {}
-    return {"lens": readout.lens, **digest}
+    return {"lens": str(readout.lens), **digest}
 
 
 class ServeBackend(Protocol):
@@ -212,7 +213,7 @@ class HFEngine:
     def __init__(self, lm: LoadedModel, readout: ReadoutConfig = ReadoutConfig()) -> None:
         self.lm = lm
         self.readout = readout  # resolved: /health names the fit that reads every served depth
-        self.lens = readout.lens
+        self.lens = str(readout.lens)
         lens_for(lm, self.readout)  # a lens fitted to another model is refused now, not at the first request
         self.n_layers = lm.n_layers
         self.context = lm.max_positions
@@ -302,7 +303,7 @@ class VLLMEngine:
         self.session = EngineSession(started, depth, sorted(info.end_ids), info.n_layers)
         self.capture = readout_capture(started)  # how the worker takes the residual stream: aux | hooks
         self.readout = readout  # resolved: /health names the fit the worker reads every served depth with
-        self.lens = readout.lens
+        self.lens = str(readout.lens)
         self.n_layers = info.n_layers
         self.context = self.session.max_model_len
         self.max_running = max_running

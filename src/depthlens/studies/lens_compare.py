@@ -5,8 +5,9 @@ Each arm is one ``depthlens score`` store; its manifest stamps the lens (``reado
 rule (``dtr.settle``, g, ρ). Per arm: mean DTR and settling depth, the settling-depth distribution (per token where
 the store holds ``--tokens``, else per response), the Spearman rank agreement of responses by DTR with the first
 arm (on the responses both scored), and — given the sample store the responses came from — Table 1's correlation
-of DTR with accuracy (``studies.correlation.correlate``, the same statistics as ``depthlens correlate``). Tuned
-lenses add their stamps' held-out KL per layer, logit against tuned (the tuned-lens paper's figure).
+of DTR with accuracy (``studies.correlation.correlate``, the same statistics as ``depthlens correlate``). Fitted
+lenses (tuned, Jacobian) add their stamps' held-out KL per layer, logit against the fitted one (the tuned-lens
+paper's figure).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from depthlens.config import CorrelationConfig, ReadoutConfig
+from depthlens.config import CorrelationConfig, LensSpec
 from depthlens.errors import InputError, StoreError
 from depthlens.stats.correlation import spearman
 from depthlens.studies.correlation import Correlation, correlate
@@ -38,7 +39,8 @@ class Arm:
 
     @property
     def label(self) -> str:
-        lens = "logit" if self.lens == "logit" else f"tuned ({Path(self.lens.removeprefix('tuned:')).name})"
+        spec = LensSpec.parse(self.lens)
+        lens = "logit" if spec.path is None else f"{spec.kind} ({Path(spec.path).name})"
         return f"{lens} · {self.settle}"
 
 
@@ -93,14 +95,18 @@ def accuracy_correlation(
 
 
 def lens_kl(arms: Sequence[Arm]) -> dict[str, dict[str, list[float]]]:
-    """Per tuned lens of the arms (by its spec): the stamp's held-out KL per layer, logit and tuned."""
+    """Per fitted lens of the arms (by its spec): the stamp's held-out KL per layer, the logit lens's and the
+    fitted one's (``tuned`` or ``jacobian``)."""
+    from depthlens.readout.lenses import resolve_lens
+
     out = {}
     for arm in arms:
-        stamp = ReadoutConfig(lens=arm.lens).lens_spec.stamp  # the lens resolved: its stamp read
-        if stamp is not None and arm.lens not in out:
-            kl = stamp.get("heldout_kl")
-            if kl is not None:  # a hand-made lens (tests' identity translators) has no fit to report
-                out[arm.lens] = kl
+        if LensSpec.parse(arm.lens).path is None or arm.lens in out:
+            continue
+        stamp = resolve_lens(arm.lens).stamp or {}  # the lens resolved: its stamp read
+        kl = stamp.get("heldout_kl")
+        if kl is not None:  # a hand-made lens (tests' identity translators) has no fit to report
+            out[arm.lens] = kl
     return out
 
 

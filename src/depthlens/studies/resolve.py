@@ -22,13 +22,19 @@ from depthlens.errors import InputError, named
 def readout(
     divergence: str = ReadoutConfig.divergence,
     also: str | tuple[str, ...] = (),
-    lens: str = ReadoutConfig.lens,
+    lens: str | LensSpec = "logit",
     **rest: Any,
 ) -> ReadoutConfig:
-    """The readout of a run: ``also`` comma-separated (the command line's) or a tuple; a tuned ``lens`` resolved
-    — parsed, its stamp read, its fit's digest taken — by ``ReadoutConfig`` itself, once."""
+    """The readout of a run: ``also`` comma-separated (the command line's) or a tuple; a fitted ``lens``
+    (``tuned:PATH``, ``jacobian:PATH``) resolved here, once — its form found, its stamp read, its fit's digest
+    taken (``readout.lenses.resolve_lens``) — so the config every part of the run reads holds it as a value."""
     kinds = tuple(k.strip() for k in also.split(",") if k.strip()) if isinstance(also, str) else tuple(also)
-    return ReadoutConfig(divergence=divergence, also=kinds, lens=lens, **rest)  # type: ignore[arg-type]
+    spec = LensSpec.parse(lens)  # the text checked before any file is read (a one-line error naming `lens`)
+    if spec.path is not None:
+        from depthlens.readout.lenses import resolve_lens  # torch: only where a fitted lens is read
+
+        spec = resolve_lens(spec)
+    return ReadoutConfig(divergence=divergence, also=kinds, lens=spec, **rest)  # type: ignore[arg-type]
 
 
 def layer_top_k(k: int, tokens: bool) -> int:

@@ -365,7 +365,7 @@ def run_score(
 
     out_path, spec = run.store.out, run.store
     refuse_same_file(run.source, out_path)
-    if run.readout.lens != "logit" and run.engine.backend != "vllm":
+    if run.readout.lens.path is not None and run.engine.backend != "vllm":
         lens_for(lm, run.readout)  # a lens fitted to another model is refused before the store is touched
     stats_need_hf(layer_stats, run.engine.backend)
     # tracked ids and statistics checked against the model before the store is touched

@@ -22,15 +22,16 @@ LensOpt = Annotated[
     str,
     typer.Option(
         "--lens",
-        help="logit (the final norm and unembedding as they are) or tuned:PATH (a `depthlens lens fit` folder).",
+        help="logit (the final norm and unembedding as they are), tuned:PATH (a `depthlens lens fit` folder or a "
+        "tuned-lens package folder) or jacobian:PATH (a J-lens .pt artifact).",
     ),
 ]
 StoreLens = Annotated[
     str | None,
     typer.Option(
         "--lens",
-        help="logit or tuned:PATH (a `depthlens lens fit` folder) for a new pool (default logit); "
-        "with --from, the store's own.",
+        help="logit, tuned:PATH (a tuned-lens folder) or jacobian:PATH (a J-lens .pt) for a new pool (default "
+        "logit); with --from, the store's own.",
     ),
 ]
 SettleOpt = Annotated[

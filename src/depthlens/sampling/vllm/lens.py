@@ -25,7 +25,7 @@ from depthlens.config import Divergence
 from depthlens.metrics.baselines import token_baselines
 from depthlens.metrics.layer_quantities import LayerQuantities
 from depthlens.metrics.token_table import chunk_divergence_kinds
-from depthlens.readout.lens import LogitLens, TunedLens
+from depthlens.readout.lens import LogitLens, TranslatedLens
 from depthlens.readout.stream import LayerReadout, ReadoutChunk, first_nonfinite
 
 BASELINES = ("log_prob", "entropy", "self_certainty")  # per-token final-layer fields of a prefill readout
@@ -76,24 +76,24 @@ class EngineLens(LogitLens):
 
 
 class EngineTunedLens(EngineLens):
-    """``EngineLens`` after a tuned lens's translators (``weight`` [L−1, d, d], ``bias`` [L−1, d], float32, on the
-    states' device): layer l is read from A_l h + b_l, with ``TunedLens``'s own arithmetic, so the engine and the
-    transformers readout translate alike."""
+    """``EngineLens`` after a fitted lens's pre-norm matrices (``weight`` [L−1, d, d], ``bias`` [L−1, d] or None —
+    the Jacobian lens has none —, float32, on the states' device): layer l is read from W_l h (+ b_l), with
+    ``TranslatedLens``'s own arithmetic, so the engine and the transformers readout translate alike."""
 
     def __init__(
         self,
         norm: nn.Module,
         compute_logits: Callable[[torch.Tensor], torch.Tensor | None],
         weight: torch.Tensor,
-        bias: torch.Tensor,
+        bias: torch.Tensor | None,
         vocab_size: int | None = None,
         final_norm: bool = True,
     ) -> None:
         super().__init__(norm, compute_logits, vocab_size, final_norm)
         self.weight, self.bias = weight, bias
 
-    translate = TunedLens.translate
-    translate_block = TunedLens.translate_block
+    translate = TranslatedLens.translate
+    translate_block = TranslatedLens.translate_block
 
 
 class Float32Head:

@@ -1,11 +1,13 @@
-"""A tuned lens inside the vLLM engine: checked against the model by the driver, its translators loaded by the worker.
+"""A fitted lens inside the vLLM engine — a tuned lens (either form) or a Jacobian lens: checked against the model by
+the driver, its matrices loaded by the worker (``readout.lenses.matrices``, the transformers readout's own cache).
 
-The driver holds no transformers copy of the weights, so the lens's fingerprint (``readout.tuned.model_fingerprint``,
+The driver holds no transformers copy of the weights, so a lens's fingerprint (``readout.tuned.model_fingerprint``,
 a hash over ``named_parameters``) is recomputed from the checkpoint's safetensors files, in the order of a model
 built on the meta device (no memory): the same names, shapes and values the transformers model would hash. Where
-the files do not name the model's parameters as transformers does (a GGUF file, renamed keys) only the depth L and
-width d can be checked. The worker receives the folder and the fit's digest (``RequestReadout.lens``,
-``lens_digest``) and refuses a folder that holds another fit by then.
+the files do not name the model's parameters as transformers does (a GGUF file, renamed keys), or the lens records
+no fingerprint (one fitted elsewhere), only the depth L and width d are checked. The worker receives the lens as
+``KIND:ABSOLUTE_PATH`` and the fit's digest (``RequestReadout.lens``, ``lens_digest``) and refuses a path that holds
+another fit by then.
 
 No vllm import: shared by the driver and the worker.
 """
@@ -21,22 +23,25 @@ import torch
 
 from depthlens.config import LensSpec, ReadoutConfig
 from depthlens.errors import InputError
-from depthlens.readout.tuned import FINGERPRINT_VALUES, check_fit, model_fingerprint, translators
+from depthlens.readout.lens_files import FINGERPRINT_VALUES, check_fit, model_fingerprint
+from depthlens.readout.lenses import FORMATS, matrices, resolve_lens
 
 
 def engine_lens(readout: ReadoutConfig, model: Any, info: Any) -> dict[str, str | None]:
-    """``RequestReadout``'s ``lens`` and ``lens_digest`` for ``readout`` (both None under the logit lens), the lens
-    checked to fit the model (``readout.tuned.check_fit``, the transformers readout's own check): ``model`` a
-    ``LoadedModel`` (its own fingerprint) or the ``ModelInfo`` ``info`` (the checkpoint's)."""
-    lens = readout.lens_spec
-    if lens.path is None:
+    """``RequestReadout``'s ``lens`` (``KIND:ABSOLUTE_PATH``) and ``lens_digest`` for ``readout`` (both None under the
+    logit lens), the lens resolved if it was not and checked to fit the model (``readout.lens_files.check_fit``,
+    the transformers readout's own check): ``model`` a ``LoadedModel`` (its own fingerprint) or the ``ModelInfo``
+    ``info`` (the checkpoint's)."""
+    if readout.lens.path is None:
         return {"lens": None, "lens_digest": None}
+    lens = resolve_lens(readout.lens)
     mine: dict[str, Any] = {"n_layers": info.n_layers, "d": info.hidden_size}
-    fingerprint = model_fingerprint(model) if hasattr(model, "parts") else checkpoint_fingerprint(info)
-    if fingerprint is not None:
-        mine["model_hash"] = fingerprint
+    if "model_hash" in (lens.stamp or {}):  # only a lens that records one is worth hashing the checkpoint for
+        fingerprint = model_fingerprint(model) if hasattr(model, "parts") else checkpoint_fingerprint(info)
+        if fingerprint is not None:
+            mine["model_hash"] = fingerprint
     check_fit(lens, mine, info.name)
-    return {"lens": str(Path(lens.path).resolve()), "lens_digest": lens.digest}
+    return {"lens": f"{lens.kind}:{Path(str(lens.path)).resolve()}", "lens_digest": lens.digest}
 
 
 def checkpoint_fingerprint(info: Any) -> str | None:
@@ -78,18 +83,24 @@ def _leading(handle: Any, name: str) -> torch.Tensor:
 
 
 def load_translators(
-    folder: str, digest: str | None, n_layers: int, d: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The worker's copy of the translators in ``folder`` (``readout.tuned.translators``: once per fit and device,
-    refused when the folder holds another fit than ``digest`` by now), refused when they do not fit the engine's
-    model."""
-    lens = LensSpec("tuned", folder, digest)
-    weight, bias = translators(lens, device)
-    if tuple(weight.shape) != (n_layers - 1, d, d) or tuple(bias.shape) != (n_layers - 1, d):
+    lens: str, digest: str | None, n_layers: int, d: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The worker's copy of the matrices of ``lens`` (``KIND:PATH``, as ``engine_lens`` sent it; a bare folder is a
+    tuned lens's) — ``readout.lenses.matrices``: once per fit and device, refused when the path holds another fit
+    than ``digest`` by now —, refused when they do not fit the engine's model. (weight [L−1, d, d], bias or
+    None)."""
+    spec = LensSpec.parse(lens if ":" in lens else f"tuned:{lens}", digest)
+    if spec.kind == "tuned" and not FORMATS["tuned"].holds(Path(str(spec.path))):
+        spec = LensSpec("tuned-package", spec.path, digest)
+    found = matrices(spec, device)
+    weight, bias = found.weight, found.bias
+    if tuple(weight.shape) != (n_layers - 1, d, d) or (
+        bias is not None and tuple(bias.shape) != (n_layers - 1, d)
+    ):
         raise InputError(
             setting="lens",
-            value=str(lens),
-            requirement=f"translators {tuple(weight.shape)}, {tuple(bias.shape)} do not fit the engine's model "
-            f"(L = {n_layers}, d = {d}); fit one for it with `depthlens lens fit`",
+            value=str(spec),
+            requirement=f"its matrices {tuple(weight.shape)} do not fit the engine's model (L = {n_layers}, d = "
+            f"{d}); fit one for it with `depthlens lens fit`",
         )
     return weight, bias
