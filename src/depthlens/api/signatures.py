@@ -42,6 +42,8 @@ def settings_lines(verb: str) -> list[str]:
         if cls in keywords.stored:
             default = "None"
             annotation = annotation if annotation.endswith("| None") else f"{annotation} | None"
+        elif annotation == "LensSpec":  # given as its text (``lens="jacobian:PATH"``), resolved once
+            annotation, default = "str | LensSpec", _literal(str(field.default))
         elif field.default is not dataclasses.MISSING:
             default = _literal(field.default)
         else:
