@@ -223,7 +223,10 @@ def test_bad_hidden_layers_and_per_token_settings_without_tokens_are_refused(tin
     for said, settings in cases.items():
         with pytest.raises(InputError, match=said):
             score(tiny_llama, [RECORD], tcb=None, **settings)
-    with pytest.raises(InputError, match=r"layer_target=True: the target trajectory is kept per token and layer: add tokens=True"):
+    with pytest.raises(
+        InputError,
+        match=r"layer_target=True: the target trajectory is kept per token and layer: add tokens=True",
+    ):
         score(tiny_llama, [RECORD], tcb=None, readout=ReadoutConfig(layer_target=True))
     with pytest.raises(ConfigError, match=r"track=\[3, 101\]: token id 101 is past .*vocabulary of 101"):
         score(tiny_llama, [RECORD], tcb=None, tokens=True, readout=ReadoutConfig(track=(3, 101)))

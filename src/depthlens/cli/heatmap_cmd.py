@@ -39,8 +39,8 @@ def heatmap(
     from depthlens.cli.runs import say_warnings
     from depthlens.config import StoreSpec
     from depthlens.errors import InputError
-    from depthlens.studies.runs import score_run
     from depthlens.models.tokens import token_texts
+    from depthlens.studies.runs import score_run
     from depthlens.studies.score import score, with_layer_top_tokens
 
     if not completion:
@@ -63,7 +63,10 @@ def heatmap(
         (record,) = score(lm, [data], readout=readout, dtr=dtr, tcb=None, tokens=True)
     record = with_layer_top_tokens(record, lm.tokenizer)
     if readout.track:  # record.json says which ids the tracked rows are, and their texts label the plot
-        record |= {"track": list(readout.track), "track_tokens": token_texts(lm.tokenizer, list(readout.track))}
+        record |= {
+            "track": list(readout.track),
+            "track_tokens": token_texts(lm.tokenizer, list(readout.track)),
+        }
     if not record["token_count"]:
         raise InputError(
             f"--completion {completion!r} has no tokens for {model.model}'s tokenizer; give some text"
@@ -133,5 +136,6 @@ def _trajectory(record: dict[str, Any], out: Path, title: str) -> Path:
     """The target trajectory (``viz.trajectory``), each tracked id labelled by its text and id."""
     from depthlens.viz.trajectory import draw_target_trajectory
 
-    labels = [f"{text!r} #{i}" for i, text in zip(record.get("track", []), record.get("track_tokens", []))]
+    ids, texts = record.get("track", []), record.get("track_tokens", [])
+    labels = [f"{text!r} #{i}" for i, text in zip(ids, texts, strict=True)]
     return draw_target_trajectory(record, out / "trajectory.png", title=title, track_labels=labels or None)

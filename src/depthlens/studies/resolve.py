@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from depthlens.config import DTRConfig, LensSpec, OnlineConfig, ReadoutConfig, VotingConfig
-from depthlens.config.readout import check_layer_top
 from depthlens.errors import InputError, named
 
 
@@ -29,14 +28,6 @@ def readout(
     — parsed, its stamp read, its fit's digest taken — by ``ReadoutConfig`` itself, once."""
     kinds = tuple(k.strip() for k in also.split(",") if k.strip()) if isinstance(also, str) else tuple(also)
     return ReadoutConfig(divergence=divergence, also=kinds, lens=lens, **rest)  # type: ignore[arg-type]
-
-
-def layer_top_k(k: int, tokens: bool) -> int:
-    """K of each layer's top-k a front asks for alone (a server request: its readout is the server's): in
-    ``ReadoutConfig.layer_top_k``'s range, and only with per-token values (``config.readout.check_layer_top``)."""
-    ReadoutConfig(layer_top_k=k)  # the range, named as the setting
-    check_layer_top(k, tokens)
-    return k
 
 
 def voting_n(n: int | None, available: int | None) -> tuple[int, bool]:

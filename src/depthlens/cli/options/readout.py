@@ -12,10 +12,9 @@ from depthlens.config import ReadoutConfig
 
 __all__ = [
     "AlsoDivergences", "Chat", "CompileOpt", "Completion", "DeepRuleOpt", "DivergenceOpt", "Epsilon", "FigureOut",
-    "FinalNorm", "G", "HeatmapLayerTarget", "HeatmapPrompt", "LayerEntropy", "LayerTarget", "LayerTopK", "LensOpt", "MemoryMB", "Prefix", "Rho", "ScoreBatch", "SettleOpt",
-    "Spectral", "StoreDeepRule",
-    "StoreDivergence", "StoreG", "StoreLens", "StoreRho", "StoreSettle", "Tcb", "TcbExact", "Token", "Tokens", "Track",
-    "VEffOpt",
+    "FinalNorm", "G", "HeatmapLayerTarget", "HeatmapPrompt", "LayerEntropy", "LayerTarget", "LayerTopK", "LensOpt",
+    "MemoryMB", "Prefix", "Rho", "ScoreBatch", "SettleOpt", "Spectral", "StoreDeepRule", "StoreDivergence", "StoreG",
+    "StoreLens", "StoreRho", "StoreSettle", "Tcb", "TcbExact", "Token", "Tokens", "Track", "VEffOpt",
 ]  # fmt: skip
 
 LensOpt = Annotated[
