@@ -163,7 +163,7 @@ def _check_layers(model: Any, run: ScoreRun, layers: _Layers, out: str | Path | 
         raise InputError(
             setting="hidden_layers",
             value=list(layers.hidden),
-            requirement=f"hidden states are returned, never stored: leave out {named('out')}",
+            requirement=f"hidden states are returned, never stored: score them with {named('out', None)}",
         )
     if model is not None:
         reader = model
