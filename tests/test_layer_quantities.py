@@ -151,10 +151,10 @@ def plain_layers(lm, seq: dict) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]
     norm → unembedding → log_softmax (layer L: the model's own logits) — [T, L, V], and the hidden states at the
     read-out positions (``output_hidden_states``, each [T, d])."""
     ids = torch.tensor([seq["prompt_ids"] + seq["completion_ids"]])
-    with torch.no_grad():
+    with torch.no_grad():  # the caller's own model keeps its grad flags (wrap): the reference too
         out = lm.model(input_ids=ids, output_hidden_states=True)
-    at = slice(len(seq["prompt_ids"]) - 1, ids.shape[1] - 1)  # position i predicts token i + 1
-    layers = [lm.parts.unembed(lm.parts.final_norm(h[0, at])) for h in out.hidden_states[1:-1]]
+        at = slice(len(seq["prompt_ids"]) - 1, ids.shape[1] - 1)  # position i predicts token i + 1
+        layers = [lm.parts.unembed(lm.parts.final_norm(h[0, at])) for h in out.hidden_states[1:-1]]
     logits = torch.stack([*layers, out.logits[0, at]], dim=1)
     return torch.log_softmax(logits.float(), dim=-1), tuple(h[0, at] for h in out.hidden_states)
 

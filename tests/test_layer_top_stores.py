@@ -38,10 +38,10 @@ def _direct(lm, seq: TokenSequence) -> tuple[np.ndarray, np.ndarray]:
     """Each layer's top-k of every completion token from one plain forward: hidden states through the final norm
     and the unembedding (the model's own logits at layer L). [T, L, K] each."""
     ids = torch.tensor([list(seq.prompt_ids) + list(seq.completion_ids)])
-    with torch.no_grad():
+    with torch.no_grad():  # the caller's own model keeps its grad flags (wrap): the reference too
         out = lm.model(input_ids=ids, output_hidden_states=True)
-    at = slice(len(seq.prompt_ids) - 1, ids.shape[1] - 1)  # position i predicts token i + 1
-    layers = [lm.parts.unembed(lm.parts.final_norm(h[0, at])) for h in out.hidden_states[1:-1]]
+        at = slice(len(seq.prompt_ids) - 1, ids.shape[1] - 1)  # position i predicts token i + 1
+        layers = [lm.parts.unembed(lm.parts.final_norm(h[0, at])) for h in out.hidden_states[1:-1]]
     logits = torch.stack([*layers, out.logits[0, at]], dim=1)  # [T, L, V]
     top_ids, top_probs = layer_top_k(logits, K)
     return top_ids.numpy(), top_probs.numpy()
