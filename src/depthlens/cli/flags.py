@@ -34,6 +34,9 @@ FLAGS: dict[tuple[str, str], str | None] = {
     ("", "dtr_prefix_tokens"): "--prefix",
     ("", "rank_prefix"): "--prefix",
     ("", "decision_prefix"): "--prefix",
+    # a Python function and arrays handed back: the verbs' own keywords, no flag (issue 58)
+    ("", "layer_stats"): None,
+    ("", "hidden_layers"): None,
 }
 """The settings whose command-line flag is not ``--`` + the setting's name with dashes (None: no flag sets it, so
 its errors read as Python's; owner ``""``: whichever config holds it); every other setting's flag is that one."""

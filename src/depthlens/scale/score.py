@@ -140,7 +140,9 @@ def _check_per_layer(model: ModelSpec, run: ScoreRun) -> None:
     from depthlens.models.locate import locate
     from depthlens.studies.layer_settings import readout_quantities
 
-    if locate(model.name).kind == "gguf":  # its tokenizer comes with its weights: each actor checks it on load
+    if (
+        locate(model.name).kind == "gguf"
+    ):  # its tokenizer comes with its weights: each actor checks it on load
         return
     readout_quantities(load_info(model.name, model.trust_remote_code), readout, None, run.tokens)
 
