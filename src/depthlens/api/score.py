@@ -84,7 +84,7 @@ def score(
     function of one block of a layer's float32 log-probabilities [rows, V], kept as ``layer_stat_<name>``;
     ``hidden_layers``: those layers' residual streams as ``hidden_states`` (T, k, d), returned, never stored
     (both ``hf`` only). docs/python.md."""
-    layers = _Layers(layer_stats, tuple(hidden_layers) if hidden_layers is not None else ())
+    layers = _Layers(layer_stats, hidden_layers)
     return _score(model, records, tokens, batch_size, tcb, skip_bad, out, progress, layers)
 
 
@@ -93,7 +93,7 @@ class _Layers:
     """What a call keeps of each layer that is no config field: a caller's statistics and the hidden states."""
 
     stats: Mapping[str, Callable[..., Any]] | None
-    hidden: tuple[int, ...]
+    hidden: Sequence[int] | None  # as given: checked against the model (``check_hidden_layers``)
 
 
 def _score(
@@ -125,7 +125,7 @@ def _score(
     )
     warn(built.warnings)
     run = built.run
-    _check_layers(model, run, layers, out)
+    layers = _check_layers(model, run, layers, out)
     line = (
         f"depthlens.score: backend {run.engine.backend}, {len(inputs)} record{'s' if len(inputs) != 1 else ''}, "
         f"every completion token read out{top_k_words(run.readout.layer_top_k)}, "
@@ -144,34 +144,36 @@ def _score(
     return _table(results)
 
 
-def _check_layers(model: Any, run: ScoreRun, layers: _Layers, out: str | Path | None) -> None:
+def _check_layers(model: Any, run: ScoreRun, layers: _Layers, out: str | Path | None) -> _Layers:
     """The per-layer settings against the model, before any engine starts or anything is written: statistics and
     hidden states on the transformers readout only, tracked ids below the vocabulary, each statistic tried on a
-    probe block (``studies.layer_settings``), hidden states returned, never stored."""
+    probe block, the hidden layers in 0..L (``studies.layer_settings``), hidden states returned, never stored.
+    Returns them checked (the hidden layers as a tuple)."""
     from depthlens.errors import InputError, named
     from depthlens.metrics.layer_quantities import stats_need_hf
-    from depthlens.studies.layer_settings import readout_quantities
+    from depthlens.studies.layer_settings import check_hidden_layers, readout_quantities
 
     stats_need_hf(layers.stats, run.engine.backend)
-    if layers.hidden and run.engine.backend == "vllm":
-        raise InputError(
-            setting="hidden_layers",
-            value=list(layers.hidden),
-            requirement=f"hidden states are taken by the transformers readout: use {named('backend', 'hf')}",
-        )
-    if layers.hidden and out is not None:
-        raise InputError(
-            setting="hidden_layers",
-            value=list(layers.hidden),
-            requirement=f"hidden states are returned, never stored: score them with {named('out', None)}",
-        )
-    if model is not None:
-        reader = model
-        if run.engine.backend == "vllm":
-            from depthlens.models.info import info_of
+    for wrong, requirement in (
+        (
+            run.engine.backend == "vllm",
+            f"are taken by the transformers readout: use {named('backend', 'hf')}",
+        ),
+        (out is not None, f"are returned, never stored: score them with {named('out', None)}"),
+    ):
+        if layers.hidden and wrong:
+            raise InputError(
+                setting="hidden_layers", value=layers.hidden, requirement=f"hidden states {requirement}"
+            )
+    if model is None:
+        return layers
+    reader = model
+    if run.engine.backend == "vllm":
+        from depthlens.models.info import info_of
 
-            reader = info_of(model)
-        readout_quantities(reader, run.readout, layers.stats, run.tokens)
+        reader = info_of(model)
+    readout_quantities(reader, run.readout, layers.stats, run.tokens)
+    return _Layers(layers.stats, check_hidden_layers(layers.hidden, model.n_layers))
 
 
 def _in_memory(
@@ -210,7 +212,7 @@ def _in_memory(
         on_skip=on_skip,
         threads=run.engine.threads,
         layer_stats=layers.stats,
-        hidden_layers=layers.hidden,
+        hidden_layers=layers.hidden or (),
     )
     tokenizer = getattr(model, "tokenizer", None)
     return [with_layer_top_tokens(r, tokenizer) for r in _counted(results, *counts)]
