@@ -353,6 +353,55 @@ def test_every_message_helper_speaks_each_front_in_its_own_words(tmp_path):
     assert str(raised.value).endswith("score it with tokens=True layer_top_k=K to draw the logit lens")
 
 
+def test_the_per_layer_refusals_speak_each_front_in_its_own_words():
+    """The per-layer quantities (issue 58) are refused by the checks every front's run makes
+    (``check_per_layer``, ``check_track``, ``stats_need_hf``); an on/off setting reads as its flag on the command
+    line (``--layer-target``), a list as the flag takes it (``--track 3,101``), a value as JSON writes it in a
+    request (``true``); a setting no flag sets (``layer_stats``) reads as Python's everywhere."""
+    from depthlens.cli.flags import flag_line
+    from depthlens.config import ReadoutConfig
+    from depthlens.config.readout import check_per_layer, check_track
+    from depthlens.metrics.layer_quantities import stats_need_hf
+
+    said = {}
+    for name, call in {
+        "target": lambda: check_per_layer(ReadoutConfig(layer_target=True), tokens=False),
+        "track": lambda: check_per_layer(ReadoutConfig(track=(3, 9)), tokens=False),
+        "past": lambda: check_track((3, 101), 101, "tiny"),
+        "stats": lambda: stats_need_hf({"m": abs}, "vllm"),
+    }.items():
+        with pytest.raises((InputError, ConfigError)) as raised:
+            call()
+        said[name] = raised.value
+    assert flag_line(said["target"]) == (
+        "--layer-target: the target trajectory is kept per token and layer: add --tokens"
+    )
+    assert _fronts(said["target"])[1] == (
+        "depthlens.score(layer_target=True): the target trajectory is kept per token and layer: add tokens=True"
+    )
+    assert flag_line(said["track"]) == "--track 3,9: tracked ids are kept per token and layer: add --tokens"
+    assert (
+        flag_line(said["past"]) == "--track 3,101: token id 101 is past tiny's vocabulary of 101 (ids 0..100)"
+    )
+    assert _fronts(said["past"])[1] == (
+        "depthlens.score(track=[3, 101]): token id 101 is past tiny's vocabulary of 101 (ids 0..100)"
+    )
+    assert _fronts(said["stats"])[1] == (
+        "depthlens.score(layer_stats=['m']): a statistic runs in the transformers readout: use backend='hf'"
+    )
+    if importlib.util.find_spec("starlette") is not None:
+        from depthlens.serve.errors import depthlens_error
+
+        assert depthlens_error(said["target"], "depthlens").message == (
+            "depthlens.layer_target true: the target trajectory is kept per token and layer: add depthlens.tokens true"
+        )
+        refused = depthlens_error(said["past"], "depthlens")
+        assert (refused.param, refused.message) == (
+            "depthlens.track",
+            "depthlens.track [3, 101]: token id 101 is past tiny's vocabulary of 101 (ids 0..100)",
+        )
+
+
 def test_a_warning_is_a_value_every_front_shows_in_its_own_words(tiny_llama, capsys):
     """The degenerate settings warn from the library (no longer the command line only): Python reads them through
     ``warnings`` in its spelling; a setting's warning raised deep in a run (the compiled readout falling back)

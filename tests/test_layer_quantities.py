@@ -215,7 +215,7 @@ def test_bad_hidden_layers_and_per_token_settings_without_tokens_are_refused(tin
         },
         r"hidden_layers=\[-1\]: layer -1 is out of range": {"hidden_layers": [-1]},
         r"hidden_layers=\[1, 1\]: must name each layer once": {"hidden_layers": [1, 1]},
-        r"layer_stats=\['m'\]: each statistic is kept per token and layer: add tokens": {
+        r"layer_stats=\['m'\]: each statistic is kept per token and layer: add tokens=True": {
             "layer_stats": {"m": lambda lp: lp.max(-1).values},
             "tokens": False,
         },
@@ -223,7 +223,10 @@ def test_bad_hidden_layers_and_per_token_settings_without_tokens_are_refused(tin
     for said, settings in cases.items():
         with pytest.raises(InputError, match=said):
             score(tiny_llama, [RECORD], tcb=None, **settings)
-    with pytest.raises(InputError, match=r"layer_target=True: is kept per token and layer: add tokens"):
+    with pytest.raises(
+        InputError,
+        match=r"layer_target=True: the target trajectory is kept per token and layer: add tokens=True",
+    ):
         score(tiny_llama, [RECORD], tcb=None, readout=ReadoutConfig(layer_target=True))
     with pytest.raises(ConfigError, match=r"track=\[3, 101\]: token id 101 is past .*vocabulary of 101"):
         score(tiny_llama, [RECORD], tcb=None, tokens=True, readout=ReadoutConfig(track=(3, 101)))

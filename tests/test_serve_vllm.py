@@ -238,6 +238,45 @@ def test_each_layers_top_k_equals_scores_for_the_same_ids(client, model):
     assert streamed == tokens["layer_top_ids"]  # a stream's read-out rows carry them, row for row
 
 
+def test_the_per_layer_quantities_equal_scores_for_the_same_ids(server, client, model):
+    """``depthlens.layer_target`` / ``track`` / ``layer_entropy`` on vLLM (``SessionBackend(per_layer=…)``): each
+    read-out token's values, taken inside the engine in the pass that sampled it, equal ``score``'s (the
+    transformers readout) of the same prompt and token ids, whole and streamed; an id past the vocabulary is a 400
+    naming ``depthlens.track`` before the engine is asked (issue 58)."""
+    import httpx
+
+    from depthlens.config import ReadoutConfig
+    from depthlens.models.load import load
+    from depthlens.studies.score import score
+
+    asked = {"tokens": True, "layer_target": True, "track": [3, 9], "layer_entropy": True}
+    r = client.completions.create(
+        model=model, prompt="7*8=", max_tokens=10, seed=3, extra_body={"depthlens": asked}
+    )
+    tokens = _depth(r.choices[0])["tokens"]
+    lm = load(model, device="cpu", dtype="float32")
+    prompt = lm.tokenizer("7*8=", add_special_tokens=True)["input_ids"]
+    record = {"id": "x", "prompt_ids": prompt, "completion_ids": tokens["token_ids"]}
+    readout = ReadoutConfig(layer_target=True, track=(3, 9), layer_entropy=True)
+    [scored] = score(lm, [record], tokens=True, readout=readout, tcb=None)
+    fields = ("layer_target_logprobs", "layer_target_ranks", "layer_track_logprobs", "layer_track_ranks")
+    for field in (*fields, "layer_entropy"):
+        assert_float32_equal(tokens[field], scored[field], rounded=True, what=f"served {field}")
+    stream = client.completions.create(
+        model=model, prompt="7*8=", max_tokens=10, seed=3, stream=True, extra_body={"depthlens": asked}
+    )
+    streamed: list = []
+    for chunk in stream:
+        extra = (chunk.choices[0].model_extra.get("depthlens") or {}) if chunk.choices else {}
+        if extra.get("readout"):
+            assert extra["readout"]["offset"] == len(streamed)
+            streamed.extend(extra["readout"]["layer_target_ranks"])
+    assert streamed == tokens["layer_target_ranks"]
+    bad = {"model": model, "prompt": "7*8=", "depthlens": {"tokens": True, "track": [3, len(lm.tokenizer)]}}
+    response = httpx.post(f"{server.url}/v1/completions", json=bad, timeout=TIMEOUT)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "depthlens.track"
+
+
 def test_top_logprobs(model, client):
     r = client.chat.completions.create(
         model=model,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ def generate(
     prefix: int | None = PREFIX_TOKENS,
     out: str | Path | None = None,
     progress: Progress = True,
+    layer_stats: Mapping[str, Callable[..., Any]] | None = None,
     temperature: float = 0.6,
     top_p: float = 0.95,
     max_new_tokens: int = 512,
@@ -99,8 +100,10 @@ def generate(
 ) -> Table:
     """``depthlens generate``: ``pool`` responses per question of ``task`` (a name, a ``TaskSpec`` or Question
     objects), every read-out token's layers, as the sample store's table with its depth (``prefix``: the tokens
-    ``dtr_prefix`` covers); ``out`` keeps the store there (replacing one). docs/python.md."""
-    return _generate(model, task, pool, seed, batch_size, prefix, out, progress)
+    ``dtr_prefix`` covers); ``out`` keeps the store there (replacing one). ``layer_stats``: name → a function of
+    one block of a layer's float32 log-probabilities [rows, V], kept per read-out token as ``layer_stat_<name>``
+    (``hf`` only). docs/python.md."""
+    return _generate(model, task, pool, seed, batch_size, prefix, out, progress, layer_stats)
 
 
 def _generate(
@@ -112,6 +115,7 @@ def _generate(
     prefix: int | None,
     out: str | Path | None,
     progress: Progress,
+    layer_stats: Mapping[str, Callable[..., Any]] | None = None,
 ) -> Table:
     call = this_call()
     sampling, readout, dtr, answers, engine, task_settings = call.settings(
@@ -132,6 +136,7 @@ def _generate(
     )
     warn(built.warnings)
     run, questions = built.run, built.questions
+    check_layers(model, run, layer_stats)
     line = (
         f"depthlens.generate: backend {run.engine.backend}, {len(questions) * pool} responses "
         f"({counted(len(questions), 'question')} × pool {pool}) of up to {run.sampling.max_new_tokens} tokens, "
@@ -144,8 +149,10 @@ def _generate(
         done = display.bar("responses", len(questions) * pool, "responses")
         tokens = display.bar("tokens", None, "tokens")
         events = generation.GenerationEvents(done.start, done.advance, tokens.advance)
-        with engine_of(model, run, batch_size, questions, display, events.on_token) as backend:
-            generation.generate(model, run, list(questions), backend=backend, events=events)
+        with engine_of(model, run, batch_size, questions, display, events.on_token, layer_stats) as backend:
+            generation.generate(
+                model, run, list(questions), backend=backend, events=events, layer_stats=layer_stats
+            )
         return _stored_table(where, prefix, getattr(model, "tokenizer", None), {})
 
 
@@ -206,6 +213,7 @@ def engine_of(
     questions: Sequence[Question],
     display: Display,
     on_token: Callable[[int], None],
+    layer_stats: Mapping[str, Callable[..., Any]] | None = None,
 ) -> Iterator[Any]:
     """The generation backend ``run`` gets (``make_backend``, as the studies build it: a vLLM engine's KV cache
     sized for ``requests`` of the longest prompt; ``on_token`` told each step's generated tokens, ``display`` the
@@ -216,11 +224,28 @@ def engine_of(
 
     new_tokens = run.sampling.max_new_tokens
     job = engine_job(model, questions, new_tokens, requests, run.answers.prompt_style)
-    backend = make_backend(model, run.engine, run.sampling, run.readout, on_token, job, display.say)
+    backend = make_backend(
+        model, run.engine, run.sampling, run.readout, on_token, job, display.say, layer_stats=layer_stats
+    )
     try:
         yield backend
     finally:
         stop_engine(backend)
+
+
+def check_layers(
+    model: Any, run: GenerateRun | OnlineRun, layer_stats: Mapping[str, Callable[..., Any]] | None = None
+) -> None:
+    """The per-layer settings against the model before any engine starts (``studies.layer_settings``): statistics
+    on the transformers sampler only, each tried on a probe block; tracked ids below the vocabulary."""
+    from depthlens.metrics.layer_quantities import stats_need_hf
+    from depthlens.studies.layer_settings import readout_quantities
+
+    stats_need_hf(layer_stats, run.engine.backend)
+    if model is not None:
+        from depthlens.models.info import info_of
+
+        readout_quantities(model if run.engine.backend == "hf" else info_of(model), run.readout, layer_stats)
 
 
 def stop_engine(reader: Any) -> None:
@@ -317,6 +342,7 @@ def _online(model: Any, task: Task, seed: int, out: str | Path | None, progress:
     )
     warn(built.warnings)
     run, questions, policy_config = built.run, built.questions, built.run.online
+    check_layers(model, run)  # a tracked id past the vocabulary before any engine starts
     requests = max(policy_config.warmup, policy_config.batch_size)  # as ``run_online`` sizes its engine
     line = (
         f"depthlens.online: backend {run.engine.backend}, {counted(len(questions), 'question')} × up to "

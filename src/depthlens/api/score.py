@@ -5,7 +5,8 @@ functions, in this process or in a vLLM engine; ``out`` keeps a score store as `
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ def score(
     skip_bad: bool = ScoreRun.skip_bad,
     out: str | Path | None = None,
     progress: Progress = True,
+    layer_stats: Mapping[str, Callable[..., Any]] | None = None,
+    hidden_layers: Sequence[int] | None = None,
     divergence: Divergence = "jsd",
     final_norm: bool = True,
     memory_mb: int | None = None,
@@ -77,8 +80,20 @@ def score(
 ) -> Table:
     """``depthlens score`` on in-memory records (dicts shaped like its JSONL input): one row per record, the score
     store's columns (``tokens``: the per-token ones too). ``tcb`` None: on for ``hf`` only; ``skip_bad``: a record
-    the model cannot read is left out (and said); ``out``: the score store kept there. docs/python.md."""
-    return _score(model, records, tokens, batch_size, tcb, skip_bad, out, progress)
+    the model cannot read is left out (and said); ``out``: the score store kept there. ``layer_stats``: name → a
+    function of one block of a layer's float32 log-probabilities [rows, V], kept as ``layer_stat_<name>``;
+    ``hidden_layers``: those layers' residual streams as ``hidden_states`` (T, k, d), returned, never stored
+    (both ``hf`` only). docs/python.md."""
+    layers = _Layers(layer_stats, hidden_layers)
+    return _score(model, records, tokens, batch_size, tcb, skip_bad, out, progress, layers)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layers:
+    """What a call keeps of each layer that is no config field: a caller's statistics and the hidden states."""
+
+    stats: Mapping[str, Callable[..., Any]] | None
+    hidden: Sequence[int] | None  # as given: checked against the model (``check_hidden_layers``)
 
 
 def _score(
@@ -90,6 +105,7 @@ def _score(
     skip_bad: bool,
     out: str | Path | None,
     progress: Progress,
+    layers: _Layers,
 ) -> Table:
     call = this_call()
     readout, dtr, tcb_settings, engine = call.settings(ReadoutConfig, DTRConfig, TCBConfig, EngineConfig)
@@ -109,6 +125,7 @@ def _score(
     )
     warn(built.warnings)
     run = built.run
+    layers = _check_layers(model, run, layers, out)
     line = (
         f"depthlens.score: backend {run.engine.backend}, {len(inputs)} record{'s' if len(inputs) != 1 else ''}, "
         f"every completion token read out{top_k_words(run.readout.layer_top_k)}, "
@@ -118,17 +135,54 @@ def _score(
     with Display(progress, line) as display:
         counts = display.bar("records", len(inputs), "records"), display.bar("tokens", None, "tokens")
         if out is not None:
-            results = _into_store(model, run, inputs, counts)
+            results = _into_store(model, run, inputs, counts, layers.stats)
         else:
-            results = _in_memory(model, run, inputs, counts, skipped.append if skip_bad else None)
+            results = _in_memory(model, run, inputs, counts, skipped.append if skip_bad else None, layers)
     if skipped:
         reasons = "; ".join(bad.reason for bad in skipped[:5])
         warn([DepthlensWarning(f"{len(skipped)} record(s) the model cannot read were left out: {reasons}")])
     return _table(results)
 
 
+def _check_layers(model: Any, run: ScoreRun, layers: _Layers, out: str | Path | None) -> _Layers:
+    """The per-layer settings against the model, before any engine starts or anything is written: statistics and
+    hidden states on the transformers readout only, tracked ids below the vocabulary, each statistic tried on a
+    probe block, the hidden layers in 0..L (``studies.layer_settings``), hidden states returned, never stored.
+    Returns them checked (the hidden layers as a tuple)."""
+    from depthlens.errors import InputError, named
+    from depthlens.metrics.layer_quantities import stats_need_hf
+    from depthlens.studies.layer_settings import check_hidden_layers, readout_quantities
+
+    stats_need_hf(layers.stats, run.engine.backend)
+    for wrong, requirement in (
+        (
+            run.engine.backend == "vllm",
+            f"are taken by the transformers readout: use {named('backend', 'hf')}",
+        ),
+        (out is not None, f"are returned, never stored: score them with {named('out', None)}"),
+    ):
+        if layers.hidden and wrong:
+            raise InputError(
+                setting="hidden_layers", value=layers.hidden, requirement=f"hidden states {requirement}"
+            )
+    if model is None:
+        return layers
+    reader = model
+    if run.engine.backend == "vllm":
+        from depthlens.models.info import info_of
+
+        reader = info_of(model)
+    readout_quantities(reader, run.readout, layers.stats, run.tokens)
+    return _Layers(layers.stats, check_hidden_layers(layers.hidden, model.n_layers))
+
+
 def _in_memory(
-    model: Any, run: ScoreRun, inputs: list[InputRecord], counts: tuple[Bar, Bar], on_skip: Any
+    model: Any,
+    run: ScoreRun,
+    inputs: list[InputRecord],
+    counts: tuple[Bar, Bar],
+    on_skip: Any,
+    layers: _Layers,
 ) -> list[dict[str, Any]]:
     """Each record's result, scored here (or read out in a vLLM engine started for the call, stopped after),
     counted on the bars as it comes; ``layer_top_tokens`` where the tokenizer is at hand."""
@@ -157,12 +211,20 @@ def _in_memory(
         batch_size=run.batch_size,
         on_skip=on_skip,
         threads=run.engine.threads,
+        layer_stats=layers.stats,
+        hidden_layers=layers.hidden or (),
     )
     tokenizer = getattr(model, "tokenizer", None)
     return [with_layer_top_tokens(r, tokenizer) for r in _counted(results, *counts)]
 
 
-def _into_store(model: Any, run: ScoreRun, inputs: list[InputRecord], counts: tuple[Bar, Bar]) -> list[Any]:
+def _into_store(
+    model: Any,
+    run: ScoreRun,
+    inputs: list[InputRecord],
+    counts: tuple[Bar, Bar],
+    layer_stats: Mapping[str, Callable[..., Any]] | None,
+) -> list[Any]:
     """The records scored into the store ``run.store.out`` names (replacing one there), as ``depthlens score
     --out`` writes it — its manifest records this call —, and read back."""
     from depthlens.stores.parquet import iter_store
@@ -178,7 +240,7 @@ def _into_store(model: Any, run: ScoreRun, inputs: list[InputRecord], counts: tu
         from depthlens.models.info import info_of
 
         reader = info_of(model)
-    run_score(reader, run, events, records=inputs)
+    run_score(reader, run, events, records=inputs, layer_stats=layer_stats)
     tokenizer = getattr(model, "tokenizer", None)
     return [with_layer_top_tokens(r, tokenizer) for r in iter_store(run.store.out)]
 

@@ -6,7 +6,7 @@ command line reads it as the flag that sets it — ``--rho 1.5: must be in (0, 1
 
 from __future__ import annotations
 
-from depthlens.errors import Said, plain
+from depthlens.errors import Said, named, plain, spelt
 
 FLAGS: dict[tuple[str, str], str | None] = {
     ("ReadoutConfig", "also"): "--also-divergences",
@@ -37,6 +37,9 @@ FLAGS: dict[tuple[str, str], str | None] = {
     ("", "dtr_prefix_tokens"): "--prefix",
     ("", "rank_prefix"): "--prefix",
     ("", "decision_prefix"): "--prefix",
+    # a Python function and arrays handed back: the verbs' own keywords, no flag (issue 58)
+    ("", "layer_stats"): None,
+    ("", "hidden_layers"): None,
 }
 """The settings whose command-line flag is not ``--`` + the setting's name with dashes (None: no flag sets it, so
 its errors read as Python's; owner ``""``: whichever config holds it); every other setting's flag is that one."""
@@ -63,4 +66,12 @@ def flag_line(said: Said) -> str:
         return f"{flag} {plain(value)}"
 
     flag = flag_for(said.owner, said.setting) if said.setting is not None else None
+    if flag is not None and flag.startswith("--") and said.requirement and isinstance(said.value, bool):
+        head = assign(str(said.setting), str(said.value))  # an on/off flag's error: ``--layer-target: …``
+        requirement = said.requirement.replace(named(str(said.setting)), flag)
+        return f"{head}: {spelt(requirement, spell, assign)}"
+    if flag is not None and said.requirement and isinstance(said.value, (list, tuple)):
+        listed = ",".join(str(v) for v in said.value)  # as the flag takes a list: ``--track 3,5``
+        requirement = said.requirement.replace(named(str(said.setting)), flag)
+        return f"{flag} {listed}: {spelt(requirement, spell, assign)}"
     return said.phrased(flag, spell=spell, assign=assign)

@@ -31,7 +31,7 @@ def generate(
     also_divergences: opt.AlsoDivergences = "",
     lens: opt.LensOpt = ReadoutConfig.lens,
     compile_kernel: opt.CompileOpt = ReadoutConfig.compile,
-    layer_top_k: opt.LayerTopK = ReadoutConfig.layer_top_k,
+    layers: groups.Layers,
     answers: groups.Answers,
     arch: groups.Arch,
     store: groups.Store,
@@ -45,9 +45,7 @@ def generate(
     """
     task_spec = task.spec()  # first: the task's own errors before torch loads
     # the lens resolved (its stamp read, its digest taken) before any load
-    readout = resolve.readout(
-        divergence, also_divergences, lens, compile=compile_kernel, layer_top_k=layer_top_k
-    )
+    readout = resolve.readout(divergence, also_divergences, lens, compile=compile_kernel, **layers.fields())
     answer_rules = answers.config()
     window = specs.readout_tokens(readout_tokens, SamplingConfig.readout_tokens)
     sampled = sampling.config(window)

@@ -24,6 +24,7 @@ from depthlens.config import (
     ModelSpec,
     OnlineConfig,
     RayConfig,
+    ReadoutConfig,
     SamplingConfig,
     StoreSpec,
     TaskSpec,
@@ -192,6 +193,36 @@ class Tcb:
         if not self.tcb:
             return None
         return TCBConfig(self.epsilon, self.v_eff, self.spectral, exact=self.tcb_exact)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True)
+class Layers:
+    """What each read-out token keeps of every layer beside its divergence (per-token fields: ``score`` needs
+    ``--tokens``): its top-k, the target trajectory, tracked ids, the entropy (``ReadoutConfig``'s fields)."""
+
+    layer_top_k: opt.LayerTopK = ReadoutConfig.layer_top_k
+    layer_target: opt.LayerTarget = ReadoutConfig.layer_target
+    track: opt.Track = ""
+    layer_entropy: opt.LayerEntropy = ReadoutConfig.layer_entropy
+
+    def fields(self) -> dict[str, Any]:
+        """The readout's fields these set (``--track`` read as its ids: ``specs.track_ids``)."""
+        from depthlens.cli.specs import track_ids
+
+        return {
+            "layer_top_k": self.layer_top_k,
+            "layer_target": self.layer_target,
+            "track": track_ids(self.track),
+            "layer_entropy": self.layer_entropy,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class HeatmapLayers(Layers):
+    """``heatmap``'s: the target trajectory read and drawn unless ``--no-layer-target`` (one text: a few percent
+    more)."""
+
+    layer_target: opt.HeatmapLayerTarget = True
 
 
 def grouped(fn: F) -> F:

@@ -28,16 +28,18 @@ def heatmap(
     divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
     lens: opt.LensOpt = ReadoutConfig.lens,
     settle: opt.SettleOpt = DTRConfig.settle,
-    layer_top_k: opt.LayerTopK = ReadoutConfig.layer_top_k,
+    layers: groups.HeatmapLayers,
     arch: groups.Arch,
 ) -> None:
     """One text's token × layer divergence heatmap (PNG and interactive HTML) and one token's settling plot.
 
-    With --layer-top-k K, also the logit lens's own grid (logit_lens.png: each layer's top-1 token per token), and
-    each heatmap cell's top-K tokens with their probabilities on the HTML page's hover."""
+    Also the target trajectory (trajectory.png: each token's probability and rank at every layer, with --track's
+    ids below; --no-layer-target leaves it out). With --layer-top-k K, the logit lens's own grid (logit_lens.png:
+    each layer's top-1 token per token), and each heatmap cell's top-K tokens on the HTML page's hover."""
     from depthlens.cli.runs import say_warnings
     from depthlens.config import StoreSpec
     from depthlens.errors import InputError
+    from depthlens.models.tokens import token_texts
     from depthlens.studies.runs import score_run
     from depthlens.studies.score import score, with_layer_top_tokens
 
@@ -47,7 +49,7 @@ def heatmap(
         raise InputError(f"--token {token}: give a token index, 0 or more")
     built = score_run(  # one text, read out in memory: the run's checks and warnings, no store
         store=StoreSpec(Path()),
-        readout={"divergence": divergence, "lens": lens, "layer_top_k": layer_top_k},
+        readout={"divergence": divergence, "lens": lens, **layers.fields()},
         dtr={"g": g, "rho": rho, "deep_rule": deep_rule, "settle": settle},
         tcb=False,
         tokens=True,
@@ -60,6 +62,11 @@ def heatmap(
     with err_console.status("reading out every layer"):
         (record,) = score(lm, [data], readout=readout, dtr=dtr, tcb=None, tokens=True)
     record = with_layer_top_tokens(record, lm.tokenizer)
+    if readout.track:  # record.json says which ids the tracked rows are, and their texts label the plot
+        record |= {
+            "track": list(readout.track),
+            "track_tokens": token_texts(lm.tokenizer, list(readout.track)),
+        }
     if not record["token_count"]:
         raise InputError(
             f"--completion {completion!r} has no tokens for {model.model}'s tokenizer; give some text"
@@ -96,12 +103,14 @@ def _draw(
     )
     draw_divergence_heatmap(record, out / "heatmap.png", title=title)
     paths = [out / "heatmap.png", write_heatmap_html(record, out / "heatmap.html", title=title, unit=unit)]
+    lens = f" through {readout.lens.describe()}" if readout.lens.path is not None else " (the logit lens)"
     if "layer_top_tokens" in record:
-        lens = f" through {readout.lens.describe()}" if readout.lens.path is not None else " (the logit lens)"
         draw_logit_lens(
             record, out / "logit_lens.png", title=f"{model}: each layer's most probable token{lens}"
         )
         paths.append(out / "logit_lens.png")
+    if readout.layer_target:
+        paths.append(_trajectory(record, out, f"{model}: each token's probability and rank by layer{lens}"))
     n = len(record["settling_depth"])
     t = max(range(n), key=lambda i: record["settling_depth"][i]) if token is None else token
     if not 0 <= t < n:
@@ -121,3 +130,12 @@ def _draw(
         f"of {layers} layers"
     )
     err_console.print(f"wrote {', '.join(p.name for p in paths)} and record.json to {out}")
+
+
+def _trajectory(record: dict[str, Any], out: Path, title: str) -> Path:
+    """The target trajectory (``viz.trajectory``), each tracked id labelled by its text and id."""
+    from depthlens.viz.trajectory import draw_target_trajectory
+
+    ids, texts = record.get("track", []), record.get("track_tokens", [])
+    labels = [f"{text!r} #{i}" for i, text in zip(ids, texts, strict=True)]
+    return draw_target_trajectory(record, out / "trajectory.png", title=title, track_labels=labels or None)

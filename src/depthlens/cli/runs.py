@@ -83,7 +83,7 @@ def _checked_generation(
         manifest = run_manifest(model.name, None, questions, run, fmt)
         check_results(samples, manifest, spec.resume, spec.overwrite, RESUME_RULES, fmt)
     say_warnings(built.warnings)
-    refuse_unfitting(model, run.engine, run.sampling, run.answers, questions)
+    refuse_unfitting(model, run.engine, run.sampling, run.answers, questions, run.readout)
     here = ray is None
     report = (
         _generate_here(model, run, questions, fmt) if here else _generate_on_ray(model, run, questions, ray)
@@ -110,15 +110,21 @@ def refuse_unfitting(
     sampling: SamplingConfig,
     answers: AnswerConfig,
     questions: list[Question],
+    readout: ReadoutConfig | None = None,
 ) -> None:
-    """A run none of whose responses fits the model's context (the longest prompt + --max-new-tokens) is refused
-    before the weights load: its tokenizer and config are enough (``app.read_info``). Where they cannot be read
-    without loading, ``studies.generate`` refuses it once the model is loaded, still before anything is sampled."""
+    """A run none of whose responses fits the model's context (the longest prompt + --max-new-tokens), or that
+    tracks an id past the vocabulary (``readout``'s ``--track``), is refused before the weights load: its tokenizer
+    and config are enough (``app.read_info``). Where they cannot be read without loading, ``studies.generate``
+    refuses it once the model is loaded, still before anything is sampled."""
     from depthlens.studies.generate import engine_len, refuse_too_long
 
     info = read_info(model)
     if info is not None:
         refuse_too_long(info, questions, answers.prompt_style, sampling.max_new_tokens, engine_len(engine))
+        if readout is not None and readout.track:
+            from depthlens.studies.layer_settings import readout_quantities
+
+            readout_quantities(info, readout, None)
 
 
 def _generate_here(

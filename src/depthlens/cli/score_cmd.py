@@ -51,7 +51,7 @@ def score(
     final_norm: opt.FinalNorm = ReadoutConfig.final_norm,
     lens: opt.LensOpt = ReadoutConfig.lens,
     settle: opt.SettleOpt = DTRConfig.settle,
-    layer_top_k: opt.LayerTopK = ReadoutConfig.layer_top_k,
+    layers: groups.Layers,
     tcb: groups.Tcb,
     batch_size: opt.ScoreBatch = ScoreRun.batch_size,
     memory_mb: opt.MemoryMB = ReadoutConfig.memory_mb,
@@ -78,7 +78,7 @@ def score(
 
     # Read before torch is imported (readout.tuned: ~10 s on a busy machine): a bad input fails in ~2 s.
     n_records = len(read_inputs(in_path, skip_bad=skip_bad)[0])
-    kept = {"final_norm": final_norm, "memory_mb": memory_mb, "layer_top_k": layer_top_k}
+    kept = {"final_norm": final_norm, "memory_mb": memory_mb, **layers.fields()}
     readout = resolve.readout(divergence, (), lens, compile=compile_kernel, **kept)
     knobs = {"tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len, "threads": threads}
     built = score_run(

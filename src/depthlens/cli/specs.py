@@ -71,6 +71,18 @@ def readout_tokens(value: str | None, default: int | None) -> int | None:
         raise InputError(f"--readout-tokens {value!r}: give a number of tokens or 'all'") from None
 
 
+def track_ids(value: str) -> tuple[int, ...]:
+    """``--track ID,…``: the token ids, comma-separated (spaces allowed; empty: none). Their range — each once, at
+    most ``MAX_TRACK``, below the vocabulary — is ``ReadoutConfig``'s to check, named ``--track`` there too."""
+    parts = [p.strip() for p in value.split(",")] if value.strip() else []
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        raise InputError(
+            f"--track {value!r}: give token ids, comma-separated (e.g. --track 791,1462)"
+        ) from None
+
+
 def prefix(value: str) -> int | None:
     """``--prefix N|full``."""
     if value == "full":

@@ -189,13 +189,18 @@ def check_per_layer(readout: ReadoutConfig, tokens: bool) -> None:
     """The per-layer quantities are per-token fields, as each layer's top-k (``check_layer_top``): a run asking for
     the target trajectory, tracked ids or each layer's entropy without its per-token values is refused, naming
     both."""
-    for name in ("layer_target", "track", "layer_entropy"):
+    kept = {
+        "layer_target": "the target trajectory is",
+        "track": "tracked ids are",
+        "layer_entropy": "each layer's entropy is",
+    }
+    for name, what in kept.items():
         value = getattr(readout, name)
         if value and not tokens:
             raise InputError(
                 setting=name,
                 value=list(value) if isinstance(value, tuple) else value,
-                requirement=f"is kept per token and layer: add {named('tokens')}",
+                requirement=f"{what} kept per token and layer: add {named('tokens', True)}",
             )
 
 

@@ -228,7 +228,7 @@ def stats_need_hf(stats: Mapping[str, LayerStat] | None, backend: str) -> None:
         raise InputError(
             setting="layer_stats",
             value=sorted(stats),
-            requirement=f"a statistic runs in the transformers readout: use {named('backend')} hf",
+            requirement=f"a statistic runs in the transformers readout: use {named('backend', 'hf')}",
         )
 
 

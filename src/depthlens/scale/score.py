@@ -130,6 +130,23 @@ class RayScoreReport:
     rescored: list[str]  # records scored again because their input changed since (a resumed run)
 
 
+def _check_per_layer(model: ModelSpec, run: ScoreRun) -> None:
+    """The per-layer quantities a run keeps, checked against the model's tokenizer and config (no weights) as the
+    single-process ``score`` checks them (``studies.layer_settings.readout_quantities``)."""
+    readout = run.readout
+    if not (readout.layer_target or readout.track or readout.layer_entropy):
+        return
+    from depthlens.models.info import load_info
+    from depthlens.models.locate import locate
+    from depthlens.studies.layer_settings import readout_quantities
+
+    if (
+        locate(model.name).kind == "gguf"
+    ):  # its tokenizer comes with its weights: each actor checks it on load
+        return
+    readout_quantities(load_info(model.name, model.trust_remote_code), readout, None, run.tokens)
+
+
 def score_on_ray(
     model: ModelSpec, run: ScoreRun, ray: RayConfig, events: ScoreEvents = ScoreEvents()
 ) -> RayScoreReport:
@@ -147,6 +164,7 @@ def score_on_ray(
             f"{named('out')} {out_path}: scoring on Ray writes a sharded Parquet store; give a directory name"
         )
     records, skipped = read_inputs(run.source, skip_bad=run.skip_bad)
+    _check_per_layer(model, run)  # a tracked id past the vocabulary: refused before the store is written
     manifest = {
         **score_manifest(model.name, None, run, {"format": "parquet", "float16": spec.float16}),
         "precision": planned_precision(

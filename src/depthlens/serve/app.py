@@ -103,7 +103,7 @@ class Server:
         except ValidationError as exc:
             raise errors.schema_error(exc) from None
         assert isinstance(body, CompletionRequest | ChatRequest)
-        job = build_job(body, self.tokenizer, self.engine.context, self.settings)
+        job = build_job(body, self.tokenizer, self.engine.context, self.settings, self.engine.vocab)
         if job.logprobs and not self.engine.top_logprobs:
             param = "top_logprobs" if job.chat else "logprobs"
             raise ApiError(

@@ -81,6 +81,7 @@ def summary(
             **token_columns(trace, 0, len(trace), tokenizer),
             **columns,
             **layer_top(trace, tokenizer),
+            **layer_values(trace),
         }
     return out
 
@@ -96,3 +97,11 @@ def layer_top(trace: Trace, tokenizer: Any = None, start: int = 0) -> dict[str, 
     if tokenizer is not None:
         out["layer_top_tokens"] = layer_top_texts(tokenizer, ids)
     return out
+
+
+def layer_values(trace: Trace, start: int = 0) -> dict[str, list[Any]]:
+    """The per-layer quantities a request asked for (``depthlens.layer_target`` / ``track`` / ``layer_entropy``),
+    each read-out token's from read-out token ``start`` on: ``layer_target_logprobs`` / ``layer_target_ranks``
+    [T][L], ``layer_track_logprobs`` / ``layer_track_ranks`` [T][L][M], ``layer_entropy`` [T][L] (natural log,
+    nats; ranks 0 = the most probable); none when not asked."""
+    return {field: rows[start:] for field, rows in trace.layer_values.items()}

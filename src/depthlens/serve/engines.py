@@ -30,6 +30,8 @@ from depthlens.readout.stream import lens_for
 from depthlens.sampling.backend import Paused, Trace
 from depthlens.sampling.hf import HFGenerator
 from depthlens.sampling.live import GenerationCancelled, Watch
+from depthlens.studies.layer_settings import readout_vocab
+from depthlens.studies.runs import PER_TOKEN_READOUT
 
 
 def dtype_name(dtype: Any) -> str:
@@ -95,13 +97,14 @@ class Engine(Protocol):
     context: int | None  # prompt + reply tokens the engine accepts
     max_running: int  # requests it runs at once
     top_logprobs: bool  # whether it returns the top-k log-probabilities of each token
+    vocab: int  # the rows its lens reads: a request's tracked ids are below it
 
     def backend(
         self,
         sampling: SamplingConfig,
         logprobs: int,
         cancel: threading.Event | None,
-        layer_top_k: int = 0,
+        asked: ReadoutConfig = ReadoutConfig(),
     ) -> ServeBackend: ...
 
     def health(self) -> dict[str, Any]: ...
@@ -216,6 +219,7 @@ class HFEngine:
         self.lens = str(readout.lens)
         lens_for(lm, self.readout)  # a lens fitted to another model is refused now, not at the first request
         self.n_layers = lm.n_layers
+        self.vocab = readout_vocab(lm, readout)
         self.context = lm.max_positions
         self.lock = threading.Lock()  # one request on the model at a time, whatever the thread pool does
         self.dtype = self.lens_dtype = dtype_name(next(lm.model.parameters()).dtype)
@@ -226,11 +230,14 @@ class HFEngine:
         sampling: SamplingConfig,
         logprobs: int,
         cancel: threading.Event | None,
-        layer_top_k: int = 0,
+        asked: ReadoutConfig = ReadoutConfig(),
     ) -> ServeBackend:
-        readout = self.readout  # the server's; a request may add each layer's top-k to it
-        if layer_top_k != readout.layer_top_k:
-            readout = dataclasses.replace(readout, layer_top_k=layer_top_k)
+        """``asked``: what the request's read-out tokens keep of every layer (``studies.runs.PER_TOKEN_READOUT``:
+        its top-k, the target trajectory, tracked ids, the entropy), taken in the pass that samples them."""
+        readout = self.readout  # the server's; a request sets its own per-token fields
+        fields = {name: getattr(asked, name) for name in PER_TOKEN_READOUT}
+        if any(getattr(readout, name) != value for name, value in fields.items()):
+            readout = dataclasses.replace(readout, **fields)
         gen = HFGenerator(self.lm, sampling, readout)
         return _Locked(HFBackend(gen, cancel, self.stats), self.lock)
 
@@ -305,6 +312,7 @@ class VLLMEngine:
         self.readout = readout  # resolved: /health names the fit the worker reads every served depth with
         self.lens = str(readout.lens)
         self.n_layers = info.n_layers
+        self.vocab = readout_vocab(info, readout)
         self.context = self.session.max_model_len
         self.max_running = max_running
         self.dtype = dtype_name(started.model_config.dtype)
@@ -316,13 +324,16 @@ class VLLMEngine:
         sampling: SamplingConfig,
         logprobs: int,
         cancel: threading.Event | None,
-        layer_top_k: int = 0,
+        asked: ReadoutConfig = ReadoutConfig(),
     ) -> ServeBackend:
-        """``layer_top_k``: the request's ``depthlens.layer_top_k`` (0: none); the worker takes each layer's top-k
-        of the request's read-out tokens in the pass that reads its depths."""
+        """``asked``: what the request's read-out tokens keep of every layer — each layer's top-k
+        (``depthlens.layer_top_k``, 0: none), the target trajectory, tracked ids, the entropy —; the worker takes
+        them in the pass that reads its depths (tracked ids checked against ``vocab`` by the request's job)."""
+        from depthlens.sampling.vllm.groups import PerLayer
         from depthlens.sampling.vllm.requests import SessionBackend
 
-        return SessionBackend(self.session, sampling, Watch(), logprobs, cancel, layer_top_k)
+        per_layer = PerLayer(asked.layer_target, asked.track, asked.layer_entropy)
+        return SessionBackend(self.session, sampling, Watch(), logprobs, cancel, asked.layer_top_k, per_layer)
 
     def health(self) -> dict[str, Any]:
         failed = self.session.failed

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from depthlens.errors import DepthlensError
+from depthlens.errors import DepthlensError, plain
 from depthlens.stores.records import unencodable
 
 log = logging.getLogger("depthlens.serve")
@@ -170,8 +170,19 @@ def depthlens_error(exc: DepthlensError, within: str = "", renamed: dict[str, st
         name = (renamed or {}).get(setting) or request_name(setting)
         return f"{within}.{name}" if within else name
 
+    def assign(setting: str, value: str) -> str:  # a setting set to a value, as a JSON body writes it
+        return f"{spell(setting)} {JSON_WORDS.get(value, plain(value))}"
+
     param = spell(exc.setting)
-    return ApiError(400, exc.phrased(param, repr_value=True, spell=spell), param, "invalid_value")
+    message = exc.phrased(param, repr_value=True, spell=spell, assign=assign)
+    head = f"{param} {exc.value!r}:"
+    if repr(exc.value) in JSON_WORDS and message.startswith(head):  # ``depthlens.layer_target true: …``
+        message = f"{param} {JSON_WORDS[repr(exc.value)]}:" + message[len(head) :]
+    return ApiError(400, message, param, "invalid_value")
+
+
+JSON_WORDS = {"True": "true", "False": "false", "None": "null"}
+"""Python's words for the values JSON spells otherwise: a request's error says them as its body does."""
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:

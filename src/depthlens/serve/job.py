@@ -7,14 +7,13 @@ import dataclasses
 import secrets
 from typing import Any
 
-from depthlens.config import DTRConfig, OnlineConfig, SamplingConfig, ServeConfig, VotingConfig
+from depthlens.config import DTRConfig, OnlineConfig, ReadoutConfig, SamplingConfig, ServeConfig, VotingConfig
 from depthlens.config.base import check_seed
 from depthlens.errors import ConfigError, DepthlensError, InputError
 from depthlens.evals.answers import ExtractionConfig
 from depthlens.serve.errors import ApiError, depthlens_error
 from depthlens.serve.schema import ChatRequest, CompletionRequest, DepthlensOptions, OnlineOptions
-from depthlens.studies import resolve
-from depthlens.studies.runs import check_window
+from depthlens.studies.runs import check_window, per_token_readout
 from depthlens.studies.score_inputs import as_token_ids, render_chat
 
 VARIANTS = {"low": 0.1, "high": 0.9}  # DeepConf-low / -high keep the top 10 % / 90 % (their percentile)
@@ -29,7 +28,13 @@ class Depth:
     answers: ExtractionConfig  # how think / online read each sample's answer
     think: VotingConfig | None = None
     online: OnlineConfig | None = None
-    layer_top_k: int = 0  # each read-out token's top-k per layer, in the per-token values (``tokens``)
+    # what each read-out token keeps of every layer, in the per-token values (``tokens``): its top-k, the target
+    # trajectory, tracked ids, the entropy (``studies.runs.PER_TOKEN_READOUT``; the rest of the readout is the server's)
+    asked: ReadoutConfig = dataclasses.field(default_factory=ReadoutConfig)
+
+    @property
+    def layer_top_k(self) -> int:
+        return self.asked.layer_top_k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +58,14 @@ class Job:
 
 
 def build_job(
-    body: CompletionRequest | ChatRequest, tokenizer: Any, context: int | None, settings: ServeConfig
+    body: CompletionRequest | ChatRequest,
+    tokenizer: Any,
+    context: int | None,
+    settings: ServeConfig,
+    vocab: int | None = None,
 ) -> Job:
-    """The job ``body`` asks for, or an ``ApiError``."""
+    """The job ``body`` asks for, or an ``ApiError``. ``vocab``: the rows the engine's lens reads (tracked ids
+    below it; None: the tokenizer's length where there is one)."""
     if body.model != settings.model_id:
         raise ApiError(
             404,
@@ -74,7 +84,8 @@ def build_job(
         else _prompts(body, tokenizer, settings)
     )
     options = body.depthlens or DepthlensOptions()
-    depth = _depth(options, settings)
+    vocab = vocab if vocab is not None else len(tokenizer) if tokenizer is not None else None
+    depth = _depth(options, settings, vocab)
     n = body.n
     if not 1 <= n <= settings.max_n:
         raise ApiError(
@@ -275,7 +286,7 @@ def _sampling(
     return sampling
 
 
-def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
+def _depth(options: DepthlensOptions, settings: ServeConfig, vocab: int | None = None) -> Depth:
     try:
         dtr = DTRConfig(
             **{k: v for k, v in (("g", options.g), ("rho", options.rho)) if v is not None},
@@ -300,10 +311,17 @@ def _depth(options: DepthlensOptions, settings: ServeConfig) -> Depth:
         if options.online is not None:
             online = _online(options.online, settings)
             answers = ExtractionConfig(answer_type=options.online.answer_type or answers.answer_type)
-        layer_top_k = resolve.layer_top_k(options.layer_top_k, options.tokens)
+        asked = per_token_readout(  # the run builder's checks: ranges, tokens, the vocabulary
+            tokens=options.tokens,
+            vocab=vocab,
+            layer_top_k=options.layer_top_k,
+            layer_target=options.layer_target,
+            track=tuple(options.track),
+            layer_entropy=options.layer_entropy,
+        )
     except DepthlensError as exc:
         raise depthlens_error(exc, "depthlens") from None
-    return Depth(options.tokens, dtr, answers, think, online, layer_top_k)
+    return Depth(options.tokens, dtr, answers, think, online, asked)
 
 
 def _online(o: OnlineOptions, settings: ServeConfig) -> OnlineConfig:

@@ -59,7 +59,7 @@ class _Context:
     readout: int = 0
 
     def backend(self, logprobs: int = 0) -> ServeBackend:
-        return self.engine.backend(self.job.sampling, logprobs, self.cancel, self.job.depth.layer_top_k)
+        return self.engine.backend(self.job.sampling, logprobs, self.cancel, self.job.depth.asked)
 
     def stream(self, first: int, push: Push | None, backend: ServeBackend) -> GroupStream:
         job = self.job

@@ -56,6 +56,9 @@ class DepthlensOptions(Strict):
 
     tokens: bool = False
     layer_top_k: int = 0  # each read-out token's top-k per layer (ReadoutConfig.layer_top_k), with ``tokens``
+    layer_target: bool = False  # the target trajectory (ReadoutConfig.layer_target), with ``tokens``
+    track: list[int] = []  # token ids followed through every layer (ReadoutConfig.track), with ``tokens``
+    layer_entropy: bool = False  # each layer's entropy (ReadoutConfig.layer_entropy), with ``tokens``
     readout_tokens: int | Literal["all"] | None = None
     prefix: Annotated[int, Field(ge=1)] = PREFIX_TOKENS  # ℓ of dtr_prefix
     g: float | None = None

@@ -7,7 +7,8 @@ that is still growing. An event is one of:
 - ``{"type": "delta", "index": choice, "text": str, "tokens": {...} | None, "readout": {...} | None,
   "logprobs": [...] | None}`` — the new text, and with ``depthlens.tokens`` the new tokens' final-layer values
   (``tokens.offset`` = the first token's position) and the new read-out rows (``readout.offset``; with
-  ``depthlens.layer_top_k``, their ``layer_top_*`` too);
+  ``depthlens.layer_top_k``, their ``layer_top_*`` too, with ``layer_target`` / ``track`` / ``layer_entropy`` their
+  ``layer_target_*`` / ``layer_track_*`` / ``layer_entropy``);
 - ``{"type": "end", "index": choice, "finish_reason": str, "depthlens": {...}}`` (pushed by ``jobs``).
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 from depthlens.config import DTRConfig
 from depthlens.sampling.backend import Trace
 from depthlens.sampling.live import GenerationCancelled
-from depthlens.serve.depth import layer_top, readout_columns, token_columns
+from depthlens.serve.depth import layer_top, layer_values, readout_columns, token_columns
 from depthlens.serve.text import TextStream
 
 Push = Callable[[dict[str, Any]], None]
@@ -101,7 +102,8 @@ class GroupStream:
             if len(trace.divergence) > rows:
                 new = trace.divergence[rows:]
                 columns = readout_columns(new, n_layers, dtr)
-                event["readout"] = {"offset": rows, **columns, **layer_top(trace, self.tokenizer, rows)}
+                asked = {**layer_top(trace, self.tokenizer, rows), **layer_values(trace, rows)}
+                event["readout"] = {"offset": rows, **columns, **asked}
         if self.logprobs is not None and len(trace) > tokens:
             k, tops = self.logprobs
             top = tops(trace)

@@ -35,7 +35,7 @@ def check_layer_stats_tokens(layer_stats: Mapping[str, LayerStat] | None, tokens
         raise InputError(
             setting="layer_stats",
             value=sorted(layer_stats),
-            requirement=f"each statistic is kept per token and layer: add {named('tokens')}",
+            requirement=f"each statistic is kept per token and layer: add {named('tokens', True)}",
         )
 
 

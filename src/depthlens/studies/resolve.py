@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from depthlens.config import DTRConfig, LensSpec, OnlineConfig, ReadoutConfig, VotingConfig
-from depthlens.config.readout import check_layer_top
 from depthlens.errors import InputError, named
 
 
@@ -35,14 +34,6 @@ def readout(
 
         spec = resolve_lens(spec)
     return ReadoutConfig(divergence=divergence, also=kinds, lens=spec, **rest)  # type: ignore[arg-type]
-
-
-def layer_top_k(k: int, tokens: bool) -> int:
-    """K of each layer's top-k a front asks for alone (a server request: its readout is the server's): in
-    ``ReadoutConfig.layer_top_k``'s range, and only with per-token values (``config.readout.check_layer_top``)."""
-    ReadoutConfig(layer_top_k=k)  # the range, named as the setting
-    check_layer_top(k, tokens)
-    return k
 
 
 def voting_n(n: int | None, available: int | None) -> tuple[int, bool]:

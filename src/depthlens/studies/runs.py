@@ -30,6 +30,7 @@ from depthlens.config import (
     TCBConfig,
     VotingConfig,
 )
+from depthlens.config.readout import check_layer_top, check_per_layer, check_track
 from depthlens.errors import DepthlensWarning, InputError, Written, named
 from depthlens.evals.tasks import Question
 from depthlens.studies import resolve
@@ -299,3 +300,24 @@ def degenerate(readout: ReadoutConfig, dtr: DTRConfig) -> tuple[DepthlensWarning
             )
         )
     return tuple(warnings)
+
+
+PER_TOKEN_READOUT = ("layer_top_k", "layer_target", "track", "layer_entropy")
+"""The readout's per-token fields a request sets on its own (a server's request: the lens, the divergence and the
+budget are the server's)."""
+
+
+def per_token_readout(*, tokens: bool, vocab: int | None = None, **fields: Any) -> ReadoutConfig:
+    """What a request asks each read-out token to keep of every layer (``PER_TOKEN_READOUT``: its top-k, the target
+    trajectory, tracked ids, the entropy), checked as a run's readout is: each field in its range, only with the
+    per-token values (``tokens``), tracked ids below ``vocab`` (the rows the lens reads; None: unknown here). The
+    fields given, as a ``ReadoutConfig`` whose other fields are its defaults."""
+    unknown = sorted(set(fields) - set(PER_TOKEN_READOUT))
+    if unknown:
+        raise InputError(f"per_token_readout: {', '.join(unknown)} is not a per-token field of the readout")
+    readout = ReadoutConfig(**fields)
+    check_layer_top(readout.layer_top_k, tokens)
+    check_per_layer(readout, tokens)
+    if vocab is not None:
+        check_track(readout.track, vocab)
+    return readout

@@ -12,10 +12,9 @@ from depthlens.config import ReadoutConfig
 
 __all__ = [
     "AlsoDivergences", "Chat", "CompileOpt", "Completion", "DeepRuleOpt", "DivergenceOpt", "Epsilon", "FigureOut",
-    "FinalNorm", "G", "HeatmapPrompt", "LayerTopK", "LensOpt", "MemoryMB", "Prefix", "Rho", "ScoreBatch", "SettleOpt",
-    "Spectral", "StoreDeepRule",
-    "StoreDivergence", "StoreG", "StoreLens", "StoreRho", "StoreSettle", "Tcb", "TcbExact", "Token", "Tokens",
-    "VEffOpt",
+    "FinalNorm", "G", "HeatmapLayerTarget", "HeatmapPrompt", "LayerEntropy", "LayerTarget", "LayerTopK", "LensOpt",
+    "MemoryMB", "Prefix", "Rho", "ScoreBatch", "SettleOpt", "Spectral", "StoreDeepRule", "StoreDivergence", "StoreG",
+    "StoreLens", "StoreRho", "StoreSettle", "Tcb", "TcbExact", "Token", "Tokens", "Track", "VEffOpt",
 ]  # fmt: skip
 
 LensOpt = Annotated[
@@ -65,6 +64,27 @@ LayerTopK = Annotated[
         help="Also keep each read-out token's K most probable tokens at every layer, with their probabilities "
         "(layer_top_ids / layer_top_probs: the logit lens's own predictions); 1..100, 0 = none.",
     ),
+]
+LayerTarget = Annotated[
+    bool,
+    typer.Option(
+        "--layer-target",
+        help="Also keep the target trajectory: each read-out token's own log-probability and rank (0 = most "
+        "probable) at every layer (layer_target_logprobs / layer_target_ranks: the logit lens's classic plot).",
+    ),
+]
+Track = Annotated[
+    str,
+    typer.Option(
+        "--track",
+        metavar="ID,…",
+        help="Token ids followed through every layer for every read-out token, comma-separated, e.g. 791,1462 "
+        "(layer_track_logprobs / layer_track_ranks, in this order); at most 100, each below the vocabulary.",
+    ),
+]
+LayerEntropy = Annotated[
+    bool,
+    typer.Option("--layer-entropy", help="Also keep each layer's entropy in nats (layer_entropy)."),
 ]
 DeepRuleOpt = Annotated[str, typer.Option("--deep-rule", help="spec: c ≥ ⌈ρL⌉; paper-literal: c ≥ ⌈(1−ρ)L⌉.")]
 # A stored pool's own DTR settings, overridden where given (thinkn).
@@ -135,5 +155,13 @@ Chat = Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the model
 Token = Annotated[
     int | None,
     typer.Option("--token", help="Token index for Figure 3 (default: the deepest-settling one)."),
+]
+HeatmapLayerTarget = Annotated[
+    bool,
+    typer.Option(
+        "--layer-target/--no-layer-target",
+        help="Read the target trajectory too (the read-out token's probability and rank at every layer) and draw "
+        "it (trajectory.png); one text costs a few percent more.",
+    ),
 ]
 FigureOut = Annotated[Path, typer.Option("--out", file_okay=False, help="Directory for the figures.")]
