@@ -7,7 +7,6 @@ import torch
 
 from depthlens.errors import UnsupportedArchitectureError
 from depthlens.models.adapters import ADAPTERS, resolve_parts
-from depthlens.models.load import wrap
 from depthlens.readout.lens import LogitLens
 from tests.conftest import TINY_CONFIGS, tiny_model
 
@@ -93,9 +92,3 @@ def test_wrong_explicit_path_names_the_part():
     model = tiny_model("llama")
     with pytest.raises(UnsupportedArchitectureError, match=r"could not find the final norm at model\.ln_f"):
         resolve_parts(model, final_norm="model.ln_f")
-
-
-def test_wrap_freezes_parameters():
-    lm = wrap(tiny_model("qwen2"))
-    assert lm.n_layers == 3
-    assert not any(p.requires_grad for p in lm.model.parameters())

@@ -114,8 +114,11 @@ def test_the_readout_is_W_U_norm_J_h_by_hand(tiny_llama, tmp_path):
     parts = tiny_llama.parts
     for layer in chunk.layers():
         h = states.hidden_states[layer.layer][0, 2:]  # the positions that predict the completion
-        by_hand = torch.log_softmax(parts.unembed(parts.final_norm(h @ weight[layer.layer - 1].T)), dim=-1)
-        plain = torch.log_softmax(parts.unembed(parts.final_norm(h)), dim=-1)
+        with torch.no_grad():  # the caller's model keeps its grad flags (wrap leaves them)
+            by_hand = torch.log_softmax(
+                parts.unembed(parts.final_norm(h @ weight[layer.layer - 1].T)), dim=-1
+            )
+            plain = torch.log_softmax(parts.unembed(parts.final_norm(h)), dim=-1)
         assert_float32_equal(
             layer.logprobs, by_hand, what=f"layer {layer.layer}", mutants=[("the logit lens", plain)]
         )
@@ -243,12 +246,12 @@ def test_a_tuned_lens_package_folder_reads_in_its_residual_form(tiny_llama, tmp_
     for layer in chunk.layers():
         h = states.hidden_states[layer.layer][0, 2:]
         w, b = translators[layer.layer]  # translator l reads hidden_states[l]: h + W h + b
-        if package is not None:
-            with torch.no_grad():
+        with torch.no_grad():  # the caller's model keeps its grad flags (wrap leaves them)
+            if package is not None:
                 theirs = package(h, layer.layer)  # the package's own readout
-        else:
-            theirs = parts.unembed(parts.final_norm(h + h @ w.T + b))
-        affine = torch.log_softmax(parts.unembed(parts.final_norm(h @ w.T + b)), -1)  # not residual
+            else:
+                theirs = parts.unembed(parts.final_norm(h + h @ w.T + b))
+            affine = torch.log_softmax(parts.unembed(parts.final_norm(h @ w.T + b)), -1)  # not residual
         assert_float32_equal(
             layer.logprobs,
             torch.log_softmax(theirs, -1),

@@ -190,7 +190,7 @@ def test_score_through_the_engine_equals_score_records(real_model, info, llm_eng
         assert (torch.tensor(a["divergence"]) - torch.tensor(b["divergence"])).abs().max() <= BITS
         # a mean log p of −23 nats (arbitrary ids): float32 rounding is relative to the magnitude
         assert a["log_prob"] == pytest.approx(b["log_prob"], rel=1e-5, abs=1e-4)
-    with pytest.raises(InputError, match="no_tcb"):
+    with pytest.raises(InputError, match=r"the TCB fields need the transformers readout: add tcb=False"):
         list(score_records_on(reader, info, records, tcb=TCBConfig()))
 
 
