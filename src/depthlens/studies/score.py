@@ -26,6 +26,7 @@ from depthlens.readout.stream import TokenSequence, iter_readout, lens_for, mode
 from depthlens.stores.files import ResumeRules
 from depthlens.stores.guard import refuse_same_file
 from depthlens.stores.inputs import BadLine, InputRecord, check_record
+from depthlens.studies.footprint import check_score_batch
 from depthlens.studies.score_inputs import BadRecord, checked_sequence
 
 SUMMARY_FIELDS = (
@@ -105,6 +106,7 @@ def score_records(
     """
     if batch_size < 1:
         raise InputError(f"batch_size = {batch_size}; use 1 or more")
+    check_score_batch(lm, batch_size)  # a batch the machine cannot hold, before a thread or a product
     use_threads("score", lm.device.type, threads)
     batch: list[tuple[InputRecord, TokenSequence]] = []
     block_rows = model_chunk_sizes(lm, lens_for(lm, readout), readout)[1]  # token-layer rows per lens product
