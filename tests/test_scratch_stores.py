@@ -82,7 +82,9 @@ def test_a_store_left_by_a_killed_verb_goes_with_the_next_call(lm, scratch_dir):
         (other / LOCK).write_text(holder(left))  # a dead writer's note, but beside something else
         (other / "notes.txt").write_text("mine")
         (scratch_dir / f"{PREFIX}a-file").write_text("mine")
-        foreign = {p: sorted(q.name for q in p.iterdir()) if p.is_dir() else None for p in scratch_dir.iterdir()}
+        foreign = {
+            p: sorted(q.name for q in p.iterdir()) if p.is_dir() else None for p in scratch_dir.iterdir()
+        }
         foreign = {p: v for p, v in foreign.items() if p not in (left, live)}
 
         table = depthlens.generate(lm, TASK, pool=1, batch_size=1, progress=False, **SMALL)
@@ -107,7 +109,9 @@ def test_only_a_writer_of_this_host_that_is_gone_makes_a_store_abandoned(tmp_pat
     assert not abandoned(store)  # no lock
     (store / LOCK).write_text("")
     assert not abandoned(store)  # released cleanly: an empty note
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     dead = int(gone.stdout)
     (store / LOCK).write_text(f"pid {dead} on elsewhere.example (depthlens.generate)\n")
     assert not abandoned(store)  # another host's: its lock is not seen from here

@@ -34,7 +34,8 @@ from depthlens.config import (
 )
 from depthlens.errors import DepthlensWarning, InputError, Written, named
 from depthlens.evals.tasks import Question
-from depthlens.models.machine import THREADS_PER_CPU, Need, check_memory, check_threads, machine
+from depthlens.models import machine as machines
+from depthlens.models.machine import THREADS_PER_CPU, Need, check_memory, check_threads
 from depthlens.studies import resolve
 
 R = TypeVar("R", ScoreRun, GenerateRun, OnlineRun)
@@ -222,7 +223,7 @@ def check_ray(ray: RayConfig) -> None:
     """A local Ray (no ``address``: started here with ``workers`` × ``cpus`` CPUs) runs its actors on this
     machine, each holding the model and ``int(cpus)`` OpenMP threads: more of either than the machine has is
     refused (a cluster's own scheduler places actors on its nodes)."""
-    here = machine()
+    here = machines.machine()
     if ray.address is not None or ray.workers * ray.cpus <= here.most_threads:
         return
     setting, value = ("cpus", ray.cpus) if ray.cpus > here.most_threads else ("workers", ray.workers)
@@ -240,7 +241,7 @@ def check_serve(settings: ServeConfig) -> None:
     """A server's launch settings against this machine, before the model loads: its request threads
     (``max_running``, half the tasks the process may start at most) and the bodies of the requests it holds —
     running and queued, each up to ``max_body_bytes`` — in its memory."""
-    here = machine()
+    here = machines.machine()
     if here.tasks is not None and settings.max_running > here.tasks // 2:
         raise InputError(
             setting="max_running",
@@ -263,7 +264,7 @@ def sample_limit(settings: ServeConfig, lm: Any) -> ServeConfig:
     per_token = sample_token_bytes(lm)
     one = "one sample's KV cache and readout"
     check_memory(Need("max_tokens", settings.max_tokens, per_token, one, 2 * 4 * lm.vocab_rows))
-    return dataclasses.replace(settings, max_sample_tokens=machine().memory // per_token)
+    return dataclasses.replace(settings, max_sample_tokens=machines.machine().memory // per_token)
 
 
 def questions_of(task: TaskSpec | Settings | Sequence[Question]) -> tuple[TaskSpec | None, list[Question]]:
