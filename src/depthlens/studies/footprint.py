@@ -39,10 +39,13 @@ LAYER_TOP_BYTES = 12  # a kept top-k entry: its id and probability, as the sampl
 
 def kv_per_token(model: Any) -> int:
     """KV cache bytes one token takes in ``model`` (a ``LoadedModel``, or a ``ModelInfo`` — no weights — whose
-    dtype is not known yet: its 2-byte lower bound)."""
+    dtype is not known yet: its 2-byte lower bound); 0 where its config does not say (nothing refused for it)."""
     inner = getattr(model, "model", None)
     dtype = str(getattr(inner, "dtype", "bfloat16")).removeprefix("torch.")
-    return kv_bytes_per_token(getattr(inner, "config", None) or model.config, dtype)
+    try:
+        return kv_bytes_per_token(getattr(inner, "config", None) or model.config, dtype)
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):  # an architecture without those fields
+        return 0
 
 
 def response_bytes(
