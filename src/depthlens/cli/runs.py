@@ -84,7 +84,7 @@ def _checked_generation(
         manifest = run_manifest(model.name, None, questions, run, fmt)
         check_results(samples, manifest, spec.resume, spec.overwrite, RESUME_RULES, fmt)
     say_warnings(built.warnings)
-    refuse_unfitting(model, run, questions)
+    refuse_unfitting(model, run, questions, here=ray is None or ray.address is None)
     here = ray is None
     report = (
         _generate_here(model, run, questions, fmt) if here else _generate_on_ray(model, run, questions, ray)
@@ -105,16 +105,19 @@ def refuse_nothing_usable(report: GenerationReport, out: Path) -> None:
         )
 
 
-def refuse_unfitting(model: ModelSpec, run: GenerateRun | OnlineRun, questions: list[Question]) -> None:
+def refuse_unfitting(
+    model: ModelSpec, run: GenerateRun | OnlineRun, questions: list[Question], here: bool = True
+) -> None:
     """A run none of whose responses fits the model's context (the longest prompt + --max-new-tokens), or whose
-    responses sampled together do not fit the machine's memory, is refused before the weights load: its tokenizer
-    and config are enough (``app.read_info``). Where they cannot be read without loading, ``studies.generate``
-    refuses it once the model is loaded, still before anything is sampled."""
-    from depthlens.studies.generate import refuse_unfit
+    responses sampled together do not fit this machine's memory (``here``: it samples on this machine, or a local
+    Ray's actors do; a cluster's nodes check their own), is refused before the weights load: its tokenizer and
+    config are enough (``app.read_info``). Where they cannot be read without loading, ``studies.generate`` refuses
+    it once the model is loaded, still before anything is sampled."""
+    from depthlens.studies.footprint import refuse_unfit
 
     info = read_info(model)
     if info is not None:
-        refuse_unfit(info, run, questions)
+        refuse_unfit(info, run, questions, memory=here)
 
 
 def _generate_here(

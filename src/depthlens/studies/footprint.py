@@ -30,6 +30,7 @@ from depthlens.config import (
     SamplingConfig,
     VotingConfig,
 )
+from depthlens.evals.tasks import Question
 from depthlens.models.info import kv_bytes_per_token, text_config
 from depthlens.models.machine import Need, check_memory
 
@@ -76,6 +77,21 @@ def sampled_together(run: GenerateRun | OnlineRun) -> tuple[str, int, int]:
     setting = "batch_size" if online.batch_size >= online.warmup else "warmup"
     given = getattr(online, setting)
     return setting, given, min(given, online.max_n)
+
+
+def refuse_unfit(
+    lm: Any, run: GenerateRun | OnlineRun, questions: Sequence[Question], memory: bool = True
+) -> None:
+    """Refuse, before anything is sampled, a run that cannot be: a response that does not fit the model's context
+    (``studies.generate.refuse_too_long``), or (``memory``) responses sampled together that do not fit this
+    machine's memory (``check_pool``). ``lm``: a loaded model, or a ``ModelInfo`` (the CLI's, before the weights
+    load)."""
+    from depthlens.studies.generate import engine_len, refuse_too_long
+
+    style, backend = run.answers.prompt_style, run.engine.backend
+    longest = refuse_too_long(lm, questions, style, run.sampling.max_new_tokens, engine_len(run.engine))
+    if memory:
+        check_pool(lm, run.sampling, run.readout, sampled_together(run), longest, with_cache=backend == "hf")
 
 
 def check_pool(

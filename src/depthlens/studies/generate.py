@@ -24,7 +24,6 @@ from depthlens.config import (
     DTRConfig,
     EngineConfig,
     GenerateRun,
-    OnlineRun,
     StoreFormat,
     depth_prefix,
 )
@@ -56,6 +55,7 @@ from depthlens.stores.samples import (
 )
 from depthlens.stores.shard_writer import ShardWriter
 from depthlens.stores.state import remove_derived
+from depthlens.studies.footprint import refuse_unfit
 from depthlens.studies.score_inputs import as_token_ids
 
 
@@ -228,24 +228,12 @@ def generate(
         "precision": precision_of(lm, run.engine),
     }
     _refuse_pre_rules_resume(out_dir, spec.resume)
-    refuse_unfit(lm, run, questions)
+    refuse_unfit(lm, run, questions)  # the context and the machine's memory, before anything is sampled
     with store_lock(samples_path(out_dir, fmt)):
         if spec.overwrite:
             remove_other_format(out_dir, fmt)
             remove_derived(out_dir)  # the summaries of the run this one replaces
         return _generate_into(lm, run, questions, fmt, manifest, backend, events)
-
-
-def refuse_unfit(lm: Any, run: GenerateRun | OnlineRun, questions: Sequence[Question]) -> None:
-    """Refuse, before anything is sampled, a run that cannot be: a response that does not fit the model's context
-    (``refuse_too_long``), or responses sampled together that do not fit the machine's memory
-    (``studies.footprint.check_pool``). ``lm``: a loaded model, or a ``ModelInfo`` (the CLI's, before the
-    weights load)."""
-    from depthlens.studies.footprint import check_pool, sampled_together
-
-    style, backend = run.answers.prompt_style, run.engine.backend
-    longest = refuse_too_long(lm, questions, style, run.sampling.max_new_tokens, engine_len(run.engine))
-    check_pool(lm, run.sampling, run.readout, sampled_together(run), longest, with_cache=backend == "hf")
 
 
 def refuse_too_long(

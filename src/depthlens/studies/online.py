@@ -55,11 +55,10 @@ from depthlens.stores.samples import (
     write_questions,
 )
 from depthlens.stores.state import remove_derived
-from depthlens.studies.footprint import check_trials
+from depthlens.studies.footprint import check_trials, refuse_unfit
 from depthlens.studies.generate import (
     engine_job,
     prompt_ids,
-    refuse_unfit,
     sample_record,
     sample_seed,
 )
