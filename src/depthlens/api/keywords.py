@@ -125,6 +125,7 @@ def verb(fn: F) -> F:
     type naming its type (a numpy number taken as the Python one), the keyword ``rank_prefix=`` (the field
     ``prefix=`` sets) taken as ``prefix=``; its settings routed (``this_call``), and every error about a setting
     phrased for Python (``python_front``)."""
+    from depthlens.api.scratch import remove_abandoned
     from depthlens.models.threads import threads_kept
 
     name = fn.__name__
@@ -141,6 +142,7 @@ def verb(fn: F) -> F:
         kwargs = {k: _checked(name, k, v, hints[k], routes.get(k)) for k, v in kwargs.items()}
         given = {k: v for k, v in kwargs.items() if k in routes}
         token = _CALL.set(Call(name, given, spelling, _command(name, args, kwargs)))
+        remove_abandoned()  # scratch stores of verbs killed outright (kill -9) do not pile up
         try:
             with python_front(name, spelling), threads_kept():  # the run's threads end with it
                 return fn(*args, **kwargs)

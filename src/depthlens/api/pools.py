@@ -144,7 +144,7 @@ def _generate(
     )
     from depthlens.studies import generate as generation
 
-    with scratch_or(out) as where, Display(progress, line) as display:
+    with scratch_or(out, call.verb) as where, Display(progress, line) as display:
         run = dataclasses.replace(run, store=StoreSpec(where, overwrite=True))
         done = display.bar("responses", len(questions) * pool, "responses")
         tokens = display.bar("tokens", None, "tokens")
@@ -350,7 +350,7 @@ def _online(model: Any, task: Task, seed: int, out: str | Path | None, progress:
         f"{run.sampling.max_new_tokens} tokens, {readout_words(run.sampling, run.readout.layer_top_k)}, "
         + where_words(model, run.engine, "sample")
     )
-    with scratch_or(out) as where, Display(progress, line) as display:
+    with scratch_or(out, call.verb) as where, Display(progress, line) as display:
         run = dataclasses.replace(run, store=StoreSpec(where, overwrite=True))
         done = display.bar("questions", len(questions), "questions")
         tokens = display.bar("tokens", None, "tokens")

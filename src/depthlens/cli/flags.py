@@ -32,6 +32,7 @@ FLAGS: dict[tuple[str, str], str | None] = {
     ("RayConfig", "address"): "--ray-address",
     ("RayConfig", "block"): "--block-rows",
     ("ServeConfig", "model_id"): "--served-model-name",
+    ("ServeConfig", "max_sample_tokens"): None,
     ("ModelSpec", "final_norm"): "--final-norm-path",
     # ℓ_prefix, one flag for three settings: the command says which (score/generate/correlate, thinkn, --online)
     ("", "dtr_prefix_tokens"): "--prefix",

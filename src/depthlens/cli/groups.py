@@ -175,8 +175,15 @@ class Ray:
         return self.ray or self.ray_address is not None
 
     def config(self, block: int | None = None) -> RayConfig | None:
-        """Ray's settings, or None to run in this process."""
-        return RayConfig(self.workers, self.cpus, self.gpus, self.ray_address, block) if self.on else None
+        """Ray's settings, or None to run in this process; a local Ray's actors beyond this machine's CPUs are
+        refused (``studies.runs.check_ray``)."""
+        if not self.on:
+            return None
+        from depthlens.studies.runs import check_ray
+
+        config = RayConfig(self.workers, self.cpus, self.gpus, self.ray_address, block)
+        check_ray(config)
+        return config
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,9 +36,7 @@ def run_live(model: ModelSpec, built: Built[OnlineRun]) -> None:
 
     run, questions = built.run, list(built.questions)
     say_warnings(built.warnings)
-    refuse_unfitting(
-        model, run.engine, run.sampling, run.answers, questions, run.readout
-    )  # before the weights
+    refuse_unfitting(model, run, questions)  # before the weights load
     from depthlens.stores.guard import new_out
     from depthlens.studies.online import DECISIONS
 

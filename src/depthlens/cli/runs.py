@@ -17,6 +17,7 @@ from depthlens.config import (
     EngineConfig,
     GenerateRun,
     ModelSpec,
+    OnlineRun,
     RayConfig,
     ReadoutConfig,
     SamplingConfig,
@@ -83,7 +84,7 @@ def _checked_generation(
         manifest = run_manifest(model.name, None, questions, run, fmt)
         check_results(samples, manifest, spec.resume, spec.overwrite, RESUME_RULES, fmt)
     say_warnings(built.warnings)
-    refuse_unfitting(model, run.engine, run.sampling, run.answers, questions, run.readout)
+    refuse_unfitting(model, run, questions, here=ray is None or ray.address is None)
     here = ray is None
     report = (
         _generate_here(model, run, questions, fmt) if here else _generate_on_ray(model, run, questions, ray)
@@ -105,26 +106,23 @@ def refuse_nothing_usable(report: GenerationReport, out: Path) -> None:
 
 
 def refuse_unfitting(
-    model: ModelSpec,
-    engine: EngineConfig,
-    sampling: SamplingConfig,
-    answers: AnswerConfig,
-    questions: list[Question],
-    readout: ReadoutConfig | None = None,
+    model: ModelSpec, run: GenerateRun | OnlineRun, questions: list[Question], here: bool = True
 ) -> None:
-    """A run none of whose responses fits the model's context (the longest prompt + --max-new-tokens), or that
-    tracks an id past the vocabulary (``readout``'s ``--track``), is refused before the weights load: its tokenizer
-    and config are enough (``app.read_info``). Where they cannot be read without loading, ``studies.generate``
-    refuses it once the model is loaded, still before anything is sampled."""
-    from depthlens.studies.generate import engine_len, refuse_too_long
+    """A run none of whose responses fits the model's context (the longest prompt + --max-new-tokens), that tracks
+    an id past the vocabulary (its readout's ``track``), or whose responses sampled together do not fit this
+    machine's memory (``here``: it samples on this machine, or a local Ray's actors do; a cluster's nodes check
+    their own), is refused before the weights load: its tokenizer and config are enough (``app.read_info``). Where
+    they cannot be read without loading, ``studies.generate`` refuses it once the model is loaded, still before
+    anything is sampled."""
+    from depthlens.studies.footprint import refuse_unfit
 
     info = read_info(model)
     if info is not None:
-        refuse_too_long(info, questions, answers.prompt_style, sampling.max_new_tokens, engine_len(engine))
-        if readout is not None and readout.track:
+        refuse_unfit(info, run, questions, memory=here)
+        if run.readout.track:
             from depthlens.studies.layer_settings import readout_quantities
 
-            readout_quantities(info, readout, None)
+            readout_quantities(info, run.readout, None)
 
 
 def _generate_here(

@@ -93,6 +93,9 @@ def serve(
         ReadoutConfig.divergence, lens=lens
     )  # a tuned lens resolved, before any load
     settings = limits.config(served_model_name or model, api_key, window)
+    from depthlens.studies.runs import check_serve, sample_limit
+
+    check_serve(settings)  # the request threads and bodies it holds, against this machine
     chosen = _backend(backend, model)
     model_spec = ModelSpec(model, device, dtype, trust_remote_code)
     vllm = (tensor_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager, kv_cache_gib)
@@ -103,6 +106,8 @@ def serve(
         )
     # vllm: only the tokenizer and config — the engine holds the one copy of the weights and reads them out itself
     model_or_info = load_for(engine_config, model_spec)
+    if chosen == "hf":  # one request at a time: its samples' KV cache and readout must fit the memory
+        settings = sample_limit(settings, model_or_info)
     from depthlens.models.info import sampling_defaults
 
     temperature, top_p, source = sampling_defaults(model_or_info)

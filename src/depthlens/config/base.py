@@ -51,6 +51,11 @@ MOST_RESPONSES = 100_000
 """The most responses a question's pool may hold (``--pool``, online ``--max-n``): at 512 tokens × 30 layers each,
 more than a store could hold."""
 
+MOST_BATCH = MOST_RESPONSES
+"""The most rows one batch may hold (``--batch-size``: responses sampled together, records scored together, a
+served request's prompts): a pool holds no more; what a batch of a given model holds in memory is checked against
+the machine once the model's shape is read (``studies.footprint``)."""
+
 MOST_REPEATS = 100_000
 """The most repetitions a study may draw (``--trials``, ``--seeds``, ``--bootstrap``): each is a pass over every
 question (10 and 30 by default, 1,000 bootstrap resamples), so more is a typo that would run for hours or fill the

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from depthlens.config.answers import AnswerConfig
-from depthlens.config.base import MOST_QUESTIONS, MOST_RESPONSES, Config, check_seed, invalid
+from depthlens.config.base import MOST_BATCH, MOST_QUESTIONS, MOST_RESPONSES, Config, check_seed, invalid
 from depthlens.config.readout import (
     MAX_LAYER_TOP_K,
     DTRConfig,
@@ -133,6 +133,7 @@ class ScoreRun:
     def __post_init__(self) -> None:
         check_layer_top(self.readout.layer_top_k, self.tokens)
         check_per_layer(self.readout, self.tokens)
+        check_batch("ScoreRun", self.batch_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,8 +165,7 @@ class GenerateRun:
             raise invalid(
                 "GenerateRun", "pool", self.pool, f"must be at most {MOST_RESPONSES:,} per question"
             )
-        if self.batch_size < 1:
-            raise InputError(f"{named('batch_size')} = {self.batch_size}; use 1 or more")
+        check_batch("GenerateRun", self.batch_size)
         check_seed("GenerateRun", "seed", self.seed)
         keep_top_k_ids(self)
 
@@ -191,6 +191,13 @@ class OnlineRun:
     def __post_init__(self) -> None:
         check_seed("OnlineRun", "seed", self.seed)
         keep_top_k_ids(self)
+
+
+def check_batch(owner: str, batch_size: int) -> None:
+    """A batch holds 1..``MOST_BATCH`` rows (what one of a given model holds in memory is checked against the
+    machine once its shape is read: ``studies.footprint``)."""
+    if not 1 <= batch_size <= MOST_BATCH:
+        raise invalid(owner, "batch_size", batch_size, f"must be in 1..{MOST_BATCH:,}")
 
 
 def keep_top_k_ids(run: GenerateRun | OnlineRun) -> None:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from depthlens.config.base import invalid
+from depthlens.config.base import MOST_BATCH, MOST_RESPONSES, invalid
 from depthlens.config.readout import PREFIX_TOKENS
-from depthlens.config.sampling import SamplingConfig
+from depthlens.config.sampling import MOST_NEW_TOKENS, SamplingConfig
+
+MOST_RUNNING = 1024
+"""The most requests a server runs at once (``--max-running``): each holds a thread of the process while it runs;
+a vLLM engine batches far fewer samples than that at a time."""
 
 LOCALHOST = "127.0.0.1"
 """Where ``serve`` and ``view`` listen unless ``--host`` says otherwise: this machine only."""
@@ -35,6 +39,10 @@ class ServeConfig:
         max_queue: requests waiting beyond those; past them a request gets 429 with ``Retry-After``.
         max_body_bytes: larger request bodies get 413.
         shutdown_grace: seconds SIGTERM gives in-flight requests to finish before they are aborted.
+        max_sample_tokens: the most tokens — samples of a prompt sampled together × (its prompt + ``max_tokens``) —
+            one request may hold on the transformers engine: what the machine's memory holds of their KV cache and
+            readout, set at launch from the model (``studies.runs.sample_limit``); None = no limit (a vLLM
+            engine sizes its own cache and queues what does not fit).
         temperature, top_p: a request's when it gives none — the model's ``generation_config``'s where it sets
             them, else depthlens's sampling defaults (``models.info.sampling_defaults``; not OpenAI's 1 / 1,
             which make a small model answer noise).
@@ -57,20 +65,23 @@ class ServeConfig:
     max_queue: int = 64
     max_body_bytes: int = 1 << 20
     shutdown_grace: float = 30.0
+    max_sample_tokens: int | None = None
     temperature: float = SamplingConfig.temperature
     top_p: float = SamplingConfig.top_p
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_n",
-            "max_tokens",
-            "default_max_tokens",
-            "max_prompts",
-            "max_running",
-            "max_body_bytes",
+        for name, most in (
+            ("max_n", MOST_RESPONSES),
+            ("max_tokens", MOST_NEW_TOKENS),
+            ("default_max_tokens", MOST_NEW_TOKENS),
+            ("max_prompts", MOST_BATCH),
+            ("max_running", MOST_RUNNING),
+            ("max_body_bytes", None),  # against the machine's memory: ``studies.runs.check_serve``
         ):
-            if getattr(self, name) < 1:
-                raise invalid("ServeConfig", name, getattr(self, name), "must be ≥ 1")
+            value = getattr(self, name)
+            if value < 1 or (most is not None and value > most):
+                requirement = "must be ≥ 1" if most is None else f"must be in 1..{most:,}"
+                raise invalid("ServeConfig", name, value, requirement)
         for name in ("max_queue", "shutdown_grace"):
             if getattr(self, name) < 0:
                 raise invalid("ServeConfig", name, getattr(self, name), "must be ≥ 0")

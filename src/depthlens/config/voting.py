@@ -7,7 +7,15 @@ import dataclasses
 import math
 from typing import Any, ClassVar, Literal
 
-from depthlens.config.base import MOST_RESPONSES, Config, check_choice, check_repeats, check_seed, invalid
+from depthlens.config.base import (
+    MOST_BATCH,
+    MOST_RESPONSES,
+    Config,
+    check_choice,
+    check_repeats,
+    check_seed,
+    invalid,
+)
 from depthlens.config.readout import PREFIX_TOKENS
 from depthlens.errors import named
 
@@ -47,8 +55,13 @@ class VotingConfig(Config):
     DICT_KEYS: ClassVar[dict[str, str]] = {"rank_prefix": "prefix"}  # a summary's ``voting.prefix``
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise invalid("VotingConfig", "n", self.n, "must be ≥ 1 response per question")
+        if not 1 <= self.n <= MOST_RESPONSES:
+            raise invalid(
+                "VotingConfig",
+                "n",
+                self.n,
+                f"must be in 1..{MOST_RESPONSES:,} responses per question (no pool holds more)",
+            )
         if not (0 < self.eta <= 1):
             raise invalid("VotingConfig", "eta", self.eta, "must be in (0, 1]", "the share of n kept")
         if self.rank_prefix is not None and self.rank_prefix < 1:
@@ -89,10 +102,15 @@ class CorrelationConfig(Config):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.bins < 3:
-            raise invalid("CorrelationConfig", "bins", self.bins, "must be ≥ 3", "a correlation over bins")
+        if not 3 <= self.bins <= MOST_RESPONSES:
+            requirement = f"must be in 3..{MOST_RESPONSES:,} (no pool has more responses to bin)"
+            raise invalid("CorrelationConfig", "bins", self.bins, requirement, "a correlation over bins")
         for name in ("seeds", "bootstrap", "permutations"):
             check_repeats("CorrelationConfig", name, getattr(self, name))
+        if self.n is not None and self.n > MOST_RESPONSES:
+            raise invalid(
+                "CorrelationConfig", "n", self.n, f"must be at most {MOST_RESPONSES:,} (no pool holds more)"
+            )
         if self.n is not None and self.n < self.bins:
             raise invalid(
                 "CorrelationConfig",
@@ -183,8 +201,8 @@ class OnlineConfig(Config):
             )
         if self.window < 1:
             raise invalid("OnlineConfig", "window", self.window, "must be ≥ 1 token")
-        if self.batch_size < 1:
-            raise invalid("OnlineConfig", "batch_size", self.batch_size, "use 1 or more")
+        if not 1 <= self.batch_size <= MOST_BATCH:
+            raise invalid("OnlineConfig", "batch_size", self.batch_size, f"must be in 1..{MOST_BATCH:,}")
         if self.threshold is not None and not math.isfinite(self.threshold):
             raise invalid("OnlineConfig", "threshold", self.threshold, "must be a finite number, or None")
 

@@ -59,7 +59,12 @@ def set_num_threads(n: int) -> None:
 
 
 def use_threads(work: Work, device: str, requested: int | None = None) -> int:
-    """Set torch's intra-op thread count for ``work`` (``threads_for``); the count set."""
+    """Set torch's intra-op thread count for ``work`` (``threads_for``); the count set. A count past what the
+    machine has is refused here too (``models.machine.check_threads``; every front's run builder refuses it
+    first), so a run built by hand never starts a million OpenMP threads."""
+    from depthlens.models.machine import check_threads
+
+    check_threads(requested)
     n = threads_for(work, device, requested)[0]
     set_num_threads(n)
     return n

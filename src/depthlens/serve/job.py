@@ -110,6 +110,7 @@ def build_job(
     limit = body.max_completion_tokens if isinstance(body, ChatRequest) else None
     max_tokens = limit or body.max_tokens
     sampling = _sampling(body, max_tokens, prompts, context, options, depth, settings, chat)
+    _refuse_unheld(n, depth, max(len(p) for p in prompts), sampling.max_new_tokens, settings)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if len(stop) > 4 or any(not s for s in stop):
         raise ApiError(400, "stop takes up to 4 non-empty strings", "stop", "invalid_value")
@@ -122,6 +123,36 @@ def build_job(
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     logprobs = _logprobs(body)
     return Job(chat, prompts, n, sampling, seed, stop, logprobs, body.stream, include_usage, depth)
+
+
+def _refuse_unheld(n: int, depth: Depth, longest: int, max_tokens: int, settings: ServeConfig) -> None:
+    """A request whose samples of one prompt, sampled together, hold more tokens than the transformers engine's
+    memory holds (``ServeConfig.max_sample_tokens``) is refused naming what sets how many run together."""
+    if settings.max_sample_tokens is None:
+        return
+    field, together = "n", n
+    if depth.think is not None:
+        field, together = "depthlens.think.n", depth.think.n
+    elif depth.online is not None:
+        online = depth.online
+        field = (
+            "depthlens.online.batch_size" if online.batch_size >= online.warmup else "depthlens.online.warmup"
+        )
+        together = min(max(online.batch_size, online.warmup), online.max_n)
+    held = together * (longest + max_tokens)
+    if held <= settings.max_sample_tokens:
+        return
+    if together == 1:
+        field = "max_tokens"
+    raise ApiError(
+        400,
+        f"{together} sample{'s' if together != 1 else ''} sampled together × ({longest} prompt + {max_tokens} "
+        f"max_tokens) = {held:,} tokens of KV cache and readout at once; this server's memory holds "
+        f"{settings.max_sample_tokens:,} (the transformers engine, one request at a time): lower {field} or "
+        "max_tokens",
+        field,
+        "invalid_value",
+    )
 
 
 def _logprobs(body: CompletionRequest | ChatRequest) -> int | None:

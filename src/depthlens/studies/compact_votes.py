@@ -25,6 +25,7 @@ from depthlens.config import PREFIX_TOKENS, VotingConfig
 from depthlens.errors import InputError, named
 from depthlens.stats.paired import paired_test, questions_needed
 from depthlens.studies.compact import compact_pools, readout_of
+from depthlens.studies.footprint import check_trials
 from depthlens.voting.exact import exact_outcomes
 from depthlens.voting.methods import Response
 from depthlens.voting.trials import trial_outcomes
@@ -70,6 +71,7 @@ def vote_store(
 ) -> StoreVote:
     """Every method of ``METHODS`` over the store's pools, exactly and in ``cfg.trials`` trials, and its row."""
     exact = exact_outcomes(pools, cfg, METHODS)
+    check_trials(cfg, len(pools), ("cons@n", "think@n", "random@n"))
     trials = trial_outcomes(pools, cfg, ("cons@n", "think@n", "random@n"))
     accuracy = dict(exact.accuracy)
     if full_readout:  # whole-response DTR needs every token read out

@@ -15,6 +15,7 @@ partial r holding token count and the cut at the cap fixed, with its permutation
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from depthlens.studies.correlation_stats import TABLE_ONE_P as TABLE_ONE_P  # th
 from depthlens.studies.correlation_stats import Correlation as Correlation
 from depthlens.studies.correlation_stats import bin_profile as bin_profile
 from depthlens.studies.correlation_stats import correlate as correlate
+from depthlens.studies.footprint import check_correlation
 from depthlens.studies.stored import Store, StoredResponse
 
 # ---------------------------------------------------------------------------------------------------------
@@ -206,6 +208,8 @@ def store_correlations(
             f"DTR over whole responses cannot be computed; pass a prefix ≤ that ({named('dtr_prefix_tokens')}) or "
             f"regenerate with {named('readout_tokens')} all"
         )
+    pools = collections.Counter(r.question_id for r in store.responses)
+    check_correlation(cfg, len(pools), max(pools.values()))  # its seeds' and permutations' arrays fit
     settings = dtr_settings(store, dtr, g_by_kind)
     wanted = [
         m

@@ -19,7 +19,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, GenerateRun, StoreFormat, depth_prefix
+from depthlens.config import (
+    AnswerConfig,
+    DTRConfig,
+    EngineConfig,
+    GenerateRun,
+    StoreFormat,
+    depth_prefix,
+)
 from depthlens.errors import DepthlensError, InputError, StoreError, named
 from depthlens.evals.grading import answer_fields
 from depthlens.evals.tasks import Question
@@ -50,6 +57,7 @@ from depthlens.stores.samples import (
 )
 from depthlens.stores.shard_writer import ShardWriter
 from depthlens.stores.state import remove_derived
+from depthlens.studies.footprint import refuse_unfit
 from depthlens.studies.layer_settings import readout_quantities, stored_layer_values
 from depthlens.studies.score_inputs import as_token_ids
 
@@ -237,9 +245,7 @@ def generate(
         "precision": precision_of(lm, run.engine),
     }
     _refuse_pre_rules_resume(out_dir, spec.resume)
-    refuse_too_long(
-        lm, questions, run.answers.prompt_style, run.sampling.max_new_tokens, engine_len(run.engine)
-    )
+    refuse_unfit(lm, run, questions)  # the context and the machine's memory, before anything is sampled
     with store_lock(samples_path(out_dir, fmt)):
         if spec.overwrite:
             remove_other_format(out_dir, fmt)
@@ -253,10 +259,11 @@ def refuse_too_long(
     prompt_style: str,
     max_new_tokens: int = 0,
     engine_len: int | None = None,
-) -> None:
+) -> int:
     """Refuse, before anything is sampled, a run with a question none of whose responses could be sampled: the
     longest prompt leaves no room in the model's context, or it and ``max_new_tokens`` do not fit there (every
     sampler refuses a prompt + budget longer than the context, so each of its responses would be stored as failed).
+    Returns the longest prompt's length (0 without a tokenizer or questions).
 
     ``lm``: a loaded model, or a ``models.info.ModelInfo`` — tokenizer and config, no weights — so the CLI checks
     before the weights load; ``engine_len``: the vLLM engine's ``--max-model-len`` where given (a tighter limit).
@@ -264,11 +271,13 @@ def refuse_too_long(
     limit, what = lm.max_positions, f"{lm.name}'s context"
     if engine_len is not None and (limit is None or engine_len < limit):
         limit, what = engine_len, "the engine's --max-model-len"
-    if limit is None or lm.tokenizer is None or not questions:
-        return
+    if lm.tokenizer is None or not questions:
+        return 0
     longest, question = max(
         ((len(prompt_ids(lm, q, prompt_style)), q) for q in questions), key=lambda x: x[0]
     )
+    if limit is None:
+        return longest
     if longest >= limit:
         raise InputError(
             f"question {question.id!r}: its prompt is {longest} tokens, {what} is {limit}; no "
@@ -282,6 +291,7 @@ def refuse_too_long(
             f"{max_new_tokens} exceed {what} of {limit}, so none of its responses could be sampled; use "
             f"{named('max_new_tokens', limit - longest)} or less",
         )
+    return longest
 
 
 def engine_len(engine: EngineConfig) -> int | None:

@@ -30,6 +30,7 @@ from depthlens.readout.lens import LogitLens
 from depthlens.readout.stream import TokenSequence
 from depthlens.readout.tuned import CHECKPOINT, hidden_size, model_fingerprint, save_lens, write_whole
 from depthlens.stores.files import WriteFailed
+from depthlens.studies.footprint import check_lens_fit
 
 EVAL_ROWS = 256  # held-out tokens per unembedding product
 
@@ -273,6 +274,7 @@ def fit_lens(
     out = Path(out)
     if len(sequences) < 2:
         raise ValueError("a lens fit needs at least 2 sequences: one is kept apart for the held-out KL")
+    check_lens_fit(lm, cfg.max_tokens, cfg.batch_tokens, cfg.layers_per_step)  # before a state is read
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / CHECKPOINT
     if not resume and checkpoint.exists():

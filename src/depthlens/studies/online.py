@@ -55,11 +55,10 @@ from depthlens.stores.samples import (
     write_questions,
 )
 from depthlens.stores.state import remove_derived
+from depthlens.studies.footprint import check_trials, refuse_unfit
 from depthlens.studies.generate import (
     engine_job,
-    engine_len,
     prompt_ids,
-    refuse_too_long,
     sample_record,
     sample_seed,
 )
@@ -201,9 +200,7 @@ def run_online(
     """
     online, out_dir = run.online, run.store.out
     check_online(online, run.sampling)
-    refuse_too_long(
-        lm, questions, run.answers.prompt_style, run.sampling.max_new_tokens, engine_len(run.engine)
-    )
+    refuse_unfit(lm, run, questions)
     manifest = _manifest(lm, run, questions)
     out_dir.mkdir(parents=True, exist_ok=True)
     if backend is None:
@@ -364,6 +361,7 @@ def budget_sweep(
             seed=seed,
             deepconf_window=online.window,
         )
+        check_trials(voting, len(pools), ["cons@n", "think@n"])
         for s in run_trials(pools, voting, ["cons@n", "think@n"]):
             rows.append(
                 {

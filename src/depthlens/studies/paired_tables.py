@@ -32,6 +32,7 @@ from depthlens.studies.comparisons import (
     control_comparison,
     paired_comparisons,
 )
+from depthlens.studies.footprint import check_trials
 from depthlens.studies.online import ordered_pools
 from depthlens.voting.online import OnlineSummary, replay_outcomes, summarise_replay
 from depthlens.voting.trials import trial_outcomes
@@ -82,6 +83,7 @@ def replay_paired(
             seed=seed,
             deepconf_window=online.window,
         )
+        check_trials(voting, len(pools), [BASELINE])
         cons = trial_outcomes(pools, voting, [BASELINE])
         accuracy[BASELINE] = cons.accuracy[BASELINE].mean(0)
         (comparison,) = paired_comparisons({BASELINE: accuracy[BASELINE], name: accuracy[name]}, seed=seed)

@@ -22,9 +22,11 @@ from depthlens.config import (
     GenerateRun,
     OnlineConfig,
     OnlineRun,
+    RayConfig,
     ReadoutConfig,
     SamplingConfig,
     ScoreRun,
+    ServeConfig,
     StoreSpec,
     TaskSpec,
     TCBConfig,
@@ -33,6 +35,8 @@ from depthlens.config import (
 from depthlens.config.readout import check_layer_top, check_per_layer, check_track
 from depthlens.errors import DepthlensWarning, InputError, Written, named
 from depthlens.evals.tasks import Question
+from depthlens.models import machine as machines
+from depthlens.models.machine import THREADS_PER_CPU, Need, check_memory, check_threads
 from depthlens.studies import resolve
 
 R = TypeVar("R", ScoreRun, GenerateRun, OnlineRun)
@@ -115,6 +119,7 @@ def score_run(
         engine=built_engine,
         command=command,
     )
+    check_machine(run.engine, run.readout)
     return Built(run, warnings=degenerate(run.readout, run.dtr))
 
 
@@ -146,6 +151,7 @@ def _pool(
 ) -> _Pool:
     built_readout = readout_config(readout)  # the lens's own errors before the task is read
     built_dtr, built_engine = config(DTRConfig, dtr), config(EngineConfig, engine)
+    check_machine(built_engine, built_readout)  # before the task is read
     if isinstance(task, Mapping):
         task = TaskSpec(**task)
     rules = answer_rules(answers, task if isinstance(task, TaskSpec) else None)  # before the task is read
@@ -202,6 +208,64 @@ def online_run(
     parts = _pool(task, sampling, readout, dtr, answers, engine)
     run = OnlineRun(store, online, seed, **parts.settings(), command=command)
     return Built(run, parts.questions, degenerate(run.readout, run.dtr))
+
+
+def check_machine(engine: EngineConfig, readout: ReadoutConfig) -> None:
+    """A count that this machine cannot hold is refused before any thread starts or any model loads
+    (``models.machine``): torch's threads past ``THREADS_PER_CPU`` × the CPUs the process may use, a readout
+    budget (``memory_mb``) past the memory it may use. What needs the model's shape too (a batch's working set)
+    is refused once that is read, still before anything is sampled (``studies.footprint``)."""
+    check_threads(engine.threads)
+    if readout.memory_mb is not None:
+        check_memory(Need("memory_mb", readout.memory_mb, 2**20, "the readout's working-memory budget"))
+
+
+def check_ray(ray: RayConfig) -> None:
+    """A local Ray (no ``address``: started here with ``workers`` × ``cpus`` CPUs) runs its actors on this
+    machine, each holding the model and ``int(cpus)`` OpenMP threads: more of either than the machine has is
+    refused (a cluster's own scheduler places actors on its nodes)."""
+    here = machines.machine()
+    if ray.address is not None or ray.workers * ray.cpus <= here.most_threads:
+        return
+    setting, value = ("cpus", ray.cpus) if ray.cpus > here.most_threads else ("workers", ray.workers)
+    each = f" of {named('cpus', Written(f'{ray.cpus:g}'))} each" if setting == "workers" else ""
+    raise InputError(
+        setting=setting,
+        value=Written(f"{value:g}"),
+        requirement=f"a local Ray runs its actors{each} on this machine, which lends the process {here.cpus} CPU"
+        f"{'s' if here.cpus != 1 else ''} (from {here.cpus_from}): at most {here.most_threads} in all "
+        f"({THREADS_PER_CPU} × its CPUs); lower {named(setting)}, or join a cluster ({named('ray_address')})",
+    )
+
+
+def check_serve(settings: ServeConfig) -> None:
+    """A server's launch settings against this machine, before the model loads: its request threads
+    (``max_running``, half the tasks the process may start at most) and the bodies of the requests it holds —
+    running and queued, each up to ``max_body_bytes`` — in its memory."""
+    here = machines.machine()
+    if here.tasks is not None and settings.max_running > here.tasks // 2:
+        raise InputError(
+            setting="max_running",
+            value=settings.max_running,
+            requirement=f"must be at most {here.tasks // 2:,}: each request runs on a thread, and the process "
+            f"may start {here.tasks:,} (from {here.tasks_from})",
+        )
+    body = settings.max_body_bytes
+    check_memory(Need("max_body_bytes", body, 1, "one request's body"))
+    held = f"the bodies of {named('max_running', settings.max_running)} requests running and those waiting"
+    check_memory(Need("max_queue", settings.max_queue, body, held, body * settings.max_running))
+
+
+def sample_limit(settings: ServeConfig, lm: Any) -> ServeConfig:
+    """``settings`` with ``max_sample_tokens`` — what the transformers engine's memory holds of the KV cache and
+    readout of samples sampled together (``studies.footprint.sample_token_bytes``) — and one sample at
+    ``max_tokens`` refused where it cannot fit. A vLLM engine sizes its own cache: its settings as they are."""
+    from depthlens.studies.footprint import sample_token_bytes
+
+    per_token = sample_token_bytes(lm)
+    one = "one sample's KV cache and readout"
+    check_memory(Need("max_tokens", settings.max_tokens, per_token, one, 2 * 4 * lm.vocab_rows))
+    return dataclasses.replace(settings, max_sample_tokens=machines.machine().memory // per_token)
 
 
 def questions_of(task: TaskSpec | Settings | Sequence[Question]) -> tuple[TaskSpec | None, list[Question]]:

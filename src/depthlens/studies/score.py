@@ -29,6 +29,7 @@ from depthlens.stores.guard import refuse_same_file
 from depthlens.stores.inputs import BadLine, InputRecord, check_record
 from depthlens.stores.records import VOCAB
 from depthlens.stores.samples import vocab_entry
+from depthlens.studies.footprint import check_score_batch
 from depthlens.studies.layer_settings import (
     check_hidden_budget,
     check_hidden_layers,
@@ -123,6 +124,7 @@ def score_records(
     """
     if batch_size < 1:
         raise InputError(f"batch_size = {batch_size}; use 1 or more")
+    check_score_batch(lm, batch_size)  # a batch the machine cannot hold, before a thread or a product
     use_threads("score", lm.device.type, threads)
     quantities = readout_quantities(lm, readout, layer_stats, tokens)  # refused here, before any readout
     keep = check_hidden_layers(hidden_layers, lm.n_layers)

@@ -28,10 +28,11 @@ from depthlens.stores.files import read_json, settings_differ
 from depthlens.stores.samples import damaged, read_manifest, read_responses
 from depthlens.stores.state import stale, store_state
 from depthlens.studies.comparisons import BASELINE, Comparison, control_comparison, paired_comparisons
+from depthlens.studies.footprint import check_trials
 from depthlens.studies.tables import write_csv, write_whole
 from depthlens.studies.vote_notes import vote_notes as vote_notes  # where the fronts have always found it
 from depthlens.voting.exact import ExactOutcomes, exact_outcomes
-from depthlens.voting.methods import Response, think_at_n
+from depthlens.voting.methods import METHODS, Response, think_at_n
 from depthlens.voting.trials import (
     MethodSummary,
     TrialOutcomes,
@@ -182,6 +183,7 @@ def vote_pools(
     pool in the error when no question has n usable responses; ``on_trial`` is told each finished trial)."""
     if not pools:
         raise InputError(too_few(where, info, voting.n))
+    check_trials(voting, len(pools), list(methods or METHODS))  # the trials' arrays, before the first trial
     outcomes = trial_outcomes(pools, voting, methods, on_trial)
     exact = exact_outcomes(pools, voting, methods)
     table = ablation(pools, voting) if with_ablation else None

@@ -33,6 +33,7 @@ from depthlens.stores.access import Location, ParquetSource, ShardArrays, releas
 from depthlens.stores.jsonl_access import JsonlSource
 from depthlens.stores.samples import REQUIRED
 from depthlens.studies.comparisons import Comparison, control_comparison
+from depthlens.studies.footprint import check_trials
 from depthlens.studies.thinkn import compare_methods, response_from_record
 from depthlens.view.jobs import Background
 from depthlens.view.said import said
@@ -224,6 +225,9 @@ class VotingIndex:
         (``voting.exact``), as ``thinkn --from`` (a method's numbers do not depend on which others run: the draws
         are seeded per trial and question)."""
         pools = self.pools(voting.n)[0]
+        check_trials(
+            voting, len(pools), list(methods or METHODS)
+        )  # the trials' arrays fit, or the page says why
         return trial_outcomes(pools, voting, methods).summaries(exact_outcomes(pools, voting, methods))
 
     def vote(self, voting: VotingConfig) -> Vote:
@@ -231,6 +235,7 @@ class VotingIndex:
         the table, each question's accuracy per method (the trials' means, what a question's draw shows) and the
         paired comparisons on the exact figures — what ``thinkn --from`` derives from the same outcomes."""
         pools = self.pools(voting.n)[0]
+        check_trials(voting, len(pools), list(METHODS))
         outcomes, exact = trial_outcomes(pools, voting), exact_outcomes(pools, voting)
         accuracy = per_question_accuracy(outcomes)
         per_question = {

@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 
 from depthlens.cli.options.base import finite
+from depthlens.config.base import MOST_QUESTIONS
+from depthlens.config.sampling import MOST_NEW_TOKENS
 
 __all__ = [
     "Cluster", "Disperse", "Factor", "MaxPerplexity", "Shots", "Split", "StudyOverwrite", "StudyResume",
@@ -31,10 +33,14 @@ Cluster = Annotated[
 ]
 Disperse = Annotated[float, typer.Option("--disperse", callback=finite, help="α > 1: rows pushed away.")]
 TcbTask = Annotated[str, typer.Option("--task", help="An offline reasoning-gym task.")]
-TcbQuestions = Annotated[int, typer.Option("--questions", min=1, help="How many of its questions.")]
+TcbQuestions = Annotated[
+    int, typer.Option("--questions", min=1, max=MOST_QUESTIONS, help="How many of its questions.")
+]
 Shots = Annotated[str, typer.Option("--shots", help="Comma-separated numbers of worked examples.")]
 Templates = Annotated[str | None, typer.Option("--templates", help="Subset of bare,paper,terse,expert.")]
-TcbMaxNew = Annotated[int, typer.Option("--max-new-tokens", min=1, help="Most tokens generated (greedy).")]
+TcbMaxNew = Annotated[
+    int, typer.Option("--max-new-tokens", min=1, max=MOST_NEW_TOKENS, help="Most tokens generated (greedy).")
+]
 TracePrompt = Annotated[str, typer.Option("--prompt", help="The user message to answer.")]
 Window = Annotated[int, typer.Option("--window", min=1, help="Tokens of history for the median.")]
 Factor = Annotated[float, typer.Option("--factor", callback=finite, help="Drop: δ ≤ median / factor.")]
