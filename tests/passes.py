@@ -2,8 +2,8 @@
 can say which work a feature adds — e.g. that each layer's top-k adds one reduction over the vocabulary and no
 elementwise pass (tests/test_layer_top.py), and benchmarks/readout_passes.py can print the counts.
 
-A *pass* is an op that reads or writes a tensor of at least ``numel`` elements, except views (no data moves) and
-indexed reads (``gather``, ``index``: they read the indexed entries only, not the whole tensor).
+A *pass* is an op that reads or writes a tensor of at least ``numel`` elements, except views and allocations (no
+data moves) and indexed reads and writes (``gather``, ``index``, ``scatter``: they touch the indexed entries only).
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-INDEXED = frozenset({"gather", "index", "index_select", "take_along_dim"})
+INDEXED = frozenset(
+    {"gather", "index", "index_select", "take_along_dim", "scatter", "scatter_", "index_put_"}
+)
+ALLOCATIONS = frozenset({"empty", "new_empty", "empty_like", "empty_strided"})
 
 
 def _is_view(func: Any) -> bool:
@@ -38,7 +41,7 @@ class WidePasses(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         self.ops += 1
         name = func.overloadpacket.__name__
-        if name in INDEXED or _is_view(func):
+        if name in INDEXED or name in ALLOCATIONS or _is_view(func):
             return out
         tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
         if any(t.numel() >= self.numel for t in tensors):
