@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from depthlens.config import TCBConfig
 from depthlens.metrics.tcb import (
     Unembedding,
     final_output,
@@ -225,22 +226,43 @@ def test_tcb_from_the_readouts_own_log_probs(model_type, scale):
     torch.testing.assert_close(shared["margin"], own["margin"], rtol=1e-4, atol=1e-4 * scale)
 
 
-def test_the_compiled_anchored_softmax_equals_the_eager_one(monkeypatch):
+def test_the_compiled_anchored_softmax_equals_the_eager_one(monkeypatch, tiny_llama):
     """``metrics.fused.compiled_tcb_softmax`` (traced by ``aot_eager`` here: Inductor's graph without its C++
-    compilation) gives the eager anchored softmax's every term, and the scoring path takes it when compiled."""
+    compilation) gives the eager anchored softmax's every term, its operand as it is and split for bf16 weights
+    (high + low = q to ~16 bits), and ``score``'s path takes it when the lens is compiled."""
     import functools
 
     from depthlens.metrics import fused
     from depthlens.metrics.tcb_softmax import anchored_softmax
+    from depthlens.metrics.token_table import reduce_readout
+    from depthlens.readout.stream import TokenSequence, iter_readout
 
     monkeypatch.setattr(fused.torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     monkeypatch.setattr(fused, "_TCB", [])
     torch.manual_seed(0)
     scores, norms = torch.randn(6, 3000) * 8, torch.rand(3000) + 0.5
-    for got, want in zip(
-        fused.compiled_tcb_softmax()(scores, norms), anchored_softmax(scores, norms), strict=True
-    ):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    for split in (None, torch.bfloat16):
+        got = fused.compiled_tcb_softmax()(scores, norms, split)
+        for mine, want in zip(got, anchored_softmax(scores, norms, split), strict=True):
+            torch.testing.assert_close(mine, want, rtol=1e-5, atol=1e-7)
+    high, low = got[0][:2].float(), got[0][2:].float()
+    torch.testing.assert_close(high + low, anchored_softmax(scores, norms)[0], rtol=2**-15, atol=1e-30)
+
+    calls = []
+    compiled = fused.compiled_tcb_softmax()
+    monkeypatch.setattr(
+        "depthlens.metrics.token_table.compiled_tcb_softmax",
+        lambda: lambda *a: calls.append(1) or compiled(*a),
+    )
+    seq = TokenSequence([4, 5, 6], [7, 8, 9, 10, 11])
+    tables = [
+        reduce_readout(
+            iter_readout(tiny_llama, [seq]), 1, tiny_llama.n_layers, "jsd", TCBConfig(), compiled=flag
+        )
+        for flag in (False, True)
+    ]
+    assert calls
+    torch.testing.assert_close(tables[1][0].tcb["tcb"], tables[0][0].tcb["tcb"], rtol=1e-5, atol=0.0)
 
 
 class _OnCuda(torch.Tensor):

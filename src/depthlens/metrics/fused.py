@@ -145,10 +145,10 @@ def compiled_block(
 _TCB: list[Callable] = []  # the compiled anchored softmax of δ_TCB, one per process (it holds no weights)
 
 
-def compiled_tcb_softmax() -> Callable[[torch.Tensor, torch.Tensor], AnchoredSoftmax]:
+def compiled_tcb_softmax() -> Callable[..., AnchoredSoftmax]:
     """δ_TCB's elementwise half (``metrics.tcb_softmax.anchored_softmax``: the anchored softmax, its sums and the
-    [2c, V] operand of its products) as one compiled step, where the lens is compiled: on a GPU its dozen passes
-    over [c, V] become a few fused reductions."""
+    [2c, V] operand of its products, split for bf16 weights) as one compiled step, where the lens is compiled: on a
+    GPU its dozen passes over [c, V] become a few fused reductions."""
     if not _TCB:
         _TCB.append(_guarded(torch.compile(anchored_softmax, dynamic=True), anchored_softmax))
     return _TCB[0]

@@ -87,6 +87,12 @@ class Unembedding:
             out += a[:, start : start + block.shape[0]] @ block.to(a.dtype)
         return out
 
+    def times_w_split(self, parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``times_w`` of rows already split into a high and a low part in W's dtype ([2n, V]: the n high rows,
+        then their n low rows; ``anchored_softmax(split=...)``), accumulated in ``dtype`` → [n, d]."""
+        both = torch.mm(parts, self.weight, out_dtype=dtype)
+        return both[: parts.shape[0] // 2] + both[parts.shape[0] // 2 :]
+
     def w_times(self, v: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """v Wᵀ in ``dtype``, [c, d] → [c, V]."""
         if self.weight.dtype == dtype:
@@ -248,7 +254,7 @@ def token_constraint_terms(
     spectral_iterations: int | None = None,
     exact: bool = False,
     logprobs: torch.Tensor | None = None,
-    softmax: Callable[[torch.Tensor, torch.Tensor], AnchoredSoftmax] = anchored_softmax,
+    softmax: Callable[..., AnchoredSoftmax] = anchored_softmax,
 ) -> dict[str, torch.Tensor]:
     """Per-token δ_TCB, V_eff (1/Σo² and exp H), top-2 margin, and (with ``spectral_iterations``) the spectral δ.
 
@@ -288,13 +294,16 @@ def _anchored_terms(
     unembed: Unembedding,
     scores: torch.Tensor,
     row_norms_sq: torch.Tensor,
-    softmax: Callable[[torch.Tensor, torch.Tensor], AnchoredSoftmax],
+    softmax: Callable[..., AnchoredSoftmax],
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """log ‖J‖_F [c] float64 and V_eff, exp H, margin from the scores [c, V] (logits or log-probs) without logit
     post-processing: the anchored softmax's few passes, then one product of its [2c, V] operand with W."""
-    both, top, log_r, o_top, margin, first, spread, sum_sq, entropy = softmax(scores, row_norms_sq)
+    split = unembed.weight.dtype if _reduced_on_cuda(unembed.weight, scores.dtype) else None
+    both, top, log_r, o_top, margin, first, spread, sum_sq, entropy = softmax(scores, row_norms_sq, split)
     c = scores.shape[0]
-    products = unembed.times_w(both.reshape(2 * c, -1))  # [2c, d]: Σ q_j w_j, then ν̂ = Σ q_j² w_j
+    operand = both.reshape(-1, scores.shape[1])
+    # [2c, d]: Σ q_j w_j, then ν̂ = Σ q_j² w_j
+    products = unembed.times_w_split(operand, scores.dtype) if split else unembed.times_w(operand)
     anchor = unembed.rows(top, scores.dtype)  # [c, d] w_k
     inner = _anchored(o_top, log_r.exp(), anchor, products[:c], products[c:], first, spread)
     log_frobenius = log_r.double() + 0.5 * inner.clamp_min(0.0).double().log()

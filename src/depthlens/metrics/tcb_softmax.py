@@ -23,14 +23,20 @@ import torch
 from depthlens.metrics.layer_top import top_k_by_blocks
 
 AnchoredSoftmax = tuple[torch.Tensor, ...]
-"""(operand [2, c, V]: q and q², anchor k [c] int64, log r, o_k, margin, F, R, Σ o², H(o): each [c]), the working
-dtype of the scores."""
+"""(operand [2, c, V]: q and q² (or [4, c, V] split), anchor k [c] int64, log r, o_k, margin, F, R, Σ o², H(o): each
+[c]), the working dtype of the scores."""
 
 
-def anchored_softmax(scores: torch.Tensor, row_norms_sq: torch.Tensor) -> AnchoredSoftmax:
+def anchored_softmax(
+    scores: torch.Tensor, row_norms_sq: torch.Tensor, split: torch.dtype | None = None
+) -> AnchoredSoftmax:
     """The anchored softmax of ``scores`` [c, V] (float32 or float64 logits or log-probabilities) and the sums over
     it that δ_TCB, V_eff and the margin need (module docstring); ``row_norms_sq`` [V]: ‖w_i‖² (‖w̃_i‖² is not
-    supported: the closed form with logit post-processing stays in ``metrics.tcb.log_jacobian_frobenius``)."""
+    supported: the closed form with logit post-processing stays in ``metrics.tcb.log_jacobian_frobenius``).
+
+    ``split`` (bf16 / fp16, for a product with reduced-precision W on CUDA): the operand as [4, c, V] in that dtype,
+    q and q² each as a high and a low part (hi = round(x), lo = round(x − hi): x kept to ~16 bits), so the split is
+    fused with the rest where this is compiled (``metrics.tcb.Unembedding.times_w_split`` sums the parts)."""
     values, ids = top_k_by_blocks(scores, 2)  # [c, 2]: y_k, m₂ and the anchor k
     top, y_top, second = ids[:, :1], values[:, 0], values[:, 1:]
     shifted = scores - second  # [c, V] y_j − m₂ (≤ 0 but at k)
@@ -51,4 +57,7 @@ def anchored_softmax(scores: torch.Tensor, row_norms_sq: torch.Tensor) -> Anchor
     r = log_r.exp()
     sum_sq = o_top * o_top + r * r * spread
     entropy = -o_top * (y_top - lse) - r * (dot - log_total + log_r)
+    if split is not None:
+        high = both.to(split)
+        both = torch.cat([high, (both - high.to(both.dtype)).to(split)])  # [q_hi, q²_hi, q_lo, q²_lo]
     return both, top.squeeze(-1), log_r, o_top, y_top - second.squeeze(-1), first, spread, sum_sq, entropy
