@@ -1,8 +1,9 @@
-"""Everything the GPU-pace issue measures, in one prepared run on whatever CUDA device there is (issue 40, item 7).
+"""Everything the GPU-pace issues measure, in one prepared run on whatever CUDA device there is (issue 40, item 7;
+issue 60, item 6).
 
 Random weights of real shapes (nothing downloaded); each part guarded, so one failure is recorded and the rest go
-on; the JSON is rewritten after every part. Parts:
-- ``env``: torch, transformers, device.
+on; the JSON is rewritten after every part. The parts (``PARTS``, in the order they run):
+- ``env``: torch, transformers, device, driver, which depthlens.
 - ``adapters``: every tiny adapter row (tests/conftest.py) scored on the device vs the CPU in float32: max |ΔJSD|
   in bits, settling depths equal, δ_TCB's relative difference.
 - ``score_scaling``: ``score`` of a Qwen3-8B-shaped model (bf16) at 256 → 32k tokens against a bare forward of
@@ -11,21 +12,30 @@ on; the JSON is rewritten after every part. Parts:
   layer read out (no early exit), the old 512 MB budget, per-token output, eager lens; host transfers counted.
 - ``sampler``: the HF sampler at n = 48 against ``model.generate`` on the same job (a full-batch warm-up first),
   readout none / first 50 / all tokens, with host transfers per step.
+- ``layer_top_k``: ``score --tokens`` with each layer's top-K, K = 0 / 5 / 20, K = 5 profiled (benchmarks/gpu_parts.py).
+- ``tcb``: ``score`` without TCB, with it and exact (float64 from bf16 weights): TCB's share, float32 vs exact.
+- ``sampler_compile``: the sampler reading every token, ``compile`` auto / off / on, and auto with top-5.
 - ``kernel``: the compiled readout kernel against the bare unembedding products (benchmarks/gpu_readout.py) on the
   qwen3-8b and gpt-oss-20b shapes at 512 and 4,096 tokens.
-``--small`` runs the same parts at toy sizes on a CPU in under a minute (tests/test_benchmarks.py runs it so).
+``--small`` runs the same parts at toy sizes on a CPU in a few minutes (tests/test_benchmarks.py runs it so).
+``--deadline-s`` records the parts not begun by then as skipped, so a run fits a device lease.
 
     PYTHONPATH=src python benchmarks/gpu_suite.py --out docs/benchmarks/gpu_suite_h200.json
+
+The before/after of issue 60 on one device, ≤ 8 minutes (docs/performance.md, "The H200's figures"):
+
+    PYTHONPATH=.before/src python benchmarks/gpu_suite.py --parts env,layer_top_k,tcb --deadline-s 200 \
+        --out before.json && PYTHONPATH=src python benchmarks/gpu_suite.py \
+        --parts env,layer_top_k,tcb,sampler_compile,kernel --deadline-s 280 --out after.json
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
+import dataclasses
+import subprocess
 import sys
-import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,78 +45,30 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # tests.conftest: the tiny adapter rows
 
+import gpu_parts  # noqa: E402
+from gpu_common import Suite, peak_above, real_shape  # noqa: E402
+from gpu_common import record as make_record  # noqa: E402
 from gpu_readout import measure  # noqa: E402
 from overhead import counted_transfers  # noqa: E402
 
-QWEN3_8B = dict(
-    hidden_size=4096,
-    num_hidden_layers=36,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    intermediate_size=12288,
-    vocab_size=151936,
-    head_dim=128,
-    max_position_embeddings=40960,
-    rope_theta=1000000.0,
-)
-TOY = dict(
-    hidden_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=1000,
-    head_dim=16,
-    max_position_embeddings=4096,
-)
-
-
-class Suite:
-    """Runs the parts, each guarded and timed, and keeps the JSON on disk current."""
-
-    def __init__(self, out: Path, small: bool) -> None:
-        self.out, self.small = out, small
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.result: dict = {"small": small, "device": str(self.device), "parts": {}}
-
-    def run(self, name: str, fn: Callable[[], dict]) -> None:
-        start = time.perf_counter()
-        try:
-            value = fn()
-        except Exception as exc:  # a failed part is recorded; the rest of the suite still runs
-            value = {
-                "error": f"{type(exc).__name__}: {str(exc)[:500]}",
-                "trace": traceback.format_exc()[-3000:],
-            }
-        value["seconds"] = round(time.perf_counter() - start, 1)
-        self.result["parts"][name] = value
-        print(f"== {name} ({value['seconds']} s): {json.dumps(value, default=str)[:1500]}", flush=True)
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.out.write_text(json.dumps(self.result, indent=1, default=str) + "\n")
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    def best(self, fn: Callable[[], object], repeats: int = 2) -> float:
-        fn()
-        self.sync()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            self.sync()
-            times.append(time.perf_counter() - start)
-        return round(min(times), 4)
+_record = make_record  # the name the first GPU run's extra scripts import (../shared/gpu/extra7.py, prof7.py)
 
 
 def env(suite: Suite) -> dict:
     import transformers
 
+    import depthlens
+
     info = {"torch": torch.__version__, "transformers": transformers.__version__, "device": str(suite.device)}
+    info["depthlens"] = str(Path(depthlens.__file__).parent)  # which tree: before or after a change
     if suite.device.type == "cuda":
         props = torch.cuda.get_device_properties(suite.device)
-        info.update(name=props.name, memory_gib=round(props.total_memory / 2**30, 1))
+        info.update(name=props.name, memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
+        try:
+            query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+            info["driver"] = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            info["driver"] = None
     return info
 
 
@@ -150,34 +112,6 @@ def adapters(suite: Suite) -> dict:
     }
 
 
-def real_shape(suite: Suite) -> torch.nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    shape = TOY if suite.small else QWEN3_8B
-    config = AutoConfig.for_model(
-        "qwen3", eos_token_id=2, bos_token_id=1, pad_token_id=0, tie_word_embeddings=False, **shape
-    )
-    torch.manual_seed(0)
-    dtype = torch.bfloat16 if suite.device.type == "cuda" else torch.float32
-    with torch.device(suite.device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    model.generation_config.eos_token_id = None
-    return model.eval()
-
-
-def _record(vocab: int, tokens: int, seed: int = 1) -> list[dict]:
-    ids = torch.randint(3, vocab, (tokens + 16,), generator=torch.Generator().manual_seed(seed)).tolist()
-    return [{"id": "x", "prompt_ids": ids[:16], "completion_ids": ids[16:]}]
-
-
-def _peak_above(suite: Suite, fn: Callable[[], object], base: int) -> float | None:
-    if suite.device.type != "cuda":
-        return None
-    torch.cuda.reset_peak_memory_stats(suite.device)
-    fn()
-    return round((torch.cuda.max_memory_allocated(suite.device) - base) / 2**30, 3)
-
-
 def score_scaling(suite: Suite, model: torch.nn.Module) -> dict:
     import depthlens
     from depthlens.studies.score import score as score_records  # the results as dicts
@@ -186,7 +120,7 @@ def score_scaling(suite: Suite, model: torch.nn.Module) -> dict:
     base = torch.cuda.memory_allocated(suite.device) if suite.device.type == "cuda" else 0
     rows = {}
     for tokens in (64, 256) if suite.small else (256, 2048, 8192, 32768):
-        record = _record(model.config.vocab_size, tokens)
+        record = make_record(model.config.vocab_size, tokens)
         x = torch.tensor([record[0]["prompt_ids"] + record[0]["completion_ids"]], device=suite.device)
 
         def forward(x: torch.Tensor = x) -> None:
@@ -199,7 +133,7 @@ def score_scaling(suite: Suite, model: torch.nn.Module) -> dict:
             "score_s": seconds,
             "bare_forward_s": bare,
             "vs_forward": round(seconds / bare, 2),
-            "peak_above_weights_gib": _peak_above(
+            "peak_above_weights_gib": peak_above(
                 suite, lambda record=record: score_records(lm, record), base
             ),
         }
@@ -212,7 +146,7 @@ def score_variants(suite: Suite, model: torch.nn.Module) -> dict:
     from depthlens.studies.score import score as score_records  # the results as dicts
 
     lm = depthlens.wrap(model, name="qwen3-8b-shape")
-    record = _record(model.config.vocab_size, 256 if suite.small else 8192)
+    record = make_record(model.config.vocab_size, 256 if suite.small else 8192)
     variants = {
         "default": {},
         "no_tcb": {"tcb": None},
@@ -286,39 +220,63 @@ def kernel(suite: Suite) -> dict:
     return {"rows": rows}
 
 
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One part of the suite: ``fn(suite)``, or ``fn(suite, model)`` with the Qwen3-8B-shaped model (built once, by
+    the first part that needs it, so its failure is recorded there)."""
+
+    fn: Callable[..., dict]
+    model: bool = False
+
+
+PARTS: dict[str, Part] = {
+    "env": Part(env),
+    "adapters": Part(adapters),
+    "score_scaling": Part(score_scaling, model=True),
+    "score_variants": Part(score_variants, model=True),
+    "sampler": Part(sampler, model=True),
+    "layer_top_k": Part(gpu_parts.layer_top_k, model=True),
+    "tcb": Part(gpu_parts.tcb, model=True),
+    "sampler_compile": Part(gpu_parts.sampler_compile, model=True),
+    # Hooks for the readout features being built beside issue 60 — one row each when they land, e.g.
+    # "target_trajectory": Part(gpu_parts.score_rows({"off": ..., "on": lambda: {"tokens": True, ...}}), model=True),
+    # "jacobian_lens": Part(gpu_parts.score_rows({"logit": ..., "jacobian": lambda: {"readout": ...}}), model=True),
+    "kernel": Part(kernel),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--small", action="store_true", help="toy sizes: a CPU dry run in under a minute")
+    parser.add_argument("--small", action="store_true", help="toy sizes: a CPU dry run in a few minutes")
     parser.add_argument("--out", type=Path, default=Path("gpu_suite.json"))
-    parser.add_argument("--parts", default="env,adapters,score_scaling,score_variants,sampler,kernel")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of: {', '.join(PARTS)}")
+    parser.add_argument("--deadline-s", type=float, default=None, help="parts not begun by then are skipped")
     args = parser.parse_args()
-    suite = Suite(args.out, args.small)
-    parts = args.parts.split(",")
-    if "env" in parts:
-        suite.run("env", lambda: env(suite))
-    if "adapters" in parts:
-        suite.run("adapters", lambda: adapters(suite))
+    unknown = sorted(set(args.parts.split(",")) - set(PARTS))
+    if unknown:
+        parser.error(f"--parts: unknown {unknown}; known: {', '.join(PARTS)}")
+    suite = Suite(args.out, args.small, args.deadline_s)
     built: dict[str, torch.nn.Module] = {}
 
-    def model() -> (
-        torch.nn.Module
-    ):  # built once, inside the first part that needs it (so its failure is recorded)
+    def model() -> torch.nn.Module:
         if "model" not in built:
             built["model"] = real_shape(suite)
         return built["model"]
 
-    for name, fn in (
-        ("score_scaling", score_scaling),
-        ("score_variants", score_variants),
-        ("sampler", sampler),
-    ):
-        if name in parts:
-            suite.run(name, lambda fn=fn: fn(suite, model()))
-    built.clear()
-    if "kernel" in parts:
-        suite.run("kernel", lambda: kernel(suite))
+    wanted = args.parts.split(",")
+    for (
+        name,
+        part,
+    ) in PARTS.items():  # the registry's order: the model is freed before the kernel's own shapes
+        if name not in wanted:
+            continue
+        if part.model:
+            suite.run(name, lambda part=part: part.fn(suite, model()))
+        else:
+            built.clear()
+            suite.run(name, lambda part=part: part.fn(suite))
 
 
 if __name__ == "__main__":

@@ -24,8 +24,16 @@ def test_gpu_suite_runs_small_on_a_cpu(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     parts = json.loads(out.read_text())["parts"]
-    assert set(parts) == {"env", "adapters", "score_scaling", "score_variants", "sampler", "kernel"}
+    expected = {"env", "adapters", "score_scaling", "score_variants", "sampler", "kernel"}
+    assert set(parts) == expected | {"layer_top_k", "tcb", "sampler_compile"}  # issue 60's parts
     assert not [name for name, part in parts.items() if "error" in part], parts
+    for name in ("layer_top_k", "tcb"):
+        assert not [row for row, v in parts[name]["rows"].items() if "error" in v], parts[name]
+    assert (
+        parts["layer_top_k"]["rows"]["k5"]["profile"]["topk_calls"] > 0
+    )  # the small top-k over block maxima
+    assert 0 < parts["tcb"]["tcb_share_of_score"] < 1 and parts["tcb"]["float32_vs_exact_max_rel"] < 1e-3
+    assert set(parts["sampler_compile"]["rows"]) == {"generate", "auto", "off", "auto_top5"}
     adapters = parts["adapters"]
     assert not adapters["errors"] and adapters["all_settling_equal"]
     assert adapters["worst_max_abs_djsd_bits"] < 1e-5  # the CPU against itself: one computation

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.metrics.layer_top import layer_top_k, layer_top_k_of_logprobs
+from depthlens.metrics.layer_top import (
+    layer_top_k,
+    layer_top_k_of_logits,
+    layer_top_k_of_logprobs,
+    top_k_by_blocks,
+    top_k_probs,
+)
 
 
 def test_layer_top_k_against_float64_softmax_and_sort():
@@ -106,3 +112,92 @@ def test_the_top_k_counts_against_the_readout_budget_and_changes_no_result():
         tables.append(reduce_readout(iter_readout(lm, [seq], config), 1, lm.n_layers, "jsd", layer_top=4)[0])
     assert torch.equal(tables[0].layer_top_ids, tables[1].layer_top_ids)
     torch.testing.assert_close(tables[0].layer_top_probs, tables[1].layer_top_probs, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("shape", "k", "block"),
+    [((5, 1000), 3, 16), ((2, 3, 4096), 5, 128), ((7, 4099), 20, 32), ((4, 600), 7, None), ((3, 50), 4, 4)],
+)
+def test_top_k_by_blocks_equals_torch_topk(shape, k, block):
+    """The block-maxima selection against ``torch.topk`` over the whole row: whole blocks and a tail past the last
+    one, leading axes, the plain fallback where blocks would not pay; the same values exactly, and on integer
+    scores (ties everywhere) ids that hold those values."""
+    torch.manual_seed(0)
+    for scores in (torch.randn(shape) * 3, torch.randint(0, 9, shape).float()):
+        values, ids = top_k_by_blocks(scores, k, block)
+        expected = torch.topk(scores, k, dim=-1).values
+        assert ids.shape == values.shape == (*shape[:-1], k) and ids.dtype == torch.int64
+        assert torch.equal(values, expected)
+        assert torch.equal(scores.gather(-1, ids), values)
+        assert (ids.sort(-1).values.diff(dim=-1) > 0).all()  # k distinct tokens
+
+
+def test_the_top_k_selects_on_logits_and_reads_k_probabilities():
+    """Selected on the logits before normalisation, read from the log-softmax: the top-k of the probabilities
+    (``layer_top_k``), descending also where normalising rounds two near-tied logits into the other order."""
+    torch.manual_seed(2)
+    logits = torch.randn(4, 9000) * 6
+    ids, probs = layer_top_k_of_logits(logits, torch.log_softmax(logits, -1), 6)
+    ref_ids, ref_probs = layer_top_k(logits, 6)
+    assert torch.equal(ids, ref_ids) and torch.equal(probs, ref_probs)
+    tied = torch.tensor([[1.0, 1.0 + 2**-20, -3.0, 0.5]])
+    logprobs = torch.tensor([[-0.9, -0.9 - 2**-20, -5.0, -1.4]])  # the other order after rounding
+    ids, probs = top_k_probs(torch.tensor([[1, 0]]), logprobs)
+    assert ids.tolist() == [[0, 1]] and bool(probs[0, 0] >= probs[0, 1])
+    assert layer_top_k_of_logits(tied, logprobs, 2)[0].tolist() == [[0, 1]]
+
+
+def _chunk(vocab: int = 50_000, tokens: int = 20):
+    from depthlens.config import ReadoutConfig
+    from depthlens.models.load import wrap
+    from depthlens.readout.stream import TokenSequence, iter_readout
+    from tests.conftest import tiny_model
+
+    lm = wrap(tiny_model("llama", vocab_size=vocab))
+    seq = TokenSequence([5, 9, 14], [(37 * i) % (vocab - 1000) + 3 for i in range(tokens)])
+    (chunk,) = list(iter_readout(lm, [seq], ReadoutConfig()))
+    return chunk
+
+
+def test_each_layers_top_k_adds_one_reduction_over_the_vocabulary_and_nothing_else():
+    """Counted by the dispatcher (tests/passes.py): with K = 5 the walk makes the same passes over [c, V] as
+    without, plus one block-maxima reduction per layer (the model's own included) — no ``topk`` over the vocabulary,
+    no softmax, exp, sub or nan_to_num of its own (issue 60: each of those was a pass per layer on a GPU)."""
+    from depthlens.metrics.token_table import chunk_divergence_kinds
+    from tests.passes import WidePasses
+
+    chunk = _chunk()
+    counts = {}
+    for k in (0, 5):
+        with WidePasses(len(chunk) * 50_000 // 2) as passes:
+            chunk_divergence_kinds(chunk, ("jsd",), 0, layer_top=k)
+        counts[k] = passes.counts
+    assert counts[5] - counts[0] == {"amax": chunk.n_layers}
+    assert counts[0]["log_softmax"] == chunk.n_layers - 1
+
+
+def test_the_compiled_block_takes_each_layers_top_k(monkeypatch):
+    """With the lens compiled, the top-k comes out of the same compiled block as the divergences (the eager walk,
+    which the top-k used to force, never runs): equal to the eager walk's, ids up to ties. Traced by ``aot_eager``
+    here (the graph Inductor compiles, without its minute of C++ compilation)."""
+    import functools
+
+    from depthlens.metrics import fused
+    from depthlens.metrics.token_table import chunk_divergence_kinds
+    from depthlens.readout.stream import ReadoutChunk
+    from tests.tolerance import assert_float32_equal, separated
+
+    chunk = _chunk(vocab=6000, tokens=24)
+    eager = chunk_divergence_kinds(chunk, ("jsd", "cosine"), 64, layer_top=5)
+    monkeypatch.setattr(fused.torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    monkeypatch.setattr(ReadoutChunk, "logit_blocks", lambda *a, **k: pytest.fail("the eager walk ran"))
+    compiled = chunk_divergence_kinds(chunk, ("jsd", "cosine"), 64, compiled=True, layer_top=5)
+    for kind in ("jsd", "cosine"):
+        assert_float32_equal(compiled[kind], eager[kind], what=kind)
+    probs = eager["layer_top_probs"].numpy()
+    assert_float32_equal(compiled["layer_top_probs"], probs, what="probabilities")
+    apart = separated(probs)
+    assert (compiled["layer_top_ids"].numpy()[apart] == eager["layer_top_ids"].numpy()[apart]).all()
+    assert (compiled["layer_top_ids"] == eager["layer_top_ids"]).float().mean() > 0.9  # near-ties apart
+    only_top = chunk_divergence_kinds(chunk, ("cosine",), 64, compiled=True, layer_top=5)  # no logit kind
+    assert torch.equal(only_top["layer_top_ids"][apart.all(-1)], compiled["layer_top_ids"][apart.all(-1)])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from depthlens.config import TCBConfig
 from depthlens.metrics.tcb import (
     Unembedding,
     final_output,
@@ -204,3 +205,125 @@ def test_real_model_tcb_against_the_reference(real_model):
     for i, h in enumerate(final[[1, 5, -1]]):
         jac = torch.linalg.matrix_norm(_autograd_jacobian(unembed, h), "fro").item()
         assert closed[i].item() == pytest.approx(jac, rel=1e-9)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "phi"])  # plain and biased: the shared path's families
+@pytest.mark.parametrize("scale", SCALES)
+def test_tcb_from_the_readouts_own_log_probs(model_type, scale):
+    """Given the final layer's float32 log-probs (the readout has them), δ_TCB, V_eff and exp H take them instead
+    of evaluating z = W h again: within the bound of the reference, and of the path that evaluates z."""
+    lm, unembed = _unembedding(model_type)
+    states = _states(lm, scale)
+    norms = unembed.row_norms_sq(torch.float32)
+    logprobs = torch.log_softmax(unembed.logits(states, torch.float32), -1)
+    shared = token_constraint_terms(unembed, states, norms, logprobs=logprobs)
+    own = token_constraint_terms(unembed, states, norms)
+    expected = 1.0 / reference_frobenius(unembed, states)
+    finite = torch.isfinite(expected)
+    assert _relative(shared["tcb"][finite], expected[finite]) <= TCB_RTOL * (3 if scale >= 1000 else 1)
+    for key in ("v_eff", "v_eff_exp_entropy"):
+        assert _relative(shared[key], own[key]) <= 1e-5, key
+    torch.testing.assert_close(shared["margin"], own["margin"], rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_the_compiled_anchored_softmax_equals_the_eager_one(monkeypatch, tiny_llama):
+    """``metrics.fused.compiled_tcb_softmax`` (traced by ``aot_eager`` here: Inductor's graph without its C++
+    compilation) gives the eager anchored softmax's every term, its operand as it is and split for bf16 weights
+    (high + low = q to ~16 bits), and ``score``'s path takes it when the lens is compiled."""
+    import functools
+
+    from depthlens.metrics import fused
+    from depthlens.metrics.tcb_softmax import anchored_softmax
+    from depthlens.metrics.token_table import reduce_readout
+    from depthlens.readout.stream import TokenSequence, iter_readout
+
+    monkeypatch.setattr(fused.torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    monkeypatch.setattr(fused, "_TCB", [])
+    torch.manual_seed(0)
+    scores, norms = torch.randn(6, 3000) * 8, torch.rand(3000) + 0.5
+    for split in (None, torch.bfloat16):
+        got = fused.compiled_tcb_softmax()(scores, norms, split)
+        for mine, want in zip(got, anchored_softmax(scores, norms, split), strict=True):
+            torch.testing.assert_close(mine, want, rtol=1e-5, atol=1e-7)
+    high, low = got[0][:2].float(), got[0][2:].float()
+    torch.testing.assert_close(high + low, anchored_softmax(scores, norms)[0], rtol=2**-15, atol=1e-30)
+
+    calls = []
+    compiled = fused.compiled_tcb_softmax()
+    monkeypatch.setattr(
+        "depthlens.metrics.token_table.compiled_tcb_softmax",
+        lambda: lambda *a: calls.append(1) or compiled(*a),
+    )
+    seq = TokenSequence([4, 5, 6], [7, 8, 9, 10, 11])
+    tables = [
+        reduce_readout(
+            iter_readout(tiny_llama, [seq]), 1, tiny_llama.n_layers, "jsd", TCBConfig(), compiled=flag
+        )
+        for flag in (False, True)
+    ]
+    assert calls
+    torch.testing.assert_close(tables[1][0].tcb["tcb"], tables[0][0].tcb["tcb"], rtol=1e-5, atol=0.0)
+
+
+class _OnCuda(torch.Tensor):
+    """A CPU tensor that says it is on CUDA: ``metrics.tcb`` then takes the code path a GPU takes."""
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+def _cuda_mm(original):
+    """``torch.mm`` as CUDA runs it with ``out_dtype``: fp16 / bf16 inputs accumulated in float32 (their products are
+    exact in float32, so a float32 product of the upcast inputs is the same sum), anything else refused with the
+    H200's RuntimeError (issue 60). A CPU has no ``out_dtype`` kernel at all."""
+
+    def mm(a, b, *, out_dtype=None):
+        if out_dtype is None or out_dtype == a.dtype:
+            return original(a, b)
+        if a.dtype in (torch.bfloat16, torch.float16) and out_dtype == torch.float32:
+            return original(a.float(), b.float())
+        raise RuntimeError("out_dtype must be the same as input dtype or fp32 for fp16/bf16 inputs")
+
+    return mm
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_exact_tcb_in_reduced_precision_on_cudas_code_path(dtype, monkeypatch):
+    """``TCBConfig(exact=True)`` with bf16 / fp16 weights on CUDA's code path and under CUDA's rule for
+    ``out_dtype`` (it failed there: float64 products asked of bf16 inputs): float64 products from W cast by blocks,
+    equal to the float64 reference of the same (rounded) weights; the default float32 path keeps W as it is."""
+    import depthlens.metrics.tcb as tcb
+
+    monkeypatch.setattr(torch, "mm", _cuda_mm(torch.mm))
+    monkeypatch.setattr(tcb, "_mm_out_dtype", lambda device: True)  # the device rule forced: CUDA's
+    monkeypatch.setattr(
+        tcb, "_CAST_BYTES", 8 * 32 * 40
+    )  # 40 rows a block: several blocks on the tiny vocabulary
+    lm, unembed = _unembedding("llama")
+    weight = unembed.weight.to(dtype)
+    states = _states(lm, 3.0).to(dtype).float()  # a reduced-precision model's states: exact in float32
+    on_cuda = Unembedding(weight.as_subclass(_OnCuda), None, None)
+    assert tcb._reduced_on_cuda(on_cuda.weight, torch.float32)  # the GPU path, float32 accumulation kept
+    assert not tcb._reduced_on_cuda(on_cuda.weight, torch.float64)
+    exact = token_constraint_terms(on_cuda, states, on_cuda.row_norms_sq(), exact=True)["tcb"]
+    upcast = Unembedding(weight.double(), None, None)
+    expected = 1.0 / reference_frobenius(upcast, states.double())
+    assert _relative(exact.as_subclass(torch.Tensor), expected) <= 1e-9
+    fast = token_constraint_terms(on_cuda, states, on_cuda.row_norms_sq(torch.float32))["tcb"]
+    assert _relative(fast.as_subclass(torch.Tensor), expected) <= TCB_RTOL
+
+
+def test_row_norms_are_computed_once_per_model():
+    from depthlens.metrics.tcb import model_row_norms_sq
+
+    lm = wrap(tiny_model("llama", vocab_size=77))  # its own copy: its weights change below
+    lens = LogitLens(lm.parts)
+    unembed = Unembedding.from_lens(lens)
+    first = model_row_norms_sq(lens, unembed, torch.float32)
+    assert model_row_norms_sq(lens, Unembedding.from_lens(lens), torch.float32) is first
+    assert model_row_norms_sq(lens, unembed, torch.float64).dtype == torch.float64
+    with torch.no_grad():
+        lm.parts.unembed.weight.mul_(2.0)
+    again = model_row_norms_sq(lens, Unembedding.from_lens(lens), torch.float32)
+    torch.testing.assert_close(again, 4 * first)

@@ -28,6 +28,8 @@ import torch
 from depthlens.config import Compile, Divergence
 from depthlens.errors import DepthlensWarning, named
 from depthlens.metrics.divergence import layer_divergence
+from depthlens.metrics.layer_top import layer_top_k_of_logits
+from depthlens.metrics.tcb_softmax import AnchoredSoftmax, anchored_softmax
 from depthlens.readout.lens import LogitLens
 
 FUSABLE: tuple[Divergence, ...] = ("jsd", "jsd-nat", "kl")
@@ -39,6 +41,10 @@ LayerStep = Callable[
 BlockStep = Callable[
     [torch.Tensor, torch.Tensor], torch.Tensor
 ]  # (normed [k, c, d], final log-probs [c, V]) → [kinds, k, c]
+
+TopBlockStep = Callable[
+    [torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+]  # as BlockStep, and each layer's top-K: → ([kinds, k, c], ids [k, c, K] int64, probabilities [k, c, K] float32)
 
 # Per lens and kind (or tuple of kinds): the guarded compiled step (compiled once, reused for every chunk).
 _CACHE: weakref.WeakKeyDictionary[LogitLens, dict[object, Callable]] = weakref.WeakKeyDictionary()
@@ -109,17 +115,48 @@ def _block(lens: LogitLens, kinds: tuple[Divergence, ...]) -> BlockStep:
     return block
 
 
-def compiled_block(lens: LogitLens, kinds: tuple[Divergence, ...]) -> BlockStep:
+def _top_block(lens: LogitLens, kinds: tuple[Divergence, ...], top_k: int) -> TopBlockStep:
+    def block(normed: torch.Tensor, final_logprobs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logits = lens.logits_from_normed(normed)  # [k, c, V]
+        logq = torch.log_softmax(logits, dim=-1)
+        values = [layer_divergence(kind, final_logprobs, logq) for kind in kinds]
+        # selected on the logits by their block maxima (one more reduction over the logits the softmax reads),
+        # normalised for the K selected only: no [k, c, V] pass of its own beyond that reduction
+        ids, probs = layer_top_k_of_logits(logits, logq, top_k)
+        return torch.stack(values) if values else logits.new_zeros(0, *logits.shape[:-1]), ids, probs
+
+    return block
+
+
+def compiled_block(
+    lens: LogitLens, kinds: tuple[Divergence, ...], top_k: int = 0
+) -> BlockStep | TopBlockStep:
     """The compiled step for a block of layers and the fusable ``kinds`` (all of ``FUSABLE``): one unembedding
-    product for the block [k, c, d], each kind's divergence to the final log-probs [c, V] → [kinds, k, c]."""
+    product for the block [k, c, d], each kind's divergence to the final log-probs [c, V] → [kinds, k, c]; with
+    ``top_k`` = K > 0 also each layer's K most probable tokens (``metrics.layer_top.layer_top_k_of_logits``, from
+    the same logits inside the same kernel) → ([kinds, k, c], ids [k, c, K], probabilities [k, c, K]). ``kinds``
+    may then be empty (a cosine readout, whose divergence needs no logits, still gets its layers' top-k here)."""
     unfusable = [kind for kind in kinds if kind not in FUSABLE]
     if unfusable:
         raise ValueError(f"compiled_block: {unfusable} need no logits; compute them eagerly")
     steps = _CACHE.setdefault(lens, {})
-    if kinds not in steps:
-        eager = _block(lens, kinds)
-        steps[kinds] = _guarded(torch.compile(eager, dynamic=True), eager)
-    return steps[kinds]
+    key = (kinds, top_k) if top_k else kinds
+    if key not in steps:
+        eager = _top_block(lens, kinds, top_k) if top_k else _block(lens, kinds)
+        steps[key] = _guarded(torch.compile(eager, dynamic=True), eager)
+    return steps[key]
+
+
+_TCB: list[Callable] = []  # the compiled anchored softmax of δ_TCB, one per process (it holds no weights)
+
+
+def compiled_tcb_softmax() -> Callable[..., AnchoredSoftmax]:
+    """δ_TCB's elementwise half (``metrics.tcb_softmax.anchored_softmax``: the anchored softmax, its sums and the
+    [2c, V] operand of its products, split for bf16 weights) as one compiled step, where the lens is compiled: on a
+    GPU its dozen passes over [c, V] become a few fused reductions."""
+    if not _TCB:
+        _TCB.append(_guarded(torch.compile(anchored_softmax, dynamic=True), anchored_softmax))
+    return _TCB[0]
 
 
 def _guarded(compiled: Callable, eager: Callable) -> Callable:

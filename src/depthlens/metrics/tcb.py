@@ -17,8 +17,14 @@ neither r nor q underflows, and r is never the cancelling 1 − o_k):
 Every bracketed term is of the size of the result (the only cancellation left is geometric: rows nearly equal to
 a), so float32 suffices: relative error ≤ 1e-4 against a float64 reference on every regime tested, peaked,
 flat, soft-capped, scaled and padded (tests/test_tcb.py), where the old float64 closed form failed completely on
-peaked outputs. Two [c, V] × [V, d] products per chunk (plus z = W h), in float32, never a V × d matrix per token
-and no float64 copy of W; ``exact=True`` runs the same formula in float64 (``--tcb-exact``, the reference).
+peaked outputs. Two [c, V] × [V, d] products per chunk (one, of 2c rows, without post-processing), plus z = W h
+where the caller has no float32 log-probs of it, in float32, never a V × d matrix per token and no float64 copy of
+W; ``exact=True`` runs the same formula in float64 (``--tcb-exact``, the reference), in any weight dtype on any
+device (reduced-precision weights are cast to float64 a block of rows at a time).
+
+Without logit post-processing the elementwise half runs in a few passes from the scores alone
+(``metrics.tcb_softmax.anchored_softmax``) and takes the readout's own final log-probs where they are the float32
+log-softmax of the same product (``token_constraint_terms(logprobs=...)``): the lens has them anyway.
 """
 
 from __future__ import annotations
@@ -26,13 +32,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import weakref
+from collections.abc import Callable
 
 import torch
 
+from depthlens.metrics.tcb_softmax import AnchoredSoftmax, anchored_softmax
 from depthlens.models.adapters import LogitPostFn
 from depthlens.readout.lens import LogitLens
 
-_VOCAB_BLOCK = 8192  # rows of W cast to the working dtype at a time, where W is held in another dtype
+_CAST_BYTES = 64 * 2**20  # W is cast to another dtype at most this many bytes of rows at a time
+_REDUCED = (torch.bfloat16, torch.float16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,11 +82,16 @@ class Unembedding:
             both = torch.mm(torch.cat([hi, lo]), self.weight, out_dtype=a.dtype)
             return both[: a.shape[0]] + both[a.shape[0] :]
         out = torch.zeros(a.shape[0], self.weight.shape[1], dtype=a.dtype, device=a.device)
-        for start, block in zip(
-            range(0, a.shape[1], _VOCAB_BLOCK), self.weight.split(_VOCAB_BLOCK), strict=True
-        ):
+        rows = self._cast_rows(a.dtype)
+        for start, block in zip(range(0, a.shape[1], rows), self.weight.split(rows), strict=True):
             out += a[:, start : start + block.shape[0]] @ block.to(a.dtype)
         return out
+
+    def times_w_split(self, parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``times_w`` of rows already split into a high and a low part in W's dtype ([2n, V]: the n high rows,
+        then their n low rows; ``anchored_softmax(split=...)``), accumulated in ``dtype`` → [n, d]."""
+        both = torch.mm(parts, self.weight, out_dtype=dtype)
+        return both[: parts.shape[0] // 2] + both[parts.shape[0] // 2 :]
 
     def w_times(self, v: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """v Wᵀ in ``dtype``, [c, d] → [c, V]."""
@@ -85,11 +100,19 @@ class Unembedding:
         if _reduced_on_cuda(self.weight, dtype):  # states of a bf16 model are bf16 values: the cast is exact
             return torch.mm(v.to(self.weight.dtype), self.weight.T, out_dtype=dtype)
         v = v.to(dtype)
-        return torch.cat([v @ block.to(dtype).T for block in self.weight.split(_VOCAB_BLOCK)], dim=-1)
+        return torch.cat(
+            [v @ block.to(dtype).T for block in self.weight.split(self._cast_rows(dtype))], dim=-1
+        )
+
+    def _cast_rows(self, dtype: torch.dtype) -> int:
+        """Rows of W cast to ``dtype`` at a time: ``_CAST_BYTES`` of them (e.g. 2,048 rows of d = 4,096 in
+        float64), so a product in another dtype than W's never holds a whole cast copy of W."""
+        return max(1, _CAST_BYTES // (self.weight.shape[1] * torch.finfo(dtype).bits // 8))
 
     def row_norms_sq(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """‖w_i‖² for every row, [V] (summed in float64, returned in ``dtype``)."""
-        norms = torch.cat([block.double().pow(2).sum(-1) for block in self.weight.split(_VOCAB_BLOCK)])
+        rows = self._cast_rows(torch.float64)
+        norms = torch.cat([block.double().pow(2).sum(-1) for block in self.weight.split(rows)])
         return norms.to(dtype)
 
     def rows(self, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -99,7 +122,14 @@ class Unembedding:
 
 def _reduced_on_cuda(weight: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether a product with ``weight`` (bf16/fp16 on CUDA) can keep W as it is and accumulate in ``dtype``."""
-    return weight.is_cuda and weight.dtype in (torch.bfloat16, torch.float16) and _mm_out_dtype(weight.device)
+    return weight.is_cuda and out_dtype_allowed(weight.dtype, dtype) and _mm_out_dtype(weight.device)
+
+
+def out_dtype_allowed(inputs: torch.dtype, out: torch.dtype) -> bool:
+    """CUDA's rule for ``torch.mm(a, b, out_dtype=out)`` on reduced-precision inputs: fp16 / bf16 accumulate into
+    float32 (or their own dtype), nothing else — float64 is refused ("out_dtype must be the same as input dtype or
+    fp32 for fp16/bf16 inputs"); such a product casts W by blocks instead."""
+    return inputs in _REDUCED and out == torch.float32
 
 
 @functools.cache
@@ -223,28 +253,79 @@ def token_constraint_terms(
     epsilon: float = 1.0,
     spectral_iterations: int | None = None,
     exact: bool = False,
+    logprobs: torch.Tensor | None = None,
+    softmax: Callable[..., AnchoredSoftmax] = anchored_softmax,
 ) -> dict[str, torch.Tensor]:
     """Per-token δ_TCB, V_eff (1/Σo² and exp H), top-2 margin, and (with ``spectral_iterations``) the spectral δ.
 
     States ``normed`` [c, d] → each term [c] float64, computed in float32 (``exact``: float64, the reference);
-    the final mapping is evaluated once for all of them. Results stay on ``normed``'s device.
+    the final mapping is evaluated once for all of them. Results stay on ``normed``'s device. ``logprobs`` [c, V]:
+    the float32 log-softmax of these states' own logits, post(W h + b), where the caller has it (the readout's
+    final layer, from a float32 product of the same W) — taken in place of evaluating z = W h again, where there
+    is no logit post-processing (its slope needs z) and not ``exact``. ``softmax``: the elementwise half of the
+    closed form (``metrics.fused.compiled_tcb_softmax`` where the lens is compiled).
     """
-    out = final_output(unembed, normed, torch.float64 if exact else torch.float32)
-    log_frobenius = log_jacobian_frobenius(unembed, out, row_norms_sq)
-    top2 = out.logits.topk(min(2, out.logits.shape[-1]), dim=-1).values
-    o = out.o
-    entropy = -(o * out.logprobs).sum(-1)
+    if exact or unembed.post is not None or unembed.weight.shape[0] < 2:
+        out = final_output(unembed, normed, torch.float64 if exact else torch.float32)
+        log_frobenius = log_jacobian_frobenius(unembed, out, row_norms_sq)
+        top2 = out.logits.topk(min(2, out.logits.shape[-1]), dim=-1).values
+        o = out.o
+        entropy = -(o * out.logprobs).sum(-1)
+        terms = {
+            "v_eff": 1.0 / (o * o).sum(-1).double(),
+            "v_eff_exp_entropy": entropy.double().exp(),
+            "margin": (top2[:, 0] - top2[:, -1]).double(),
+        }
+    else:
+        scores = logprobs if logprobs is not None else unembed.logits(normed, torch.float32)
+        log_frobenius, terms = _anchored_terms(unembed, scores, row_norms_sq, softmax)
     terms = {
         "tcb": (math.log(epsilon) - log_frobenius).exp(),  # ε / ‖J‖_F without under- or overflow
         "jacobian_frobenius": log_frobenius.exp(),
-        "v_eff": 1.0 / (o * o).sum(-1).double(),
-        "v_eff_exp_entropy": entropy.double().exp(),
-        "margin": (top2[:, 0] - top2[:, -1]).double(),
+        **terms,
     }
     if spectral_iterations is not None:  # power iteration stays float64: it has no closed form to anchor
-        spectral = out if exact else final_output(unembed, normed, torch.float64)
+        spectral = final_output(unembed, normed, torch.float64)
         terms["tcb_spectral"] = epsilon / jacobian_spectral(unembed, spectral, iterations=spectral_iterations)
     return terms
+
+
+def _anchored_terms(
+    unembed: Unembedding,
+    scores: torch.Tensor,
+    row_norms_sq: torch.Tensor,
+    softmax: Callable[..., AnchoredSoftmax],
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """log ‖J‖_F [c] float64 and V_eff, exp H, margin from the scores [c, V] (logits or log-probs) without logit
+    post-processing: the anchored softmax's few passes, then one product of its [2c, V] operand with W."""
+    split = unembed.weight.dtype if _reduced_on_cuda(unembed.weight, scores.dtype) else None
+    both, top, log_r, o_top, margin, first, spread, sum_sq, entropy = softmax(scores, row_norms_sq, split)
+    c = scores.shape[0]
+    operand = both.reshape(-1, scores.shape[1])
+    # [2c, d]: Σ q_j w_j, then ν̂ = Σ q_j² w_j
+    products = unembed.times_w_split(operand, scores.dtype) if split else unembed.times_w(operand)
+    anchor = unembed.rows(top, scores.dtype)  # [c, d] w_k
+    inner = _anchored(o_top, log_r.exp(), anchor, products[:c], products[c:], first, spread)
+    log_frobenius = log_r.double() + 0.5 * inner.clamp_min(0.0).double().log()
+    return log_frobenius, {
+        "v_eff": 1.0 / sum_sq.double(),
+        "v_eff_exp_entropy": entropy.double().exp(),
+        "margin": margin.double(),
+    }
+
+
+_NORMS: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
+
+
+def model_row_norms_sq(lens: LogitLens, unembed: Unembedding, dtype: torch.dtype) -> torch.Tensor:
+    """``unembed.row_norms_sq(dtype)`` of ``lens``'s unembedding, computed once per model and dtype: kept beside
+    its module until the weights change (their storage, version, shape or device) — not once per ``score`` call."""
+    weight = unembed.weight
+    version = (weight.data_ptr(), weight._version, tuple(weight.shape), weight.device)
+    kept = _NORMS.setdefault(lens.parts.unembed, {})
+    if dtype not in kept or kept[dtype][0] != version:
+        kept[dtype] = (version, unembed.row_norms_sq(dtype))
+    return kept[dtype][1]
 
 
 def geometry_ablation(

@@ -23,11 +23,11 @@ from depthlens.metrics.dtr import (
     topk_agreement,
     topk_settling_depth,
 )
-from depthlens.metrics.fused import FUSABLE, compiled_block, compiled_step
+from depthlens.metrics.fused import FUSABLE, compiled_block, compiled_step, compiled_tcb_softmax
 from depthlens.metrics.layer_names import is_per_layer
 from depthlens.metrics.layer_quantities import LayerQuantities, check_finite_stats
-from depthlens.metrics.layer_top import layer_top_k_of_logprobs
-from depthlens.metrics.tcb import Unembedding, token_constraint_terms
+from depthlens.metrics.layer_top import layer_top_k_of_logprobs, top_k_by_blocks, top_k_probs
+from depthlens.metrics.tcb import Unembedding, model_row_norms_sq, token_constraint_terms
 from depthlens.readout.stream import ReadoutChunk, check_finite
 
 TCB_FIELDS = ("tcb", "v_eff", "margin", "tcb_spectral")  # per-token TCB columns, when asked for
@@ -96,32 +96,32 @@ def chunk_divergence_kinds(
     The unembedding runs on blocks of layers (one large product); the log-softmax then follows layer by layer,
     each straight before that layer's divergences, so its [c, V] is still warm in cache (on a CPU twice as fast
     as one log-softmax over the whole block first). ``compiled`` (without ``top_k``): each block through one fused
-    kernel for the logit kinds (``metrics.fused.compiled_block``), cosine from the normed states.
+    kernel for the logit kinds and each layer's top-k (``metrics.fused.compiled_block``), cosine from the normed
+    states. Each layer's top-k is selected on its logits by vocabulary blocks (``metrics.layer_top``): no pass of
+    its own over the vocabulary but the block maxima.
     """
-    if (
-        compiled and top_k is None and not layer_top and not quantities
-    ):  # the fused kernel holds no layer's logits
-        return _compiled_kinds(chunk, kinds, rows)
+    # one fused kernel per block: its divergences and its layers' top-k (the per-layer quantities: the eager walk)
+    if compiled and top_k is None and not quantities:
+        return _compiled_kinds(chunk, kinds, rows, layer_top)
     final = chunk.final
     out = {kind: torch.zeros(len(chunk), chunk.n_layers, device=final.logprobs.device) for kind in kinds}
     if top_k is not None:
         out["topk"] = torch.ones(len(chunk), chunk.n_layers, dtype=torch.bool, device=final.logprobs.device)
     if layer_top:
-        ids, probs = layer_top_k_of_logprobs(
-            final.logprobs, layer_top
-        )  # [c, K]: layer L, the model's own distribution
-        out["layer_top_ids"] = ids[:, None].repeat(1, chunk.n_layers, 1)  # [c, L, K]; earlier layers below
-        out["layer_top_probs"] = probs[:, None].repeat(1, chunk.n_layers, 1)
+        out.update(_final_layer_top(chunk, layer_top))
     if quantities:  # layer L's values fill every column first; earlier layers below
         for name, value in quantities.of_layer(final.logprobs, chunk.target_ids).items():
             out[name] = value.unsqueeze(1).repeat(1, chunk.n_layers, *[1] * (value.ndim - 1))
     for first, logits, normed in chunk.logit_blocks(rows):
+        # each layer's top-k selected on the block's logits at once (by vocabulary blocks: one reduction), its
+        # probabilities read below from the log-softmax the divergences take anyway: no softmax of its own
+        top_ids = top_k_by_blocks(logits, layer_top)[1] if layer_top else None  # [k, c, K]
         for j in range(logits.shape[0]):
             if top_k is not None:
                 out["topk"][:, first - 1 + j] = topk_agreement(final.logprobs, logits[j], top_k)
             logprobs = torch.log_softmax(logits[j], dim=-1)
-            if layer_top:  # from the log-softmax the divergences take anyway: no second softmax
-                ids, probs = layer_top_k_of_logprobs(logprobs, layer_top)
+            if top_ids is not None:
+                ids, probs = top_k_probs(top_ids[j], logprobs)
                 out["layer_top_ids"][:, first - 1 + j] = ids
                 out["layer_top_probs"][:, first - 1 + j] = probs
             for kind in kinds:
@@ -133,15 +133,33 @@ def chunk_divergence_kinds(
     return out
 
 
-def _compiled_kinds(chunk: ReadoutChunk, kinds: Sequence[Divergence], rows: int) -> dict[str, torch.Tensor]:
+def _final_layer_top(chunk: ReadoutChunk, k: int) -> dict[str, torch.Tensor]:
+    """Each layer's top-k table of a chunk, [c, L, K], with layer L's (the model's own distribution) filled in; the
+    earlier layers are filled by the walk."""
+    ids, probs = layer_top_k_of_logprobs(chunk.final.logprobs, k)  # [c, K]
+    return {
+        "layer_top_ids": ids[:, None].repeat(1, chunk.n_layers, 1),
+        "layer_top_probs": probs[:, None].repeat(1, chunk.n_layers, 1),
+    }
+
+
+def _compiled_kinds(
+    chunk: ReadoutChunk, kinds: Sequence[Divergence], rows: int, layer_top: int = 0
+) -> dict[str, torch.Tensor]:
     final = chunk.final
     fusable = tuple(kind for kind in kinds if kind in FUSABLE)
-    step = compiled_block(chunk.lens, fusable) if fusable else None
+    step = compiled_block(chunk.lens, fusable, layer_top) if fusable or layer_top else None
     out = {kind: torch.zeros(len(chunk), chunk.n_layers, device=final.logprobs.device) for kind in kinds}
+    if layer_top:
+        out.update(_final_layer_top(chunk, layer_top))
     for first, normed in chunk.normed_blocks(rows):
         span = slice(first - 1, first - 1 + normed.shape[0])
         if step is not None:
-            values = step(normed, final.logprobs)  # [kinds, k, c]
+            values = step(normed, final.logprobs)  # [kinds, k, c], and with layer_top ids, probs [k, c, K]
+            if layer_top:
+                values, ids, probs = values
+                out["layer_top_ids"][:, span] = ids.transpose(0, 1)
+                out["layer_top_probs"][:, span] = probs.transpose(0, 1)
             for i, kind in enumerate(fusable):
                 out[kind][:, span] = values[i].T
         for kind in kinds:
@@ -192,11 +210,30 @@ def chunk_settling(
     return settling
 
 
-def chunk_tcb(chunk: ReadoutChunk, unembed: Unembedding, row_norms_sq: torch.Tensor, tcb: TCBConfig) -> dict:
-    """δ_TCB, V_eff, margin (and spectral δ) for one chunk's final states; each [c] float64 on the chunk's device."""
+def chunk_tcb(
+    chunk: ReadoutChunk,
+    unembed: Unembedding,
+    row_norms_sq: torch.Tensor,
+    tcb: TCBConfig,
+    compiled: bool = False,
+) -> dict:
+    """δ_TCB, V_eff, margin (and spectral δ) for one chunk's final states; each [c] float64 on the chunk's device.
+
+    Beside the lens: where W is float32 the chunk's final log-probs are the float32 log-softmax of the very
+    product δ_TCB needs, so it takes them instead of a product of its own (a reduced-precision model's own
+    logits are rounded to its dtype: there z = W h is evaluated again in float32); ``compiled``: its elementwise
+    half through one compiled step (``metrics.fused.compiled_tcb_softmax``)."""
     iterations = tcb.power_iterations if tcb.spectral else None
+    shared = unembed.weight.dtype == torch.float32 and chunk.final.logprobs.dtype == torch.float32
     terms = token_constraint_terms(
-        unembed, chunk.final.normed, row_norms_sq, tcb.epsilon, iterations, exact=tcb.exact
+        unembed,
+        chunk.final.normed,
+        row_norms_sq,
+        tcb.epsilon,
+        iterations,
+        exact=tcb.exact,
+        logprobs=chunk.final.logprobs if shared else None,
+        **({"softmax": compiled_tcb_softmax()} if compiled else {}),
     )
     v_eff = terms["v_eff"] if tcb.v_eff == "ipr" else terms["v_eff_exp_entropy"]
     out = {"tcb": terms["tcb"], "v_eff": v_eff, "margin": terms["margin"]}
@@ -240,8 +277,8 @@ def reduce_readout(
     Every per-layer and per-term result stays on the device until its chunk is done, then crosses to the host in
     one copy. ``top_k``: settle by the ``topk:K`` rule instead (the divergence table is still kept; ``settle_at``
     must then be None). ``layer_top`` = K > 0: each layer's K most probable tokens too (``settle_at`` must then be
-    None: every layer is read), from the eager walk's own unembedding products — the fused kernel never holds them.
-    ``quantities``: the per-layer quantities (``metrics.layer_quantities``) from the same walk, likewise. A chunk
+    None: every layer is read), from the walk's own unembedding products (inside the fused kernel where compiled).
+    ``quantities``: the per-layer quantities (``metrics.layer_quantities``) from the eager walk's products. A chunk
     that carries kept residual streams (``ReadoutChunk.kept``) gives them to its table's ``hidden``.
     """
     if (layer_top or quantities) and settle_at is not None:
@@ -258,19 +295,19 @@ def reduce_readout(
             **{k: base[k] for k in ("log_prob", "entropy", "self_certainty")},
         }
         if top_k is not None or layer_top or quantities:
-            walked = chunk_divergence_kinds(
-                chunk, (kind,), rows, top_k, layer_top=layer_top, quantities=quantities
-            )
+            walked = chunk_divergence_kinds(chunk, (kind,), rows, top_k, compiled, layer_top, quantities)
             columns.update(second=walked.pop(kind), **walked)
         elif settle_at is None:
             columns["second"] = chunk_divergences(chunk, kind, rows, compiled=compiled)
         else:
             columns["second"] = chunk_settling(chunk, kind, settle_at, compiled=compiled)
         if tcb is not None:
-            if unembed is None:  # the same unembedding for every chunk: row norms once per call
+            if unembed is None:  # the same unembedding for every chunk: row norms once per model
                 unembed = Unembedding.from_lens(chunk.lens)
-                row_norms_sq = unembed.row_norms_sq(torch.float64 if tcb.exact else torch.float32)
-            columns.update({f"tcb:{k}": v for k, v in chunk_tcb(chunk, unembed, row_norms_sq, tcb).items()})
+                dtype = torch.float64 if tcb.exact else torch.float32
+                row_norms_sq = model_row_norms_sq(chunk.lens, unembed, dtype)
+            terms = chunk_tcb(chunk, unembed, row_norms_sq, tcb, compiled)
+            columns.update({f"tcb:{k}": v for k, v in terms.items()})
         host = _to_host(columns)
         check_finite(host.pop("nonfinite"), chunk.start)
         check_finite_stats(host)
