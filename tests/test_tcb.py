@@ -30,7 +30,8 @@ the thousands (float32 logits carry ~1e-4 absolute error there), ≤ 8e-5 with l
 
 
 def _unembedding(model_type):
-    lm = wrap(tiny_model(model_type))
+    # frozen as the readout reads it (under no grad): wrap leaves a caller's grad flags as they are
+    lm = wrap(tiny_model(model_type).requires_grad_(False))
     return lm, Unembedding.from_lens(LogitLens(lm.parts))
 
 
@@ -116,7 +117,7 @@ def test_tcb_float32_and_exact_against_the_reference(model_type, scale):
 def test_tcb_on_a_padded_vocabulary():
     """A lens cut to the tokenizer's vocabulary (padded unembedding rows dropped) against the reference of the cut
     rows: the padding never enters δ."""
-    lm = wrap(tiny_model("llama"))
+    lm = wrap(tiny_model("llama").requires_grad_(False))  # as the readout reads it
     unembed = Unembedding.from_lens(LogitLens(lm.parts, vocab_size=64))
     assert unembed.weight.shape[0] == 64
     for scale in (1.0, 30.0):
