@@ -187,7 +187,8 @@ def _in_memory(
     """Each record's result, scored here (or read out in a vLLM engine started for the call, stopped after),
     counted on the bars as it comes; ``layer_top_tokens`` where the tokenizer is at hand."""
     from depthlens.api.pools import stop_engine
-    from depthlens.studies.score import engine_reader, score_records, score_records_on, with_layer_top_tokens
+    from depthlens.studies.score import engine_reader
+    from depthlens.studies.scoring import score_records, score_records_on, with_layer_top_tokens
 
     if run.engine.backend == "vllm":
         from depthlens.models.info import info_of
@@ -228,7 +229,8 @@ def _into_store(
     """The records scored into the store ``run.store.out`` names (replacing one there), as ``depthlens score
     --out`` writes it — its manifest records this call —, and read back."""
     from depthlens.stores.parquet import iter_store
-    from depthlens.studies.score import ScoreEvents, run_score, with_layer_top_tokens
+    from depthlens.studies.score import ScoreEvents, run_score
+    from depthlens.studies.scoring import with_layer_top_tokens
 
     records, tokens = counts
     events = ScoreEvents(

@@ -41,7 +41,8 @@ def heatmap(
     from depthlens.errors import InputError
     from depthlens.models.tokens import token_texts
     from depthlens.studies.runs import score_run
-    from depthlens.studies.score import score, with_layer_top_tokens
+    from depthlens.studies.score import score
+    from depthlens.studies.scoring import with_layer_top_tokens
 
     if not completion:
         raise InputError("--completion is empty: give the text to read out")
