@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
-from depthlens.stores import layout
+from depthlens.stores import layout, shard_checks
 from depthlens.stores.arrow import not_utf8
 from depthlens.stores.names import current_table, stored_columns
 from depthlens.stores.parquet import settings_problem
@@ -187,7 +187,9 @@ class ParquetSource:
 
     def _note_others(self, manifest: dict[str, Any] | None, listed: list[str]) -> None:
         """Files beside the committed shards: data files no commit lists, shards being written."""
-        unlisted = [p.path for p in layout.unlisted(self.directory, listed, manifest)] if manifest else []
+        unlisted = (
+            [p.path for p in shard_checks.unlisted(self.directory, listed, manifest)] if manifest else []
+        )
         if unlisted:
             self.notices.append(
                 f"{unlisted[0]}"
@@ -209,7 +211,7 @@ class ParquetSource:
     ) -> tuple[Path, pq.FileMetaData, pa.Table] | str:
         """A shard's place, footer and light columns, or the notice saying why it cannot be read."""
         for _ in range(2):  # a writer publishing the shard (a rename) meanwhile: look for it again
-            path, problem = layout.shard_problem(self.directory, manifest, shard, verify=False)
+            path, problem = shard_checks.shard_problem(self.directory, manifest, shard, verify=False)
             if problem is not None or path is None:
                 break
             try:
@@ -227,7 +229,7 @@ class ParquetSource:
                     "written outside depthlens); its records are not shown"
                 )
             stamped = table.replace_schema_metadata(file.schema_arrow.metadata)
-            problem = layout.table_problem(self.directory, path, manifest, shard, stamped)
+            problem = shard_checks.table_problem(self.directory, path, manifest, shard, stamped)
             if problem is None:
                 edited = settings_problem(self.directory, path, manifest, stamped) if manifest else None
                 if (

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from depthlens.config import StoreFormat
 from depthlens.errors import StoreError
-from depthlens.stores import layout
+from depthlens.stores import layout, shard_checks
 from depthlens.stores.commits import committed_problem
 from depthlens.stores.files import manifest_path, read_json
 from depthlens.stores.lock import writer
@@ -234,7 +234,7 @@ def check_parquet(store: Path, verify: bool) -> CheckReport:
         report.problems.append(layout.Problem(meta, "missing", detail, remedy))
         return report
     try:
-        manifest, unlisted = layout.snapshot(
+        manifest, unlisted = shard_checks.snapshot(
             store, lambda: read_json(meta, "manifest", "restore it from a copy of the store")
         )
         shards = layout.entries(store, manifest)
@@ -276,11 +276,11 @@ def _check_shard(
 ) -> tuple[layout.Problem | None, pa.Table | None]:
     """One listed shard as a reader reads it: found, its size (and hash), read whole with its page checksums,
     then ``shard_fault`` — the very checks ``iter_store`` makes."""
-    path, problem = layout.shard_problem(store, manifest, shard, verify)
+    path, problem = shard_checks.shard_problem(store, manifest, shard, verify)
     if problem is not None or path is None:
         return problem, None
     try:
-        table = layout.read_table(path, layout.resume_remedy(store, manifest, shard))
+        table = layout.read_table(path, shard_checks.resume_remedy(store, manifest, shard))
     except (StoreError, FileNotFoundError) as exc:
         detail = str(exc).removeprefix(f"{path}: ").split("; rerun")[0]
         # its size is the committed one (``shard_problem`` passed) and, verified, its sha256 too: the bytes are
@@ -292,7 +292,9 @@ def _check_shard(
             )
         else:
             detail += " of the committed size (`check` without --quick compares its sha256 too)"
-        return layout.Problem(path, "changed", detail, layout.resume_remedy(store, manifest, shard)), None
+        return layout.Problem(
+            path, "changed", detail, shard_checks.resume_remedy(store, manifest, shard)
+        ), None
     problem = shard_fault(store, path, manifest, shard, table)
     return problem, None if problem is not None else table
 

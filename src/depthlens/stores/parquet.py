@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
-from depthlens.stores import layout
+from depthlens.stores import layout, shard_checks
 from depthlens.stores.arrow import table_records, to_table
 from depthlens.stores.commits import COMMITTED, commit_problem, committed_problem
 from depthlens.stores.files import read_json, settings_differ
@@ -76,7 +76,7 @@ def committed_shards(path: Path) -> list[Path]:
     manifest = store_manifest(path)
     found = []
     for shard in layout.entries(path, manifest):
-        file, problem = layout.shard_problem(path, manifest, shard, verify=False)
+        file, problem = shard_checks.shard_problem(path, manifest, shard, verify=False)
         if problem is not None or file is None:
             raise StoreError(problem.message() if problem else f"{path / shard['file']}: missing")
         found.append(file)
@@ -106,7 +106,7 @@ def settings_problem(
             path,
             "changed",
             "its footer's recorded settings (depthlens.settings) are not readable: bytes changed in place",
-            layout.resume_remedy(store, manifest, _entry(manifest, path)),
+            shard_checks.resume_remedy(store, manifest, _entry(manifest, path)),
         )
     differ = settings_differ(stored, _settings(manifest), free)
     if not differ:
@@ -118,7 +118,7 @@ def settings_problem(
             "changed",
             f"its recorded settings differ from its store's and its run's other shards' ({'; '.join(differ)}): "
             "bytes changed in place",
-            layout.resume_remedy(store, manifest, _entry(manifest, path)),
+            shard_checks.resume_remedy(store, manifest, _entry(manifest, path)),
         )
     if run and run == manifest.get("run_id"):
         said = "; ".join(
@@ -165,9 +165,9 @@ def shard_fault(
     store: Path, path: Path, manifest: dict[str, Any], shard: dict[str, Any], table: pa.Table
 ) -> layout.Problem | None:
     """Everything a reader checks of one read shard, in the order it checks it: its run, rows and ids
-    (``layout.table_problem``), its settings against the manifest, and every ranged value. ``depthlens check``
+    (``shard_checks.table_problem``), its settings against the manifest, and every ranged value. ``depthlens check``
     runs this same function, so it lists every shard a reader refuses."""
-    problem = layout.table_problem(store, path, manifest, shard, table) or settings_problem(
+    problem = shard_checks.table_problem(store, path, manifest, shard, table) or settings_problem(
         store, path, manifest, table
     )
     if problem is not None:
@@ -193,7 +193,7 @@ def range_problem(
         row, said = found
         rid = ids[row - 1].as_py() if ids is not None else None
         detail = f"row {row}, record {rid!r}: {said} — the record is damaged"
-    return layout.Problem(path, "damaged", detail, layout.resume_remedy(store, manifest, shard))
+    return layout.Problem(path, "damaged", detail, shard_checks.resume_remedy(store, manifest, shard))
 
 
 def read_shard(path: Path, settings: dict[str, Any] | None = None) -> pa.Table:
@@ -245,7 +245,7 @@ def iter_store_located(path: Path, verify: bool = False) -> Iterator[tuple[str, 
     if not path.is_dir():
         yield from _iter_jsonl_checked(path, verify)
         return
-    manifest, extra = layout.snapshot(path, lambda: store_manifest(path))
+    manifest, extra = shard_checks.snapshot(path, lambda: store_manifest(path))
     shards = layout.entries(path, manifest)
     if extra:
         raise layout.Refused(extra[0])
@@ -373,7 +373,7 @@ def duplicate_problem(
                 store / shard["file"],
                 "ids",
                 f"row {row}: id {rid!r} is also in {seen[rid]}",
-                layout.resume_remedy(store, manifest, shard),
+                shard_checks.resume_remedy(store, manifest, shard),
             )
         seen[rid] = shard["file"]
     return None
@@ -384,13 +384,13 @@ def _read_listed(
 ) -> tuple[Path, pa.Table]:
     """A listed shard, found and read; a writer publishing it (a rename) meanwhile makes the reader look again."""
     for attempt in range(3):
-        file, problem = layout.shard_problem(path, manifest, shard, verify)
+        file, problem = shard_checks.shard_problem(path, manifest, shard, verify)
         if problem is not None or file is None:
             if problem is not None and problem.kind == "missing" and attempt < 2:
                 continue
             raise StoreError(_changed_while_read(path, manifest) or problem.message())  # type: ignore[union-attr]
         try:
-            return file, layout.read_table(file, layout.resume_remedy(path, manifest, shard))
+            return file, layout.read_table(file, shard_checks.resume_remedy(path, manifest, shard))
         except FileNotFoundError:
             continue
     raise StoreError(f"{path / shard['file']}: kept moving while it was read; read the store again")
