@@ -16,15 +16,9 @@ from depthlens.errors import StoreError
 from depthlens.stores import layout, shard_checks
 from depthlens.stores.commits import committed_problem
 from depthlens.stores.files import manifest_path, read_json
+from depthlens.stores.jsonl_checks import jsonl_commit_problem, jsonl_ranges, jsonl_record_problem
 from depthlens.stores.lock import writer
-from depthlens.stores.parquet import (
-    duplicate_problem,
-    jsonl_commit_problem,
-    jsonl_ranges,
-    jsonl_record_problem,
-    shard_fault,
-    store_manifest,
-)
+from depthlens.stores.parquet import duplicate_problem, shard_fault, store_manifest
 from depthlens.stores.readers import sample_store_of
 from depthlens.stores.records import VOCAB
 from depthlens.stores.samples import SAMPLES, SHARDS

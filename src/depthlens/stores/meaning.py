@@ -6,7 +6,7 @@ range, summing to 4.5 — is refused too.
 
 One validation for every kind of store (a sample store's responses, a ``score`` store, Parquet or JSONL) and every
 door: ``parquet.range_problem`` runs ``table_problem`` on each shard read (every reader, ``check``, ``--resume``),
-``parquet.jsonl_record_problem`` runs ``record_problem`` on each JSONL record, and the explorer runs
+``jsonl_checks.jsonl_record_problem`` runs ``record_problem`` on each JSONL record, and the explorer runs
 ``record_problem`` on each record it opens.
 
 Each check is one row of ``MEANINGS``: the field it is named by, and a function of that field's values for many

@@ -30,10 +30,11 @@ from depthlens.stores.commits import committed_problem
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.jsonl_access import JsonlSource
+from depthlens.stores.jsonl_checks import jsonl_commit_problem
 from depthlens.stores.layout import MANIFEST, Problem, is_store, manifest_file
 from depthlens.stores.meaning import Facts
 from depthlens.stores.meaning import record_problem as meaning_problem
-from depthlens.stores.parquet import jsonl_commit_problem, store_manifest
+from depthlens.stores.parquet import store_manifest
 from depthlens.stores.records import id_problem, wrong_fields
 from depthlens.stores.samples import SAMPLES
 from depthlens.stores.shortfall import shortfall
