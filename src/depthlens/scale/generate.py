@@ -19,7 +19,8 @@ from depthlens.errors import StoreError, named
 from depthlens.evals.tasks import Question
 from depthlens.models.precision import planned_precision
 from depthlens.scale.ray import actor_load_kwargs, connect, import_ray, note_actor_start, run_on_actors
-from depthlens.stores.samples import RESUME_RULES, SAMPLES, SHARDS, remove_other_format, write_questions
+from depthlens.stores.sample_writes import RESUME_RULES, remove_other_format, write_questions
+from depthlens.stores.samples import SAMPLES, SHARDS
 from depthlens.stores.shard_writer import ShardWriter
 from depthlens.studies.generate import GenerationEvents, GenerationReport, run_manifest
 

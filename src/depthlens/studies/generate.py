@@ -41,20 +41,16 @@ from depthlens.stores.formats import open_results
 from depthlens.stores.jsonl import ResultWriter
 from depthlens.stores.lock import store_lock
 from depthlens.stores.names import divergence_field
-from depthlens.stores.samples import (
+from depthlens.stores.sample_writes import (
     RESUME_RULES,
-    STORED_DIGITS,
     remove_other_format,
     samples_entry,
     samples_format,
-    samples_manifest,
-    samples_path,
     store_manifest,
-    stored,
-    stored_rows,
     vocab_entry,
     write_questions,
 )
+from depthlens.stores.samples import STORED_DIGITS, samples_manifest, samples_path, stored, stored_rows
 from depthlens.stores.shard_writer import ShardWriter
 from depthlens.stores.state import remove_derived
 from depthlens.studies.footprint import refuse_unfit

@@ -41,18 +41,15 @@ from depthlens.sampling.backend import PER_TOKEN, GenerationBackend, Trace
 from depthlens.sampling.choose import make_backend
 from depthlens.stores.files import ResumeRules
 from depthlens.stores.jsonl import ResultWriter, iter_jsonl
+from depthlens.stores.sample_writes import MANIFEST_DEFAULTS, store_manifest, vocab_entry, write_questions
 from depthlens.stores.samples import (
-    MANIFEST_DEFAULTS,
     SAMPLES,
     STORED_DIGITS,
     damaged,
     read_manifest,
     read_responses,
-    store_manifest,
     stored,
     stored_rows,
-    vocab_entry,
-    write_questions,
 )
 from depthlens.stores.state import remove_derived
 from depthlens.studies.footprint import check_trials, refuse_unfit

@@ -25,7 +25,7 @@ from depthlens.stores.files import ResumeRules
 from depthlens.stores.guard import refuse_same_file
 from depthlens.stores.inputs import BadLine, InputRecord, check_record
 from depthlens.stores.records import VOCAB
-from depthlens.stores.samples import vocab_entry
+from depthlens.stores.sample_writes import vocab_entry
 from depthlens.studies.layer_settings import readout_quantities
 from depthlens.studies.score_inputs import BadRecord
 from depthlens.studies.scoring import score_records, score_records_on
