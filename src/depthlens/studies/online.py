@@ -53,12 +53,8 @@ from depthlens.stores.samples import (
 )
 from depthlens.stores.state import remove_derived
 from depthlens.studies.footprint import check_trials, refuse_unfit
-from depthlens.studies.generate import (
-    engine_job,
-    prompt_ids,
-    sample_record,
-    sample_seed,
-)
+from depthlens.studies.generate import engine_job, prompt_ids, sample_seed
+from depthlens.studies.sample_records import sample_record
 from depthlens.studies.thinkn import response_from_record
 from depthlens.voting.methods import Response
 from depthlens.voting.online import SIGNALS, OnlineOutcome, Sampler, replay_trials, run_policy, stop_point
