@@ -26,6 +26,7 @@ lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 test: model lint
 	$(BIN)/python -m pytest -q --durations=25

@@ -233,10 +233,12 @@ def _into_store(
     from depthlens.studies.scoring import with_layer_top_tokens
 
     records, tokens = counts
-    events = ScoreEvents(
-        on_start=records.start,
-        on_record=lambda r: (records.advance(), tokens.advance(int(r.get("token_count") or 0))),
-    )
+
+    def on_record(result: dict[str, Any]) -> None:
+        records.advance()
+        tokens.advance(int(result.get("token_count") or 0))
+
+    events = ScoreEvents(on_start=records.start, on_record=on_record)
     reader = model
     if run.engine.backend == "vllm":
         from depthlens.models.info import info_of

@@ -87,9 +87,10 @@ def _checked_generation(
         check_results(samples, manifest, spec.resume, spec.overwrite, RESUME_RULES, fmt)
     say_warnings(built.warnings)
     refuse_unfitting(model, run, questions, here=ray is None or ray.address is None)
-    here = ray is None
     report = (
-        _generate_here(model, run, questions, fmt) if here else _generate_on_ray(model, run, questions, ray)
+        _generate_here(model, run, questions, fmt)
+        if ray is None
+        else _generate_on_ray(model, run, questions, ray)
     )
     _say_generated(report, run.answers, run.store)
     refuse_nothing_usable(report, run.store.out)

@@ -50,7 +50,7 @@ class Unembedding:
         rows = slice(0, lens.vocab_size)
         bias = getattr(module, "bias", None)
         return Unembedding(
-            module.weight[rows].detach(),
+            lens.parts.unembed_weight[rows].detach(),
             bias[rows].detach() if bias is not None else None,
             lens.parts.logit_post,
         )

@@ -103,6 +103,7 @@ def chunk_divergence_kinds(
     ):  # the fused kernel holds no layer's logits
         return _compiled_kinds(chunk, kinds, rows)
     final = chunk.final
+    out: dict[str, torch.Tensor]  # the kinds, then other columns by name
     out = {kind: torch.zeros(len(chunk), chunk.n_layers, device=final.logprobs.device) for kind in kinds}
     if top_k is not None:
         out["topk"] = torch.ones(len(chunk), chunk.n_layers, dtype=torch.bool, device=final.logprobs.device)
@@ -137,6 +138,7 @@ def _compiled_kinds(chunk: ReadoutChunk, kinds: Sequence[Divergence], rows: int)
     final = chunk.final
     fusable = tuple(kind for kind in kinds if kind in FUSABLE)
     step = compiled_block(chunk.lens, fusable) if fusable else None
+    out: dict[str, torch.Tensor]  # the kinds, then other columns by name
     out = {kind: torch.zeros(len(chunk), chunk.n_layers, device=final.logprobs.device) for kind in kinds}
     for first, normed in chunk.normed_blocks(rows):
         span = slice(first - 1, first - 1 + normed.shape[0])
@@ -267,7 +269,7 @@ def reduce_readout(
         else:
             columns["second"] = chunk_settling(chunk, kind, settle_at, compiled=compiled)
         if tcb is not None:
-            if unembed is None:  # the same unembedding for every chunk: row norms once per call
+            if unembed is None or row_norms_sq is None:  # one unembedding for every chunk: row norms once
                 unembed = Unembedding.from_lens(chunk.lens)
                 row_norms_sq = unembed.row_norms_sq(torch.float64 if tcb.exact else torch.float32)
             columns.update({f"tcb:{k}": v for k, v in chunk_tcb(chunk, unembed, row_norms_sq, tcb).items()})
@@ -329,7 +331,7 @@ def tcb_summary(tcb: dict[str, torch.Tensor]) -> dict[str, float | None]:
     """Per-sequence TCB scores: mean and minimum δ_TCB, mean V_eff (None-valued for no tokens)."""
     if not tcb or tcb["tcb"].numel() == 0:
         return {"tcb_mean": None, "tcb_min": None, "v_eff_mean": None}
-    summary = {
+    summary: dict[str, float | None] = {
         "tcb_mean": float(tcb["tcb"].mean()),
         "tcb_min": float(tcb["tcb"].min()),
         "v_eff_mean": float(tcb["v_eff"].mean()),

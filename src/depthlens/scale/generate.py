@@ -125,8 +125,9 @@ def generate_on_ray(
         return report
     ray_module = import_ray()
     connect(ray.address, num_cpus=max(2, int(ray.workers * ray.cpus + 0.999)))
-    ray = dataclasses.replace(ray, block=ray.block or RayConfig.GENERATE_BLOCK)
-    dataset = ray_module.data.from_items(rows, override_num_blocks=max(1, -(-len(rows) // ray.block)))
+    block = ray.block or RayConfig.GENERATE_BLOCK
+    ray = dataclasses.replace(ray, block=block)
+    dataset = ray_module.data.from_items(rows, override_num_blocks=max(1, -(-len(rows) // block)))
 
     def take(block: Any) -> Any:  # count what the block holds, then commit it whole
         counted = [

@@ -177,7 +177,8 @@ def score_on_ray(
         return RayScoreReport(skipped, writer.manifest.get("n_layers"), writer.rescored)
     ray_module = import_ray()
     connect(ray.address, num_cpus=max(2, int(ray.workers * ray.cpus + 0.999)))
-    ray = dataclasses.replace(ray, block=ray.block or RayConfig.SCORE_BLOCK)
+    block = ray.block or RayConfig.SCORE_BLOCK
+    ray = dataclasses.replace(ray, block=block)
     settings = {
         "readout": run.readout,
         "dtr": run.dtr,
@@ -187,7 +188,7 @@ def score_on_ray(
         "skip_bad": run.skip_bad,
         "float16": spec.float16,
     }
-    dataset, pending = _input_dataset(ray_module, run.source, records, todo, skipped, ray.block)
+    dataset, pending = _input_dataset(ray_module, run.source, records, todo, skipped, block)
     line_of = {r.id: r.line for r in todo}
 
     def take(block: Any) -> Any:  # the skipped records' lines, then the scored rows to commit

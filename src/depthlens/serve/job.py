@@ -277,7 +277,8 @@ def _sampling(
 def _depth(options: DepthlensOptions, settings: ServeConfig, vocab: int | None = None) -> Depth:
     try:
         dtr = DTRConfig(
-            **{k: v for k, v in (("g", options.g), ("rho", options.rho)) if v is not None},
+            g=DTRConfig.g if options.g is None else options.g,
+            rho=DTRConfig.rho if options.rho is None else options.rho,
             dtr_prefix_tokens=options.prefix,
         )
         answers = ExtractionConfig(answer_type=options.answer_type or "number")
@@ -339,9 +340,9 @@ def _online(o: OnlineOptions, settings: ServeConfig) -> OnlineConfig:
         "window": o.window,
         "batch_size": o.batch_size,
     }
-    given = {k: v for k, v in fields.items() if v is not None}
+    given: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
     try:
-        config = OnlineConfig(signal=signal, keep=keep, threshold=o.threshold, **given)  # type: ignore[arg-type]
+        config = OnlineConfig(signal=signal, keep=keep, threshold=o.threshold, **given)
     except ConfigError as exc:  # the policy's own check, across fields: the object answers for it
         error = depthlens_error(exc, "depthlens.online", {"keep": "eta"})  # the request's eta is its keep
         raise ApiError(400, error.message, "depthlens", "invalid_value") from None

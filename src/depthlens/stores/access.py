@@ -24,6 +24,7 @@ import bisect
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from operator import methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -275,7 +276,7 @@ class ParquetSource:
             wanted = present if columns is None else stored_columns(present, columns)
             table, self._light[part] = self._light[part], None
             if table is None:
-                table = self._read(part, lambda f, w=wanted: f.read(columns=w, use_threads=False))
+                table = self._read(part, methodcaller("read", columns=wanted, use_threads=False))
             else:
                 table = table.select(wanted)
             for row, record in enumerate(current_table(table).to_pylist() if table is not None else []):
@@ -285,7 +286,7 @@ class ParquetSource:
         """Each readable shard's ``columns`` (those it has) as numpy, shard by shard: a pass over the store."""
         for part in range(len(self.names)):
             present = stored_columns([f.name for f in self.columns(part)], columns)
-            table = self._read(part, lambda f, p=present: f.read(columns=p, use_threads=False))
+            table = self._read(part, methodcaller("read", columns=present, use_threads=False))
             if table is not None:
                 yield part, _arrays(current_table(table))
 
@@ -325,7 +326,7 @@ class ParquetSource:
                 wanted = None if columns is None else stored_columns(names, columns)
                 group_table = self._read(
                     location.part,
-                    lambda f, g=group, w=wanted: f.read_row_group(g, columns=w, use_threads=False),
+                    methodcaller("read_row_group", group, columns=wanted, use_threads=False),
                 )
                 groups[(location.part, group)] = None if group_table is None else current_table(group_table)
             table = groups[(location.part, group)]

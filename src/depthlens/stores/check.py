@@ -241,9 +241,9 @@ def check_parquet(store: Path, verify: bool) -> CheckReport:
             "next --resume moves it to the current layout"
         )
     report.problems += unlisted
-    lost = committed_problem(store, manifest)
-    if lost is not None:
-        report.problems.append(lost)
+    uncommitted = committed_problem(store, manifest)
+    if uncommitted is not None:
+        report.problems.append(uncommitted)
     seen: dict[str, str] = {}
     for shard in shards:
         problem, table = _check_shard(store, manifest, shard, verify)
@@ -336,7 +336,7 @@ def check_jsonl(store: Path, verify: bool = True, commit: bool = True) -> CheckR
     fix = (
         "rerun the command that wrote it with --resume: it sets that line aside and computes its record again"
     )
-    ranges, seen = jsonl_ranges(store), {}
+    ranges, seen = jsonl_ranges(store), dict[str, str]()
     with store.open("rb") as f:
         for number, raw in enumerate(f, start=1):
             if not raw.strip():

@@ -106,7 +106,7 @@ def jsonl_record_problem(
 def iter_jsonl_checked(path: Path, verify: bool) -> Iterator[tuple[str, dict[str, Any]]]:
     """A JSONL store's records: the file against its manifest's commit, each record as ``jsonl_record_problem``
     says."""
-    ranges, seen = jsonl_ranges(path), {}
+    ranges, seen = jsonl_ranges(path), dict[str, str]()
     for where, record in iter_jsonl_located(path):
         problem = jsonl_record_problem(path, where, record, ranges, seen)
         if problem is not None:

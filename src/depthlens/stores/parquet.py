@@ -288,7 +288,8 @@ def _read_listed(
         if problem is not None or file is None:
             if problem is not None and problem.kind == "missing" and attempt < 2:
                 continue
-            raise StoreError(_changed_while_read(path, manifest) or problem.message())  # type: ignore[union-attr]
+            found = problem.message() if problem is not None else f"{path / shard['file']}: not found"
+            raise StoreError(_changed_while_read(path, manifest) or found)
         try:
             return file, layout.read_table(file, shard_checks.resume_remedy(path, manifest, shard))
         except FileNotFoundError:

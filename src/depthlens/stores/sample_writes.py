@@ -106,12 +106,12 @@ def samples_format(
     commands check it before loading one."""
     if requested is not None and requested not in FORMATS:
         raise InputError(f"{named('store')} {requested!r}: use one of {', '.join(FORMATS)}")
-    found = [f for f in FORMATS if samples_path(out_dir, f).exists()]  # type: ignore[arg-type]
+    found = [f for f in FORMATS if samples_path(out_dir, f).exists()]
     if len(found) > 1 and (overwrite or (resume and requested is not None)):
         found = [requested or "parquet"]  # the flag picks one; --overwrite removes the other
     elif len(found) > 1:
         raise two_stores(out_dir)
-    existing: StoreFormat | None = found[0] if found else None  # type: ignore[assignment]
+    existing: StoreFormat | None = found[0] if found else None
     if existing is not None and not resume and not overwrite:
         return existing  # whose check then says it exists: --resume or --overwrite
     if resume and existing is not None:
@@ -128,7 +128,7 @@ def samples_format(
 def remove_other_format(out_dir: Path, fmt: StoreFormat) -> None:
     """``--overwrite`` with a store of the other format in ``out_dir``: remove it, so one store remains."""
     for other in FORMATS:
-        old = samples_path(out_dir, other)  # type: ignore[arg-type]
+        old = samples_path(out_dir, other)
         if other == fmt or not old.exists():
             continue
         if old.is_dir():

@@ -84,11 +84,12 @@ _picked: contextvars.ContextVar[StoreFormat | None] = contextvars.ContextVar("pi
 
 
 @contextlib.contextmanager
-def picking(fmt: StoreFormat | None) -> Iterator[None]:
-    """Read the responses in ``fmt`` where a directory holds both formats (``--store`` of a reading command)."""
+def picking(fmt: str | None) -> Iterator[None]:
+    """Read the responses in ``fmt`` where a directory holds both formats (``--store`` of a reading command, as
+    given: checked here)."""
     if fmt is not None and fmt not in FORMATS:
         raise InputError(f"{named('store')} {fmt!r}: use one of {', '.join(FORMATS)}")
-    token = _picked.set(fmt)
+    token = _picked.set(fmt)  # one of FORMATS (narrowed by the check above), or None
     try:
         yield
     finally:

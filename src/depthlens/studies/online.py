@@ -373,7 +373,7 @@ def budget_sweep(
         for beta in consensus:
             for max_n in (n for n in budgets if n > online.warmup):
                 cfg = dataclasses.replace(online, signal=signal, consensus=beta, max_n=max_n)
-                s = replay_trials(pools, cfg, trials, seed)
+                replayed = replay_trials(pools, cfg, trials, seed)
                 family = SIGNALS[signal].family
                 rows.append(
                     {
@@ -381,11 +381,11 @@ def budget_sweep(
                         "family": family,
                         "budget": max_n,
                         "consensus": beta,
-                        "accuracy_mean": s.accuracy_mean,
-                        "accuracy_std": s.accuracy_std,
-                        "cost_mean": s.cost_mean,
-                        "cost_std": s.cost_std,
-                        "started_mean": s.started_mean,
+                        "accuracy_mean": replayed.accuracy_mean,
+                        "accuracy_std": replayed.accuracy_std,
+                        "cost_mean": replayed.cost_mean,
+                        "cost_std": replayed.cost_std,
+                        "started_mean": replayed.started_mean,
                     }
                 )
     return rows

@@ -189,11 +189,8 @@ def _rules(
     settings, rules_before = store_answers(manifest)
     if "answers" not in manifest:
         settings = dataclasses.replace(AnswerConfig(), prompt_style=settings.prompt_style)
-    rules = dataclasses.replace(
-        settings,
-        answer_type=answer_type if answer_type is not None else settings.answer_type,  # type: ignore[arg-type]
-        fallback=fallback if fallback is not None else settings.fallback,  # type: ignore[arg-type]
-    )
+    asked: dict[str, Any] = {"answer_type": answer_type, "fallback": fallback}  # AnswerConfig checks each
+    rules = dataclasses.replace(settings, **{k: v for k, v in asked.items() if v is not None})
     return rules, rules_before
 
 

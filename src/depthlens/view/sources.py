@@ -68,9 +68,10 @@ def open_samples(root: Path, notices: list[str]) -> tuple[dict[str, Any], Parque
         manifest = read_loose(
             manifest_file(root / samples.SHARDS) if sharded else manifest_path(root / SAMPLES)
         )
+    source: ParquetSource | JsonlSource
     if sharded:
-        source: ParquetSource | JsonlSource = ParquetSource(root / samples.SHARDS, manifest or None, notices)
-        manifest = {**source.settings(), **manifest}
+        source = parquet = ParquetSource(root / samples.SHARDS, manifest or None, notices)
+        manifest = {**parquet.settings(), **manifest}
         lost = committed_problem(root / samples.SHARDS, manifest)  # shards removed with their entries
         if lost is not None:
             notices.append(
@@ -96,8 +97,8 @@ def open_scores(root: Path, notices: list[str]) -> tuple[dict[str, Any], Parquet
         notices.append(f"{exc} — shown: what the store's records hold")
         manifest = read_loose(manifest_file(root) if root.is_dir() else manifest_path(root))
     if root.is_dir():
-        source: ParquetSource | JsonlSource = ParquetSource(root, manifest or None, notices)
-        return {**source.settings(), **manifest}, source
+        parquet = ParquetSource(root, manifest or None, notices)
+        return {**parquet.settings(), **manifest}, parquet
     return manifest, JsonlSource(root, notices)
 
 

@@ -181,28 +181,9 @@ def open_store(path: Path) -> ViewStore:
         manifest, source = read_loose(manifest_path(root / TRACE)), JsonlSource(root / TRACE, notices)
     else:
         manifest, source = open_scores(root, notices)
-    records, locations, by_id = [], [], {}
-    missing_id, twice = 0, []
-    for location, record in source.scan():
-        if not isinstance(record.get("id"), str | int):
-            missing_id += 1
-            continue
-        if str(record["id"]) in by_id:  # what every reader refuses: shown once, with the readers' notice
-            if not (id_problem(record) or id_problem(records[by_id[str(record["id"])]])):
-                twice.append((str(record["id"]), source.where(location)))  # (an edited id: its own check)
-            continue
-        by_id[str(record["id"])] = len(records)
-        records.append(record)
-        locations.append(location)
-    if missing_id:
-        notices.append(f"{missing_id} record(s) without an id; not shown")
-    if twice:
-        notices.append(
-            f"id {twice[0][0]!r}{f' and {len(twice) - 1} more' if len(twice) > 1 else ''} held twice (again at "
-            f"{twice[0][1]}: a line repeated or a shard copied): every reader (export, thinkn --from, report) "
-            f"refuses this store, `depthlens check {root}` lists each with its remedy; shown once"
-        )
-    n_layers = manifest.get("n_layers") if isinstance(manifest.get("n_layers"), int) else None
+    records, locations, by_id = _light_records(source, root, notices)
+    n_layers = manifest.get("n_layers")
+    n_layers = n_layers if isinstance(n_layers, int) else None
     if n_layers is None and kind != "tcb":
         n_layers = stored_layers(source)
     store = ViewStore(
@@ -230,6 +211,37 @@ def open_store(path: Path) -> ViewStore:
     if note is not None:
         store.notices.append(note)
     return store
+
+
+def _light_records(
+    source: ParquetSource | JsonlSource, root: Path, notices: list[str]
+) -> tuple[list[dict[str, Any]], list[Location], dict[str, int]]:
+    """Every record's light fields, where it is and its index by id: one per id (a record without an id, or a
+    repeat of one, is left out and said in ``notices``)."""
+    records: list[dict[str, Any]] = []
+    locations: list[Location] = []
+    by_id: dict[str, int] = {}
+    missing_id, twice = 0, []
+    for location, record in source.scan():
+        if not isinstance(record.get("id"), str | int):
+            missing_id += 1
+            continue
+        if str(record["id"]) in by_id:  # what every reader refuses: shown once, with the readers' notice
+            if not (id_problem(record) or id_problem(records[by_id[str(record["id"])]])):
+                twice.append((str(record["id"]), source.where(location)))  # (an edited id: its own check)
+            continue
+        by_id[str(record["id"])] = len(records)
+        records.append(record)
+        locations.append(location)
+    if missing_id:
+        notices.append(f"{missing_id} record(s) without an id; not shown")
+    if twice:
+        notices.append(
+            f"id {twice[0][0]!r}{f' and {len(twice) - 1} more' if len(twice) > 1 else ''} held twice (again at "
+            f"{twice[0][1]}: a line repeated or a shard copied): every reader (export, thinkn --from, report) "
+            f"refuses this store, `depthlens check {root}` lists each with its remedy; shown once"
+        )
+    return records, locations, by_id
 
 
 def _check_responses(store: ViewStore) -> None:
