@@ -38,7 +38,8 @@ def test_no_function_runs_past_60_lines():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{_name(path)}:{node.lineno} {node.name}: {lines} lines")
     assert not long, (
-        f"functions over {MAX_FUNCTION_LINES} lines (name each step as a helper of its own):\n" + "\n".join(long)
+        f"functions over {MAX_FUNCTION_LINES} lines (name each step as a helper of its own):\n"
+        + "\n".join(long)
     )
 
 
@@ -85,7 +86,9 @@ def test_the_checks_see_what_they_count():
     tree = ast.parse(f"def f():\n{body}\n")
     node = tree.body[0]
     assert isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 == 61
-    source = "a = 1  # type: ignore\nb = 2  # type: ignore[assignment]  # the stub says int, numpy gives int64\n"
+    source = (
+        "a = 1  # type: ignore\nb = 2  # type: ignore[assignment]  # the stub says int, numpy gives int64\n"
+    )
     comments = [IGNORE.match(c) for _, c in _ignores(source)]
     assert [m.group("codes") if m else None for m in comments] == [None, "[assignment]"]
     assert comments[1] is not None and comments[1].group("rest").strip().startswith("# the stub")
