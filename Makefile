@@ -47,4 +47,4 @@ bench: model
 	$(BIN)/python benchmarks/readout.py --out docs/benchmarks/readout.json
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache
