@@ -26,6 +26,7 @@ lint: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 test: model lint
 	$(BIN)/python -m pytest -q --durations=25
@@ -46,4 +47,4 @@ bench: model
 	$(BIN)/python benchmarks/readout.py --out docs/benchmarks/readout.json
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache

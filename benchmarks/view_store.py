@@ -35,7 +35,8 @@ from depthlens.config import AnswerConfig, DTRConfig, EngineConfig, ReadoutConfi
 from depthlens.evals.tasks import Question
 from depthlens.stores.arrow import to_table
 from depthlens.stores.layout import is_legacy, is_store, manifest_file
-from depthlens.stores.samples import RESUME_RULES, SHARDS, samples_entry, store_manifest, write_questions
+from depthlens.stores.sample_writes import RESUME_RULES, samples_entry, store_manifest, write_questions
+from depthlens.stores.samples import SHARDS
 from depthlens.stores.shard_writer import ShardWriter
 from depthlens.studies.generate import sample_seed
 

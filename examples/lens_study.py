@@ -37,7 +37,7 @@ def _windows(lm: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each response as score reads it: the chat prompt the study generated under, and the first ℓ tokens of its
     text tokenized again (the end-of-turn id added back where the response ended on it)."""
     from depthlens.evals.tasks import Question
-    from depthlens.studies.score import tokenize
+    from depthlens.studies.score_inputs import tokenize
 
     eos = lm.tokenizer.eos_token_id
     out = []

@@ -97,7 +97,7 @@ def test_the_committed_lens_table_re_derives_from_the_committed_rows():
     assert len(derived) == len(written)
     for old, new in zip(written, derived, strict=True):
         for key, cell in old.items():
-            value = new[key]
+            value = new.get(key)
             if isinstance(value, float):
                 assert (cell == "nan" and math.isnan(value)) or float(cell) == pytest.approx(
                     value, rel=1e-5
@@ -108,7 +108,9 @@ def test_the_committed_lens_table_re_derives_from_the_committed_rows():
         rows = read_lens_rows(path)
         assert all(0 <= r["deep"] <= r["tokens_read"] <= 50 for r in rows)
         assert all(
-            r["dtr_prefix"] == pytest.approx(r["deep"] / r["tokens_read"]) for r in rows if r["tokens_read"]
+            r["dtr_prefix"] == pytest.approx(r["deep"] / r["tokens_read"], abs=1e-6)
+            for r in rows
+            if r["tokens_read"]
         )
 
 

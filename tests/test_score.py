@@ -10,7 +10,8 @@ from depthlens.config import DTRConfig, ScoreRun, StoreSpec
 from depthlens.errors import InputError, StoreError
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
-from depthlens.studies.score import SUMMARY_FIELDS, ScoreEvents, run_score, score
+from depthlens.studies.score import ScoreEvents, run_score, score
+from depthlens.studies.scoring import SUMMARY_FIELDS
 
 
 def _write(path, lines):

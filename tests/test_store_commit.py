@@ -238,7 +238,7 @@ def test_a_reader_running_beside_a_writer_sees_only_whole_commits(tmp_path):
 def test_a_reader_whose_manifest_is_overtaken_mid_listing_reads_the_newer_state(tmp_path, monkeypatch):
     """The race behind the test above failing at load 11-14 (issue 38's sweep): a reader reads the manifest, a writer
     commits the next shard (manifest renamed in first, then the shard's visible name), the reader lists the directory
-    and finds a shard its manifest does not hold. ``layout.snapshot`` reads the manifest again and lists under the
+    and finds a shard its manifest does not hold. ``shard_checks.snapshot`` reads the manifest again and lists under the
     newer one; a file no manifest lists (another run's) is still refused."""
     import shutil
 

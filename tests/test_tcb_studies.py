@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from depthlens.metrics.tcb import final_output, geometry_ablation, sharp_drops, v_eff_band
+from depthlens.metrics.tcb import final_output
+from depthlens.metrics.tcb_geometry import geometry_ablation, sharp_drops, v_eff_band
 from depthlens.stats.correlation import pearson, spearman
 from depthlens.studies.tcb_studies import generation_trace, geometry, prompt_set, prompt_variants, regimes
 from tests.test_cli import run

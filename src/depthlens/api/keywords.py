@@ -295,7 +295,8 @@ def warn(said: Iterable[DepthlensWarning]) -> None:
 def _callers_level() -> int:
     """``warnings.warn``'s stacklevel of the first frame outside depthlens: the caller's own line."""
     package = str(Path(__file__).resolve().parents[1])
-    frame, level = sys._getframe(1), 1
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(package):
         frame, level = frame.f_back, level + 1
     return level

@@ -142,7 +142,7 @@ class Lines:
 def interactive() -> bool:
     """Whether bars can be drawn: stderr is a terminal, or a notebook's kernel runs this (its widget)."""
     ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None  # type: ignore[attr-defined]  # IPython's own
+    shell = ipython.get_ipython() if ipython is not None else None
     if shell is not None and "IPKernelApp" in getattr(shell, "config", {}):
         return True
     return sys.stderr.isatty()

@@ -187,7 +187,8 @@ def _in_memory(
     """Each record's result, scored here (or read out in a vLLM engine started for the call, stopped after),
     counted on the bars as it comes; ``layer_top_tokens`` where the tokenizer is at hand."""
     from depthlens.api.pools import stop_engine
-    from depthlens.studies.score import engine_reader, score_records, score_records_on, with_layer_top_tokens
+    from depthlens.studies.score import engine_reader
+    from depthlens.studies.scoring import score_records, score_records_on, with_layer_top_tokens
 
     if run.engine.backend == "vllm":
         from depthlens.models.info import info_of
@@ -228,13 +229,16 @@ def _into_store(
     """The records scored into the store ``run.store.out`` names (replacing one there), as ``depthlens score
     --out`` writes it — its manifest records this call —, and read back."""
     from depthlens.stores.parquet import iter_store
-    from depthlens.studies.score import ScoreEvents, run_score, with_layer_top_tokens
+    from depthlens.studies.score import ScoreEvents, run_score
+    from depthlens.studies.scoring import with_layer_top_tokens
 
     records, tokens = counts
-    events = ScoreEvents(
-        on_start=records.start,
-        on_record=lambda r: (records.advance(), tokens.advance(int(r.get("token_count") or 0))),
-    )
+
+    def on_record(result: dict[str, Any]) -> None:
+        records.advance()
+        tokens.advance(int(result.get("token_count") or 0))
+
+    events = ScoreEvents(on_start=records.start, on_record=on_record)
     reader = model
     if run.engine.backend == "vllm":
         from depthlens.models.info import info_of

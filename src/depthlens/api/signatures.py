@@ -46,8 +46,10 @@ def settings_lines(verb: str) -> list[str]:
             annotation, default = "str | LensSpec", _literal(str(field.default))
         elif field.default is not dataclasses.MISSING:
             default = _literal(field.default)
-        else:
-            default = _literal(field.default_factory())  # type: ignore[misc]  # a field without a default has none
+        elif field.default_factory is not dataclasses.MISSING:
+            default = _literal(field.default_factory())
+        else:  # every config field has a default: a verb's keyword may be left out
+            raise TypeError(f"{cls.__name__}.{name} has no default; a verb's keyword needs one")
         lines.append(f"    {key}: {annotation} = {default},")
     return lines
 

@@ -24,7 +24,7 @@ from depthlens.errors import DepthlensError, DepthlensWarning, near_paths
 try:  # typer ≥ 0.24 carries its own click
     from typer._click.exceptions import UsageError
 except ImportError:  # pragma: no cover - an older typer on the real click
-    from click.exceptions import UsageError  # type: ignore[assignment,no-redef]
+    from click.exceptions import UsageError  # type: ignore[assignment]  # the same class, from the real click
 
 if TYPE_CHECKING:
     from depthlens.config import EngineConfig, ModelSpec

@@ -37,7 +37,7 @@ def correlate(
     from depthlens.studies.report import find_stores
 
     cfg = CorrelationConfig(bins=bins, seeds=seeds, n=n, bootstrap=bootstrap)
-    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
+    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]  # DTRConfig checks the text
     from depthlens.stores.guard import refuse_inside
     from depthlens.stores.parquet import verifying
     from depthlens.stores.samples import SAMPLES, SHARDS, picking
@@ -46,7 +46,7 @@ def correlate(
     for path in paths:  # tables and figures never land inside a store they read
         refuse_inside(out, path / SHARDS, "the tables and figures")
         refuse_inside(out, path / SAMPLES, "the tables and figures")
-    with picking(store_format), verifying(verify):  # type: ignore[arg-type]
+    with picking(store_format), verifying(verify):
         _correlate(paths, out, cfg, dtr, g_kl, g_cosine, sweeps)
 
 

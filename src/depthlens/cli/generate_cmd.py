@@ -29,7 +29,7 @@ def generate(
     settle: opt.SettleOpt = DTRConfig.settle,
     divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
     also_divergences: opt.AlsoDivergences = "",
-    lens: opt.LensOpt = ReadoutConfig.lens,
+    lens: opt.LensOpt = str(ReadoutConfig.lens),
     compile_kernel: opt.CompileOpt = ReadoutConfig.compile,
     layers: groups.Layers,
     answers: groups.Answers,

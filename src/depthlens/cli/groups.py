@@ -156,7 +156,8 @@ class Store:
     float16: opt.Float16 = StoreSpec.float16
 
     def spec(self, out: Path) -> StoreSpec:
-        return StoreSpec(out, self.resume, self.overwrite, self.store_format, self.float16)  # type: ignore[arg-type]
+        fmt = self.store_format
+        return StoreSpec(out, self.resume, self.overwrite, fmt, self.float16)  # type: ignore[arg-type]  # --store's text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +200,8 @@ class Tcb:
     def config(self) -> TCBConfig | None:
         if not self.tcb:
             return None
-        return TCBConfig(self.epsilon, self.v_eff, self.spectral, exact=self.tcb_exact)  # type: ignore[arg-type]
+        v_eff = self.v_eff
+        return TCBConfig(self.epsilon, v_eff, self.spectral, exact=self.tcb_exact)  # type: ignore[arg-type]  # --v-eff's text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,9 +259,9 @@ def grouped(fn: F) -> F:
             given[name] = group(**{f.name: given.pop(f.name) for f in dataclasses.fields(group)})
         return fn(**given)
 
-    call.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    call.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]  # read by inspect
     call.__annotations__ = {p.name: p.annotation for p in params}
-    return call  # type: ignore[return-value]
+    return call  # type: ignore[return-value]  # it takes the groups' fields instead: typer reads its signature
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,7 @@ def heatmap(
     rho: opt.Rho = DTRConfig.rho,
     deep_rule: opt.DeepRuleOpt = DTRConfig.deep_rule,
     divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
-    lens: opt.LensOpt = ReadoutConfig.lens,
+    lens: opt.LensOpt = str(ReadoutConfig.lens),
     settle: opt.SettleOpt = DTRConfig.settle,
     layers: groups.HeatmapLayers,
     arch: groups.Arch,
@@ -41,7 +41,8 @@ def heatmap(
     from depthlens.errors import InputError
     from depthlens.models.tokens import token_texts
     from depthlens.studies.runs import score_run
-    from depthlens.studies.score import score, with_layer_top_tokens
+    from depthlens.studies.score import score
+    from depthlens.studies.scoring import with_layer_top_tokens
 
     if not completion:
         raise InputError("--completion is empty: give the text to read out")
@@ -57,7 +58,7 @@ def heatmap(
     say_warnings(built.warnings)
     readout, dtr = built.run.readout, built.run.dtr
     lm = load_model(model.spec(arch))
-    data = {"id": "text", "completion": completion}
+    data: dict[str, Any] = {"id": "text", "completion": completion}
     data.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     with err_console.status("reading out every layer"):
         (record,) = score(lm, [data], readout=readout, dtr=dtr, tcb=None, tokens=True)

@@ -75,7 +75,7 @@ def fit(
 
     if kind not in KIND_FLAGS:
         raise InputError(f"--kind {kind}: must be tuned or jacobian")
-    given = {
+    given: dict[str, dict[str, Any]] = {
         "tuned": {"max_tokens": max_tokens, "steps": steps, "lr": lr, "heldout": heldout,
                   "batch_tokens": batch_tokens, "layers_per_step": layers_per_step},
         "jacobian": {"prompts": prompts, "max_tokens": prompt_tokens, "heldout": heldout_prompts,
@@ -86,7 +86,7 @@ def fit(
         if value is not None:
             flag = KIND_FLAGS[other][key]
             raise InputError(f"{flag} {value}: it sets a --kind {other} fit; leave it out for --kind {kind}")
-    settings = {
+    settings: dict[str, Any] = {
         k: v for k, v in {**given[kind], "max_seconds": max_seconds, "seed": seed}.items() if v is not None
     }
     if kind == "tuned":

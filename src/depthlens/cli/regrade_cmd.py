@@ -91,7 +91,7 @@ def regrade(
     from depthlens.stores.samples import picking
 
     for store in stores:
-        with picking(store_format), err_console.status(f"regrading {store}"):  # type: ignore[arg-type]
+        with picking(store_format), err_console.status(f"regrading {store}"):
             if out is None:
                 report = regrade_store(store, answer_type, answer_fallback)
             else:

@@ -27,11 +27,11 @@ def report(
     from depthlens.viz.report import write_report
 
     cfg = CorrelationConfig(bins=bins, seeds=seeds, bootstrap=bootstrap)
-    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]
+    dtr = DTRConfig(g=g, rho=rho, deep_rule=deep_rule)  # type: ignore[arg-type]  # DTRConfig checks the text
     from depthlens.stores.parquet import verifying
     from depthlens.stores.samples import picking
 
-    with picking(store_format), verifying(verify), err_console.status("building the report") as status:  # type: ignore[arg-type]
+    with picking(store_format), verifying(verify), err_console.status("building the report") as status:
         data = prepare_report(
             run_dir,
             cfg,

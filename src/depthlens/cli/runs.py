@@ -41,7 +41,8 @@ def say_warnings(warnings: tuple[DepthlensWarning, ...]) -> None:
 def run_generation(model: ModelSpec, built: Built[GenerateRun], ray: RayConfig | None) -> GenerationReport:
     """Check everything else that needs no model (``--out``, the model's name, ``--resume``), then sample here or
     on Ray actors, and say what was written."""
-    from depthlens.stores.samples import samples_entry, samples_format, samples_path
+    from depthlens.stores.sample_writes import samples_entry, samples_format
+    from depthlens.stores.samples import samples_path
 
     run = built.run
     out, spec = run.store.out, run.store
@@ -71,7 +72,8 @@ def _checked_generation(
 ) -> GenerationReport:
     from depthlens.models.locate import locate
     from depthlens.stores.formats import check_results
-    from depthlens.stores.samples import RESUME_RULES, samples_path
+    from depthlens.stores.sample_writes import RESUME_RULES
+    from depthlens.stores.samples import samples_path
 
     run, questions = built.run, list(built.questions)
     out, spec = run.store.out, run.store
@@ -85,9 +87,10 @@ def _checked_generation(
         check_results(samples, manifest, spec.resume, spec.overwrite, RESUME_RULES, fmt)
     say_warnings(built.warnings)
     refuse_unfitting(model, run, questions, here=ray is None or ray.address is None)
-    here = ray is None
     report = (
-        _generate_here(model, run, questions, fmt) if here else _generate_on_ray(model, run, questions, ray)
+        _generate_here(model, run, questions, fmt)
+        if ray is None
+        else _generate_on_ray(model, run, questions, ray)
     )
     _say_generated(report, run.answers, run.store)
     refuse_nothing_usable(report, run.store.out)

@@ -49,7 +49,7 @@ def score(
     divergence: opt.DivergenceOpt = ReadoutConfig.divergence,
     deep_rule: opt.DeepRuleOpt = DTRConfig.deep_rule,
     final_norm: opt.FinalNorm = ReadoutConfig.final_norm,
-    lens: opt.LensOpt = ReadoutConfig.lens,
+    lens: opt.LensOpt = str(ReadoutConfig.lens),
     settle: opt.SettleOpt = DTRConfig.settle,
     layers: groups.Layers,
     tcb: groups.Tcb,

@@ -69,7 +69,7 @@ def serve(
     api_key: opt.ApiKey = ServeConfig.api_key,
     served_model_name: opt.ServedName = None,
     readout_tokens: opt.ServeReadout = str(ServeConfig.readout_tokens),
-    lens: opt.LensOpt = ReadoutConfig.lens,
+    lens: opt.LensOpt = str(ReadoutConfig.lens),
     limits: Limits,
     device: opt.Device = ModelSpec.device,
     dtype: opt.DType = ModelSpec.dtype,

@@ -16,6 +16,7 @@ from depthlens.config import (
     AnswerType,
     Backend,
     Fallback,
+    LensSpec,
     PromptStyle,
     ReadoutConfig,
     SamplingConfig,
@@ -46,11 +47,11 @@ def answer_config(prompt_style: str, answer_type: str | None, fallback: str) -> 
     ):
         if value is not None and value not in get_args(literal):
             raise InputError(f"{option} {value!r}: use one of {', '.join(get_args(literal))}")
-    return AnswerConfig(prompt_style, answer_type, fallback)  # type: ignore[arg-type]
+    return AnswerConfig(prompt_style, answer_type, fallback)  # type: ignore[arg-type]  # each one of its choices
 
 
 def readout_config(
-    divergence: str, also_divergences: str = "", lens: str = ReadoutConfig.lens
+    divergence: str, also_divergences: str = "", lens: str | LensSpec = ReadoutConfig.lens
 ) -> ReadoutConfig:
     """``--divergence``, ``--also-divergences`` (comma-separated) and ``--lens`` (``studies.resolve.readout``: a
     tuned lens resolved, its fit's digest taken, so that the store's manifest names the very fit that read it)."""

@@ -20,6 +20,6 @@ def tasks() -> None:
     by_type: dict[str, list[str]] = {}
     for family, kind in ANSWER_TYPES.items():
         by_type.setdefault(kind, []).append(family)
-    for kind, families in by_type.items():
-        console.print(f"  {kind}: {', '.join(families)}", soft_wrap=True)
+    for answer_type, families in by_type.items():
+        console.print(f"  {answer_type}: {', '.join(families)}", soft_wrap=True)
     console.print("[bold]local[/]: any .jsonl with question, answer and optional choices per line")

@@ -83,9 +83,10 @@ def thinkn(
     Generates a pool per question into --out (or reads --from), then votes over --trials draws of n.
     The methods are defined in docs/definitions.md §5.
     """
-    if (out is None) == (from_store is None):
+    target = from_store or out
+    if target is None or (out is not None and from_store is not None):
         raise InputError("give --out DIR to generate and vote, or --from DIR to re-vote an existing store")
-    spec = store.spec(from_store or out)  # type: ignore[arg-type]
+    spec = store.spec(target)
     task_spec = task.spec()  # first: the task's own errors before torch loads
     given = Given(
         task,
@@ -127,7 +128,7 @@ def _offline(given: Given, vote_on: groups.Vote, n: int, sample: bool) -> None:
         vote_on.trials,
         vote_on.seed,
         vote_on.deepconf_window,
-        vote_on.tie_break,  # type: ignore[arg-type]
+        vote_on.tie_break,  # type: ignore[arg-type]  # --tie-break's text: VotingConfig checks it
     )
     chosen = method_list(vote_on.methods)
     store = given.store

@@ -15,20 +15,22 @@ from depthlens.errors import ConfigError
 class Config:
     """Mixin: dict round-trip with unknown keys rejected."""
 
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]  # every config is a dataclass
+
     DICT_KEYS: ClassVar[dict[str, str]] = {}
     """A field renamed after stores held it → the key its dict (a manifest, a summary, a server response) keeps:
     the formats stay as they were, and a dict with either name reads back."""
 
     def to_dict(self) -> dict[str, Any]:
         # Tuples become lists, as they come back from a JSON manifest (so a resumed run compares equal).
-        data = dataclasses.asdict(self)  # type: ignore[call-overload]
+        data = dataclasses.asdict(self)
         return {self.DICT_KEYS.get(k, k): list(v) if isinstance(v, tuple) else v for k, v in data.items()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
         fields = {key: name for name, key in cls.DICT_KEYS.items()}
         data = {fields.get(k, k): v for k, v in data.items()}
-        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"{cls.__name__}: unknown key(s) {unknown}; known keys are {sorted(known)}")

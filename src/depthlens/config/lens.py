@@ -24,7 +24,7 @@ Jacobian lens's J_l h (Gurnee et al. 2026; the published ``.pt`` artifact). docs
 
 KINDS: tuple[LensKind, ...] = ("logit", "tuned", "tuned-package", "jacobian")
 
-SPELLINGS = {"tuned": "tuned", "tuned-package": "tuned-package", "jacobian": "jacobian"}
+SPELLINGS: dict[str, LensKind] = {"tuned": "tuned", "tuned-package": "tuned-package", "jacobian": "jacobian"}
 """The prefixes a front may give a lens path with: ``tuned:PATH`` reads either tuned form (the folder says which:
 ``readout.lenses``), ``tuned-package:PATH`` insists on the package's, ``jacobian:PATH`` a J-lens artifact."""
 
@@ -66,7 +66,7 @@ class LensSpec:
             return cls()
         prefix, _, path = text.partition(":")
         if prefix in SPELLINGS and path.strip():
-            return cls(SPELLINGS[prefix], path.strip(), digest)  # type: ignore[arg-type]
+            return cls(SPELLINGS[prefix], path.strip(), digest)
         raise ConfigError(
             setting="lens", value=text, requirement=REQUIREMENT, owner="ReadoutConfig", hint=HINT
         )

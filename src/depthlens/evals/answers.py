@@ -279,8 +279,8 @@ def _verify_in_process(pred: str, gold: str, timeout: int | None) -> bool | None
     """Math-Verify's verdict: True / False, or None when either side does not parse."""
     from math_verify import parse, verify
 
-    parsed_gold = parse(f"${gold}$", parsing_timeout=timeout)  # type: ignore[arg-type]
-    parsed_pred = parse(f"${pred}$", parsing_timeout=timeout)  # type: ignore[arg-type]
+    parsed_gold = parse(f"${gold}$", parsing_timeout=timeout)
+    parsed_pred = parse(f"${pred}$", parsing_timeout=timeout)
     # Math-Verify falls back to the raw string when it extracts nothing: only a parsed expression counts.
     if not any(not isinstance(x, str) for x in parsed_gold) or not any(
         not isinstance(x, str) for x in parsed_pred

@@ -8,6 +8,7 @@ import json
 import logging
 import random
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,21 @@ def _reasoning_gym(
             f"{name}-{i}",
             entry["question"],
             str(entry["answer"]),
-            scorer=lambda answer, entry=entry, scorer=source: scorer.score_answer(answer, entry),
+            scorer=_entry_scorer(source, entry),
             answer_type=kind,
             reference_issue=why,
         )
         for i, entry, source, why in chosen
     ]
+
+
+def _entry_scorer(dataset: Any, entry: dict[str, Any]) -> Callable[[str], float]:
+    """A question's grader: the reasoning-gym dataset's own ``score_answer`` on its generated entry."""
+
+    def score(answer: str) -> float:
+        return dataset.score_answer(answer, entry)
+
+    return score
 
 
 def check_dataset(name: str, config: dict[str, Any]) -> None:

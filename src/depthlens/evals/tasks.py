@@ -72,9 +72,13 @@ def infer_answer_type(answers: list[str]) -> AnswerType:
     def listing(a: str) -> bool:
         return a.strip().startswith("[") or ", " in a or (a.count(",") >= 1 and " " not in a)
 
-    for kind, test in (("letter", lambda a: a.strip() in LETTERS), ("number", number)):
+    tests: tuple[tuple[AnswerType, Callable[[str], bool]], ...] = (
+        ("letter", lambda a: a.strip() in LETTERS),
+        ("number", number),
+    )
+    for kind, test in tests:
         if answers and all(test(a) for a in answers):
-            return kind  # type: ignore[return-value]
+            return kind
     if answers and all(listing(a) for a in answers):
         return "list"
     if answers and all(expression(a) for a in answers):

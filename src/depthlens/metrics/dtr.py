@@ -75,7 +75,7 @@ def matched_threshold(reference_tl: torch.Tensor, g: float, other_tl: torch.Tens
 
 
 def settling_and_deep(
-    divergence: Sequence[Sequence[float]],
+    divergence: Sequence[Sequence[float]] | np.ndarray,
     n_layers: int,
     dtr: DTRConfig,
     layer_top_ids: Sequence[Sequence[Sequence[int]]] | np.ndarray | None = None,

@@ -104,6 +104,7 @@ def chunk_divergence_kinds(
     if compiled and top_k is None and not quantities:
         return _compiled_kinds(chunk, kinds, rows, layer_top)
     final = chunk.final
+    out: dict[str, torch.Tensor]  # the kinds, then other columns by name
     out = {kind: torch.zeros(len(chunk), chunk.n_layers, device=final.logprobs.device) for kind in kinds}
     if top_k is not None:
         out["topk"] = torch.ones(len(chunk), chunk.n_layers, dtype=torch.bool, device=final.logprobs.device)
@@ -149,6 +150,7 @@ def _compiled_kinds(
     final = chunk.final
     fusable = tuple(kind for kind in kinds if kind in FUSABLE)
     step = compiled_block(chunk.lens, fusable, layer_top) if fusable or layer_top else None
+    out: dict[str, torch.Tensor]  # the kinds, then other columns by name
     out = {kind: torch.zeros(len(chunk), chunk.n_layers, device=final.logprobs.device) for kind in kinds}
     if layer_top:
         out.update(_final_layer_top(chunk, layer_top))
@@ -255,6 +257,24 @@ def _to_host(columns: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+@dataclasses.dataclass
+class _ChunkTCB:
+    """δ_TCB's terms of each chunk: one unembedding for every chunk, its row norms once per model."""
+
+    cfg: TCBConfig
+    compiled: bool
+    unembed: Unembedding | None = None
+    row_norms_sq: torch.Tensor | None = None
+
+    def columns(self, chunk: ReadoutChunk) -> dict[str, torch.Tensor]:
+        if self.unembed is None or self.row_norms_sq is None:
+            self.unembed = Unembedding.from_lens(chunk.lens)
+            dtype = torch.float64 if self.cfg.exact else torch.float32
+            self.row_norms_sq = model_row_norms_sq(chunk.lens, self.unembed, dtype)
+        terms = chunk_tcb(chunk, self.unembed, self.row_norms_sq, self.cfg, self.compiled)
+        return {f"tcb:{k}": v for k, v in terms.items()}
+
+
 def reduce_readout(
     chunks: Iterable[ReadoutChunk],
     n_sequences: int,
@@ -286,7 +306,7 @@ def reduce_readout(
             "reduce_readout: per-layer fields read every layer; early exit (settle_at) reads fewer"
         )
     parts: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(n_sequences)]
-    unembed, row_norms_sq = None, None
+    tcb_terms = _ChunkTCB(tcb, compiled) if tcb is not None else None
     for chunk in chunks:
         base = token_baselines(chunk.final.logprobs, chunk.target_ids)
         columns = {
@@ -301,13 +321,8 @@ def reduce_readout(
             columns["second"] = chunk_divergences(chunk, kind, rows, compiled=compiled)
         else:
             columns["second"] = chunk_settling(chunk, kind, settle_at, compiled=compiled)
-        if tcb is not None:
-            if unembed is None:  # the same unembedding for every chunk: row norms once per model
-                unembed = Unembedding.from_lens(chunk.lens)
-                dtype = torch.float64 if tcb.exact else torch.float32
-                row_norms_sq = model_row_norms_sq(chunk.lens, unembed, dtype)
-            terms = chunk_tcb(chunk, unembed, row_norms_sq, tcb, compiled)
-            columns.update({f"tcb:{k}": v for k, v in terms.items()})
+        if tcb_terms is not None:
+            columns.update(tcb_terms.columns(chunk))
         host = _to_host(columns)
         check_finite(host.pop("nonfinite"), chunk.start)
         check_finite_stats(host)
@@ -366,7 +381,7 @@ def tcb_summary(tcb: dict[str, torch.Tensor]) -> dict[str, float | None]:
     """Per-sequence TCB scores: mean and minimum δ_TCB, mean V_eff (None-valued for no tokens)."""
     if not tcb or tcb["tcb"].numel() == 0:
         return {"tcb_mean": None, "tcb_min": None, "v_eff_mean": None}
-    summary = {
+    summary: dict[str, float | None] = {
         "tcb_mean": float(tcb["tcb"].mean()),
         "tcb_min": float(tcb["tcb"].min()),
         "v_eff_mean": float(tcb["v_eff"].mean()),

@@ -9,7 +9,7 @@ tuple lists alternatives tried in order (attribute names moved between transform
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import nn
@@ -123,6 +123,14 @@ class ModelParts:
         """L, the number of transformer blocks (layers are counted 1..L)."""
         return len(self.blocks)
 
+    @property
+    def unembed_weight(self) -> torch.Tensor:
+        """The unembedding's weight [V, d]: a Linear's, or the tied input Embedding's."""
+        weight = self.unembed.weight
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"the unembedding {type(self.unembed).__name__} has no weight tensor")
+        return weight
+
 
 def _get_path(root: nn.Module, path: str) -> object | None:
     obj: object = root
@@ -153,7 +161,10 @@ def _unembedding(model: nn.Module, explicit: str | None, path: Path, model_type:
     try:
         return _resolve(model, path, "unembedding", model_type, "unembed")
     except UnsupportedArchitectureError:
-        found = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        getter = getattr(
+            model, "get_output_embeddings", None
+        )  # transformers' models have it; nn.Module has not
+        found = getter() if callable(getter) else None
         if isinstance(found, nn.Module):
             return found
         raise
@@ -202,7 +213,9 @@ def resolve_parts(
     else:
         row = adapter_for(model_type)
     return ModelParts(
-        blocks=_resolve(model, blocks or row.blocks, "transformer blocks", model_type, "blocks"),  # type: ignore[arg-type]
+        blocks=cast(  # a ModuleList in every architecture the table knows
+            nn.ModuleList, _resolve(model, blocks or row.blocks, "transformer blocks", model_type, "blocks")
+        ),
         final_norm=_resolve(model, final_norm or row.final_norm, "final norm", model_type, "final_norm"),
         unembed=_unembedding(model, unembed, row.unembed, model_type),
         logit_post=_make_post(row.logit_post, text_config),

@@ -251,12 +251,12 @@ def _conversion_steps(on_amount: Amount) -> Iterator[None]:
             yield item
             on_amount(i, len(items), "tensors")
 
-    gguf_utils.tqdm = steps  # type: ignore[attr-defined]
+    gguf_utils.tqdm = steps  # type: ignore[assignment]  # gguf only iterates its tqdm: a generator stands in
     try:
         yield
     finally:
         if original is not None:
-            gguf_utils.tqdm = original  # type: ignore[attr-defined]
+            gguf_utils.tqdm = original
 
 
 def fetch_gguf(
@@ -340,7 +340,7 @@ def install(
             f"{name}: converted model has {model.config.num_hidden_layers} layers, catalogue says {item.n_layers}"
         )
     # The weights are dequantised to float32 on load; drop the GGUF quantiser so they save as plain tensors.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers declares no such attribute; nn.Module types it Tensor | Module
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = out.with_name(out.name + ".partial")

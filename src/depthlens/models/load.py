@@ -12,7 +12,14 @@ from typing import Any, Literal
 import torch
 from safetensors import SafetensorError
 
-from depthlens.errors import ConfigError, DepthlensError, ModelInstallError, ModelNotFoundError, named
+from depthlens.errors import (
+    ConfigError,
+    DepthlensError,
+    InputError,
+    ModelInstallError,
+    ModelNotFoundError,
+    named,
+)
 from depthlens.models import catalogue
 from depthlens.models.adapters import ModelParts, resolve_parts
 from depthlens.models.allocator import keep_freed_memory
@@ -48,6 +55,12 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def text_tokenizer(self, work: str) -> Any:
+        """The tokenizer, for ``work`` on text; an ``InputError`` naming the model and the work where it has none."""
+        if self.tokenizer is None:
+            raise InputError(f"model {self.name} has no tokenizer; {work} needs one")
+        return self.tokenizer
 
     def __repr__(self) -> str:
         """One line: ``LoadedModel('smollm2-135m-instruct': llama, L=30, d=576, vocab 49152, float32 on cpu,

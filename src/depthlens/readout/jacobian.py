@@ -54,7 +54,8 @@ class JacobianArtifact:
         leaves in ``metadata["depthlens"]`` (model, fingerprint, corpus, positions, held-out KL)."""
         matrices, payload = checked_payload(path, given)
         metadata = payload.get("metadata") or {}
-        ours = metadata.get("depthlens") if isinstance(metadata.get("depthlens"), dict) else {}
+        ours = metadata.get("depthlens")
+        ours = ours if isinstance(ours, dict) else {}
         provenance = {k: v for k, v in metadata.items() if k != "depthlens" and isinstance(v, METADATA_TYPES)}
         return {
             **ours,

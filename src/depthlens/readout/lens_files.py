@@ -90,7 +90,7 @@ def model_fingerprint(lm: LoadedModel) -> str:
 
 def hidden_size(lm: LoadedModel) -> int:
     """d, the residual stream's width (the unembedding's input)."""
-    return int(lm.parts.unembed.weight.shape[1])
+    return int(lm.parts.unembed_weight.shape[1])
 
 
 def model_facts(lm: LoadedModel) -> dict[str, Any]:

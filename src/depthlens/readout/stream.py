@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 
 from depthlens.config import ReadoutConfig
@@ -151,7 +152,7 @@ def first_nonfinite(layers: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.where(bad.any(0), bad.int().argmax(0) + 1, 0)
 
 
-def check_finite(nonfinite: Sequence[int] | torch.Tensor, start: int) -> None:
+def check_finite(nonfinite: Sequence[int] | torch.Tensor | np.ndarray, start: int) -> None:
     """Raise naming the first layer with a non-finite state and the first completion token (``start`` + row) in
     it, from a host copy of ``first_nonfinite`` (the earliest layer is where it began: from there it spreads,
     even to earlier positions, as NaN × 0 in attention)."""
@@ -257,8 +258,8 @@ def model_chunk_sizes(
     """``chunk_sizes`` for ``lm`` read through ``lens`` on its device. The chunk's token count is also the rows of
     one unembedding product in ``ReadoutChunk.logit_blocks``: a chunk shorter than that reads several layers in
     one."""
-    n_vocab = lens.vocab_size or lm.parts.unembed.weight.shape[0]
-    return chunk_sizes(config, n_vocab, lm.parts.unembed.weight.shape[1], lm.n_layers, batch, lm.device)
+    n_vocab = lens.vocab_size or lm.parts.unembed_weight.shape[0]
+    return chunk_sizes(config, n_vocab, lm.parts.unembed_weight.shape[1], lm.n_layers, batch, lm.device)
 
 
 def _pad_batch(sequences: Sequence[TokenSequence], pad_id: int) -> torch.Tensor:

@@ -59,7 +59,7 @@ def resolve_backend(
         raise ConfigError(f"{named('backend')} {name!r} is not one of auto, hf, vllm")
     if name == "vllm" and not vllm_available():
         raise ConfigError(VLLM_MISSING)
-    return name  # type: ignore[return-value]
+    return "vllm" if name == "vllm" else "hf"
 
 
 def make_backend(

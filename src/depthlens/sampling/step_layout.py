@@ -16,13 +16,15 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from depthlens.config.readout import Divergence
+
 
 @dataclasses.dataclass(frozen=True)
 class StepLayout:
     """Where each of a step's results sits in its packed row (``pack``) and how to read it back (the decoders)."""
 
     n_scores: int  # PER_TOKEN's values
-    kinds: tuple[str, ...]  # divergence kinds, the primary first
+    kinds: tuple[Divergence, ...]  # divergence kinds, the primary first
     n_layers: int
     top_k: int = 0  # ReadoutConfig.layer_top_k: each layer's K most probable tokens, 0 for none
     # the per-layer quantities (metrics.layer_quantities.LayerQuantities.fields): (field, m), m = 0 one value a layer

@@ -19,7 +19,8 @@ from depthlens.errors import StoreError, named
 from depthlens.evals.tasks import Question
 from depthlens.models.precision import planned_precision
 from depthlens.scale.ray import actor_load_kwargs, connect, import_ray, note_actor_start, run_on_actors
-from depthlens.stores.samples import RESUME_RULES, SAMPLES, SHARDS, remove_other_format, write_questions
+from depthlens.stores.sample_writes import RESUME_RULES, remove_other_format, write_questions
+from depthlens.stores.samples import SAMPLES, SHARDS
 from depthlens.stores.shard_writer import ShardWriter
 from depthlens.studies.generate import GenerationEvents, GenerationReport, run_manifest
 
@@ -124,8 +125,9 @@ def generate_on_ray(
         return report
     ray_module = import_ray()
     connect(ray.address, num_cpus=max(2, int(ray.workers * ray.cpus + 0.999)))
-    ray = dataclasses.replace(ray, block=ray.block or RayConfig.GENERATE_BLOCK)
-    dataset = ray_module.data.from_items(rows, override_num_blocks=max(1, -(-len(rows) // ray.block)))
+    block = ray.block or RayConfig.GENERATE_BLOCK
+    ray = dataclasses.replace(ray, block=block)
+    dataset = ray_module.data.from_items(rows, override_num_blocks=max(1, -(-len(rows) // block)))
 
     def take(block: Any) -> Any:  # count what the block holds, then commit it whole
         counted = [

@@ -69,7 +69,7 @@ class _Scorer:
 
     def __call__(self, batch: Any) -> Any:
         from depthlens.stores.parquet import to_table
-        from depthlens.studies.score import score_records
+        from depthlens.studies.scoring import score_records
 
         maybe_kill_self()
         s = self.settings
@@ -153,9 +153,10 @@ def score_on_ray(
     """Score ``run`` on Ray actors into its Parquet store; the numbers equal ``run_score``'s for the same records
     and settings. ``ray.block`` records per block (default ``RayConfig.SCORE_BLOCK``), and so per shard at most."""
     from depthlens.stores.formats import read_inputs, results_format
+    from depthlens.stores.guard import refuse_same_file
     from depthlens.stores.inputs import BadLine
     from depthlens.stores.shard_writer import ShardWriter
-    from depthlens.studies.score import RESUME_RULES, refuse_same_file, score_manifest
+    from depthlens.studies.score import RESUME_RULES, note_skipped
 
     out_path, spec = run.store.out, run.store
     refuse_same_file(run.source, out_path)
@@ -165,14 +166,10 @@ def score_on_ray(
         )
     records, skipped = read_inputs(run.source, skip_bad=run.skip_bad)
     _check_per_layer(model, run)  # a tracked id past the vocabulary: refused before the store is written
-    manifest = {
-        **score_manifest(model.name, None, run, {"format": "parquet", "float16": spec.float16}),
-        "precision": planned_precision(
-            model.name, model.dtype, actor_load_kwargs(model, ray)["device"], run.engine
-        ),
-    }
     hashes = {r.id: r.digest for r in records}
-    writer = ShardWriter(out_path, manifest, spec.resume, spec.overwrite, RESUME_RULES, hashes)
+    writer = ShardWriter(
+        out_path, _ray_manifest(model, run, ray), spec.resume, spec.overwrite, RESUME_RULES, hashes
+    )
     events.on_rescore(writer.rescored)
     todo = [r for r in records if r.id not in writer.done]
     events.on_start(len(records), len(records) - len(todo))
@@ -180,7 +177,8 @@ def score_on_ray(
         return RayScoreReport(skipped, writer.manifest.get("n_layers"), writer.rescored)
     ray_module = import_ray()
     connect(ray.address, num_cpus=max(2, int(ray.workers * ray.cpus + 0.999)))
-    ray = dataclasses.replace(ray, block=ray.block or RayConfig.SCORE_BLOCK)
+    block = ray.block or RayConfig.SCORE_BLOCK
+    ray = dataclasses.replace(ray, block=block)
     settings = {
         "readout": run.readout,
         "dtr": run.dtr,
@@ -190,7 +188,7 @@ def score_on_ray(
         "skip_bad": run.skip_bad,
         "float16": spec.float16,
     }
-    dataset, pending = _input_dataset(ray_module, run.source, records, todo, skipped, ray.block)
+    dataset, pending = _input_dataset(ray_module, run.source, records, todo, skipped, block)
     line_of = {r.id: r.line for r in todo}
 
     def take(block: Any) -> Any:  # the skipped records' lines, then the scored rows to commit
@@ -204,8 +202,18 @@ def score_on_ray(
 
     args = (model.name, actor_load_kwargs(model, ray), settings, max(1, int(ray.cpus)), pending)
     n_layers = run_on_actors(dataset, _Scorer, args, ray, writer, take)
-    by_line = {r.line: r.id for r in records if r.line}
-    ids = sorted({by_line[b.line] for b in skipped if b.line in by_line})
-    if ids:  # a store holding every record but these is whole (stores.shortfall)
-        writer.note("skipped", ids)
+    note_skipped(writer, records, skipped)
     return RayScoreReport(skipped, n_layers, writer.rescored)
+
+
+def _ray_manifest(model: ModelSpec, run: ScoreRun, ray: RayConfig) -> dict[str, Any]:
+    """The manifest of ``run`` scored on Ray: ``score_manifest`` before any model is loaded (no layer count), with
+    the precision the actors will compute in."""
+    from depthlens.studies.score import score_manifest
+
+    store = {"format": "parquet", "float16": run.store.float16}
+    device = actor_load_kwargs(model, ray)["device"]
+    return {
+        **score_manifest(model.name, None, run, store),
+        "precision": planned_precision(model.name, model.dtype, device, run.engine),
+    }

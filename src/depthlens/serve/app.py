@@ -14,7 +14,7 @@ import contextlib
 import json
 import math
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
@@ -145,16 +145,16 @@ class Server:
         )
 
     async def sse(
-        self, env: Envelope, job: Job, top: dict[str, Any], events: AsyncIterator[dict[str, Any]]
+        self, env: Envelope, job: Job, top: dict[str, Any], events: AsyncGenerator[dict[str, Any], None]
     ) -> AsyncIterator[str]:
         """The SSE stream: a chunk per event, the usage chunk when asked, ``[DONE]``. Closed early (the client
         left), it closes ``events``, which cancels the request's work."""
-        async with contextlib.aclosing(events):  # type: ignore[type-var]
+        async with contextlib.aclosing(events):
             async for line in self._lines(env, job, top, events):
                 yield line
 
     async def _lines(
-        self, env: Envelope, job: Job, top: dict[str, Any], events: AsyncIterator[dict[str, Any]]
+        self, env: Envelope, job: Job, top: dict[str, Any], events: AsyncGenerator[dict[str, Any], None]
     ) -> AsyncIterator[str]:
         started: set[int] = set()
         async for event in events:

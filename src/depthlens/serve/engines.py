@@ -94,10 +94,15 @@ class Engine(Protocol):
     lens_dtype: (
         str  # the lens's (final norm + unembedding) dtype: float32 with --float32-lens, else ``dtype``
     )
-    context: int | None  # prompt + reply tokens the engine accepts
     max_running: int  # requests it runs at once
     top_logprobs: bool  # whether it returns the top-k log-probabilities of each token
     vocab: int  # the rows its lens reads: a request's tracked ids are below it
+
+    @property
+    def context(self) -> int | None:
+        """Prompt + reply tokens the engine accepts (None: no limit known); read-only, so an engine's own int
+        serves."""
+        ...
 
     def backend(
         self,

@@ -12,9 +12,9 @@ from depthlens.config.base import check_seed
 from depthlens.errors import ConfigError, DepthlensError, InputError
 from depthlens.evals.answers import ExtractionConfig
 from depthlens.serve.errors import ApiError, depthlens_error
+from depthlens.serve.prompts import chat_prompt, completion_prompts
 from depthlens.serve.schema import ChatRequest, CompletionRequest, DepthlensOptions, OnlineOptions
 from depthlens.studies.runs import check_window, per_token_readout
-from depthlens.studies.score_inputs import as_token_ids, render_chat
 
 VARIANTS = {"low": 0.1, "high": 0.9}  # DeepConf-low / -high keep the top 10 % / 90 % (their percentile)
 
@@ -66,6 +66,29 @@ def build_job(
 ) -> Job:
     """The job ``body`` asks for, or an ``ApiError``. ``vocab``: the rows the engine's lens reads (tracked ids
     below it; None: the tokenizer's length where there is one)."""
+    _refuse_unserved(body, settings)
+    chat = isinstance(body, ChatRequest)
+    prompts = (
+        chat_prompt(body, tokenizer)
+        if isinstance(body, ChatRequest)
+        else completion_prompts(body, tokenizer, settings)
+    )
+    options = body.depthlens or DepthlensOptions()
+    vocab = vocab if vocab is not None else len(tokenizer) if tokenizer is not None else None
+    depth = _depth(options, settings, vocab)
+    _check_n(body.n, depth, settings)
+    limit = body.max_completion_tokens if isinstance(body, ChatRequest) else None
+    max_tokens = limit or body.max_tokens
+    sampling = _sampling(body, max_tokens, prompts, context, options, depth, settings, chat)
+    _refuse_unheld(body.n, depth, max(len(p) for p in prompts), sampling.max_new_tokens, settings)
+    stop, seed = _stop(body), _seed(body)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    logprobs = _logprobs(body)
+    return Job(chat, prompts, body.n, sampling, seed, stop, logprobs, body.stream, include_usage, depth)
+
+
+def _refuse_unserved(body: CompletionRequest | ChatRequest, settings: ServeConfig) -> None:
+    """A request for another model than this server's, or with an OpenAI field depthlens does not serve."""
     if body.model != settings.model_id:
         raise ApiError(
             404,
@@ -77,16 +100,10 @@ def build_job(
     if unsupported:
         name, value = next(iter(unsupported.items()))
         raise ApiError(400, f"{name} = {value!r} is not supported by depthlens serve", name, "unsupported")
-    chat = isinstance(body, ChatRequest)
-    prompts = (
-        _chat_prompt(body, tokenizer)
-        if isinstance(body, ChatRequest)
-        else _prompts(body, tokenizer, settings)
-    )
-    options = body.depthlens or DepthlensOptions()
-    vocab = vocab if vocab is not None else len(tokenizer) if tokenizer is not None else None
-    depth = _depth(options, settings, vocab)
-    n = body.n
+
+
+def _check_n(n: int, depth: Depth, settings: ServeConfig) -> None:
+    """``n`` within the server's limit; a voted request (think or online, one of them) samples its own pool."""
     if not 1 <= n <= settings.max_n:
         raise ApiError(
             400, f"n = {n} must lie in [1, {settings.max_n}] (the server's limit)", "n", "invalid_value"
@@ -107,22 +124,25 @@ def build_job(
                 "depthlens",
                 "invalid_value",
             )
-    limit = body.max_completion_tokens if isinstance(body, ChatRequest) else None
-    max_tokens = limit or body.max_tokens
-    sampling = _sampling(body, max_tokens, prompts, context, options, depth, settings, chat)
-    _refuse_unheld(n, depth, max(len(p) for p in prompts), sampling.max_new_tokens, settings)
+
+
+def _stop(body: CompletionRequest | ChatRequest) -> tuple[str, ...]:
+    """The request's stop strings: up to 4, none empty."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if len(stop) > 4 or any(not s for s in stop):
         raise ApiError(400, "stop takes up to 4 non-empty strings", "stop", "invalid_value")
+    return stop
+
+
+def _seed(body: CompletionRequest | ChatRequest) -> int:
+    """The request's seed, checked by the command line's ``--seed`` rule; a random one where it gives none."""
     if body.seed is not None:
-        try:  # the command line's --seed rule: numpy refuses negative seeds, and a store records its seed
+        try:  # numpy refuses negative seeds, and a store records its seed
             check_seed("Job", "seed", body.seed)
         except ConfigError as exc:  # an OpenAI field: named as the body spells it
             raise depthlens_error(exc) from None
-    seed = body.seed if body.seed is not None else secrets.randbits(62)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    logprobs = _logprobs(body)
-    return Job(chat, prompts, n, sampling, seed, stop, logprobs, body.stream, include_usage, depth)
+        return body.seed
+    return secrets.randbits(62)
 
 
 def _refuse_unheld(n: int, depth: Depth, longest: int, max_tokens: int, settings: ServeConfig) -> None:
@@ -164,69 +184,6 @@ def _logprobs(body: CompletionRequest | ChatRequest) -> int | None:
     if body.logprobs is not None and not 0 <= body.logprobs <= 20:
         raise ApiError(400, f"logprobs = {body.logprobs} must lie in [0, 20]", "logprobs", "invalid_value")
     return body.logprobs
-
-
-def _prompts(body: CompletionRequest, tokenizer: Any, settings: ServeConfig) -> tuple[tuple[int, ...], ...]:
-    raw = body.prompt
-    if isinstance(raw, str) or (raw and isinstance(raw[0], int)):
-        items: list[Any] = [raw]
-    else:
-        items = list(raw)
-    if not items or len(items) > settings.max_prompts:
-        raise ApiError(
-            400,
-            f"give 1 to {settings.max_prompts} prompts (the server's limit), not {len(items)}",
-            "prompt",
-            "invalid_value",
-        )
-    out = []
-    for item in items:
-        if isinstance(item, str):
-            if tokenizer is None:
-                raise ApiError(
-                    400, "this model has no tokenizer: give the prompt as token ids", "prompt", "no_tokenizer"
-                )
-            ids = as_token_ids(tokenizer(item, add_special_tokens=True)["input_ids"])
-        else:
-            ids = list(item)
-        if not ids:
-            raise ApiError(400, "the prompt is empty: give at least one token", "prompt", "invalid_value")
-        out.append(tuple(ids))
-    return tuple(out)
-
-
-def _chat_prompt(body: ChatRequest, tokenizer: Any) -> tuple[tuple[int, ...], ...]:
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise ApiError(
-            400,
-            "this model has no chat template; use /v1/completions with a plain prompt",
-            "messages",
-            "no_chat_template",
-        )
-    for i, m in enumerate(body.messages):
-        if m.tool_calls:
-            raise ApiError(
-                400,
-                f"messages[{i}].tool_calls: depthlens serve runs no tools; send the assistant's turn as "
-                "its content (tool_calls empty or left out)",
-                f"messages[{i}].tool_calls",
-                "unsupported",
-            )
-        if m.content is None:
-            raise ApiError(
-                400,
-                f"messages[{i}] ({m.role}) has no content: give its text as 'content' (a string or a list "
-                "of text parts)",
-                f"messages[{i}].content",
-                "missing_content",
-            )
-    messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
-    ]
-    try:
-        return (tuple(render_chat(tokenizer, messages, "messages")),)
-    except InputError as exc:
-        raise ApiError(400, str(exc), "messages", "invalid_value") from None
 
 
 def _readout_window(options: DepthlensOptions, settings: ServeConfig, depth: Depth) -> int | None:
@@ -320,7 +277,8 @@ def _sampling(
 def _depth(options: DepthlensOptions, settings: ServeConfig, vocab: int | None = None) -> Depth:
     try:
         dtr = DTRConfig(
-            **{k: v for k, v in (("g", options.g), ("rho", options.rho)) if v is not None},
+            g=DTRConfig.g if options.g is None else options.g,
+            rho=DTRConfig.rho if options.rho is None else options.rho,
             dtr_prefix_tokens=options.prefix,
         )
         answers = ExtractionConfig(answer_type=options.answer_type or "number")
@@ -382,9 +340,9 @@ def _online(o: OnlineOptions, settings: ServeConfig) -> OnlineConfig:
         "window": o.window,
         "batch_size": o.batch_size,
     }
-    given = {k: v for k, v in fields.items() if v is not None}
+    given: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
     try:
-        config = OnlineConfig(signal=signal, keep=keep, threshold=o.threshold, **given)  # type: ignore[arg-type]
+        config = OnlineConfig(signal=signal, keep=keep, threshold=o.threshold, **given)
     except ConfigError as exc:  # the policy's own check, across fields: the object answers for it
         error = depthlens_error(exc, "depthlens.online", {"keep": "eta"})  # the request's eta is its keep
         raise ApiError(400, error.message, "depthlens", "invalid_value") from None

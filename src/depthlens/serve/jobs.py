@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from depthlens.config import VotingConfig
+from depthlens.config import OnlineConfig, VotingConfig
 from depthlens.evals.answers import extract_answer, vote_key
 from depthlens.sampling.backend import Paused, Trace
 from depthlens.sampling.live import Watch
@@ -25,7 +25,7 @@ from depthlens.serve.text import final_text
 from depthlens.studies.generate import sample_seed
 from depthlens.studies.online import generate_batch, rounded_response
 from depthlens.studies.thinkn import response_from_trace, think_at_n_live
-from depthlens.voting.online import SIGNALS, run_policy, stop_point
+from depthlens.voting.online import SIGNALS, OnlineOutcome, run_policy, stop_point
 
 FINISH_REASONS = {"eos": "stop", "stopped": "stop", "length": "length", "paused": "length"}
 
@@ -265,7 +265,9 @@ def _online(ctx: _Context, p: int, prompt: list[int]) -> Choice:
         def ends(i: int, trace: Trace) -> bool:
             if stream.ends(i, trace):
                 return True
-            return per_token and stop_point(rounded_response(trace, n_layers, dtr), tau, cfg) is not None
+            if not per_token or tau is None:  # per_token: τ is set and the signal is read per token
+                return False
+            return stop_point(rounded_response(trace, n_layers, dtr), tau, cfg) is not None
 
         backend.watch = Watch(stream.on_step, ends)
         traces, stops = generate_batch(backend, prompt, _seeds(job, p, indices), tau, cfg, dtr)
@@ -280,7 +282,7 @@ def _online(ctx: _Context, p: int, prompt: list[int]) -> Choice:
         outcome = run_policy(cfg, sample)
     finally:
         ctx.generated += backend.generated()
-    decisions = [d.to_dict() for d in outcome.decisions]
+    decisions: list[dict[str, Any]] = [d.to_dict() for d in outcome.decisions]
     ctx.readout += sum(len(trace.divergence) for trace, _, _ in seen.values())
     for d in decisions:
         trace, text, key = seen[d["index"]]
@@ -291,6 +293,19 @@ def _online(ctx: _Context, p: int, prompt: list[int]) -> Choice:
             generated=backend.engine_tokens(trace),
             text=final_text(ctx.tokenizer, trace.token_ids, job.stop),
         )
+    chosen, online = _online_entry(cfg, outcome, decisions, seen, backend)
+    return ctx.choice(p, seen[chosen][0], backend, {"online": online})
+
+
+def _online_entry(
+    cfg: OnlineConfig,
+    outcome: OnlineOutcome,
+    decisions: list[dict[str, Any]],
+    seen: dict[int, tuple[Trace, str | None, str | None]],
+    backend: ServeBackend,
+) -> tuple[int, dict[str, Any]]:
+    """The sample an online run answers with (the first voter for the answer) and the response's ``online``
+    entry: the policy's settings and decisions, what was stopped and the tokens that saved."""
     voters = [d["index"] for d in decisions if d["votes"] and d["key"] == outcome.answer]
     chosen = voters[0] if voters else min(d["index"] for d in decisions if d["votes"])
     # stopped: the policy stopped it and the engine was still running it (one that ended by itself saved nothing)
@@ -310,4 +325,4 @@ def _online(ctx: _Context, p: int, prompt: list[int]) -> Choice:
         "tokens_saved": _saved(finished, stopped, cfg.max_n - outcome.started),
         "samples": decisions,
     }
-    return ctx.choice(p, seen[chosen][0], backend, {"online": online})
+    return chosen, online

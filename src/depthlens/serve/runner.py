@@ -17,7 +17,7 @@ import math
 import statistics
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -98,7 +98,8 @@ class Runner:
         aborted = asyncio.ensure_future(self._abort_event().wait())
         self.waiting += 1
         try:
-            await asyncio.wait({future, gone, aborted}, return_when=asyncio.FIRST_COMPLETED)
+            waits: set[asyncio.Future[Any]] = {future, gone, aborted}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if not future.done():
                 cancel.set()  # the engine aborts its samples at its next step; the answer does not wait for it
                 if aborted.done():
@@ -121,7 +122,7 @@ class Runner:
 
     def stream(
         self, work: Callable[[Callable[[dict[str, Any]], None]], T], cancel: threading.Event
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Start ``work(push)`` on a request thread now; the iterator returned yields what it pushes, then
         ``{"type": "done", "outcome": ...}`` (or ``{"type": "error", "error": exc}``). Closing the iterator early
         (a client that left) cancels the work. Started here, not on first iteration, so its slot is freed even if
@@ -153,7 +154,7 @@ class Runner:
 
     async def _drain(
         self, queue: asyncio.Queue[dict[str, Any]], cancel: threading.Event
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """The events of one stream until its last; ``abort`` puts an aborted error event in its queue, so the
         stream ends with it (then ``[DONE]``) at once, not at the engine's next step."""
         ended = False

@@ -26,10 +26,11 @@ from scipy import stats
 def fdr_adjust(p_values: Sequence[float | None]) -> list[float | None]:
     """Benjamini–Hochberg adjusted p-values (``scipy.stats.false_discovery_control``) over one table's tests;
     None stays None (a cell without a test is not counted in the family)."""
-    present = [i for i, p in enumerate(p_values) if p is not None and np.isfinite(p)]
+    tested = [(i, p) for i, p in enumerate(p_values) if p is not None and np.isfinite(p)]
+    present = [i for i, _ in tested]
     out: list[float | None] = [None] * len(p_values)
     if present:
-        adjusted = stats.false_discovery_control([float(p_values[i]) for i in present], method="bh")
+        adjusted = stats.false_discovery_control([float(p) for _, p in tested], method="bh")
         for i, q in zip(present, np.atleast_1d(adjusted), strict=True):
             out[i] = float(q)
     return out

@@ -60,8 +60,8 @@ def _centre(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 
 def within_question_partial(
-    metric: Sequence[ArrayLike],
-    correct: Sequence[ArrayLike],
+    metric: Sequence[Sequence[float] | np.ndarray],
+    correct: Sequence[Sequence[float] | np.ndarray],
     covariates: Sequence[ArrayLike],
     permutations: int,
     rng: np.random.Generator,

@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 from scipy import stats
 
 from depthlens.stats.resampling import Seed, mean_bootstrap
@@ -53,7 +54,12 @@ class PairedTest:
         return dataclasses.asdict(self)
 
 
-def paired_test(a: Sequence[float], b: Sequence[float], resamples: int = 10_000, rng: Seed = 0) -> PairedTest:
+def paired_test(
+    a: Sequence[float] | npt.NDArray[np.float64],
+    b: Sequence[float] | npt.NDArray[np.float64],
+    resamples: int = 10_000,
+    rng: Seed = 0,
+) -> PairedTest:
     """Mean of a − b over questions, its paired-bootstrap interval and the sign-flip permutation p-value."""
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
     if d.size == 0:

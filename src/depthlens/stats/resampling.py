@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 from scipy import stats
 
 
@@ -244,7 +245,11 @@ def cluster_correlation_bootstrap(
 
 
 def mean_bootstrap(
-    values: Sequence[float], resamples: int, rng: Seed, level: float = 0.95, null: float = 0.0
+    values: Sequence[float | None] | npt.NDArray[np.float64],
+    resamples: int,
+    rng: Seed,
+    level: float = 0.95,
+    null: float = 0.0,
 ) -> BootstrapResult:
     """Percentile interval and p-value (mean = ``null``) of a mean over independent units (e.g. questions)."""
     v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=np.float64)

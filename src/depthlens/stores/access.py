@@ -24,6 +24,7 @@ import bisect
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from operator import methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
-from depthlens.stores import layout
+from depthlens.stores import layout, shard_checks
 from depthlens.stores.arrow import not_utf8
 from depthlens.stores.names import current_table, stored_columns
 from depthlens.stores.parquet import settings_problem
@@ -187,7 +188,9 @@ class ParquetSource:
 
     def _note_others(self, manifest: dict[str, Any] | None, listed: list[str]) -> None:
         """Files beside the committed shards: data files no commit lists, shards being written."""
-        unlisted = [p.path for p in layout.unlisted(self.directory, listed, manifest)] if manifest else []
+        unlisted = (
+            [p.path for p in shard_checks.unlisted(self.directory, listed, manifest)] if manifest else []
+        )
         if unlisted:
             self.notices.append(
                 f"{unlisted[0]}"
@@ -209,7 +212,7 @@ class ParquetSource:
     ) -> tuple[Path, pq.FileMetaData, pa.Table] | str:
         """A shard's place, footer and light columns, or the notice saying why it cannot be read."""
         for _ in range(2):  # a writer publishing the shard (a rename) meanwhile: look for it again
-            path, problem = layout.shard_problem(self.directory, manifest, shard, verify=False)
+            path, problem = shard_checks.shard_problem(self.directory, manifest, shard, verify=False)
             if problem is not None or path is None:
                 break
             try:
@@ -227,7 +230,7 @@ class ParquetSource:
                     "written outside depthlens); its records are not shown"
                 )
             stamped = table.replace_schema_metadata(file.schema_arrow.metadata)
-            problem = layout.table_problem(self.directory, path, manifest, shard, stamped)
+            problem = shard_checks.table_problem(self.directory, path, manifest, shard, stamped)
             if problem is None:
                 edited = settings_problem(self.directory, path, manifest, stamped) if manifest else None
                 if (
@@ -273,7 +276,7 @@ class ParquetSource:
             wanted = present if columns is None else stored_columns(present, columns)
             table, self._light[part] = self._light[part], None
             if table is None:
-                table = self._read(part, lambda f, w=wanted: f.read(columns=w, use_threads=False))
+                table = self._read(part, methodcaller("read", columns=wanted, use_threads=False))
             else:
                 table = table.select(wanted)
             for row, record in enumerate(current_table(table).to_pylist() if table is not None else []):
@@ -283,7 +286,7 @@ class ParquetSource:
         """Each readable shard's ``columns`` (those it has) as numpy, shard by shard: a pass over the store."""
         for part in range(len(self.names)):
             present = stored_columns([f.name for f in self.columns(part)], columns)
-            table = self._read(part, lambda f, p=present: f.read(columns=p, use_threads=False))
+            table = self._read(part, methodcaller("read", columns=present, use_threads=False))
             if table is not None:
                 yield part, _arrays(current_table(table))
 
@@ -323,7 +326,7 @@ class ParquetSource:
                 wanted = None if columns is None else stored_columns(names, columns)
                 group_table = self._read(
                     location.part,
-                    lambda f, g=group, w=wanted: f.read_row_group(g, columns=w, use_threads=False),
+                    methodcaller("read_row_group", group, columns=wanted, use_threads=False),
                 )
                 groups[(location.part, group)] = None if group_table is None else current_table(group_table)
             table = groups[(location.part, group)]

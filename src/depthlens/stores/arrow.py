@@ -96,7 +96,7 @@ def _kind(values: list[Any]) -> str:
     if first is None:
         return "other"
     if isinstance(first[0], list):
-        row = next((r for v in values if isinstance(v, list) for r in v if r), [])
+        row: list[Any] = next((r for v in values if isinstance(v, list) for r in v if r), [])
         return "matrix" if row and isinstance(row[0], float) else "other"
     return "floats" if any(isinstance(x, float) for x in first) else "other"
 

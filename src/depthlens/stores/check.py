@@ -13,18 +13,12 @@ import pyarrow as pa
 
 from depthlens.config import StoreFormat
 from depthlens.errors import StoreError
-from depthlens.stores import layout
+from depthlens.stores import layout, shard_checks
 from depthlens.stores.commits import committed_problem
 from depthlens.stores.files import manifest_path, read_json
+from depthlens.stores.jsonl_checks import jsonl_commit_problem, jsonl_ranges, jsonl_record_problem
 from depthlens.stores.lock import writer
-from depthlens.stores.parquet import (
-    duplicate_problem,
-    jsonl_commit_problem,
-    jsonl_ranges,
-    jsonl_record_problem,
-    shard_fault,
-    store_manifest,
-)
+from depthlens.stores.parquet import duplicate_problem, shard_fault, store_manifest
 from depthlens.stores.readers import sample_store_of
 from depthlens.stores.records import VOCAB
 from depthlens.stores.samples import SAMPLES, SHARDS
@@ -234,7 +228,7 @@ def check_parquet(store: Path, verify: bool) -> CheckReport:
         report.problems.append(layout.Problem(meta, "missing", detail, remedy))
         return report
     try:
-        manifest, unlisted = layout.snapshot(
+        manifest, unlisted = shard_checks.snapshot(
             store, lambda: read_json(meta, "manifest", "restore it from a copy of the store")
         )
         shards = layout.entries(store, manifest)
@@ -247,9 +241,9 @@ def check_parquet(store: Path, verify: bool) -> CheckReport:
             "next --resume moves it to the current layout"
         )
     report.problems += unlisted
-    lost = committed_problem(store, manifest)
-    if lost is not None:
-        report.problems.append(lost)
+    uncommitted = committed_problem(store, manifest)
+    if uncommitted is not None:
+        report.problems.append(uncommitted)
     seen: dict[str, str] = {}
     for shard in shards:
         problem, table = _check_shard(store, manifest, shard, verify)
@@ -276,11 +270,11 @@ def _check_shard(
 ) -> tuple[layout.Problem | None, pa.Table | None]:
     """One listed shard as a reader reads it: found, its size (and hash), read whole with its page checksums,
     then ``shard_fault`` — the very checks ``iter_store`` makes."""
-    path, problem = layout.shard_problem(store, manifest, shard, verify)
+    path, problem = shard_checks.shard_problem(store, manifest, shard, verify)
     if problem is not None or path is None:
         return problem, None
     try:
-        table = layout.read_table(path, layout.resume_remedy(store, manifest, shard))
+        table = layout.read_table(path, shard_checks.resume_remedy(store, manifest, shard))
     except (StoreError, FileNotFoundError) as exc:
         detail = str(exc).removeprefix(f"{path}: ").split("; rerun")[0]
         # its size is the committed one (``shard_problem`` passed) and, verified, its sha256 too: the bytes are
@@ -292,7 +286,9 @@ def _check_shard(
             )
         else:
             detail += " of the committed size (`check` without --quick compares its sha256 too)"
-        return layout.Problem(path, "changed", detail, layout.resume_remedy(store, manifest, shard)), None
+        return layout.Problem(
+            path, "changed", detail, shard_checks.resume_remedy(store, manifest, shard)
+        ), None
     problem = shard_fault(store, path, manifest, shard, table)
     return problem, None if problem is not None else table
 
@@ -340,7 +336,7 @@ def check_jsonl(store: Path, verify: bool = True, commit: bool = True) -> CheckR
     fix = (
         "rerun the command that wrote it with --resume: it sets that line aside and computes its record again"
     )
-    ranges, seen = jsonl_ranges(store), {}
+    ranges, seen = jsonl_ranges(store), dict[str, str]()
     with store.open("rb") as f:
         for number, raw in enumerate(f, start=1):
             if not raw.strip():

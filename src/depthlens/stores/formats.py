@@ -10,6 +10,7 @@ the same columns.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,11 +63,11 @@ def _open_parquet(
     return ShardWriter(out, manifest, resume, overwrite, rules, hashes, commit_s=COMMIT_S if timed else None)
 
 
-REGISTRY: dict[str, Format] = {
+REGISTRY: dict[StoreFormat, Format] = {
     "parquet": Format(check_store, _open_parquet),
     "jsonl": Format(check_output, _open_jsonl),
 }
-FORMATS: tuple[str, ...] = tuple(REGISTRY)  # the names, the default first
+FORMATS: tuple[StoreFormat, ...] = tuple(REGISTRY)  # the names, the default first
 
 
 def results_format(out: Path) -> StoreFormat:
@@ -146,7 +147,10 @@ def read_inputs(path: Path, skip_bad: bool = False) -> tuple[list[InputRecord], 
             raise InputError(f"input {str(path)!r} is not readable Parquet ({exc})") from None
     collected = RecordCollector(skip_bad, unit="row")
     for number, row in enumerate(rows, start=1):  # a column a row does not have is null: left out
-        collected.add(
-            number, f"{path}: row {number}", lambda row=row: {k: v for k, v in row.items() if v is not None}
-        )
+        collected.add(number, f"{path}: row {number}", functools.partial(_present, row))
     return collected.records, collected.bad
+
+
+def _present(row: dict[str, Any]) -> dict[str, Any]:
+    """A Parquet row's fields that hold a value (a null is a column the row does not have)."""
+    return {k: v for k, v in row.items() if v is not None}

@@ -7,6 +7,7 @@ Every record is checked (shape, types, a unique id); a bad one raises naming its
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -95,9 +96,7 @@ def read_records(path: Path, skip_bad: bool = False) -> tuple[list[InputRecord],
     collected = RecordCollector(skip_bad)
     with path.open("rb") as f:
         for number, raw in enumerate(f, start=1):
-            collected.add(
-                number, f"{path}:{number}", lambda raw=raw, number=number: _parse_line(raw, path, number)
-            )
+            collected.add(number, f"{path}:{number}", functools.partial(_parse_line, raw, path, number))
     return collected.records, collected.bad
 
 

@@ -23,7 +23,7 @@ from depthlens.errors import StoreError
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks here; writers are not excluded (docs/reliability.md)
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # the module is absent: `fcntl is None` says so below
 
 LOCK = "_depthlens.lock"
 _held: dict[Path, tuple[int, int]] = {}  # lock file → (fd, depth): a process re-enters its own lock

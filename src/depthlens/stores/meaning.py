@@ -6,7 +6,7 @@ range, summing to 4.5 — is refused too.
 
 One validation for every kind of store (a sample store's responses, a ``score`` store, Parquet or JSONL) and every
 door: ``parquet.range_problem`` runs ``table_problem`` on each shard read (every reader, ``check``, ``--resume``),
-``parquet.jsonl_record_problem`` runs ``record_problem`` on each JSONL record, and the explorer runs
+``jsonl_checks.jsonl_record_problem`` runs ``record_problem`` on each JSONL record, and the explorer runs
 ``record_problem`` on each record it opens.
 
 Each check is one row of ``MEANINGS``: the field it is named by, and a function of that field's values for many
@@ -58,8 +58,9 @@ class Facts:
 
 
 def _count(value: object, zero: bool = False) -> int | None:
-    whole = isinstance(value, int) and not isinstance(value, bool)
-    return value if whole and value >= (0 if zero else 1) else None  # type: ignore[return-value]
+    if isinstance(value, int) and not isinstance(value, bool) and value >= (0 if zero else 1):
+        return value
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,9 +139,9 @@ def _distinct(ids: np.ndarray, facts: Facts) -> Bad | None:
         return None
     t, layer = found
     row = ids[t, layer]
-    twice = next(int(i) for i in row if int((row == i).sum()) > 1)
+    repeated = next(int(i) for i in row if int((row == i).sum()) > 1)
     return Bad(
-        t, layer, f"layer_top_ids holds token id {twice} twice (a layer's top-k are K distinct tokens)"
+        t, layer, f"layer_top_ids holds token id {repeated} twice (a layer's top-k are K distinct tokens)"
     )
 
 
@@ -149,7 +150,7 @@ def _below_vocabulary(field: str) -> Check:
         if facts.vocab is None or ids.ndim not in (1, 3):
             return None
         past = ids >= facts.vocab
-        found = _first(past.any(axis=-1) if ids.ndim == 3 else past)
+        found = _first(np.asarray(past.any(axis=-1) if ids.ndim == 3 else past))
         if found is None:
             return None
         t, layer = found
@@ -308,8 +309,8 @@ def table_problem(table: pa.Table, facts: Facts) -> tuple[int, str] | None:
         values, offsets = arrays[meaning.field]
         bad = meaning.check(values, facts) if values.size else None
         if bad is not None:
-            row = int(np.searchsorted(offsets, bad.token, side="right")) - 1
-            return row + 1, _at(bad, bad.token - int(offsets[row]))
+            record = int(np.searchsorted(offsets, bad.token, side="right")) - 1
+            return record + 1, _at(bad, bad.token - int(offsets[record]))
     return None
 
 

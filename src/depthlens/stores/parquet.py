@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,17 +23,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
-from depthlens.stores import layout
+from depthlens.stores import layout, shard_checks
 from depthlens.stores.arrow import table_records, to_table
-from depthlens.stores.commits import COMMITTED, commit_problem, committed_problem
+from depthlens.stores.commits import COMMITTED, committed_problem
 from depthlens.stores.files import read_json, settings_differ
-from depthlens.stores.jsonl import iter_jsonl_located
+from depthlens.stores.jsonl_checks import iter_jsonl_checked
 from depthlens.stores.layout import MANIFEST, is_store, manifest_file
 from depthlens.stores.meaning import Facts
-from depthlens.stores.meaning import record_problem as meaning_problem
 from depthlens.stores.meaning import table_problem as table_meaning
-from depthlens.stores.records import id_problem, text_problem
-from depthlens.stores.validate import Bound, bounds, record_fault, table_fault
+from depthlens.stores.validate import bounds, table_fault
 
 __all__ = [
     "MANIFEST",
@@ -76,7 +73,7 @@ def committed_shards(path: Path) -> list[Path]:
     manifest = store_manifest(path)
     found = []
     for shard in layout.entries(path, manifest):
-        file, problem = layout.shard_problem(path, manifest, shard, verify=False)
+        file, problem = shard_checks.shard_problem(path, manifest, shard, verify=False)
         if problem is not None or file is None:
             raise StoreError(problem.message() if problem else f"{path / shard['file']}: missing")
         found.append(file)
@@ -106,7 +103,7 @@ def settings_problem(
             path,
             "changed",
             "its footer's recorded settings (depthlens.settings) are not readable: bytes changed in place",
-            layout.resume_remedy(store, manifest, _entry(manifest, path)),
+            shard_checks.resume_remedy(store, manifest, _entry(manifest, path)),
         )
     differ = settings_differ(stored, _settings(manifest), free)
     if not differ:
@@ -118,7 +115,7 @@ def settings_problem(
             "changed",
             f"its recorded settings differ from its store's and its run's other shards' ({'; '.join(differ)}): "
             "bytes changed in place",
-            layout.resume_remedy(store, manifest, _entry(manifest, path)),
+            shard_checks.resume_remedy(store, manifest, _entry(manifest, path)),
         )
     if run and run == manifest.get("run_id"):
         said = "; ".join(
@@ -165,9 +162,9 @@ def shard_fault(
     store: Path, path: Path, manifest: dict[str, Any], shard: dict[str, Any], table: pa.Table
 ) -> layout.Problem | None:
     """Everything a reader checks of one read shard, in the order it checks it: its run, rows and ids
-    (``layout.table_problem``), its settings against the manifest, and every ranged value. ``depthlens check``
+    (``shard_checks.table_problem``), its settings against the manifest, and every ranged value. ``depthlens check``
     runs this same function, so it lists every shard a reader refuses."""
-    problem = layout.table_problem(store, path, manifest, shard, table) or settings_problem(
+    problem = shard_checks.table_problem(store, path, manifest, shard, table) or settings_problem(
         store, path, manifest, table
     )
     if problem is not None:
@@ -193,7 +190,7 @@ def range_problem(
         row, said = found
         rid = ids[row - 1].as_py() if ids is not None else None
         detail = f"row {row}, record {rid!r}: {said} — the record is damaged"
-    return layout.Problem(path, "damaged", detail, layout.resume_remedy(store, manifest, shard))
+    return layout.Problem(path, "damaged", detail, shard_checks.resume_remedy(store, manifest, shard))
 
 
 def read_shard(path: Path, settings: dict[str, Any] | None = None) -> pa.Table:
@@ -243,9 +240,9 @@ def iter_store_located(path: Path, verify: bool = False) -> Iterator[tuple[str, 
     is a data file the manifest does not list. Files a writer has not committed yet are not looked at."""
     verify = verify or _verify.get()
     if not path.is_dir():
-        yield from _iter_jsonl_checked(path, verify)
+        yield from iter_jsonl_checked(path, verify)
         return
-    manifest, extra = layout.snapshot(path, lambda: store_manifest(path))
+    manifest, extra = shard_checks.snapshot(path, lambda: store_manifest(path))
     shards = layout.entries(path, manifest)
     if extra:
         raise layout.Refused(extra[0])
@@ -265,103 +262,6 @@ def iter_store_located(path: Path, verify: bool = False) -> Iterator[tuple[str, 
             yield f"{where} row {i}", record
 
 
-def _jsonl_manifest(path: Path) -> dict[str, Any]:
-    """The manifest beside a JSONL store, or {} where none is readable (the store is then read as it is)."""
-    from depthlens.stores.files import manifest_path
-
-    try:
-        manifest = json.loads(manifest_path(path).read_bytes())
-    except (OSError, ValueError, RecursionError):
-        manifest = {}
-    return manifest if isinstance(manifest, dict) else {}
-
-
-@dataclasses.dataclass(frozen=True)
-class JsonlRules:
-    """What a JSONL store's records are checked against: each value's range, and what the values mean together."""
-
-    ranges: dict[str, Bound]
-    facts: Facts
-
-
-def jsonl_ranges(path: Path) -> JsonlRules:
-    """The checks of a JSONL store's values, from the manifest beside it (none readable: the ranges every store
-    has, without depth, divergence kind, vocabulary or K)."""
-    manifest = _jsonl_manifest(path)
-    return JsonlRules(bounds(manifest), Facts.of(manifest))
-
-
-def jsonl_commit_problem(path: Path, verify: bool, held: int | None = None) -> layout.Problem | None:
-    """A JSONL store holding fewer records than its manifest committed (records removed), or (``verify``) other
-    bytes: the same refusal for ``check`` and every reader (``stores.commits``)."""
-    from depthlens.stores.files import manifest_path
-
-    found = commit_problem(path, _jsonl_manifest(path), verify, held)
-    if found is None:
-        return None
-    kind, detail = found
-    if kind == "manifest":
-        return layout.Problem(manifest_path(path), kind, detail, "restore it from a copy of the store")
-    return layout.Problem(
-        path,
-        kind,
-        detail,
-        "restore the file from a copy of the store, or rerun the command that wrote it with --resume: it computes "
-        "the missing records again",
-    )
-
-
-def jsonl_record_problem(
-    path: Path, where: str, record: dict[str, Any], rules: JsonlRules, seen: dict[str, str]
-) -> layout.Problem | None:
-    """What a reader refuses in one JSONL record: an id an earlier line holds (``seen``: id → line), a value
-    out of its range, or values that disagree (``stores.meaning``). ``depthlens check`` runs this same function."""
-    fix = (
-        "rerun the command that wrote it with --resume: it sets that line aside (in "
-        f"{path.name}.damaged) and computes its record again"
-    )
-    rid = str(record.get("id"))
-    mismatch = id_problem(record)
-    if mismatch:  # an edited id: named on its own line, not as a repeat of the record it now names
-        return layout.Problem(Path(where), "damaged", f"record {record.get('id')!r}: {mismatch}", fix)
-    if "id" in record and rid in seen:
-        return layout.Problem(
-            Path(where),
-            "ids",
-            f"id {rid!r} is also on {seen[rid]} (a line repeated); readers would count it twice",
-            "rerun the command that wrote it with --resume: it keeps the first line and sets the repeat aside "
-            f"(in {path.name}.damaged)",
-        )
-    seen[rid] = where
-    text = text_problem(record)
-    if text is not None:
-        return layout.Problem(Path(where), "damaged", f"record {record.get('id')!r}: {text}", fix)
-    fault = record_fault(record, rules.ranges)
-    if fault is not None:
-        return layout.Problem(Path(where), "damaged", fault.detail(record.get("id")), fix)
-    wrong = meaning_problem(record, rules.facts)
-    if wrong is not None:
-        return layout.Problem(
-            Path(where), "damaged", f"record {record.get('id')!r}: {wrong} — the record is damaged", fix
-        )
-    return None
-
-
-def _iter_jsonl_checked(path: Path, verify: bool) -> Iterator[tuple[str, dict[str, Any]]]:
-    """A JSONL store's records: the file against its manifest's commit, each record as ``jsonl_record_problem``
-    says."""
-    ranges, seen = jsonl_ranges(path), {}
-    for where, record in iter_jsonl_located(path):
-        problem = jsonl_record_problem(path, where, record, ranges, seen)
-        if problem is not None:
-            raise layout.Refused(problem)
-        yield where, record
-    # last, as `check` lists it: a damaged record is named as such first (editing one changes the bytes too)
-    problem = jsonl_commit_problem(path, verify, len(seen))
-    if problem is not None:
-        raise layout.Refused(problem)
-
-
 def duplicate_problem(
     store: Path, manifest: dict[str, Any], shard: dict[str, Any], table: pa.Table, seen: dict[str, str]
 ) -> layout.Problem | None:
@@ -373,7 +273,7 @@ def duplicate_problem(
                 store / shard["file"],
                 "ids",
                 f"row {row}: id {rid!r} is also in {seen[rid]}",
-                layout.resume_remedy(store, manifest, shard),
+                shard_checks.resume_remedy(store, manifest, shard),
             )
         seen[rid] = shard["file"]
     return None
@@ -384,13 +284,14 @@ def _read_listed(
 ) -> tuple[Path, pa.Table]:
     """A listed shard, found and read; a writer publishing it (a rename) meanwhile makes the reader look again."""
     for attempt in range(3):
-        file, problem = layout.shard_problem(path, manifest, shard, verify)
+        file, problem = shard_checks.shard_problem(path, manifest, shard, verify)
         if problem is not None or file is None:
             if problem is not None and problem.kind == "missing" and attempt < 2:
                 continue
-            raise StoreError(_changed_while_read(path, manifest) or problem.message())  # type: ignore[union-attr]
+            found = problem.message() if problem is not None else f"{path / shard['file']}: not found"
+            raise StoreError(_changed_while_read(path, manifest) or found)
         try:
-            return file, layout.read_table(file, layout.resume_remedy(path, manifest, shard))
+            return file, layout.read_table(file, shard_checks.resume_remedy(path, manifest, shard))
         except FileNotFoundError:
             continue
     raise StoreError(f"{path / shard['file']}: kept moving while it was read; read the store again")

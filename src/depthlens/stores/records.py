@@ -18,7 +18,7 @@ import contextvars
 import math
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -34,7 +34,7 @@ VOCAB = "vocab_rows"
 _TOLERANCE = 1e-3
 
 
-def _whole(value: object) -> bool:
+def _whole(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -224,7 +224,8 @@ def layer_top_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str |
 def expected_per_layer(manifest: dict[str, Any]) -> list[str]:
     """The per-layer fields every record of a store holds, from its manifest's ``readout`` (``layer_target``,
     ``track``, ``layer_entropy``) and ``layer_stats`` (``metrics.layer_quantities``)."""
-    readout = manifest.get("readout") if isinstance(manifest.get("readout"), dict) else {}
+    readout = manifest.get("readout")
+    readout = readout if isinstance(readout, dict) else {}
     fields = []
     if readout.get("layer_target"):
         fields += [names.TARGET_LOGPROBS, names.TARGET_RANKS]
@@ -251,7 +252,8 @@ def per_layer_problem(record: dict[str, Any], manifest: dict[str, Any]) -> str |
         held = len(value) if isinstance(value, (list, np.ndarray)) else None
         if isinstance(rows, list) and held != len(rows):
             return f"{field} holds {held} rows for {len(rows)} read-out tokens (its divergence rows)"
-    readout = manifest.get("readout") if isinstance(manifest.get("readout"), dict) else {}
+    readout = manifest.get("readout")
+    readout = readout if isinstance(readout, dict) else {}
     track, vocab = readout.get("track"), manifest.get(VOCAB)
     if isinstance(track, list) and _whole(vocab):
         past = [i for i in track if not (_whole(i) and 0 <= i < vocab)]

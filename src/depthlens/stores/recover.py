@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from depthlens.errors import StoreError
-from depthlens.stores import layout
+from depthlens.stores import layout, shard_checks
 from depthlens.stores.arrow import not_utf8
 from depthlens.stores.commits import COMMITTED, committed_entry
 from depthlens.stores.files import settings_differ, write_error, write_json
@@ -117,7 +117,7 @@ def _check_one(
     store: Path, stored: dict[str, Any], shard: dict[str, Any], settings: dict[str, Any] | None
 ) -> tuple[Path | None, layout.Problem | None, pa.Table | None]:
     # verified against its sha256: a shard changed in place is set aside and recomputed, as `check` promises
-    path, problem = layout.shard_problem(store, stored, shard, verify=True)
+    path, problem = shard_checks.shard_problem(store, stored, shard, verify=True)
     if problem is not None or path is None:
         return path, problem, None
     try:
@@ -129,11 +129,11 @@ def _check_one(
                 path,
                 "cut",
                 f"not a readable Parquet shard ({exc})",
-                layout.resume_remedy(store, stored, shard),
+                shard_checks.resume_remedy(store, stored, shard),
             ),
             None,
         )
-    problem = layout.table_problem(store, path, stored, shard, table)
+    problem = shard_checks.table_problem(store, path, stored, shard, table)
     problem = problem or range_problem(store, path, stored, shard, table)
     if problem is None and settings is not None:
         try:
@@ -165,7 +165,7 @@ def recover(
     shards = layout.entries(store, stored)
     listed = {s["file"] for s in shards}
     _leftovers(store, listed, set(stored.get("superseded") or []), legacy)
-    extra = layout.unlisted(store, listed, stored)
+    extra = shard_checks.unlisted(store, listed, stored)
     if extra:
         raise StoreError(extra[0].message())
     kept, dropped = [], []

@@ -1,5 +1,6 @@
 """The sample store (``depthlens generate`` / ``thinkn --out``): its files, its manifest, its record schema, the
 one rounding rule of its floats, and the one reader every study uses (docs/architecture.md, "The sample store").
+What a run writes into it — its manifest, resume rules, the format picked — is ``stores.sample_writes``.
 
 A store is a directory:
 - ``questions.jsonl`` — the questions, reference answers and choices, as generated;
@@ -12,38 +13,26 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import datetime
-import json
-import shutil
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from depthlens import __version__
 from depthlens.config import (
-    PREFIX_TOKENS,
-    AnswerConfig,
-    DTRConfig,
-    EngineConfig,
-    ReadoutConfig,
-    SamplingConfig,
     StoreFormat,
-    depth_prefix,
 )
 from depthlens.errors import InputError, StoreError, named
-from depthlens.evals.grading import RULES
 from depthlens.sampling.backend import PER_TOKEN
-from depthlens.stores.files import ResumeRules, manifest_path, read_json
-from depthlens.stores.formats import FORMATS, store_entry
+from depthlens.stores.files import manifest_path, read_json
+from depthlens.stores.formats import FORMATS
 from depthlens.stores.layout import Problem, Refused, is_store, manifest_file, without_manifest
 from depthlens.stores.names import current_names, divergence_field
 from depthlens.stores.parquet import iter_store_located
-from depthlens.stores.records import VOCAB, record_problem, wrong_fields
+from depthlens.stores.records import record_problem, wrong_fields
 from depthlens.stores.shortfall import say, shortfall
 
 if TYPE_CHECKING:
-    from depthlens.evals.tasks import Question
+    pass
 
 STORE_VERSION = 1
 MANIFEST_FIX = (
@@ -86,137 +75,29 @@ def stored_rows(rows: Sequence[Sequence[float]]) -> list[list[float]]:
     return [stored(row) for row in rows]
 
 
-MANIFEST_DEFAULTS = {
-    "sampling": SamplingConfig().to_dict(),
-    "readout": ReadoutConfig().to_dict(),
-    "dtr": DTRConfig().to_dict(),
-    "engine": EngineConfig().to_dict(),  # stores written before the engine was recorded: hf
-    "depth": {"prefix": PREFIX_TOKENS},  # stores written before their records carried depth
-    "layer_stats": {},  # a caller's statistics (name → m): stores written before them hold none
-}
-"""Settings a manifest written before a field existed is read with."""
-# Batch size and a longer question list change no stored response (a response's seed is its own; a changed batch
-# size rounds batched products differently, so floats may differ in the last kept digit), so a resumed run may
-# change them. The KV cache's size changes no token either, and a run resumed after running out of it must be able
-# to raise it.
-RESUME_RULES = ResumeRules(
-    defaults=MANIFEST_DEFAULTS,
-    # ``vocab_rows``: a store from before it was recorded resumes (the model is compared by name)
-    free=("batch_size", "task.questions", "engine.kv_cache_gib", "engine.gpu_memory_utilization", VOCAB),
-    extend=("questions",),
-)
-
-
-def store_manifest(
-    model: str, n_layers: int | None, questions: Sequence[Question], settings: dict[str, Any]
-) -> dict[str, Any]:
-    """The manifest of a sample store: ``settings`` holds pool, seed, batch_size, task, sampling, readout, dtr,
-    engine, answers (the configs themselves) and any extra entries (``store``, ``online``). ``n_layers`` None (the
-    model not loaded yet) and ``answers`` None leave those entries out (a check before loading compares only the
-    entries it is given)."""
-    settings = dict(settings)
-    configs = {key: settings.pop(key) for key in ("sampling", "readout", "dtr", "engine", "answers")}
-    answers: AnswerConfig | None = configs["answers"]
-    manifest = {
-        "store_version": STORE_VERSION,
-        "depthlens_version": __version__,
-        "model": model,
-        "n_layers": n_layers,
-        "task": settings.pop("task"),
-        "questions": [q.id for q in questions],
-        **settings,
-        "sampling": configs["sampling"].to_dict(),
-        "readout": configs["readout"].to_dict(),
-        "dtr": configs["dtr"].to_dict(),
-        "depth": {"prefix": depth_prefix(configs["dtr"])},
-        "engine": configs["engine"].to_dict(),
-        "answers": {**answers.to_dict(), "rules": RULES} if answers is not None else None,
-        "command": " ".join(sys.argv),
-        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
-    return {k: v for k, v in manifest.items() if v is not None or k not in ("n_layers", "answers")}
-
-
-def vocab_entry(lm: object) -> dict[str, int]:
-    """The manifest entry recording the model's vocabulary rows (``stores.records.VOCAB``): stored token ids at or
-    past it are refused. Empty for a model that does not say."""
-    rows = getattr(lm, "vocab_rows", None)
-    return {VOCAB: int(rows)} if isinstance(rows, int) and rows > 0 else {}
-
-
-def write_questions(out_dir: Path, questions: Sequence[Question]) -> None:
-    (out_dir / QUESTIONS).write_text(
-        "".join(json.dumps(q.to_dict(), ensure_ascii=False) + "\n" for q in questions), encoding="utf-8"
-    )
-
-
 def samples_path(out_dir: Path, fmt: StoreFormat) -> Path:
     """Where a store's responses are: ``samples/`` (a sharded Parquet store) or ``samples.jsonl``."""
     return out_dir / (SHARDS if fmt == "parquet" else SAMPLES)
-
-
-def samples_format(
-    out_dir: Path, requested: StoreFormat | None, resume: bool = False, overwrite: bool = False
-) -> StoreFormat:
-    """The format a run writes the responses of ``out_dir`` in: the existing store's when resumed (``requested``
-    must agree) or neither resumed nor overwritten, else ``requested`` (default Parquet). Needs no model:
-    commands check it before loading one."""
-    if requested is not None and requested not in FORMATS:
-        raise InputError(f"{named('store')} {requested!r}: use one of {', '.join(FORMATS)}")
-    found = [f for f in FORMATS if samples_path(out_dir, f).exists()]  # type: ignore[arg-type]
-    if len(found) > 1 and (overwrite or (resume and requested is not None)):
-        found = [requested or "parquet"]  # the flag picks one; --overwrite removes the other
-    elif len(found) > 1:
-        raise _two_stores(out_dir)
-    existing: StoreFormat | None = found[0] if found else None  # type: ignore[assignment]
-    if existing is not None and not resume and not overwrite:
-        return existing  # whose check then says it exists: --resume or --overwrite
-    if resume and existing is not None:
-        if requested is not None and requested != existing:
-            raise StoreError(
-                f"{named('store')} {requested}: the store in {out_dir} is {existing}; resume it without "
-                f"{named('store')}, or give "
-                f"a new {named('out')}"
-            )
-        return existing
-    return requested or "parquet"
-
-
-def remove_other_format(out_dir: Path, fmt: StoreFormat) -> None:
-    """``--overwrite`` with a store of the other format in ``out_dir``: remove it, so one store remains."""
-    for other in FORMATS:
-        old = samples_path(out_dir, other)  # type: ignore[arg-type]
-        if other == fmt or not old.exists():
-            continue
-        if old.is_dir():
-            shutil.rmtree(old)
-        else:
-            old.unlink()
-            manifest_path(old).unlink(missing_ok=True)
-
-
-def samples_entry(fmt: StoreFormat, float16: bool) -> dict[str, Any]:
-    """The manifest entries of the responses' format: ``store`` for a Parquet store, nothing for JSONL."""
-    entry = store_entry(fmt, float16, jsonl_fix="leave out --store jsonl")
-    return {} if entry is None else {"store": entry}
 
 
 _picked: contextvars.ContextVar[StoreFormat | None] = contextvars.ContextVar("picked_format", default=None)
 
 
 @contextlib.contextmanager
-def picking(fmt: StoreFormat | None) -> Iterator[None]:
-    """Read the responses in ``fmt`` where a directory holds both formats (``--store`` of a reading command)."""
+def picking(fmt: str | None) -> Iterator[None]:
+    """Read the responses in ``fmt`` where a directory holds both formats (``--store`` of a reading command, as
+    given: checked here)."""
     if fmt is not None and fmt not in FORMATS:
         raise InputError(f"{named('store')} {fmt!r}: use one of {', '.join(FORMATS)}")
-    token = _picked.set(fmt)
+    token = _picked.set(fmt)  # one of FORMATS (narrowed by the check above), or None
     try:
         yield
     finally:
         _picked.reset(token)
 
 
-def _two_stores(out_dir: Path) -> StoreError:
+def two_stores(out_dir: Path) -> StoreError:
+    """The refusal of a directory holding a store of responses in each format."""
     return StoreError(
         f"{out_dir} holds two stores of responses, {out_dir / SHARDS}/ (parquet) and {out_dir / SAMPLES} (jsonl); "
         f"pick one with {named('store')} parquet or {named('store')} jsonl, or move the other out of the directory"
@@ -231,7 +112,7 @@ def stored_format(out_dir: Path) -> StoreFormat:
     if sharded and jsonl:
         picked = _picked.get()
         if picked is None:
-            raise _two_stores(out_dir)
+            raise two_stores(out_dir)
         return picked
     return "parquet" if sharded else "jsonl"
 

@@ -15,7 +15,7 @@ import contextvars
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from depthlens.stores.lock import writer
 
@@ -42,7 +42,7 @@ def expected(manifest: dict[str, Any], out_dir: Path | None) -> tuple[int, str] 
     return None
 
 
-def _whole(value: object) -> bool:
+def _whole(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import pyarrow as pa
@@ -109,7 +109,8 @@ def bounds(manifest: dict[str, Any]) -> dict[str, Bound]:
     readout = manifest.get("readout")
     readout = readout if isinstance(readout, dict) else {}
     primary = readout.get("divergence", "jsd")
-    also = readout.get("also") if isinstance(readout.get("also"), list) else []
+    also = readout.get("also")
+    also = also if isinstance(also, list) else []
     for kind in [primary, *also]:
         if not isinstance(kind, str):
             continue
@@ -128,8 +129,10 @@ def per_layer_bounds(manifest: dict[str, Any]) -> dict[str, Bound]:
     statistics finite; each token's row [L] or [L, M] (M tracked ids, m a statistic's width) as the manifest says."""
     n_layers, vocab = manifest.get("n_layers"), manifest.get("vocab_rows")
     layers = n_layers if _count(n_layers) else None
-    readout = manifest.get("readout") if isinstance(manifest.get("readout"), dict) else {}
-    track = readout.get("track") if isinstance(readout.get("track"), list) else None
+    readout = manifest.get("readout")
+    readout = readout if isinstance(readout, dict) else {}
+    track = readout.get("track")
+    track = track if isinstance(track, list) else None
 
     def rows(width: int | None = 0) -> tuple[int, ...] | None:
         if layers is None or width is None:
@@ -149,7 +152,8 @@ def per_layer_bounds(manifest: dict[str, Any]) -> dict[str, Bound]:
             0.0, math.log(vocab) if _count(vocab) else math.inf, "entropies (≥ 0, ≤ ln V nats)", shape=rows()
         ),
     }
-    stats = manifest.get("layer_stats") if isinstance(manifest.get("layer_stats"), dict) else {}
+    stats = manifest.get("layer_stats")
+    stats = stats if isinstance(stats, dict) else {}
     for name, width in stats.items():
         out[STAT_PREFIX + str(name)] = Bound(
             -math.inf, math.inf, "finite numbers", shape=rows(width if _count(width) or width == 0 else None)
@@ -157,7 +161,7 @@ def per_layer_bounds(manifest: dict[str, Any]) -> dict[str, Bound]:
     return out
 
 
-def _count(value: object) -> bool:
+def _count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 

@@ -83,7 +83,7 @@ def gap_verdict(test: PairedTest) -> dict[str, bool | None]:
 
 
 def control_comparison(
-    per_question: Mapping[str, Sequence[float]],
+    per_question: Mapping[str, Sequence[float] | np.ndarray],
     method: str = "think@n",
     control: str = CONTROL,
     resamples: int = 10_000,
@@ -106,7 +106,7 @@ def control_comparison(
 
 
 def paired_comparisons(
-    per_question: Mapping[str, Sequence[float]],
+    per_question: Mapping[str, Sequence[float] | np.ndarray],
     baseline: str = BASELINE,
     resamples: int = 10_000,
     seed: int = 0,

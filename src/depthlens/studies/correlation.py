@@ -140,8 +140,11 @@ def metric_table(
             for r in responses
         ]
         rows = [row for row in rows if row[0] is not None and math.isfinite(row[0])]
-        out.append(tuple(np.array([row[i] for row in rows], dtype=np.float64) for i in range(4)))
-    return out  # type: ignore[return-value]
+        values, correct, lengths, cut = (
+            np.array([row[i] for row in rows], dtype=np.float64) for i in range(4)
+        )
+        out.append((values, correct, lengths, cut))
+    return out
 
 
 def metric_values(

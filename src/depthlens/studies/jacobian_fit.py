@@ -55,7 +55,7 @@ def jacobian_prompts(lm: LoadedModel, source: Path | None, cfg: JacobianFitConfi
     ``source`` (each record's prompt and completion, cut to the window) or the offline standard-library corpus the
     tuned-lens fit reads (each window begins with the tokens a text gets first, e.g. BOS)."""
     from depthlens.stores.formats import read_inputs
-    from depthlens.studies.score import tokenize
+    from depthlens.studies.score_inputs import tokenize
 
     if source is not None:
         records, _ = read_inputs(source)

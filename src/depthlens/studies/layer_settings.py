@@ -82,7 +82,7 @@ def check_hidden_budget(lm: Any, readout: ReadoutConfig, layers: Sequence[int], 
     (``memory_mb``), or refused naming their size and the budget."""
     if not layers:
         return
-    hidden = int(lm.parts.unembed.weight.shape[1])
+    hidden = int(lm.parts.unembed_weight.shape[1])
     size = tokens * len(layers) * hidden * 4
     budget = budget_mb(readout, lm.device)
     if size > budget * 2**20:

@@ -95,7 +95,7 @@ def layer_logprobs(
     lens: LogitLens, states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 ) -> torch.Tensor:
     """log p_l [..., V] of states [..., d] read through the translator (weight [d, d], bias [d]) and ``lens``."""
-    dtype = lens.parts.unembed.weight.dtype
+    dtype = lens.parts.unembed_weight.dtype
     return torch.log_softmax(lens.logits((states @ weight.T + bias).to(dtype)), dim=-1)
 
 
@@ -107,7 +107,7 @@ def kl_to_final(final_logprobs: torch.Tensor, logprobs: torch.Tensor) -> torch.T
 def final_logprobs(lens: LogitLens, last: torch.Tensor) -> torch.Tensor:
     """log p_L of raw last-block states: the model's own output distribution."""
     with torch.no_grad():
-        return torch.log_softmax(lens.logits(last.to(lens.parts.unembed.weight.dtype)), dim=-1)
+        return torch.log_softmax(lens.logits(last.to(lens.parts.unembed_weight.dtype)), dim=-1)
 
 
 @torch.no_grad()
@@ -184,11 +184,11 @@ def kl_step(
     rows = torch.randint(train.n_tokens, (min(cfg.batch_tokens, train.n_tokens),), generator=gen)
     n_layers = train.hidden.shape[0]
     layers = torch.randperm(n_layers, generator=gen)[: min(cfg.layers_per_step, n_layers)]
-    rows, layers = rows.to(train.last.device), layers.tolist()
+    rows = rows.to(train.last.device)
     target = final_logprobs(lens, train.last[rows])
     losses = [
         kl_to_final(target, layer_logprobs(lens, train.hidden[j, rows], weight[j], bias[j])).mean()
-        for j in layers
+        for j in layers.tolist()
     ]
     return torch.stack(losses).mean()
 

@@ -41,27 +41,20 @@ from depthlens.sampling.backend import PER_TOKEN, GenerationBackend, Trace
 from depthlens.sampling.choose import make_backend
 from depthlens.stores.files import ResumeRules
 from depthlens.stores.jsonl import ResultWriter, iter_jsonl
+from depthlens.stores.sample_writes import MANIFEST_DEFAULTS, store_manifest, vocab_entry, write_questions
 from depthlens.stores.samples import (
-    MANIFEST_DEFAULTS,
     SAMPLES,
     STORED_DIGITS,
     damaged,
     read_manifest,
     read_responses,
-    store_manifest,
     stored,
     stored_rows,
-    vocab_entry,
-    write_questions,
 )
 from depthlens.stores.state import remove_derived
 from depthlens.studies.footprint import check_trials, refuse_unfit
-from depthlens.studies.generate import (
-    engine_job,
-    prompt_ids,
-    sample_record,
-    sample_seed,
-)
+from depthlens.studies.generate import engine_job, prompt_ids, sample_seed
+from depthlens.studies.sample_records import sample_record
 from depthlens.studies.thinkn import response_from_record
 from depthlens.voting.methods import Response
 from depthlens.voting.online import SIGNALS, OnlineOutcome, Sampler, replay_trials, run_policy, stop_point
@@ -380,7 +373,7 @@ def budget_sweep(
         for beta in consensus:
             for max_n in (n for n in budgets if n > online.warmup):
                 cfg = dataclasses.replace(online, signal=signal, consensus=beta, max_n=max_n)
-                s = replay_trials(pools, cfg, trials, seed)
+                replayed = replay_trials(pools, cfg, trials, seed)
                 family = SIGNALS[signal].family
                 rows.append(
                     {
@@ -388,11 +381,11 @@ def budget_sweep(
                         "family": family,
                         "budget": max_n,
                         "consensus": beta,
-                        "accuracy_mean": s.accuracy_mean,
-                        "accuracy_std": s.accuracy_std,
-                        "cost_mean": s.cost_mean,
-                        "cost_std": s.cost_std,
-                        "started_mean": s.started_mean,
+                        "accuracy_mean": replayed.accuracy_mean,
+                        "accuracy_std": replayed.accuracy_std,
+                        "cost_mean": replayed.cost_mean,
+                        "cost_std": replayed.cost_std,
+                        "started_mean": replayed.started_mean,
                     }
                 )
     return rows

@@ -178,8 +178,12 @@ def store_per_question(
     drawn = np.asarray(trials[BASELINE], dtype=np.float64) if BASELINE in trials else table[BASELINE]
     for replay in replays:
         theirs = per_question(replay)
-        same = theirs is not None and replay.get("cons_n") == summary["voting"]["n"]
-        if same and np.array_equal(theirs.get(BASELINE), drawn):  # the same questions and draws
+        if (  # the same questions and draws
+            theirs is not None
+            and replay.get("cons_n") == summary["voting"]["n"]
+            and BASELINE in theirs
+            and np.array_equal(theirs[BASELINE], drawn)
+        ):
             table[f"{replay['method']} (max n {replay['summary']['max_n']})"] = theirs[replay["method"]]
     return table
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import errno
 import json
-import os
 import shutil
 import sys
 from collections import Counter
@@ -37,7 +35,7 @@ from depthlens.metrics.dtr import response_depth
 from depthlens.stores.commits import COMMITTED, Running
 from depthlens.stores.files import WriteFailed, manifest_path
 from depthlens.stores.jsonl import iter_jsonl
-from depthlens.stores.lock import LOCK, store_lock
+from depthlens.stores.lock import store_lock
 from depthlens.stores.names import current_names
 from depthlens.stores.samples import (
     DEPTH_FIELDS,
@@ -48,6 +46,7 @@ from depthlens.stores.samples import (
     stored_format,
 )
 from depthlens.stores.shard_writer import new_run_id, rewrite_store
+from depthlens.studies.regrade_files import copy_store, write_together
 from depthlens.studies.thinkn import stored_voting, summarise, summary_files
 
 GRADED = ("answer", "answer_source", "vote_key", "grade", "correct", "task_score")
@@ -125,56 +124,6 @@ def rebuild_questions(store: Path, manifest: dict[str, Any]) -> dict[str, Questi
     }
 
 
-def _write_together(files: dict[Path, list[str]], store: Path) -> None:
-    """Replace each of ``files`` (path → its lines) whole, all or none: each written to a temporary file beside it
-    and fsynced, then all renamed over theirs (a JSONL store's responses and manifest). A write that fails (a
-    full disk) removes every temporary file and leaves the store as it was."""
-    staged: dict[Path, Path] = {}
-    try:
-        for path, lines in files.items():
-            tmp = staged[path] = path.with_name(f".{path.name}.regrade-tmp")
-            with tmp.open("w", encoding="utf-8") as f:
-                f.writelines(lines)
-                f.flush()
-                os.fsync(f.fileno())
-    except OSError as exc:
-        for tmp in staged.values():
-            tmp.unlink(missing_ok=True)
-        raise WriteFailed(
-            Path(exc.filename or next(reversed(staged))), exc, _not_committed(store, exc)
-        ) from None
-    renamed = 0
-    try:
-        for path, tmp in staged.items():
-            os.replace(tmp, path)
-            renamed += 1
-    except OSError as exc:
-        for tmp in staged.values():
-            tmp.unlink(missing_ok=True)
-        if renamed == 0:
-            raise WriteFailed(Path(exc.filename or store), exc, _not_committed(store, exc)) from None
-        raise WriteFailed(
-            Path(exc.filename or store),
-            exc,
-            f"the regraded responses are in place but the manifest beside them is the one before; "
-            f"`depthlens check {store}` names it — run regrade again once the disk has room",
-        ) from None
-    finally:
-        directory = os.open(store, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the renames themselves survive a power cut
-        finally:
-            os.close(directory)
-
-
-def _not_committed(store: Path, exc: OSError) -> str:
-    remedy = "free some space" if exc.errno == errno.ENOSPC else "check the path and its permissions"
-    return (
-        f"the regrade was not committed and its temporary files were removed: {store} is as it was — {remedy}, "
-        "then run regrade again"
-    )
-
-
 @dataclasses.dataclass
 class _Regrader:
     """Re-reads one response's answer under ``rules`` (a callable for ``rewrite_store``), keeping what it had before
@@ -240,11 +189,8 @@ def _rules(
     settings, rules_before = store_answers(manifest)
     if "answers" not in manifest:
         settings = dataclasses.replace(AnswerConfig(), prompt_style=settings.prompt_style)
-    rules = dataclasses.replace(
-        settings,
-        answer_type=answer_type if answer_type is not None else settings.answer_type,  # type: ignore[arg-type]
-        fallback=fallback if fallback is not None else settings.fallback,  # type: ignore[arg-type]
-    )
+    asked: dict[str, Any] = {"answer_type": answer_type, "fallback": fallback}  # AnswerConfig checks each
+    rules = dataclasses.replace(settings, **{k: v for k, v in asked.items() if v is not None})
     return rules, rules_before
 
 
@@ -303,7 +249,7 @@ def regrade_copy(
         manifest = read_manifest(store)  # a store, not any directory
         for _ in read_responses(store):  # every reader's checks: nothing damaged (or outside it) is copied
             pass
-        _copy_store(store, out)
+        copy_store(store, out)
     source = {"run_id": manifest.get("run_id"), "path": str(store.resolve()), "by": "regrade --out"}
     try:
         return regrade_store(out, answer_type, fallback, timeout_s, on_record, derived_from=source)
@@ -314,40 +260,6 @@ def regrade_copy(
                 f"the copy {out} was removed and {store} is as it was — {exc.remedy}, then run the same regrade again"
             ) from None
         raise
-
-
-def _copy_store(store: Path, out: Path) -> None:
-    """Copy the store's files (not its locks nor a regrade's temporary files) to ``out``, stopping at the first
-    that fails (a full disk): ``out`` is then removed whole, named with the file that could not be written."""
-    skip = shutil.ignore_patterns(LOCK, ".*.lock", ".*.regrade-tmp")
-    try:
-        shutil.copytree(store, out, ignore=skip, copy_function=_copy_file)
-    except (OSError, shutil.Error, _CopyFailed) as exc:
-        shutil.rmtree(out, ignore_errors=True)
-        cause = exc.args[0] if isinstance(exc, _CopyFailed) else exc
-        where = Path(cause.filename or out) if isinstance(cause, OSError) else out
-        if not isinstance(cause, OSError):
-            raise StoreError(f"{out}: could not copy {store} ({exc}); the copy was removed") from None
-        raise WriteFailed(
-            where,
-            cause,
-            f"the copy {out} was removed and {store} is as it was — "
-            f"{'free some space' if cause.errno == errno.ENOSPC else 'check the path and its permissions'}, then "
-            "run the same regrade again",
-        ) from None
-
-
-class _CopyFailed(Exception):
-    """The first file ``copytree`` could not copy (it would go on with the rest and report them as a list)."""
-
-
-def _copy_file(src: str, dst: str) -> object:
-    try:
-        return shutil.copy2(src, dst)
-    except OSError as exc:
-        if exc.filename is None:
-            exc.filename = dst
-        raise _CopyFailed(exc) from None
 
 
 def _regrade_locked(
@@ -391,7 +303,7 @@ def _regrade_locked(
         for line in lines:
             committed.add(line.encode("utf-8"))
         meta = [json.dumps({**updated, COMMITTED: committed.entry()}, indent=2, ensure_ascii=False) + "\n"]
-        _write_together({samples: lines, manifest_path(samples): meta}, store)
+        write_together({samples: lines, manifest_path(samples): meta}, store)
     old, new = regrade.old, regrade.new
     return RegradeReport(
         store,

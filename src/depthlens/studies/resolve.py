@@ -33,7 +33,7 @@ def readout(
         from depthlens.readout.lenses import resolve_lens  # torch: only where a fitted lens is read
 
         spec = resolve_lens(spec)
-    return ReadoutConfig(divergence=divergence, also=kinds, lens=spec, **rest)  # type: ignore[arg-type]
+    return ReadoutConfig(divergence=divergence, also=kinds, lens=spec, **rest)  # type: ignore[arg-type]  # kinds as given: ReadoutConfig checks each
 
 
 def voting_n(n: int | None, available: int | None) -> tuple[int, bool]:

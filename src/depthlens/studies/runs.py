@@ -60,7 +60,9 @@ def config(cls: type[C], given: C | Settings | None) -> C:
     or the defaults (None)."""
     if isinstance(given, cls):
         return given
-    return cls(**dict(given or {}))
+    if given is not None and not isinstance(given, Mapping):
+        raise TypeError(f"expected a {cls.__name__} or a mapping of its fields, got {type(given).__name__}")
+    return cls(**(given or {}))
 
 
 def readout_config(given: ReadoutConfig | Settings | None) -> ReadoutConfig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,8 +11,8 @@ import numpy as np
 
 from depthlens.config import CorrelationConfig, DTRConfig
 from depthlens.errors import InputError
-from depthlens.studies.correlation import StudyMetric, correlate, dtr_settings, metric_values
-from depthlens.studies.stored import Store
+from depthlens.studies.correlation import DTRSettings, StudyMetric, correlate, dtr_settings, metric_values
+from depthlens.studies.stored import Store, StoredResponse
 
 SWEEPS: dict[str, tuple[Any, ...]] = {
     "g": (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
@@ -20,6 +21,11 @@ SWEEPS: dict[str, tuple[Any, ...]] = {
     "divergence": ("jsd", "kl", "cosine"),
     "deep_rule": ("spec", "paper-literal"),
 }
+
+
+def _kind_ratio(kind: str, response: StoredResponse, settings: DTRSettings) -> float | None:
+    """A response's DTR under divergence ``kind``."""
+    return settings.ratio(response, kind)
 
 
 def sweep(
@@ -53,7 +59,7 @@ def sweep(
                 kind = value
             else:
                 raise InputError(f"unknown sweep parameter {param!r}; choose from {sorted(SWEEPS)}")
-            metric = StudyMetric("dtr", "DTR", lambda r, s, k=kind: s.ratio(r, k), kind)
+            metric = StudyMetric("dtr", "DTR", functools.partial(_kind_ratio, kind), kind)
             groups = metric_values(store, metric, settings)
             values_all = np.concatenate([v for v, _ in groups]) if groups else np.zeros(0)
             c = correlate("dtr", groups, cfg)

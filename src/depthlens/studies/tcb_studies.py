@@ -24,13 +24,8 @@ from depthlens.errors import InputError
 from depthlens.evals.grading import grade
 from depthlens.evals.loading import load_task
 from depthlens.evals.tasks import MATH_INSTRUCTION, Question
-from depthlens.metrics.tcb import (
-    Unembedding,
-    geometry_ablation,
-    sharp_drops,
-    token_constraint_terms,
-    v_eff_band,
-)
+from depthlens.metrics.tcb import Unembedding, token_constraint_terms
+from depthlens.metrics.tcb_geometry import geometry_ablation, sharp_drops, v_eff_band
 from depthlens.models.load import LoadedModel
 from depthlens.readout.stream import lens_for
 from depthlens.sampling.backend import GenerationBackend
@@ -74,10 +69,11 @@ def prompt_set(name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+TEXT = "the TCB studies' work on text"
+
+
 def _encode(lm: LoadedModel, prompt: str) -> list[int]:
-    if lm.tokenizer is None:
-        raise InputError(f"model {lm.name} has no tokenizer; the TCB studies work on text")
-    ids = as_token_ids(lm.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    ids = as_token_ids(lm.text_tokenizer(TEXT)(prompt, add_special_tokens=True)["input_ids"])
     if not ids:
         raise InputError(f"prompt {prompt!r} tokenises to nothing")
     return ids
@@ -256,9 +252,7 @@ def _messages(template: str, question: Question, shots: Sequence[Question]) -> l
 
 
 def _prompt_ids(lm: LoadedModel, messages: list[dict[str, str]]) -> list[int]:
-    tok = lm.tokenizer
-    if tok is None:
-        raise InputError(f"model {lm.name} has no tokenizer")
+    tok = lm.text_tokenizer(TEXT)
     if getattr(tok, "chat_template", None):
         return as_token_ids(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
     return _encode(lm, "".join(f"{m['content']}\n\n" for m in messages))  # base models: turns as paragraphs
@@ -323,7 +317,7 @@ def _answer_row(
 ) -> dict[str, Any]:
     ids = _prompt_ids(lm, _messages(template, q, examples))
     trace = generator.start(ids, [0]).traces[0]
-    graded = grade(q, lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True), trace.finish)
+    graded = grade(q, lm.text_tokenizer(TEXT).decode(trace.token_ids, skip_special_tokens=True), trace.finish)
     s = score(lm, [{"id": q.id, "prompt_ids": ids, "completion_ids": trace.token_ids}], tcb=TCBConfig())[0]
     return {
         "template": template,
@@ -339,7 +333,7 @@ def _answer_row(
 
 @dataclasses.dataclass(frozen=True)
 class DropRule:
-    """The sharp-drop rule of the generation trace (see ``metrics.tcb.sharp_drops``)."""
+    """The sharp-drop rule of the generation trace (see ``metrics.tcb_geometry.sharp_drops``)."""
 
     window: int = TCBStudies.window
     factor: float = TCBStudies.factor
@@ -373,13 +367,12 @@ def _generation_trace(
     ids = _prompt_ids(lm, messages) if chat else _encode(lm, prompt)
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens, readout_tokens=0)
     trace = make_backend(lm, engine, greedy).start(ids, [0]).traces[0]
-    scored = score(lm, [{"id": "trace", "prompt_ids": ids, "completion_ids": trace.token_ids}], tokens=True)[
-        0
-    ]
+    record = {"id": "trace", "prompt_ids": ids, "completion_ids": trace.token_ids}
+    scored = score(lm, [record], tokens=True)[0]
     tcb = torch.tensor(scored["tcb"], dtype=torch.float64)
     log_prob = torch.tensor(trace.log_prob, dtype=torch.float64)
     drops = sharp_drops(tcb, log_prob, rule.window, rule.factor, rule.max_perplexity)
-    tokens = [lm.tokenizer.decode([t]) for t in trace.token_ids]
+    tokens = [lm.text_tokenizer(TEXT).decode([t]) for t in trace.token_ids]
     rows = [
         {
             "position": i,
@@ -395,6 +388,6 @@ def _generation_trace(
         "tokens": len(rows),
         "sharp_drops": int(drops.sum()),
         "rule": dataclasses.asdict(rule),
-        "text": lm.tokenizer.decode(trace.token_ids, skip_special_tokens=True),
+        "text": lm.text_tokenizer(TEXT).decode(trace.token_ids, skip_special_tokens=True),
     }
     return {"rows": rows, "summary": summary}

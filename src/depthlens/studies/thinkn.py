@@ -82,7 +82,7 @@ def pools_from_records(
     read from disk, or the rows of ``depthlens.generate``'s table."""
     n_layers = int(manifest["n_layers"])
     pools: dict[str, list[Response]] = {q: [] for q in manifest["questions"]}
-    failed, grades, usable_records, first_error = [], Counter(), [], ""
+    failed, grades, usable_records, first_error = [], Counter[str](), [], ""
     for where, record in records:
         if record.get("status") == "failed":
             failed.append(str(record.get("id")))
@@ -284,7 +284,7 @@ def summary_rows(report: ThinkReport) -> list[dict[str, Any]]:
     paired = {c.method: c.row() for c in report.paired}
     blank = dict.fromkeys(next(iter(paired.values()), {}))  # the baseline's row: the same columns, empty
     for s in report.summaries:
-        row = s.to_dict()
+        row: dict[str, Any] = s.to_dict()
         row["cost_vs_cons"] = s.cost_mean / cons.cost_mean if cons and cons.cost_mean else None
         row["accuracy_lo"], row["accuracy_hi"] = report.intervals.get(s.method, (None, None))
         rows.append({**row, **paired.get(s.method, blank)})

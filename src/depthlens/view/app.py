@@ -119,7 +119,7 @@ def _voting(request: Request, base: VotingConfig) -> VotingConfig:
             rank_prefix=prefix,
             trials=_int(request, "trials", base.trials, low=1, high=1000),
             seed=_int(request, "seed", base.seed),
-            tie_break=q.get("tie_break") or base.tie_break,
+            tie_break=q.get("tie_break") or base.tie_break,  # type: ignore[arg-type]  # text: VotingConfig checks it
         )
     except DepthlensError as exc:  # named as the query spells it (eta=1.5: …), never as a Python field
         raise BadQuery(said(exc)) from None

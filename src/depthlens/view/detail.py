@@ -70,7 +70,9 @@ class Labeller:
     """Readable labels for a sample store's token ids: its model's tokenizer, loaded once in the background."""
 
     def __init__(self, model: str | None) -> None:
-        self.model, self._tokenizer, self.note = model, None, None
+        self.model = model
+        self._tokenizer: Any = None
+        self.note: str | None = None
         self.ready = threading.Event()
         self._started = False
         self._lock = threading.Lock()

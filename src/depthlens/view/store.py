@@ -15,69 +15,42 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from depthlens.config import DTRConfig
-from depthlens.errors import DepthlensError, InputError
+from depthlens.errors import DepthlensError
 from depthlens.sampling.backend import PER_TOKEN
 from depthlens.stores import samples
 from depthlens.stores.access import Location, ParquetSource
-from depthlens.stores.commits import committed_problem
 from depthlens.stores.files import manifest_path
 from depthlens.stores.jsonl import iter_jsonl
 from depthlens.stores.jsonl_access import JsonlSource
-from depthlens.stores.layout import MANIFEST, Problem, is_store, manifest_file
+from depthlens.stores.layout import Problem, manifest_file
 from depthlens.stores.meaning import Facts
 from depthlens.stores.meaning import record_problem as meaning_problem
-from depthlens.stores.parquet import jsonl_commit_problem, store_manifest
 from depthlens.stores.records import id_problem, wrong_fields
 from depthlens.stores.samples import SAMPLES
 from depthlens.stores.shortfall import shortfall
 from depthlens.stores.state import manifest_state
 from depthlens.stores.validate import bounds, record_fault
 from depthlens.studies.online import DECISIONS
+from depthlens.view.sources import (
+    TRACE,
+    Kind,
+    identify,
+    manifest_dtr,
+    open_samples,
+    open_scores,
+    read_loose,
+    stored_layers,
+)
 
-Kind = Literal["samples", "scores", "tcb"]
 LIGHT_REQUIRED = tuple(k for k in samples.REQUIRED if k not in PER_TOKEN and k != "divergence")
 """The fields every usable response holds that the explorer holds for every record (its light fields): checked
 for every record at open, so a column renamed in a shard is named before any response is opened."""
-TRACE = "trace.progress.jsonl"  # `depthlens tcb trace`'s record: per generated token δ, V_eff, perplexity
-EXPECTED = (
-    f"a sample store directory (from `depthlens generate` or `thinkn --out`: samples/ with its {MANIFEST}, or "
-    "samples.jsonl with samples.jsonl.manifest.json), a score store (from `depthlens score`: a directory with "
-    f"{MANIFEST} and part-*.parquet shards, or a .jsonl file with its .manifest.json beside it) or a TCB "
-    f"trace (from `depthlens tcb trace`: a directory with {TRACE})"
-)
-
-
-def identify(path: Path) -> tuple[Kind, Path]:
-    """The kind of store at ``path`` and its root (a sample store's directory, a score store's directory or
-    file); InputError naming what was expected when it is none. Reads no record."""
-    if not path.exists():
-        raise InputError(f"{path}: no such file or directory; give {EXPECTED}")
-    if path.is_dir():
-        if (path / samples.SHARDS).is_dir() or (path / SAMPLES).is_file():
-            return "samples", path
-        if path.name == samples.SHARDS and (path.parent / samples.QUESTIONS).is_file():
-            return "samples", path.parent  # the samples/ directory itself
-        if is_store(path) or any(path.glob("part-*.parquet")):
-            return "scores", path
-        if (path / TRACE).is_file():
-            return "tcb", path
-    elif path.name == SAMPLES:
-        return "samples", path.parent
-    elif path.name == TRACE:
-        return "tcb", path.parent
-    elif path.suffix == ".jsonl" and manifest_path(path).is_file():
-        return "scores", path
-    what = "a directory" if path.is_dir() else "a file"
-    raise InputError(
-        f"{path}: not a depthlens store ({what} with none of the files one holds); give {EXPECTED}"
-    )
 
 
 @dataclasses.dataclass
@@ -203,12 +176,51 @@ def open_store(path: Path) -> ViewStore:
     kind, root = identify(path.expanduser())
     notices: list[str] = []
     if kind == "samples":
-        manifest, source = _open_samples(root, notices)
+        manifest, source = open_samples(root, notices)
     elif kind == "tcb":
-        manifest, source = _read_loose(manifest_path(root / TRACE)), JsonlSource(root / TRACE, notices)
+        manifest, source = read_loose(manifest_path(root / TRACE)), JsonlSource(root / TRACE, notices)
     else:
-        manifest, source = _open_scores(root, notices)
-    records, locations, by_id = [], [], {}
+        manifest, source = open_scores(root, notices)
+    records, locations, by_id = _light_records(source, root, notices)
+    n_layers = manifest.get("n_layers")
+    n_layers = n_layers if isinstance(n_layers, int) else None
+    if n_layers is None and kind != "tcb":
+        n_layers = stored_layers(source)
+    store = ViewStore(
+        root,
+        kind,
+        manifest,
+        source,
+        notices,
+        records,
+        locations,
+        by_id,
+        n_layers,
+        manifest_dtr(manifest, notices),
+    )
+    store.state = _state(manifest, source)
+    if kind == "samples":
+        _check_responses(store)
+        _read_questions(store)
+        _read_online(store)
+    elif kind == "tcb":
+        for i, record in enumerate(store.records):  # the trace's summary beside its id (one record)
+            summary = (store.read(i).get("rows") or {}).get("summary") or {}
+            record.update({k: v for k, v in summary.items() if not isinstance(v, dict | list)})
+    note = unfinished(store)
+    if note is not None:
+        store.notices.append(note)
+    return store
+
+
+def _light_records(
+    source: ParquetSource | JsonlSource, root: Path, notices: list[str]
+) -> tuple[list[dict[str, Any]], list[Location], dict[str, int]]:
+    """Every record's light fields, where it is and its index by id: one per id (a record without an id, or a
+    repeat of one, is left out and said in ``notices``)."""
+    records: list[dict[str, Any]] = []
+    locations: list[Location] = []
+    by_id: dict[str, int] = {}
     missing_id, twice = 0, []
     for location, record in source.scan():
         if not isinstance(record.get("id"), str | int):
@@ -229,25 +241,7 @@ def open_store(path: Path) -> ViewStore:
             f"{twice[0][1]}: a line repeated or a shard copied): every reader (export, thinkn --from, report) "
             f"refuses this store, `depthlens check {root}` lists each with its remedy; shown once"
         )
-    n_layers = manifest.get("n_layers") if isinstance(manifest.get("n_layers"), int) else None
-    if n_layers is None and kind != "tcb":
-        n_layers = _layers(source)
-    store = ViewStore(
-        root, kind, manifest, source, notices, records, locations, by_id, n_layers, _dtr(manifest, notices)
-    )
-    store.state = _state(manifest, source)
-    if kind == "samples":
-        _check_responses(store)
-        _read_questions(store)
-        _read_online(store)
-    elif kind == "tcb":
-        for i, record in enumerate(store.records):  # the trace's summary beside its id (one record)
-            summary = (store.read(i).get("rows") or {}).get("summary") or {}
-            record.update({k: v for k, v in summary.items() if not isinstance(v, dict | list)})
-    note = unfinished(store)
-    if note is not None:
-        store.notices.append(note)
-    return store
+    return records, locations, by_id
 
 
 def _check_responses(store: ViewStore) -> None:
@@ -284,78 +278,6 @@ def unfinished(store: ViewStore) -> str | None:
     if line is not None and " so far: " in line:  # being written: what this page shows is a snapshot
         return f"{line}; shown is what was committed when this page opened"
     return line
-
-
-def _open_samples(root: Path, notices: list[str]) -> tuple[dict[str, Any], ParquetSource | JsonlSource]:
-    sharded = (root / samples.SHARDS).is_dir() and not (root / SAMPLES).exists()
-    try:
-        manifest = samples.read_manifest(root)
-    except DepthlensError as exc:
-        notices.append(f"{exc} — shown: what the store's records hold")
-        manifest = _read_loose(
-            manifest_file(root / samples.SHARDS) if sharded else manifest_path(root / SAMPLES)
-        )
-    if sharded:
-        source: ParquetSource | JsonlSource = ParquetSource(root / samples.SHARDS, manifest or None, notices)
-        manifest = {**source.settings(), **manifest}
-        lost = committed_problem(root / samples.SHARDS, manifest)  # shards removed with their entries
-        if lost is not None:
-            notices.append(
-                f"{lost.message()} — every reader (export, thinkn --from, report) refuses this store; shown: what "
-                "the manifest lists"
-            )
-    else:
-        source = JsonlSource(root / SAMPLES, notices)
-        lost = jsonl_commit_problem(root / SAMPLES, verify=False)  # records removed since their commit
-        if lost is not None and lost.kind == "cut":  # an edited record is named when it opens
-            notices.append(
-                f"{lost.message()} — every reader (export, thinkn --from, report) refuses this store; shown: what "
-                "the file holds"
-            )
-    return manifest, source
-
-
-def _open_scores(root: Path, notices: list[str]) -> tuple[dict[str, Any], ParquetSource | JsonlSource]:
-    try:
-        manifest = store_manifest(root)
-    except DepthlensError as exc:
-        notices.append(f"{exc} — shown: what the store's records hold")
-        manifest = _read_loose(manifest_file(root) if root.is_dir() else manifest_path(root))
-    if root.is_dir():
-        source: ParquetSource | JsonlSource = ParquetSource(root, manifest or None, notices)
-        return {**source.settings(), **manifest}, source
-    return manifest, JsonlSource(root, notices)
-
-
-def _read_loose(path: Path) -> dict[str, Any]:
-    """Whatever of a manifest still parses as a JSON object ({} when nothing does): a refused manifest's settings
-    may still name the model and the DTR settings."""
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _layers(source: ParquetSource | JsonlSource) -> int | None:
-    """The model's depth from the stored divergences' width, where no manifest says it."""
-    if isinstance(source, ParquetSource):
-        return source.matrix_width("divergence")
-    for _, record in source.records():
-        rows = record.get("divergence")
-        if isinstance(rows, list) and rows and isinstance(rows[0], list):
-            return len(rows[0])
-    return None
-
-
-def _dtr(manifest: dict[str, Any], notices: list[str]) -> DTRConfig:
-    if "study" in manifest:  # a TCB study reads out no layers: no DTR settings to miss
-        return DTRConfig()
-    try:
-        return DTRConfig.from_dict(manifest["dtr"])
-    except (KeyError, TypeError, DepthlensError):
-        notices.append("no readable DTR settings (g, ρ, deep rule) in the manifest; the defaults are used")
-        return DTRConfig()
 
 
 def _read_questions(store: ViewStore) -> None:
@@ -409,7 +331,7 @@ def changed_since(store: ViewStore) -> str | None:
     if isinstance(source, ParquetSource):
         if store.state is None:
             return None
-        now = _state(_read_loose(manifest_file(source.directory)), source)
+        now = _state(read_loose(manifest_file(source.directory)), source)
         if now in (None, store.state):
             return None
         return (

@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from depthlens.viz.study import _pyplot, _save
 
 
 def draw_lens_comparison(
     kl: Mapping[str, Mapping[str, Sequence[float]]],
-    depths: Mapping[str, Sequence[float]],
+    depths: Mapping[str, Sequence[float] | np.ndarray],
     n_layers: int,
     path: str | Path,
 ) -> Path:

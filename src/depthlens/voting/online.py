@@ -30,11 +30,12 @@ reproduces it exactly.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from depthlens.config import OnlineConfig
+from depthlens.config.voting import Signal
 from depthlens.errors import InputError, named
 from depthlens.voting.methods import Response, trace_confidence, vote
 from depthlens.voting.trials import _std
@@ -111,7 +112,7 @@ class OnlineSignal:
     decides_at_prefix: bool
 
 
-SIGNALS: dict[str, OnlineSignal] = {
+SIGNALS: dict[Signal, OnlineSignal] = {
     "dtr": OnlineSignal("online think@n", _prefix_dtr, _stop_at_prefix, decides_at_prefix=True),
     "confidence": OnlineSignal("online deepconf", _lowest_group, _stop_below_group, decides_at_prefix=False),
 }
@@ -187,7 +188,7 @@ def run_policy(cfg: OnlineConfig, sample: Sampler) -> OnlineOutcome:
             pending.append((i, r, stop, reason))
         started += len(indices)
         warm = tau is None
-        if warm:
+        if tau is None:  # the warm-up sets τ once; every batch after it is decided online
             tau = _tau(cfg, [signals[i] for i in indices])
         leader, first, share, answered = _tally(seen, voters, signals)
         for i, r, stop, reason in pending:
@@ -286,7 +287,7 @@ class ReplayOutcomes:
 
 
 def replay_outcomes(
-    pools: dict[str, Sequence[Response]], cfg: OnlineConfig, trials: int, seed: int = 0
+    pools: Mapping[str, Sequence[Response]], cfg: OnlineConfig, trials: int, seed: int = 0
 ) -> ReplayOutcomes:
     """``replay`` over ``trials`` sampling orders of every question's pool (order 0 = as stored)."""
     if not pools:
@@ -304,7 +305,7 @@ def replay_outcomes(
 
 
 def replay_trials(
-    pools: dict[str, Sequence[Response]], cfg: OnlineConfig, trials: int, seed: int = 0
+    pools: Mapping[str, Sequence[Response]], cfg: OnlineConfig, trials: int, seed: int = 0
 ) -> OnlineSummary:
     """``replay`` over ``trials`` sampling orders of every question's pool (order 0 = as stored)."""
     return summarise_replay(replay_outcomes(pools, cfg, trials, seed), cfg)

@@ -94,17 +94,21 @@ def ranked_votes(
 
 
 def _distinct_votes(
-    answer: np.ndarray, correct: np.ndarray, tiebreak: np.ndarray, kept: np.ndarray, rule: str
+    answer: np.ndarray,
+    correct: np.ndarray,
+    tiebreak: np.ndarray,
+    kept: np.ndarray,
+    rule: Literal["uniform", "summed-dtr"],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``subset_votes`` of every row of ``kept`` [M, k] (ascending pool indices), each distinct set voted once:
     over all draws of a pool the same kept set recurs (12,870 draws of 8 from 16 keep one of C(16, 4) = 1,820)."""
     size, k = len(answer), kept.shape[1]
     if k == 0 or size**k >= 2**62:  # too many sets to number in an int64: vote every row
-        votes = subset_votes(answer, correct, tiebreak, kept, rule)  # type: ignore[arg-type]
+        votes = subset_votes(answer, correct, tiebreak, kept, rule)
         return votes.credit, votes.tied.astype(np.float64), votes.unanswered.astype(np.float64)
     number = kept @ (size ** np.arange(k, dtype=np.int64))  # a set's number in base ``size``
     _, first, inverse = np.unique(number, return_index=True, return_inverse=True)
-    votes = subset_votes(answer, correct, tiebreak, kept[first], rule)  # type: ignore[arg-type]
+    votes = subset_votes(answer, correct, tiebreak, kept[first], rule)
     return (
         votes.credit[inverse],
         votes.tied[inverse].astype(np.float64),

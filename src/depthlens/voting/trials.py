@@ -162,7 +162,8 @@ def trial_outcomes(
         )
     questions = sorted(pools)
     shape = (cfg.trials, len(questions))
-    out = TrialOutcomes(tuple(questions), *({m: np.zeros(shape) for m in names} for _ in range(5)))
+    accuracy, cost, cost_paper, unanswered, tied = ({m: np.zeros(shape) for m in names} for _ in range(5))
+    out = TrialOutcomes(tuple(questions), accuracy, cost, cost_paper, unanswered, tied)
     out.cut_tied.update({m: np.zeros(shape) for m in names if m in RANKINGS})
     for trial in range(cfg.trials):
         for qi, q in enumerate(questions):
@@ -200,7 +201,7 @@ def ablation(
 ) -> list[dict[str, object]]:
     """Think@n (and Self-Certainty@n) over a grid of ℓ_prefix × η, each row with Cons@n's cost beside it."""
     cons = {s.method: s for s in run_trials(pools, cfg, ["cons@n"])}["cons@n"]
-    rows = []
+    rows: list[dict[str, object]] = []
     for prefix in prefixes:
         for eta in etas:
             varied = dataclasses.replace(cfg, rank_prefix=prefix, eta=eta)

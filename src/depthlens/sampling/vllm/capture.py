@@ -45,10 +45,10 @@ class Capture(Protocol):
 def decoder_of(model: nn.Module) -> nn.Module:
     """The module holding the blocks (``layers``) and the final ``norm`` of a vLLM causal LM."""
     inner: Any = model
-    if hasattr(model, "get_language_model"):
-        inner = model.get_language_model()
-    elif hasattr(model, "language_model"):
-        inner = model.language_model
+    if hasattr(inner, "get_language_model"):
+        inner = inner.get_language_model()
+    elif hasattr(inner, "language_model"):
+        inner = inner.language_model
     return getattr(inner, "model", inner)
 
 
@@ -57,10 +57,10 @@ class AuxCapture:
 
     kind = "aux"
 
-    def __init__(self, runner: Any, decoder: nn.Module, n_layers: int) -> None:
+    def __init__(self, runner: Any, norm: nn.Module, n_layers: int) -> None:
         runner.get_model().set_aux_hidden_state_layers(tuple(range(1, n_layers)))
         runner.use_aux_hidden_state_outputs = True  # the runner keeps the states in its execute state
-        self.norm = decoder.norm
+        self.norm = norm
 
     def states(self, execute_state: Any, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(a[flat] for a in execute_state.aux_hidden_states)
@@ -78,14 +78,14 @@ class HookCapture:
 
     kind = "hooks"
 
-    def __init__(self, runner: Any, decoder: nn.Module, n_layers: int) -> None:
+    def __init__(self, runner: Any, layers: nn.ModuleList, norm: nn.Module, n_layers: int) -> None:
         tokens = runner.vllm_config.scheduler_config.max_num_batched_tokens
         hidden = runner.vllm_config.model_config.get_hidden_size()
         dtype = runner.vllm_config.model_config.dtype
         self.buffer = torch.zeros(n_layers - 1, tokens, hidden, dtype=dtype, device=runner.device)
-        for slot, block in enumerate(list(decoder.layers)[: n_layers - 1]):
+        for slot, block in enumerate(list(layers)[: n_layers - 1]):
             block.register_forward_hook(functools.partial(_copy_stream, buffer=self.buffer, slot=slot))
-        self.norm = decoder.norm
+        self.norm = norm
 
     def states(self, execute_state: Any, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(self.buffer[:, flat].unbind(0))
@@ -116,5 +116,5 @@ def install(runner: Any, config: EngineReadout) -> Capture:
             raise RuntimeError(
                 f"depthlens: {name}: vLLM's {type(model).__name__} has no auxiliary hidden states"
             )
-        return AuxCapture(runner, decoder, config.n_layers)
-    return HookCapture(runner, decoder, config.n_layers)
+        return AuxCapture(runner, norm, config.n_layers)
+    return HookCapture(runner, layers, norm, config.n_layers)

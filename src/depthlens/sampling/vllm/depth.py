@@ -72,7 +72,11 @@ class EngineDepth:
         ``layer_entropy`` its per-layer quantities (None: as the session's readout says; ``track`` checked
         against the vocabulary by the caller, ``config.readout.check_track``)."""
         settings = dataclasses.replace(self.settings, window=window)
-        asked = {"layer_top_k": layer_top_k, "layer_target": layer_target, "layer_entropy": layer_entropy}
+        asked: dict[str, Any] = {
+            "layer_top_k": layer_top_k,
+            "layer_target": layer_target,
+            "layer_entropy": layer_entropy,
+        }
         asked["track"] = tuple(track) if track is not None else None
         changed = {name: value for name, value in asked.items() if value is not None}
         if changed:

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import torch
@@ -204,7 +204,7 @@ def start_engine(
         raise _start_error(info.name, args, exc) from exc
     progress(f"vLLM engine for {info.name} started in {time.monotonic() - began:.0f} s ({capture} capture)")
     # the intra-op count its CPU worker was set up with: a thread that steps it must run on the same (session.py)
-    engine.depthlens_threads = torch.get_num_threads()
+    engine.depthlens_threads = torch.get_num_threads()  # type: ignore[attr-defined]  # depthlens's mark on vLLM's engine
     return engine
 
 
@@ -285,7 +285,7 @@ def sampling_params(
     sampling: SamplingConfig,
     seed: int,
     tag: str,
-    stop_ids: Sequence[int],
+    stop_ids: Collection[int],
     readout: dict[str, Any],
     logprobs: int = 0,
 ) -> Any:

@@ -54,7 +54,7 @@ import torch
 from depthlens.config import EngineConfig, ReadoutConfig, SamplingConfig
 from depthlens.errors import DepthlensError, InputError, NonFiniteError, named
 from depthlens.models.info import ModelInfo, info_of
-from depthlens.sampling.backend import Paused, Trace, kept_positions
+from depthlens.sampling.backend import Finish, Paused, Trace, kept_positions
 from depthlens.sampling.vllm.engine import (
     EngineError,
     JobSize,
@@ -64,7 +64,7 @@ from depthlens.sampling.vllm.engine import (
 )
 from depthlens.sampling.vllm.settings import TAG_KEY, Taken, request_readout
 
-_FINISH = {"stop": "eos", "length": "length"}
+_FINISH: dict[str, Finish] = {"stop": "eos", "length": "length"}
 StopRule = Callable[[], Callable[[float], bool]]  # makes one response's rule: token confidence → end here?
 # Request ids unique in this process: generators may share one engine, and its results are kept by request id.
 _REQUEST_IDS = itertools.count()
@@ -321,7 +321,7 @@ class EngineGenerator:
         tokens = batch.tokens[i][:stop]
         trace.token_ids = tokens
         ended = batch.finish[i] is not None and len(batch.tokens[i]) <= stop
-        trace.finish = _FINISH.get(batch.finish[i] or "", "eos") if ended else "paused"  # type: ignore[assignment]
+        trace.finish = _FINISH.get(batch.finish[i] or "", "eos") if ended else "paused"
         if i in batch.stopped and not ended:
             trace.finish = "length"  # ended by the caller's stop rule, which records why
         scores = batch.scores.get(request_id, {})

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from depthlens.config import SamplingConfig
-from depthlens.sampling.backend import Trace
+from depthlens.sampling.backend import Finish, Trace
 from depthlens.sampling.live import Watch
 from depthlens.sampling.vllm.engine import EngineError
 
-_FINISH = {"stop": "eos", "length": "length"}
+_FINISH: dict[str, Finish] = {"stop": "eos", "length": "length"}
 
 
 @dataclasses.dataclass
@@ -114,7 +114,7 @@ def extend(s: Sample, limit: int | None, window: int | None, kinds: Sequence[str
     for name, values in s.values.items():  # likewise
         trace.layer_values.setdefault(name, []).extend(values[start:wanted])
     if s.engine_finish is not None and not s.stopped and len(trace) == len(s.tokens):
-        trace.finish = _FINISH.get(s.engine_finish, "eos")  # type: ignore[assignment]
+        trace.finish = _FINISH.get(s.engine_finish, "eos")
     return len(trace) > before or len(trace.divergence) > rows_before
 
 

@@ -42,7 +42,7 @@ class EngineLens(LogitLens):
         final_norm: bool = True,
     ) -> None:
         # parts stays None: nothing here reads the transformers modules (TCB is not computed in the engine).
-        self.parts = None  # type: ignore[assignment]
+        self.parts = None  # type: ignore[assignment]  # no transformers modules in the engine
         self.norm = norm
         self.compute_logits = compute_logits
         self.vocab_size = vocab_size

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from depthlens.errors import InputError
-from depthlens.sampling.backend import Trace
+from depthlens.sampling.backend import Finish, Trace
 from depthlens.sampling.live import GenerationCancelled
 from depthlens.sampling.vllm.depth import EngineDepth
 from depthlens.sampling.vllm.engine import EngineError, readout_capture, sampling_params
@@ -141,7 +142,9 @@ class EngineSession:
         with self.cond:
             self._closing = True
             for group in list(self._groups):
-                self._inbox.append(lambda g=group: self._fail(g, GenerationCancelled("the server shut down")))
+                self._inbox.append(
+                    functools.partial(self._fail, group, GenerationCancelled("the server shut down"))
+                )
             self.cond.notify_all()
         self._thread.join(timeout)
         if self._thread.is_alive():  # a step that never returns: its waiters would wait for it forever
@@ -303,13 +306,13 @@ class EngineSession:
             self._finish(group)
         return just_paused
 
-    def _stop(self, sample: Sample, finish: str) -> None:
+    def _stop(self, sample: Sample, finish: Finish) -> None:
         if sample.running:
             self.engine.abort_request([sample.tag])
             self.stats["aborted"] += 1
             sample.aborted = True
         sample.stopped = True
-        sample.trace.finish = finish  # type: ignore[assignment]
+        sample.trace.finish = finish
 
     def _apply_decision(self, group: Group) -> None:
         if group.done:

@@ -163,5 +163,6 @@ def request_readout(
         layer_target=readout.layer_target,
         track=tuple(readout.track),
         layer_entropy=readout.layer_entropy,
-        **lens,
+        lens=lens["lens"],
+        lens_digest=lens["lens_digest"],
     )

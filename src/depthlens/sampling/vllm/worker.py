@@ -144,7 +144,7 @@ class InEngineReadout:
             req = runner.requests.get(req_id)
             params = req.sampling_params if req is not None else None
             settings = RequestReadout.from_extra(params.extra_args) if params is not None else None
-            if settings is None or req_id not in scheduled:
+            if settings is None or params is None or req_id not in scheduled:
                 continue
             flat, positions, targets = _request_rows(req, settings, int(starts[row]), scheduled[req_id])
             if flat:
@@ -222,7 +222,9 @@ class InEngineReadout:
         row's own K of the block's top-k (a copy where it is fewer, so the block is not held for it)."""
         values = read.values.cpu()
         base = read.base.cpu() if read.base is not None else None
-        top = (read.top_ids.cpu(), read.top_probs.cpu()) if read.top_ids is not None else None
+        top = None  # each layer's top-k: ids and probabilities are set together, or neither
+        if read.top_ids is not None and read.top_probs is not None:
+            top = (read.top_ids.cpu(), read.top_probs.cpu())
         per_layer = {name: v.cpu() for name, v in read.per_layer.items()} if read.per_layer else None
         for j, (tag, position) in enumerate(owners):
             if per_layer is not None:
@@ -273,19 +275,21 @@ class ReadoutWorkerMixin:
     """In front of a vLLM worker class: the in-engine readout, set up when ``additional_config`` asks for it."""
 
     depthlens_readout: InEngineReadout | None = None
+    vllm_config: Any  # the vLLM worker's own, set by its __init__
+    model_runner: Any
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        super().load_model(*args, **kwargs)  # type: ignore[misc]
-        config = EngineReadout.from_config(self.vllm_config.additional_config)  # type: ignore[attr-defined]
+        super().load_model(*args, **kwargs)  # type: ignore[misc]  # the vLLM worker class defines it
+        config = EngineReadout.from_config(self.vllm_config.additional_config)
         if config is not None:
-            self.depthlens_readout = InEngineReadout(self.model_runner, config)  # type: ignore[attr-defined]
+            self.depthlens_readout = InEngineReadout(self.model_runner, config)
 
     def sample_tokens(self, grammar_output: Any) -> Any:
         readout = self.depthlens_readout
         if readout is None:
-            return super().sample_tokens(grammar_output)  # type: ignore[misc]
-        pending = readout.pending(self.model_runner)  # type: ignore[attr-defined]
-        output = super().sample_tokens(grammar_output)  # type: ignore[misc]
+            return super().sample_tokens(grammar_output)  # type: ignore[misc]  # the vLLM worker class defines it
+        pending = readout.pending(self.model_runner)
+        output = super().sample_tokens(grammar_output)  # type: ignore[misc]  # the vLLM worker class defines it
         readout.step(pending)  # after sampling: a generated position reads out the token sampled there
         return output
 
