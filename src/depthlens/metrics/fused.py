@@ -116,7 +116,9 @@ def _block(lens: LogitLens, kinds: tuple[Divergence, ...]) -> BlockStep:
 
 
 def _top_block(lens: LogitLens, kinds: tuple[Divergence, ...], top_k: int) -> TopBlockStep:
-    def block(normed: torch.Tensor, final_logprobs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def block(
+        normed: torch.Tensor, final_logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         logits = lens.logits_from_normed(normed)  # [k, c, V]
         logq = torch.log_softmax(logits, dim=-1)
         values = [layer_divergence(kind, final_logprobs, logq) for kind in kinds]
