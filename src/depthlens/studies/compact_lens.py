@@ -38,7 +38,15 @@ VOTING = VotingConfig(n=8, eta=0.5, rank_prefix=PREFIX_TOKENS, trials=10, seed=0
 """§6.4's votes: n = 8 from each pool of 16, η 0.5, ℓ 50, ties uniform (10 trials beside the exact expectation)."""
 LENS_ORDER = ("logit", "tuned", "jacobian")
 CORRELATION = ("r_within", "p_within_perm", "r_within_partial", "p_within_partial", "auc_length_matched")
-CONTRAST = ("think", "random", "cons", "think_minus_random", "think_minus_random_lo", "think_minus_random_hi")
+CONTRAST = (
+    "think",
+    "random",
+    "cons",
+    "cut_ties_think",
+    "think_minus_random",
+    "think_minus_random_lo",
+    "think_minus_random_hi",
+)
 
 
 def read_lens_rows(path: Path) -> list[dict[str, Any]]:
