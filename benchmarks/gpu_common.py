@@ -107,3 +107,19 @@ def peak_above(suite: Suite, fn: Callable[[], object], base: int) -> float | Non
     torch.cuda.reset_peak_memory_stats(suite.device)
     fn()
     return round((torch.cuda.max_memory_allocated(suite.device) - base) / 2**30, 3)
+
+
+def sampler_batch(suite: Suite, model: torch.nn.Module) -> tuple[int, int, list[int], Callable[[], None]]:
+    """The sampler rows' batch — n copies of one 32-id prompt, ``new`` tokens each (8 × 16 with ``--small``, else
+    48 × 128) — and ``model.generate`` sampling it as the sampler does (temperature 0.6, top-p 0.95, every token)."""
+    n, new = (8, 16) if suite.small else (48, 128)
+    prompt = list(range(5, 37))
+    x = torch.tensor([prompt] * n, device=suite.device)
+
+    def generate() -> None:
+        with torch.inference_mode():
+            model.generate(
+                x, do_sample=True, temperature=0.6, top_p=0.95, max_new_tokens=new, min_new_tokens=new
+            )
+
+    return n, new, prompt, generate

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from gpu_common import Suite, record
+from gpu_common import Suite, record, sampler_batch
 from overhead import counted_transfers
 
 ScoreSettings = Callable[
@@ -154,16 +154,7 @@ def sampler_compile(suite: Suite, model: torch.nn.Module) -> dict:
     from depthlens.sampling.hf import HFGenerator
 
     lm = depthlens.wrap(model, name="qwen3-8b-shape")
-    n, new = (8, 16) if suite.small else (48, 128)
-    prompt = list(range(5, 37))
-    x = torch.tensor([prompt] * n, device=suite.device)
-
-    def generate() -> None:
-        with torch.inference_mode():
-            model.generate(
-                x, do_sample=True, temperature=0.6, top_p=0.95, max_new_tokens=new, min_new_tokens=new
-            )
-
+    n, new, prompt, generate = sampler_batch(suite, model)
     reference = suite.best(generate, repeats=1)
     rows: dict = {"generate": {"seconds": reference, "tokens_per_s": round(n * new / reference, 1)}}
     settings = {

@@ -46,7 +46,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # tests.conftest: the tiny adapter rows
 
 import gpu_parts  # noqa: E402
-from gpu_common import Suite, peak_above, real_shape  # noqa: E402
+from gpu_common import Suite, peak_above, real_shape, sampler_batch  # noqa: E402
 from gpu_common import record as make_record  # noqa: E402
 from gpu_readout import measure  # noqa: E402
 from overhead import counted_transfers  # noqa: E402
@@ -174,16 +174,7 @@ def sampler(suite: Suite, model: torch.nn.Module) -> dict:
     from depthlens.sampling.hf import HFGenerator
 
     lm = depthlens.wrap(model, name="qwen3-8b-shape")
-    n, new = (8, 16) if suite.small else (48, 128)
-    prompt = list(range(5, 37))
-    x = torch.tensor([prompt] * n, device=suite.device)
-
-    def generate() -> None:
-        with torch.inference_mode():
-            model.generate(
-                x, do_sample=True, temperature=0.6, top_p=0.95, max_new_tokens=new, min_new_tokens=new
-            )
-
+    n, new, prompt, generate = sampler_batch(suite, model)
     reference = suite.best(generate)  # first: the full-batch warm-up of the allocator and kernels
     rows = {"generate": {"seconds": reference, "tokens_per_s": round(n * new / reference, 1)}}
     for name, window in (("none", 0), ("first_50", 50), ("all", None)):
