@@ -51,7 +51,7 @@ from gpu_common import record as make_record  # noqa: E402
 from gpu_readout import measure  # noqa: E402
 from overhead import counted_transfers  # noqa: E402
 
-_record = make_record  # the name the first GPU run's extra scripts import (../shared/gpu/extra7.py, prof7.py)
+_record = make_record  # the name the first GPU run's extra scripts (extra7.py, prof7.py) import
 
 
 def env(suite: Suite) -> dict:
