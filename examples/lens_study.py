@@ -92,33 +92,47 @@ def _kept(rec: dict[str, Any], row: dict[str, Any], lens: str) -> dict[str, Any]
 
 
 def tables(work: Path) -> None:
-    """The committed tables: per model, each response's prefix DTR per lens and the JSD quantiles by layer; then
-    the study's table over every model and lens."""
+    """The committed tables: per model, each response's prefix DTR per lens and, per lens and store (task), the JSD
+    quantiles by layer over the stores whose every response was read; then the study's table over every model and
+    lens."""
+    from depthlens.studies.compact import read_compact
     from depthlens.studies.compact_lens import LENS_TABLE, lens_table, write_rows
 
     for model_dir in sorted(p for p in work.iterdir() if p.is_dir()):
         model, per_response, by_layer = model_dir.name, [], []
+        stores: dict[str, set[str]] = {}
+        for path in sorted(DATA.glob(f"compact-{model}-*.csv")):
+            for r in read_compact(path):
+                stores.setdefault(r["task"], set()).add(r["id"])
         for scored in sorted(model_dir.glob("*.jsonl")):
-            kept = [json.loads(line) for line in scored.open()]
-            for k in kept:
+            kept = {k["id"]: k for k in map(json.loads, scored.open())}
+            for k in kept.values():
                 per_response.append({k_: k[k_] for k_ in ("id", "lens", "tokens_read", "deep", "dtr_prefix")})
                 per_response[-1]["lens_name"] = scored.stem
-            divergence = np.concatenate([np.asarray(k["divergence"], float) for k in kept if k["divergence"]])
-            q = np.quantile(divergence, [0.25, 0.5, 0.75], axis=0)
-            by_layer += [
-                {
-                    "lens_name": scored.stem,
-                    "layer": layer + 1,
-                    "q25": q[0, layer],
-                    "median": q[1, layer],
-                    "q75": q[2, layer],
-                    "tokens": len(divergence),
-                }
-                for layer in range(divergence.shape[1])
-            ]
+            for task, ids in stores.items():
+                if ids <= kept.keys():
+                    by_layer += _quantiles(scored.stem, task, [kept[i]["divergence"] for i in sorted(ids)])
         write_rows(per_response, DATA / f"lens-prefix-dtr-{model}.csv")
         write_rows(by_layer, DATA / f"lens-jsd-{model}.csv")
     write_rows(lens_table(DATA), DATA / LENS_TABLE)
+
+
+def _quantiles(lens_name: str, task: str, divergences: list[list[list[float]]]) -> list[dict[str, Any]]:
+    """Each layer's quartiles of JSD to the final layer over every token of ``divergences`` ([T][L] each)."""
+    divergence = np.concatenate([np.asarray(d, float) for d in divergences if d])
+    q = np.quantile(divergence, [0.25, 0.5, 0.75], axis=0)
+    return [
+        {
+            "lens_name": lens_name,
+            "task": task,
+            "layer": layer + 1,
+            "q25": q[0, layer],
+            "median": q[1, layer],
+            "q75": q[2, layer],
+            "tokens": len(divergence),
+        }
+        for layer in range(divergence.shape[1])
+    ]
 
 
 def main() -> None:

@@ -119,7 +119,7 @@ def test_the_committed_jsd_quantiles_are_ordered_and_zero_at_the_last_layer():
     for path in sorted(STUDY.glob("lens-jsd-*.csv")):
         with path.open(encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
-        for lens in {r["lens_name"] for r in rows}:
-            layers = [r for r in rows if r["lens_name"] == lens]
+        for lens, task in {(r["lens_name"], r["task"]) for r in rows}:
+            layers = [r for r in rows if (r["lens_name"], r["task"]) == (lens, task)]
             assert all(float(r["q25"]) <= float(r["median"]) <= float(r["q75"]) <= 1.0 for r in layers)
             assert float(layers[-1]["q75"]) == 0.0  # layer L is the model's own distribution
