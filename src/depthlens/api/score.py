@@ -187,8 +187,8 @@ def _in_memory(
     """Each record's result, scored here (or read out in a vLLM engine started for the call, stopped after),
     counted on the bars as it comes; ``layer_top_tokens`` where the tokenizer is at hand."""
     from depthlens.api.pools import stop_engine
-    from depthlens.studies.score import engine_reader
-    from depthlens.studies.scoring import score_records, score_records_on, with_layer_top_tokens
+    from depthlens.studies.score import engine_reader, records_of_run
+    from depthlens.studies.scoring import score_records_on, with_layer_top_tokens
 
     if run.engine.backend == "vllm":
         from depthlens.models.info import info_of
@@ -202,19 +202,7 @@ def _in_memory(
             return [with_layer_top_tokens(r, info.tokenizer) for r in _counted(results, *counts)]
         finally:
             stop_engine(reader)
-    results = score_records(
-        model,
-        inputs,
-        readout=run.readout,
-        dtr=run.dtr,
-        tcb=run.tcb,
-        tokens=run.tokens,
-        batch_size=run.batch_size,
-        on_skip=on_skip,
-        threads=run.engine.threads,
-        layer_stats=layers.stats,
-        hidden_layers=layers.hidden or (),
-    )
+    results = records_of_run(model, run, inputs, on_skip, layers.stats, layers.hidden or ())
     tokenizer = getattr(model, "tokenizer", None)
     return [with_layer_top_tokens(r, tokenizer) for r in _counted(results, *counts)]
 

@@ -295,9 +295,22 @@ def _score_results(
             batch_size=run.batch_size,
             on_skip=on_skip,
         )
+    return records_of_run(lm, run, todo, on_skip, layer_stats)
+
+
+def records_of_run(
+    lm: LoadedModel,
+    run: ScoreRun,
+    records: Iterable[InputRecord],
+    on_skip: Callable[[BadLine], None] | None = None,
+    layer_stats: Mapping[str, LayerStat] | None = None,
+    hidden_layers: Sequence[int] = (),
+) -> Iterator[dict[str, Any]]:
+    """``records`` read out in-process under ``run``'s settings (readout, DTR, TCB, tokens, batch, threads): the
+    one place a built run becomes ``score_records``'s arguments, for the CLI's store and the Python verb alike."""
     return score_records(
         lm,
-        todo,
+        records,
         readout=run.readout,
         dtr=run.dtr,
         tcb=run.tcb,
@@ -306,4 +319,5 @@ def _score_results(
         on_skip=on_skip,
         threads=run.engine.threads,
         layer_stats=layer_stats,
+        hidden_layers=hidden_layers,
     )
